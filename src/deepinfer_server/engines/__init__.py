@@ -1,0 +1,1 @@
+"""Engines that implement DeepInfer's LLMEngine contract; only rank processes import these."""

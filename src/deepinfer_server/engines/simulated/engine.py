@@ -1,0 +1,326 @@
+"""LLMEngine: a CPU implementation of DeepInfer 0.1.0's engine contract.
+
+What it reproduces (deepinfer-contract.md §9): the `add_request` input rules and its `None`
+return for out-of-vocabulary IDs; uint64 output handles released by the next `step()`;
+zero-overhead scheduling (decode tokens come back one `step()` late, first tokens at once,
+`flush_inflight_reqs()` drains); several tokens per decode step (speculative decoding);
+DeepInfer's finish-reason strings; running vs waiting abort semantics; `prompt_length_exceeded`
+at prefill time; `has_unfinished_requests()` as an all-reduce MAX and `step()`/`close()` as
+collectives across the DP ranks; single-thread ownership.
+
+Timing: each step lasts `itl_ms`; a request can be prefilled `ttft_ms` after `add_request`
+(a step with only such waiting requests ends as soon as the first of them is ready).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from tokenizers import Tokenizer
+
+from deepinfer_server.engines.simulated.outputs import POOL, OutputRecord, RequestOutput
+from deepinfer_server.engines.simulated.sampling_params import SamplingParams
+from deepinfer_server.engines.simulated.script import ScriptWriter
+from deepinfer_server.ipc.lockstep import LockstepGroup
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["LLMEngine", "RequestOutput", "SamplingParams", "SimEngineArgs"]
+
+FINISH_STOP = "stop"
+FINISH_LENGTH = "length"
+FINISH_ABORT = "abort"
+FINISH_PROMPT_TOO_LONG = "prompt_length_exceeded"
+
+
+@dataclass
+class SimEngineArgs:
+    """Construction arguments of the simulated engine (the subset of EngineArgs it uses)."""
+
+    tokenizer_json: str
+    lockstep: LockstepGroup
+    engine_rank: int = 0
+    data_parallel_size: int = 1
+    max_model_len: int = 32768
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int | None = None
+    ttft_ms: float = 20.0
+    itl_ms: float = 10.0
+    tokens_per_step: int = 1
+    zero_overhead_scheduling: bool = True
+    close_timeout: float = 10.0
+    fault: str | None = None
+    fault_after_steps: int = 0
+
+
+@dataclass
+class _Sequence:
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    script: list[int]
+    ready_at: float
+    output: list[int] = field(default_factory=list)
+    finish_reason: str = ""
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+
+class LLMEngine:
+    """The simulated engine. Every method must be called from the thread that built it."""
+
+    def __init__(self, args: SimEngineArgs) -> None:
+        if args.fault == "startup":
+            raise RuntimeError("simulated engine start-up failure (--sim-fault startup)")
+        self._args = args
+        self._steps = 0
+        self._owner = threading.get_ident()
+        self.tokenizer = Tokenizer.from_str(args.tokenizer_json)
+        eos = self.tokenizer.token_to_id("<｜end▁of▁sentence｜>")
+        self.eos_id = 1 if eos is None else int(eos)
+        self._vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+        self._script = ScriptWriter(self.tokenizer)
+        self._waiting: list[_Sequence] = []
+        self._running: list[_Sequence] = []
+        self._deferred: list[OutputRecord] = []
+        self._pending_terminal: list[OutputRecord] = []
+        self._to_release: list[npt.NDArray[np.uint64]] = []
+        self._closed = False
+
+    @classmethod
+    def from_engine_args(cls, args: SimEngineArgs) -> LLMEngine:
+        return cls(args)
+
+    # Requests
+
+    def add_request(
+        self,
+        user_id: str,
+        request_id: str,
+        sampling_params: dict[str, Any] | SamplingParams | None,
+        prompt_token_ids: npt.NDArray[np.int32],
+        multi_modal_data: dict[str, Any] | None = None,
+        arrival_time: float | None = None,
+        extra: dict[str, Any] | None = None,
+        enqueue: bool = True,
+        chunk_checkpoints: list[int] | None = None,
+    ) -> _Sequence | None:
+        """Queue a request; returns None (and never outputs) for out-of-vocabulary IDs."""
+        self._check_thread()
+        if sampling_params is None:
+            sampling_params = {}
+        if isinstance(sampling_params, dict):
+            sampling_params = SamplingParams(
+                **{k: v for k, v in sampling_params.items() if v is not None}
+            )
+        sampling_params.eos_id = self.eos_id
+        if prompt_token_ids.size == 0:
+            raise ValueError("prompt must not be empty")
+        if prompt_token_ids.dtype != np.int32 or not prompt_token_ids.flags.c_contiguous:
+            raise TypeError("prompt_token_ids must be a C-contiguous numpy int32 array")
+        if int(prompt_token_ids.min()) < 0 or int(prompt_token_ids.max()) >= self._vocab_size:
+            logger.info("request %s of user %s has invalid token ids; dropped", request_id, user_id)
+            return None
+        prompt = prompt_token_ids.tolist()
+        sequence = _Sequence(
+            request_id=request_id,
+            prompt=prompt,
+            params=sampling_params,
+            script=self._script.answer_tokens(prompt),
+            ready_at=time.monotonic() + self._args.ttft_ms / 1000.0,
+        )
+        if enqueue:
+            self._waiting.append(sequence)
+        return sequence
+
+    def abort_request(self, request_id: str | Iterable[str]) -> tuple[int, int]:
+        """Abort requests; returns (number aborted, sum of their prompt+output lengths)."""
+        self._check_thread()
+        ids = {request_id} if isinstance(request_id, str) else set(request_id)
+        count = 0
+        total_len = 0
+        for sequence in [s for s in self._waiting if s.request_id in ids]:
+            self._waiting.remove(sequence)
+            count += 1
+            total_len += sequence.length
+            self._pending_terminal.append(self._ignored_output(sequence, FINISH_ABORT))
+        for sequence in [s for s in self._running if s.request_id in ids]:
+            self._running.remove(sequence)
+            count += 1
+            total_len += sequence.length
+        # The in-flight (deferred) tokens of an aborted running request are dropped.
+        self._deferred = [r for r in self._deferred if r.request_id not in ids]
+        return count, total_len
+
+    # The loop
+
+    def has_unfinished_requests(self) -> bool:
+        """An all-reduce MAX over the DP ranks of "this rank has waiting or running work"."""
+        self._check_thread()
+        local = 1 if (self._waiting or self._running) else 0
+        return bool(self._args.lockstep.all_reduce_max(self._args.engine_rank, local))
+
+    def get_num_unfinished_requests(self) -> int:
+        self._check_thread()
+        return len(self._waiting) + len(self._running)
+
+    def step(self) -> npt.NDArray[np.uint64]:
+        """One engine step, collective across the DP ranks; returns one handle per token."""
+        self._check_thread()
+        self._inject_fault()
+        started = time.monotonic()
+        self._args.lockstep.barrier(self._args.engine_rank)
+        for handles in self._to_release:
+            POOL.release(handles)
+        self._to_release.clear()
+        self._sleep_for_step(started)
+
+        returned = self._deferred
+        self._deferred = []
+        returned.extend(self._pending_terminal)
+        self._pending_terminal.clear()
+        decoded: list[OutputRecord] = []
+        for sequence in list(self._running):
+            decoded.extend(self._decode(sequence))
+        if self._args.zero_overhead_scheduling:
+            self._deferred = decoded
+        else:
+            returned.extend(decoded)
+        returned.extend(self._prefill())
+        return self._publish(returned)
+
+    def flush_inflight_reqs(self) -> npt.NDArray[np.uint64]:
+        """Return the outputs of the deferred decode step, if any (local, not collective)."""
+        self._check_thread()
+        returned = self._deferred + self._pending_terminal
+        self._deferred = []
+        self._pending_terminal = []
+        return self._publish(returned)
+
+    def close(self) -> None:
+        """A world barrier: every DP rank must close together."""
+        self._check_thread()
+        if self._closed:
+            return
+        self._args.lockstep.close_barrier(self._args.engine_rank, self._args.close_timeout)
+        for handles in self._to_release:
+            POOL.release(handles)
+        self._to_release.clear()
+        self._closed = True
+
+    # Internals
+
+    def _check_thread(self) -> None:
+        if threading.get_ident() != self._owner:
+            raise RuntimeError("LLMEngine is not thread-safe: call it only from its owner thread")
+
+    def _inject_fault(self) -> None:
+        self._steps += 1
+        if self._steps <= self._args.fault_after_steps:
+            return
+        if self._args.fault == "step-error":
+            raise RuntimeError("simulated engine failure in step() (--sim-fault step-error)")
+        if self._args.fault == "step-hang":
+            logger.warning("step() hangs forever (--sim-fault step-hang)")
+            threading.Event().wait()
+
+    def _sleep_for_step(self, started: float) -> None:
+        duration = self._args.itl_ms / 1000.0
+        if not self._running and self._waiting:
+            first_ready = min(s.ready_at for s in self._waiting)
+            duration = min(duration, max(0.0, first_ready - started))
+        remaining = started + duration - time.monotonic()
+        if remaining > 0:
+            time.sleep(remaining)
+
+    def _prefill(self) -> list[OutputRecord]:
+        now = time.monotonic()
+        outputs: list[OutputRecord] = []
+        for sequence in list(self._waiting):
+            if len(self._running) >= self._args.max_num_seqs:
+                break
+            if sequence.ready_at > now:
+                continue
+            self._waiting.remove(sequence)
+            if len(sequence.prompt) > self._args.max_model_len:
+                outputs.append(self._ignored_output(sequence, FINISH_PROMPT_TOO_LONG))
+                continue
+            self._running.append(sequence)
+            outputs.extend(self._decode(sequence, budget=1))
+        return outputs
+
+    def _decode(self, sequence: _Sequence, budget: int | None = None) -> list[OutputRecord]:
+        """Generate up to `budget` tokens (tokens_per_step by default), stopping per token."""
+        count = self._args.tokens_per_step if budget is None else budget
+        records: list[OutputRecord] = []
+        for _ in range(count):
+            token = self._next_token(sequence)
+            sequence.output.append(token)
+            reason = self._stop_reason(sequence, token)
+            records.append(
+                OutputRecord(
+                    request_id=sequence.request_id,
+                    prompt_len=len(sequence.prompt),
+                    token_id=token,
+                    finish_reason=reason,
+                    finished=bool(reason),
+                    num_output_tokens=len(sequence.output),
+                    max_num_batched_tokens=self._args.max_num_batched_tokens or 0,
+                )
+            )
+            if reason:
+                sequence.finish_reason = reason
+                self._running.remove(sequence)
+                break
+        last = records[-1]
+        # draft_tok/accept_tok are set only on the last entry of a request in a step.
+        records[-1] = OutputRecord(
+            **{**last.__dict__, "draft_tok": len(records), "accept_tok": len(records)}
+        )
+        return records
+
+    def _next_token(self, sequence: _Sequence) -> int:
+        position = len(sequence.output)
+        script = sequence.script
+        if sequence.params.ignore_eos:
+            return script[position % len(script)] if script else self.eos_id
+        return script[position] if position < len(script) else self.eos_id
+
+    def _stop_reason(self, sequence: _Sequence, token: int) -> str:
+        params = sequence.params
+        first_token_guard = params.first_n_token_no_eos == 1 and len(sequence.output) == 1
+        if token == self.eos_id and not params.ignore_eos and not first_token_guard:
+            return FINISH_STOP
+        if sequence.length > self._args.max_model_len:
+            return FINISH_LENGTH
+        if len(sequence.output) == params.max_tokens:
+            return FINISH_LENGTH
+        return ""
+
+    def _ignored_output(self, sequence: _Sequence, reason: str) -> OutputRecord:
+        """A terminal output of the "ignored" class: it repeats the last token, never a new one."""
+        last_token = sequence.output[-1] if sequence.output else sequence.prompt[-1]
+        return OutputRecord(
+            request_id=sequence.request_id,
+            prompt_len=len(sequence.prompt),
+            token_id=last_token,
+            finish_reason=reason,
+            finished=True,
+            token_logprobs=1.0,
+            sum_smaller_probs=-1.0,
+            num_output_tokens=len(sequence.output) + 1,
+        )
+
+    def _publish(self, records: list[OutputRecord]) -> npt.NDArray[np.uint64]:
+        handles = POOL.publish(records)
+        self._to_release.append(handles)
+        return handles

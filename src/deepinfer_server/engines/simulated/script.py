@@ -1,0 +1,48 @@
+"""What the simulated model says: the last user turn, echoed (README: "The simulated engine").
+
+The prompt's token IDs are decoded, the text between the last `<｜User｜>` and the following
+`<｜Assistant｜>` is taken, and that text, encoded with the full vocabulary (so spellings such as
+`</think>` or DSML markers become their special tokens), is the answer. In thinking mode (the
+prompt ends with `<think>`) an answer without `</think>` is preceded by a fixed reasoning
+sentence and `</think>`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tokenizers import Tokenizer
+
+USER_TOKEN = "<｜User｜>"
+ASSISTANT_TOKEN = "<｜Assistant｜>"
+THINK_START = "<think>"
+THINK_END = "</think>"
+REASONING_SENTENCE = "The user wants their last message repeated back to them."
+
+
+def last_user_text(prompt_text: str) -> str:
+    """The text of the last user turn of a rendered V4.1 prompt ('' if there is none)."""
+    start = prompt_text.rfind(USER_TOKEN)
+    if start < 0:
+        return ""
+    start += len(USER_TOKEN)
+    end = prompt_text.find(ASSISTANT_TOKEN, start)
+    return prompt_text[start:] if end < 0 else prompt_text[start:end]
+
+
+class ScriptWriter:
+    """Turns a prompt into the token IDs the simulated model will generate."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tokenizer = tokenizer
+        think_start = tokenizer.token_to_id(THINK_START)
+        self._think_start_id = -1 if think_start is None else int(think_start)
+
+    def answer_tokens(self, prompt_token_ids: Sequence[int]) -> list[int]:
+        """The answer's token IDs, without EOS."""
+        prompt_text = self._tokenizer.decode(list(prompt_token_ids), skip_special_tokens=False)
+        text = last_user_text(prompt_text)
+        thinking = bool(prompt_token_ids) and prompt_token_ids[-1] == self._think_start_id
+        if thinking and THINK_END not in text:
+            text = f"{REASONING_SENTENCE}{THINK_END}{text}"
+        return list(self._tokenizer.encode(text, add_special_tokens=False).ids)

@@ -1,0 +1,1 @@
+"""The HTTP layer: Starlette app, routes, error envelopes and SSE framing (asyncio only)."""

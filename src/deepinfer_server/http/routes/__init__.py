@@ -1,0 +1,1 @@
+"""Route handlers: thin functions that parse, call, and respond."""

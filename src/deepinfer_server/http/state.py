@@ -1,0 +1,30 @@
+"""AppState: what the routes share (configuration, recipe context, engine client)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from deepinfer_server.config import ServerConfig
+from deepinfer_server.coordinator.client import EngineClient
+from deepinfer_server.protocol.recipe import RecipeContext
+
+# Bodies larger than this are prepared on a worker thread, keeping the event loop responsive.
+LARGE_BODY_BYTES = 64 * 1024
+
+
+@dataclass
+class AppState:
+    """Shared by every request of one server."""
+
+    config: ServerConfig
+    recipe: RecipeContext
+    engine: EngineClient
+    started_at: int = field(default_factory=lambda: int(time.time()))
+
+    def deadline(self) -> float | None:
+        """The event-loop time at which a request starting now times out, or None."""
+        if not self.config.request_timeout:
+            return None
+        return asyncio.get_running_loop().time() + self.config.request_timeout

@@ -1,0 +1,139 @@
+"""Shared-memory primitives for the DP rank processes of one server.
+
+`LockstepGroup` is created by the API process before it spawns the ranks and handed to each:
+
+* `all_reduce_max`, `barrier` and `close_barrier` are the collectives the simulated engine blocks
+  on, standing in for DeepInfer's gloo/NCCL DP group. Each call records which operation the rank
+  entered, so ranks that call different collectives in the same round fail with a
+  `LockstepViolation` instead of silently pairing up; a peer that never arrives makes the call
+  time out with the same error, as a hung GPU node would.
+* `stop_iteration` is how every rank agrees on the loop iteration at which it stops (see
+  `StopAgreement`), so that no rank leaves while a peer waits in a collective.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+from multiprocessing.context import SpawnContext
+from typing import Any
+
+_OP_NAMES = {1: "has_unfinished_requests", 2: "step", 3: "close"}
+OP_ALL_REDUCE = 1
+OP_STEP = 2
+OP_CLOSE = 3
+
+
+class LockstepViolation(RuntimeError):
+    """DP ranks did not enter the same collective together."""
+
+
+class LockstepGroup:
+    """Barrier-based collectives and the stop agreement, shared by all ranks of one server."""
+
+    def __init__(self, context: SpawnContext, world_size: int, timeout: float) -> None:
+        self.world_size = world_size
+        self.timeout = timeout
+        self._barrier: Any = context.Barrier(world_size)
+        self._close_barrier: Any = context.Barrier(world_size)
+        self._values: Any = context.Array("q", world_size, lock=False)
+        self._ops: Any = context.Array("q", world_size, lock=False)
+        self._stop: Any = context.Value("q", -1)
+        self._stop_requested: Any = context.Value("b", 0, lock=False)
+        self._mismatch_seen: Any = context.Value("b", 0, lock=False)
+
+    # Collectives (simulated engine)
+
+    def all_reduce_max(self, rank: int, value: int) -> int:
+        """MAX of `value` over all ranks; every rank must call it in the same round."""
+        if self.world_size == 1:
+            return value
+        self._values[rank] = value
+        self._enter(rank, OP_ALL_REDUCE, self._barrier)
+        result = max(self._values[: self.world_size])
+        self._leave(rank, OP_ALL_REDUCE, self._barrier)
+        return int(result)
+
+    def barrier(self, rank: int) -> None:
+        """The step collective: returns once every rank has entered its step."""
+        if self.world_size == 1:
+            return
+        self._enter(rank, OP_STEP, self._barrier)
+        self._leave(rank, OP_STEP, self._barrier)
+
+    def close_barrier(self, rank: int, timeout: float) -> None:
+        """The world barrier of `close()`: every rank must close together."""
+        if self.world_size == 1:
+            return
+        try:
+            self._close_barrier.wait(timeout)
+        except threading.BrokenBarrierError:
+            raise LockstepViolation(
+                f"DP rank {rank} waited {timeout:g}s in close(): not every rank closed"
+            ) from None
+
+    def abort(self) -> None:
+        """Break every collective at once (a peer died): waiting ranks raise LockstepViolation."""
+        self._barrier.abort()
+        self._close_barrier.abort()
+
+    def _enter(self, rank: int, op: int, barrier: Any) -> None:
+        self._ops[rank] = op
+        self._wait(rank, op, barrier)
+        if self._mismatch() is not None:
+            self._mismatch_seen.value = 1
+            barrier.abort()
+            raise self._violation(rank, op)
+
+    def _leave(self, rank: int, op: int, barrier: Any) -> None:
+        # A second rendezvous so that no rank overwrites its slot before every peer has read.
+        self._wait(rank, op, barrier)
+
+    def _wait(self, rank: int, op: int, barrier: Any) -> None:
+        try:
+            barrier.wait(self.timeout)
+        except threading.BrokenBarrierError:
+            raise self._violation(rank, op) from None
+
+    def _mismatch(self) -> str | None:
+        ops = list(self._ops[: self.world_size])
+        if len(set(ops)) == 1:
+            return None
+        return ", ".join(f"rank {r}: {_OP_NAMES.get(o, str(o))}" for r, o in enumerate(ops))
+
+    def _violation(self, rank: int, op: int) -> LockstepViolation:
+        # Slots of ranks that never arrived hold stale operations: trust the table only when
+        # a rank that passed the rendezvous saw the mismatch.
+        mismatch = self._mismatch() if self._mismatch_seen.value else None
+        if mismatch is not None:
+            return LockstepViolation(f"DP ranks entered different collectives ({mismatch})")
+        return LockstepViolation(
+            f"DP rank {rank} waited in {_OP_NAMES[op]}() but the other ranks did not join "
+            f"within {self.timeout:g}s, or a peer failed: the DP ranks are out of lockstep"
+        )
+
+    # Stop agreement (rank loop, both engines)
+
+    def request_stop(self) -> None:
+        """Ask every rank to stop at the next iteration they can all agree on."""
+        self._stop_requested.value = 1
+
+    def should_stop(self, iteration: int) -> bool:
+        """Called at the top of each loop iteration, before any collective of that iteration.
+
+        The first rank that sees a stop request proposes `iteration + 1`. No peer can be past
+        the top of `iteration` yet (they all must join this iteration's collective first), so
+        every rank reaches the proposed iteration and stops there, together.
+        """
+        if not self._stop_requested.value:
+            return False
+        with self._stop.get_lock():
+            if self._stop.value < 0:
+                self._stop.value = iteration + 1
+            stop_at = int(self._stop.value)
+        return iteration >= stop_at
+
+
+def new_lockstep_group(world_size: int, timeout: float) -> LockstepGroup:
+    """A group for `world_size` spawned rank processes."""
+    return LockstepGroup(multiprocessing.get_context("spawn"), world_size, timeout)

@@ -1,0 +1,1 @@
+"""deepseek-recipe glue: request preparation and output streaming per client protocol."""

@@ -1,0 +1,145 @@
+"""ChatOutput: engine tokens in, Chat Completions chunks out (SSE payloads or one JSON body).
+
+Wraps the recipe's StreamProcessor, which parses reasoning, DSML tool calls and stop sequences.
+The recipe attaches usage to the finishing chunk whatever the client asked (and omits the key
+elsewhere unless include_usage is set); this class reshapes it to what OpenAI sends:
+`"usage": null` on every chunk, plus, only with `include_usage`, one extra last chunk with
+`"choices": []` and the usage. `continuous_usage_stats` (a vLLM extension GuideLLM uses) puts
+the cumulative usage on every chunk instead of null.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+from deepseek_recipe import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    InferenceChunk,
+    InferenceFinishReason,
+    PromptUsage,
+    StreamProcessor,
+)
+
+from deepinfer_server.protocol.chat_request import PreparedChat
+from deepinfer_server.protocol.recipe import RecipeContext
+
+_FINISH_REASONS = {
+    "stop": InferenceFinishReason.Stop,
+    "length": InferenceFinishReason.Length,
+}
+_NULL_USAGE_SUFFIX = '"usage":null}'
+_NO_USAGE_SUFFIX = "]}"
+_ADD_NULL_USAGE = ',"usage":null}'
+
+
+class ChatOutput:
+    """Turns one request's engine output into Chat Completions chunks.
+
+    In streaming mode each call returns SSE `data:` payloads (JSON strings); otherwise chunks
+    are accumulated and `response_json()` gives the final body.
+    """
+
+    def __init__(self, prepared: PreparedChat, completion_id: str, recipe: RecipeContext) -> None:
+        self._prepared = prepared
+        self._stream = prepared.stream
+        self._include_usage = prepared.stream_options.include_usage
+        self._continuous_usage = prepared.stream_options.continuous_usage_stats
+        self._prompt_tokens = len(prepared.prompt_token_ids)
+        self._completion_tokens = 0
+        generator = ChatCompletionRequest.chunk_generator(
+            prepared.request, completion_id, recipe.model_name
+        )
+        self._processor = StreamProcessor(
+            generator, prepared.request.parsing_options, recipe.tokenizer
+        )
+        self._response: ChatCompletionResponse | None = None
+        if not self._stream:
+            self._response = ChatCompletionResponse(
+                completion_id, recipe.model_name, int(time.time()), self._prompt_tokens, 0
+            )
+
+    @property
+    def finished(self) -> bool:
+        """True once the parser ended the answer (EOS, stop sequence, end of a forced tool call)."""
+        return bool(self._processor.finished)
+
+    def start(self) -> list[str]:
+        """The first chunk(s): the assistant role."""
+        usage = PromptUsage(prompt_tokens=self._prompt_tokens)
+        return self._emit(self._processor.push(InferenceChunk.ready(prompt_usage=usage)))
+
+    def push(self, token_ids: list[int]) -> list[str]:
+        """Chunks for newly generated tokens (several tokens make one chunk)."""
+        if not token_ids or self.finished:
+            return []
+        self._completion_tokens += len(token_ids)
+        return self._emit(self._processor.push(InferenceChunk.tokens(token_ids)))
+
+    def finish(self, engine_reason: str) -> list[str]:
+        """The closing chunks once the engine ended the request with "stop" or "length"."""
+        chunks = []
+        if not self.finished:
+            chunks = self._processor.push(InferenceChunk.finish(_FINISH_REASONS[engine_reason]))
+        chunks.extend(self._processor.finish())
+        return self._emit(chunks)
+
+    def close(self) -> None:
+        """Release the parser (always call it; it is a no-op after a normal finish)."""
+        if not self.finished:
+            self._processor.close()
+
+    def response_json(self) -> bytes:
+        """The non-streaming response body."""
+        assert self._response is not None, "response_json() is for non-streaming requests"
+        return self._response.to_json().encode()
+
+    def _emit(self, chunks: list[Any]) -> list[str]:
+        if self._response is not None:
+            for chunk in chunks:
+                self._response.accumulate(chunk)
+            return []
+        payloads: list[str] = []
+        for chunk in chunks:
+            payload = chunk.to_json()
+            if not self._continuous_usage:
+                # Fast paths for the common chunks, which need no parsing: the recipe writes
+                # `"usage":null` when include_usage is set and no usage key otherwise.
+                if payload.endswith(_NULL_USAGE_SUFFIX):
+                    payloads.append(payload)
+                    continue
+                if payload.endswith(_NO_USAGE_SUFFIX):
+                    payloads.append(payload[:-1] + _ADD_NULL_USAGE)
+                    continue
+            payloads.extend(self._reshape_usage(payload))
+        return payloads
+
+    def _reshape_usage(self, payload: str) -> list[str]:
+        chunk = orjson.loads(payload)
+        final_usage = chunk.get("usage")
+        if final_usage is None:
+            chunk["usage"] = self._running_usage() if self._continuous_usage else None
+            return [orjson.dumps(chunk).decode()]
+        chunk["usage"] = final_usage if self._continuous_usage else None
+        payloads = [orjson.dumps(chunk).decode()]
+        if self._include_usage:
+            usage_chunk = {
+                "id": chunk["id"],
+                "object": chunk["object"],
+                "created": chunk["created"],
+                "model": chunk["model"],
+                "system_fingerprint": chunk.get("system_fingerprint"),
+                "choices": [],
+                "usage": final_usage,
+            }
+            payloads.append(orjson.dumps(usage_chunk).decode())
+        return payloads
+
+    def _running_usage(self) -> dict[str, int]:
+        return {
+            "prompt_tokens": self._prompt_tokens,
+            "completion_tokens": self._completion_tokens,
+            "total_tokens": self._prompt_tokens + self._completion_tokens,
+        }

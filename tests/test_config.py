@@ -1,0 +1,138 @@
+"""Command line and configuration: DP/CP/EP derivation, defaults, exit code 2 on bad input."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from deepinfer_server.cli import build_parser, parse_config
+from deepinfer_server.config import derive_parallelism
+from deepinfer_server.errors import ConfigError
+
+
+@pytest.mark.parametrize(
+    ("ep", "dp", "cp", "expected"),
+    [
+        (1, None, None, (1, 1)),
+        (8, None, None, (1, 8)),
+        (8, 2, None, (2, 4)),
+        (8, 8, None, (8, 1)),
+        (8, None, 2, (4, 2)),
+        (8, 4, 2, (4, 2)),
+    ],
+)
+def test_parallelism_derivation(
+    ep: int, dp: int | None, cp: int | None, expected: tuple[int, int]
+) -> None:
+    assert derive_parallelism(ep, dp, cp) == expected
+
+
+@pytest.mark.parametrize(
+    ("ep", "dp", "cp"), [(8, 3, None), (8, None, 3), (8, 2, 2), (8, 0, None), (0, None, None)]
+)
+def test_inconsistent_parallelism_is_rejected(ep: int, dp: int | None, cp: int | None) -> None:
+    with pytest.raises(ConfigError):
+        derive_parallelism(ep, dp, cp)
+
+
+def test_simulated_defaults() -> None:
+    config = parse_config(["--engine", "simulated"])
+    assert config.served_model_names == ("deepseek-flash",)
+    assert config.context_limit == 32768
+    assert (config.dp, config.cp, config.expert_parallel_size) == (1, 1, 1)
+    assert config.max_num_seqs == 16
+    assert config.max_queued_requests == 0
+    assert config.request_timeout == 600
+    assert config.startup_timeout == 3600
+    assert config.admission_capacity == 16
+    assert (config.sim_ttft_ms, config.sim_itl_ms, config.sim_tokens_per_step) == (20, 10, 1)
+
+
+def test_served_name_defaults_to_model_and_long_flags_parse() -> None:
+    config = parse_config(
+        [
+            "/models/ckpt",
+            "--engine",
+            "simulated",
+            "--expert-parallel-size",
+            "8",
+            "--data-parallel-size",
+            "2",
+            "--max-queued-requests",
+            "4",
+            "--trust-remote-code",
+            "--default-thinking",
+            "disabled",
+            "--max-num-batched-tokens",
+            "8192",
+        ]
+    )
+    assert config.served_model_names == ("/models/ckpt",)
+    assert (config.dp, config.cp) == (2, 4)
+    assert config.admission_capacity == 2 * 16 + 4
+    assert config.trust_remote_code and config.default_thinking == "disabled"
+    assert config.max_num_batched_tokens == 8192
+
+
+def test_help_documents_every_option() -> None:
+    help_text = build_parser().format_help()
+    for flag in [
+        "--engine",
+        "--served-model-name",
+        "--ep",
+        "--dp",
+        "--cp",
+        "--max-model-len",
+        "--max-num-seqs",
+        "--max-queued-requests",
+        "--request-timeout",
+        "--startup-timeout",
+        "--gpu-memory-utilization",
+        "--trust-remote-code",
+        "--default-thinking",
+        "--sim-ttft-ms",
+        "--sim-itl-ms",
+        "--sim-tokens-per-step",
+    ]:
+        assert flag in help_text
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "deepinfer_server", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--engine", "simulated", "--ep", "8", "--dp", "3"],
+        ["--engine", "simulated", "--ep", "8", "--dp", "2", "--cp", "2"],
+        ["--engine", "simulated", "--max-num-seqs", "0"],
+        ["--ep", "8"],  # the default engine needs MODEL
+    ],
+)
+def test_bad_command_lines_exit_2_with_one_line(args: list[str]) -> None:
+    result = _cli(*args)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("deepinfer-server: error:")
+    assert "Traceback" not in result.stderr
+
+
+def test_deepinfer_engine_is_not_available_yet() -> None:
+    result = _cli("/models/ckpt", "--engine", "deepinfer")
+    assert result.returncode == 2
+    assert "--engine simulated" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_checkpoint_directory_without_tokenizer_fails_clearly(tmp_path: object) -> None:
+    result = _cli(str(tmp_path), "--engine", "simulated")
+    assert result.returncode == 2
+    assert "tokenizer.json" in result.stderr

@@ -1,0 +1,231 @@
+"""Processes and coordination end to end: capacity, cancellation, timeouts, failure, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import httpx
+import openai
+import psutil
+import pytest
+
+from tests.conftest import MODEL
+from tests.server import LiveServer
+
+NO_THINKING = {"thinking": {"type": "disabled"}}
+ENDLESS = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "again"}],
+    "max_tokens": 3000,
+    "ignore_eos": True,
+    **NO_THINKING,
+}
+
+
+def _sse_events(response: httpx.Response) -> Iterator[dict[str, object] | str]:
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            payload = line[6:]
+            yield payload if payload == "[DONE]" else json.loads(payload)
+
+
+def _assert_no_processes(pids: list[int]) -> None:
+    alive = [
+        pid
+        for pid in pids
+        if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    ]
+    assert alive == [], f"processes left behind: {alive}"
+
+
+@pytest.fixture(scope="module")
+def one_slot_server() -> Iterator[LiveServer]:
+    """One rank, one running sequence, no queue: capacity 1, slow steps."""
+    with LiveServer(
+        "--max-num-seqs",
+        "1",
+        "--sim-itl-ms",
+        "20",
+        "--sim-ttft-ms",
+        "5",
+        "--max-model-len",
+        "8192",
+    ) as server:
+        yield server
+
+
+def test_over_capacity_is_429_with_retry_after(one_slot_server: LiveServer) -> None:
+    url = one_slot_server.base_url + "/v1/chat/completions"
+    with httpx.stream("POST", url, json={**ENDLESS, "stream": True}, timeout=30) as holding:
+        events = _sse_events(holding)  # kept referenced: closing it would close the stream
+        assert isinstance(next(events), dict)
+        rejected = httpx.post(url, json={**ENDLESS, "max_tokens": 5}, timeout=30)
+        assert rejected.status_code == 429
+        assert int(rejected.headers["retry-after"]) >= 1
+        assert rejected.json()["error"]["code"] == "rate_limit_exceeded"
+        assert set(rejected.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_stream_disconnect_aborts_the_engine_request(one_slot_server: LiveServer) -> None:
+    url = one_slot_server.base_url + "/v1/chat/completions"
+    with httpx.stream("POST", url, json={**ENDLESS, "stream": True}, timeout=30) as stream:
+        events = _sse_events(stream)
+        next(events)
+        next(events)
+    # The endless request (3000 tokens at 20 ms a step: a minute) must be gone from the engine:
+    # with one running sequence per rank, this request only runs once it was aborted.
+    follow_up = httpx.post(url, json={**ENDLESS, "max_tokens": 3}, timeout=20)
+    assert follow_up.status_code == 200, follow_up.text
+    assert follow_up.json()["usage"]["completion_tokens"] == 3
+
+
+def test_non_streaming_disconnect_aborts_the_engine_request(one_slot_server: LiveServer) -> None:
+    url = one_slot_server.base_url + "/v1/chat/completions"
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(url, json=ENDLESS, timeout=httpx.Timeout(30, read=0.5))
+    follow_up = httpx.post(url, json={**ENDLESS, "max_tokens": 3}, timeout=20)
+    assert follow_up.status_code == 200, follow_up.text
+
+
+def test_stop_sequence_frees_the_slot(one_slot_server: LiveServer) -> None:
+    url = one_slot_server.base_url + "/v1/chat/completions"
+    body = {
+        **ENDLESS,
+        "messages": [{"role": "user", "content": "alpha beta gamma"}],
+        "stop": ["beta"],
+    }
+    done = httpx.post(url, json=body, timeout=20)
+    assert done.json()["choices"][0]["message"]["content"] == "alpha "
+    follow_up = httpx.post(url, json={**ENDLESS, "max_tokens": 3}, timeout=20)
+    assert follow_up.status_code == 200, follow_up.text
+
+
+def test_burst_over_capacity() -> None:
+    with LiveServer(
+        "--ep",
+        "2",
+        "--dp",
+        "2",
+        "--max-num-seqs",
+        "2",
+        "--max-queued-requests",
+        "1",
+        "--sim-itl-ms",
+        "20",
+    ) as server:
+        capacity = 2 * 2 + 1
+
+        async def burst() -> list[int]:
+            async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
+                body = {**ENDLESS, "max_tokens": 40}
+                responses = await asyncio.gather(
+                    *(http.post("/v1/chat/completions", json=body) for _ in range(capacity + 4))
+                )
+            return [r.status_code for r in responses]
+
+        statuses = asyncio.run(burst())
+        assert statuses.count(200) == capacity
+        assert statuses.count(429) == 4
+
+
+def test_request_timeout() -> None:
+    with LiveServer("--request-timeout", "1", "--sim-itl-ms", "20") as server:
+        url = server.base_url + "/v1/chat/completions"
+        response = httpx.post(url, json=ENDLESS, timeout=30)
+        assert response.status_code == 408
+        assert response.json()["error"]["code"] == "request_timeout"
+        with httpx.stream("POST", url, json={**ENDLESS, "stream": True}, timeout=30) as stream:
+            events = list(_sse_events(stream))
+        assert events[-1] == "[DONE]"
+        error = events[-2]
+        assert isinstance(error, dict) and error["error"]["code"] == "request_timeout"  # type: ignore[index]
+        follow_up = httpx.post(url, json={**ENDLESS, "max_tokens": 3}, timeout=20)
+        assert follow_up.status_code == 200
+
+
+def test_rank_killed_mid_stream_fails_the_service() -> None:
+    with LiveServer("--ep", "2", "--dp", "2", "--sim-itl-ms", "20") as server:
+        ranks = server.rank_processes()
+        assert len(ranks) == 2
+        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
+        stream = client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "again"}],
+            max_tokens=3000,
+            stream=True,
+            extra_body={"ignore_eos": True, **NO_THINKING},
+        )
+        next(iter(stream))
+        ranks[1].kill()
+        with pytest.raises(openai.APIError) as excinfo:
+            for _ in stream:
+                pass
+        assert "rank" in str(excinfo.value)
+        health = httpx.get(server.base_url + "/health")
+        assert health.status_code == 503
+        assert "DP rank 1" in health.json()["reason"]
+        refused = httpx.post(server.base_url + "/v1/chat/completions", json=ENDLESS, timeout=10)
+        assert refused.status_code == 503
+        assert refused.json()["error"]["type"] == "service_unavailable"
+        pids = [p.pid for p in ranks]
+        assert server.stop(signal.SIGTERM) == 0
+        _assert_no_processes(pids)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_stops_everything(sig: signal.Signals) -> None:
+    with LiveServer("--ep", "2", "--dp", "2", "--sim-itl-ms", "20") as server:
+        pids = [p.pid for p in server.rank_processes()]
+        url = server.base_url + "/v1/chat/completions"
+        with httpx.stream("POST", url, json={**ENDLESS, "stream": True}, timeout=30) as stream:
+            events = _sse_events(stream)
+            next(events)
+            server.process.send_signal(sig)
+            rest = list(events)
+        assert rest[-1] == "[DONE]"
+        assert isinstance(rest[-2], dict) and "error" in rest[-2]
+        assert server.process.wait(30) == 0
+        _assert_no_processes(pids)
+        assert "[shutdown] done" in server.log
+
+
+def test_rank_that_fails_to_start_ends_the_server() -> None:
+    port = str(__import__("tests.server", fromlist=["free_port"]).free_port())
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "deepinfer_server",
+            "--engine",
+            "simulated",
+            "--port",
+            port,
+            "--ep",
+            "2",
+            "--dp",
+            "2",
+            "--sim-fault",
+            "startup",
+            "--sim-fault-rank",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert "start-up failure" in result.stderr
+    assert "Uvicorn running" not in result.stderr
+
+
+def test_engine_error_in_step_fails_the_service() -> None:
+    with LiveServer("--sim-fault", "step-error", "--sim-fault-after-steps", "3") as server:
+        response = httpx.post(server.base_url + "/v1/chat/completions", json=ENDLESS, timeout=30)
+        assert response.status_code == 503
+        assert "simulated engine failure" in response.json()["error"]["message"]
+        assert httpx.get(server.base_url + "/health").status_code == 503
