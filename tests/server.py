@@ -27,7 +27,13 @@ def free_port() -> int:
 class LiveServer:
     """Starts the server, waits for the line that says it listens, and stops it."""
 
-    def __init__(self, *args: str, startup_timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        *args: str,
+        engine: str = "simulated",
+        env: dict[str, str] | None = None,
+        startup_timeout: float = 60.0,
+    ) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.args = [
@@ -35,7 +41,7 @@ class LiveServer:
             "-m",
             "deepinfer_server",
             "--engine",
-            "simulated",
+            engine,
             "--host",
             "127.0.0.1",
             "--port",
@@ -44,9 +50,12 @@ class LiveServer:
         ]
         self.lines: list[str] = []
         self._lines: queue.Queue[str | None] = queue.Queue()
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.process = subprocess.Popen(
-            self.args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+            self.args,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
         threading.Thread(target=self._pump, daemon=True).start()
         self.wait_for_line(READY_LINE, startup_timeout)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from deepinfer_server.cli import build_parser, parse_config
 from deepinfer_server.config import derive_parallelism
 from deepinfer_server.errors import ConfigError
+from tests.checkpoint import write_checkpoint
 
 
 @pytest.mark.parametrize(
@@ -125,14 +127,15 @@ def test_bad_command_lines_exit_2_with_one_line(args: list[str]) -> None:
     assert "Traceback" not in result.stderr
 
 
-def test_deepinfer_engine_is_not_available_yet() -> None:
-    result = _cli("/models/ckpt", "--engine", "deepinfer")
+def test_deepinfer_engine_without_deepinfer_installed(tmp_path: Path) -> None:
+    checkpoint = write_checkpoint(tmp_path / "ckpt")
+    result = _cli(str(checkpoint), "--engine", "deepinfer")
     assert result.returncode == 2
-    assert "--engine simulated" in result.stderr
+    assert "DeepInfer package" in result.stderr and "--engine simulated" in result.stderr
     assert "Traceback" not in result.stderr
 
 
-def test_checkpoint_directory_without_tokenizer_fails_clearly(tmp_path: object) -> None:
+def test_checkpoint_directory_without_tokenizer_fails_clearly(tmp_path: Path) -> None:
     result = _cli(str(tmp_path), "--engine", "simulated")
     assert result.returncode == 2
     assert "tokenizer.json" in result.stderr

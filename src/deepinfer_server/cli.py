@@ -48,13 +48,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"deepinfer-server: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    if config.engine == "deepinfer":
-        print(
-            "deepinfer-server: error: --engine deepinfer is not available in this release yet; "
-            "use --engine simulated",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
     from deepinfer_server.launcher import run
 
     return run(config)

@@ -95,6 +95,19 @@ class ServerConfig:
         help="tokens per engine step, passed to DeepInfer (default: DeepInfer's)",
         type=int,
     )
+    step_timeout: float = _opt(
+        300.0,
+        "--step-timeout",
+        help="seconds a rank may take for one engine step while requests are in flight "
+        "before it is treated as failed (a hung engine); 0 disables (default: %(default)s)",
+        type=float,
+    )
+    disable_log_stats: bool = _opt(
+        False,
+        "--disable-log-stats",
+        help="turn off DeepInfer's periodic engine statistics log",
+        action="store_true",
+    )
     request_timeout: float = _opt(
         600.0,
         "--request-timeout",
@@ -256,6 +269,7 @@ def resolve(config: ServerConfig) -> ServerConfig:
     non_negative: dict[str, float] = {
         "--max-queued-requests": config.max_queued_requests,
         "--request-timeout": config.request_timeout,
+        "--step-timeout": config.step_timeout,
         "--startup-timeout": config.startup_timeout,
         "--shutdown-timeout": config.shutdown_timeout,
         "--sim-ttft-ms": config.sim_ttft_ms,

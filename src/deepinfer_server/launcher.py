@@ -11,33 +11,35 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import logging
+import os
 import signal
 import socket
 import sys
 import tempfile
 from collections.abc import Callable, Coroutine, Generator
-from pathlib import Path
 from typing import Any
 
 import uvicorn
 
+from deepinfer_server.api.app import build_app
+from deepinfer_server.api.state import AppState
 from deepinfer_server.config import ServerConfig
 from deepinfer_server.coordinator.client import EngineClient, StartupError
 from deepinfer_server.coordinator.process import RankProcesses
 from deepinfer_server.errors import ConfigError, ServiceUnavailableError
-from deepinfer_server.http.app import build_app
-from deepinfer_server.http.state import AppState
 from deepinfer_server.ipc.lockstep import new_lockstep_group
+from deepinfer_server.model_source import resolve_model
 from deepinfer_server.ports import choose_master_port
 from deepinfer_server.protocol.recipe import RecipeContext
+from deepinfer_server.rank.environment import rank_environment, visible_gpus
 from deepinfer_server.rank.spec import RankSpec
 from deepinfer_server.tokenizer import load_tokenizer_json
 
 logger = logging.getLogger("deepinfer_server")
 
 RANK_STOP_TIMEOUT = 15.0
-REQUIRED_CHECKPOINT_FILES = ("tokenizer.json",)
 
 
 class _Server(uvicorn.Server):
@@ -71,23 +73,23 @@ class _Server(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def _check_model(config: ServerConfig) -> None:
-    if config.model is None:
-        return
-    path = Path(config.model)
-    if path.is_dir():
-        missing = [name for name in REQUIRED_CHECKPOINT_FILES if not (path / name).is_file()]
-        if missing:
-            raise ConfigError(f"checkpoint directory {path} lacks {', '.join(missing)}")
-
-
-def _rank_specs(config: ServerConfig, workdir: str, master_port: int) -> list[RankSpec]:
-    environment = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port)}
+def _rank_specs(
+    config: ServerConfig, local_model: str | None, workdir: str, master_port: int
+) -> list[RankSpec]:
+    if config.engine == "deepinfer":
+        gpus = visible_gpus(os.environ)
+        environments = [
+            rank_environment(rank, gpus, config.cp, config.expert_parallel_size, master_port)
+            for rank in range(config.dp)
+        ]
+    else:
+        plain = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port)}
+        environments = [plain] * config.dp
     return [
         RankSpec(
             rank=rank,
             engine=config.engine,
-            model=config.model,
+            model=local_model,
             served_model_name=config.served_model_names[0],
             data_parallel_size=config.dp,
             context_parallel_size=config.cp,
@@ -97,10 +99,11 @@ def _rank_specs(config: ServerConfig, workdir: str, master_port: int) -> list[Ra
             max_num_batched_tokens=config.max_num_batched_tokens,
             gpu_memory_utilization=config.gpu_memory_utilization,
             trust_remote_code=config.trust_remote_code,
+            disable_log_stats=config.disable_log_stats,
             inbox_address=f"ipc://{workdir}/rank{rank}.in",
             outbox_address=f"ipc://{workdir}/ranks.out",
             log_level=config.log_level,
-            environment=environment,
+            environment=environments[rank],
             sim_ttft_ms=config.sim_ttft_ms,
             sim_itl_ms=config.sim_itl_ms,
             sim_tokens_per_step=config.sim_tokens_per_step,
@@ -127,11 +130,16 @@ def _startup_signals(task: asyncio.Task[None]) -> Generator[None, None, None]:
 
 async def serve(config: ServerConfig) -> int:
     """Run the server until it is told to stop; returns the process exit code."""
-    _check_model(config)
+    if config.engine == "deepinfer" and importlib.util.find_spec("deepinfer") is None:
+        raise ConfigError(
+            "--engine deepinfer needs the DeepInfer package, which is not importable here "
+            "(install DeepInfer or add its source to PYTHONPATH; or use --engine simulated)"
+        )
+    local_model = resolve_model(config.model, config.engine)
     master_port = choose_master_port(config.port)
     try:
         recipe = RecipeContext.create(
-            load_tokenizer_json(config.model),
+            load_tokenizer_json(local_model),
             config.served_model_names,
             config.context_limit,
             default_thinking=config.default_thinking == "enabled",
@@ -139,7 +147,7 @@ async def serve(config: ServerConfig) -> int:
     except (OSError, ValueError, RuntimeError) as exc:
         raise ConfigError(f"cannot load the tokenizer: {exc}") from exc
     with tempfile.TemporaryDirectory(prefix="deepinfer-server-") as workdir:
-        specs = _rank_specs(config, workdir, master_port)
+        specs = _rank_specs(config, local_model, workdir, master_port)
         lockstep = new_lockstep_group(config.dp, config.sim_collective_timeout)
         processes = RankProcesses(specs, lockstep)
         engine = EngineClient(

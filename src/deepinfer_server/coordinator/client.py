@@ -46,6 +46,7 @@ from deepinfer_server.ipc.messages import (
 
 logger = logging.getLogger(__name__)
 
+_EXIT_REPORT_GRACE_SECONDS = 0.5
 _WAKE = to_rank_encoder.encode(Wake())
 _SHUTDOWN = to_rank_encoder.encode(Shutdown())
 
@@ -99,13 +100,18 @@ class EngineClient:
         self._failure: str | None = None
         self._failed = asyncio.Event()
         self._reader: asyncio.Task[None] | None = None
+        self._liveness: asyncio.Task[None] | None = None
+        self._last_report = [0.0] * config.dp
         self.draining = False
 
     # Lifecycle
 
     def start(self) -> None:
         """Start the reader task and the process watch (ranks must already be spawned)."""
-        self._reader = asyncio.get_running_loop().create_task(self._read_outputs())
+        loop = asyncio.get_running_loop()
+        self._reader = loop.create_task(self._read_outputs())
+        if self._config.step_timeout > 0:
+            self._liveness = loop.create_task(self._watch_liveness(self._config.step_timeout))
         self._processes.watch(self._on_rank_exit)
 
     async def wait_ready(self, timeout: float) -> None:
@@ -136,10 +142,11 @@ class EngineClient:
             with contextlib.suppress(zmq.ZMQError):
                 socket.send(_SHUTDOWN, zmq.NOBLOCK)
         await self._processes.stop(timeout)
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
+        for task in (self._reader, self._liveness):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         for socket in self._inboxes:
             socket.close()
         self._outbox.close()
@@ -211,7 +218,13 @@ class EngineClient:
                 self._inboxes[handle.rank].send(message, copy=False)
 
     def _on_rank_exit(self, rank: int, exitcode: int | None) -> None:
-        self._fail_service(f"DP rank {rank} exited unexpectedly with exit code {exitcode}")
+        # A rank that fails on purpose reports why just before it exits; give that report a
+        # moment to arrive so that /health names the cause rather than only the exit code.
+        asyncio.get_running_loop().call_later(
+            _EXIT_REPORT_GRACE_SECONDS,
+            self._fail_service,
+            f"DP rank {rank} exited unexpectedly with exit code {exitcode}",
+        )
 
     def _fail_service(self, reason: str) -> None:
         if self._failure is not None:
@@ -245,7 +258,29 @@ class EngineClient:
                 logger.error("DP rank %d failed:\n%s", message.rank, message.traceback)
                 self._fail_service(f"DP rank {message.rank} failed: {message.message}")
 
+    async def _watch_liveness(self, step_timeout: float) -> None:
+        """Fail the service when a rank completes no step for `step_timeout` seconds while the
+        engine has work: a hung engine (a dead collective peer, a wedged kernel) must not keep
+        answering 200 on /health."""
+        loop = asyncio.get_running_loop()
+        interval = min(1.0, step_timeout / 4)
+        while self._failure is None:
+            await asyncio.sleep(interval)
+            now = loop.time()
+            if not any(not h.engine_finished for h in self._handles.values()):
+                # No engine work: the clock only runs while requests are in the engine.
+                self._last_report = [now] * len(self._last_report)
+                continue
+            for rank, last in enumerate(self._last_report):
+                if now - last > step_timeout:
+                    self._fail_service(
+                        f"DP rank {rank} completed no engine step for {step_timeout:g}s "
+                        "(--step-timeout) while requests were in flight; the engine is hung"
+                    )
+                    return
+
     def _dispatch(self, message: StepOutputs) -> None:
+        self._last_report[message.rank] = asyncio.get_running_loop().time()
         handles = self._handles
         for output in message.outputs:
             handle = handles.get(output.request_id)

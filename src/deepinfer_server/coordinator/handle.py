@@ -47,6 +47,11 @@ class RequestHandle:
             self._timer = asyncio.get_running_loop().call_at(deadline, self._expire)
 
     @property
+    def engine_finished(self) -> bool:
+        """True once the engine no longer runs this request."""
+        return self._engine_finished
+
+    @property
     def ended(self) -> bool:
         """True once the request has its outcome: a finish reason or an error."""
         return self._finish_reason is not None or self._error is not None

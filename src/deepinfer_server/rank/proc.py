@@ -12,12 +12,14 @@ import os
 import signal
 import sys
 import traceback
+from multiprocessing.process import BaseProcess
 
 import zmq
 
 from deepinfer_server.ipc.lockstep import LockstepGroup
 from deepinfer_server.ipc.messages import RankFailed, RankReady, from_rank_encoder
 from deepinfer_server.rank.adapter import EngineAdapter
+from deepinfer_server.rank.child_watch import ChildWatchdog, exit_rank_process
 from deepinfer_server.rank.loop import RankLoop
 from deepinfer_server.rank.spec import RankSpec
 
@@ -36,8 +38,13 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def build_engine(spec: RankSpec, lockstep: LockstepGroup) -> EngineAdapter:
-    """Construct this rank's engine (the only difference between the two engine kinds)."""
+def build_engine(
+    spec: RankSpec, lockstep: LockstepGroup
+) -> tuple[EngineAdapter, list[BaseProcess]]:
+    """Construct this rank's engine (the only difference between the two engine kinds).
+
+    Returns the adapter and the child processes the engine started, for the watchdog.
+    """
     if spec.engine == "simulated":
         from deepinfer_server.engines.simulated.engine import LLMEngine, SimEngineArgs
         from deepinfer_server.engines.simulated.outputs import RequestOutput
@@ -58,8 +65,26 @@ def build_engine(spec: RankSpec, lockstep: LockstepGroup) -> EngineAdapter:
             fault=spec.sim_fault,
             fault_after_steps=spec.sim_fault_after_steps,
         )
-        return EngineAdapter(LLMEngine.from_engine_args(args), RequestOutput)
-    raise RuntimeError(f"engine {spec.engine!r} is not available in this release")
+        return EngineAdapter(LLMEngine.from_engine_args(args), RequestOutput), []
+    from deepinfer_server.engines.deepinfer import build_deepinfer_engine
+
+    return build_deepinfer_engine(spec)
+
+
+def _fail_from_watchdog(spec: RankSpec, message: str) -> None:
+    """Report a dead engine child, then end the process (called on the watchdog thread).
+
+    A context of its own: sockets are not thread-safe, and `term()` blocks until the report
+    is delivered, which must happen before `os._exit`.
+    """
+    context = zmq.Context()
+    socket = context.socket(zmq.PUSH)
+    socket.setsockopt(zmq.LINGER, 2000)
+    socket.connect(spec.outbox_address)
+    socket.send(from_rank_encoder.encode(RankFailed(spec.rank, message, "")))
+    socket.close()
+    context.term()
+    exit_rank_process(1)
 
 
 def run_rank(spec: RankSpec, lockstep: LockstepGroup) -> None:
@@ -83,11 +108,14 @@ def run_rank(spec: RankSpec, lockstep: LockstepGroup) -> None:
     exit_code = 0
     try:
         logger.info("[startup] constructing the %s engine", spec.engine)
-        adapter = build_engine(spec, lockstep)
+        adapter, children = build_engine(spec, lockstep)
+        watchdog = ChildWatchdog(children, lambda message: _fail_from_watchdog(spec, message))
+        watchdog.start()
         outbox.send(from_rank_encoder.encode(RankReady(spec.rank, os.getpid(), spec.max_num_seqs)))
         logger.info("[startup] ready")
         RankLoop(spec.rank, adapter, inbox, outbox, lockstep, spec.idle_wait_seconds).run()
         logger.info("[shutdown] closing the engine")
+        watchdog.stop()
         adapter.close()
     except BaseException as exc:
         exit_code = 1

@@ -21,6 +21,7 @@ class RankSpec:
     max_num_batched_tokens: int | None
     gpu_memory_utilization: float
     trust_remote_code: bool
+    disable_log_stats: bool
     inbox_address: str
     outbox_address: str
     log_level: str = "info"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from deepinfer_server.http.state import AppState
+from deepinfer_server.api.state import AppState
 
 
 async def list_models(request: Request) -> Response:

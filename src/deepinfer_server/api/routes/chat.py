@@ -9,13 +9,13 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from deepinfer_server.api.body import read_body
+from deepinfer_server.api.disconnect import ClientDisconnected, until_disconnect
+from deepinfer_server.api.errors import sse_error_payload
+from deepinfer_server.api.generation import generate
+from deepinfer_server.api.sse import DONE_FRAME, data_frames
+from deepinfer_server.api.state import LARGE_BODY_BYTES, AppState
 from deepinfer_server.coordinator.handle import RequestHandle
-from deepinfer_server.http.body import read_body
-from deepinfer_server.http.disconnect import ClientDisconnected, until_disconnect
-from deepinfer_server.http.errors import sse_error_payload
-from deepinfer_server.http.generation import generate
-from deepinfer_server.http.sse import DONE_FRAME, data_frames
-from deepinfer_server.http.state import LARGE_BODY_BYTES, AppState
 from deepinfer_server.protocol.chat_output import ChatOutput
 from deepinfer_server.protocol.chat_request import decode_json, prepare_chat
 

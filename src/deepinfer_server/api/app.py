@@ -6,11 +6,11 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.routing import Route
 
+from deepinfer_server.api.errors import handle_api_error, handle_http_exception
+from deepinfer_server.api.routes.chat import chat_completions
+from deepinfer_server.api.routes.meta import health, list_models
+from deepinfer_server.api.state import AppState
 from deepinfer_server.errors import ApiError
-from deepinfer_server.http.errors import handle_api_error, handle_http_exception
-from deepinfer_server.http.routes.chat import chat_completions
-from deepinfer_server.http.routes.meta import health, list_models
-from deepinfer_server.http.state import AppState
 
 
 def build_app(state: AppState) -> Starlette:

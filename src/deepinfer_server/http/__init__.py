@@ -1,1 +1,0 @@
-"""The HTTP layer: Starlette app, routes, error envelopes and SSE framing (asyncio only)."""

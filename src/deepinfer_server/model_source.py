@@ -1,0 +1,68 @@
+"""MODEL as given (a checkpoint directory or a Hugging Face repository id) → a local directory.
+
+DeepInfer reads only local directories, so a repository id is downloaded into the Hugging Face
+cache (`HF_HOME`) before any rank starts, with download progress shown. The simulated engine
+needs only the tokenizer, so for it only the small files are fetched.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from deepinfer_server.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")
+TOKENIZER_FILES = ("tokenizer.json",)
+_SMALL_FILE_PATTERNS = ["*.json", "*.py", "*.model", "*.txt"]
+
+
+def required_files(engine: str) -> tuple[str, ...]:
+    return CHECKPOINT_FILES if engine == "deepinfer" else TOKENIZER_FILES
+
+
+def check_checkpoint(directory: Path, engine: str) -> None:
+    """Fail fast, with the names, when the directory lacks a file the engine needs."""
+    missing = [name for name in required_files(engine) if not (directory / name).is_file()]
+    if missing:
+        raise ConfigError(f"checkpoint directory {directory} lacks {', '.join(missing)}")
+
+
+def _looks_like_repo_id(model: str) -> bool:
+    parts = model.split("/")
+    return len(parts) == 2 and all(parts) and not model.startswith((".", "~"))
+
+
+def download(repo_id: str, engine: str) -> Path:
+    """Fetch a repository snapshot into the Hugging Face cache and return its directory."""
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+    except ImportError as exc:  # pragma: no cover - a declared dependency
+        raise ConfigError("huggingface_hub is needed to download a model id") from exc
+    patterns = None if engine == "deepinfer" else _SMALL_FILE_PATTERNS
+    logger.info("[startup] resolving %s in the Hugging Face cache (downloading if needed)", repo_id)
+    try:
+        path = snapshot_download(repo_id=repo_id, allow_patterns=patterns)
+    except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as exc:
+        raise ConfigError(f"cannot get model {repo_id!r} from the Hugging Face Hub: {exc}") from exc
+    return Path(path)
+
+
+def resolve_model(model: str | None, engine: str) -> str | None:
+    """The local checkpoint directory for MODEL (None for the simulated engine without one)."""
+    if model is None:
+        return None
+    path = Path(model).expanduser()
+    if path.is_dir():
+        check_checkpoint(path, engine)
+        return str(path)
+    if not _looks_like_repo_id(model):
+        raise ConfigError(
+            f"MODEL {model!r} is neither a directory nor a Hugging Face repository id"
+        )
+    local = download(model, engine)
+    check_checkpoint(local, engine)
+    return str(local)

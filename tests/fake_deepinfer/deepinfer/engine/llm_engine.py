@@ -1,0 +1,126 @@
+"""LLMEngine stand-in: DeepInfer 0.1.0's construction checks and surface, simulated behaviour."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import multiprocessing
+import os
+import signal
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from deepinfer.engine.arg_utils import EngineArgs
+from deepinfer.sampling_params import SamplingParams
+from deepinfer_server.engines.simulated.engine import LLMEngine as SimulatedEngine
+from deepinfer_server.engines.simulated.engine import SimEngineArgs
+from deepinfer_server.ipc.lockstep import new_lockstep_group
+
+
+def _spawn_worker(*args: Any) -> None:
+    """A CP worker: lives until its parent dies (set_pdeathsig(SIGKILL) in the real one)."""
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)
+    while True:
+        time.sleep(3600)
+
+
+class LLMEngine:
+    def __init__(self, engine_args: EngineArgs) -> None:
+        # Real: list(map(int, os.environ["CUDA_VISIBLE_DEVICES"].split(","))) (llm_engine.py:188)
+        gpu_ids = list(map(int, os.environ["CUDA_VISIBLE_DEVICES"].split(",")))
+        self.driver_gpu_id = gpu_ids[0]
+        failure = os.environ.get("FAKE_DEEPINFER_FAIL")
+        if failure:
+            raise RuntimeError(failure)
+        tokenizer_dir = Path(engine_args.tokenizer or engine_args.model)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            if not (tokenizer_dir / name).is_file():
+                raise FileNotFoundError(f"{name} not found in {tokenizer_dir}")
+        for cp_rank in range(1, engine_args.context_parallel_size):
+            worker = multiprocessing.get_context("spawn").Process(
+                target=_spawn_worker, name=f"worker-cp{cp_rank}", daemon=True
+            )
+            worker.start()
+        self._record_dir = os.environ.get("FAKE_DEEPINFER_RECORD_DIR")
+        self._args = engine_args
+        self._engine = SimulatedEngine(
+            SimEngineArgs(
+                tokenizer_json=(tokenizer_dir / "tokenizer.json").read_text(encoding="utf-8"),
+                lockstep=new_lockstep_group(1, 60.0),
+                engine_rank=0,
+                max_model_len=engine_args.max_model_len or 4096,
+                max_num_seqs=engine_args.max_num_seqs,
+                ttft_ms=1.0,
+                itl_ms=2.0,
+                tokens_per_step=1 + int(os.environ.get("DEEPINFER_USE_NEXTN_DECODE", "5")),
+            )
+        )
+        self.tokenizer = self._engine.tokenizer
+        self.eos_id = self._engine.eos_id
+        self._record("constructed")
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
+        return cls(engine_args)
+
+    def add_request(
+        self,
+        /,
+        user_id: str,
+        request_id: str,
+        sampling_params: dict | SamplingParams | None,
+        prompt_token_ids: np.ndarray,
+        multi_modal_data: dict | None = None,
+        arrival_time: float | None = None,
+        extra: dict | None = None,
+        enqueue: bool = True,
+        chunk_checkpoints: list[int] | None = None,
+    ) -> object | None:
+        if isinstance(sampling_params, dict):
+            self._record("sampling_params", sampling_params)
+        return self._engine.add_request(user_id, request_id, sampling_params, prompt_token_ids)
+
+    def abort_request(self, request_id: str | Iterable[str]) -> tuple[int, int]:
+        return self._engine.abort_request(request_id)
+
+    def get_num_unfinished_requests(self) -> int:
+        return self._engine.get_num_unfinished_requests()
+
+    def has_unfinished_requests(self) -> bool:
+        return self._engine.has_unfinished_requests()
+
+    def step(self) -> np.ndarray:
+        return self._engine.step()
+
+    def flush_inflight_reqs(self) -> np.ndarray:
+        return self._engine.flush_inflight_reqs()
+
+    def close(self) -> None:
+        self._engine.close()
+        self._record("closed")
+
+    def _record(self, event: str, payload: object = None) -> None:
+        if not self._record_dir:
+            return
+        import deepinfer
+
+        entry = {
+            "event": event,
+            "pid": os.getpid(),
+            "engine_args": {
+                k: (v.name if hasattr(v, "name") else v) for k, v in vars(self._args).items()
+            },
+            "import_env": {
+                k: v
+                for k, v in deepinfer.IMPORT_TIME_ENV.items()
+                if k.startswith(("DEEPINFER_", "CUDA_", "MASTER_", "TOKENIZERS_"))
+            },
+            "payload": payload,
+        }
+        path = Path(self._record_dir) / f"rank{self._args.engine_rank}.jsonl"
+        with path.open("a", encoding="utf-8") as stream:
+            stream.write(json.dumps(entry) + "\n")

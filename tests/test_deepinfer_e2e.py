@@ -1,0 +1,214 @@
+"""`--engine deepinfer` end to end through the test stand-in (real rank processes and HTTP).
+
+The stand-in (tests/fake_deepinfer) mirrors DeepInfer 0.1.0's import paths and signatures and
+records what each rank constructed it with; "GPUs" are whatever CUDA_VISIBLE_DEVICES names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import psutil
+import pytest
+
+from tests.checkpoint import write_checkpoint
+from tests.server import LiveServer, free_port
+
+STAND_IN = str(Path(__file__).resolve().parent / "fake_deepinfer")
+
+
+def _env(record_dir: Path, **extra: str) -> dict[str, str]:
+    path = os.pathsep.join(filter(None, [STAND_IN, os.environ.get("PYTHONPATH")]))
+    return {
+        "PYTHONPATH": path,
+        "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7",
+        "FAKE_DEEPINFER_RECORD_DIR": str(record_dir),
+        **extra,
+    }
+
+
+def _records(record_dir: Path, rank: int) -> list[dict[str, Any]]:
+    lines = (record_dir / f"rank{rank}.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+@pytest.fixture()
+def checkpoint(tmp_path: Path) -> Path:
+    return write_checkpoint(tmp_path / "DeepSeek-V4.1-Flash")
+
+
+def test_ranks_construct_deepinfer_as_configured(checkpoint: Path, tmp_path: Path) -> None:
+    env = _env(tmp_path)
+    args = [
+        str(checkpoint),
+        "--served-model-name",
+        "deepseek-flash",
+        "--ep",
+        "8",
+        "--dp",
+        "2",
+        "--max-model-len",
+        "16384",
+        "--max-num-batched-tokens",
+        "16384",
+        "--gpu-memory-utilization",
+        "0.85",
+        "--trust-remote-code",
+    ]
+    with LiveServer(*args, engine="deepinfer", env=env) as server:
+        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
+        request: dict[str, Any] = {
+            "model": "deepseek-flash",
+            "messages": [{"role": "user", "content": "Hello from DeepInfer"}],
+            "seed": 7,
+            "extra_body": {"thinking": {"type": "disabled"}},
+        }
+        # Two overlapping requests: least-loaded routing puts one on each rank.
+        endless = {**request, "extra_body": {"thinking": {"type": "disabled"}, "ignore_eos": True}}
+        stream = client.chat.completions.create(stream=True, max_tokens=2000, **endless)
+        chunks = iter(stream)
+        next(chunks)
+        reply = client.chat.completions.create(**request)
+        assert reply.choices[0].message.content == "Hello from DeepInfer"
+        assert "Hello from DeepInfer" in "".join(
+            next(chunks).choices[0].delta.content or "" for _ in range(8)
+        )
+        stream.close()
+        assert server.stop(signal.SIGTERM) == 0
+
+    for rank, gpus, ignore_eos in [(0, "0,1,2,3", True), (1, "4,5,6,7", False)]:
+        records = _records(tmp_path, rank)
+        constructed = records[0]
+        args_seen = constructed["engine_args"]
+        assert args_seen["model"] == args_seen["tokenizer"] == str(checkpoint)
+        assert args_seen["served_model_name"] == "deepseek-flash"
+        assert (args_seen["engine_rank"], args_seen["data_parallel_size"]) == (rank, 2)
+        assert (args_seen["context_parallel_size"], args_seen["expert_parallel_size"]) == (4, 8)
+        assert args_seen["max_model_len"] == 16384
+        assert args_seen["max_num_batched_tokens"] == 16384
+        assert args_seen["gpu_memory_utilization"] == 0.85
+        assert args_seen["trust_remote_code"] is True
+        assert args_seen["stop_preempted_request"] is False
+        assert args_seen["engine_type"] == "NORMAL"
+        imported_with = constructed["import_env"]
+        assert imported_with["CUDA_VISIBLE_DEVICES"] == gpus
+        assert imported_with["DEEPINFER_USE_NEXTN_DECODE"] == "0"
+        assert imported_with["DEEPINFER_ACCELERATOR"] == "nvidia"
+        assert "DEEPINFER_JIT_CACHE_DIR" in imported_with
+        assert int(imported_with["MASTER_PORT"]) > 50
+        sampling = [r["payload"] for r in records if r["event"] == "sampling_params"]
+        assert sampling and sampling[0]["seq_seed"] == 7
+        assert sampling[0]["ignore_eos"] is ignore_eos
+        assert records[-1]["event"] == "closed"  # every rank closed together on SIGTERM
+
+
+def test_exported_deepinfer_variables_override_the_defaults(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    env = _env(
+        tmp_path, DEEPINFER_USE_NEXTN_DECODE="2", DEEPINFER_JIT_CACHE_DIR=str(tmp_path / "jit")
+    )
+    with LiveServer(str(checkpoint), "--ep", "1", engine="deepinfer", env=env) as server:
+        reply = httpx.post(
+            server.base_url + "/v1/chat/completions",
+            json={
+                "model": str(checkpoint),
+                "messages": [{"role": "user", "content": "one two three"}],
+                "thinking": {"type": "disabled"},
+                "stream": True,
+            },
+            timeout=30,
+        )
+        assert "one two three" in "".join(
+            json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+            for line in reply.text.splitlines()
+            if line.startswith("data: {")
+        )
+    imported_with = _records(tmp_path, 0)[0]["import_env"]
+    assert imported_with["DEEPINFER_USE_NEXTN_DECODE"] == "2"
+    assert imported_with["DEEPINFER_JIT_CACHE_DIR"] == str(tmp_path / "jit")
+
+
+def test_dead_cp_worker_fails_the_service(checkpoint: Path, tmp_path: Path) -> None:
+    with LiveServer(str(checkpoint), "--ep", "2", engine="deepinfer", env=_env(tmp_path)) as server:
+        workers = [
+            p
+            for rank in server.rank_processes()
+            for p in rank.children()
+            if "spawn_main" in " ".join(p.cmdline())
+        ]
+        assert len(workers) == 1  # CP=2: one worker-cp1 process
+        workers[0].kill()
+        server.wait_for_line("engine child process worker-cp1", timeout=30)
+        server.wait_for_line("service failed", timeout=30)
+        health = httpx.get(server.base_url + "/health")
+        assert health.status_code == 503
+        assert "worker-cp1" in health.json()["reason"]
+
+
+def _run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "deepinfer_server", "--port", str(free_port()), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+    )
+
+
+def test_construction_error_ends_the_server_with_the_engines_message(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    env = _env(tmp_path, FAKE_DEEPINFER_FAIL="unknown GPU type")
+    result = _run_cli(str(checkpoint), "--ep", "2", "--dp", "2", env=env)
+    assert result.returncode == 1
+    assert "unknown GPU type" in result.stderr
+    assert "Uvicorn running" not in result.stderr
+
+
+def test_too_few_gpus_is_refused_before_start(checkpoint: Path, tmp_path: Path) -> None:
+    result = _run_cli(str(checkpoint), "--ep", "8", env=_env(tmp_path, CUDA_VISIBLE_DEVICES="0,1"))
+    assert result.returncode == 2
+    assert "needs 8 GPUs but only 2 are visible" in result.stderr
+
+
+def test_hung_step_is_detected_by_the_step_timeout() -> None:
+    with LiveServer(
+        "--ep",
+        "2",
+        "--dp",
+        "2",
+        "--sim-fault",
+        "step-hang",
+        "--sim-fault-rank",
+        "1",
+        "--sim-fault-after-steps",
+        "2",
+        "--step-timeout",
+        "1",
+    ) as server:
+        response = httpx.post(
+            server.base_url + "/v1/chat/completions",
+            json={
+                "model": "deepseek-flash",
+                "messages": [{"role": "user", "content": "x " * 50}],
+                "max_tokens": 40,
+                "ignore_eos": True,
+            },
+            timeout=60,
+        )
+        assert response.status_code == 503
+        assert "completed no engine step" in response.json()["error"]["message"]
+        health = httpx.get(server.base_url + "/health")
+        assert health.status_code == 503 and "hung" in health.json()["reason"]
+        ranks = server.rank_processes()
+        assert server.stop(signal.SIGTERM) == 0
+        assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in ranks)
