@@ -139,3 +139,33 @@ def test_checkpoint_directory_without_tokenizer_fails_clearly(tmp_path: Path) ->
     result = _cli(str(tmp_path), "--engine", "simulated")
     assert result.returncode == 2
     assert "tokenizer.json" in result.stderr
+
+
+def test_api_keys_repeat_fall_back_to_the_environment_and_stay_out_of_repr(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("DEEPINFER_API_KEY", raising=False)
+    config = parse_config(["--engine", "simulated", "--api-key", "k1", "--api-key", "k2"])
+    assert config.api_key == ("k1", "k2")
+    assert "k1" not in repr(config)
+    assert parse_config(["--engine", "simulated"]).api_key == ()
+    monkeypatch.setenv("DEEPINFER_API_KEY", "from-env")
+    assert parse_config(["--engine", "simulated"]).api_key == ("from-env",)
+    assert parse_config(["--engine", "simulated", "--api-key", "flag"]).api_key == ("flag",)
+
+
+def test_cors_options_repeat() -> None:
+    config = parse_config(
+        [
+            "--engine",
+            "simulated",
+            "--allowed-origins",
+            "https://a",
+            "--allowed-origins",
+            "https://b",
+            "--allowed-methods",
+            "POST",
+        ]
+    )
+    assert config.allowed_origins == ("https://a", "https://b")
+    assert config.allowed_methods == ("POST",) and config.allowed_headers == ()

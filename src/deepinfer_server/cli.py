@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from deepinfer_server import __version__
 from deepinfer_server.config import ServerConfig, resolve
@@ -27,9 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
         kwargs = dict(f.metadata["argparse"])
         if flags[0].startswith("-"):
             kwargs["dest"] = f.name
-            kwargs.setdefault("default", f.default)
-        else:
-            kwargs.setdefault("default", f.default)
+        # Repeatable options start from None: argparse cannot append to a tuple default.
+        kwargs.setdefault("default", None if kwargs.get("action") == "append" else f.default)
         parser.add_argument(*flags, help=f.metadata["help"], **kwargs)
     return parser
 
@@ -37,7 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_config(argv: Sequence[str] | None = None) -> ServerConfig:
     """Parse and resolve a command line; raises ConfigError for inconsistent options."""
     namespace = build_parser().parse_args(argv)
-    values = {f.name: getattr(namespace, f.name) for f in dataclasses.fields(ServerConfig)}
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(ServerConfig):
+        value = getattr(namespace, f.name)
+        values[f.name] = tuple(value or ()) if isinstance(f.default, tuple) else value
     return resolve(ServerConfig(**values))
 
 

@@ -7,6 +7,7 @@ argument parser from these fields, so an option is never spelled out twice.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -18,10 +19,10 @@ SIMULATED_DEFAULT_MODEL_NAME = "deepseek-flash"
 SIMULATED_DEFAULT_MAX_MODEL_LEN = 32768
 
 
-def _opt(default: Any, *flags: str, help: str, **argparse_kwargs: Any) -> Any:
-    """A dataclass field that is also a command-line option."""
+def _opt(default: Any, *flags: str, help: str, secret: bool = False, **argparse_kwargs: Any) -> Any:
+    """A dataclass field that is also a command-line option (a secret one stays out of repr)."""
     metadata = {"flags": flags, "help": help, "argparse": argparse_kwargs}
-    return field(default=default, metadata=metadata)
+    return field(default=default, metadata=metadata, repr=not secret)
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,53 @@ class ServerConfig:
         "--default-thinking",
         help="thinking mode for requests that do not choose one (default: %(default)s)",
         choices=["enabled", "disabled"],
+    )
+    api_key: tuple[str, ...] = _opt(
+        (),
+        "--api-key",
+        help="require `Authorization: Bearer KEY` (or `x-api-key: KEY`) on every /v1 route; "
+        "repeat for several keys (default: $DEEPINFER_API_KEY, else no authentication)",
+        secret=True,
+        action="append",
+    )
+    allowed_origins: tuple[str, ...] = _opt(
+        (),
+        "--allowed-origins",
+        help="CORS: an allowed origin, or '*'; repeatable (default: no CORS)",
+        action="append",
+    )
+    allowed_methods: tuple[str, ...] = _opt(
+        (),
+        "--allowed-methods",
+        help="CORS: an allowed method; repeatable (default with origins: '*')",
+        action="append",
+    )
+    allowed_headers: tuple[str, ...] = _opt(
+        (),
+        "--allowed-headers",
+        help="CORS: an allowed request header; repeatable (default with origins: '*')",
+        action="append",
+    )
+    max_request_bytes: int = _opt(
+        8 * 1024 * 1024,
+        "--max-request-bytes",
+        help="largest request body accepted; larger ones get 413 (default: %(default)s)",
+        type=int,
+    )
+    body_read_timeout: float = _opt(
+        60.0,
+        "--body-read-timeout",
+        help="seconds a client may take to send its request body before 408 (default: %(default)s)",
+        type=float,
+    )
+    disable_access_log: bool = _opt(
+        False, "--disable-access-log", help="do not log one line per request", action="store_true"
+    )
+    log_requests: bool = _opt(
+        False,
+        "--log-requests",
+        help="also log each request's body (prompts included); off by default",
+        action="store_true",
     )
     log_level: str = _opt(
         "info",
@@ -288,6 +336,15 @@ def resolve(config: ServerConfig) -> ServerConfig:
         raise ConfigError(f"--sim-fault-rank must be a DP rank in 0..{dp - 1}")
     if config.sim_fault_after_steps < 0:
         raise ConfigError("--sim-fault-after-steps must not be negative")
+    if config.max_request_bytes < 1024:
+        raise ConfigError("--max-request-bytes must be at least 1024")
+    if config.body_read_timeout <= 0:
+        raise ConfigError("--body-read-timeout must be positive")
+    api_keys = tuple(config.api_key) or (
+        (os.environ["DEEPINFER_API_KEY"],) if os.environ.get("DEEPINFER_API_KEY") else ()
+    )
+    if any(not key for key in api_keys):
+        raise ConfigError("--api-key must not be empty")
     if config.sim_collective_timeout <= 0:
         raise ConfigError("--sim-collective-timeout must be positive")
     return dataclasses.replace(
@@ -296,4 +353,8 @@ def resolve(config: ServerConfig) -> ServerConfig:
         context_parallel_size=cp,
         served_model_name=served,
         max_model_len=max_model_len,
+        api_key=api_keys,
+        allowed_origins=tuple(config.allowed_origins),
+        allowed_methods=tuple(config.allowed_methods),
+        allowed_headers=tuple(config.allowed_headers),
     )

@@ -3,6 +3,7 @@
     ServerError
     ├── ApiError                  a request fails; carries HTTP status, type, param, code
     │   ├── BadRequestError       400 invalid_request_error
+    │   ├── AuthenticationError   401 invalid_api_key
     │   ├── ModelNotFoundError    404 model_not_found
     │   ├── OverloadedError       429 rate_limit_exceeded (with Retry-After)
     │   ├── RequestTimeoutError   408 request_timeout
@@ -70,6 +71,14 @@ class BadRequestError(ApiError):
 
     status_code = 400
     error_type = "invalid_request_error"
+
+
+class AuthenticationError(ApiError):
+    """A missing or wrong API key."""
+
+    status_code = 401
+    error_type = "invalid_request_error"
+    default_code = "invalid_api_key"
 
 
 class ModelNotFoundError(ApiError):

@@ -26,10 +26,11 @@ import uvicorn
 from deepinfer_server.api.app import build_app
 from deepinfer_server.api.state import AppState
 from deepinfer_server.config import ServerConfig
-from deepinfer_server.coordinator.client import EngineClient, StartupError
+from deepinfer_server.coordinator.client import EngineClient, StartupError, shutdown_error
 from deepinfer_server.coordinator.process import RankProcesses
-from deepinfer_server.errors import ConfigError, ServiceUnavailableError
+from deepinfer_server.errors import ConfigError
 from deepinfer_server.ipc.lockstep import new_lockstep_group
+from deepinfer_server.metrics import ServerMetrics
 from deepinfer_server.model_source import resolve_model
 from deepinfer_server.ports import choose_master_port
 from deepinfer_server.protocol.recipe import RecipeContext
@@ -66,10 +67,12 @@ class _Server(uvicorn.Server):
         grace = self._state.config.shutdown_timeout
         if grace > 0 and engine.num_in_flight:
             logger.info(
-                "[shutdown] draining %d request(s) for up to %gs", engine.num_in_flight, grace
+                "[shutdown] draining %d request(s) for up to %gs (Ctrl-C again to stop now)",
+                engine.num_in_flight,
+                grace,
             )
-            await engine.wait_idle(grace)
-        engine.fail_all(ServiceUnavailableError("the server is shutting down"))
+            await engine.wait_idle(grace, give_up=lambda: self.force_exit)
+        engine.fail_all(shutdown_error())
         await super().shutdown(sockets)
 
 
@@ -150,8 +153,9 @@ async def serve(config: ServerConfig) -> int:
         specs = _rank_specs(config, local_model, workdir, master_port)
         lockstep = new_lockstep_group(config.dp, config.sim_collective_timeout)
         processes = RankProcesses(specs, lockstep)
+        metrics = ServerMetrics(config.served_model_names[0])
         engine = EngineClient(
-            config, processes, [s.inbox_address for s in specs], specs[0].outbox_address
+            config, processes, [s.inbox_address for s in specs], specs[0].outbox_address, metrics
         )
         try:
             processes.start()
@@ -176,7 +180,7 @@ async def serve(config: ServerConfig) -> int:
                 config.host,
                 config.port,
             )
-            state = AppState(config=config, recipe=recipe, engine=engine)
+            state = AppState(config=config, recipe=recipe, engine=engine, metrics=metrics)
             server = _Server(
                 uvicorn.Config(
                     build_app(state),

@@ -1,27 +1,58 @@
-"""build_app: the Starlette application for one AppState."""
+"""build_app: the Starlette application for one AppState, with its middleware stack."""
 
 from __future__ import annotations
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Route
 
+from deepinfer_server.api.auth import ApiKeyMiddleware
 from deepinfer_server.api.errors import handle_api_error, handle_http_exception
+from deepinfer_server.api.request_context import RequestContextMiddleware
 from deepinfer_server.api.routes.chat import chat_completions
-from deepinfer_server.api.routes.meta import health, list_models
+from deepinfer_server.api.routes.meta import health, list_models, metrics, server_version
 from deepinfer_server.api.state import AppState
 from deepinfer_server.errors import ApiError
 
 
 def build_app(state: AppState) -> Starlette:
-    """The ASGI app; every error leaves it as an OpenAI-shaped envelope."""
+    """The ASGI app; every error leaves it as an OpenAI-shaped envelope.
+
+    Middleware, outermost first: request ID and access log, CORS (when origins are
+    configured; it answers preflight requests itself), API keys (when configured).
+    """
+    config = state.config
+    middleware = [
+        Middleware(RequestContextMiddleware, access_log=not config.disable_access_log),
+    ]
+    if config.allowed_origins:
+        middleware.append(
+            Middleware(
+                CORSMiddleware,
+                allow_origins=list(config.allowed_origins),
+                allow_methods=list(config.allowed_methods or ("*",)),
+                allow_headers=list(config.allowed_headers or ("*",)),
+                expose_headers=["X-Request-Id"],
+            )
+        )
+    if config.api_key:
+        middleware.append(
+            Middleware(
+                ApiKeyMiddleware, keys=config.api_key, on_reject=state.metrics.observe_failure
+            )
+        )
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/version", server_version, methods=["GET"]),
     ]
     app = Starlette(
         routes=routes,
+        middleware=middleware,
         exception_handlers={
             ApiError: handle_api_error,
             HTTPException: handle_http_exception,

@@ -2,15 +2,29 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from starlette.requests import Request
 
-from deepinfer_server.errors import RequestTooLargeError
+from deepinfer_server.errors import RequestTimeoutError, RequestTooLargeError
 
-DEFAULT_MAX_REQUEST_BYTES = 32 * 1024 * 1024
+DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
 
 
-async def read_body(request: Request, limit: int = DEFAULT_MAX_REQUEST_BYTES) -> bytes:
-    """The whole body, or RequestTooLargeError as soon as it passes `limit` bytes."""
+async def read_body(
+    request: Request, limit: int = DEFAULT_MAX_REQUEST_BYTES, timeout: float = 60.0
+) -> bytes:
+    """The whole body: 413 as soon as it passes `limit` bytes, 408 if it takes over `timeout`."""
+    try:
+        async with asyncio.timeout(timeout):
+            return await _read(request, limit)
+    except TimeoutError:
+        raise RequestTimeoutError(
+            f"the request body did not arrive within {timeout:g}s", code="body_timeout"
+        ) from None
+
+
+async def _read(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise RequestTooLargeError(f"the request body is larger than {limit} bytes")

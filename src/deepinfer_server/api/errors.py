@@ -10,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from deepinfer_server.errors import ApiError, BadRequestError, EngineRequestError
+from deepinfer_server.metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -20,8 +21,10 @@ _HTTP_STATUS_TYPES = {
 }
 
 
-def error_response(error: ApiError) -> Response:
-    """An OpenAI-shaped JSON error response."""
+def error_response(error: ApiError, metrics: ServerMetrics | None = None) -> Response:
+    """An OpenAI-shaped JSON error response (counted in request_failure_total)."""
+    if metrics is not None:
+        metrics.observe_failure(error.status_code)
     return Response(
         orjson.dumps(error.to_body()),
         status_code=error.status_code,
@@ -30,21 +33,29 @@ def error_response(error: ApiError) -> Response:
     )
 
 
-def as_api_error(exc: BaseException) -> ApiError:
+def as_api_error(exc: BaseException, request_id: str = "-") -> ApiError:
     """Any exception as an ApiError; unexpected ones become a generic 500 (and are logged)."""
     if isinstance(exc, ApiError):
         return exc
-    logger.exception("unexpected error while serving a request", exc_info=exc)
+    logger.error("request %s: unexpected error", request_id, exc_info=exc)
     return EngineRequestError("internal server error", code="internal_error", status_code=500)
 
 
-def sse_error_payload(exc: BaseException) -> str:
-    """The `data:` payload that reports an error after a stream has started."""
-    return orjson.dumps(as_api_error(exc).to_body()).decode()
+def sse_error_payload(exc: BaseException, metrics: ServerMetrics, request_id: str) -> str:
+    """The `data:` payload that reports an error after a stream has started (and counts it)."""
+    error = as_api_error(exc, request_id)
+    metrics.observe_failure(error.status_code)
+    return orjson.dumps(error.to_body()).decode()
+
+
+def _metrics(request: Request) -> ServerMetrics | None:
+    server = getattr(request.app.state, "server", None)
+    return None if server is None else server.metrics
 
 
 async def handle_api_error(request: Request, exc: Exception) -> Response:
-    return error_response(as_api_error(exc))
+    request_id = getattr(request.state, "request_id", "-")
+    return error_response(as_api_error(exc, request_id), _metrics(request))
 
 
 async def handle_http_exception(request: Request, exc: Exception) -> Response:
@@ -52,4 +63,4 @@ async def handle_http_exception(request: Request, exc: Exception) -> Response:
     error_type, code = _HTTP_STATUS_TYPES.get(exc.status_code, ("invalid_request_error", None))
     error = BadRequestError(str(exc.detail), code=code, status_code=exc.status_code)
     error.error_type = error_type
-    return error_response(error)
+    return error_response(error, _metrics(request))

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from deepinfer_server.config import ServerConfig
 from deepinfer_server.coordinator.client import EngineClient
+from deepinfer_server.metrics import ServerMetrics
 from deepinfer_server.protocol.recipe import RecipeContext
 
 # Bodies larger than this are prepared on a worker thread, keeping the event loop responsive.
@@ -21,7 +22,14 @@ class AppState:
     config: ServerConfig
     recipe: RecipeContext
     engine: EngineClient
+    metrics: ServerMetrics
     started_at: int = field(default_factory=lambda: int(time.time()))
+    _engine_requests: int = 0
+
+    def next_engine_request_id(self, completion_id: str) -> str:
+        """A request ID unique among live engine requests, even if clients reuse X-Request-Id."""
+        self._engine_requests += 1
+        return f"{completion_id}-{self._engine_requests}"
 
     def deadline(self) -> float | None:
         """The event-loop time at which a request starting now times out, or None."""

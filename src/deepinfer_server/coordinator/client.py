@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import sys
+from collections.abc import Callable
 
 import zmq
 import zmq.asyncio
@@ -43,16 +44,23 @@ from deepinfer_server.ipc.messages import (
     from_rank_decoder,
     to_rank_encoder,
 )
+from deepinfer_server.metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
 
 _EXIT_REPORT_GRACE_SECONDS = 0.5
+SHUTDOWN_CODE = "server_shutting_down"
 _WAKE = to_rank_encoder.encode(Wake())
 _SHUTDOWN = to_rank_encoder.encode(Shutdown())
 
 
 class StartupError(ServerError):
     """A rank failed to start, or did not become ready in time."""
+
+
+def shutdown_error() -> ServiceUnavailableError:
+    """The error of requests refused or ended because the server is shutting down."""
+    return ServiceUnavailableError("the server is shutting down", code=SHUTDOWN_CODE)
 
 
 def finish_reason_error(reason: str) -> ApiError:
@@ -79,8 +87,11 @@ class EngineClient:
         processes: RankProcesses,
         inbox_addresses: list[str],
         outbox_address: str,
+        metrics: ServerMetrics,
     ) -> None:
         self._config = config
+        self._metrics = metrics
+        metrics.watch_ranks(self._rank_counts, lambda: self._failure is None)
         self._processes = processes
         self._context = zmq.Context()
         self._inboxes: list[zmq.Socket[bytes]] = []
@@ -136,7 +147,7 @@ class EngineClient:
 
     async def close(self, timeout: float) -> None:
         """Stop every rank (agreed stop, then terminate) and release the sockets."""
-        self.fail_all(ServiceUnavailableError("the server is shutting down"))
+        self.fail_all(shutdown_error())
         self._processes.lockstep.request_stop()
         for socket in self._inboxes:
             with contextlib.suppress(zmq.ZMQError):
@@ -174,7 +185,7 @@ class EngineClient:
         if self._failure is not None:
             raise ServiceUnavailableError(f"the service has failed: {self._failure}")
         if self.draining:
-            raise ServiceUnavailableError("the server is shutting down")
+            raise shutdown_error()
         capacity = self._config.admission_capacity
         if len(self._handles) >= capacity:
             raise OverloadedError(
@@ -199,11 +210,11 @@ class EngineClient:
         for handle in list(self._handles.values()):
             handle.fail(error)
 
-    async def wait_idle(self, timeout: float) -> None:
-        """Wait until no request is in flight, at most `timeout` seconds."""
+    async def wait_idle(self, timeout: float, give_up: Callable[[], bool] = lambda: False) -> None:
+        """Wait until no request is in flight, at most `timeout` seconds or until `give_up()`."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while self._handles and loop.time() < deadline:
+        while self._handles and loop.time() < deadline and not give_up():
             await asyncio.sleep(0.05)
 
     # Internals
@@ -279,16 +290,32 @@ class EngineClient:
                     )
                     return
 
+    def _rank_counts(self) -> list[tuple[int, int, int]]:
+        """(rank, running, waiting) for every rank, from the requests in flight."""
+        running = [0] * self._config.dp
+        waiting = [0] * self._config.dp
+        for handle in self._handles.values():
+            if handle.engine_finished:
+                continue
+            if handle.has_first_token:
+                running[handle.rank] += 1
+            else:
+                waiting[handle.rank] += 1
+        return [(rank, running[rank], waiting[rank]) for rank in range(self._config.dp)]
+
     def _dispatch(self, message: StepOutputs) -> None:
-        self._last_report[message.rank] = asyncio.get_running_loop().time()
+        now = asyncio.get_running_loop().time()
+        self._last_report[message.rank] = now
+        self._metrics.observe_step(message.rank, message.step_seconds)
         handles = self._handles
+        step_seconds = message.step_seconds
         for output in message.outputs:
             handle = handles.get(output.request_id)
             if handle is None:
                 continue
             reason = output.finish_reason
             if reason in ("", "stop", "length"):
-                handle.deliver(output.token_ids, reason)
+                handle.deliver(output.token_ids, reason, now, step_seconds)
             else:
-                handle.deliver(output.token_ids, "")
+                handle.deliver(output.token_ids, "", now, step_seconds)
                 handle.fail(finish_reason_error(reason), engine_finished=True)

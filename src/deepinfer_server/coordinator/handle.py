@@ -17,10 +17,16 @@ from deepinfer_server.errors import ApiError, RequestTimeoutError
 
 @dataclass(frozen=True, slots=True)
 class TokenBatch:
-    """Tokens that arrived since the last batch, and the engine's finish reason if it ended."""
+    """Tokens that arrived since the last batch, and the engine's finish reason if it ended.
+
+    `arrived_at` is when the latest of them reached the API process (event-loop clock) and
+    `step_seconds` how long the engine step that produced it took.
+    """
 
     token_ids: list[int]
     finish_reason: str | None
+    arrived_at: float
+    step_seconds: float
 
 
 class RequestHandle:
@@ -37,6 +43,9 @@ class RequestHandle:
         self.rank = rank
         self._on_close = on_close
         self._tokens: list[int] = []
+        self._arrived_at = 0.0
+        self._step_seconds = 0.0
+        self.has_first_token = False
         self._finish_reason: str | None = None
         self._error: ApiError | None = None
         self._event = asyncio.Event()
@@ -56,10 +65,16 @@ class RequestHandle:
         """True once the request has its outcome: a finish reason or an error."""
         return self._finish_reason is not None or self._error is not None
 
-    def deliver(self, token_ids: list[int], finish_reason: str) -> None:
+    def deliver(
+        self, token_ids: list[int], finish_reason: str, arrived_at: float, step_seconds: float
+    ) -> None:
         """Called by the reader task with one step's output for this request."""
         if self.ended:
             return
+        if token_ids:
+            self.has_first_token = True
+            self._arrived_at = arrived_at
+            self._step_seconds = step_seconds
         self._tokens.extend(token_ids)
         if finish_reason:
             self._finish_reason = finish_reason
@@ -86,16 +101,21 @@ class RequestHandle:
             await self._event.wait()
             self._event.clear()
         tokens, self._tokens = self._tokens, []
-        return TokenBatch(tokens, self._finish_reason)
+        return TokenBatch(tokens, self._finish_reason, self._arrived_at, self._step_seconds)
 
-    def close(self) -> None:
-        """Release the request: abort it in the engine if it may still run, free its slot."""
+    def close(self) -> bool:
+        """Release the request: abort it in the engine if it may still run, free its slot.
+
+        Returns True when this call aborted a request the engine was still running.
+        """
         if self._closed:
-            return
+            return False
         self._closed = True
         if self._timer is not None:
             self._timer.cancel()
-        self._on_close(self, not self._engine_finished)
+        abort = not self._engine_finished
+        self._on_close(self, abort)
+        return abort
 
     def _expire(self) -> None:
         self._timer = None

@@ -1,11 +1,16 @@
-"""GET /v1/models and GET /health."""
+"""GET /v1/models, /health, /metrics and /version."""
 
 from __future__ import annotations
+
+from functools import cache
+from importlib.metadata import PackageNotFoundError, version
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from deepinfer_server import __version__
 from deepinfer_server.api.state import AppState
+from deepinfer_server.metrics import CONTENT_TYPE
 
 
 async def list_models(request: Request) -> Response:
@@ -37,3 +42,28 @@ async def health(request: Request) -> Response:
             {"status": "draining", "reason": "the server is shutting down"}, status_code=503
         )
     return JSONResponse({"status": "ok"})
+
+
+async def metrics(request: Request) -> Response:
+    state: AppState = request.app.state.server
+    return Response(state.metrics.exposition(), media_type=CONTENT_TYPE)
+
+
+@cache
+def _versions() -> dict[str, str | None]:
+    def installed(distribution: str) -> str | None:
+        try:
+            return version(distribution)
+        except PackageNotFoundError:
+            return None
+
+    # Distribution metadata only: the API process never imports the engine.
+    return {
+        "version": __version__,
+        "deepseek_recipe": installed("deepseek-recipe"),
+        "deepinfer": installed("deepinfer"),
+    }
+
+
+async def server_version(request: Request) -> Response:
+    return JSONResponse(_versions())

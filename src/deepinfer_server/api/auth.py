@@ -1,0 +1,70 @@
+"""ApiKeyMiddleware: API keys on every /v1 route (pure ASGI; keys are never logged).
+
+Accepts `Authorization: Bearer KEY` (OpenAI clients) and `x-api-key: KEY` (Anthropic
+clients). Every configured key is compared in constant time. /health, /metrics and /version
+stay open for probes and scrapers.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable
+
+import orjson
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from deepinfer_server.errors import AuthenticationError
+
+PROTECTED_PREFIX = "/v1/"
+
+
+def _presented_key(scope: Scope) -> bytes | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization":
+            scheme, _, token = bytes(value).partition(b" ")
+            if scheme.lower() == b"bearer" and token.strip():
+                return token.strip()
+        elif name == b"x-api-key" and value:
+            return bytes(value).strip()
+    return None
+
+
+class ApiKeyMiddleware:
+    """Rejects /v1 requests without one of `keys` with a 401 OpenAI error envelope."""
+
+    def __init__(
+        self, app: ASGIApp, keys: tuple[str, ...], on_reject: Callable[[int], None]
+    ) -> None:
+        self.app = app
+        self._keys = [key.encode() for key in keys]
+        self._on_reject = on_reject
+
+    def _accepts(self, presented: bytes | None) -> bool:
+        if presented is None:
+            return False
+        # compare_digest on every key, so the time taken does not reveal which one matched.
+        matches = [hmac.compare_digest(presented, key) for key in self._keys]
+        return any(matches)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith(PROTECTED_PREFIX):
+            await self.app(scope, receive, send)
+            return
+        if self._accepts(_presented_key(scope)):
+            await self.app(scope, receive, send)
+            return
+        error = AuthenticationError(
+            "Invalid or missing API key: send 'Authorization: Bearer <key>'"
+        )
+        self._on_reject(error.status_code)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": error.status_code,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"www-authenticate", b"Bearer"),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": orjson.dumps(error.to_body())})

@@ -1,0 +1,303 @@
+"""Operations end to end: metrics, API keys, request IDs, access log, CORS, /version, drain,
+and request-size limits, on live servers."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.metrics_scrape import scrape, value
+from tests.server import LiveServer
+
+MODEL = "deepseek-flash"
+NO_THINKING = {"thinking": {"type": "disabled"}}
+MESSAGES = [{"role": "user", "content": "one two three"}]
+ENDLESS = {
+    "model": MODEL,
+    "messages": MESSAGES,
+    "max_tokens": 3000,
+    "ignore_eos": True,
+    **NO_THINKING,
+}
+
+
+def _events(response: httpx.Response) -> Iterator[dict[str, Any] | str]:
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            yield line[6:] if line[6:] == "[DONE]" else json.loads(line[6:])
+
+
+@pytest.fixture(scope="module")
+def metered() -> Iterator[LiveServer]:
+    """DP=2, one running sequence per rank (capacity 2), a short request timeout."""
+    with LiveServer(
+        "--ep",
+        "2",
+        "--dp",
+        "2",
+        "--max-num-seqs",
+        "1",
+        "--request-timeout",
+        "2",
+        "--sim-itl-ms",
+        "5",
+        "--sim-ttft-ms",
+        "2",
+    ) as server:
+        yield server
+
+
+def test_metrics_count_exactly_what_requests_did(metered: LiveServer) -> None:
+    url = metered.base_url + "/v1/chat/completions"
+    before = scrape(metered.base_url)
+    usages = []
+    for max_tokens in (3, 5, 7):
+        reply = httpx.post(url, json={**ENDLESS, "max_tokens": max_tokens}, timeout=30).json()
+        usages.append(reply["usage"])
+    stop_reply = httpx.post(
+        url, json={"model": MODEL, "messages": MESSAGES, **NO_THINKING}, timeout=30
+    )
+    usages.append(stop_reply.json()["usage"])
+    with httpx.stream(
+        "POST",
+        url,
+        json={
+            **ENDLESS,
+            "max_tokens": 4,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    ) as stream:
+        streamed = [e for e in _events(stream) if isinstance(e, dict)]
+    usages.append(streamed[-1]["usage"])
+    assert httpx.post(url, json={"model": "other", "messages": MESSAGES}).status_code == 404
+    assert httpx.post(url, json={"model": MODEL, "messages": MESSAGES, "n": 2}).status_code == 400
+    after = scrape(metered.base_url)
+
+    def delta(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert delta("deepinfer:prompt_tokens_total") == sum(u["prompt_tokens"] for u in usages)
+    assert delta("deepinfer:generation_tokens_total") == sum(u["completion_tokens"] for u in usages)
+    assert delta("deepinfer:request_success_total", finished_reason="length") == 4
+    assert delta("deepinfer:request_success_total", finished_reason="stop") == 1
+    assert delta("deepinfer:e2e_request_latency_seconds_count") == 5
+    assert delta("deepinfer:time_to_first_token_seconds_count") == 5
+    assert delta("deepinfer:request_generation_tokens_sum") == sum(
+        u["completion_tokens"] for u in usages
+    )
+    assert delta("deepinfer:inter_token_latency_seconds_count") == sum(
+        u["completion_tokens"] - 1 for u in usages
+    )
+    assert delta("deepinfer:request_failure_total", status="404") == 1
+    assert delta("deepinfer:request_failure_total", status="400") == 1
+    # Both ranks step in lockstep, whichever of them holds the work.
+    assert delta("deepinfer:engine_step_seconds_count", dp_rank="0") > 0
+    assert delta("deepinfer:engine_step_seconds_count", dp_rank="1") > 0
+    assert value(after, "deepinfer:healthy") == 1
+
+
+def test_metrics_under_overload_disconnects_timeouts_and_stops(metered: LiveServer) -> None:
+    url = metered.base_url + "/v1/chat/completions"
+    before = scrape(metered.base_url)
+    with (
+        httpx.stream("POST", url, json={**ENDLESS, "stream": True}) as first,
+        httpx.stream("POST", url, json={**ENDLESS, "stream": True}) as second,
+    ):
+        first_events, second_events = _events(first), _events(second)
+        next(first_events), next(second_events)
+        next(first_events), next(second_events)
+        during = scrape(metered.base_url)
+        assert httpx.post(url, json=ENDLESS, timeout=30).status_code == 429
+    # Both streams were closed by the client: two disconnects.
+    timed_out = httpx.post(url, json=ENDLESS, timeout=30)
+    assert timed_out.status_code == 408
+    stopped = httpx.post(url, json={**ENDLESS, "stop": ["three"]}, timeout=30)
+    assert stopped.json()["choices"][0]["finish_reason"] == "stop"
+    after = scrape(metered.base_url)
+
+    def delta(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    running = [value(during, "deepinfer:num_requests_running", dp_rank=str(r)) for r in (0, 1)]
+    assert running == [1, 1]  # least-loaded routing: one stream per rank
+    assert delta("deepinfer:request_failure_total", status="429") == 1
+    assert delta("deepinfer:request_failure_total", status="408") == 1
+    assert delta("deepinfer:request_abort_total", reason="disconnect") == 2
+    assert delta("deepinfer:request_abort_total", reason="timeout") == 1
+    assert delta("deepinfer:request_abort_total", reason="stop") == 1
+    assert value(after, "deepinfer:num_requests_running", dp_rank="0") == 0
+    assert value(after, "deepinfer:num_requests_waiting", dp_rank="1") == 0
+
+
+def test_version_and_open_routes(metered: LiveServer) -> None:
+    versions = httpx.get(metered.base_url + "/version").json()
+    assert versions["deepseek_recipe"] == "0.2.0"
+    assert versions["version"] and versions["deepinfer"] is None
+
+
+def test_request_ids(metered: LiveServer) -> None:
+    url = metered.base_url + "/v1/chat/completions"
+    body = {"model": MODEL, "messages": MESSAGES, **NO_THINKING}
+    given = httpx.post(url, json=body, headers={"X-Request-Id": "trace-42.a:b"})
+    assert given.headers["x-request-id"] == "trace-42.a:b"
+    assert given.json()["id"] == "chatcmpl-trace-42.a:b"
+    unsafe = httpx.post(url, json=body, headers={"X-Request-Id": 'bad id<script>"' + "x" * 300})
+    assert unsafe.headers["x-request-id"] == ("badidscript" + "x" * 300)[:128]
+    generated = httpx.get(metered.base_url + "/v1/nothing")
+    assert generated.status_code == 404
+    assert len(generated.headers["x-request-id"]) == 32
+    line = metered.wait_for_line("request_id=trace-42.a:b", timeout=10)
+    assert "POST /v1/chat/completions 200" in line
+    for field in (
+        "prompt_tokens=",
+        "completion_tokens=",
+        "ttft_ms=",
+        "duration_ms=",
+        "finish_reason=stop",
+    ):
+        assert field in line
+
+
+def test_api_keys_guard_v1_routes_only() -> None:
+    secret = "sk-very-secret-key-123"
+    with LiveServer("--log-level", "debug", env={"DEEPINFER_API_KEY": secret}) as server:
+        for path in ("/v1/models",):
+            missing = httpx.get(server.base_url + path)
+            assert missing.status_code == 401
+            assert missing.json()["error"]["code"] == "invalid_api_key"
+            wrong = httpx.get(server.base_url + path, headers={"Authorization": "Bearer nope"})
+            assert wrong.status_code == 401
+            assert (
+                httpx.get(
+                    server.base_url + path, headers={"Authorization": f"Bearer {secret}"}
+                ).status_code
+                == 200
+            )
+            assert (
+                httpx.get(server.base_url + path, headers={"x-api-key": secret}).status_code == 200
+            )
+        unauthorised = httpx.post(
+            server.base_url + "/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES}
+        )
+        assert unauthorised.status_code == 401
+        for open_path in ("/health", "/metrics", "/version"):
+            assert httpx.get(server.base_url + open_path).status_code == 200
+        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key=secret, max_retries=0)
+        assert client.chat.completions.create(model=MODEL, messages=MESSAGES).choices
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(
+                base_url=server.base_url + "/v1", api_key="wrong", max_retries=0
+            ).models.list()
+        assert value(scrape(server.base_url), "deepinfer:request_failure_total", status="401") >= 4
+        server.stop()
+        assert secret not in server.log
+
+
+def test_access_log_options_and_prompt_privacy() -> None:
+    marker = "PROMPT-MARKER-7781"
+    body = {"model": MODEL, "messages": [{"role": "user", "content": marker}], **NO_THINKING}
+    with LiveServer() as quiet:
+        httpx.post(
+            quiet.base_url + "/v1/chat/completions", json=body, headers={"X-Request-Id": "q1"}
+        )
+        quiet.wait_for_line("request_id=q1", timeout=10)
+        quiet.stop()
+        assert marker not in quiet.log
+    with LiveServer("--disable-access-log", "--log-requests") as verbose:
+        httpx.post(
+            verbose.base_url + "/v1/chat/completions", json=body, headers={"X-Request-Id": "v1"}
+        )
+        verbose.wait_for_line(marker, timeout=10)
+        verbose.stop()
+        assert "request_id=v1" not in verbose.log
+
+
+def test_cors_is_off_by_default_and_configurable(metered: LiveServer) -> None:
+    preflight = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST"}
+    plain = httpx.options(metered.base_url + "/v1/chat/completions", headers=preflight)
+    assert "access-control-allow-origin" not in plain.headers
+    with LiveServer("--allowed-origins", "https://app.example") as server:
+        allowed = httpx.options(server.base_url + "/v1/chat/completions", headers=preflight)
+        assert allowed.status_code == 200
+        assert allowed.headers["access-control-allow-origin"] == "https://app.example"
+        other = httpx.options(
+            server.base_url + "/v1/chat/completions",
+            headers={**preflight, "Origin": "https://evil.example"},
+        )
+        assert "access-control-allow-origin" not in other.headers
+
+
+def test_body_limits() -> None:
+    with LiveServer("--max-request-bytes", "2048", "--body-read-timeout", "1") as server:
+        url = server.base_url + "/v1/chat/completions"
+        big = {"model": MODEL, "messages": [{"role": "user", "content": "x" * 5000}]}
+        declared = httpx.post(url, json=big)
+        assert declared.status_code == 413
+        assert declared.json()["error"]["code"] == "request_too_large"
+
+        def chunks() -> Iterator[bytes]:
+            payload = json.dumps(big).encode()
+            for start in range(0, len(payload), 512):
+                yield payload[start : start + 512]
+
+        undeclared = httpx.post(url, content=chunks(), headers={"content-type": "application/json"})
+        assert undeclared.status_code == 413
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as slow:
+            slow.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                b'Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"model"'
+            )
+            reply = slow.recv(4096).decode()
+        assert reply.startswith("HTTP/1.1 408")
+        assert "body_timeout" in reply
+        assert httpx.get(server.base_url + "/health").status_code == 200
+
+
+def test_sigterm_drains_in_flight_requests() -> None:
+    with LiveServer("--shutdown-timeout", "20", "--sim-itl-ms", "20") as server:
+        url = server.base_url + "/v1/chat/completions"
+        with httpx.stream(
+            "POST", url, json={**ENDLESS, "max_tokens": 60, "stream": True}
+        ) as stream:
+            events = _events(stream)
+            next(events)
+            server.process.send_signal(signal.SIGTERM)
+            server.wait_for_line("[shutdown] draining 1 request", timeout=10)
+            health = httpx.get(server.base_url + "/health")
+            assert health.status_code == 503 and health.json()["status"] == "draining"
+            refused = httpx.post(url, json=ENDLESS)
+            assert refused.status_code == 503
+            rest = list(events)
+        assert rest[-1] == "[DONE]"
+        finish = [
+            e["choices"][0]["finish_reason"]
+            for e in rest
+            if isinstance(e, dict) and e.get("choices") and e["choices"][0]["finish_reason"]
+        ]
+        assert finish == ["length"]  # it finished normally inside the drain window
+        assert server.process.wait(30) == 0
+
+
+def test_second_sigint_stops_a_drain_at_once() -> None:
+    with LiveServer("--shutdown-timeout", "120", "--sim-itl-ms", "20") as server:
+        url = server.base_url + "/v1/chat/completions"
+        with httpx.stream("POST", url, json={**ENDLESS, "stream": True}) as stream:
+            events = _events(stream)
+            next(events)
+            server.process.send_signal(signal.SIGINT)
+            server.wait_for_line("[shutdown] draining", timeout=10)
+            started = time.monotonic()
+            server.process.send_signal(signal.SIGINT)
+            assert server.process.wait(60) == 0
+            assert time.monotonic() - started < 60  # far inside the 120 s drain window
+            rest = list(events)
+        assert rest and isinstance(rest[-2], dict) and "error" in rest[-2]
