@@ -16,7 +16,8 @@ class ClientDisconnected(Exception):
     """The client closed the connection before the response was ready."""
 
 
-async def _wait_for_disconnect(receive: Receive) -> None:
+async def wait_for_disconnect(receive: Receive) -> None:
+    """Return once the client has disconnected (the request body must be consumed already)."""
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
@@ -26,7 +27,7 @@ async def _wait_for_disconnect(receive: Receive) -> None:
 async def until_disconnect(receive: Receive, work: Coroutine[Any, Any, T]) -> T:
     """Await `work`; if the client disconnects first, cancel it and raise ClientDisconnected."""
     task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
+    watcher = asyncio.ensure_future(wait_for_disconnect(receive))
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:

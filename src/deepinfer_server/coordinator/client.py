@@ -49,6 +49,7 @@ from deepinfer_server.metrics import ServerMetrics
 logger = logging.getLogger(__name__)
 
 _EXIT_REPORT_GRACE_SECONDS = 0.5
+_DRAIN_BATCH = 32
 SHUTDOWN_CODE = "server_shutting_down"
 _WAKE = to_rank_encoder.encode(Wake())
 _SHUTDOWN = to_rank_encoder.encode(Shutdown())
@@ -250,24 +251,35 @@ class EngineClient:
             handle.fail(error, engine_finished=True)
 
     async def _read_outputs(self) -> None:
+        # Await one message, then take what else is already queued without a future per message
+        # (at high step rates that is most of them), but few enough to keep the loop fair.
+        drain: zmq.Socket[bytes] = zmq.Socket.shadow(self._outbox.underlying)
         while True:
-            frame = await self._outbox.recv(copy=False)
-            message = from_rank_decoder.decode(frame.buffer)
-            if isinstance(message, StepOutputs):
-                self._dispatch(message)
-            elif isinstance(message, RequestRejected):
-                handle = self._handles.get(message.request_id)
-                if handle is not None:
-                    error = EngineRequestError(message.message, status_code=message.status_code)
-                    handle.fail(error, engine_finished=True)
-            elif isinstance(message, RankReady):
-                self._ready.add(message.rank)
-                logger.info("[startup] DP rank %d is ready (pid %d)", message.rank, message.pid)
-                if len(self._ready) == self._config.dp:
-                    self._all_ready.set()
-            elif isinstance(message, RankFailed):
-                logger.error("DP rank %d failed:\n%s", message.rank, message.traceback)
-                self._fail_service(f"DP rank {message.rank} failed: {message.message}")
+            self._handle_message(await self._outbox.recv(copy=False))
+            for _ in range(_DRAIN_BATCH):
+                try:
+                    frame = drain.recv(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                self._handle_message(frame)
+
+    def _handle_message(self, frame: zmq.Frame) -> None:
+        message = from_rank_decoder.decode(frame.buffer)
+        if isinstance(message, StepOutputs):
+            self._dispatch(message)
+        elif isinstance(message, RequestRejected):
+            handle = self._handles.get(message.request_id)
+            if handle is not None:
+                error = EngineRequestError(message.message, status_code=message.status_code)
+                handle.fail(error, engine_finished=True)
+        elif isinstance(message, RankReady):
+            self._ready.add(message.rank)
+            logger.info("[startup] DP rank %d is ready (pid %d)", message.rank, message.pid)
+            if len(self._ready) == self._config.dp:
+                self._all_ready.set()
+        elif isinstance(message, RankFailed):
+            logger.error("DP rank %d failed:\n%s", message.rank, message.traceback)
+            self._fail_service(f"DP rank {message.rank} failed: {message.message}")
 
     async def _watch_liveness(self, step_timeout: float) -> None:
         """Fail the service when a rank completes no step for `step_timeout` seconds while the

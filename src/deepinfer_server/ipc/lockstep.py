@@ -36,8 +36,12 @@ class LockstepGroup:
         self.timeout = timeout
         self._barrier: Any = context.Barrier(world_size)
         self._close_barrier: Any = context.Barrier(world_size)
-        self._values: Any = context.Array("q", world_size, lock=False)
-        self._ops: Any = context.Array("q", world_size, lock=False)
+        # Two sets of slots, used alternately: one rendezvous per collective suffices, because a
+        # rank can only reuse a set after every peer has passed the next rendezvous (and so
+        # finished reading it).
+        self._values: Any = context.Array("q", 2 * world_size, lock=False)
+        self._ops: Any = context.Array("q", 2 * world_size, lock=False)
+        self._round = 0  # per process; equal on every rank while they are in lockstep
         self._stop: Any = context.Value("q", -1)
         self._stop_requested: Any = context.Value("b", 0, lock=False)
         self._mismatch_seen: Any = context.Value("b", 0, lock=False)
@@ -48,18 +52,16 @@ class LockstepGroup:
         """MAX of `value` over all ranks; every rank must call it in the same round."""
         if self.world_size == 1:
             return value
-        self._values[rank] = value
-        self._enter(rank, OP_ALL_REDUCE, self._barrier)
-        result = max(self._values[: self.world_size])
-        self._leave(rank, OP_ALL_REDUCE, self._barrier)
-        return int(result)
+        base = self._next_slots()
+        self._values[base + rank] = value
+        self._enter(rank, OP_ALL_REDUCE, base)
+        return int(max(self._values[base : base + self.world_size]))
 
     def barrier(self, rank: int) -> None:
         """The step collective: returns once every rank has entered its step."""
         if self.world_size == 1:
             return
-        self._enter(rank, OP_STEP, self._barrier)
-        self._leave(rank, OP_STEP, self._barrier)
+        self._enter(rank, OP_STEP, self._next_slots())
 
     def close_barrier(self, rank: int, timeout: float) -> None:
         """The world barrier of `close()`: every rank must close together."""
@@ -77,34 +79,32 @@ class LockstepGroup:
         self._barrier.abort()
         self._close_barrier.abort()
 
-    def _enter(self, rank: int, op: int, barrier: Any) -> None:
-        self._ops[rank] = op
-        self._wait(rank, op, barrier)
-        if self._mismatch() is not None:
-            self._mismatch_seen.value = 1
-            barrier.abort()
-            raise self._violation(rank, op)
+    def _next_slots(self) -> int:
+        base = (self._round % 2) * self.world_size
+        self._round += 1
+        return base
 
-    def _leave(self, rank: int, op: int, barrier: Any) -> None:
-        # A second rendezvous so that no rank overwrites its slot before every peer has read.
-        self._wait(rank, op, barrier)
-
-    def _wait(self, rank: int, op: int, barrier: Any) -> None:
+    def _enter(self, rank: int, op: int, base: int) -> None:
+        self._ops[base + rank] = op
         try:
-            barrier.wait(self.timeout)
+            self._barrier.wait(self.timeout)
         except threading.BrokenBarrierError:
-            raise self._violation(rank, op) from None
+            raise self._violation(rank, op, base) from None
+        if self._mismatch(base) is not None:
+            self._mismatch_seen.value = 1
+            self._barrier.abort()
+            raise self._violation(rank, op, base)
 
-    def _mismatch(self) -> str | None:
-        ops = list(self._ops[: self.world_size])
+    def _mismatch(self, base: int) -> str | None:
+        ops = list(self._ops[base : base + self.world_size])
         if len(set(ops)) == 1:
             return None
         return ", ".join(f"rank {r}: {_OP_NAMES.get(o, str(o))}" for r, o in enumerate(ops))
 
-    def _violation(self, rank: int, op: int) -> LockstepViolation:
+    def _violation(self, rank: int, op: int, base: int) -> LockstepViolation:
         # Slots of ranks that never arrived hold stale operations: trust the table only when
         # a rank that passed the rendezvous saw the mismatch.
-        mismatch = self._mismatch() if self._mismatch_seen.value else None
+        mismatch = self._mismatch(base) if self._mismatch_seen.value else None
         if mismatch is not None:
             return LockstepViolation(f"DP ranks entered different collectives ({mismatch})")
         return LockstepViolation(

@@ -7,13 +7,13 @@ import logging
 from collections.abc import AsyncIterator
 
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from deepinfer_server.api.body import read_body
 from deepinfer_server.api.disconnect import ClientDisconnected, until_disconnect
 from deepinfer_server.api.errors import sse_error_payload
 from deepinfer_server.api.generation import generate
-from deepinfer_server.api.sse import DONE_FRAME, data_frames
+from deepinfer_server.api.sse import DONE_FRAME, SSEResponse, data_frames
 from deepinfer_server.api.state import LARGE_BODY_BYTES, AppState
 from deepinfer_server.coordinator.handle import RequestHandle
 from deepinfer_server.metrics import RequestRecord, ServerMetrics
@@ -55,11 +55,7 @@ async def chat_completions(request: Request) -> Response:
         handle.close()
         raise
     if prepared.stream:
-        return StreamingResponse(
-            _stream(handle, output, record, state.metrics, request_id),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
+        return SSEResponse(_stream(handle, output, record, state.metrics, request_id))  # type: ignore[return-value]
     try:
         body_json = await until_disconnect(
             request.receive, _collect(handle, output, record, state.metrics)

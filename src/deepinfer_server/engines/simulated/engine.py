@@ -281,11 +281,8 @@ class LLMEngine:
                 sequence.finish_reason = reason
                 self._running.remove(sequence)
                 break
-        last = records[-1]
         # draft_tok/accept_tok are set only on the last entry of a request in a step.
-        records[-1] = OutputRecord(
-            **{**last.__dict__, "draft_tok": len(records), "accept_tok": len(records)}
-        )
+        records[-1].draft_tok = records[-1].accept_tok = len(records)
         return records
 
     def _next_token(self, sequence: _Sequence) -> int:

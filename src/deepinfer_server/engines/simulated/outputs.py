@@ -15,9 +15,9 @@ import numpy.typing as npt
 POOL_CAPACITY = 10_000
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class OutputRecord:
-    """The fields of one DeepInfer RequestOutput."""
+    """The fields of one DeepInfer RequestOutput (set by the engine, read-only to callers)."""
 
     request_id: str
     prompt_len: int

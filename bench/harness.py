@@ -1,0 +1,192 @@
+"""Processes for the benchmarks: a server (deepinfer-server or the raw baseline) and the client."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+HERE = Path(__file__).resolve().parent
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _wait_listening(port: int, process: subprocess.Popen[bytes], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)  # polling a port that only opens once every rank is ready
+    raise TimeoutError(f"port {port} did not open")
+
+
+@dataclass
+class Server:
+    """A running server process and its port."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+
+    @classmethod
+    def deepinfer(cls, *args: str) -> Server:
+        port = free_port()
+        command = [
+            sys.executable,
+            "-m",
+            "deepinfer_server",
+            "--engine",
+            "simulated",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--disable-access-log",
+            "--log-level",
+            "warning",
+            *args,
+        ]
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_listening(port, process)
+        return cls(process, port)
+
+    @classmethod
+    def raw_baseline(cls) -> Server:
+        port = free_port()
+        process = subprocess.Popen(
+            [sys.executable, str(HERE / "raw_asgi.py"), "--port", str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        _wait_listening(port, process)
+        return cls(process, port)
+
+    def tree(self) -> list[psutil.Process]:
+        parent = psutil.Process(self.process.pid)
+        return [parent, *parent.children(recursive=True)]
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds so far of the API process ("api") and of all its children ("ranks")."""
+        processes = self.tree()
+
+        def used(p: psutil.Process) -> float:
+            times = p.cpu_times()
+            return float(times.user + times.system)
+
+        return {"api": used(processes[0]), "ranks": sum(used(p) for p in processes[1:])}
+
+    def rss_bytes(self) -> int:
+        return int(psutil.Process(self.process.pid).memory_info().rss)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                for p in self.tree():
+                    p.kill()
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def run_client(
+    port: int,
+    body: dict[str, Any],
+    concurrency: int,
+    duration: float,
+    timing: bool = False,
+    requests: int | None = None,
+) -> dict[str, Any]:
+    """Run bench/loadgen.py in its own process; returns its JSON result."""
+    command = [
+        sys.executable,
+        str(HERE / "loadgen.py"),
+        "--port",
+        str(port),
+        "--body",
+        json.dumps(body),
+        "--concurrency",
+        str(concurrency),
+        "--duration",
+        str(duration),
+    ]
+    if timing:
+        command.append("--timing")
+    if requests is not None:
+        command += ["--requests", str(requests)]
+    if os.cpu_count() and os.cpu_count() > 1:  # type: ignore[operator]
+        command += ["--cpu", str(os.cpu_count() - 1)]  # type: ignore[operator]
+    output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    return dict(json.loads(output))
+
+
+def run_wrk(port: int, body: dict[str, Any], concurrency: int, duration: float) -> dict[str, Any]:
+    """Run wrk (one thread, pinned to the last CPU) for POST requests; returns rates and CPU."""
+    import re
+    import resource
+    import shutil
+    import tempfile
+
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        raise RuntimeError("wrk is not installed (Debian: apt-get install wrk)")
+    script = (
+        'wrk.method = "POST"\n'
+        'wrk.headers["Content-Type"] = "application/json"\n'
+        f"wrk.body = {json.dumps(json.dumps(body))}\n"
+    )
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as lua:
+        lua.write(script)
+    command = [
+        wrk,
+        "-t1",
+        f"-c{concurrency}",
+        f"-d{duration:g}s",
+        "--timeout",
+        "60s",
+        "-s",
+        lua.name,
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+    ]
+    cpus = os.cpu_count() or 1
+    if cpus > 1 and shutil.which("taskset"):
+        command = ["taskset", "-c", str(cpus - 1), *command]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    elapsed = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    os.unlink(lua.name)
+    rate = re.search(r"Requests/sec:\s+([\d.]+)", output)
+    non_2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", output)
+    errors = re.search(
+        r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", output
+    )
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {
+        "requests_per_second": float(rate.group(1)) if rate else 0.0,
+        "errors": (int(non_2xx.group(1)) if non_2xx else 0)
+        + (sum(int(g) for g in errors.groups()) if errors else 0),
+        "client_cpu": cpu / elapsed,
+        "elapsed": elapsed,
+    }

@@ -1,0 +1,248 @@
+#!/usr/bin/env python3
+"""deepinfer-server benchmarks on the simulated engine, all measured in one run.
+
+    python bench/run.py [--duration SECONDS] [--write-results bench/RESULTS.md]
+
+1. Frontend ceiling: streamed tokens/s at --sim-itl-ms 0 --sim-ttft-ms 0, 256 tokens per
+   request (ignore_eos), concurrency 32 and 128, DP 1 and 2, beside a raw ASGI app on the same
+   uvicorn stack streaming the same number of OpenAI-shaped chunks, and the ratio.
+2. Coordinator efficiency: --sim-itl-ms 10, 64 streams, DP 2: engine steps/s over the ideal
+   100/s, and tokens/s over the ideal.
+3. Added latency: TTFT minus --sim-ttft-ms and ITL minus --sim-itl-ms, p50 and p99, at
+   concurrency 1 and 64.
+4. Non-streaming: requests/s for 16-token completions at concurrency 32.
+Load generators run in their own processes, pinned to the last CPU, and their CPU use is
+reported beside every row so that a saturated client would show: wrk (C, one thread) for the
+throughput scenarios 1 and 4; bench/loadgen.py (asyncio, per-token timestamps) for 2 and 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import Server, run_client, run_wrk
+
+MESSAGES = [{"role": "user", "content": "again"}]
+
+
+def _body(max_tokens: int, stream: bool = True, usage: bool = False) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": "deepseek-flash",
+        "messages": MESSAGES,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": stream,
+        "thinking": {"type": "disabled"},
+    }
+    if usage:
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+    return body
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def _steps(port: int) -> dict[str, float]:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    counts = {}
+    for line in text.splitlines():
+        if line.startswith("deepinfer:engine_step_seconds_count"):
+            rank = line.split('dp_rank="')[1].split('"')[0]
+            counts[rank] = float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+def _measure(
+    server: Server, body: dict[str, Any], concurrency: int, duration: float, timing: bool = False
+) -> dict[str, Any]:
+    cpu_before = server.cpu_seconds()
+    result = run_client(server.port, body, concurrency, duration, timing=timing)
+    cpu_after = server.cpu_seconds()
+    elapsed = result["elapsed"]
+    result["api_cpu"] = (cpu_after["api"] - cpu_before["api"]) / elapsed
+    result["ranks_cpu"] = (cpu_after["ranks"] - cpu_before["ranks"]) / elapsed
+    return result
+
+
+def _wrk_measure(
+    server: Server, body: dict[str, Any], concurrency: int, duration: float
+) -> dict[str, Any]:
+    cpu_before = server.cpu_seconds()
+    result = run_wrk(server.port, body, concurrency, duration)
+    cpu_after = server.cpu_seconds()
+    result["api_cpu"] = (cpu_after["api"] - cpu_before["api"]) / result["elapsed"]
+    result["ranks_cpu"] = (cpu_after["ranks"] - cpu_before["ranks"]) / result["elapsed"]
+    return result
+
+
+def ceiling(duration: float, rows: list[list[str]]) -> None:
+    tokens = 256
+    for concurrency in (32, 128):
+        with Server.raw_baseline() as baseline:
+            raw = _wrk_measure(baseline, _body(tokens), concurrency, duration)
+        raw_rate = raw["requests_per_second"] * tokens
+        rows.append(
+            [
+                "1. ceiling",
+                f"raw ASGI baseline, c={concurrency}",
+                f"{raw_rate:,.0f} tok/s",
+                "1.00",
+                f"wrk {raw['client_cpu']:.0%} CPU, server {raw['api_cpu']:.0%}; "
+                f"errors {raw['errors']}",
+            ]
+        )
+        for dp in (1, 2):
+            args = [
+                "--sim-itl-ms",
+                "0",
+                "--sim-ttft-ms",
+                "0",
+                "--ep",
+                str(dp),
+                "--dp",
+                str(dp),
+                "--max-num-seqs",
+                str(concurrency),
+            ]
+            with Server.deepinfer(*args) as server:
+                ours = _wrk_measure(server, _body(tokens), concurrency, duration)
+            rate = ours["requests_per_second"] * tokens
+            rows.append(
+                [
+                    "1. ceiling",
+                    f"deepinfer-server DP={dp}, c={concurrency}",
+                    f"{rate:,.0f} tok/s",
+                    f"{rate / raw_rate:.2f}",
+                    f"wrk {ours['client_cpu']:.0%} CPU, API {ours['api_cpu']:.0%}, ranks "
+                    f"{ours['ranks_cpu']:.0%}; errors {ours['errors']}",
+                ]
+            )
+
+
+def coordinator(duration: float, rows: list[list[str]]) -> None:
+    args = [
+        "--sim-itl-ms",
+        "10",
+        "--sim-ttft-ms",
+        "0",
+        "--ep",
+        "2",
+        "--dp",
+        "2",
+        "--max-num-seqs",
+        "64",
+    ]
+    with Server.deepinfer(*args) as server:
+        before = _steps(server.port)
+        started = time.perf_counter()
+        result = _measure(server, _body(10_000), 64, duration)
+        window = time.perf_counter() - started
+        after = _steps(server.port)
+    # Requests never finish within the window (10,000 tokens), so every stream runs throughout.
+    steps_per_second = min(after[r] - before.get(r, 0) for r in after) / window
+    tokens = result["frames"]  # one token per chunk at 10 ms steps
+    rows.append(
+        [
+            "2. coordinator",
+            "DP=2, 64 streams, 10 ms steps",
+            f"{steps_per_second:.1f} steps/s",
+            f"{steps_per_second / 100:.1%} of ideal",
+            f"tokens {tokens / result['elapsed']:,.0f}/s = "
+            f"{tokens / result['elapsed'] / 6400:.1%} of 6,400/s; "
+            f"client {result['client_cpu']:.0%}",
+        ]
+    )
+
+
+def latency(duration: float, rows: list[list[str]]) -> None:
+    ttft_ms, itl_ms = 20.0, 10.0
+    args = ["--sim-ttft-ms", str(ttft_ms), "--sim-itl-ms", str(itl_ms), "--max-num-seqs", "64"]
+    with Server.deepinfer(*args) as server:
+        for concurrency in (1, 64):
+            result = _measure(server, _body(64, usage=True), concurrency, duration, timing=True)
+            added_ttft = [t * 1000 - ttft_ms for t in result["ttft"]]
+            added_itl = [t * 1000 - itl_ms for t in result["itl"]]
+            rows.append(
+                [
+                    "3. latency",
+                    f"c={concurrency}",
+                    f"TTFT +{_percentile(added_ttft, 50):.2f} / "
+                    f"+{_percentile(added_ttft, 99):.2f} ms",
+                    f"ITL +{_percentile(added_itl, 50):.2f} / +{_percentile(added_itl, 99):.2f} ms",
+                    f"p50 / p99 added; {len(result['ttft'])} requests, {len(result['itl'])} gaps; "
+                    f"client {result['client_cpu']:.0%}",
+                ]
+            )
+
+
+def non_streaming(duration: float, rows: list[list[str]]) -> None:
+    with Server.deepinfer(
+        "--sim-itl-ms", "0", "--sim-ttft-ms", "0", "--max-num-seqs", "32"
+    ) as server:
+        result = _wrk_measure(server, _body(16, stream=False), 32, duration)
+    rows.append(
+        [
+            "4. non-streaming",
+            "16 tokens, c=32",
+            f"{result['requests_per_second']:,.0f} req/s",
+            "",
+            f"wrk {result['client_cpu']:.0%} CPU, API {result['api_cpu']:.0%}, ranks "
+            f"{result['ranks_cpu']:.0%}; errors {result['errors']}",
+        ]
+    )
+
+
+def render(rows: list[list[str]]) -> str:
+    header = ["scenario", "configuration", "result", "ratio / detail", "notes"]
+    table = [header, ["---"] * len(header), *rows]
+    return "\n".join("| " + " | ".join(row) + " |" for row in table)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=8.0, help="seconds per measurement")
+    parser.add_argument("--write-results", type=Path, help="also write a RESULTS.md here")
+    parser.add_argument("--only", choices=["ceiling", "coordinator", "latency", "non-streaming"])
+    args = parser.parse_args()
+    rows: list[list[str]] = []
+    scenarios = {
+        "ceiling": ceiling,
+        "coordinator": coordinator,
+        "latency": latency,
+        "non-streaming": non_streaming,
+    }
+    for name, scenario in scenarios.items():
+        if args.only in (None, name):
+            scenario(args.duration, rows)
+            print(render(rows[-1:]).splitlines()[-1], flush=True)
+    table = render(rows)
+    print("\n" + table)
+    if args.write_results:
+        machine = (
+            f"{platform.machine()}, {len(__import__('os').sched_getaffinity(0))} CPUs, "
+            f"Python {platform.python_version()}, {platform.platform()}"
+        )
+        args.write_results.write_text(
+            "# Benchmark results\n\n"
+            f"Command: `python bench/run.py --duration {args.duration:g}"
+            f" --write-results {args.write_results}`\n\n"
+            f"Machine: {machine}\n\n{table}\n"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
