@@ -12,7 +12,9 @@ from deepinfer_server.api.auth import ApiKeyMiddleware
 from deepinfer_server.api.errors import handle_api_error, handle_http_exception
 from deepinfer_server.api.request_context import RequestContextMiddleware
 from deepinfer_server.api.routes.chat import chat_completions
+from deepinfer_server.api.routes.messages import messages
 from deepinfer_server.api.routes.meta import health, list_models, metrics, server_version
+from deepinfer_server.api.routes.responses import responses
 from deepinfer_server.api.state import AppState
 from deepinfer_server.errors import ApiError
 
@@ -45,6 +47,8 @@ def build_app(state: AppState) -> Starlette:
         )
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/responses", responses, methods=["POST"]),
+        Route("/v1/messages", messages, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),

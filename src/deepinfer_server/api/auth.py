@@ -13,6 +13,7 @@ from collections.abc import Callable
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from deepinfer_server.api.errors import error_body_for
 from deepinfer_server.errors import AuthenticationError
 
 PROTECTED_PREFIX = "/v1/"
@@ -67,4 +68,5 @@ class ApiKeyMiddleware:
                 ],
             }
         )
-        await send({"type": "http.response.body", "body": orjson.dumps(error.to_body())})
+        body = error_body_for(scope["path"], error)
+        await send({"type": "http.response.body", "body": orjson.dumps(body)})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import orjson
 from starlette.exceptions import HTTPException
@@ -11,6 +12,7 @@ from starlette.responses import Response
 
 from deepinfer_server.errors import ApiError, BadRequestError, EngineRequestError
 from deepinfer_server.metrics import ServerMetrics
+from deepinfer_server.protocol.messages import anthropic_error_body
 
 logger = logging.getLogger(__name__)
 
@@ -21,12 +23,25 @@ _HTTP_STATUS_TYPES = {
 }
 
 
-def error_response(error: ApiError, metrics: ServerMetrics | None = None) -> Response:
-    """An OpenAI-shaped JSON error response (counted in request_failure_total)."""
+ANTHROPIC_PATH_PREFIX = "/v1/messages"
+
+
+def error_body_for(path: str, error: ApiError) -> dict[str, Any]:
+    """The error envelope clients of this path expect: Anthropic's for /v1/messages,
+    OpenAI's everywhere else."""
+    if path.startswith(ANTHROPIC_PATH_PREFIX):
+        return anthropic_error_body(error)
+    return error.to_body()
+
+
+def error_response(
+    error: ApiError, metrics: ServerMetrics | None = None, path: str = ""
+) -> Response:
+    """A JSON error response in the path's envelope (counted in request_failure_total)."""
     if metrics is not None:
         metrics.observe_failure(error.status_code)
     return Response(
-        orjson.dumps(error.to_body()),
+        orjson.dumps(error_body_for(path, error)),
         status_code=error.status_code,
         media_type="application/json",
         headers=error.headers(),
@@ -41,13 +56,6 @@ def as_api_error(exc: BaseException, request_id: str = "-") -> ApiError:
     return EngineRequestError("internal server error", code="internal_error", status_code=500)
 
 
-def sse_error_payload(exc: BaseException, metrics: ServerMetrics, request_id: str) -> str:
-    """The `data:` payload that reports an error after a stream has started (and counts it)."""
-    error = as_api_error(exc, request_id)
-    metrics.observe_failure(error.status_code)
-    return orjson.dumps(error.to_body()).decode()
-
-
 def _metrics(request: Request) -> ServerMetrics | None:
     server = getattr(request.app.state, "server", None)
     return None if server is None else server.metrics
@@ -55,7 +63,7 @@ def _metrics(request: Request) -> ServerMetrics | None:
 
 async def handle_api_error(request: Request, exc: Exception) -> Response:
     request_id = getattr(request.state, "request_id", "-")
-    return error_response(as_api_error(exc, request_id), _metrics(request))
+    return error_response(as_api_error(exc, request_id), _metrics(request), request.url.path)
 
 
 async def handle_http_exception(request: Request, exc: Exception) -> Response:
@@ -63,4 +71,4 @@ async def handle_http_exception(request: Request, exc: Exception) -> Response:
     error_type, code = _HTTP_STATUS_TYPES.get(exc.status_code, ("invalid_request_error", None))
     error = BadRequestError(str(exc.detail), code=code, status_code=exc.status_code)
     error.error_type = error_type
-    return error_response(error, _metrics(request))
+    return error_response(error, _metrics(request), request.url.path)

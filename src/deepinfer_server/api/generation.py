@@ -32,6 +32,8 @@ class ProtocolOutput(Protocol):
 
     def close(self) -> None: ...
 
+    def response_json(self) -> bytes: ...
+
 
 def _abort_reason(error: BaseException) -> str | None:
     """Why an engine request was cut short, for request_abort_total (None: not an abort)."""

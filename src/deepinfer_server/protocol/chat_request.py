@@ -10,6 +10,7 @@ from deepseek_recipe import ChatCompletionRequest, ConversationRequest
 
 from deepinfer_server.errors import BadRequestError
 from deepinfer_server.ipc.messages import SamplingOptions
+from deepinfer_server.protocol.prepare import engine_input
 from deepinfer_server.protocol.recipe import RecipeContext, recipe_errors
 from deepinfer_server.protocol.validation import (
     check_model,
@@ -76,16 +77,7 @@ def prepare_chat(body: dict[str, Any], recipe: RecipeContext) -> PreparedChat:
     check_model(body, recipe.served_model_names)
     with recipe_errors():
         converted = ChatCompletionRequest(body).convert(recipe.options)
-        if any(message.image_sources for message in converted.conversation.messages):
-            raise BadRequestError("image content is not supported by this server yet")
-        prompt_token_ids = recipe.encoding.encode(converted.conversation)
-        max_tokens = converted.resolve_max_tokens(len(prompt_token_ids), recipe.context_limit)
-    inference = converted.inference_options
-    sampling = SamplingOptions(
-        max_tokens=max_tokens,
-        temperature=inference.temperature,
-        top_p=inference.top_p,
-        ignore_eos=ignore_eos,
-        seed=inference.seed,
+    engine = engine_input(converted, recipe, ignore_eos)
+    return PreparedChat(
+        converted, engine.prompt_token_ids, engine.sampling, converted.stream, stream_options
     )
-    return PreparedChat(converted, prompt_token_ids, sampling, converted.stream, stream_options)

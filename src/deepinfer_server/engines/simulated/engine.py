@@ -8,8 +8,11 @@ DeepInfer's finish-reason strings; running vs waiting abort semantics; `prompt_l
 at prefill time; `has_unfinished_requests()` as an all-reduce MAX and `step()`/`close()` as
 collectives across the DP ranks; single-thread ownership.
 
-Timing: each step lasts `itl_ms`; a request can be prefilled `ttft_ms` after `add_request`
-(a step with only such waiting requests ends as soon as the first of them is ready).
+Timing: steps follow a fixed cadence of `itl_ms` while there is work (as with zero-overhead
+scheduling, the host work between two steps overlaps the next step instead of adding to it;
+a loop slower than the cadence slows the steps down); a request can be prefilled `ttft_ms`
+after `add_request` (a step with only such waiting requests ends as soon as the first of them
+is ready).
 """
 
 from __future__ import annotations
@@ -94,6 +97,7 @@ class LLMEngine:
         self._deferred: list[OutputRecord] = []
         self._pending_terminal: list[OutputRecord] = []
         self._to_release: list[npt.NDArray[np.uint64]] = []
+        self._step_deadline = 0.0
         self._closed = False
 
     @classmethod
@@ -234,13 +238,19 @@ class LLMEngine:
             threading.Event().wait()
 
     def _sleep_for_step(self, started: float) -> None:
-        duration = self._args.itl_ms / 1000.0
+        itl = self._args.itl_ms / 1000.0
+        # The step ends one period after the previous one did; after an idle gap (or a loop
+        # slower than the period) the cadence restarts from now.
+        deadline = self._step_deadline + itl
+        if deadline < started:
+            deadline = started + itl
         if not self._running and self._waiting:
             first_ready = min(s.ready_at for s in self._waiting)
-            duration = min(duration, max(0.0, first_ready - started))
-        remaining = started + duration - time.monotonic()
+            deadline = min(deadline, max(started, first_ready))
+        remaining = deadline - time.monotonic()
         if remaining > 0:
             time.sleep(remaining)
+        self._step_deadline = max(deadline, time.monotonic() - itl) if itl else deadline
 
     def _prefill(self) -> list[OutputRecord]:
         now = time.monotonic()

@@ -1,0 +1,42 @@
+"""The protocol-independent half of request preparation: encode, check, resolve max_tokens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from deepseek_recipe import ConversationRequest
+
+from deepinfer_server.errors import BadRequestError
+from deepinfer_server.ipc.messages import SamplingOptions
+from deepinfer_server.protocol.recipe import RecipeContext, recipe_errors
+
+
+@dataclass(frozen=True)
+class EngineInput:
+    """What the engine needs from a converted request."""
+
+    prompt_token_ids: list[int]
+    sampling: SamplingOptions
+
+
+def engine_input(
+    converted: ConversationRequest, recipe: RecipeContext, ignore_eos: bool
+) -> EngineInput:
+    """Encode the conversation (V4.1) and resolve max_tokens against the context.
+
+    Raises BadRequestError for images (not supported yet) and for prompts that do not fit.
+    """
+    with recipe_errors():
+        if any(message.image_sources for message in converted.conversation.messages):
+            raise BadRequestError("image content is not supported by this server yet")
+        prompt_token_ids = recipe.encoding.encode(converted.conversation)
+        max_tokens = converted.resolve_max_tokens(len(prompt_token_ids), recipe.context_limit)
+    inference = converted.inference_options
+    sampling = SamplingOptions(
+        max_tokens=max_tokens,
+        temperature=inference.temperature,
+        top_p=inference.top_p,
+        ignore_eos=ignore_eos,
+        seed=inference.seed,
+    )
+    return EngineInput(prompt_token_ids, sampling)

@@ -1,0 +1,88 @@
+"""OpenAI Responses API (`POST /v1/responses`): request preparation and output."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from deepseek_recipe import (
+    ConversationRequest,
+    ResponsesRequest,
+    ResponsesResponse,
+    StreamProcessor,
+)
+
+from deepinfer_server.errors import BadRequestError
+from deepinfer_server.ipc.messages import SamplingOptions
+from deepinfer_server.protocol.named_events import NamedEventOutput
+from deepinfer_server.protocol.prepare import engine_input
+from deepinfer_server.protocol.recipe import RecipeContext, recipe_errors
+from deepinfer_server.protocol.validation import check_model
+
+
+@dataclass(frozen=True)
+class PreparedResponses:
+    """A validated Responses request, ready for the engine."""
+
+    request: ConversationRequest
+    prompt_token_ids: list[int]
+    sampling: SamplingOptions
+    stream: bool
+    echo: Any
+    namespace_tool_map: dict[str, tuple[str, str]]
+
+
+def _reject_stateful_options(body: dict[str, Any]) -> None:
+    """This server keeps no conversation state: previous responses cannot be referenced."""
+    if body.get("previous_response_id") is not None:
+        raise BadRequestError(
+            "previous_response_id is not supported: this server stores no responses; send the "
+            "whole conversation in `input`",
+            param="previous_response_id",
+        )
+    if body.get("store") is True:
+        raise BadRequestError(
+            "store: true is not supported: this server stores no responses; omit `store` or "
+            "set it to false",
+            param="store",
+        )
+    if body.get("background") is True:
+        raise BadRequestError("background responses are not supported", param="background")
+
+
+def prepare_responses(body: dict[str, Any], recipe: RecipeContext) -> PreparedResponses:
+    """Turn a decoded Responses body into prompt token IDs and sampling options."""
+    _reject_stateful_options(body)
+    check_model(body, recipe.served_model_names)
+    with recipe_errors():
+        request = ResponsesRequest(body)
+        namespace_tool_map = request.namespace_tool_map(recipe.options)
+        echo = request.echo()
+        converted = request.convert(recipe.options)
+    engine = engine_input(converted, recipe, ignore_eos=False)
+    return PreparedResponses(
+        converted,
+        engine.prompt_token_ids,
+        engine.sampling,
+        converted.stream,
+        echo,
+        namespace_tool_map,
+    )
+
+
+def responses_output(
+    prepared: PreparedResponses, response_id: str, recipe: RecipeContext
+) -> NamedEventOutput:
+    generator = ResponsesRequest.chunk_generator(prepared.request, response_id, recipe.model_name)
+    if prepared.namespace_tool_map:
+        generator = generator.with_namespace_tool_map(prepared.namespace_tool_map)
+    generator = generator.with_echo(prepared.echo)
+    processor = StreamProcessor(generator, prepared.request.parsing_options, recipe.tokenizer)
+    return NamedEventOutput(
+        processor,
+        ResponsesResponse,
+        response_id,
+        recipe.model_name,
+        len(prepared.prompt_token_ids),
+        prepared.stream,
+    )
