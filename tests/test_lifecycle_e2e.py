@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import pytest
 
 from tests.conftest import MODEL
 from tests.server import LiveServer
+from tests.sse import sse_events
 
 NO_THINKING = {"thinking": {"type": "disabled"}}
 ENDLESS = {
@@ -25,13 +25,6 @@ ENDLESS = {
     "ignore_eos": True,
     **NO_THINKING,
 }
-
-
-def _sse_events(response: httpx.Response) -> Iterator[dict[str, object] | str]:
-    for line in response.iter_lines():
-        if line.startswith("data: "):
-            payload = line[6:]
-            yield payload if payload == "[DONE]" else json.loads(payload)
 
 
 def _assert_no_processes(pids: list[int]) -> None:
@@ -62,7 +55,7 @@ def one_slot_server() -> Iterator[LiveServer]:
 def test_over_capacity_is_429_with_retry_after(one_slot_server: LiveServer) -> None:
     url = one_slot_server.base_url + "/v1/chat/completions"
     with httpx.stream("POST", url, json={**ENDLESS, "stream": True}, timeout=30) as holding:
-        events = _sse_events(holding)  # kept referenced: closing it would close the stream
+        events = sse_events(holding)  # kept referenced: closing it would close the stream
         assert isinstance(next(events), dict)
         rejected = httpx.post(url, json={**ENDLESS, "max_tokens": 5}, timeout=30)
         assert rejected.status_code == 429
@@ -74,7 +67,7 @@ def test_over_capacity_is_429_with_retry_after(one_slot_server: LiveServer) -> N
 def test_stream_disconnect_aborts_the_engine_request(one_slot_server: LiveServer) -> None:
     url = one_slot_server.base_url + "/v1/chat/completions"
     with httpx.stream("POST", url, json={**ENDLESS, "stream": True}, timeout=30) as stream:
-        events = _sse_events(stream)
+        events = sse_events(stream)
         next(events)
         next(events)
     # The endless request (3000 tokens at 20 ms a step: a minute) must be gone from the engine:
@@ -140,7 +133,7 @@ def test_request_timeout() -> None:
         assert response.status_code == 408
         assert response.json()["error"]["code"] == "request_timeout"
         with httpx.stream("POST", url, json={**ENDLESS, "stream": True}, timeout=30) as stream:
-            events = list(_sse_events(stream))
+            events = list(sse_events(stream))
         assert events[-1] == "[DONE]"
         error = events[-2]
         assert isinstance(error, dict) and error["error"]["code"] == "request_timeout"  # type: ignore[index]
@@ -183,7 +176,7 @@ def test_signal_stops_everything(sig: signal.Signals) -> None:
         pids = [p.pid for p in server.rank_processes()]
         url = server.base_url + "/v1/chat/completions"
         with httpx.stream("POST", url, json={**ENDLESS, "stream": True}, timeout=30) as stream:
-            events = _sse_events(stream)
+            events = sse_events(stream)
             next(events)
             server.process.send_signal(sig)
             rest = list(events)

@@ -9,7 +9,6 @@ import signal
 import socket
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import httpx
 import openai
@@ -17,6 +16,7 @@ import pytest
 
 from tests.metrics_scrape import scrape, value
 from tests.server import LiveServer
+from tests.sse import sse_events
 
 MODEL = "deepseek-flash"
 NO_THINKING = {"thinking": {"type": "disabled"}}
@@ -28,12 +28,6 @@ ENDLESS = {
     "ignore_eos": True,
     **NO_THINKING,
 }
-
-
-def _events(response: httpx.Response) -> Iterator[dict[str, Any] | str]:
-    for line in response.iter_lines():
-        if line.startswith("data: "):
-            yield line[6:] if line[6:] == "[DONE]" else json.loads(line[6:])
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +71,7 @@ def test_metrics_count_exactly_what_requests_did(metered: LiveServer) -> None:
             "stream_options": {"include_usage": True},
         },
     ) as stream:
-        streamed = [e for e in _events(stream) if isinstance(e, dict)]
+        streamed = [e for e in sse_events(stream) if isinstance(e, dict)]
     usages.append(streamed[-1]["usage"])
     assert httpx.post(url, json={"model": "other", "messages": MESSAGES}).status_code == 404
     assert httpx.post(url, json={"model": MODEL, "messages": MESSAGES, "n": 2}).status_code == 400
@@ -113,7 +107,7 @@ def test_metrics_under_overload_disconnects_timeouts_and_stops(metered: LiveServ
         httpx.stream("POST", url, json={**ENDLESS, "stream": True}) as first,
         httpx.stream("POST", url, json={**ENDLESS, "stream": True}) as second,
     ):
-        first_events, second_events = _events(first), _events(second)
+        first_events, second_events = sse_events(first), sse_events(second)
         next(first_events), next(second_events)
         next(first_events), next(second_events)
         during = scrape(metered.base_url)
@@ -281,7 +275,7 @@ def test_sigterm_drains_in_flight_requests() -> None:
         with httpx.stream(
             "POST", url, json={**ENDLESS, "max_tokens": 60, "stream": True}
         ) as stream:
-            events = _events(stream)
+            events = sse_events(stream)
             next(events)
             server.process.send_signal(signal.SIGTERM)
             server.wait_for_line("[shutdown] draining 1 request", timeout=10)
@@ -304,7 +298,7 @@ def test_second_sigint_stops_a_drain_at_once() -> None:
     with LiveServer("--shutdown-timeout", "120", "--sim-itl-ms", "20") as server:
         url = server.base_url + "/v1/chat/completions"
         with httpx.stream("POST", url, json={**ENDLESS, "stream": True}) as stream:
-            events = _events(stream)
+            events = sse_events(stream)
             next(events)
             server.process.send_signal(signal.SIGINT)
             server.wait_for_line("[shutdown] draining", timeout=10)

@@ -14,28 +14,18 @@ import time
 from typing import Any
 
 import orjson
-from deepseek_recipe import (
-    ChatCompletionRequest,
-    ChatCompletionResponse,
-    InferenceChunk,
-    InferenceFinishReason,
-    PromptUsage,
-    StreamProcessor,
-)
+from deepseek_recipe import ChatCompletionRequest, ChatCompletionResponse, StreamProcessor
 
 from deepinfer_server.protocol.chat_request import PreparedChat
 from deepinfer_server.protocol.recipe import RecipeContext
+from deepinfer_server.protocol.stream_output import RecipeOutput
 
-_FINISH_REASONS = {
-    "stop": InferenceFinishReason.Stop,
-    "length": InferenceFinishReason.Length,
-}
 _NULL_USAGE_SUFFIX = '"usage":null}'
 _NO_USAGE_SUFFIX = "]}"
 _ADD_NULL_USAGE = ',"usage":null}'
 
 
-class ChatOutput:
+class ChatOutput(RecipeOutput):
     """Turns one request's engine output into Chat Completions chunks.
 
     In streaming mode each call returns SSE `data:` payloads (JSON strings); otherwise chunks
@@ -43,64 +33,21 @@ class ChatOutput:
     """
 
     def __init__(self, prepared: PreparedChat, completion_id: str, recipe: RecipeContext) -> None:
-        self._prepared = prepared
-        self._stream = prepared.stream
-        self._include_usage = prepared.stream_options.include_usage
-        self._continuous_usage = prepared.stream_options.continuous_usage_stats
-        self._prompt_tokens = len(prepared.prompt_token_ids)
-        self._completion_tokens = 0
+        prompt_tokens = len(prepared.prompt_token_ids)
         generator = ChatCompletionRequest.chunk_generator(
             prepared.request, completion_id, recipe.model_name
         )
-        self._processor = StreamProcessor(
-            generator, prepared.request.parsing_options, recipe.tokenizer
-        )
-        self._response: ChatCompletionResponse | None = None
-        if not self._stream:
-            self._response = ChatCompletionResponse(
-                completion_id, recipe.model_name, int(time.time()), self._prompt_tokens, 0
+        processor = StreamProcessor(generator, prepared.request.parsing_options, recipe.tokenizer)
+        response = None
+        if not prepared.stream:
+            response = ChatCompletionResponse(
+                completion_id, recipe.model_name, int(time.time()), prompt_tokens, 0
             )
+        super().__init__(processor, response, prompt_tokens)
+        self._include_usage = prepared.stream_options.include_usage
+        self._continuous_usage = prepared.stream_options.continuous_usage_stats
 
-    @property
-    def finished(self) -> bool:
-        """True once the parser ended the answer (EOS, stop sequence, end of a forced tool call)."""
-        return bool(self._processor.finished)
-
-    def start(self) -> list[str]:
-        """The first chunk(s): the assistant role."""
-        usage = PromptUsage(prompt_tokens=self._prompt_tokens)
-        return self._emit(self._processor.push(InferenceChunk.ready(prompt_usage=usage)))
-
-    def push(self, token_ids: list[int]) -> list[str]:
-        """Chunks for newly generated tokens (several tokens make one chunk)."""
-        if not token_ids or self.finished:
-            return []
-        self._completion_tokens += len(token_ids)
-        return self._emit(self._processor.push(InferenceChunk.tokens(token_ids)))
-
-    def finish(self, engine_reason: str) -> list[str]:
-        """The closing chunks once the engine ended the request with "stop" or "length"."""
-        chunks = []
-        if not self.finished:
-            chunks = self._processor.push(InferenceChunk.finish(_FINISH_REASONS[engine_reason]))
-        chunks.extend(self._processor.finish())
-        return self._emit(chunks)
-
-    def close(self) -> None:
-        """Release the parser (always call it; it is a no-op after a normal finish)."""
-        if not self.finished:
-            self._processor.close()
-
-    def response_json(self) -> bytes:
-        """The non-streaming response body."""
-        assert self._response is not None, "response_json() is for non-streaming requests"
-        return self._response.to_json().encode()
-
-    def _emit(self, chunks: list[Any]) -> list[str]:
-        if self._response is not None:
-            for chunk in chunks:
-                self._response.accumulate(chunk)
-            return []
+    def _stream_payloads(self, chunks: list[Any]) -> list[str]:
         payloads: list[str] = []
         for chunk in chunks:
             payload = chunk.to_json()
