@@ -117,7 +117,7 @@ ABORT_REASONS = ("disconnect", "timeout", "stop", "rank_failure")
 
 @dataclass
 class RequestRecord:
-    """Timing and token counts of one request, filled in as it runs (event-loop clock)."""
+    """Timing and token counts of one request, filled in as it runs (`time.perf_counter()`)."""
 
     arrival: float
     prompt_tokens: int = 0

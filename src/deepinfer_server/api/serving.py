@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -66,8 +67,7 @@ async def serve_generation(request: Request, protocol: GenerationProtocol) -> Re
     state: AppState = request.app.state.server
     config = state.config
     request_id: str = request.state.request_id
-    loop = asyncio.get_running_loop()
-    record = RequestRecord(arrival=loop.time())
+    record = RequestRecord(arrival=time.perf_counter())
     raw = await read_body(request, config.max_request_bytes, config.body_read_timeout)
     if config.log_requests:
         logger.info("request %s body: %s", request_id, raw[:65536].decode(errors="replace"))
@@ -84,7 +84,7 @@ async def serve_generation(request: Request, protocol: GenerationProtocol) -> Re
         state.deadline(),
     )
     record.prompt_tokens = len(prepared.prompt_token_ids)
-    record.admitted_at = loop.time()
+    record.admitted_at = time.perf_counter()
     request.state.record = record
     try:
         output = protocol.make_output(prepared, response_id, state.recipe)

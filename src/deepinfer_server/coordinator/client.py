@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import sys
+import time
 from collections.abc import Callable
 
 import zmq
@@ -316,8 +317,9 @@ class EngineClient:
         return [(rank, running[rank], waiting[rank]) for rank in range(self._config.dp)]
 
     def _dispatch(self, message: StepOutputs) -> None:
-        now = asyncio.get_running_loop().time()
-        self._last_report[message.rank] = now
+        self._last_report[message.rank] = asyncio.get_running_loop().time()
+        # Request timings use perf_counter: uvloop's loop clock has millisecond resolution.
+        now = time.perf_counter()
         self._metrics.observe_step(message.rank, message.step_seconds)
         handles = self._handles
         step_seconds = message.step_seconds

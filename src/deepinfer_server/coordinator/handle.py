@@ -19,7 +19,7 @@ from deepinfer_server.errors import ApiError, RequestTimeoutError
 class TokenBatch:
     """Tokens that arrived since the last batch, and the engine's finish reason if it ended.
 
-    `arrived_at` is when the latest of them reached the API process (event-loop clock) and
+    `arrived_at` is when the latest of them reached the API process (`time.perf_counter()`) and
     `step_seconds` how long the engine step that produced it took.
     """
 

@@ -120,6 +120,8 @@ class LLMEngine:
     ) -> _Sequence | None:
         """Queue a request; returns None (and never outputs) for out-of-vocabulary IDs."""
         self._check_thread()
+        # The TTFT delay runs from arrival: preparing the script below overlaps it.
+        arrived = time.monotonic()
         if sampling_params is None:
             sampling_params = {}
         if isinstance(sampling_params, dict):
@@ -140,7 +142,7 @@ class LLMEngine:
             prompt=prompt,
             params=sampling_params,
             script=self._script.answer_tokens(prompt),
-            ready_at=time.monotonic() + self._args.ttft_ms / 1000.0,
+            ready_at=arrived + self._args.ttft_ms / 1000.0,
         )
         if enqueue:
             self._waiting.append(sequence)
