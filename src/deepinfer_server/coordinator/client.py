@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import sys
+import threading
 import time
 from collections.abc import Callable
 
@@ -245,8 +246,12 @@ class EngineClient:
         self._failure = reason
         logger.error("service failed: %s; restart the server", reason)
         self._failed.set()
-        # Peers blocked in a collective with the failed rank would wait forever.
-        self._processes.lockstep.abort()
+        # Peers blocked in a collective with the failed rank would wait forever: break it. On a
+        # thread, because a rank killed while holding the barrier's internal lock leaves that
+        # lock taken for good, and the event loop must never wait on it.
+        threading.Thread(
+            target=self._processes.lockstep.abort, name="lockstep-abort", daemon=True
+        ).start()
         error = ServiceUnavailableError(f"the service has failed: {reason}")
         for handle in list(self._handles.values()):
             handle.fail(error, engine_finished=True)
