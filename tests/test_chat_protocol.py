@@ -10,8 +10,9 @@ import pytest
 
 from deepinfer_server.errors import BadRequestError, ModelNotFoundError
 from deepinfer_server.protocol.chat_output import ChatOutput
-from deepinfer_server.protocol.chat_request import decode_json, prepare_chat
+from deepinfer_server.protocol.chat_request import prepare_chat
 from deepinfer_server.protocol.recipe import RecipeContext
+from deepinfer_server.protocol.validation import decode_json
 from deepinfer_server.tokenizer import embedded_tokenizer_json
 
 

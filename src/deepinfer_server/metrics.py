@@ -111,8 +111,8 @@ _TOKEN_BUCKETS = (
 )
 
 #: Abort reasons: the client left, --request-timeout, the parser ended the answer before the
-#: engine did (stop sequence), or the service failed under the request.
-ABORT_REASONS = ("disconnect", "timeout", "stop", "rank_failure")
+#: engine did (stop sequence), the service failed under the request, or it shut down.
+ABORT_REASONS = ("disconnect", "timeout", "stop", "rank_failure", "shutdown")
 
 
 @dataclass

@@ -8,12 +8,8 @@ from starlette.requests import Request
 
 from deepinfer_server.errors import RequestTimeoutError, RequestTooLargeError
 
-DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
 
-
-async def read_body(
-    request: Request, limit: int = DEFAULT_MAX_REQUEST_BYTES, timeout: float = 60.0
-) -> bytes:
+async def read_body(request: Request, limit: int, timeout: float) -> bytes:
     """The whole body: 413 as soon as it passes `limit` bytes, 408 if it takes over `timeout`."""
     try:
         async with asyncio.timeout(timeout):

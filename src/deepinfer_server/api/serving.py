@@ -29,8 +29,8 @@ from deepinfer_server.coordinator.handle import RequestHandle
 from deepinfer_server.errors import ApiError
 from deepinfer_server.ipc.messages import SamplingOptions
 from deepinfer_server.metrics import RequestRecord, ServerMetrics
-from deepinfer_server.protocol.chat_request import decode_json
 from deepinfer_server.protocol.recipe import RecipeContext
+from deepinfer_server.protocol.validation import decode_json
 
 logger = logging.getLogger(__name__)
 

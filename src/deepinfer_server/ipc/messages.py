@@ -59,7 +59,6 @@ class RankReady(_Message):
 
     rank: int
     pid: int
-    max_num_seqs: int
 
 
 class RequestOutput(msgspec.Struct, array_like=True, gc=False):
@@ -80,8 +79,6 @@ class StepOutputs(_Message):
     rank: int
     outputs: list[RequestOutput]
     step_seconds: float
-    num_running: int
-    num_waiting: int
 
 
 class RequestRejected(_Message):

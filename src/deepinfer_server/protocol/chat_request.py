@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 from deepseek_recipe import ChatCompletionRequest, ConversationRequest
 
 from deepinfer_server.errors import BadRequestError
@@ -16,7 +15,6 @@ from deepinfer_server.protocol.validation import (
     check_model,
     optional_bool,
     optional_uint,
-    parse_object,
     reject_images,
     reject_unsupported_chat_options,
 )
@@ -39,14 +37,6 @@ class PreparedChat:
     sampling: SamplingOptions
     stream: bool
     stream_options: StreamOptions
-
-
-def decode_json(body: bytes) -> dict[str, Any]:
-    """Decode a request body; 400 for malformed JSON, invalid UTF-8 or lone surrogates."""
-    try:
-        return parse_object(orjson.loads(body))
-    except orjson.JSONDecodeError as exc:
-        raise BadRequestError(f"the request body is not valid JSON: {exc}") from exc
 
 
 def _stream_options(body: dict[str, Any]) -> StreamOptions:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 from deepinfer_server.errors import BadRequestError, ModelNotFoundError
 
 UINT32_MAX = 2**32 - 1
@@ -15,6 +17,14 @@ def parse_object(body: Any) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise BadRequestError("the request body must be a JSON object")
     return body
+
+
+def decode_json(body: bytes) -> dict[str, Any]:
+    """Decode a request body; 400 for malformed JSON, invalid UTF-8 or lone surrogates."""
+    try:
+        return parse_object(orjson.loads(body))
+    except orjson.JSONDecodeError as exc:
+        raise BadRequestError(f"the request body is not valid JSON: {exc}") from exc
 
 
 def optional_bool(body: dict[str, Any], name: str, default: bool = False) -> bool:

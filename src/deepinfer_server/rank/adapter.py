@@ -115,9 +115,6 @@ class EngineAdapter:
         handles = self._engine.step() if unfinished else self._engine.flush_inflight_reqs()
         return unfinished, self._read(handles)
 
-    def num_unfinished(self) -> int:
-        return self._engine.get_num_unfinished_requests()
-
     def close(self) -> None:
         self._engine.close()
 

@@ -57,8 +57,7 @@ class RankLoop:
             unfinished, outputs = self._adapter.iterate()
             elapsed = time.perf_counter() - started
             if outputs or unfinished:
-                running = self._adapter.num_live
-                message = StepOutputs(self._rank, outputs, elapsed, running, 0)
+                message = StepOutputs(self._rank, outputs, elapsed)
                 self._outbox.send(from_rank_encoder.encode(message), copy=False)
             idle = not unfinished
             iteration += 1

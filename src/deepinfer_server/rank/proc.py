@@ -111,7 +111,7 @@ def run_rank(spec: RankSpec, lockstep: LockstepGroup) -> None:
         adapter, children = build_engine(spec, lockstep)
         watchdog = ChildWatchdog(children, lambda message: _fail_from_watchdog(spec, message))
         watchdog.start()
-        outbox.send(from_rank_encoder.encode(RankReady(spec.rank, os.getpid(), spec.max_num_seqs)))
+        outbox.send(from_rank_encoder.encode(RankReady(spec.rank, os.getpid())))
         logger.info("[startup] ready")
         RankLoop(spec.rank, adapter, inbox, outbox, lockstep, spec.idle_wait_seconds).run()
         logger.info("[shutdown] closing the engine")
