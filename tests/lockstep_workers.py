@@ -5,7 +5,9 @@ from __future__ import annotations
 from multiprocessing.queues import Queue
 from typing import Any
 
-from deepinfer_server.ipc.lockstep import LockstepGroup, LockstepViolation
+from deepinfer_server.engines.simulated.collectives import LockstepGroup
+from deepinfer_server.errors import LockstepViolation
+from deepinfer_server.ipc.stop_agreement import StopAgreement
 
 
 def all_reduce(group: LockstepGroup, rank: int, value: int, results: Queue[Any]) -> None:
@@ -23,11 +25,13 @@ def call_op(group: LockstepGroup, rank: int, op: str, results: Queue[Any]) -> No
         results.put((rank, str(exc)))
 
 
-def loop_until_stopped(group: LockstepGroup, rank: int, results: Queue[Any]) -> None:
+def loop_until_stopped(
+    group: LockstepGroup, rank: int, stop: StopAgreement, results: Queue[Any]
+) -> None:
     iteration = 0
-    while not group.should_stop(iteration):
+    while not stop.should_stop(iteration):
         group.all_reduce_max(rank, 0)
         if iteration == 3 and rank == 0:
-            group.request_stop()
+            stop.request_stop()
         iteration += 1
     results.put((rank, iteration))

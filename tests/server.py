@@ -57,8 +57,13 @@ class LiveServer:
             text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
-        threading.Thread(target=self._pump, daemon=True).start()
-        self.wait_for_line(READY_LINE, startup_timeout)
+        self._pump_thread = threading.Thread(target=self._pump, daemon=True)
+        self._pump_thread.start()
+        try:
+            self.wait_for_line(READY_LINE, startup_timeout)
+        except BaseException:
+            self.kill_tree()
+            raise
 
     def _pump(self) -> None:
         assert self.process.stdout is not None
@@ -117,13 +122,18 @@ class LiveServer:
         self.kill_tree()
 
     def kill_tree(self) -> None:
-        """Last-resort cleanup so a failing test leaves no process behind."""
+        """Last-resort cleanup so a failing test leaves no process behind (and no open pipe)."""
         try:
             parent = psutil.Process(self.process.pid)
             family: Sequence[psutil.Process] = [*parent.children(recursive=True), parent]
         except psutil.NoSuchProcess:
-            return
+            family = []
         for process in family:
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
         psutil.wait_procs(family, timeout=10)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(10)
+        self._pump_thread.join(10)
+        if self.process.stdout is not None:
+            self.process.stdout.close()

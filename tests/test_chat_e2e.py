@@ -212,16 +212,6 @@ def test_tool_choice_none_does_not_parse_tool_calls(client: openai.OpenAI) -> No
     assert response.choices[0].message.content == "plain text"
 
 
-def test_json_object_response_format(client: openai.OpenAI) -> None:
-    response = client.chat.completions.create(
-        model=MODEL,
-        messages=[{"role": "user", "content": 'Reply in json: {"ok": true}'}],
-        response_format={"type": "json_object"},
-        extra_body=NO_THINKING,
-    )
-    assert '{"ok": true}' in (response.choices[0].message.content or "")
-
-
 def test_models_endpoint(shared_server: LiveServer, client: openai.OpenAI) -> None:
     models = client.models.list()
     assert [m.id for m in models.data] == [MODEL]

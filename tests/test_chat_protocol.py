@@ -9,11 +9,14 @@ import orjson
 import pytest
 
 from deepinfer_server.errors import BadRequestError, ModelNotFoundError
+from deepinfer_server.ipc.messages import Finish, GeneratedTokens
 from deepinfer_server.protocol.chat_output import ChatOutput
 from deepinfer_server.protocol.chat_request import prepare_chat
 from deepinfer_server.protocol.recipe import RecipeContext
 from deepinfer_server.protocol.validation import decode_json
 from deepinfer_server.tokenizer import embedded_tokenizer_json
+
+PNG_DATA_URL = "data:image/png;base64,iVBORw0KGgo="
 
 
 @cache
@@ -25,12 +28,18 @@ def body(**extra: Any) -> dict[str, Any]:
     return {"model": "flash", "messages": [{"role": "user", "content": "hi"}], **extra}
 
 
-def run_stream(extra: dict[str, Any], text: str, reason: str = "stop") -> list[dict[str, Any]]:
+def tokens(ids: list[int]) -> GeneratedTokens:
+    return GeneratedTokens(list(ids))
+
+
+def run_stream(
+    extra: dict[str, Any], text: str, reason: Finish = Finish.STOP
+) -> list[dict[str, Any]]:
     prepared = prepare_chat(body(stream=True, thinking={"type": "disabled"}, **extra), recipe())
     output = ChatOutput(prepared, "chatcmpl-test", recipe())
     payloads = output.start()
     for token in recipe().tokenizer.encode(text):
-        payloads += output.push([token])
+        payloads += output.push(tokens([token]))
     payloads += output.finish(reason)
     output.close()
     return [orjson.loads(p) for p in payloads]
@@ -86,7 +95,7 @@ def test_usage_only_on_an_extra_final_chunk_when_asked() -> None:
 
 
 def test_no_usage_anywhere_when_not_asked() -> None:
-    chunks = run_stream({}, "Hello world", reason="length")
+    chunks = run_stream({}, "Hello world", reason=Finish.LENGTH)
     assert all("usage" in c and c["usage"] is None for c in chunks)
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
 
@@ -104,9 +113,9 @@ def test_eos_free_stop_sequence_finishes_the_parser() -> None:
     prepared = prepare_chat(body(stop=["gamma"], thinking={"type": "disabled"}), recipe())
     output = ChatOutput(prepared, "chatcmpl-x", recipe())
     output.start()
-    output.push(recipe().tokenizer.encode("alpha beta gamma delta"))
+    output.push(tokens(recipe().tokenizer.encode("alpha beta gamma delta")))
     assert output.finished
-    output.finish("stop")
+    output.finish(Finish.STOP)
     result = orjson.loads(output.response_json())
     assert result["choices"][0]["message"]["content"] == "alpha beta "
 
@@ -123,10 +132,13 @@ def test_eos_free_stop_sequence_finishes_the_parser() -> None:
         (
             {
                 "messages": [
-                    {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}
+                    {
+                        "role": "user",
+                        "content": [{"type": "image_url", "image_url": {"url": PNG_DATA_URL}}],
+                    }
                 ]
             },
-            "messages[0].content[0]",
+            "messages[0]",
         ),
     ],
 )

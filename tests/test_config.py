@@ -9,24 +9,38 @@ from pathlib import Path
 import pytest
 
 from deepinfer_server.cli import build_parser, parse_config
-from deepinfer_server.config import derive_parallelism
+from deepinfer_server.config import ResolvedConfig, derive_parallelism
+from deepinfer_server.engines.deepinfer.backend import DeepInferOptions
+from deepinfer_server.engines.simulated.backend import SimulatedOptions
 from deepinfer_server.errors import ConfigError
 from tests.checkpoint import write_checkpoint
+
+
+def parallelism(config: ResolvedConfig) -> tuple[int, int, int]:
+    """(EP, DP, CP) of a resolved configuration."""
+    return (
+        config.expert_parallel_size,
+        config.data_parallel_size,
+        config.context_parallel_size,
+    )
 
 
 @pytest.mark.parametrize(
     ("ep", "dp", "cp", "expected"),
     [
-        (1, None, None, (1, 1)),
-        (8, None, None, (1, 8)),
-        (8, 2, None, (2, 4)),
-        (8, 8, None, (8, 1)),
-        (8, None, 2, (4, 2)),
-        (8, 4, 2, (4, 2)),
+        (1, None, None, (1, 1, 1)),
+        (8, None, None, (8, 1, 8)),
+        (8, 2, None, (8, 2, 4)),
+        (8, 8, None, (8, 8, 1)),
+        (8, None, 2, (8, 4, 2)),
+        (8, 4, 2, (8, 4, 2)),
+        (None, None, None, (1, 1, 1)),
+        (None, 2, None, (2, 2, 1)),
+        (None, 2, 4, (8, 2, 4)),
     ],
 )
 def test_parallelism_derivation(
-    ep: int, dp: int | None, cp: int | None, expected: tuple[int, int]
+    ep: int | None, dp: int | None, cp: int | None, expected: tuple[int, int, int]
 ) -> None:
     assert derive_parallelism(ep, dp, cp) == expected
 
@@ -42,14 +56,16 @@ def test_inconsistent_parallelism_is_rejected(ep: int, dp: int | None, cp: int |
 def test_simulated_defaults() -> None:
     config = parse_config(["--engine", "simulated"])
     assert config.served_model_names == ("deepseek-flash",)
-    assert config.context_limit == 32768
-    assert (config.dp, config.cp, config.expert_parallel_size) == (1, 1, 1)
+    assert config.max_model_len == 32768
+    assert parallelism(config) == (1, 1, 1)
     assert config.max_num_seqs == 16
     assert config.max_queued_requests == 0
     assert config.request_timeout == 600
     assert config.startup_timeout == 3600
     assert config.admission_capacity == 16
-    assert (config.sim_ttft_ms, config.sim_itl_ms, config.sim_tokens_per_step) == (20, 10, 1)
+    options = config.engine_options
+    assert isinstance(options, SimulatedOptions)
+    assert (options.sim_ttft_ms, options.sim_itl_ms, options.sim_tokens_per_step) == (20, 10, 1)
 
 
 def test_served_name_defaults_to_model_and_long_flags_parse() -> None:
@@ -57,7 +73,7 @@ def test_served_name_defaults_to_model_and_long_flags_parse() -> None:
         [
             "/models/ckpt",
             "--engine",
-            "simulated",
+            "deepinfer",
             "--expert-parallel-size",
             "8",
             "--data-parallel-size",
@@ -72,9 +88,10 @@ def test_served_name_defaults_to_model_and_long_flags_parse() -> None:
         ]
     )
     assert config.served_model_names == ("/models/ckpt",)
-    assert (config.dp, config.cp) == (2, 4)
+    assert (config.data_parallel_size, config.context_parallel_size) == (2, 4)
     assert config.admission_capacity == 2 * 16 + 4
-    assert config.trust_remote_code and config.default_thinking == "disabled"
+    assert isinstance(config.engine_options, DeepInferOptions)
+    assert config.engine_options.trust_remote_code and config.default_thinking == "disabled"
     assert config.max_num_batched_tokens == 8192
 
 
@@ -146,12 +163,12 @@ def test_api_keys_repeat_fall_back_to_the_environment_and_stay_out_of_repr(
 ) -> None:
     monkeypatch.delenv("DEEPINFER_API_KEY", raising=False)
     config = parse_config(["--engine", "simulated", "--api-key", "k1", "--api-key", "k2"])
-    assert config.api_key == ("k1", "k2")
+    assert config.api_keys == ("k1", "k2")
     assert "k1" not in repr(config)
-    assert parse_config(["--engine", "simulated"]).api_key == ()
+    assert parse_config(["--engine", "simulated"]).api_keys == ()
     monkeypatch.setenv("DEEPINFER_API_KEY", "from-env")
-    assert parse_config(["--engine", "simulated"]).api_key == ("from-env",)
-    assert parse_config(["--engine", "simulated", "--api-key", "flag"]).api_key == ("flag",)
+    assert parse_config(["--engine", "simulated"]).api_keys == ("from-env",)
+    assert parse_config(["--engine", "simulated", "--api-key", "flag"]).api_keys == ("flag",)
 
 
 def test_cors_options_repeat() -> None:
@@ -169,3 +186,25 @@ def test_cors_options_repeat() -> None:
     )
     assert config.allowed_origins == ("https://a", "https://b")
     assert config.allowed_methods == ("POST",) and config.allowed_headers == ()
+
+
+def test_several_served_names_first_is_reported() -> None:
+    config = parse_config(
+        ["--engine", "simulated", "--served-model-name", "flash", "claude-sonnet-4-5", "flash"]
+    )
+    assert config.served_model_names == ("flash", "claude-sonnet-4-5")
+    assert config.served_model_name == "flash"
+
+
+def test_dp_alone_derives_ep_and_a_mismatch_says_which_flags_to_pass() -> None:
+    config = parse_config(["--engine", "simulated", "--dp", "2"])
+    assert (config.expert_parallel_size, config.data_parallel_size) == (2, 2)
+    with pytest.raises(ConfigError, match="pass --dp 3 without --ep"):
+        parse_config(["--engine", "simulated", "--ep", "8", "--dp", "3"])
+
+
+def test_engine_choices_come_from_the_registry() -> None:
+    from deepinfer_server.engines.registry import BACKENDS
+
+    action = next(a for a in build_parser()._actions if a.dest == "engine")
+    assert sorted(action.choices or ()) == sorted(BACKENDS)

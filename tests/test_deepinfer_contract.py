@@ -14,9 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from deepinfer_server.engines.deepinfer import ENGINE_ARGS_FIELDS, engine_args_kwargs
+from deepinfer_server.engines.backend import EngineSpec
+from deepinfer_server.engines.deepinfer.backend import DeepInferOptions
+from deepinfer_server.engines.deepinfer.engine import ENGINE_ARGS_FIELDS, engine_args_kwargs
 from deepinfer_server.engines.simulated.sampling_params import SamplingParams
-from deepinfer_server.rank.spec import RankSpec
 
 STAND_IN = Path(__file__).resolve().parent / "fake_deepinfer"
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "deepinfer-0.1.0.tar.gz"
@@ -33,10 +34,9 @@ def stand_in() -> Iterator[None]:
             del sys.modules[name]
 
 
-def _spec() -> RankSpec:
-    return RankSpec(
+def _spec() -> EngineSpec:
+    return EngineSpec(
         rank=1,
-        engine="deepinfer",
         model="/models/ckpt",
         served_model_name="flash",
         data_parallel_size=2,
@@ -45,11 +45,7 @@ def _spec() -> RankSpec:
         max_model_len=32768,
         max_num_seqs=16,
         max_num_batched_tokens=8192,
-        gpu_memory_utilization=0.85,
-        trust_remote_code=True,
-        disable_log_stats=False,
-        inbox_address="ipc://x",
-        outbox_address="ipc://y",
+        options=DeepInferOptions(gpu_memory_utilization=0.85, trust_remote_code=True),
     )
 
 
@@ -65,11 +61,11 @@ def test_engine_args_sets_every_listed_field_on_purpose(stand_in: None) -> None:
     assert args.tokenizer == "/models/ckpt"
 
 
-def test_adapter_add_request_call_binds_to_the_signature(stand_in: None) -> None:
+def test_driver_add_request_call_binds_to_the_signature(stand_in: None) -> None:
     from deepinfer.engine.llm_engine import LLMEngine
 
     signature = inspect.signature(LLMEngine.add_request)
-    # EngineAdapter.add calls add_request("0", request_id, params, prompt).
+    # LLMEngineDriver.add calls add_request("0", request_id, params, prompt).
     signature.bind(None, "0", "r1", {}, np.zeros(1, dtype=np.int32))
     sampling_keys = {"max_tokens", "temperature", "top_p", "ignore_eos", "seq_seed"}
     assert sampling_keys <= set(inspect.signature(SamplingParams).parameters)

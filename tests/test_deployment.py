@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from deepinfer_server.cli import parse_config
+from deepinfer_server.config import ResolvedConfig
 from tests.server import LiveServer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,6 +45,15 @@ IMPORT_KEYS = {
 }
 VERSION_KEYS = {"image_name", "run_command", "entrypoint", "custom_framework", "env"}
 _PLACEHOLDER = re.compile(r"\{\{([A-Za-z_][A-Za-z0-9_.]*)\}\}")
+
+
+def parallelism(config: ResolvedConfig) -> tuple[int, int, int]:
+    """(EP, DP, CP) of a resolved configuration."""
+    return (
+        config.expert_parallel_size,
+        config.data_parallel_size,
+        config.context_parallel_size,
+    )
 
 
 def _load_dependency_check() -> ModuleType:
@@ -284,10 +294,11 @@ def test_rendered_command_parses_into_ep_dp_cp(backend: dict[str, Any], gpus: in
     ]
     config = parse_config(argv)
     assert config.model == "/var/lib/gpustack/cache/huggingface/ds flash"
-    assert (config.expert_parallel_size, config.dp, config.cp) == (gpus, 1, gpus)
+    assert parallelism(config) == (gpus, 1, gpus)
     assert (config.host, config.port) == ("0.0.0.0", 40123)
     assert config.served_model_names == ("deepseek-v4.1-flash",)
-    assert config.startup_timeout == 3600 and config.trust_remote_code
+    assert config.startup_timeout == 3600
+    assert config.engine_options.trust_remote_code  # type: ignore[attr-defined]
     assert (config.max_model_len, config.max_num_seqs, config.max_num_batched_tokens) == (
         32768,
         16,
@@ -323,8 +334,9 @@ def test_gpustack_packaged_deepinfer_entry_flags_parse() -> None:
         "--request-timeout=900",
     ]
     config = parse_config(argv)
-    assert (config.expert_parallel_size, config.dp, config.cp) == (8, 1, 8)
-    assert config.request_timeout == 900 and config.gpu_memory_utilization == 0.85
+    assert parallelism(config) == (8, 1, 8)
+    assert config.request_timeout == 900
+    assert config.engine_options.gpu_memory_utilization == 0.85  # type: ignore[attr-defined]
 
 
 def test_backend_validates_with_gpustacks_own_classes(backend: dict[str, Any]) -> None:
@@ -349,7 +361,7 @@ def test_backend_validates_with_gpustacks_own_classes(backend: dict[str, Any]) -
         gpu_ids=list(range(8)),
     )
     config = parse_config(shlex.split(command))
-    assert (config.expert_parallel_size, config.dp, config.cp) == (8, 1, 8)
+    assert parallelism(config) == (8, 1, 8)
     assert model.get_container_entrypoint() == ["/usr/local/bin/deepinfer-entrypoint"]
 
 

@@ -9,7 +9,6 @@ import openai
 import pytest
 
 from tests.conftest import MODEL
-from tests.dsml import WEATHER_TOOL
 from tests.server import LiveServer
 
 USER = [{"role": "user", "content": "hi"}]
@@ -53,8 +52,8 @@ BAD_BODIES: dict[str, dict[str, Any]] = {
             }
         ]
     },
-    "json_schema": {
-        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}
+    "json_schema_without_schema": {
+        "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}
     },
     "regex_format": {"response_format": {"type": "regex", "regex": "a+"}},
     "unknown_format": {"response_format": {"type": "yaml"}},
@@ -74,18 +73,52 @@ BAD_BODIES: dict[str, dict[str, Any]] = {
     "ignore_eos_not_bool": {"ignore_eos": "yes"},
     "stream_options_without_stream": {"stream_options": {"include_usage": True}},
     "stream_options_not_object": {"stream": True, "stream_options": 3},
-    "required_tool_choice_in_thinking": {"tools": [WEATHER_TOOL], "tool_choice": "required"},
+    "required_tool_choice_without_tools": {"tool_choice": "required"},
     "prompt_longer_than_context": {"messages": [{"role": "user", "content": "word " * 5000}]},
     "missing_model": {"model": None},
 }
 
 
+#: The field each 400 names (`param`), so a client can point at what to fix.
+PARAMS: dict[str, str | None] = {
+    "ignore_eos_not_bool": "ignore_eos",
+    "image_part": "messages[0]",
+    "json_schema_without_schema": "response_format",
+    "logprobs": "logprobs",
+    "max_completion_tokens_float": "max_completion_tokens",
+    "max_completion_tokens_negative": "max_completion_tokens",
+    "max_tokens_huge": "max_tokens",
+    "max_tokens_negative": "max_tokens",
+    "max_tokens_over_context": "messages",
+    "max_tokens_string": "max_tokens",
+    "messages_wrong_type": "messages",
+    "missing_model": "model",
+    "n_greater_than_one": "n",
+    "no_messages": "messages",
+    "prompt_longer_than_context": "messages",
+    "regex_format": "response_format",
+    "required_tool_choice_without_tools": "tool_choice",
+    "seed_negative": "seed",
+    "stream_options_not_object": "stream_options",
+    "stream_options_without_stream": "stream_options",
+    "temperature_out_of_range": "temperature",
+    "temperature_string": "temperature",
+    "top_logprobs": "top_logprobs",
+    "top_p_out_of_range": "top_p",
+    "unknown_format": "response_format",
+    "unknown_role": "messages[0].role",
+}
+
+
 @pytest.mark.parametrize("name", sorted(BAD_BODIES))
-def test_bad_request_is_400(shared_server: LiveServer, name: str) -> None:
+def test_bad_request_is_400_naming_the_field(shared_server: LiveServer, name: str) -> None:
     body: dict[str, Any] = {"model": MODEL, "messages": USER, **BAD_BODIES[name]}
     if body["model"] is None:
         del body["model"]
-    _assert_envelope(_post(shared_server, body), 400)
+    error = _assert_envelope(_post(shared_server, body), 400)
+    assert error["param"] == PARAMS[name]
+    if "context" in name:
+        assert error["code"] == "context_length_exceeded"
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,8 @@ import multiprocessing
 from collections.abc import Callable
 from typing import Any
 
-from deepinfer_server.ipc.lockstep import LockstepGroup, new_lockstep_group
+from deepinfer_server.engines.simulated.collectives import LockstepGroup, new_lockstep_group
+from deepinfer_server.ipc.stop_agreement import StopAgreement
 from tests import lockstep_workers
 
 CONTEXT = multiprocessing.get_context("spawn")
@@ -47,7 +48,8 @@ def test_a_rank_that_never_joins_is_a_violation() -> None:
 
 def test_every_rank_stops_at_the_same_iteration() -> None:
     group = new_lockstep_group(2, timeout=30)
-    results = _run(group, lockstep_workers.loop_until_stopped, [(), ()])
+    stop = StopAgreement()
+    results = _run(group, lockstep_workers.loop_until_stopped, [(stop,), (stop,)])
     # Rank 0 asks to stop during iteration 3; the first rank to see it at the top of
     # iteration 4 proposes iteration 5, and both stop there.
     assert results[0] == results[1] == 5

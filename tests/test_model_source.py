@@ -6,14 +6,18 @@ from pathlib import Path
 
 import pytest
 
+from deepinfer_server.engines.registry import BACKENDS
 from deepinfer_server.errors import ConfigError
 from deepinfer_server.model_source import resolve_model
 from tests.checkpoint import write_checkpoint
 
+DEEPINFER = BACKENDS["deepinfer"]
+SIMULATED = BACKENDS["simulated"]
+
 
 def test_local_checkpoint_is_used_as_is(tmp_path: Path) -> None:
     checkpoint = write_checkpoint(tmp_path / "ckpt")
-    assert resolve_model(str(checkpoint), "deepinfer") == str(checkpoint)
+    assert resolve_model(str(checkpoint), DEEPINFER) == str(checkpoint)
 
 
 @pytest.mark.parametrize("missing", ["config.json", "tokenizer.json", "tokenizer_config.json"])
@@ -21,13 +25,13 @@ def test_incomplete_checkpoint_fails_fast(tmp_path: Path, missing: str) -> None:
     checkpoint = write_checkpoint(tmp_path / "ckpt")
     (checkpoint / missing).unlink()
     with pytest.raises(ConfigError, match=missing):
-        resolve_model(str(checkpoint), "deepinfer")
+        resolve_model(str(checkpoint), DEEPINFER)
 
 
 def test_simulated_engine_needs_only_the_tokenizer(tmp_path: Path) -> None:
     checkpoint = write_checkpoint(tmp_path / "ckpt")
     (checkpoint / "config.json").unlink()
-    assert resolve_model(str(checkpoint), "simulated") == str(checkpoint)
+    assert resolve_model(str(checkpoint), SIMULATED) == str(checkpoint)
 
 
 def _fake_hub_cache(home: Path, repo_id: str) -> Path:
@@ -39,23 +43,31 @@ def _fake_hub_cache(home: Path, repo_id: str) -> Path:
     return write_checkpoint(repo / "snapshots" / revision)
 
 
-def test_hub_id_resolves_from_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HF_HOME", str(tmp_path))
+def _offline_hub(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """HF_HOME and offline mode, also when huggingface_hub was imported (and read them) before."""
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HOME", str(home))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(home / "hub"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+
+def test_hub_id_resolves_from_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _offline_hub(tmp_path, monkeypatch)
     snapshot = _fake_hub_cache(tmp_path, "deepseek-ai/DeepSeek-V4.1-Flash-1017")
-    resolved = resolve_model("deepseek-ai/DeepSeek-V4.1-Flash-1017", "deepinfer")
+    resolved = resolve_model("deepseek-ai/DeepSeek-V4.1-Flash-1017", DEEPINFER)
     assert Path(resolved or "").resolve() == snapshot.resolve()
 
 
 def test_unknown_hub_id_offline_is_a_clear_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("HF_HOME", str(tmp_path))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    _offline_hub(tmp_path, monkeypatch)
     with pytest.raises(ConfigError, match="cannot get model 'nobody/nothing'"):
-        resolve_model("nobody/nothing", "deepinfer")
+        resolve_model("nobody/nothing", DEEPINFER)
 
 
 def test_neither_directory_nor_repo_id(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="neither a directory"):
-        resolve_model(str(tmp_path / "missing" / "deep" / "path"), "deepinfer")
+        resolve_model(str(tmp_path / "missing" / "deep" / "path"), DEEPINFER)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from deepinfer_server.engines.deepinfer.environment import rank_environment, visible_gpus
 from deepinfer_server.errors import ConfigError
-from deepinfer_server.rank.environment import rank_environment, visible_gpus
 
 EIGHT = list(range(8))
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
+from deepinfer_server.engines.simulated.collectives import new_lockstep_group
 from deepinfer_server.engines.simulated.engine import LLMEngine, SimEngineArgs
 from deepinfer_server.engines.simulated.outputs import (
     POOL_CAPACITY,
@@ -18,7 +19,6 @@ from deepinfer_server.engines.simulated.outputs import (
     RequestOutput,
 )
 from deepinfer_server.engines.simulated.script import REASONING_SENTENCE
-from deepinfer_server.ipc.lockstep import new_lockstep_group
 from deepinfer_server.tokenizer import embedded_tokenizer_json
 
 EOS = 1

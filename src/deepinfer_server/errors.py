@@ -1,23 +1,117 @@
-"""The server's exception tree. Every request failure maps to one OpenAI-shaped error.
+"""The server's exception tree and the one table from error kind to what a client sees.
 
     ServerError
-    ├── ApiError                  a request fails; carries HTTP status, type, param, code
-    │   ├── BadRequestError       400 invalid_request_error
-    │   ├── AuthenticationError   401 invalid_api_key
-    │   ├── ModelNotFoundError    404 model_not_found
-    │   ├── OverloadedError       429 rate_limit_exceeded (with Retry-After)
-    │   ├── RequestTimeoutError   408 request_timeout
-    │   ├── RequestTooLargeError  413 request_too_large
-    │   ├── EngineRequestError    an engine refused or ended one request (status from the engine)
-    │   └── ServiceUnavailableError 503: a rank failed or the server is shutting down
-    └── ConfigError               invalid command line; the CLI exits with code 2
+    ├── ConfigError               invalid command line or checkpoint; the CLI exits with code 2
+    ├── StartupError              a rank failed to start, or did not become ready in time
+    ├── LockstepViolation         DP ranks left lockstep (simulated collectives)
+    └── ApiError                  one request fails; carries an ErrorKind, a message, a param
+        ├── BadRequestError       400 (kind BAD_REQUEST unless told otherwise)
+        ├── ContextLengthError    400 context_length_exceeded
+        ├── AuthenticationError   401
+        ├── ModelNotFoundError    404
+        ├── RequestTimeoutError   408 (request or body timeout)
+        ├── RequestTooLargeError  413
+        ├── OverloadedError       429 with Retry-After
+        ├── EngineRequestError    the engine refused or ended one request (kind says how)
+        ├── ServiceUnavailableError 503
+        │   ├── ShuttingDownError the server is draining or stopping
+        │   └── ServiceFailedError a rank failed; the service needs a restart
+        ├── ClientDisconnected    the client left (never sent; counted as 499)
+        └── InternalError         a bug: 500, logged with its traceback and request ID
 
-`ApiError.to_body()` is the only place that builds the `{"error": {...}}` envelope.
+`ErrorKind` travels on the wire (a rank rejecting a request) and keys `ERROR_TABLE`, the only
+place that says which HTTP status and which OpenAI / Anthropic error type a failure has. The
+envelopes themselves are built per protocol in `protocol/error_shapes.py` from this table.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import enum
+from dataclasses import dataclass
+
+
+class ErrorKind(enum.StrEnum):
+    """Every way a request can fail, as clients and metrics tell them apart."""
+
+    BAD_REQUEST = "bad_request"
+    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+    UNSUPPORTED = "unsupported"
+    AUTHENTICATION = "authentication"
+    NOT_FOUND = "not_found"
+    MODEL_NOT_FOUND = "model_not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    REQUEST_TIMEOUT = "request_timeout"
+    BODY_TIMEOUT = "body_timeout"
+    REQUEST_TOO_LARGE = "request_too_large"
+    OVERLOADED = "overloaded"
+    ENGINE_REJECTED = "engine_rejected"
+    ENGINE_OUT_OF_RESOURCES = "engine_out_of_resources"
+    ENGINE_ABORTED = "engine_aborted"
+    ENGINE_GRAMMAR_FAILED = "engine_grammar_failed"
+    SHUTTING_DOWN = "shutting_down"
+    SERVICE_FAILED = "service_failed"
+    CLIENT_DISCONNECTED = "client_disconnected"
+    INTERNAL = "internal"
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorSpec:
+    """How one error kind looks to clients."""
+
+    status: int
+    openai_type: str
+    openai_code: str | None
+    anthropic_type: str
+
+
+#: The one table from error kind to HTTP status and each protocol's error type and code.
+ERROR_TABLE: dict[ErrorKind, ErrorSpec] = {
+    ErrorKind.BAD_REQUEST: ErrorSpec(400, "invalid_request_error", None, "invalid_request_error"),
+    ErrorKind.CONTEXT_LENGTH_EXCEEDED: ErrorSpec(
+        400, "invalid_request_error", "context_length_exceeded", "invalid_request_error"
+    ),
+    ErrorKind.UNSUPPORTED: ErrorSpec(
+        400, "invalid_request_error", "unsupported_parameter", "invalid_request_error"
+    ),
+    ErrorKind.AUTHENTICATION: ErrorSpec(
+        401, "invalid_request_error", "invalid_api_key", "authentication_error"
+    ),
+    ErrorKind.NOT_FOUND: ErrorSpec(404, "not_found_error", "not_found", "not_found_error"),
+    ErrorKind.MODEL_NOT_FOUND: ErrorSpec(
+        404, "invalid_request_error", "model_not_found", "not_found_error"
+    ),
+    ErrorKind.METHOD_NOT_ALLOWED: ErrorSpec(
+        405, "invalid_request_error", "method_not_allowed", "invalid_request_error"
+    ),
+    ErrorKind.REQUEST_TIMEOUT: ErrorSpec(408, "timeout_error", "request_timeout", "timeout_error"),
+    ErrorKind.BODY_TIMEOUT: ErrorSpec(408, "timeout_error", "body_timeout", "timeout_error"),
+    ErrorKind.REQUEST_TOO_LARGE: ErrorSpec(
+        413, "invalid_request_error", "request_too_large", "request_too_large"
+    ),
+    ErrorKind.OVERLOADED: ErrorSpec(
+        429, "rate_limit_exceeded", "rate_limit_exceeded", "rate_limit_error"
+    ),
+    ErrorKind.ENGINE_REJECTED: ErrorSpec(
+        400, "invalid_request_error", "engine_rejected", "invalid_request_error"
+    ),
+    ErrorKind.ENGINE_OUT_OF_RESOURCES: ErrorSpec(
+        503, "server_error", "insufficient_system_resource", "overloaded_error"
+    ),
+    ErrorKind.ENGINE_ABORTED: ErrorSpec(500, "server_error", "engine_aborted", "api_error"),
+    ErrorKind.ENGINE_GRAMMAR_FAILED: ErrorSpec(
+        500, "server_error", "structured_output_failed", "api_error"
+    ),
+    ErrorKind.SHUTTING_DOWN: ErrorSpec(
+        503, "service_unavailable", "server_shutting_down", "overloaded_error"
+    ),
+    ErrorKind.SERVICE_FAILED: ErrorSpec(
+        503, "service_unavailable", "service_unavailable", "overloaded_error"
+    ),
+    ErrorKind.CLIENT_DISCONNECTED: ErrorSpec(
+        499, "invalid_request_error", "client_closed_request", "invalid_request_error"
+    ),
+    ErrorKind.INTERNAL: ErrorSpec(500, "server_error", "internal_error", "api_error"),
+}
 
 
 class ServerError(Exception):
@@ -28,38 +122,46 @@ class ConfigError(ServerError):
     """An inconsistent or invalid configuration; the message is one line for the user."""
 
 
-class ApiError(ServerError):
-    """A request failure with an HTTP status and an OpenAI error envelope."""
+class StartupError(ServerError):
+    """A rank failed to start, or did not become ready in time."""
 
-    status_code: int = 500
-    error_type: str = "server_error"
-    default_code: str | None = None
+
+class LockstepViolation(ServerError):
+    """DP ranks did not enter the same collective together (or a peer never arrived)."""
+
+
+class ApiError(ServerError):
+    """A request failure: its kind picks the status and the error types (`ERROR_TABLE`)."""
+
+    kind: ErrorKind = ErrorKind.INTERNAL
 
     def __init__(
         self,
         message: str,
         *,
         param: str | None = None,
+        kind: ErrorKind | None = None,
         code: str | None = None,
-        status_code: int | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
-        self.code = code if code is not None else self.default_code
-        if status_code is not None:
-            self.status_code = status_code
+        if kind is not None:
+            self.kind = kind
+        self._code = code
 
-    def to_body(self) -> dict[str, Any]:
-        """The OpenAI error envelope for this error."""
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.error_type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
+    @property
+    def spec(self) -> ErrorSpec:
+        return ERROR_TABLE[self.kind]
+
+    @property
+    def status_code(self) -> int:
+        return self.spec.status
+
+    @property
+    def code(self) -> str | None:
+        """The OpenAI `code`: an explicit one (for example the recipe's), else the table's."""
+        return self._code if self._code is not None else self.spec.openai_code
 
     def headers(self) -> dict[str, str]:
         """Extra HTTP headers to send with this error."""
@@ -69,32 +171,43 @@ class ApiError(ServerError):
 class BadRequestError(ApiError):
     """The request is malformed or asks for something this service does not do."""
 
-    status_code = 400
-    error_type = "invalid_request_error"
+    kind = ErrorKind.BAD_REQUEST
+
+
+class ContextLengthError(ApiError):
+    """The prompt (plus the requested output) does not fit in the context window."""
+
+    kind = ErrorKind.CONTEXT_LENGTH_EXCEEDED
 
 
 class AuthenticationError(ApiError):
     """A missing or wrong API key."""
 
-    status_code = 401
-    error_type = "invalid_request_error"
-    default_code = "invalid_api_key"
+    kind = ErrorKind.AUTHENTICATION
 
 
 class ModelNotFoundError(ApiError):
     """The request names a model this server does not serve."""
 
-    status_code = 404
-    error_type = "invalid_request_error"
-    default_code = "model_not_found"
+    kind = ErrorKind.MODEL_NOT_FOUND
+
+
+class RequestTimeoutError(ApiError):
+    """The request ran longer than `--request-timeout` (or its body took too long)."""
+
+    kind = ErrorKind.REQUEST_TIMEOUT
+
+
+class RequestTooLargeError(ApiError):
+    """The request body is larger than the server accepts."""
+
+    kind = ErrorKind.REQUEST_TOO_LARGE
 
 
 class OverloadedError(ApiError):
     """Admission capacity is full; the client should retry later."""
 
-    status_code = 429
-    error_type = "rate_limit_exceeded"
-    default_code = "rate_limit_exceeded"
+    kind = ErrorKind.OVERLOADED
 
     def __init__(self, message: str, *, retry_after_seconds: int = 1) -> None:
         super().__init__(message)
@@ -104,32 +217,46 @@ class OverloadedError(ApiError):
         return {"Retry-After": str(self.retry_after_seconds)}
 
 
-class RequestTimeoutError(ApiError):
-    """The request ran longer than `--request-timeout`."""
-
-    status_code = 408
-    error_type = "timeout_error"
-    default_code = "request_timeout"
-
-
-class RequestTooLargeError(ApiError):
-    """The request body is larger than the server accepts."""
-
-    status_code = 413
-    error_type = "invalid_request_error"
-    default_code = "request_too_large"
-
-
 class EngineRequestError(ApiError):
-    """The engine rejected or ended one request (the engine itself is still healthy)."""
+    """The engine refused or ended one request; the engine itself is still healthy."""
 
-    error_type = "server_error"
-    default_code = "engine_error"
+    kind = ErrorKind.ENGINE_ABORTED
 
 
 class ServiceUnavailableError(ApiError):
-    """The service cannot take requests: a rank failed, or the server is shutting down."""
+    """The service cannot take requests (see the two subclasses)."""
 
-    status_code = 503
-    error_type = "service_unavailable"
-    default_code = "service_unavailable"
+    kind = ErrorKind.SERVICE_FAILED
+
+
+class ShuttingDownError(ServiceUnavailableError):
+    """The server is draining or stopping."""
+
+    kind = ErrorKind.SHUTTING_DOWN
+
+    def __init__(self, message: str = "the server is shutting down") -> None:
+        super().__init__(message)
+
+
+class ServiceFailedError(ServiceUnavailableError):
+    """A rank failed or hung; every request fails until the server is restarted."""
+
+    kind = ErrorKind.SERVICE_FAILED
+
+
+class ClientDisconnected(ApiError):
+    """The client closed the connection before the response was complete."""
+
+    kind = ErrorKind.CLIENT_DISCONNECTED
+
+    def __init__(self, message: str = "the client closed the connection") -> None:
+        super().__init__(message)
+
+
+class InternalError(ApiError):
+    """An unexpected exception (a bug), reported to the client as a generic 500."""
+
+    kind = ErrorKind.INTERNAL
+
+    def __init__(self, message: str = "internal server error") -> None:
+        super().__init__(message)

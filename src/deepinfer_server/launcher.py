@@ -5,36 +5,41 @@ wait for every RankReady (bounded by --startup-timeout, interruptible by SIGTERM
 then open the HTTP port. [serve] uvicorn with one worker. [shutdown] on SIGTERM/SIGINT: /health
 turns 503 and new requests get 503, in-flight requests may finish for --shutdown-timeout
 seconds, the rest end with a 503 error, then every rank stops; no rank process outlives it.
+The engine backend is chosen from the registry; its implementation is imported only in the
+rank processes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import logging
-import os
 import signal
 import socket
 import sys
 import tempfile
 from collections.abc import Callable, Coroutine, Generator
+from types import FrameType
 from typing import Any
 
 import uvicorn
 
 from deepinfer_server.api.app import build_app
 from deepinfer_server.api.state import AppState
-from deepinfer_server.config import ServerConfig
-from deepinfer_server.coordinator.client import EngineClient, StartupError, shutdown_error
+from deepinfer_server.config import ResolvedConfig
+from deepinfer_server.coordinator.channels import RankChannels
+from deepinfer_server.coordinator.coordinator import Coordinator
 from deepinfer_server.coordinator.process import RankProcesses
-from deepinfer_server.errors import ConfigError
-from deepinfer_server.ipc.lockstep import new_lockstep_group
+from deepinfer_server.engines.backend import EngineBackend, EngineSpec
+from deepinfer_server.engines.registry import get_backend
+from deepinfer_server.errors import ConfigError, ShuttingDownError, StartupError
+from deepinfer_server.ipc.stop_agreement import StopAgreement
 from deepinfer_server.metrics import ServerMetrics
 from deepinfer_server.model_source import resolve_model
 from deepinfer_server.ports import choose_master_port
 from deepinfer_server.protocol.recipe import RecipeContext
-from deepinfer_server.rank.environment import rank_environment, visible_gpus
+from deepinfer_server.protocol.structured import StructuredOutputs
+from deepinfer_server.rank.proc import run_rank
 from deepinfer_server.rank.spec import RankSpec
 from deepinfer_server.tokenizer import load_tokenizer_json
 
@@ -49,6 +54,7 @@ class _Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, state: AppState) -> None:
         super().__init__(config)
         self._state = state
+        self._forced = asyncio.Event()
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
@@ -61,60 +67,60 @@ class _Server(uvicorn.Server):
             for sig, handler in original.items():
                 signal.signal(sig, handler)
 
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        if self.force_exit:  # a second signal: stop draining now
+            asyncio.get_event_loop().call_soon_threadsafe(self._forced.set)
+
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        engine = self._state.engine
-        engine.draining = True
+        coordinator = self._state.coordinator
+        coordinator.draining = True
         grace = self._state.config.shutdown_timeout
-        if grace > 0 and engine.num_in_flight:
+        if grace > 0 and coordinator.num_in_flight:
             logger.info(
                 "[shutdown] draining %d request(s) for up to %gs (Ctrl-C again to stop now)",
-                engine.num_in_flight,
+                coordinator.num_in_flight,
                 grace,
             )
-            await engine.wait_idle(grace, give_up=lambda: self.force_exit)
-        engine.fail_all(shutdown_error())
+            forced = asyncio.ensure_future(self._forced.wait())
+            idle = asyncio.ensure_future(coordinator.wait_idle(grace))
+            await asyncio.wait({forced, idle}, return_when=asyncio.FIRST_COMPLETED)
+            forced.cancel()
+            idle.cancel()
+        coordinator.fail_all(ShuttingDownError())
         await super().shutdown(sockets)
 
 
 def _rank_specs(
-    config: ServerConfig, local_model: str | None, workdir: str, master_port: int
+    config: ResolvedConfig,
+    backend: EngineBackend,
+    checkpoint: str | None,
+    workdir: str,
+    master_port: int,
 ) -> list[RankSpec]:
-    if config.engine == "deepinfer":
-        gpus = visible_gpus(os.environ)
-        environments = [
-            rank_environment(rank, gpus, config.cp, config.expert_parallel_size, master_port)
-            for rank in range(config.dp)
-        ]
-    else:
-        plain = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port)}
-        environments = [plain] * config.dp
+    environments = backend.rank_environments(config, master_port)
     return [
         RankSpec(
-            rank=rank,
-            engine=config.engine,
-            model=local_model,
-            served_model_name=config.served_model_names[0],
-            data_parallel_size=config.dp,
-            context_parallel_size=config.cp,
-            expert_parallel_size=config.expert_parallel_size,
-            max_model_len=config.context_limit,
-            max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            gpu_memory_utilization=config.gpu_memory_utilization,
-            trust_remote_code=config.trust_remote_code,
-            disable_log_stats=config.disable_log_stats,
+            engine=EngineSpec(
+                rank=rank,
+                model=checkpoint,
+                served_model_name=config.served_model_name,
+                data_parallel_size=config.data_parallel_size,
+                context_parallel_size=config.context_parallel_size,
+                expert_parallel_size=config.expert_parallel_size,
+                max_model_len=config.max_model_len,
+                max_num_seqs=config.max_num_seqs,
+                max_num_batched_tokens=config.max_num_batched_tokens,
+                options=config.engine_options,
+                environment=environments[rank],
+            ),
+            builder=backend.builder,
+            backend_name=backend.name,
             inbox_address=f"ipc://{workdir}/rank{rank}.in",
             outbox_address=f"ipc://{workdir}/ranks.out",
             log_level=config.log_level,
-            environment=environments[rank],
-            sim_ttft_ms=config.sim_ttft_ms,
-            sim_itl_ms=config.sim_itl_ms,
-            sim_tokens_per_step=config.sim_tokens_per_step,
-            sim_zero_overhead_scheduling=not config.sim_disable_zos,
-            sim_fault=config.sim_fault if rank == config.sim_fault_rank else None,
-            sim_fault_after_steps=config.sim_fault_after_steps,
         )
-        for rank in range(config.dp)
+        for rank in range(config.data_parallel_size)
     ]
 
 
@@ -131,36 +137,42 @@ def _startup_signals(task: asyncio.Task[None]) -> Generator[None, None, None]:
             loop.remove_signal_handler(sig)
 
 
-async def serve(config: ServerConfig) -> int:
+async def serve(config: ResolvedConfig) -> int:
     """Run the server until it is told to stop; returns the process exit code."""
-    if config.engine == "deepinfer" and importlib.util.find_spec("deepinfer") is None:
-        raise ConfigError(
-            "--engine deepinfer needs the DeepInfer package, which is not importable here "
-            "(install DeepInfer or add its source to PYTHONPATH; or use --engine simulated)"
-        )
-    local_model = resolve_model(config.model, config.engine)
+    backend = get_backend(config.engine)
+    backend.check_installed()
+    checkpoint = resolve_model(config.model, backend)
+    backend.preflight(config, checkpoint)
     master_port = choose_master_port(config.port)
+    tokenizer_json = load_tokenizer_json(checkpoint)
     try:
         recipe = RecipeContext.create(
-            load_tokenizer_json(local_model),
+            tokenizer_json,
             config.served_model_names,
-            config.context_limit,
+            config.max_model_len,
             default_thinking=config.default_thinking == "enabled",
         )
     except (OSError, ValueError, RuntimeError) as exc:
         raise ConfigError(f"cannot load the tokenizer: {exc}") from exc
     with tempfile.TemporaryDirectory(prefix="deepinfer-server-") as workdir:
-        specs = _rank_specs(config, local_model, workdir, master_port)
-        lockstep = new_lockstep_group(config.dp, config.sim_collective_timeout)
-        processes = RankProcesses(specs, lockstep)
-        metrics = ServerMetrics(config.served_model_names[0])
-        engine = EngineClient(
-            config, processes, [s.inbox_address for s in specs], specs[0].outbox_address, metrics
+        specs = _rank_specs(config, backend, checkpoint, workdir, master_port)
+        stop = StopAgreement()
+        shared = backend.shared_state(config)
+        processes = RankProcesses(run_rank, [(spec, stop, shared) for spec in specs])
+        metrics = ServerMetrics(config.served_model_name)
+        channels = RankChannels([s.inbox_address for s in specs], specs[0].outbox_address)
+        coordinator = Coordinator(
+            config,
+            processes,
+            channels,
+            stop,
+            shared.abort if shared is not None else lambda: None,
+            metrics,
         )
         try:
             processes.start()
-            engine.start()
-            startup = asyncio.ensure_future(engine.wait_ready(config.startup_timeout))
+            coordinator.start()
+            startup = asyncio.ensure_future(coordinator.wait_ready(config.startup_timeout))
             with _startup_signals(startup):
                 try:
                     await startup
@@ -172,15 +184,21 @@ async def serve(config: ServerConfig) -> int:
                     return 1
             logger.info(
                 "[startup] %d DP rank(s) ready (EP=%d, CP=%d, MASTER_PORT=%d); serving %s on %s:%d",
-                config.dp,
+                config.data_parallel_size,
                 config.expert_parallel_size,
-                config.cp,
+                config.context_parallel_size,
                 master_port,
-                config.served_model_names[0],
+                ", ".join(config.served_model_names),
                 config.host,
                 config.port,
             )
-            state = AppState(config=config, recipe=recipe, engine=engine, metrics=metrics)
+            state = AppState(
+                config=config,
+                recipe=recipe,
+                coordinator=coordinator,
+                metrics=metrics,
+                structured=StructuredOutputs(tokenizer_json),
+            )
             server = _Server(
                 uvicorn.Config(
                     build_app(state),
@@ -199,11 +217,11 @@ async def serve(config: ServerConfig) -> int:
             return 0
         finally:
             logger.info("[shutdown] stopping DP ranks")
-            await engine.close(RANK_STOP_TIMEOUT)
+            await coordinator.close(RANK_STOP_TIMEOUT)
             logger.info("[shutdown] done")
 
 
-def run(config: ServerConfig) -> int:
+def run(config: ResolvedConfig) -> int:
     """Run the server in a fresh event loop (uvloop when installed)."""
     logging.basicConfig(
         level=config.log_level.upper(),

@@ -1,8 +1,8 @@
 """MODEL as given (a checkpoint directory or a Hugging Face repository id) → a local directory.
 
 DeepInfer reads only local directories, so a repository id is downloaded into the Hugging Face
-cache (`HF_HOME`) before any rank starts, with download progress shown. The simulated engine
-needs only the tokenizer, so for it only the small files are fetched.
+cache (`HF_HOME`) before any rank starts, with download progress shown. Which files must be
+there, and which are downloaded, is the engine backend's declaration.
 """
 
 from __future__ import annotations
@@ -10,22 +10,15 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from deepinfer_server.engines.backend import EngineBackend
 from deepinfer_server.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINT_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")
-TOKENIZER_FILES = ("tokenizer.json",)
-_SMALL_FILE_PATTERNS = ["*.json", "*.py", "*.model", "*.txt"]
 
-
-def required_files(engine: str) -> tuple[str, ...]:
-    return CHECKPOINT_FILES if engine == "deepinfer" else TOKENIZER_FILES
-
-
-def check_checkpoint(directory: Path, engine: str) -> None:
+def check_checkpoint(directory: Path, backend: EngineBackend) -> None:
     """Fail fast, with the names, when the directory lacks a file the engine needs."""
-    missing = [name for name in required_files(engine) if not (directory / name).is_file()]
+    missing = [name for name in backend.required_files if not (directory / name).is_file()]
     if missing:
         raise ConfigError(f"checkpoint directory {directory} lacks {', '.join(missing)}")
 
@@ -35,14 +28,14 @@ def _looks_like_repo_id(model: str) -> bool:
     return len(parts) == 2 and all(parts) and not model.startswith((".", "~"))
 
 
-def download(repo_id: str, engine: str) -> Path:
+def download(repo_id: str, backend: EngineBackend) -> Path:
     """Fetch a repository snapshot into the Hugging Face cache and return its directory."""
     try:
         from huggingface_hub import snapshot_download
         from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
     except ImportError as exc:  # pragma: no cover - a declared dependency
         raise ConfigError("huggingface_hub is needed to download a model id") from exc
-    patterns = None if engine == "deepinfer" else _SMALL_FILE_PATTERNS
+    patterns = backend.download_patterns
     logger.info("[startup] resolving %s in the Hugging Face cache (downloading if needed)", repo_id)
     try:
         path = snapshot_download(repo_id=repo_id, allow_patterns=patterns)
@@ -51,18 +44,18 @@ def download(repo_id: str, engine: str) -> Path:
     return Path(path)
 
 
-def resolve_model(model: str | None, engine: str) -> str | None:
-    """The local checkpoint directory for MODEL (None for the simulated engine without one)."""
+def resolve_model(model: str | None, backend: EngineBackend) -> str | None:
+    """The local checkpoint directory for MODEL (None when no MODEL was given)."""
     if model is None:
         return None
     path = Path(model).expanduser()
     if path.is_dir():
-        check_checkpoint(path, engine)
+        check_checkpoint(path, backend)
         return str(path)
     if not _looks_like_repo_id(model):
         raise ConfigError(
             f"MODEL {model!r} is neither a directory nor a Hugging Face repository id"
         )
-    local = download(model, engine)
-    check_checkpoint(local, engine)
+    local = download(model, backend)
+    check_checkpoint(local, backend)
     return str(local)

@@ -12,8 +12,6 @@ from pathlib import Path
 SYSTEM_TOKEN = "<｜System｜>"
 SYSTEM_TOKEN_ID = 129280
 EOS_TOKEN = "<｜end▁of▁sentence｜>"
-THINK_START_TOKEN = "<think>"
-THINK_END_TOKEN = "</think>"
 
 
 def embedded_tokenizer_json() -> str:

@@ -9,25 +9,28 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Route
 
 from deepinfer_server.api.auth import ApiKeyMiddleware
-from deepinfer_server.api.errors import handle_api_error, handle_http_exception
+from deepinfer_server.api.error_responses import handle_api_error, handle_http_exception
 from deepinfer_server.api.request_context import RequestContextMiddleware
-from deepinfer_server.api.routes.chat import chat_completions
-from deepinfer_server.api.routes.messages import messages
+from deepinfer_server.api.routes.generation import chat_completions, messages, responses
 from deepinfer_server.api.routes.meta import health, list_models, metrics, server_version
-from deepinfer_server.api.routes.responses import responses
 from deepinfer_server.api.state import AppState
 from deepinfer_server.errors import ApiError
 
 
 def build_app(state: AppState) -> Starlette:
-    """The ASGI app; every error leaves it as an OpenAI-shaped envelope.
+    """The ASGI app; every error leaves it in its protocol's envelope, with X-Request-Id.
 
-    Middleware, outermost first: request ID and access log, CORS (when origins are
-    configured; it answers preflight requests itself), API keys (when configured).
+    Middleware, outermost first: request ID, error boundary, failure metrics and access log;
+    CORS (when origins are configured; it answers preflight requests itself); API keys (when
+    configured).
     """
     config = state.config
     middleware = [
-        Middleware(RequestContextMiddleware, access_log=not config.disable_access_log),
+        Middleware(
+            RequestContextMiddleware,
+            access_log=config.access_log,
+            on_failure=state.metrics.observe_failure,
+        ),
     ]
     if config.allowed_origins:
         middleware.append(
@@ -39,12 +42,8 @@ def build_app(state: AppState) -> Starlette:
                 expose_headers=["X-Request-Id"],
             )
         )
-    if config.api_key:
-        middleware.append(
-            Middleware(
-                ApiKeyMiddleware, keys=config.api_key, on_reject=state.metrics.observe_failure
-            )
-        )
+    if config.api_keys:
+        middleware.append(Middleware(ApiKeyMiddleware, keys=config.api_keys))
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/responses", responses, methods=["POST"]),
@@ -57,11 +56,7 @@ def build_app(state: AppState) -> Starlette:
     app = Starlette(
         routes=routes,
         middleware=middleware,
-        exception_handlers={
-            ApiError: handle_api_error,
-            HTTPException: handle_http_exception,
-            Exception: handle_api_error,
-        },
+        exception_handlers={ApiError: handle_api_error, HTTPException: handle_http_exception},
     )
     app.state.server = state
     return app

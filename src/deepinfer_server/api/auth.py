@@ -8,12 +8,11 @@ stay open for probes and scrapers.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Callable
 
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from deepinfer_server.api.errors import error_body_for
+from deepinfer_server.api.error_responses import ANTHROPIC_PATH_PREFIX, envelope_for_path
 from deepinfer_server.errors import AuthenticationError
 
 PROTECTED_PREFIX = "/v1/"
@@ -31,14 +30,11 @@ def _presented_key(scope: Scope) -> bytes | None:
 
 
 class ApiKeyMiddleware:
-    """Rejects /v1 requests without one of `keys` with a 401 OpenAI error envelope."""
+    """Rejects /v1 requests without one of `keys` with a 401 in the path's error envelope."""
 
-    def __init__(
-        self, app: ASGIApp, keys: tuple[str, ...], on_reject: Callable[[int], None]
-    ) -> None:
+    def __init__(self, app: ASGIApp, keys: tuple[str, ...]) -> None:
         self.app = app
         self._keys = [key.encode() for key in keys]
-        self._on_reject = on_reject
 
     def _accepts(self, presented: bytes | None) -> bool:
         if presented is None:
@@ -54,10 +50,14 @@ class ApiKeyMiddleware:
         if self._accepts(_presented_key(scope)):
             await self.app(scope, receive, send)
             return
-        error = AuthenticationError(
-            "Invalid or missing API key: send 'Authorization: Bearer <key>'"
+        path = scope["path"]
+        # Each protocol's clients send the key their own way: say it their way.
+        how = (
+            "'x-api-key: <key>'"
+            if path.startswith(ANTHROPIC_PATH_PREFIX)
+            else "'Authorization: Bearer <key>'"
         )
-        self._on_reject(error.status_code)
+        error = AuthenticationError(f"Invalid or missing API key: send {how}")
         await send(
             {
                 "type": "http.response.start",
@@ -68,5 +68,5 @@ class ApiKeyMiddleware:
                 ],
             }
         )
-        body = error_body_for(scope["path"], error)
+        body = envelope_for_path(path)(error)
         await send({"type": "http.response.body", "body": orjson.dumps(body)})

@@ -1,4 +1,4 @@
-"""Running a non-streaming request until it completes or its client disconnects."""
+"""until_disconnect: run work until it completes or the client disconnects (one mechanism)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,9 @@ from typing import Any, TypeVar
 
 from starlette.types import Receive
 
+from deepinfer_server.errors import ClientDisconnected
+
 T = TypeVar("T")
-
-
-class ClientDisconnected(Exception):
-    """The client closed the connection before the response was ready."""
 
 
 async def wait_for_disconnect(receive: Receive) -> None:
@@ -25,16 +23,19 @@ async def wait_for_disconnect(receive: Receive) -> None:
 
 
 async def until_disconnect(receive: Receive, work: Coroutine[Any, Any, T]) -> T:
-    """Await `work`; if the client disconnects first, cancel it and raise ClientDisconnected."""
+    """Await `work`; if the client disconnects first, cancel it and raise ClientDisconnected.
+
+    Cancelling `work` runs its cleanup (closing the request handle aborts the engine request).
+    """
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(wait_for_disconnect(receive))
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         watcher.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    raise ClientDisconnected()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            raise ClientDisconnected()
+    return task.result()

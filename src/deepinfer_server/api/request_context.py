@@ -1,9 +1,12 @@
-"""RequestContextMiddleware: X-Request-Id on every response and one access-log line per request.
+"""RequestContextMiddleware: request IDs, the error boundary, failure metrics, the access log.
 
 Pure ASGI (it never buffers a body), so streamed responses pass through untouched. The request
 ID comes from the client's `X-Request-Id` when it is usable (sanitised, at most 128 characters)
 or is generated; routes read it from `request.state.request_id` and may leave their
-`RequestRecord` in `request.state.record` for the log line.
+`RequestRecord` in `request.state.record` for the log line. It is the outermost middleware of
+the app, so every response carries the ID: an exception that escapes the routes (a bug, a
+client that vanished mid-body) is answered here, in the path's error envelope, and logged with
+the ID. Every error status is counted once here, in `request_failure_total`.
 """
 
 from __future__ import annotations
@@ -12,10 +15,13 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from deepinfer_server.api.error_responses import as_api_error, error_response
+from deepinfer_server.errors import ERROR_TABLE, ErrorKind
 from deepinfer_server.metrics import RequestRecord
 
 access_logger = logging.getLogger("deepinfer_server.access")
@@ -23,6 +29,9 @@ access_logger = logging.getLogger("deepinfer_server.access")
 REQUEST_ID_HEADER = b"x-request-id"
 MAX_REQUEST_ID_LENGTH = 128
 _UNSAFE = re.compile(r"[^A-Za-z0-9._:\-]")
+_CLIENT_CLOSED = ERROR_TABLE[ErrorKind.CLIENT_DISCONNECTED].status
+#: Probe endpoints whose 503s are states, not request failures.
+_PROBES = frozenset({"/health"})
 
 
 def sanitise_request_id(raw: str | None) -> str | None:
@@ -41,11 +50,12 @@ def _header(scope: Scope, name: bytes) -> str | None:
 
 
 class RequestContextMiddleware:
-    """Assigns request IDs, echoes them, and writes the access log."""
+    """Assigns request IDs, echoes them, answers escaped exceptions, writes the access log."""
 
-    def __init__(self, app: ASGIApp, access_log: bool) -> None:
+    def __init__(self, app: ASGIApp, access_log: bool, on_failure: Callable[[int], None]) -> None:
         self.app = app
         self.access_log = access_log
+        self._on_failure = on_failure
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -68,7 +78,15 @@ class RequestContextMiddleware:
             await send(message)
 
         try:
-            await self.app(scope, receive, send_with_id)
+            try:
+                await self.app(scope, receive, send_with_id)
+            except Exception as exc:
+                if status:  # the response has started: all that is left is to drop the line
+                    raise
+                error = as_api_error(exc, request_id)
+                await error_response(error, scope["path"])(scope, receive, send_with_id)
+            if status >= 400 and status != _CLIENT_CLOSED and scope["path"] not in _PROBES:
+                self._on_failure(status)
         finally:
             if self.access_log:
                 self._log(scope, status, request_id, started, state.get("record"))

@@ -1,19 +1,18 @@
 """Server-sent events: OpenAI framing and a lean streaming response.
 
 `SSEResponse` replaces Starlette's StreamingResponse on the hot path: it sends each frame
-straight to the ASGI `send` and watches for the client leaving with one task, cancelling the
-stream (and so aborting the engine request) when it does.
+straight to the ASGI `send`, and stops the stream (aborting the engine request) when the client
+leaves, through `until_disconnect`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Iterable
 
 from starlette.types import Receive, Scope, Send
 
-from deepinfer_server.api.disconnect import wait_for_disconnect
+from deepinfer_server.api.disconnect import until_disconnect
+from deepinfer_server.errors import ClientDisconnected
 
 DONE_FRAME = b"data: [DONE]\n\n"
 _HEADERS = [
@@ -36,18 +35,10 @@ class SSEResponse:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": _HEADERS})
-        streamer = asyncio.ensure_future(self._stream(send))
-        watcher = asyncio.ensure_future(wait_for_disconnect(receive))
         try:
-            await asyncio.wait({streamer, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watcher.cancel()
-            if not streamer.done():
-                streamer.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await streamer
-        if not streamer.cancelled():
-            streamer.result()
+            await until_disconnect(receive, self._stream(send))
+        except ClientDisconnected:
+            return
 
     async def _stream(self, send: Send) -> None:
         async for frame in self._frames:

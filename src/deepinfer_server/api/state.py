@@ -1,4 +1,4 @@
-"""AppState: what the routes share (configuration, recipe context, engine client)."""
+"""AppState: what the routes share (configuration, recipe context, coordinator, metrics)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,11 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from deepinfer_server.config import ServerConfig
-from deepinfer_server.coordinator.client import EngineClient
+from deepinfer_server.config import ResolvedConfig
+from deepinfer_server.coordinator.coordinator import Coordinator
 from deepinfer_server.metrics import ServerMetrics
 from deepinfer_server.protocol.recipe import RecipeContext
+from deepinfer_server.protocol.structured import StructuredOutputs
 
 # Bodies larger than this are prepared on a worker thread, keeping the event loop responsive.
 LARGE_BODY_BYTES = 64 * 1024
@@ -19,10 +20,11 @@ LARGE_BODY_BYTES = 64 * 1024
 class AppState:
     """Shared by every request of one server."""
 
-    config: ServerConfig
+    config: ResolvedConfig
     recipe: RecipeContext
-    engine: EngineClient
+    coordinator: Coordinator
     metrics: ServerMetrics
+    structured: StructuredOutputs
     started_at: int = field(default_factory=lambda: int(time.time()))
     _engine_requests: int = 0
 

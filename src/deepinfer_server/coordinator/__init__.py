@@ -1,1 +1,1 @@
-"""The API process's side of the rank processes: supervision, admission, routing, handles."""
+"""The API process's side of the rank processes: admission, routing, handles, supervision."""

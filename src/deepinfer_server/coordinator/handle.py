@@ -3,7 +3,9 @@
 The reader task `deliver()`s token batches without ever blocking; the request's consumer takes
 everything that arrived since its last call with `next_batch()`, so several engine steps merge
 into one write when the consumer falls behind. Closing the handle, for any reason, aborts the
-engine request if the engine may still run it and frees the admission slot, exactly once.
+engine request if the engine may still run it and frees the admission slot, exactly once. A
+request that times out is closed by its own timer at once, without waiting for its consumer
+(which may be blocked writing to a client that stopped reading).
 """
 
 from __future__ import annotations
@@ -13,40 +15,41 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from deepinfer_server.errors import ApiError, RequestTimeoutError
+from deepinfer_server.ipc.messages import AbortReason, Finish, GeneratedTokens
 
 
 @dataclass(frozen=True, slots=True)
 class TokenBatch:
-    """Tokens that arrived since the last batch, and the engine's finish reason if it ended.
+    """Tokens that arrived since the last batch, and the engine's finish if it ended.
 
     `arrived_at` is when the latest of them reached the API process (`time.perf_counter()`) and
     `step_seconds` how long the engine step that produced it took.
     """
 
-    token_ids: list[int]
-    finish_reason: str | None
+    tokens: GeneratedTokens
+    finish: Finish | None
     arrived_at: float
     step_seconds: float
+
+
+#: Called once when a handle closes: (handle, whether the engine request was aborted, why).
+CloseCallback = Callable[["RequestHandle", bool, AbortReason], None]
 
 
 class RequestHandle:
     """One request in flight on one rank."""
 
     def __init__(
-        self,
-        request_id: str,
-        rank: int,
-        on_close: Callable[[RequestHandle, bool], None],
-        deadline: float | None,
+        self, request_id: str, rank: int, on_close: CloseCallback, deadline: float | None
     ) -> None:
         self.request_id = request_id
         self.rank = rank
         self._on_close = on_close
-        self._tokens: list[int] = []
+        self._tokens = GeneratedTokens()
         self._arrived_at = 0.0
         self._step_seconds = 0.0
         self.has_first_token = False
-        self._finish_reason: str | None = None
+        self._finish: Finish | None = None
         self._error: ApiError | None = None
         self._event = asyncio.Event()
         self._closed = False
@@ -57,27 +60,31 @@ class RequestHandle:
 
     @property
     def engine_finished(self) -> bool:
-        """True once the engine no longer runs this request."""
-        return self._engine_finished
+        """True once the engine no longer runs this request (ended, refused or aborted)."""
+        return self._engine_finished or self._closed
 
     @property
     def ended(self) -> bool:
-        """True once the request has its outcome: a finish reason or an error."""
-        return self._finish_reason is not None or self._error is not None
+        """True once the request has its outcome: a finish or an error."""
+        return self._finish is not None or self._error is not None
 
     def deliver(
-        self, token_ids: list[int], finish_reason: str, arrived_at: float, step_seconds: float
+        self,
+        tokens: GeneratedTokens,
+        finish: Finish | None,
+        arrived_at: float,
+        step_seconds: float,
     ) -> None:
         """Called by the reader task with one step's output for this request."""
         if self.ended:
             return
-        if token_ids:
+        if tokens.token_ids:
             self.has_first_token = True
             self._arrived_at = arrived_at
             self._step_seconds = step_seconds
-        self._tokens.extend(token_ids)
-        if finish_reason:
-            self._finish_reason = finish_reason
+            self._tokens.extend(tokens)
+        if finish is not None:
+            self._finish = finish
             self._engine_finished = True
         self._event.set()
 
@@ -85,38 +92,39 @@ class RequestHandle:
         """End the request with an error.
 
         `engine_finished` says the engine no longer runs it (it refused the request, or its rank
-        died); otherwise (timeout, shutdown) closing the handle aborts it in the engine.
+        died); otherwise closing the handle aborts it in the engine.
         """
         if self.ended:
             return
         self._error = error
-        self._engine_finished = engine_finished
+        self._engine_finished = self._engine_finished or engine_finished
         self._event.set()
 
     async def next_batch(self) -> TokenBatch:
         """Wait for new tokens or the end; raises the request's ApiError if it failed."""
-        while not self._tokens and self._finish_reason is None:
+        while not self._tokens.token_ids and self._finish is None:
             if self._error is not None:
                 raise self._error
             await self._event.wait()
             self._event.clear()
-        tokens, self._tokens = self._tokens, []
-        return TokenBatch(tokens, self._finish_reason, self._arrived_at, self._step_seconds)
+        tokens, self._tokens = self._tokens, GeneratedTokens()
+        return TokenBatch(tokens, self._finish, self._arrived_at, self._step_seconds)
 
-    def close(self) -> bool:
+    def close(self, reason: AbortReason) -> None:
         """Release the request: abort it in the engine if it may still run, free its slot.
 
-        Returns True when this call aborted a request the engine was still running.
+        `reason` is recorded when this call aborts a request the engine was still running.
         """
         if self._closed:
-            return False
-        self._closed = True
+            return
         if self._timer is not None:
             self._timer.cancel()
+            self._timer = None
         abort = not self._engine_finished
-        self._on_close(self, abort)
-        return abort
+        self._closed = True
+        self._on_close(self, abort, reason)
 
     def _expire(self) -> None:
         self._timer = None
         self.fail(RequestTimeoutError("the request exceeded the server's --request-timeout"))
+        self.close(AbortReason.TIMEOUT)

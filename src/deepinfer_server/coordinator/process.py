@@ -3,6 +3,7 @@
 Shutdown follows one deadline: ask every rank to stop at an agreed iteration and close its
 engine together; after the deadline SIGKILL what is left (ranks ignore SIGTERM, which a
 process-group signal would deliver to them before the API process could stop them in order).
+Exits are seen through each process's sentinel on the event loop, never by polling.
 """
 
 from __future__ import annotations
@@ -10,25 +11,36 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import signal
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
-
-from deepinfer_server.ipc.lockstep import LockstepGroup
-from deepinfer_server.rank.proc import run_rank
-from deepinfer_server.rank.spec import RankSpec
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
 ExitCallback = Callable[[int, int | None], None]
 
 
+def describe_exit(exitcode: int | None) -> str:
+    """'exit code 3' or 'signal SIGKILL' for a process's exit code."""
+    if exitcode is None:
+        return "an unknown status"
+    if exitcode < 0:
+        try:
+            return f"signal {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"signal {-exitcode}"
+    return f"exit code {exitcode}"
+
+
 class RankProcesses:
     """Parent-side handle of every rank process of one server."""
 
-    def __init__(self, specs: list[RankSpec], lockstep: LockstepGroup) -> None:
-        self._specs = specs
-        self.lockstep = lockstep
+    def __init__(self, target: Callable[..., None], args_of_rank: list[tuple[Any, ...]]) -> None:
+        self._target = target
+        self._args_of_rank = args_of_rank
         self._processes: list[BaseProcess] = []
+        self._exited: list[asyncio.Future[None]] = []
         self._stopping = False
 
     @property
@@ -38,48 +50,49 @@ class RankProcesses:
     def start(self) -> None:
         """Spawn one process per rank (the spawn method: no inherited engine or CUDA state)."""
         context = multiprocessing.get_context("spawn")
-        for spec in self._specs:
+        for rank, args in enumerate(self._args_of_rank):
             # Not daemonic: a rank's engine starts child processes of its own (CP workers).
-            process = context.Process(
-                target=run_rank, args=(spec, self.lockstep), name=f"deepinfer-rank-{spec.rank}"
-            )
+            process = context.Process(target=self._target, args=args, name=f"deepinfer-rank-{rank}")
             process.start()
             self._processes.append(process)
-            logger.info("[startup] DP rank %d started as pid %s", spec.rank, process.pid)
+            logger.info("[startup] DP rank %d started as pid %s", rank, process.pid)
 
     def watch(self, on_exit: ExitCallback) -> None:
         """Call `on_exit(rank, exitcode)` when a rank exits, unless the exit is a requested stop."""
         loop = asyncio.get_running_loop()
         for rank, process in enumerate(self._processes):
+            exited: asyncio.Future[None] = loop.create_future()
+            self._exited.append(exited)
 
-            def exited(rank: int = rank, process: BaseProcess = process) -> None:
+            def on_sentinel(
+                rank: int = rank,
+                process: BaseProcess = process,
+                exited: asyncio.Future[None] = exited,
+            ) -> None:
                 loop.remove_reader(process.sentinel)
                 process.join(0)
+                if not exited.done():
+                    exited.set_result(None)
                 if not self._stopping:
                     on_exit(rank, process.exitcode)
 
-            loop.add_reader(process.sentinel, exited)
+            loop.add_reader(process.sentinel, on_sentinel)
 
     async def stop(self, timeout: float) -> None:
-        """Stop every rank: the agreed stop within `timeout` seconds, then SIGKILL."""
+        """Wait `timeout` seconds for the agreed stop, then SIGKILL every rank still alive."""
         self._stopping = True
-        self.lockstep.request_stop()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        if not self._exited:  # never watched (start-up was interrupted): join on a thread
+            for process in self._processes:
+                await asyncio.to_thread(process.join, max(0.0, timeout))
+        pending = [f for f in self._exited if not f.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=max(0.0, timeout))
+        stragglers = [p for p in self._processes if p.is_alive()]
+        for process in stragglers:
+            logger.warning("[shutdown] DP rank pid %s did not stop in time; killing", process.pid)
+            process.kill()
+        pending = [f for f in self._exited if not f.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=5.0)
         for process in self._processes:
-            await self._join(process, deadline - loop.time())
-        for process in self._processes:
-            if process.is_alive():
-                logger.warning(
-                    "[shutdown] DP rank pid %s did not stop in time; killing", process.pid
-                )
-                process.kill()
-                await self._join(process, 5.0)
-
-    @staticmethod
-    async def _join(process: BaseProcess, timeout: float) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + max(0.0, timeout)
-        while process.is_alive() and loop.time() < deadline:
-            await asyncio.sleep(0.02)
-        process.join(0)
+            process.join(0)

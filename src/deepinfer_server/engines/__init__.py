@@ -1,1 +1,1 @@
-"""Engines that implement DeepInfer's LLMEngine contract; only rank processes import these."""
+"""Engine backends: the server-owned interface, the registry, and one package per engine."""

@@ -1,1 +1,1 @@
-"""Messages and sockets between the API process and the rank processes (no engine imports)."""
+"""What crosses the process boundary: wire messages, token packing, the stop agreement."""

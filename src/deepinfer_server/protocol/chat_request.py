@@ -8,14 +8,20 @@ from typing import Any
 from deepseek_recipe import ChatCompletionRequest, ConversationRequest
 
 from deepinfer_server.errors import BadRequestError
+from deepinfer_server.grammar import Constraint
 from deepinfer_server.ipc.messages import SamplingOptions
 from deepinfer_server.protocol.prepare import engine_input
-from deepinfer_server.protocol.recipe import RecipeContext, recipe_errors
+from deepinfer_server.protocol.recipe import RecipeContext
+from deepinfer_server.protocol.structured import (
+    CHAT_CONSTRAINT,
+    convert_honouring_tool_choice,
+    read_constraint,
+)
 from deepinfer_server.protocol.validation import (
+    check_chat_fields,
     check_model,
     optional_bool,
     optional_uint,
-    reject_images,
     reject_unsupported_chat_options,
 )
 
@@ -37,6 +43,7 @@ class PreparedChat:
     sampling: SamplingOptions
     stream: bool
     stream_options: StreamOptions
+    constraint: Constraint | None
 
 
 def _stream_options(body: dict[str, Any]) -> StreamOptions:
@@ -57,17 +64,26 @@ def prepare_chat(body: dict[str, Any], recipe: RecipeContext) -> PreparedChat:
     Raises BadRequestError (400) or ModelNotFoundError (404); never anything else on bad input.
     """
     reject_unsupported_chat_options(body)
-    reject_images(body.get("messages"))
+    check_chat_fields(body)
     ignore_eos = optional_bool(body, "ignore_eos")
     stream_options = _stream_options(body)
+    optional_uint(body, "max_tokens")  # here, so that the 400 names the param
     max_completion_tokens = optional_uint(body, "max_completion_tokens")
     if max_completion_tokens is not None:
         # The OpenAI client's current name wins over the deprecated max_tokens, as in vLLM.
         body["max_tokens"] = max_completion_tokens
     check_model(body, recipe.served_model_names)
-    with recipe_errors():
-        converted = ChatCompletionRequest(body).convert(recipe.options)
+    read_constraint(CHAT_CONSTRAINT, body, thinking=False)
+    converted = convert_honouring_tool_choice(
+        lambda b: ChatCompletionRequest(b).convert(recipe.options), body, "auto", "response_format"
+    )
+    constraint = read_constraint(CHAT_CONSTRAINT, body, converted.conversation.thinking_mode)
     engine = engine_input(converted, recipe, ignore_eos)
     return PreparedChat(
-        converted, engine.prompt_token_ids, engine.sampling, converted.stream, stream_options
+        converted,
+        engine.prompt_token_ids,
+        engine.sampling,
+        converted.stream,
+        stream_options,
+        constraint,
     )

@@ -7,11 +7,25 @@ its stream with a `[DONE]` message.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Protocol
 
-from deepseek_recipe import StreamProcessor
+from deepseek_recipe import ConversationRequest, StreamProcessor
 
+from deepinfer_server.protocol.recipe import RecipeContext
 from deepinfer_server.protocol.stream_output import RecipeOutput
+
+
+class PreparedConversation(Protocol):
+    """What a prepared Responses or Messages request offers its output."""
+
+    @property
+    def request(self) -> ConversationRequest: ...
+
+    @property
+    def prompt_token_ids(self) -> list[int]: ...
+
+    @property
+    def stream(self) -> bool: ...
 
 
 class NamedEventOutput(RecipeOutput):
@@ -19,16 +33,20 @@ class NamedEventOutput(RecipeOutput):
 
     def __init__(
         self,
-        processor: StreamProcessor,
+        generator: Any,
         response_type: Any,
         response_id: str,
-        model_name: str,
-        prompt_tokens: int,
-        stream: bool,
+        prepared: PreparedConversation,
+        recipe: RecipeContext,
     ) -> None:
+        """`generator` is the protocol's recipe chunk generator for this request."""
+        processor = StreamProcessor(generator, prepared.request.parsing_options, recipe.tokenizer)
+        prompt_tokens = len(prepared.prompt_token_ids)
         response = None
-        if not stream:
-            response = response_type(response_id, model_name, int(time.time()), prompt_tokens, 0)
+        if not prepared.stream:
+            response = response_type(
+                response_id, recipe.model_name, int(time.time()), prompt_tokens, 0
+            )
         super().__init__(processor, response, prompt_tokens)
         self._event_name = response_type.sse_event_name
 

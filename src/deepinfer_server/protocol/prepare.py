@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from deepseek_recipe import ConversationRequest
 
-from deepinfer_server.errors import BadRequestError
+from deepinfer_server.errors import BadRequestError, ErrorKind
 from deepinfer_server.ipc.messages import SamplingOptions
 from deepinfer_server.protocol.recipe import RecipeContext, recipe_errors
 
@@ -27,8 +27,14 @@ def engine_input(
     Raises BadRequestError for images (not supported yet) and for prompts that do not fit.
     """
     with recipe_errors():
-        if any(message.image_sources for message in converted.conversation.messages):
-            raise BadRequestError("image content is not supported by this server yet")
+        for index, message in enumerate(converted.conversation.messages):
+            if message.image_sources:
+                raise BadRequestError(
+                    "image content is not supported by this server yet",
+                    param=f"messages[{index}]",
+                    kind=ErrorKind.UNSUPPORTED,
+                    code="unsupported_content",
+                )
         prompt_token_ids = recipe.encoding.encode(converted.conversation)
         max_tokens = converted.resolve_max_tokens(len(prompt_token_ids), recipe.context_limit)
     inference = converted.inference_options

@@ -19,7 +19,7 @@ from deepseek_recipe import (
     Tokenizer,
 )
 
-from deepinfer_server.errors import ApiError, BadRequestError
+from deepinfer_server.errors import ApiError, BadRequestError, ContextLengthError, ErrorKind
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,11 @@ class RecipeContext:
         return self.served_model_names[0]
 
 
+_RANGE_PARAMS = {"Invalid temperature value": "temperature", "Invalid top_p value": "top_p"}
+_KIND_OF_STATUS = {404: ErrorKind.MODEL_NOT_FOUND, 413: ErrorKind.REQUEST_TOO_LARGE}
+_CONTEXT_LENGTH_MESSAGE = "maximum context length"
+
+
 def _conversion_error(exc: ConversionError) -> ApiError:
     message, param, code = str(exc), None, None
     with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
@@ -63,15 +68,24 @@ def _conversion_error(exc: ConversionError) -> ApiError:
         message = error.get("message") or message
         param = error.get("param")
         code = error.get("code")
-    return BadRequestError(message, param=param, code=code, status_code=exc.status_code)
+    if _CONTEXT_LENGTH_MESSAGE in message:
+        return ContextLengthError(message, param=param or "messages")
+    if param is None:
+        param = next((p for prefix, p in _RANGE_PARAMS.items() if message.startswith(prefix)), None)
+    if code == "invalid_request_error":  # the recipe repeats the type as the code
+        code = None
+    kind = _KIND_OF_STATUS.get(exc.status_code, ErrorKind.BAD_REQUEST)
+    return BadRequestError(message, param=param, kind=kind, code=code)
 
 
 @contextlib.contextmanager
 def recipe_errors() -> Iterator[None]:
-    """Translate deepseek-recipe's request exceptions into BadRequestError (400)."""
+    """Translate deepseek-recipe's request exceptions into the server's ApiErrors."""
     try:
         yield
     except ConversionError as exc:
         raise _conversion_error(exc) from exc
     except ValueError as exc:
         raise BadRequestError(str(exc)) from exc
+    except RecursionError as exc:
+        raise BadRequestError("the request is nested too deeply") from exc

@@ -9,14 +9,19 @@ from deepseek_recipe import (
     ConversationRequest,
     ResponsesRequest,
     ResponsesResponse,
-    StreamProcessor,
 )
 
 from deepinfer_server.errors import BadRequestError
+from deepinfer_server.grammar import Constraint
 from deepinfer_server.ipc.messages import SamplingOptions
 from deepinfer_server.protocol.named_events import NamedEventOutput
 from deepinfer_server.protocol.prepare import engine_input
-from deepinfer_server.protocol.recipe import RecipeContext, recipe_errors
+from deepinfer_server.protocol.recipe import RecipeContext
+from deepinfer_server.protocol.structured import (
+    RESPONSES_CONSTRAINT,
+    convert_honouring_tool_choice,
+    read_constraint,
+)
 from deepinfer_server.protocol.validation import check_model
 
 
@@ -30,6 +35,7 @@ class PreparedResponses:
     stream: bool
     echo: Any
     namespace_tool_map: dict[str, tuple[str, str]]
+    constraint: Constraint | None
 
 
 def _reject_stateful_options(body: dict[str, Any]) -> None:
@@ -54,11 +60,20 @@ def prepare_responses(body: dict[str, Any], recipe: RecipeContext) -> PreparedRe
     """Turn a decoded Responses body into prompt token IDs and sampling options."""
     _reject_stateful_options(body)
     check_model(body, recipe.served_model_names)
-    with recipe_errors():
+    read_constraint(RESPONSES_CONSTRAINT, body, thinking=False)
+
+    def convert(
+        body: dict[str, Any],
+    ) -> tuple[ConversationRequest, Any, dict[str, tuple[str, str]]]:
         request = ResponsesRequest(body)
         namespace_tool_map = request.namespace_tool_map(recipe.options)
-        echo = request.echo()
-        converted = request.convert(recipe.options)
+        echo = request.echo()  # before convert(), which consumes the request
+        return request.convert(recipe.options), echo, namespace_tool_map
+
+    converted, echo, namespace_tool_map = convert_honouring_tool_choice(
+        convert, body, "auto", "text.format"
+    )
+    constraint = read_constraint(RESPONSES_CONSTRAINT, body, converted.conversation.thinking_mode)
     engine = engine_input(converted, recipe, ignore_eos=False)
     return PreparedResponses(
         converted,
@@ -67,6 +82,7 @@ def prepare_responses(body: dict[str, Any], recipe: RecipeContext) -> PreparedRe
         converted.stream,
         echo,
         namespace_tool_map,
+        constraint,
     )
 
 
@@ -77,12 +93,4 @@ def responses_output(
     if prepared.namespace_tool_map:
         generator = generator.with_namespace_tool_map(prepared.namespace_tool_map)
     generator = generator.with_echo(prepared.echo)
-    processor = StreamProcessor(generator, prepared.request.parsing_options, recipe.tokenizer)
-    return NamedEventOutput(
-        processor,
-        ResponsesResponse,
-        response_id,
-        recipe.model_name,
-        len(prepared.prompt_token_ids),
-        prepared.stream,
-    )
+    return NamedEventOutput(generator, ResponsesResponse, response_id, prepared, recipe)

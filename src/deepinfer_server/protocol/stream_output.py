@@ -11,7 +11,12 @@ from typing import Any, Protocol
 
 from deepseek_recipe import InferenceChunk, InferenceFinishReason, PromptUsage, StreamProcessor
 
-_FINISH_REASONS = {"stop": InferenceFinishReason.Stop, "length": InferenceFinishReason.Length}
+from deepinfer_server.ipc.messages import Finish, GeneratedTokens
+
+_FINISH_REASONS = {
+    Finish.STOP: InferenceFinishReason.Stop,
+    Finish.LENGTH: InferenceFinishReason.Length,
+}
 
 
 class Accumulator(Protocol):
@@ -43,18 +48,19 @@ class RecipeOutput:
         usage = PromptUsage(prompt_tokens=self._prompt_tokens)
         return self._emit(self._processor.push(InferenceChunk.ready(prompt_usage=usage)))
 
-    def push(self, token_ids: list[int]) -> list[str]:
+    def push(self, tokens: GeneratedTokens) -> list[str]:
         """Payloads for newly generated tokens (several tokens make one chunk)."""
+        token_ids = tokens.token_ids
         if not token_ids or self.finished:
             return []
         self._completion_tokens += len(token_ids)
         return self._emit(self._processor.push(InferenceChunk.tokens(token_ids)))
 
-    def finish(self, engine_reason: str) -> list[str]:
-        """The closing payloads once the engine ended the request with "stop" or "length"."""
+    def finish(self, finish: Finish) -> list[str]:
+        """The closing payloads once the engine ended the request (STOP or LENGTH)."""
         chunks = []
         if not self.finished:
-            chunks = self._processor.push(InferenceChunk.finish(_FINISH_REASONS[engine_reason]))
+            chunks = self._processor.push(InferenceChunk.finish(_FINISH_REASONS[finish]))
         chunks.extend(self._processor.finish())
         return self._emit(chunks)
 

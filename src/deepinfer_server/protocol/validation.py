@@ -9,7 +9,6 @@ import orjson
 from deepinfer_server.errors import BadRequestError, ModelNotFoundError
 
 UINT32_MAX = 2**32 - 1
-_IMAGE_PART_TYPES = frozenset({"image_url", "input_image", "image"})
 
 
 def parse_object(body: Any) -> dict[str, Any]:
@@ -57,23 +56,6 @@ def check_model(body: dict[str, Any], served_model_names: tuple[str, ...]) -> No
         )
 
 
-def reject_images(messages: Any) -> None:
-    """400 for image content parts, which this service does not support yet."""
-    if not isinstance(messages, list):
-        return
-    for index, message in enumerate(messages):
-        content = message.get("content") if isinstance(message, dict) else None
-        if not isinstance(content, list):
-            continue
-        for part_index, part in enumerate(content):
-            if isinstance(part, dict) and part.get("type") in _IMAGE_PART_TYPES:
-                raise BadRequestError(
-                    "image content is not supported by this server yet",
-                    param=f"messages[{index}].content[{part_index}]",
-                    code="unsupported_content",
-                )
-
-
 def reject_unsupported_chat_options(body: dict[str, Any]) -> None:
     """400 for Chat Completions options this service does not implement yet."""
     if body.get("logprobs"):
@@ -82,12 +64,42 @@ def reject_unsupported_chat_options(body: dict[str, Any]) -> None:
         raise BadRequestError(
             "top_logprobs are not supported by this server yet", param="top_logprobs"
         )
-    response_format = body.get("response_format")
-    if isinstance(response_format, dict):
-        kind = response_format.get("type")
-        if kind not in (None, "text", "json_object"):
+
+
+_CHAT_ROLES = frozenset({"system", "user", "assistant", "tool", "function", "latest_reminder"})
+_NUMBERS = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
+
+
+def check_chat_fields(body: dict[str, Any]) -> None:
+    """Type and range checks of Chat Completions fields, so that each 400 names its field.
+
+    deepseek-recipe checks these too, but its messages do not say which field was wrong.
+    `developer` messages become `system` messages, as OpenAI treats them for these models.
+    """
+    if not isinstance(body.get("model"), str):
+        raise BadRequestError("'model' is required and must be a string", param="model")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequestError("'messages' must be a non-empty array", param="messages")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise BadRequestError("each message must be an object", param=f"messages[{index}]")
+        role = message.get("role")
+        if role == "developer":
+            message["role"] = "system"
+        elif role not in _CHAT_ROLES:
             raise BadRequestError(
-                f"response_format type {kind!r} is not supported: only 'text' and "
-                "'json_object' are (no constrained decoding yet)",
-                param="response_format",
+                f"unknown role {role!r}: expected one of {', '.join(sorted(_CHAT_ROLES))} "
+                "or developer",
+                param=f"messages[{index}].role",
             )
+    for name in _NUMBERS:
+        value = body.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise BadRequestError(f"'{name}' must be a number", param=name)
+    optional_uint(body, "seed", maximum=2**64 - 1)
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise BadRequestError("only n = 1 is supported", param="n")
+    if body.get("stream_options") is not None and not body.get("stream"):
+        raise BadRequestError("'stream_options' needs 'stream': true", param="stream_options")

@@ -1,11 +1,12 @@
 """RankLoop: the lockstep loop of one DP rank. No asyncio; the loop's thread owns the engine.
 
 Each iteration, on every rank:
-  1. stop here if the ranks agreed to stop at this iteration (LockstepGroup.should_stop);
+  1. stop here if the ranks agreed to stop at this iteration (StopAgreement.should_stop);
   2. take every pending message (new requests, aborts, wake-ups); when the last round was idle
      everywhere, first wait for one, at most `idle_wait` seconds;
-  3. `has_unfinished_requests()` (a collective over the DP ranks), then `step()` if any rank
-     has work, else `flush_inflight_reqs()`, read through the EngineAdapter;
+  3. `EngineCore.iterate()`: for DeepInfer-contract engines `has_unfinished_requests()` (a
+     collective over the DP ranks), then `step()` if any rank has work, else
+     `flush_inflight_reqs()`;
   4. send one StepOutputs message with every request's new tokens.
 Because step 3's collective gives every rank the same answer in the same round, all ranks call
 the same engine methods the same number of times; nothing else is needed to keep lockstep.
@@ -17,7 +18,7 @@ import time
 
 import zmq
 
-from deepinfer_server.ipc.lockstep import LockstepGroup
+from deepinfer_server.engines.backend import EngineCore
 from deepinfer_server.ipc.messages import (
     AbortRequests,
     AddRequest,
@@ -25,39 +26,39 @@ from deepinfer_server.ipc.messages import (
     from_rank_encoder,
     to_rank_decoder,
 )
-from deepinfer_server.rank.adapter import EngineAdapter
+from deepinfer_server.ipc.stop_agreement import StopAgreement
 
 
 class RankLoop:
-    """Runs `EngineAdapter.iterate()` in lockstep with the other ranks until told to stop."""
+    """Runs `EngineCore.iterate()` in lockstep with the other ranks until told to stop."""
 
     def __init__(
         self,
         rank: int,
-        adapter: EngineAdapter,
+        core: EngineCore,
         inbox: zmq.Socket[bytes],
         outbox: zmq.Socket[bytes],
-        lockstep: LockstepGroup,
+        stop: StopAgreement,
         idle_wait: float,
     ) -> None:
         self._rank = rank
-        self._adapter = adapter
+        self._core = core
         self._inbox = inbox
         self._outbox = outbox
-        self._lockstep = lockstep
+        self._stop = stop
         self._idle_wait_ms = max(1, int(idle_wait * 1000))
 
     def run(self) -> None:
         """Loop until the stop agreement ends it; engine exceptions propagate to the caller."""
         iteration = 0
         idle = True
-        while not self._lockstep.should_stop(iteration):
+        while not self._stop.should_stop(iteration):
             self._take_messages(wait=idle)
             started = time.perf_counter()
-            unfinished, outputs = self._adapter.iterate()
+            unfinished, deltas = self._core.iterate()
             elapsed = time.perf_counter() - started
-            if outputs or unfinished:
-                message = StepOutputs(self._rank, outputs, elapsed)
+            if deltas or unfinished:
+                message = StepOutputs(self._rank, deltas, elapsed)
                 self._outbox.send(from_rank_encoder.encode(message), copy=False)
             idle = not unfinished
             iteration += 1
@@ -75,9 +76,9 @@ class RankLoop:
     def _apply(self, payload: bytes) -> None:
         message = to_rank_decoder.decode(payload)
         if isinstance(message, AddRequest):
-            rejection = self._adapter.add(message)
+            rejection = self._core.add(message)
             if rejection is not None:
                 self._outbox.send(from_rank_encoder.encode(rejection), copy=False)
         elif isinstance(message, AbortRequests):
-            self._adapter.abort(message.request_ids)
+            self._core.abort(message.request_ids)
         # Wake and Shutdown only end the idle wait; the stop itself comes from the agreement.

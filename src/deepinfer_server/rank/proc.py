@@ -1,24 +1,26 @@
 """The rank process body: build the engine, report ready, run the loop, close together.
 
-`run_rank` is the spawn target; it is the only code that runs in a rank process. Engine
-modules are imported here, inside the child, never in the API process.
+`run_rank` is the spawn target; it is the only code that runs in a rank process. The engine
+module is imported here, inside the child, from the backend's `builder` path: the API process
+never imports an engine implementation.
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib
 import logging
 import os
 import signal
 import sys
 import traceback
-from multiprocessing.process import BaseProcess
+from collections.abc import Callable
 
 import zmq
 
-from deepinfer_server.ipc.lockstep import LockstepGroup
+from deepinfer_server.engines.backend import BuiltEngine, EngineSpec, SharedState
 from deepinfer_server.ipc.messages import RankFailed, RankReady, from_rank_encoder
-from deepinfer_server.rank.adapter import EngineAdapter
+from deepinfer_server.ipc.stop_agreement import StopAgreement
 from deepinfer_server.rank.child_watch import ChildWatchdog, exit_rank_process
 from deepinfer_server.rank.loop import RankLoop
 from deepinfer_server.rank.spec import RankSpec
@@ -38,37 +40,13 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def build_engine(
-    spec: RankSpec, lockstep: LockstepGroup
-) -> tuple[EngineAdapter, list[BaseProcess]]:
-    """Construct this rank's engine (the only difference between the two engine kinds).
-
-    Returns the adapter and the child processes the engine started, for the watchdog.
-    """
-    if spec.engine == "simulated":
-        from deepinfer_server.engines.simulated.engine import LLMEngine, SimEngineArgs
-        from deepinfer_server.engines.simulated.outputs import RequestOutput
-        from deepinfer_server.tokenizer import load_tokenizer_json
-
-        args = SimEngineArgs(
-            tokenizer_json=load_tokenizer_json(spec.model),
-            lockstep=lockstep,
-            engine_rank=spec.rank,
-            data_parallel_size=spec.data_parallel_size,
-            max_model_len=spec.max_model_len,
-            max_num_seqs=spec.max_num_seqs,
-            max_num_batched_tokens=spec.max_num_batched_tokens,
-            ttft_ms=spec.sim_ttft_ms,
-            itl_ms=spec.sim_itl_ms,
-            tokens_per_step=spec.sim_tokens_per_step,
-            zero_overhead_scheduling=spec.sim_zero_overhead_scheduling,
-            fault=spec.sim_fault,
-            fault_after_steps=spec.sim_fault_after_steps,
-        )
-        return EngineAdapter(LLMEngine.from_engine_args(args), RequestOutput), []
-    from deepinfer_server.engines.deepinfer import build_deepinfer_engine
-
-    return build_deepinfer_engine(spec)
+def build_engine(spec: RankSpec, shared: SharedState | None) -> BuiltEngine:
+    """Import the backend's builder (here, in the rank process) and construct the engine."""
+    module_name, _, function_name = spec.builder.partition(":")
+    builder: Callable[[EngineSpec, SharedState | None], BuiltEngine] = getattr(
+        importlib.import_module(module_name), function_name
+    )
+    return builder(spec.engine, shared)
 
 
 def _fail_from_watchdog(spec: RankSpec, message: str) -> None:
@@ -87,14 +65,14 @@ def _fail_from_watchdog(spec: RankSpec, message: str) -> None:
     exit_rank_process(1)
 
 
-def run_rank(spec: RankSpec, lockstep: LockstepGroup) -> None:
+def run_rank(spec: RankSpec, stop: StopAgreement, shared: SharedState | None) -> None:
     """Spawn target of DP rank `spec.rank`."""
     _die_with_parent()
     # Signals sent to the whole process group (Ctrl-C, `kill -TERM -PGID`) are the API
     # process's to handle: it stops the ranks together, then kills what is left.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    os.environ.update(spec.environment)
+    os.environ.update(spec.engine.environment)
     logging.basicConfig(
         level=spec.log_level.upper(),
         format=f"%(asctime)s %(levelname)s [rank {spec.rank}] %(name)s: %(message)s",
@@ -107,16 +85,16 @@ def run_rank(spec: RankSpec, lockstep: LockstepGroup) -> None:
     outbox.connect(spec.outbox_address)
     exit_code = 0
     try:
-        logger.info("[startup] constructing the %s engine", spec.engine)
-        adapter, children = build_engine(spec, lockstep)
-        watchdog = ChildWatchdog(children, lambda message: _fail_from_watchdog(spec, message))
+        logger.info("[startup] constructing the %s engine", spec.backend_name)
+        built = build_engine(spec, shared)
+        watchdog = ChildWatchdog(built.children, lambda message: _fail_from_watchdog(spec, message))
         watchdog.start()
         outbox.send(from_rank_encoder.encode(RankReady(spec.rank, os.getpid())))
         logger.info("[startup] ready")
-        RankLoop(spec.rank, adapter, inbox, outbox, lockstep, spec.idle_wait_seconds).run()
+        RankLoop(spec.rank, built.core, inbox, outbox, stop, spec.idle_wait_seconds).run()
         logger.info("[shutdown] closing the engine")
         watchdog.stop()
-        adapter.close()
+        built.core.close()
     except BaseException as exc:
         exit_code = 1
         logger.error("engine failed: %s", exc)

@@ -16,7 +16,7 @@ from deepinfer_server.metrics import CONTENT_TYPE
 async def list_models(request: Request) -> Response:
     state: AppState = request.app.state.server
     config = state.config
-    root = config.model or config.served_model_names[0]
+    root = config.model or config.served_model_name
     data = [
         {
             "id": name,
@@ -25,7 +25,7 @@ async def list_models(request: Request) -> Response:
             "owned_by": "deepinfer-server",
             "root": root,
             "parent": None,
-            "max_model_len": config.context_limit,
+            "max_model_len": config.max_model_len,
         }
         for name in config.served_model_names
     ]
@@ -34,10 +34,10 @@ async def list_models(request: Request) -> Response:
 
 async def health(request: Request) -> Response:
     state: AppState = request.app.state.server
-    failure = state.engine.failure
+    failure = state.coordinator.failure
     if failure is not None:
         return JSONResponse({"status": "failed", "reason": failure}, status_code=503)
-    if state.engine.draining:
+    if state.coordinator.draining:
         return JSONResponse(
             {"status": "draining", "reason": "the server is shutting down"}, status_code=503
         )

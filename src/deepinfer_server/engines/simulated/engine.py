@@ -28,19 +28,25 @@ import numpy as np
 import numpy.typing as npt
 from tokenizers import Tokenizer
 
+from deepinfer_server.engines.backend import BuiltEngine, EngineSpec, SharedState
+from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver
+from deepinfer_server.engines.simulated.backend import SimulatedOptions
+from deepinfer_server.engines.simulated.collectives import LockstepGroup
 from deepinfer_server.engines.simulated.outputs import POOL, OutputRecord, RequestOutput
 from deepinfer_server.engines.simulated.sampling_params import SamplingParams
 from deepinfer_server.engines.simulated.script import ScriptWriter
-from deepinfer_server.ipc.lockstep import LockstepGroup
+from deepinfer_server.grammar import GrammarCompiler, GrammarError, SimulatedMatcher, Vocab
+from deepinfer_server.tokenizer import EOS_TOKEN, load_tokenizer_json
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LLMEngine", "RequestOutput", "SamplingParams", "SimEngineArgs"]
+__all__ = ["LLMEngine", "RequestOutput", "SamplingParams", "SimEngineArgs", "build"]
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
 FINISH_ABORT = "abort"
 FINISH_PROMPT_TOO_LONG = "prompt_length_exceeded"
+FINISH_SO_FAILED = "xgrammar runtime errors or timeout"
 
 
 @dataclass
@@ -72,6 +78,8 @@ class _Sequence:
     ready_at: float
     output: list[int] = field(default_factory=list)
     finish_reason: str = ""
+    matcher: SimulatedMatcher | None = None
+    grammar_failed: bool = False
 
     @property
     def length(self) -> int:
@@ -88,7 +96,7 @@ class LLMEngine:
         self._steps = 0
         self._owner = threading.get_ident()
         self.tokenizer = Tokenizer.from_str(args.tokenizer_json)
-        eos = self.tokenizer.token_to_id("<｜end▁of▁sentence｜>")
+        eos = self.tokenizer.token_to_id(EOS_TOKEN)
         self.eos_id = 1 if eos is None else int(eos)
         self._vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
         self._script = ScriptWriter(self.tokenizer)
@@ -99,6 +107,7 @@ class LLMEngine:
         self._to_release: list[npt.NDArray[np.uint64]] = []
         self._step_deadline = 0.0
         self._closed = False
+        self._grammar: GrammarCompiler | None = None
 
     @classmethod
     def from_engine_args(cls, args: SimEngineArgs) -> LLMEngine:
@@ -144,6 +153,8 @@ class LLMEngine:
             script=self._script.answer_tokens(prompt),
             ready_at=arrived + self._args.ttft_ms / 1000.0,
         )
+        if sampling_params.so_args:
+            self._attach_grammar(sequence)
         if enqueue:
             self._waiting.append(sequence)
         return sequence
@@ -225,6 +236,22 @@ class LLMEngine:
 
     # Internals
 
+    def _attach_grammar(self, sequence: _Sequence) -> None:
+        """Constrain the sequence as DeepInfer's matcher would; a grammar that does not compile
+        ends the request with DeepInfer's structured-output failure (at its prefill)."""
+        so_args = sequence.params.so_args
+        assert so_args is not None
+        try:
+            if self._grammar is None:
+                vocab = Vocab.from_tokenizer_json(self._args.tokenizer_json, self._vocab_size)
+                self._grammar = GrammarCompiler(vocab)
+            sequence.matcher = SimulatedMatcher.from_so_args(
+                so_args, self._grammar, sequence.params.max_tokens
+            )
+        except GrammarError as exc:
+            logger.warning("request %s: grammar failed: %s", sequence.request_id, exc.message)
+            sequence.grammar_failed = True
+
     def _check_thread(self) -> None:
         if threading.get_ident() != self._owner:
             raise RuntimeError("LLMEngine is not thread-safe: call it only from its owner thread")
@@ -266,6 +293,9 @@ class LLMEngine:
             if len(sequence.prompt) > self._args.max_model_len:
                 outputs.append(self._ignored_output(sequence, FINISH_PROMPT_TOO_LONG))
                 continue
+            if sequence.grammar_failed:
+                outputs.append(self._ignored_output(sequence, FINISH_SO_FAILED))
+                continue
             self._running.append(sequence)
             outputs.extend(self._decode(sequence, budget=1))
         return outputs
@@ -298,6 +328,14 @@ class LLMEngine:
         return records
 
     def _next_token(self, sequence: _Sequence) -> int:
+        token = self._scripted_token(sequence)
+        if sequence.matcher is not None:
+            # The grammar decides: the scripted token when it is allowed, else the matcher's
+            # deterministic choice that completes the value within max_tokens.
+            token = sequence.matcher.choose(token)
+        return token
+
+    def _scripted_token(self, sequence: _Sequence) -> int:
         position = len(sequence.output)
         script = sequence.script
         if sequence.params.ignore_eos:
@@ -333,3 +371,26 @@ class LLMEngine:
         handles = POOL.publish(records)
         self._to_release.append(handles)
         return handles
+
+
+def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:
+    """Construct the simulated engine of one rank (the backend's `builder`)."""
+    options = spec.options
+    assert isinstance(options, SimulatedOptions)
+    assert isinstance(shared, LockstepGroup), "the simulated backend shares a LockstepGroup"
+    args = SimEngineArgs(
+        tokenizer_json=load_tokenizer_json(spec.model),
+        lockstep=shared,
+        engine_rank=spec.rank,
+        data_parallel_size=spec.data_parallel_size,
+        max_model_len=spec.max_model_len,
+        max_num_seqs=spec.max_num_seqs,
+        max_num_batched_tokens=spec.max_num_batched_tokens,
+        ttft_ms=options.sim_ttft_ms,
+        itl_ms=options.sim_itl_ms,
+        tokens_per_step=options.sim_tokens_per_step,
+        zero_overhead_scheduling=not options.sim_disable_zos,
+        fault=options.sim_fault if spec.rank == options.sim_fault_rank else None,
+        fault_after_steps=options.sim_fault_after_steps,
+    )
+    return BuiltEngine(LLMEngineDriver(LLMEngine.from_engine_args(args), RequestOutput))

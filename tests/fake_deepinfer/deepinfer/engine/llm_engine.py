@@ -16,9 +16,9 @@ import numpy as np
 
 from deepinfer.engine.arg_utils import EngineArgs
 from deepinfer.sampling_params import SamplingParams
+from deepinfer_server.engines.simulated.collectives import new_lockstep_group
 from deepinfer_server.engines.simulated.engine import LLMEngine as SimulatedEngine
 from deepinfer_server.engines.simulated.engine import SimEngineArgs
-from deepinfer_server.ipc.lockstep import new_lockstep_group
 
 
 def _spawn_worker(*args: Any) -> None:

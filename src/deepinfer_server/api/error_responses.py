@@ -1,0 +1,70 @@
+"""Error responses: any exception as an ApiError, in the envelope of the path's protocol.
+
+This is the HTTP side of the one error boundary: `as_api_error` turns anything into an ApiError
+(unexpected exceptions become an InternalError, logged with the request ID), and
+`error_response` renders it with the status from `errors.ERROR_TABLE` and the envelope of the
+protocol the path speaks (`protocol/error_shapes.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+
+from deepinfer_server.errors import ApiError, ClientDisconnected, ErrorKind, InternalError
+from deepinfer_server.protocol.error_shapes import anthropic_error_body, openai_error_body
+
+logger = logging.getLogger(__name__)
+
+ANTHROPIC_PATH_PREFIX = "/v1/messages"
+
+_HTTP_STATUS_KINDS = {
+    404: ErrorKind.NOT_FOUND,
+    405: ErrorKind.METHOD_NOT_ALLOWED,
+    413: ErrorKind.REQUEST_TOO_LARGE,
+}
+
+
+def envelope_for_path(path: str) -> Callable[[ApiError], dict[str, Any]]:
+    """Anthropic's envelope for /v1/messages, OpenAI's everywhere else."""
+    if path.startswith(ANTHROPIC_PATH_PREFIX):
+        return anthropic_error_body
+    return openai_error_body
+
+
+def as_api_error(exc: BaseException, request_id: str = "-") -> ApiError:
+    """Any exception as an ApiError; unexpected ones become a 500 and are logged with the ID."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, ClientDisconnect):
+        logger.info("request %s: the client disconnected while sending its body", request_id)
+        return ClientDisconnected()
+    logger.error("request %s: unexpected error", request_id, exc_info=exc)
+    return InternalError()
+
+
+def error_response(error: ApiError, path: str) -> Response:
+    """A JSON error response in the path's envelope."""
+    return Response(
+        orjson.dumps(envelope_for_path(path)(error)),
+        status_code=error.status_code,
+        media_type="application/json",
+        headers=error.headers(),
+    )
+
+
+async def handle_api_error(request: Request, exc: Exception) -> Response:
+    request_id = getattr(request.state, "request_id", "-")
+    return error_response(as_api_error(exc, request_id), request.url.path)
+
+
+async def handle_http_exception(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    kind = _HTTP_STATUS_KINDS.get(exc.status_code, ErrorKind.BAD_REQUEST)
+    return error_response(ApiError(str(exc.detail), kind=kind), request.url.path)

@@ -1,0 +1,67 @@
+"""POST /v1/chat/completions, /v1/responses and /v1/messages: one GenerationProtocol each.
+
+Chat Completions streams unnamed `data:` chunks and ends with `[DONE]`; after the stream has
+started an error is one `data: {"error": ...}` message. Responses and Messages stream named
+events, with no `[DONE]`, and end a failed stream with their own `error` event.
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from deepinfer_server.api.endpoint import GenerationProtocol, json_frame, serve_generation
+from deepinfer_server.api.sse import DONE_FRAME, data_frames
+from deepinfer_server.protocol.anthropic_messages import messages_output, prepare_messages
+from deepinfer_server.protocol.chat_output import ChatOutput
+from deepinfer_server.protocol.chat_request import prepare_chat
+from deepinfer_server.protocol.error_shapes import (
+    anthropic_error_body,
+    openai_error_body,
+    responses_error_event,
+)
+from deepinfer_server.protocol.responses import prepare_responses, responses_output
+
+
+def _joined(payloads: list[str]) -> bytes:
+    return "".join(payloads).encode()
+
+
+CHAT = GenerationProtocol(
+    id_prefix="chatcmpl-",
+    prepare=prepare_chat,
+    make_output=ChatOutput,
+    frames=data_frames,
+    done_frame=DONE_FRAME,
+    error_frame=lambda error: json_frame(None, openai_error_body(error)),
+)
+
+RESPONSES = GenerationProtocol(
+    id_prefix="resp_",
+    prepare=prepare_responses,
+    make_output=responses_output,
+    frames=_joined,
+    done_frame=b"",
+    error_frame=lambda error: json_frame("error", responses_error_event(error)),
+)
+
+MESSAGES = GenerationProtocol(
+    id_prefix="msg_",
+    prepare=prepare_messages,
+    make_output=messages_output,
+    frames=_joined,
+    done_frame=b"",
+    error_frame=lambda error: json_frame("error", anthropic_error_body(error)),
+)
+
+
+async def chat_completions(request: Request) -> Response:
+    return await serve_generation(request, CHAT)
+
+
+async def responses(request: Request) -> Response:
+    return await serve_generation(request, RESPONSES)
+
+
+async def messages(request: Request) -> Response:
+    return await serve_generation(request, MESSAGES)

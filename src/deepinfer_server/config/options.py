@@ -1,0 +1,177 @@
+"""ServerConfig: the server-wide command-line options, each defined once, as given.
+
+Each field carries its flags and help text in `metadata` (`option()`); `cli.build_parser()`
+generates the argument parser from these fields and from each engine backend's own options
+dataclass, so an option is never spelled out twice. `config.resolve` turns the values as given
+into a `ResolvedConfig`, the only configuration the running server reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+def option(
+    default: Any, *flags: str, help: str, secret: bool = False, **argparse_kwargs: Any
+) -> Any:
+    """A dataclass field that is also a command-line option (a secret one stays out of repr)."""
+    metadata = {"flags": flags, "help": help, "argparse": argparse_kwargs}
+    return field(default=default, metadata=metadata, repr=not secret)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The server-wide options as given on the command line (engine options live with the
+    engine backend)."""
+
+    model: str | None = option(
+        None,
+        "model",
+        help="checkpoint directory or Hugging Face repository id (optional with "
+        "--engine simulated)",
+        nargs="?",
+    )
+    engine: str = option(
+        "deepinfer",
+        "--engine",
+        help="inference engine (default: %(default)s); the choices come from the engine registry",
+    )
+    served_model_name: tuple[str, ...] = option(
+        (),
+        "--served-model-name",
+        help="model names clients may use; the first is the one responses report (default: "
+        "MODEL as given, or 'deepseek-flash' for the simulated engine without MODEL)",
+        nargs="+",
+    )
+    host: str = option("0.0.0.0", "--host", help="HTTP listen address (default: %(default)s)")
+    port: int = option(8000, "--port", help="HTTP port (default: %(default)s)", type=int)
+    expert_parallel_size: int | None = option(
+        None,
+        "--expert-parallel-size",
+        "--ep",
+        help="expert-parallel size EP, the number of GPUs; DP*CP must equal EP (default: DP*CP)",
+        type=int,
+    )
+    data_parallel_size: int | None = option(
+        None,
+        "--data-parallel-size",
+        "--dp",
+        help="data-parallel ranks, one engine process each (default: 1, or EP/CP)",
+        type=int,
+    )
+    context_parallel_size: int | None = option(
+        None,
+        "--context-parallel-size",
+        "--cp",
+        help="context-parallel GPUs per DP rank (default: EP/DP, or 1 without --ep)",
+        type=int,
+    )
+    max_model_len: int | None = option(
+        None,
+        "--max-model-len",
+        help="context length in tokens, prompt plus output (default: the engine's, 32768)",
+        type=int,
+    )
+    max_num_seqs: int = option(
+        16,
+        "--max-num-seqs",
+        help="running sequences per DP rank (default: %(default)s)",
+        type=int,
+    )
+    max_queued_requests: int = option(
+        0,
+        "--max-queued-requests",
+        help="requests admitted beyond running capacity before 429 (default: %(default)s)",
+        type=int,
+    )
+    max_num_batched_tokens: int | None = option(
+        None,
+        "--max-num-batched-tokens",
+        help="tokens per engine step, passed to DeepInfer (default: DeepInfer's)",
+        type=int,
+    )
+    step_timeout: float = option(
+        300.0,
+        "--step-timeout",
+        help="seconds a rank may take for one engine step while requests are in flight "
+        "before it is treated as failed (a hung engine); 0 disables (default: %(default)s)",
+        type=float,
+    )
+    request_timeout: float = option(
+        600.0,
+        "--request-timeout",
+        help="seconds a request may run before it is cancelled; 0 disables (default: %(default)s)",
+        type=float,
+    )
+    startup_timeout: float = option(
+        3600.0,
+        "--startup-timeout",
+        help="seconds every rank may take to become ready (default: %(default)s)",
+        type=float,
+    )
+    default_thinking: Literal["enabled", "disabled"] = option(
+        "enabled",
+        "--default-thinking",
+        help="thinking mode for requests that do not choose one (default: %(default)s)",
+        choices=["enabled", "disabled"],
+    )
+    api_key: tuple[str, ...] = option(
+        (),
+        "--api-key",
+        help="require `Authorization: Bearer KEY` (or `x-api-key: KEY`) on every /v1 route; "
+        "repeat for several keys (default: $DEEPINFER_API_KEY, else no authentication)",
+        secret=True,
+        action="append",
+    )
+    allowed_origins: tuple[str, ...] = option(
+        (),
+        "--allowed-origins",
+        help="CORS: an allowed origin, or '*'; repeatable (default: no CORS)",
+        action="append",
+    )
+    allowed_methods: tuple[str, ...] = option(
+        (),
+        "--allowed-methods",
+        help="CORS: an allowed method; repeatable (default with origins: '*')",
+        action="append",
+    )
+    allowed_headers: tuple[str, ...] = option(
+        (),
+        "--allowed-headers",
+        help="CORS: an allowed request header; repeatable (default with origins: '*')",
+        action="append",
+    )
+    max_request_bytes: int = option(
+        8 * 1024 * 1024,
+        "--max-request-bytes",
+        help="largest request body accepted; larger ones get 413 (default: %(default)s)",
+        type=int,
+    )
+    body_read_timeout: float = option(
+        60.0,
+        "--body-read-timeout",
+        help="seconds a client may take to send its request body before 408 (default: %(default)s)",
+        type=float,
+    )
+    disable_access_log: bool = option(
+        False, "--disable-access-log", help="do not log one line per request", action="store_true"
+    )
+    log_requests: bool = option(
+        False,
+        "--log-requests",
+        help="also log each request's body (prompts included); off by default",
+        action="store_true",
+    )
+    log_level: str = option(
+        "info",
+        "--log-level",
+        help="log level (default: %(default)s)",
+        choices=["critical", "error", "warning", "info", "debug"],
+    )
+    shutdown_timeout: float = option(
+        0.0,
+        "--shutdown-timeout",
+        help="on SIGTERM, seconds in-flight requests may still finish (default: %(default)s)",
+        type=float,
+    )

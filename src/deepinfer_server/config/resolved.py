@@ -1,0 +1,176 @@
+"""ResolvedConfig: the one immutable configuration the running server reads.
+
+`resolve()` validates the options as given, derives DP/CP from EP, fills every default (the
+engine's context length, the served names, API keys from the environment) and attaches the
+engine backend's own option group, passed whole to the rank processes.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Literal
+
+from deepinfer_server.config.options import ServerConfig
+from deepinfer_server.errors import ConfigError
+
+DEFAULT_SERVED_MODEL_NAME = "deepseek-flash"
+
+
+@dataclass(frozen=True)
+class ResolvedConfig:
+    """Every setting of one server, with nothing left to derive."""
+
+    engine: str
+    engine_options: object
+    model: str | None
+    served_model_names: tuple[str, ...]
+    host: str
+    port: int
+    expert_parallel_size: int
+    data_parallel_size: int
+    context_parallel_size: int
+    max_model_len: int
+    max_num_seqs: int
+    max_queued_requests: int
+    max_num_batched_tokens: int | None
+    step_timeout: float
+    request_timeout: float
+    startup_timeout: float
+    shutdown_timeout: float
+    default_thinking: Literal["enabled", "disabled"]
+    allowed_origins: tuple[str, ...]
+    allowed_methods: tuple[str, ...]
+    allowed_headers: tuple[str, ...]
+    max_request_bytes: int
+    body_read_timeout: float
+    access_log: bool
+    log_requests: bool
+    log_level: str
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
+
+    @property
+    def served_model_name(self) -> str:
+        """The name responses and /v1/models report first."""
+        return self.served_model_names[0]
+
+    @property
+    def admission_capacity(self) -> int:
+        """Requests admitted at once: running capacity of every rank plus the queue allowance."""
+        return self.data_parallel_size * self.max_num_seqs + self.max_queued_requests
+
+
+def derive_parallelism(ep: int | None, dp: int | None, cp: int | None) -> tuple[int, int, int]:
+    """Return (EP, DP, CP) with DP * CP == EP, or raise ConfigError with a one-line reason.
+
+    Without --ep, EP is DP * CP (each defaulting to 1), so `--dp 2` alone means two ranks of
+    one GPU each; with --ep, the missing one of DP and CP is derived from it.
+    """
+    for name, value in (("--ep", ep), ("--dp", dp), ("--cp", cp)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{name} must be at least 1, got {value}")
+    if ep is None:
+        dp, cp = dp or 1, cp or 1
+        return dp * cp, dp, cp
+    return (ep, *_split(ep, dp, cp))
+
+
+def _split(ep: int, dp: int | None, cp: int | None) -> tuple[int, int]:
+    if dp is None and cp is None:
+        return 1, ep
+    if dp is None:
+        assert cp is not None
+        if ep % cp:
+            raise ConfigError(f"--cp {cp} does not divide --ep {ep}: DP*CP must equal EP")
+        return ep // cp, cp
+    if cp is None:
+        if ep % dp:
+            raise ConfigError(
+                f"--dp {dp} does not divide --ep {ep}: DP*CP must equal EP "
+                f"(for {dp} ranks of one GPU each, pass --dp {dp} without --ep, or --ep {dp})"
+            )
+        return dp, ep // dp
+    if dp * cp != ep:
+        raise ConfigError(f"--dp {dp} times --cp {cp} is {dp * cp}, not --ep {ep}")
+    return dp, cp
+
+
+def _check_ranges(config: ServerConfig, max_model_len: int) -> None:
+    positive = {"--max-model-len": max_model_len, "--max-num-seqs": config.max_num_seqs}
+    for flag, value in positive.items():
+        if value < 1:
+            raise ConfigError(f"{flag} must be at least 1, got {value}")
+    non_negative: dict[str, float] = {
+        "--max-queued-requests": config.max_queued_requests,
+        "--request-timeout": config.request_timeout,
+        "--step-timeout": config.step_timeout,
+        "--startup-timeout": config.startup_timeout,
+        "--shutdown-timeout": config.shutdown_timeout,
+    }
+    for flag, amount in non_negative.items():
+        if amount < 0:
+            raise ConfigError(f"{flag} must not be negative, got {amount}")
+    if not 0 < config.port < 65536:
+        raise ConfigError(f"--port must be in 1..65535, got {config.port}")
+    if config.max_request_bytes < 1024:
+        raise ConfigError("--max-request-bytes must be at least 1024")
+    if config.body_read_timeout <= 0:
+        raise ConfigError("--body-read-timeout must be positive")
+
+
+def resolve(
+    config: ServerConfig,
+    engine_options: object,
+    *,
+    model_required: bool,
+    default_max_model_len: int,
+) -> ResolvedConfig:
+    """Validate the options as given and fill every derived default.
+
+    `engine_options` is the chosen backend's option group (already validated by the backend);
+    `model_required` and `default_max_model_len` are that backend's.
+    """
+    if config.model is None and model_required:
+        raise ConfigError(f"MODEL is required with --engine {config.engine}")
+    ep, dp, cp = derive_parallelism(
+        config.expert_parallel_size, config.data_parallel_size, config.context_parallel_size
+    )
+    max_model_len = config.max_model_len or default_max_model_len
+    _check_ranges(config, max_model_len)
+    served = tuple(config.served_model_name) or (config.model or DEFAULT_SERVED_MODEL_NAME,)
+    if any(not name for name in served):
+        raise ConfigError("--served-model-name must not be empty")
+    api_keys = tuple(config.api_key) or (
+        (os.environ["DEEPINFER_API_KEY"],) if os.environ.get("DEEPINFER_API_KEY") else ()
+    )
+    if any(not key for key in api_keys):
+        raise ConfigError("--api-key must not be empty")
+    return ResolvedConfig(
+        engine=config.engine,
+        engine_options=engine_options,
+        model=config.model,
+        served_model_names=tuple(dict.fromkeys(served)),
+        host=config.host,
+        port=config.port,
+        expert_parallel_size=ep,
+        data_parallel_size=dp,
+        context_parallel_size=cp,
+        max_model_len=max_model_len,
+        max_num_seqs=config.max_num_seqs,
+        max_queued_requests=config.max_queued_requests,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        step_timeout=config.step_timeout,
+        request_timeout=config.request_timeout,
+        startup_timeout=config.startup_timeout,
+        shutdown_timeout=config.shutdown_timeout,
+        default_thinking=config.default_thinking,
+        api_keys=api_keys,
+        allowed_origins=tuple(config.allowed_origins),
+        allowed_methods=tuple(config.allowed_methods),
+        allowed_headers=tuple(config.allowed_headers),
+        max_request_bytes=config.max_request_bytes,
+        body_read_timeout=config.body_read_timeout,
+        access_log=not config.disable_access_log,
+        log_requests=config.log_requests,
+        log_level=config.log_level,
+    )

@@ -1,0 +1,250 @@
+"""Coordinator: what the HTTP layer uses to run requests on the DP ranks.
+
+It admits requests (429 beyond capacity), starts each on the least-loaded rank, fans every
+rank's step outputs out to the live RequestHandles, and owns the service's health: a failed or
+hung rank fails the whole service (every handle ends with a 503, new requests get 503, and
+`/health` reports the reason until the server is restarted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from deepinfer_server.config import ResolvedConfig
+from deepinfer_server.coordinator.admission import Admission
+from deepinfer_server.coordinator.channels import RankChannels
+from deepinfer_server.coordinator.handle import RequestHandle
+from deepinfer_server.coordinator.liveness import LivenessWatch
+from deepinfer_server.coordinator.outcomes import error_for_finish, error_for_rejection
+from deepinfer_server.coordinator.process import RankProcesses, describe_exit
+from deepinfer_server.errors import (
+    ApiError,
+    ServiceFailedError,
+    ShuttingDownError,
+    StartupError,
+)
+from deepinfer_server.ipc.messages import (
+    AbortReason,
+    FromRank,
+    RankFailed,
+    RankReady,
+    RequestRejected,
+    SamplingOptions,
+    StepOutputs,
+)
+from deepinfer_server.ipc.stop_agreement import StopAgreement
+from deepinfer_server.metrics import ServerMetrics
+
+logger = logging.getLogger(__name__)
+
+_EXIT_REPORT_GRACE_SECONDS = 0.5
+
+
+class Coordinator:
+    """The API process's handle on all DP ranks. Use from the event loop thread only."""
+
+    def __init__(
+        self,
+        config: ResolvedConfig,
+        processes: RankProcesses,
+        channels: RankChannels,
+        stop: StopAgreement,
+        break_collectives: Callable[[], None],
+        metrics: ServerMetrics,
+    ) -> None:
+        self._config = config
+        self._metrics = metrics
+        metrics.watch_ranks(self._rank_counts, lambda: self._failure is None)
+        self._processes = processes
+        self._channels = channels
+        self._stop = stop
+        self._break_collectives = break_collectives
+        self._admission = Admission(config.data_parallel_size, config.admission_capacity)
+        self._handles: dict[str, RequestHandle] = {}
+        self._ready: set[int] = set()
+        self._all_ready = asyncio.Event()
+        self._failure: str | None = None
+        self._failed = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._liveness = LivenessWatch(
+            config.data_parallel_size, config.step_timeout, self._engine_busy, self._fail_service
+        )
+        self.draining = False
+
+    # Lifecycle
+
+    def start(self) -> None:
+        """Start the reader task and the process watch (ranks must already be spawned)."""
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._channels.read(self._on_message)))
+        if self._config.step_timeout > 0:
+            self._tasks.append(loop.create_task(self._liveness.run()))
+        self._processes.watch(self._on_rank_exit)
+
+    async def wait_ready(self, timeout: float) -> None:
+        """Return once every rank reported ready; raise StartupError on failure or timeout."""
+        ready = asyncio.ensure_future(self._all_ready.wait())
+        failed = asyncio.ensure_future(self._failed.wait())
+        try:
+            done, _ = await asyncio.wait(
+                {ready, failed}, timeout=timeout or None, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            ready.cancel()
+            failed.cancel()
+        if self._failure is not None:
+            raise StartupError(self._failure)
+        if not done:
+            waiting = sorted(set(range(self._config.data_parallel_size)) - self._ready)
+            raise StartupError(
+                f"DP ranks {waiting} were not ready within --startup-timeout {timeout:g}s"
+            )
+
+    async def close(self, timeout: float) -> None:
+        """Stop every rank (agreed stop; SIGKILL after `timeout`) and release the sockets."""
+        self.fail_all(ShuttingDownError())
+        self._stop.request_stop()
+        self._channels.send_shutdown()
+        await self._processes.stop(timeout)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._channels.close()
+
+    # Requests
+
+    @property
+    def failure(self) -> str | None:
+        """Why the service failed, or None while every rank is healthy."""
+        return self._failure
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._handles)
+
+    def submit(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling: SamplingOptions,
+        deadline: float | None,
+    ) -> RequestHandle:
+        """Admit a request and start it on the least-loaded rank (429/503 when it cannot)."""
+        if self._failure is not None:
+            raise ServiceFailedError(f"the service has failed: {self._failure}")
+        if self.draining:
+            raise ShuttingDownError()
+        rank = self._admission.admit()
+        handle = RequestHandle(request_id, rank, self._on_handle_closed, deadline)
+        self._handles[request_id] = handle
+        self._idle.clear()
+        self._channels.send_add(rank, request_id, prompt_token_ids, sampling)
+        return handle
+
+    def fail_all(self, error: ApiError) -> None:
+        """End every request in flight with `error` (their engine requests are aborted)."""
+        for handle in list(self._handles.values()):
+            handle.fail(error)
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until no request is in flight, at most `timeout` seconds; True if idle."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    # Internals
+
+    def _engine_busy(self) -> bool:
+        return any(not handle.engine_finished for handle in self._handles.values())
+
+    def _on_handle_closed(self, handle: RequestHandle, aborted: bool, reason: AbortReason) -> None:
+        if self._handles.pop(handle.request_id, None) is None:
+            return
+        self._admission.release(handle.rank)
+        if not self._handles:
+            self._idle.set()
+        if aborted and self._failure is None:
+            self._channels.send_abort(handle.rank, [handle.request_id])
+            self._metrics.observe_abort(reason)
+
+    def _on_rank_exit(self, rank: int, exitcode: int | None) -> None:
+        # A rank that fails on purpose reports why just before it exits; give that report a
+        # moment to arrive so that /health names the cause rather than only the exit status.
+        asyncio.get_running_loop().call_later(
+            _EXIT_REPORT_GRACE_SECONDS,
+            self._fail_service,
+            f"DP rank {rank} exited unexpectedly with {describe_exit(exitcode)}",
+        )
+
+    def _fail_service(self, reason: str) -> None:
+        if self._failure is not None:
+            return
+        self._failure = reason
+        logger.error("service failed: %s; restart the server", reason)
+        self._failed.set()
+        # Peers blocked in a collective with the failed rank would wait forever: break it. On a
+        # thread, because a rank killed while holding a shared lock leaves that lock taken for
+        # good, and the event loop must never wait on it.
+        threading.Thread(
+            target=self._break_collectives, name="break-collectives", daemon=True
+        ).start()
+        error = ServiceFailedError(f"the service has failed: {reason}")
+        for handle in list(self._handles.values()):
+            if not handle.engine_finished:
+                self._metrics.observe_abort(AbortReason.RANK_FAILURE)
+            handle.fail(error, engine_finished=True)
+
+    def _on_message(self, message: FromRank) -> None:
+        if isinstance(message, StepOutputs):
+            self._dispatch(message)
+        elif isinstance(message, RequestRejected):
+            handle = self._handles.get(message.request_id)
+            if handle is not None:
+                handle.fail(error_for_rejection(message), engine_finished=True)
+        elif isinstance(message, RankReady):
+            self._ready.add(message.rank)
+            logger.info("[startup] DP rank %d is ready (pid %d)", message.rank, message.pid)
+            if len(self._ready) == self._config.data_parallel_size:
+                self._all_ready.set()
+        elif isinstance(message, RankFailed):
+            logger.error("DP rank %d failed:\n%s", message.rank, message.traceback)
+            self._fail_service(f"DP rank {message.rank} failed: {message.message}")
+
+    def _rank_counts(self) -> list[tuple[int, int, int]]:
+        """(rank, running, waiting) for every rank, from the requests the engine owns."""
+        running = [0] * self._config.data_parallel_size
+        waiting = [0] * self._config.data_parallel_size
+        for handle in self._handles.values():
+            if handle.engine_finished:
+                continue
+            if handle.has_first_token:
+                running[handle.rank] += 1
+            else:
+                waiting[handle.rank] += 1
+        return [(rank, running[rank], waiting[rank]) for rank in range(len(running))]
+
+    def _dispatch(self, message: StepOutputs) -> None:
+        self._liveness.reported(message.rank, asyncio.get_running_loop().time())
+        # Request timings use perf_counter: uvloop's loop clock has millisecond resolution.
+        now = time.perf_counter()
+        self._metrics.observe_step(message.rank, message.step_seconds)
+        handles = self._handles
+        step_seconds = message.step_seconds
+        for delta in message.deltas:
+            handle = handles.get(delta.request_id)
+            if handle is None:
+                continue
+            finish = delta.finish
+            if finish is None or finish.is_normal:
+                handle.deliver(delta.tokens, finish, now, step_seconds)
+            else:
+                handle.deliver(delta.tokens, None, now, step_seconds)
+                handle.fail(error_for_finish(finish), engine_finished=True)

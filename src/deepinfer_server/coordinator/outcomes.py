@@ -1,0 +1,37 @@
+"""The client-facing errors of engine outcomes: finishes that are not normal, rejections."""
+
+from __future__ import annotations
+
+from deepinfer_server.errors import ApiError, ContextLengthError, EngineRequestError, ErrorKind
+from deepinfer_server.ipc.messages import Finish, RequestRejected
+
+_FINISH_ERRORS: dict[Finish, tuple[ErrorKind, str]] = {
+    Finish.PROMPT_TOO_LONG: (
+        ErrorKind.CONTEXT_LENGTH_EXCEEDED,
+        "the prompt is longer than the engine accepts",
+    ),
+    Finish.OUT_OF_RESOURCES: (
+        ErrorKind.ENGINE_OUT_OF_RESOURCES,
+        "the engine ran out of KV-cache memory for this request; retry later",
+    ),
+    Finish.ABORTED: (ErrorKind.ENGINE_ABORTED, "the engine aborted the request"),
+    Finish.GRAMMAR_FAILED: (
+        ErrorKind.ENGINE_GRAMMAR_FAILED,
+        "the engine's structured-output grammar failed for this request (xgrammar error or "
+        "timeout)",
+    ),
+    Finish.ENGINE_ERROR: (ErrorKind.ENGINE_ABORTED, "the engine ended the request with an error"),
+}
+
+
+def error_for_finish(finish: Finish) -> ApiError:
+    """The error a client sees for an engine finish other than STOP or LENGTH."""
+    kind, message = _FINISH_ERRORS[finish]
+    if kind is ErrorKind.CONTEXT_LENGTH_EXCEEDED:
+        return ContextLengthError(message)
+    return EngineRequestError(message, kind=kind)
+
+
+def error_for_rejection(message: RequestRejected) -> ApiError:
+    """The error a client sees when the engine refused its request at add time."""
+    return EngineRequestError(message.message, kind=message.kind)

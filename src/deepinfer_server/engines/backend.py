@@ -1,0 +1,112 @@
+"""The server-owned engine interface: what a backend declares and what the rank loop drives.
+
+An engine backend is one `EngineBackend` subclass registered in `engines.registry`. The API
+process reads only its declarations (options, required checkpoint files, rank environments,
+preflight checks, shared state); the engine itself is imported and built only inside a rank
+process, from the dotted path in `builder`, and driven through `EngineCore`.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
+from typing import TYPE_CHECKING, ClassVar, Protocol
+
+if TYPE_CHECKING:
+    from deepinfer_server.config import ResolvedConfig
+    from deepinfer_server.ipc.messages import AddRequest, RequestDelta, RequestRejected
+
+
+class EngineCore(Protocol):
+    """One engine on one DP rank, driven by the rank loop from a single thread."""
+
+    def add(self, request: AddRequest) -> RequestRejected | None:
+        """Start a request; a request the engine refuses comes back as a rejection."""
+
+    def abort(self, request_ids: list[str]) -> None:
+        """Stop requests; nothing more is reported for them."""
+
+    def iterate(self) -> tuple[bool, list[RequestDelta]]:
+        """One lockstep iteration: (whether any DP rank had work, this rank's new outputs)."""
+
+    def close(self) -> None:
+        """Release the engine (collective across the DP ranks where the engine says so)."""
+
+
+class SharedState(Protocol):
+    """Cross-process state a backend creates before the ranks are spawned (picklable)."""
+
+    def abort(self) -> None:
+        """Break anything peers may be blocked in: a rank has failed."""
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What one rank's engine is built from (picklable for the spawn start method)."""
+
+    rank: int
+    model: str | None
+    served_model_name: str
+    data_parallel_size: int
+    context_parallel_size: int
+    expert_parallel_size: int
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int | None
+    options: object
+    environment: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class BuiltEngine:
+    """A constructed engine and the child processes it started (watched for deaths)."""
+
+    core: EngineCore
+    children: list[BaseProcess] = field(default_factory=list)
+
+
+class EngineBackend(abc.ABC):
+    """Declarations of one engine kind; subclasses set the class attributes."""
+
+    #: The `--engine` value.
+    name: ClassVar[str]
+    #: One line for `--help`.
+    summary: ClassVar[str]
+    #: The option group of this engine: a frozen dataclass whose fields use `config.option`.
+    options_type: ClassVar[type]
+    #: "module:function" building the engine in a rank: `(EngineSpec, SharedState | None)` ->
+    #: BuiltEngine. Imported only inside rank processes.
+    builder: ClassVar[str]
+    #: Files a checkpoint directory must hold for this engine.
+    required_files: ClassVar[tuple[str, ...]]
+    #: Hub download patterns (None: the whole repository).
+    download_patterns: ClassVar[list[str] | None] = None
+    #: Whether MODEL must be given.
+    model_required: ClassVar[bool] = True
+    #: --max-model-len when not given.
+    default_max_model_len: ClassVar[int] = 32768
+
+    def validate_options(self, options: object, data_parallel_size: int) -> None:
+        """Raise ConfigError for option values this engine cannot use."""
+        del options, data_parallel_size
+
+    def check_installed(self) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """Raise ConfigError when the engine's package is missing (before any download)."""
+
+    def preflight(self, config: ResolvedConfig, checkpoint: str | None) -> None:
+        """Raise ConfigError, before any rank starts, for settings the engine would reject."""
+        del config, checkpoint
+
+    def rank_environments(
+        self, config: ResolvedConfig, master_port: int
+    ) -> Sequence[dict[str, str]]:
+        """The environment of each rank process, applied before the engine is imported."""
+        plain = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port)}
+        return [dict(plain) for _ in range(config.data_parallel_size)]
+
+    def shared_state(self, config: ResolvedConfig) -> SharedState | None:
+        """Cross-process state the ranks share (created in the API process), if any."""
+        del config
+        return None

@@ -1,0 +1,1 @@
+"""DeepInfer 0.1.0 on SM100 GPUs (`--engine deepinfer`)."""

@@ -1,0 +1,84 @@
+"""The DeepInfer backend's declarations: options, checkpoint files, rank environments, checks.
+
+Imported by the API process; it never imports `deepinfer` (that happens in `engine.py`,
+inside the rank processes only).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from deepinfer_server.config.options import option
+from deepinfer_server.engines.backend import EngineBackend
+from deepinfer_server.engines.deepinfer.environment import rank_environment, visible_gpus
+from deepinfer_server.errors import ConfigError
+
+if TYPE_CHECKING:
+    from deepinfer_server.config import ResolvedConfig
+
+
+@dataclass(frozen=True)
+class DeepInferOptions:
+    """Options only the DeepInfer engine reads."""
+
+    gpu_memory_utilization: float = option(
+        0.9,
+        "--gpu-memory-utilization",
+        help="fraction of GPU memory DeepInfer may use (default: %(default)s)",
+        type=float,
+    )
+    trust_remote_code: bool = option(
+        False,
+        "--trust-remote-code",
+        help="allow the checkpoint's own tokenizer code (passed to the engine)",
+        action="store_true",
+    )
+    disable_log_stats: bool = option(
+        False,
+        "--disable-log-stats",
+        help="turn off DeepInfer's periodic engine statistics log",
+        action="store_true",
+    )
+
+
+class DeepInferBackend(EngineBackend):
+    """DeepSeek's DeepInfer 0.1.0 LLMEngine, one per DP rank."""
+
+    name = "deepinfer"
+    summary = "DeepInfer on SM100 GPUs"
+    options_type = DeepInferOptions
+    builder = "deepinfer_server.engines.deepinfer.engine:build"
+    required_files = ("config.json", "tokenizer.json", "tokenizer_config.json")
+
+    def validate_options(self, options: object, data_parallel_size: int) -> None:
+        assert isinstance(options, DeepInferOptions)
+        if not 0.0 < options.gpu_memory_utilization <= 1.0:
+            raise ConfigError(
+                f"--gpu-memory-utilization must be in (0, 1], got {options.gpu_memory_utilization}"
+            )
+
+    def check_installed(self) -> None:
+        if importlib.util.find_spec("deepinfer") is None:
+            raise ConfigError(
+                "--engine deepinfer needs the DeepInfer package, which is not importable here "
+                "(install DeepInfer or add its source to PYTHONPATH; or use --engine simulated)"
+            )
+
+    def rank_environments(
+        self, config: ResolvedConfig, master_port: int
+    ) -> Sequence[dict[str, str]]:
+        gpus = visible_gpus(os.environ)
+        return [
+            rank_environment(
+                rank,
+                gpus,
+                config.context_parallel_size,
+                config.expert_parallel_size,
+                master_port,
+            )
+            for rank in range(config.data_parallel_size)
+        ]

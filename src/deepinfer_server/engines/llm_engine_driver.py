@@ -1,0 +1,167 @@
+"""LLMEngineDriver: the EngineCore of every engine with DeepInfer 0.1.0's LLMEngine contract.
+
+Both the real DeepInfer engine and the simulated one implement that contract, so this is the
+one place that calls it. It turns wire requests into `add_request` calls with a fresh
+sampling-params dict, and turns the uint64 handles of `step()` / `flush_inflight_reqs()` into
+one `RequestDelta` per request, reading every handle before the next `step()` (they die there).
+It keeps the set of live request IDs, so outputs that arrive after an abort or after the end of
+a request are discarded, and it hides tokens that are not real output: the EOS of a "stop"
+finish and the repeated token of "ignored"-class finishes (abort, prompt_length_exceeded, ...).
+DeepInfer's finish strings become `Finish` values here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from deepinfer_server.errors import ErrorKind
+from deepinfer_server.ipc.codec import unpack_token_ids
+from deepinfer_server.ipc.messages import (
+    AddRequest,
+    Finish,
+    GeneratedTokens,
+    RequestDelta,
+    RequestRejected,
+)
+
+logger = logging.getLogger(__name__)
+
+#: DeepInfer's finish-reason strings (csrc/engine/sequence.hpp `get_finished_reason`) as the
+#: server's outcomes; anything else (for example "ve_error") is an engine error.
+FINISH_REASONS: dict[str, Finish] = {
+    "stop": Finish.STOP,
+    "length": Finish.LENGTH,
+    "abort": Finish.ABORTED,
+    "prompt_length_exceeded": Finish.PROMPT_TOO_LONG,
+    "insufficient_system_resource": Finish.OUT_OF_RESOURCES,
+    "xgrammar runtime errors or timeout": Finish.GRAMMAR_FAILED,
+}
+
+
+class LLMEngine(Protocol):
+    """The subset of DeepInfer 0.1.0's LLMEngine that the server drives."""
+
+    eos_id: int
+
+    def add_request(
+        self,
+        user_id: str,
+        request_id: str,
+        sampling_params: dict[str, Any] | None,
+        prompt_token_ids: npt.NDArray[np.int32],
+    ) -> object | None: ...
+
+    def abort_request(self, request_id: list[str]) -> tuple[int, int]: ...
+
+    def has_unfinished_requests(self) -> bool: ...
+
+    def step(self) -> npt.NDArray[np.uint64]: ...
+
+    def flush_inflight_reqs(self) -> npt.NDArray[np.uint64]: ...
+
+    def close(self) -> None: ...
+
+
+class OutputReader(Protocol):
+    """DeepInfer's RequestOutput class: static getters that take a uint64 handle."""
+
+    @staticmethod
+    def get_request_id(handle: int) -> str: ...
+
+    @staticmethod
+    def get_token_id(handle: int) -> int: ...
+
+    @staticmethod
+    def get_finish_reason(handle: int) -> str: ...
+
+
+def finish_of(reason: str) -> Finish:
+    """The outcome of a DeepInfer finish string (unknown strings are engine errors)."""
+    return FINISH_REASONS.get(reason, Finish.ENGINE_ERROR)
+
+
+class LLMEngineDriver:
+    """Drives one LLMEngine for the rank loop. Not thread-safe: the loop's thread owns it."""
+
+    def __init__(self, engine: LLMEngine, reader: type[OutputReader]) -> None:
+        self._engine = engine
+        self._reader = reader
+        self._eos_id = int(engine.eos_id)
+        self._live: set[str] = set()
+
+    @property
+    def num_live(self) -> int:
+        """Requests admitted and not yet finished or aborted."""
+        return len(self._live)
+
+    def add(self, request: AddRequest) -> RequestRejected | None:
+        """Start a request; a request the engine refuses comes back as a rejection message."""
+        sampling = request.sampling
+        # A fresh dict per request: DeepInfer mutates the SamplingParams it is given.
+        params: dict[str, Any] = {
+            "max_tokens": sampling.max_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "ignore_eos": sampling.ignore_eos,
+            "seq_seed": sampling.seed,
+        }
+        if sampling.structured is not None:
+            params["so_args"] = sampling.structured.as_so_args()
+        prompt = unpack_token_ids(request.prompt_token_ids)
+        try:
+            sequence = self._engine.add_request("0", request.request_id, params, prompt)
+        except (ValueError, TypeError) as exc:
+            return RequestRejected(
+                request.request_id,
+                ErrorKind.ENGINE_REJECTED,
+                f"the engine rejected the request: {exc}",
+            )
+        if sequence is None:
+            return RequestRejected(
+                request.request_id,
+                ErrorKind.ENGINE_REJECTED,
+                "the prompt holds token IDs outside the model's vocabulary",
+            )
+        self._live.add(request.request_id)
+        return None
+
+    def abort(self, request_ids: list[str]) -> None:
+        """Abort requests; anything the engine still emits for them is discarded."""
+        live = [rid for rid in request_ids if rid in self._live]
+        if not live:
+            return
+        self._live.difference_update(live)
+        self._engine.abort_request(live)
+
+    def iterate(self) -> tuple[bool, list[RequestDelta]]:
+        """One lockstep iteration: the collective work check, then step() or flush()."""
+        unfinished = self._engine.has_unfinished_requests()
+        handles = self._engine.step() if unfinished else self._engine.flush_inflight_reqs()
+        return unfinished, self._read(handles)
+
+    def close(self) -> None:
+        self._engine.close()
+
+    def _read(self, handles: npt.NDArray[np.uint64]) -> list[RequestDelta]:
+        reader = self._reader
+        by_request: dict[str, RequestDelta] = {}
+        for handle in handles.tolist():
+            request_id = reader.get_request_id(handle)
+            if request_id not in self._live:
+                continue
+            delta = by_request.get(request_id)
+            if delta is None:
+                delta = by_request[request_id] = RequestDelta(request_id, GeneratedTokens())
+            reason = reader.get_finish_reason(handle)
+            finish = finish_of(reason) if reason else None
+            token = reader.get_token_id(handle)
+            if (finish is None or finish.is_normal) and token != self._eos_id:
+                delta.tokens.token_ids.append(token)
+            if finish is not None:
+                delta.finish = finish
+                self._live.discard(request_id)
+        return list(by_request.values())

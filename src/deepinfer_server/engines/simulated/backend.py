@@ -1,0 +1,108 @@
+"""The simulated backend's declarations: its options, its collectives, no GPU requirements.
+
+Imported by the API process; the engine itself (`engine.py`) is built only in rank processes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, Literal
+
+from deepinfer_server.config.options import option
+from deepinfer_server.engines.backend import EngineBackend, SharedState
+from deepinfer_server.engines.simulated.collectives import new_lockstep_group
+from deepinfer_server.errors import ConfigError
+
+if TYPE_CHECKING:
+    from deepinfer_server.config import ResolvedConfig
+
+
+@dataclass(frozen=True)
+class SimulatedOptions:
+    """Options only the simulated engine reads."""
+
+    sim_ttft_ms: float = option(
+        20.0,
+        "--sim-ttft-ms",
+        help="simulated engine: delay before each request's first token (default: %(default)s)",
+        type=float,
+    )
+    sim_itl_ms: float = option(
+        10.0,
+        "--sim-itl-ms",
+        help="simulated engine: duration of every engine step (default: %(default)s)",
+        type=float,
+    )
+    sim_tokens_per_step: int = option(
+        1,
+        "--sim-tokens-per-step",
+        help="simulated engine: tokens per request per decode step, as speculative decoding "
+        "emits (default: %(default)s)",
+        type=int,
+    )
+    sim_disable_zos: bool = option(
+        False,
+        "--sim-disable-zos",
+        help="simulated engine: return decode tokens in the same step (DeepInfer's "
+        "zero-overhead scheduling returns them one step late, and is on by default)",
+        action="store_true",
+    )
+    sim_fault: Literal["startup", "step-error", "step-hang"] | None = option(
+        None,
+        "--sim-fault",
+        help="simulated engine: inject a failure on one rank, for tests and demos: its "
+        "construction raises (startup), or a step raises (step-error) or never returns "
+        "(step-hang) after --sim-fault-after-steps steps",
+        choices=["startup", "step-error", "step-hang"],
+    )
+    sim_fault_rank: int = option(
+        0, "--sim-fault-rank", help="simulated engine: the rank that fails (default: 0)", type=int
+    )
+    sim_fault_after_steps: int = option(
+        0,
+        "--sim-fault-after-steps",
+        help="simulated engine: steps that succeed before the fault (default: 0)",
+        type=int,
+    )
+    sim_collective_timeout: float = option(
+        60.0,
+        "--sim-collective-timeout",
+        help="simulated engine: seconds a rank waits in a DP collective before it reports a "
+        "lockstep violation (default: %(default)s)",
+        type=float,
+    )
+
+
+class SimulatedBackend(EngineBackend):
+    """The CPU implementation of DeepInfer's LLMEngine contract (echoes the last user turn)."""
+
+    name = "simulated"
+    summary = "the CPU simulation of DeepInfer's engine contract"
+    options_type = SimulatedOptions
+    builder = "deepinfer_server.engines.simulated.engine:build"
+    required_files = ("tokenizer.json",)
+    download_patterns: ClassVar[list[str] | None] = ["*.json", "*.py", "*.model", "*.txt"]
+    model_required = False
+
+    def validate_options(self, options: object, data_parallel_size: int) -> None:
+        assert isinstance(options, SimulatedOptions)
+        if options.sim_tokens_per_step < 1:
+            raise ConfigError(
+                f"--sim-tokens-per-step must be at least 1, got {options.sim_tokens_per_step}"
+            )
+        for flag, amount in (
+            ("--sim-ttft-ms", options.sim_ttft_ms),
+            ("--sim-itl-ms", options.sim_itl_ms),
+            ("--sim-fault-after-steps", options.sim_fault_after_steps),
+        ):
+            if amount < 0:
+                raise ConfigError(f"{flag} must not be negative, got {amount}")
+        if not 0 <= options.sim_fault_rank < data_parallel_size:
+            raise ConfigError(f"--sim-fault-rank must be a DP rank in 0..{data_parallel_size - 1}")
+        if options.sim_collective_timeout <= 0:
+            raise ConfigError("--sim-collective-timeout must be positive")
+
+    def shared_state(self, config: ResolvedConfig) -> SharedState:
+        options = config.engine_options
+        assert isinstance(options, SimulatedOptions)
+        return new_lockstep_group(config.data_parallel_size, options.sim_collective_timeout)

@@ -1,0 +1,86 @@
+"""Lazy access to xgrammar (an optional dependency) and the vocabulary facts grammars need."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from types import ModuleType
+from typing import Any
+
+from deepinfer_server.grammar.errors import GrammarUnavailable
+
+EOS_TOKEN = "<｜end▁of▁sentence｜>"
+THINK_END = "</think>"
+_CPP_PREFIX = re.compile(r"^\[[0-9:.]+\] \S+?:\d+: (Check failed: \(.*?\) is false: )?")
+
+
+def xgrammar() -> ModuleType:
+    """The xgrammar module, or GrammarUnavailable when it is not installed."""
+    try:
+        return importlib.import_module("xgrammar")
+    except ImportError as exc:
+        raise GrammarUnavailable() from exc
+
+
+def clean_error(exc: BaseException) -> str:
+    """xgrammar's C++ message without its timestamp/file prefix, first line only."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return _CPP_PREFIX.sub("", text)
+
+
+@dataclass(frozen=True, eq=False)
+class Vocab:
+    """A tokenizer as grammars see it: xgrammar TokenizerInfo plus the ids the server needs.
+
+    Build it once per process with `Vocab.from_tokenizer_json`.
+    """
+
+    tokenizer: Any  # tokenizers.Tokenizer
+    info: Any  # xgrammar.TokenizerInfo
+    eos_id: int
+    vocab_size: int
+    think_end_ids: tuple[int, ...]
+    decoded: tuple[bytes, ...] = field(repr=False)
+
+    @classmethod
+    def from_tokenizer_json(cls, tokenizer_json: str, vocab_size: int | None = None) -> Vocab:
+        """TokenizerInfo as DeepInfer builds it (`from_huggingface`): the full vocabulary with
+        added tokens, the vocab type read from the tokenizer, EOS as the only stop token.
+        `vocab_size` is the model's (mask) size when it exceeds the tokenizer's."""
+        return _vocab(tokenizer_json, vocab_size)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text` (added tokens such as `｜DSML｜` become their own ids)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes a token stands for (empty for ids past the tokenizer)."""
+        return self.decoded[token_id] if 0 <= token_id < len(self.decoded) else b""
+
+
+@lru_cache(maxsize=4)
+def _vocab(tokenizer_json: str, vocab_size: int | None) -> Vocab:
+    xgr = xgrammar()
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_str(tokenizer_json)
+    table = tokenizer.get_vocab(with_added_tokens=True)
+    size = max(vocab_size or 0, max(table.values()) + 1)
+    encoded = [""] * size
+    for token, index in table.items():
+        encoded[index] = token
+    meta = xgr.TokenizerInfo._detect_metadata_from_hf(tokenizer.to_str())
+    eos = tokenizer.token_to_id(EOS_TOKEN)
+    if eos is None:
+        raise ValueError(f"the tokenizer has no {EOS_TOKEN} token")
+    info = xgr.TokenizerInfo(
+        encoded,
+        meta["vocab_type"],
+        vocab_size=size,
+        stop_token_ids=[int(eos)],
+        add_prefix_space=meta["add_prefix_space"],
+    )
+    think_end = tuple(tokenizer.encode(THINK_END, add_special_tokens=False).ids)
+    return Vocab(tokenizer, info, int(eos), size, think_end, tuple(info.decoded_vocab))

@@ -1,0 +1,248 @@
+"""A per-request grammar matcher for the CPU simulated engine, with DeepInfer's semantics.
+
+Mirrors deepinfer/structure_output/matcher.py: tokens are free until `trigger_token_ids` has
+appeared (KMP over the generated tokens); once `bound_token_id` has been generated, the rest of
+the trigger is forced token by token; then every token goes through xgrammar's matcher (the
+bitmask is filled each step, as DeepInfer does, and timed); after the grammar accepted EOS
+anything goes. The simulated model proposes a token (`preferred`); `choose()` returns it when
+the grammar allows it AND the value can still be completed within the remaining max_tokens,
+otherwise the next token of a verified completion plan. So the output always parses, unless
+no completion fits in the budget (then it ends with finish_reason "length", like a real model).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from deepinfer_server.grammar._xgr import Vocab, xgrammar
+from deepinfer_server.grammar.dsml import BLOCK_CLOSE, DSML, INVOKE_CLOSE, PARAM_CLOSE
+
+_GENERIC = [*"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"]
+_GENERIC += [*"-_.,:;!?/()'+*=#@$%&|~^`<>", " ", "\n"]
+_OTHER = ["}", "]", '"', "0", "true", "null", ",", ":", "{", "[", INVOKE_CLOSE, BLOCK_CLOSE]
+_CANDIDATES = {
+    "raw": [PARAM_CLOSE, *_GENERIC],
+    "string": ['"', *_GENERIC],
+    "other": [*_OTHER, *_GENERIC],
+}
+_GENERIC_SET = frozenset(_GENERIC)
+_UNBOUNDED = 1 << 14
+_RAW_OPEN = b'string="true">'
+_TAG = f"{DSML}".encode()
+
+
+def _context(text: bytes) -> str:
+    tag = max(text.rfind(b"<" + _TAG), text.rfind(b"</" + _TAG))
+    if tag >= 0:
+        end = text.find(b">", tag)
+        if end < 0:
+            return "other"
+        if text[end - len(_RAW_OPEN) + 1 : end + 1] == _RAW_OPEN:
+            return "raw"
+        text = text[end + 1 :]
+    quotes, escaped = 0, False
+    for byte in text:
+        if escaped:
+            escaped = False
+        elif byte == 0x5C:
+            escaped = True
+        elif byte == 0x22:
+            quotes += 1
+    return "string" if quotes % 2 else "other"
+
+
+@dataclass
+class MatcherStats:
+    """Time spent filling bitmasks (what DeepInfer pays per constrained token) and planning."""
+
+    masked_tokens: int = 0
+    mask_seconds: float = 0.0
+    plan_seconds: float = 0.0
+    forced_tokens: int = 0
+
+
+class SimulatedMatcher:
+    """One request's constraint in the simulated engine: `choose(preferred)` per token."""
+
+    def __init__(
+        self,
+        compiled: Any,
+        vocab: Vocab,
+        max_tokens: int,
+        trigger_token_ids: Sequence[int] = (),
+        bound_token_id: int | None = None,
+    ) -> None:
+        xgr = xgrammar()
+        self._xgr = xgr
+        self.vocab = vocab
+        self.remaining = max_tokens
+        self.trigger = list(trigger_token_ids)
+        self.bound = bound_token_id
+        self.progress = 0
+        self._failure = _kmp_failure(self.trigger)
+        self.bound_fired = False
+        self.finished = False
+        self.stats = MatcherStats()
+        self._matcher = xgr.GrammarMatcher(compiled)
+        self._bitmask = xgr.allocate_token_bitmask(1, vocab.vocab_size)
+        self._text = b""
+        self._plan: list[int] | None = None
+
+    @classmethod
+    def from_so_args(
+        cls, so_args: Mapping[str, Any], compiler: Any, max_tokens: int
+    ) -> SimulatedMatcher:
+        """Build from so_args with a `GrammarCompiler` (shared, cached)."""
+        compiled = compiler.compile(so_args)
+        trigger = so_args.get("trigger_token_ids") or []
+        return cls(compiled, compiler.vocab, max_tokens, trigger, so_args.get("bound_token_id"))
+
+    @property
+    def constrained(self) -> bool:
+        """True once the grammar applies (trigger seen, or forced after the bound token)."""
+        return self.bound_fired or self.progress >= len(self.trigger)
+
+    def choose(self, preferred: int) -> int:
+        """The token to emit instead of `preferred`; the matcher advances past it."""
+        token = self._choose(preferred)
+        self.remaining -= 1
+        return token
+
+    def _choose(self, preferred: int) -> int:
+        if self.progress < len(self.trigger):
+            token = self.trigger[self.progress] if self.bound_fired else preferred
+            self._advance_trigger(token)
+            return token
+        if self.finished:
+            return preferred
+        started = time.perf_counter()
+        self._matcher.fill_next_token_bitmask(self._bitmask)
+        self.stats.mask_seconds += time.perf_counter() - started
+        self.stats.masked_tokens += 1
+        if self._plan is None:
+            # Best effort when nothing fits: a valid prefix, cut by max_tokens ("length").
+            self._plan = (
+                self._complete(self._matcher, self._text, self.remaining)
+                or self._complete(self._matcher, self._text, _UNBOUNDED)
+                or []
+            )
+        token = self._pick(preferred)
+        if token != preferred:
+            self.stats.forced_tokens += 1
+        if not self._matcher.accept_token(token):
+            raise RuntimeError(f"grammar rejected token {token}, which its mask allowed")
+        self._text += self.vocab.token_bytes(token)
+        if token == self.vocab.eos_id:
+            self.finished = True
+        return token
+
+    def _pick(self, preferred: int) -> int:
+        plan = self._plan or []
+        if plan and preferred == plan[0]:
+            return plan.pop(0)
+        if self._allowed(preferred):
+            trial = self._matcher.fork()
+            trial.accept_token(preferred)
+            text = self._text + self.vocab.token_bytes(preferred)
+            new_plan = self._complete(trial, text, self.remaining - 1)
+            if new_plan is not None or not plan:
+                self._plan = new_plan or []
+                return preferred
+        if plan:
+            return plan.pop(0)
+        return self._first_allowed()
+
+    def _allowed(self, token: int) -> bool:
+        if not 0 <= token < self.vocab.vocab_size:
+            return False
+        word = int(self._bitmask[0, token >> 5])
+        return bool((word >> (token & 31)) & 1)
+
+    def _first_allowed(self) -> int:
+        words: list[int] = self._bitmask[0].tolist()
+        for index, word in enumerate(words):
+            if word:
+                bits = int(word) & 0xFFFFFFFF
+                return index * 32 + ((bits & -bits).bit_length() - 1)
+        return self.vocab.eos_id
+
+    def _advance_trigger(self, token: int) -> None:
+        if self.bound_fired:
+            self.progress += 1
+            return
+        progress = self.progress
+        while progress > 0 and token != self.trigger[progress]:
+            progress = self._failure[progress - 1]
+        if token == self.trigger[progress]:
+            progress += 1
+        self.progress = progress
+        if self.bound is not None and token == self.bound:
+            self.bound_fired = True
+
+    def _complete(self, matcher: Any, text: bytes, budget: int) -> list[int] | None:
+        """Token ids (ending in EOS) that complete the grammar from `matcher`'s state within
+        `budget` tokens, by a deterministic greedy walk; None if none was found."""
+        started = time.perf_counter()
+        try:
+            return self._greedy(matcher.fork(), text, budget)
+        finally:
+            self.stats.plan_seconds += time.perf_counter() - started
+
+    def _greedy(self, state: Any, text: bytes, budget: int) -> list[int] | None:
+        added = ""
+        uses: dict[str, int] = {}
+        limit = max(8, 8 * budget)
+        while not state.is_completed():
+            if len(added) > limit or budget <= 0:
+                return None
+            jump = state.find_jump_forward_string()
+            if jump and state.accept_string(jump):
+                added += jump
+                continue
+            step = self._step(state, text + added.encode(), uses)
+            if step is None:
+                return None
+            state, piece = step
+            added += piece
+        tokens = [*self.vocab.encode(added), self.vocab.eos_id]
+        return tokens if len(tokens) <= budget else None
+
+    def _step(self, state: Any, text: bytes, uses: dict[str, int]) -> tuple[Any, str] | None:
+        candidates = _CANDIDATES[_context(text)]
+        # Structural pieces keep their rank; generic characters lose it after three uses.
+        ordered = sorted(
+            range(len(candidates)),
+            key=lambda i: (
+                0 if candidates[i] not in _GENERIC_SET else uses.get(candidates[i], 0) // 3,
+                i,
+            ),
+        )
+        first: tuple[Any, str] | None = None
+        for index in ordered:
+            piece = candidates[index]
+            trial = state.fork()
+            if not trial.accept_string(piece):
+                continue
+            if trial.is_completed():
+                first = (trial, piece)
+                break
+            if first is None:
+                first = (trial, piece)
+        if first is not None:
+            uses[first[1]] = uses.get(first[1], 0) + 1
+        return first
+
+
+def _kmp_failure(seq: Sequence[int]) -> list[int]:
+    failure = [0] * len(seq)
+    k = 0
+    for i in range(1, len(seq)):
+        while k and seq[i] != seq[k]:
+            k = failure[k - 1]
+        if seq[i] == seq[k]:
+            k += 1
+        failure[i] = k
+    return failure

@@ -1,0 +1,104 @@
+"""Constraint -> DeepInfer `SamplingParams.so_args`.
+
+Format (DeepInfer 0.1.0, so_matcher_builder.py): {"schema_type": "json" | "regex" | "ebnf",
+"schema": str, optional "trigger_token_ids": list[int]}. JSON is compiled with strict_mode=True.
+We never set "bound_token_id" (it would force the trigger right after a bound token).
+
+- Thinking on: the grammar starts after `</think>` (trigger = its token ids), reasoning is free.
+- Forced tool call (required/named): the V4.1 prompt already ends with `<｜DSML｜ calls>\\n`, so
+  the grammar is the block's inside (invokes, then `</｜DSML｜ calls>`). With thinking (the
+  recipe refuses that today) it is `\\n\\n` + the whole block after `</think>`.
+- Strict tools under auto, thinking off: trigger = the tokens of `｜DSML｜ calls`, then the rest
+  of the opening line and the calls. Thinking on: a `｜DSML｜` inside reasoning must stay free,
+  so the trigger is `</think>` and the grammar is free text (without `<｜`), then optionally a
+  tool-call block.
+- An answer format with tools under auto: one grammar, `answer | "\\n\\n"? block`.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from typing import Any
+
+from deepinfer_server.grammar._xgr import Vocab, clean_error, xgrammar
+from deepinfer_server.grammar.constraint import Constraint
+from deepinfer_server.grammar.dsml import BLOCK_OPEN, DSML, tool_call_grammar, tool_call_rules
+from deepinfer_server.grammar.ebnf import literal, prefixed
+from deepinfer_server.grammar.errors import GrammarError
+
+SCHEMA_TYPES = ("json", "regex", "ebnf")
+
+
+@lru_cache(maxsize=8)
+def dsml_trigger(vocab: Vocab) -> tuple[tuple[int, ...], str]:
+    """(trigger token ids for `｜DSML｜ calls`, the rest of the opening line after them)."""
+    ids = vocab.encode(BLOCK_OPEN)
+    marker = DSML.encode()
+    target = f"{DSML} calls".encode()
+    start = next(i for i, tok in enumerate(ids) if vocab.token_bytes(tok).startswith(marker))
+    text = b""
+    end = start
+    while end < len(ids) and not text.startswith(target):
+        text += vocab.token_bytes(ids[end])
+        end += 1
+    prefix_len = len(BLOCK_OPEN.encode()) - len(BLOCK_OPEN[BLOCK_OPEN.index(DSML) :].encode())
+    rest = BLOCK_OPEN.encode()[prefix_len + len(text) :].decode()
+    return tuple(ids[start:end]), rest
+
+
+def _answer_rules(constraint: Constraint) -> tuple[str, str]:
+    xgr = xgrammar()
+    kind, spec, param = constraint.kind, constraint.spec, constraint.param
+    try:
+        if kind in ("json_schema", "json_object"):
+            grammar = xgr.Grammar.from_json_schema(spec, strict_mode=True)
+        elif kind == "regex":
+            grammar = xgr.Grammar.from_regex(spec)
+        elif kind == "ebnf":
+            grammar = xgr.Grammar.from_ebnf(spec)
+        else:
+            choices = json.loads(spec)
+            return "answer_root", "answer_root ::= " + " | ".join(literal(c) for c in choices)
+    except GrammarError:
+        raise
+    except Exception as exc:
+        raise GrammarError(f"invalid {kind}: {clean_error(exc)}", param) from exc
+    return prefixed(str(grammar), "answer_")
+
+
+def _args(schema_type: str, schema: str, trigger: tuple[int, ...] | None) -> dict[str, Any]:
+    args: dict[str, Any] = {"schema_type": schema_type, "schema": schema}
+    if trigger:
+        args["trigger_token_ids"] = list(trigger)
+    return args
+
+
+def build_so_args(constraint: Constraint, vocab: Vocab) -> dict[str, Any]:
+    """The so_args DeepInfer reads for this constraint (raises GrammarError on bad input)."""
+    think = vocab.think_end_ids if constraint.thinking else None
+    tools = constraint.tools
+    if tools is None:
+        if constraint.kind in ("json_schema", "json_object"):
+            return _args("json", constraint.spec, think)
+        if constraint.kind == "regex":
+            return _args("regex", constraint.spec, think)
+        if constraint.kind == "ebnf":
+            return _args("ebnf", constraint.spec, think)
+        root, rules = _answer_rules(constraint)
+        return _args("ebnf", f"root ::= {root}\n{rules}\n", think)
+    allowed = tools.allowed
+    if tools.mode in ("required", "named"):
+        prefix = "\n\n" + BLOCK_OPEN if constraint.thinking else ""
+        return _args("ebnf", tool_call_grammar(allowed, tools.parallel, prefix), think)
+    body, rules = tool_call_rules(allowed, tools.parallel)
+    block = f"{literal(BLOCK_OPEN)} {body}"
+    if constraint.kind is not None:
+        answer, answer_rules = _answer_rules(constraint)
+        grammar = f'root ::= {answer} | ("\\n\\n")? {block}\n{rules}\n{answer_rules}\n'
+        return _args("ebnf", grammar, think)
+    if constraint.thinking:
+        return _args("ebnf", f"root ::= dsml_free ({block})?\n{rules}\n", think)
+    trigger, rest = dsml_trigger(vocab)
+    head = f"{literal(rest)} " if rest else ""
+    return _args("ebnf", f"root ::= {head}{body}\n{rules}\n", trigger)

@@ -1,0 +1,41 @@
+"""RequestRecord: timing and token counts of one request, filled in as it runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestRecord:
+    """Timing and token counts of one request, filled in as it runs (`time.perf_counter()`)."""
+
+    arrival: float
+    prompt_tokens: int = 0
+    admitted_at: float | None = None
+    first_token_at: float | None = None
+    first_step_seconds: float = 0.0
+    last_token_at: float | None = None
+    generation_tokens: int = 0
+    inter_token_latencies: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    def on_tokens(self, arrived_at: float, count: int, step_seconds: float) -> None:
+        """Record `count` tokens that reached the API process at `arrived_at`."""
+        if count <= 0:
+            return
+        if self.first_token_at is None:
+            self.first_token_at = arrived_at
+            self.first_step_seconds = step_seconds
+            # Tokens that came with the first one (speculative decoding) follow it at once.
+            self.inter_token_latencies.extend([0.0] * (count - 1))
+        else:
+            assert self.last_token_at is not None
+            # Several tokens in one arrival share the gap since the previous one.
+            gap = (arrived_at - self.last_token_at) / count
+            self.inter_token_latencies.extend([gap] * count)
+        self.generation_tokens += count
+        self.last_token_at = arrived_at
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token_at is None else self.first_token_at - self.arrival

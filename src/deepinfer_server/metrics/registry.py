@@ -1,0 +1,250 @@
+"""ServerMetrics: the Prometheus metrics of one server, owned by the API process.
+
+Every series is named `deepinfer:<name>` and labelled with `model_name`, as vLLM names them.
+The API process is the only owner, so the numbers stay right with any number of DP ranks:
+request metrics are observed where requests end, engine metrics from each rank's step reports,
+and the per-rank gauges are read from the coordinator at scrape time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from deepinfer_server.ipc.messages import AbortReason
+from deepinfer_server.metrics.histogram import FastHistogram
+from deepinfer_server.metrics.records import RequestRecord
+
+PREFIX = "deepinfer:"
+CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
+
+_LATENCY_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+_ITL_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.015,
+    0.02,
+    0.025,
+    0.03,
+    0.04,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+)
+_STEP_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.015,
+    0.02,
+    0.03,
+    0.05,
+    0.075,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+_TOKEN_BUCKETS = (
+    1,
+    2,
+    5,
+    10,
+    20,
+    50,
+    100,
+    200,
+    500,
+    1000,
+    2000,
+    5000,
+    10000,
+    20000,
+    50000,
+    100000,
+    200000,
+)
+
+
+class _RankGauges(Collector):
+    """Per-rank running/waiting counts and health, read from the coordinator at scrape time."""
+
+    def __init__(
+        self,
+        model_name: str,
+        rank_counts: Callable[[], Iterable[tuple[int, int, int]]],
+        healthy: Callable[[], bool],
+    ) -> None:
+        self._model_name = model_name
+        self._rank_counts = rank_counts
+        self._healthy = healthy
+
+    def collect(self) -> Iterator[Metric]:
+        running = GaugeMetricFamily(
+            PREFIX + "num_requests_running",
+            "Requests producing tokens on each DP rank.",
+            labels=["model_name", "dp_rank"],
+        )
+        waiting = GaugeMetricFamily(
+            PREFIX + "num_requests_waiting",
+            "Requests admitted to each DP rank that have no first token yet.",
+            labels=["model_name", "dp_rank"],
+        )
+        for rank, running_count, waiting_count in self._rank_counts():
+            running.add_metric([self._model_name, str(rank)], running_count)
+            waiting.add_metric([self._model_name, str(rank)], waiting_count)
+        healthy = GaugeMetricFamily(
+            PREFIX + "healthy",
+            "1 while every DP rank is alive and stepping, else 0.",
+            labels=["model_name"],
+        )
+        healthy.add_metric([self._model_name], 1.0 if self._healthy() else 0.0)
+        yield running
+        yield waiting
+        yield healthy
+
+
+class ServerMetrics:
+    """All metrics of one server in a registry of its own."""
+
+    def __init__(self, model_name: str) -> None:
+        prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
+        self.registry = CollectorRegistry()
+        self.model_name = model_name
+        labels = ["model_name"]
+
+        def histogram(
+            name: str, doc: str, buckets: tuple[float, ...], extra: list[str] | None = None
+        ) -> FastHistogram:
+            metric = FastHistogram(PREFIX + name, doc, [*labels, *(extra or [])], buckets)
+            self.registry.register(metric)
+            return metric
+
+        def counter(name: str, doc: str, extra: list[str] | None = None) -> Counter:
+            return Counter(PREFIX + name, doc, [*labels, *(extra or [])], registry=self.registry)
+
+        self.ttft = histogram(
+            "time_to_first_token_seconds", "Arrival to first token.", _LATENCY_BUCKETS
+        )
+        self.itl = histogram(
+            "inter_token_latency_seconds", "Time between output tokens.", _ITL_BUCKETS
+        )
+        self.e2e = histogram(
+            "e2e_request_latency_seconds", "Arrival to the last token.", _LATENCY_BUCKETS
+        )
+        self.queue_time = histogram(
+            "request_queue_time_seconds",
+            "Admission to the start of the engine step that produced the first token.",
+            _LATENCY_BUCKETS,
+        )
+        self.prompt_tokens_hist = histogram(
+            "request_prompt_tokens", "Prompt tokens per request.", _TOKEN_BUCKETS
+        )
+        self.generation_tokens_hist = histogram(
+            "request_generation_tokens", "Generated tokens per request.", _TOKEN_BUCKETS
+        )
+        self.step_seconds = histogram(
+            "engine_step_seconds",
+            "Duration of one engine iteration on a DP rank.",
+            _STEP_BUCKETS,
+            ["dp_rank"],
+        )
+        self.prompt_tokens = counter(
+            "prompt_tokens", "Prompt tokens of requests sent to the engine."
+        )
+        self.generation_tokens = counter("generation_tokens", "Tokens generated for clients.")
+        self.success = counter(
+            "request_success", "Requests that finished normally.", ["finished_reason"]
+        )
+        self.failure = counter(
+            "request_failure", "Requests answered with an error, by HTTP status.", ["status"]
+        )
+        self.aborts = counter("request_abort", "Engine requests cut short, by reason.", ["reason"])
+        for reason in AbortReason:
+            self.aborts.labels(model_name, reason.value)
+
+    def watch_ranks(
+        self,
+        rank_counts: Callable[[], Iterable[tuple[int, int, int]]],
+        healthy: Callable[[], bool],
+    ) -> None:
+        """Expose the per-rank gauges and health from these callables."""
+        self.registry.register(_RankGauges(self.model_name, rank_counts, healthy))
+
+    def observe_step(self, rank: int, seconds: float) -> None:
+        self.step_seconds.labels(self.model_name, str(rank)).observe(seconds)
+
+    def observe_failure(self, status: int) -> None:
+        self.failure.labels(self.model_name, str(status)).inc()
+
+    def observe_abort(self, reason: AbortReason) -> None:
+        self.aborts.labels(self.model_name, reason.value).inc()
+
+    def observe_engine_request(self, record: RequestRecord) -> None:
+        """Token counters and latency histograms of a request that reached the engine."""
+        name = self.model_name
+        self.prompt_tokens.labels(name).inc(record.prompt_tokens)
+        self.generation_tokens.labels(name).inc(record.generation_tokens)
+        if record.ttft is not None:
+            self.ttft.labels(name).observe(record.ttft)
+            if record.admitted_at is not None and record.first_token_at is not None:
+                started = record.first_token_at - record.first_step_seconds
+                self.queue_time.labels(name).observe(max(0.0, started - record.admitted_at))
+        self.itl.labels(name).observe_many(record.inter_token_latencies)
+
+    def observe_success(self, record: RequestRecord, now: float) -> None:
+        name = self.model_name
+        self.success.labels(name, record.finish_reason or "stop").inc()
+        self.e2e.labels(name).observe(now - record.arrival)
+        self.prompt_tokens_hist.labels(name).observe(record.prompt_tokens)
+        self.generation_tokens_hist.labels(name).observe(record.generation_tokens)
+
+    def exposition(self) -> bytes:
+        """The Prometheus text format of every metric."""
+        return bytes(prometheus_client.generate_latest(self.registry))

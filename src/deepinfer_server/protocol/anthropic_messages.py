@@ -1,0 +1,59 @@
+"""Anthropic Messages API (`POST /v1/messages`): request preparation and output."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from deepseek_recipe import (
+    ConversationRequest,
+    MessagesRequest,
+    MessagesResponse,
+)
+
+from deepinfer_server.grammar import Constraint
+from deepinfer_server.ipc.messages import SamplingOptions
+from deepinfer_server.protocol.named_events import NamedEventOutput
+from deepinfer_server.protocol.prepare import engine_input
+from deepinfer_server.protocol.recipe import RecipeContext
+from deepinfer_server.protocol.structured import (
+    MESSAGES_CONSTRAINT,
+    convert_honouring_tool_choice,
+    read_constraint,
+)
+from deepinfer_server.protocol.validation import check_model
+
+
+@dataclass(frozen=True)
+class PreparedMessages:
+    """A validated Messages request, ready for the engine."""
+
+    request: ConversationRequest
+    prompt_token_ids: list[int]
+    sampling: SamplingOptions
+    stream: bool
+    constraint: Constraint | None
+
+
+def prepare_messages(body: dict[str, Any], recipe: RecipeContext) -> PreparedMessages:
+    """Turn a decoded Messages body into prompt token IDs and sampling options."""
+    check_model(body, recipe.served_model_names)
+    read_constraint(MESSAGES_CONSTRAINT, body, thinking=False)
+    converted = convert_honouring_tool_choice(
+        lambda b: MessagesRequest(b).convert(recipe.options),
+        body,
+        {"type": "auto"},
+        "output_config.format",
+    )
+    constraint = read_constraint(MESSAGES_CONSTRAINT, body, converted.conversation.thinking_mode)
+    engine = engine_input(converted, recipe, ignore_eos=False)
+    return PreparedMessages(
+        converted, engine.prompt_token_ids, engine.sampling, converted.stream, constraint
+    )
+
+
+def messages_output(
+    prepared: PreparedMessages, message_id: str, recipe: RecipeContext
+) -> NamedEventOutput:
+    generator = MessagesRequest.chunk_generator(prepared.request, message_id, recipe.model_name)
+    return NamedEventOutput(generator, MessagesResponse, message_id, prepared, recipe)

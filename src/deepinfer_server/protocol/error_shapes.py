@@ -1,0 +1,40 @@
+"""Each protocol's error envelope, built from the one table in `errors.ERROR_TABLE`.
+
+OpenAI (Chat Completions, and Responses before its stream starts): `{"error": {message, type,
+param, code}}`. Anthropic: `{"type": "error", "error": {type, message}}`. A Responses stream
+that fails mid-way ends with an `error` event: `{type, code, message, param, sequence_number}`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from deepinfer_server.errors import ApiError
+
+
+def openai_error_body(error: ApiError) -> dict[str, Any]:
+    """OpenAI's error envelope."""
+    return {
+        "error": {
+            "message": error.message,
+            "type": error.spec.openai_type,
+            "param": error.param,
+            "code": error.code,
+        }
+    }
+
+
+def anthropic_error_body(error: ApiError) -> dict[str, Any]:
+    """Anthropic's error shape."""
+    return {"type": "error", "error": {"type": error.spec.anthropic_type, "message": error.message}}
+
+
+def responses_error_event(error: ApiError) -> dict[str, Any]:
+    """The Responses API's `error` stream event."""
+    return {
+        "type": "error",
+        "code": error.code or error.spec.openai_type,
+        "message": error.message,
+        "param": error.param,
+        "sequence_number": 0,
+    }

@@ -1,0 +1,146 @@
+"""In-process HTTP tests: the real app and protocol layers against a scripted fake coordinator.
+
+`FakeCoordinator` admits requests like the real one (same RequestHandle), then answers each with
+a script: the tokens of a text, delivered on the event loop, and a finish or an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any, cast
+
+import httpx
+
+from deepinfer_server.api.app import build_app
+from deepinfer_server.api.state import AppState
+from deepinfer_server.cli import parse_config
+from deepinfer_server.coordinator.coordinator import Coordinator
+from deepinfer_server.coordinator.handle import RequestHandle
+from deepinfer_server.errors import ApiError
+from deepinfer_server.ipc.messages import AbortReason, Finish, GeneratedTokens, SamplingOptions
+from deepinfer_server.metrics import ServerMetrics
+from deepinfer_server.protocol.recipe import RecipeContext
+from deepinfer_server.protocol.structured import StructuredOutputs
+from deepinfer_server.tokenizer import embedded_tokenizer_json
+
+MODEL = "deepseek-flash"
+
+
+@cache
+def _tokenizer_json() -> str:
+    return embedded_tokenizer_json()
+
+
+@dataclass
+class Script:
+    """What the fake engine answers: `text` (after `</think>` in thinking mode), then `finish`."""
+
+    text: str = "Hello from the fake engine"
+    finish: Finish | None = Finish.STOP
+    error: ApiError | None = None
+    hold: bool = False  # deliver nothing: the request stays in flight
+
+
+@dataclass
+class FakeCoordinator:
+    """Stands in for `Coordinator` in the HTTP layer's tests."""
+
+    recipe: RecipeContext
+    script: Script = field(default_factory=Script)
+    submit_error: BaseException | None = None
+    submitted: list[tuple[str, list[int], SamplingOptions]] = field(default_factory=list)
+    closed: list[tuple[str, bool, AbortReason]] = field(default_factory=list)
+    handles: dict[str, RequestHandle] = field(default_factory=dict)
+    failure: str | None = None
+    draining: bool = False
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self.handles)
+
+    def submit(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling: SamplingOptions,
+        deadline: float | None,
+    ) -> RequestHandle:
+        if self.submit_error is not None:
+            raise self.submit_error
+        self.submitted.append((request_id, prompt_token_ids, sampling))
+        handle = RequestHandle(request_id, 0, self._on_close, deadline)
+        self.handles[request_id] = handle
+        asyncio.get_running_loop().call_soon(self._play, handle)
+        return handle
+
+    def _on_close(self, handle: RequestHandle, aborted: bool, reason: AbortReason) -> None:
+        self.handles.pop(handle.request_id, None)
+        self.closed.append((handle.request_id, aborted, reason))
+
+    def _play(self, handle: RequestHandle) -> None:
+        script = self.script
+        if script.hold:
+            return
+        text = script.text
+        thinking = self.submitted[-1][1][-1:] == list(self.recipe.tokenizer.encode("<think>"))
+        if thinking and "</think>" not in text:
+            text = "Thinking.</think>" + text
+        ids = list(self.recipe.tokenizer.encode(text))
+        now = time.perf_counter()
+        handle.deliver(GeneratedTokens(ids), None, now, 0.001)
+        if script.error is not None:
+            handle.fail(script.error, engine_finished=True)
+        elif script.finish is not None:
+            handle.deliver(GeneratedTokens(), script.finish, now, 0.001)
+
+
+@dataclass
+class Harness:
+    client: httpx.AsyncClient
+    coordinator: FakeCoordinator
+    metrics: ServerMetrics
+
+
+@asynccontextmanager
+async def serve(*args: str, script: Script | None = None) -> AsyncIterator[Harness]:
+    """The app for `deepinfer-server --engine simulated ARGS`, with a fake coordinator."""
+    config = parse_config(["--engine", "simulated", "--max-model-len", "4096", *args])
+    recipe = RecipeContext.create(
+        _tokenizer_json(), config.served_model_names, config.max_model_len, default_thinking=True
+    )
+    coordinator = FakeCoordinator(recipe, script or Script())
+    metrics = ServerMetrics(config.served_model_name)
+    state = AppState(
+        config=config,
+        recipe=recipe,
+        coordinator=cast(Coordinator, coordinator),
+        metrics=metrics,
+        structured=StructuredOutputs(_tokenizer_json()),
+    )
+    transport = httpx.ASGITransport(app=build_app(state))
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        yield Harness(client, coordinator, metrics)
+
+
+def run(test: Callable[[], Any], timeout: float = 30.0) -> Any:
+    """Run an async test body on a fresh event loop, bounded so a hang fails fast."""
+
+    async def bounded() -> Any:
+        return await asyncio.wait_for(test(), timeout)
+
+    return asyncio.run(bounded())
+
+
+def failures(metrics: ServerMetrics) -> dict[str, float]:
+    """request_failure_total by status."""
+    found: dict[str, float] = {}
+    for family in metrics.registry.collect():
+        for sample in family.samples:
+            if sample.name == "deepinfer:request_failure_total":
+                found[sample.labels["status"]] = sample.value
+    return found
