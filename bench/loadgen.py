@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 class Totals:
     requests: int = 0
     errors: int = 0
+    cut: int = 0
     status: dict[int, int] = field(default_factory=dict)
     frames: int = 0
     ttft: list[float] = field(default_factory=list)
@@ -107,7 +108,15 @@ async def _worker(
     try:
         while time.perf_counter() < deadline and budget[0] > 0:
             budget[0] -= 1
-            await _one(reader, writer, request, timing, totals)
+            try:
+                # --duration bounds the run: a request still streaming then is cut (the
+                # connection closes, and the server aborts it), its tokens so far counted.
+                await asyncio.wait_for(
+                    _one(reader, writer, request, timing, totals), deadline - time.perf_counter()
+                )
+            except TimeoutError:
+                totals.cut += 1
+                break
     finally:
         writer.close()
 
@@ -140,6 +149,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         "elapsed": elapsed,
         "requests": totals.requests,
         "errors": totals.errors,
+        "cut": totals.cut,
         "status": totals.status,
         "frames": totals.frames,
         "ttft": totals.ttft,

@@ -151,7 +151,8 @@ def coordinator(duration: float, rows: list[list[str]]) -> None:
         result = _measure(server, _body(10_000), 64, duration)
         window = time.perf_counter() - started
         after = _steps(server.port)
-    # Requests never finish within the window (10,000 tokens), so every stream runs throughout.
+    # Requests never finish within the window (10,000 tokens), so every stream runs throughout;
+    # the load generator cuts them when --duration ends.
     steps_per_second = min(after[r] - before.get(r, 0) for r in after) / window
     tokens = result["frames"]  # one token per chunk at 10 ms steps
     rows.append(

@@ -308,3 +308,14 @@ def test_second_sigint_stops_a_drain_at_once() -> None:
             assert time.monotonic() - started < 60  # far inside the 120 s drain window
             rest = list(events)
         assert rest and isinstance(rest[-2], dict) and "error" in rest[-2]
+
+
+def test_debug_log_level_tells_admission_routing_and_aborts() -> None:
+    with LiveServer("--log-level", "debug", "--sim-itl-ms", "5") as server:
+        url = server.base_url + "/v1/chat/completions"
+        headers = {"X-Request-Id": "dbg-1"}
+        with httpx.stream("POST", url, json={**ENDLESS, "stream": True}, headers=headers) as s:
+            next(sse_events(s))
+        server.wait_for_line("to DP rank 0", timeout=10)
+        line = server.wait_for_line("aborted on DP rank 0 (disconnect)", timeout=10)
+        assert "dbg-1" in line

@@ -271,3 +271,26 @@ def test_liveness_clock_starts_when_work_arrives() -> None:
         assert hangs and hangs[0].startswith("DP rank 0 completed no engine step for 0.2s")
 
     run(body)
+
+
+def test_a_stream_that_fails_midway_is_logged_with_its_outcome(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    error = EngineRequestError("out of KV cache", kind=ErrorKind.ENGINE_OUT_OF_RESOURCES)
+
+    async def body() -> None:
+        async with serve(script=Script(finish=None, error=error)) as h:
+            with caplog.at_level(logging.INFO):
+                response = await h.client.post(
+                    CHAT, json=chat_body(stream=True), headers={"X-Request-Id": "mid-1"}
+                )
+            assert response.status_code == 200
+            access = [r.getMessage() for r in caplog.records if r.name.endswith("access")]
+            assert any(
+                "request_id=mid-1" in line and "error=engine_out_of_resources" in line
+                for line in access
+            )
+            warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+            assert any("mid-1" in r.getMessage() for r in warnings)
+
+    run(body)

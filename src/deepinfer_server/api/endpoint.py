@@ -132,6 +132,13 @@ async def _stream(
     except Exception as exc:
         error = as_api_error(exc, request_id)
         metrics.observe_failure(error.status_code)
+        record.error_kind = error.kind.value
+        logger.warning(
+            "request %s: the stream failed after it started: %s (%s)",
+            request_id,
+            error.message,
+            error.kind.value,
+        )
         yield protocol.error_frame(error)
     if protocol.done_frame:
         yield protocol.done_frame

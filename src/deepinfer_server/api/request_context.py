@@ -104,6 +104,8 @@ class RequestContextMiddleware:
                 f" completion_tokens={record.generation_tokens}"
                 f" ttft_ms={ttft} finish_reason={record.finish_reason or '-'}"
             )
+            if record.error_kind is not None:
+                details += f" error={record.error_kind}"
         access_logger.info(
             "%s %s %s request_id=%s%s duration_ms=%.1f",
             scope["method"],

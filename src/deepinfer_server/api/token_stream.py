@@ -85,6 +85,8 @@ async def token_stream(
                 yield payloads
     except (ApiError, asyncio.CancelledError, GeneratorExit) as exc:
         ended_by = exc
+        if isinstance(exc, ApiError):
+            record.error_kind = exc.kind.value
         raise
     finally:
         handle.close(_abort_reason(ended_by))

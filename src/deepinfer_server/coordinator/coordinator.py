@@ -145,6 +145,13 @@ class Coordinator:
         self._handles[request_id] = handle
         self._idle.clear()
         self._channels.send_add(rank, request_id, prompt_token_ids, sampling)
+        logger.debug(
+            "request %s: %d prompt tokens to DP rank %d (%d in flight)",
+            request_id,
+            len(prompt_token_ids),
+            rank,
+            len(self._handles),
+        )
         return handle
 
     def fail_all(self, error: ApiError) -> None:
@@ -174,6 +181,9 @@ class Coordinator:
         if aborted and self._failure is None:
             self._channels.send_abort(handle.rank, [handle.request_id])
             self._metrics.observe_abort(reason)
+            logger.debug(
+                "request %s: aborted on DP rank %d (%s)", handle.request_id, handle.rank, reason
+            )
 
     def _on_rank_exit(self, rank: int, exitcode: int | None) -> None:
         # A rank that fails on purpose reports why just before it exits; give that report a

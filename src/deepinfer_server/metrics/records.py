@@ -18,6 +18,8 @@ class RequestRecord:
     generation_tokens: int = 0
     inter_token_latencies: list[float] = field(default_factory=list)
     finish_reason: str | None = None
+    #: The error kind when the request failed after it was admitted (for example mid-stream).
+    error_kind: str | None = None
 
     def on_tokens(self, arrived_at: float, count: int, step_seconds: float) -> None:
         """Record `count` tokens that reached the API process at `arrived_at`."""

@@ -14,6 +14,7 @@ the same engine methods the same number of times; nothing else is needed to keep
 
 from __future__ import annotations
 
+import logging
 import time
 
 import zmq
@@ -27,6 +28,11 @@ from deepinfer_server.ipc.messages import (
     to_rank_decoder,
 )
 from deepinfer_server.ipc.stop_agreement import StopAgreement
+
+logger = logging.getLogger(__name__)
+
+#: How often the loop logs a step-timing summary at debug level.
+_SUMMARY_SECONDS = 10.0
 
 
 class RankLoop:
@@ -52,11 +58,14 @@ class RankLoop:
         """Loop until the stop agreement ends it; engine exceptions propagate to the caller."""
         iteration = 0
         idle = True
+        summary = _StepSummary(self._rank)
         while not self._stop.should_stop(iteration):
             self._take_messages(wait=idle)
             started = time.perf_counter()
             unfinished, deltas = self._core.iterate()
             elapsed = time.perf_counter() - started
+            if unfinished:
+                summary.add(elapsed, started)
             if deltas or unfinished:
                 message = StepOutputs(self._rank, deltas, elapsed)
                 self._outbox.send(from_rank_encoder.encode(message), copy=False)
@@ -82,3 +91,31 @@ class RankLoop:
         elif isinstance(message, AbortRequests):
             self._core.abort(message.request_ids)
         # Wake and Shutdown only end the idle wait; the stop itself comes from the agreement.
+
+
+class _StepSummary:
+    """Debug-level step statistics, logged every `_SUMMARY_SECONDS` while the rank steps."""
+
+    def __init__(self, rank: int) -> None:
+        self._rank = rank
+        self._enabled = logger.isEnabledFor(logging.DEBUG)
+        self._since = time.perf_counter()
+        self._steps = 0
+        self._seconds = 0.0
+
+    def add(self, seconds: float, now: float) -> None:
+        if not self._enabled:
+            return
+        self._steps += 1
+        self._seconds += seconds
+        window = now - self._since
+        if window >= _SUMMARY_SECONDS:
+            logger.debug(
+                "DP rank %d: %d steps in %.1fs, mean %.2f ms, busy %.0f%%",
+                self._rank,
+                self._steps,
+                window,
+                1000 * self._seconds / self._steps,
+                100 * self._seconds / window,
+            )
+            self._since, self._steps, self._seconds = now, 0, 0.0

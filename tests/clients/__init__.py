@@ -1,0 +1,1 @@
+"""Tests that drive real clients against a live simulated server (marker `clients`)."""
