@@ -172,4 +172,9 @@ def test_redacted_thinking_is_dropped() -> None:
             prompt = last_prompt(h.coordinator)
             assert "earlier answer" in prompt and "SECRETBLOB" not in prompt
 
+            history[1]["content"] = [{"type": "redacted_thinking", "data": "SECRETBLOB"}]
+            response = await h.client.post(MESSAGES, json=messages_body(messages=history))
+            assert response.status_code == 200, response.text
+            assert "SECRETBLOB" not in last_prompt(h.coordinator)
+
     run(body)

@@ -12,7 +12,7 @@ import anthropic
 import openai
 import pytest
 
-from tests.clients.conftest import MODEL, Recorder, live_server, marker
+from tests.clients.conftest import MAX_MODEL_LEN, MODEL, Recorder, live_server, marker
 from tests.dsml import WEATHER_TOOL, tool_calls_block
 
 pytestmark = [
@@ -172,6 +172,19 @@ def test_langchain_bind_tools(recorder: Recorder) -> None:
     assert message.tool_calls[0]["args"] == {"city": word}
     (call,) = recorder.to("/v1/chat/completions")
     assert call.json()["tools"][0]["function"]["name"] == "get_weather"
+
+
+def test_langchain_context_overflow(recorder: Recorder) -> None:
+    """An overflow reaches LangChain with OpenAI's code, which overflow handling keys on.
+
+    (langchain-openai 1.7 looks for the code in the exception's text, which openai 3.x limits to
+    the message: the code is checked on the exception's body instead.)"""
+    llm = chat_openai(recorder)
+    with pytest.raises(openai.BadRequestError) as raised:
+        llm.invoke("Please repeat this.", max_tokens=MAX_MODEL_LEN)
+    assert raised.value.code == "context_length_exceeded", recorder.report()
+    (call,) = recorder.to("/v1/chat/completions")
+    assert call.status == 400
 
 
 # --- SDK calls beyond generation -------------------------------------------------------------

@@ -77,7 +77,10 @@ def _without_redacted_thinking(message: Any) -> Any:
         for block in message["content"]
         if not (isinstance(block, dict) and block.get("type") == "redacted_thinking")
     ]
-    return {**message, "content": content}
+    if len(content) == len(message["content"]):
+        return message
+    # A turn that held only redacted reasoning stays a turn, as an empty answer.
+    return {**message, "content": content or [{"type": "text", "text": ""}]}
 
 
 def normalize_messages_body(body: dict[str, Any]) -> dict[str, Any]:

@@ -6,13 +6,11 @@ Claude Code calls it in interactive sessions and for `/context`; the Anthropic S
 
 from __future__ import annotations
 
-import asyncio
-
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from deepinfer_server.api.body import read_body
-from deepinfer_server.api.state import LARGE_BODY_BYTES, AppState
+from deepinfer_server.api.state import AppState, prepare_body
 from deepinfer_server.protocol.anthropic_messages import count_message_tokens
 from deepinfer_server.protocol.validation import decode_json
 
@@ -22,8 +20,5 @@ async def count_tokens(request: Request) -> Response:
     config = state.config
     raw = await read_body(request, config.max_request_bytes, config.body_read_timeout)
     body = decode_json(raw)
-    if len(raw) > LARGE_BODY_BYTES:
-        tokens = await asyncio.to_thread(count_message_tokens, body, state.recipe)
-    else:
-        tokens = count_message_tokens(body, state.recipe)
+    tokens = await prepare_body(count_message_tokens, body, len(raw), state.recipe)
     return JSONResponse({"input_tokens": tokens})
