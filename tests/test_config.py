@@ -171,6 +171,18 @@ def test_api_keys_repeat_fall_back_to_the_environment_and_stay_out_of_repr(
     assert parse_config(["--engine", "simulated", "--api-key", "flag"]).api_keys == ("flag",)
 
 
+def test_reasoning_secret_falls_back_to_the_environment_and_stays_out_of_repr(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("DEEPINFER_REASONING_SECRET", raising=False)
+    assert parse_config(["--engine", "simulated"]).reasoning_secret is None
+    config = parse_config(["--engine", "simulated", "--reasoning-secret", "s3cr3t"])
+    assert config.reasoning_secret == "s3cr3t"
+    assert "s3cr3t" not in repr(config)
+    monkeypatch.setenv("DEEPINFER_REASONING_SECRET", "from-env")
+    assert parse_config(["--engine", "simulated"]).reasoning_secret == "from-env"
+
+
 def test_cors_options_repeat() -> None:
     config = parse_config(
         [

@@ -151,6 +151,7 @@ async def serve(config: ResolvedConfig) -> int:
             config.served_model_names,
             config.max_model_len,
             default_thinking=config.default_thinking == "enabled",
+            reasoning_secret=config.reasoning_secret,
         )
     except (OSError, ValueError, RuntimeError) as exc:
         raise ConfigError(f"cannot load the tokenizer: {exc}") from exc

@@ -111,7 +111,11 @@ async def serve(*args: str, script: Script | None = None) -> AsyncIterator[Harne
     """The app for `deepinfer-server --engine simulated ARGS`, with a fake coordinator."""
     config = parse_config(["--engine", "simulated", "--max-model-len", "4096", *args])
     recipe = RecipeContext.create(
-        _tokenizer_json(), config.served_model_names, config.max_model_len, default_thinking=True
+        _tokenizer_json(),
+        config.served_model_names,
+        config.max_model_len,
+        default_thinking=True,
+        reasoning_secret=config.reasoning_secret,
     )
     coordinator = FakeCoordinator(recipe, script or Script())
     metrics = ServerMetrics(config.served_model_name)

@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -27,6 +26,8 @@ from tests.server import LiveServer
 
 MODEL = "deepseek-flash"
 MAX_MODEL_LEN = 32768
+# The lane's server seals Responses reasoning with this key, so tests can open the blobs.
+REASONING_SECRET = "client-lane-secret"
 REPO = Path(__file__).resolve().parents[2]
 # Where scripts/install-test-clients.sh puts the npm clients (TEST_CLIENTS_PREFIX overrides).
 NPM_PREFIX = Path(os.environ.get("TEST_CLIENTS_PREFIX", REPO / ".test-clients"))
@@ -52,27 +53,20 @@ def marker() -> str:
     return f"MARK{uuid.uuid4().hex[:10].upper()}"
 
 
-def sim_speed_args() -> list[str]:
-    """Fast simulated steps where this version of the server has the options.
-
-    Claude Code's echoed turn is ~2.5k tokens (its system reminders ride in the user turn)."""
-    help_text = subprocess.run(
-        [sys.executable, "-m", "deepinfer_server", "--help"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout
-    args = []
-    if "--sim-itl-ms" in help_text:
-        args += ["--sim-itl-ms", "1"]
-    if "--sim-ttft-ms" in help_text:
-        args += ["--sim-ttft-ms", "5"]
-    return args
-
-
 @pytest.fixture(scope="session")
 def server_args() -> list[str]:
-    return ["--max-model-len", str(MAX_MODEL_LEN), *sim_speed_args()]
+    """DP=1, 32k context as on the real deployment, fast simulated steps (Claude Code's echoed
+    turn is ~2.5k tokens: its system reminders ride in the user turn)."""
+    return [
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--sim-itl-ms",
+        "1",
+        "--sim-ttft-ms",
+        "5",
+        "--reasoning-secret",
+        REASONING_SECRET,
+    ]
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import sys
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -67,6 +68,14 @@ class Exchange:
         if len(body) > 600:
             body = body[:600] + "…"
         return f"{self.method} {self.target} -> {self.status} {body}"
+
+
+class _QuietServer(ThreadingHTTPServer):
+    """A client closing its keep-alive connection between requests is not an error."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 class LoggingProxy:
@@ -135,7 +144,7 @@ class LoggingProxy:
 
             do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = do_OPTIONS = _forward
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = _QuietServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self.port = int(self._server.server_address[1])
         self.base_url = f"http://127.0.0.1:{self.port}"

@@ -8,8 +8,10 @@ from typing import Any
 
 import pytest
 
+from deepinfer_server.protocol.reasoning_seal import ReasoningSeal
 from tests.clients.conftest import (
     MODEL,
+    REASONING_SECRET,
     Recorder,
     Run,
     clean_env,
@@ -74,10 +76,15 @@ def check_request_shape(recorder: Recorder) -> None:
         assert body["include"] == ["reasoning.encrypted_content"]
         assert body["reasoning"].get("summary") == "auto"
         assert body["input"][0]["role"] == "developer"
-        # Since the request asked for it, every reasoning item carries encrypted_content.
+        # As asked: every reasoning item carries its reasoning sealed by the server's key, and
+        # a summary.
+        seal = ReasoningSeal.from_secret(REASONING_SECRET)
         for item in output_items(call.response_text):
             if item["type"] == "reasoning":
-                assert item.get("encrypted_content"), item
+                text = "".join(part["text"] for part in item["content"])
+                assert text, item
+                assert seal.open(item["encrypted_content"]) == text, item
+                assert item["summary"] == [{"type": "summary_text", "text": text}], item
 
 
 @pytest.mark.timeout(120)

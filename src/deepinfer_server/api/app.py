@@ -11,8 +11,10 @@ from starlette.routing import Route
 from deepinfer_server.api.auth import ApiKeyMiddleware
 from deepinfer_server.api.error_responses import handle_api_error, handle_http_exception
 from deepinfer_server.api.request_context import RequestContextMiddleware
+from deepinfer_server.api.routes.count_tokens import count_tokens
 from deepinfer_server.api.routes.generation import chat_completions, messages, responses
-from deepinfer_server.api.routes.meta import health, list_models, metrics, server_version
+from deepinfer_server.api.routes.meta import health, metrics, server_version
+from deepinfer_server.api.routes.models import list_models, retrieve_model
 from deepinfer_server.api.state import AppState
 from deepinfer_server.errors import ApiError
 
@@ -48,7 +50,9 @@ def build_app(state: AppState) -> Starlette:
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/responses", responses, methods=["POST"]),
         Route("/v1/messages", messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", retrieve_model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/version", server_version, methods=["GET"]),

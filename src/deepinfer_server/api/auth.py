@@ -12,7 +12,11 @@ import hmac
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from deepinfer_server.api.error_responses import ANTHROPIC_PATH_PREFIX, envelope_for_path
+from deepinfer_server.api.error_responses import (
+    ANTHROPIC_VERSION_HEADER,
+    envelope_for_path,
+    speaks_anthropic,
+)
 from deepinfer_server.errors import AuthenticationError
 
 PROTECTED_PREFIX = "/v1/"
@@ -52,11 +56,9 @@ class ApiKeyMiddleware:
             return
         path = scope["path"]
         # Each protocol's clients send the key their own way: say it their way.
-        how = (
-            "'x-api-key: <key>'"
-            if path.startswith(ANTHROPIC_PATH_PREFIX)
-            else "'Authorization: Bearer <key>'"
-        )
+        anthropic_version = any(n == ANTHROPIC_VERSION_HEADER.encode() for n, _ in scope["headers"])
+        anthropic = speaks_anthropic(path, anthropic_version)
+        how = "'x-api-key: <key>'" if anthropic else "'Authorization: Bearer <key>'"
         error = AuthenticationError(f"Invalid or missing API key: send {how}")
         await send(
             {
@@ -68,5 +70,5 @@ class ApiKeyMiddleware:
                 ],
             }
         )
-        body = envelope_for_path(path)(error)
+        body = envelope_for_path(path, anthropic_version)(error)
         await send({"type": "http.response.body", "body": orjson.dumps(body)})

@@ -24,7 +24,7 @@ from deepinfer_server.api.body import read_body
 from deepinfer_server.api.disconnect import until_disconnect
 from deepinfer_server.api.error_responses import as_api_error
 from deepinfer_server.api.sse import SSEResponse
-from deepinfer_server.api.state import LARGE_BODY_BYTES, AppState
+from deepinfer_server.api.state import AppState, prepare_body
 from deepinfer_server.api.token_stream import ProtocolOutput, token_stream
 from deepinfer_server.coordinator.handle import RequestHandle
 from deepinfer_server.errors import ApiError
@@ -76,10 +76,7 @@ async def serve_generation(request: Request, protocol: GenerationProtocol) -> Re
     if config.log_requests:
         logger.info("request %s body: %s", request_id, raw[:65536].decode(errors="replace"))
     body = decode_json(raw)
-    if len(raw) > LARGE_BODY_BYTES:
-        prepared: Prepared = await asyncio.to_thread(protocol.prepare, body, state.recipe)
-    else:
-        prepared = protocol.prepare(body, state.recipe)
+    prepared: Prepared = await prepare_body(protocol.prepare, body, len(raw), state.recipe)
     sampling = prepared.sampling
     if prepared.constraint is not None:
         # Compiling can take seconds: never on the event loop.

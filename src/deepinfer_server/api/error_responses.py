@@ -23,6 +23,9 @@ from deepinfer_server.protocol.error_shapes import anthropic_error_body, openai_
 logger = logging.getLogger(__name__)
 
 ANTHROPIC_PATH_PREFIX = "/v1/messages"
+# Paths both protocols share; Anthropic's clients are told apart by their `anthropic-version`.
+SHARED_PATH_PREFIX = "/v1/models"
+ANTHROPIC_VERSION_HEADER = "anthropic-version"
 
 _HTTP_STATUS_KINDS = {
     404: ErrorKind.NOT_FOUND,
@@ -31,9 +34,18 @@ _HTTP_STATUS_KINDS = {
 }
 
 
-def envelope_for_path(path: str) -> Callable[[ApiError], dict[str, Any]]:
-    """Anthropic's envelope for /v1/messages, OpenAI's everywhere else."""
-    if path.startswith(ANTHROPIC_PATH_PREFIX):
+def speaks_anthropic(path: str, anthropic_version: bool) -> bool:
+    """True for /v1/messages, and for /v1/models asked with an `anthropic-version` header."""
+    return path.startswith(ANTHROPIC_PATH_PREFIX) or (
+        anthropic_version and path.startswith(SHARED_PATH_PREFIX)
+    )
+
+
+def envelope_for_path(
+    path: str, anthropic_version: bool = False
+) -> Callable[[ApiError], dict[str, Any]]:
+    """Anthropic's envelope where the client speaks Anthropic, OpenAI's everywhere else."""
+    if speaks_anthropic(path, anthropic_version):
         return anthropic_error_body
     return openai_error_body
 
@@ -49,22 +61,26 @@ def as_api_error(exc: BaseException, request_id: str = "-") -> ApiError:
     return InternalError()
 
 
-def error_response(error: ApiError, path: str) -> Response:
-    """A JSON error response in the path's envelope."""
+def error_response(error: ApiError, path: str, anthropic_version: bool) -> Response:
+    """A JSON error response in the envelope of the protocol the client speaks."""
     return Response(
-        orjson.dumps(envelope_for_path(path)(error)),
+        orjson.dumps(envelope_for_path(path, anthropic_version)(error)),
         status_code=error.status_code,
         media_type="application/json",
         headers=error.headers(),
     )
 
 
+def _client_of(request: Request) -> tuple[str, bool]:
+    return request.url.path, ANTHROPIC_VERSION_HEADER in request.headers
+
+
 async def handle_api_error(request: Request, exc: Exception) -> Response:
     request_id = getattr(request.state, "request_id", "-")
-    return error_response(as_api_error(exc, request_id), request.url.path)
+    return error_response(as_api_error(exc, request_id), *_client_of(request))
 
 
 async def handle_http_exception(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     kind = _HTTP_STATUS_KINDS.get(exc.status_code, ErrorKind.BAD_REQUEST)
-    return error_response(ApiError(str(exc.detail), kind=kind), request.url.path)
+    return error_response(ApiError(str(exc.detail), kind=kind), *_client_of(request))

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.coordinator.coordinator import Coordinator
@@ -14,6 +16,20 @@ from deepinfer_server.protocol.structured import StructuredOutputs
 
 # Bodies larger than this are prepared on a worker thread, keeping the event loop responsive.
 LARGE_BODY_BYTES = 64 * 1024
+
+T = TypeVar("T")
+
+
+async def prepare_body(
+    prepare: Callable[[dict[str, Any], RecipeContext], T],
+    body: dict[str, Any],
+    raw_size: int,
+    recipe: RecipeContext,
+) -> T:
+    """`prepare(body, recipe)`, on a worker thread when the body is large (`LARGE_BODY_BYTES`)."""
+    if raw_size > LARGE_BODY_BYTES:
+        return await asyncio.to_thread(prepare, body, recipe)
+    return prepare(body, recipe)
 
 
 @dataclass

@@ -124,6 +124,14 @@ class ServerConfig:
         secret=True,
         action="append",
     )
+    reasoning_secret: str | None = option(
+        None,
+        "--reasoning-secret",
+        help="key of the Responses API's `reasoning.encrypted_content` blobs; blobs stay valid "
+        "across restarts only with a fixed secret (default: $DEEPINFER_REASONING_SECRET, else a "
+        "random key per start)",
+        secret=True,
+    )
     allowed_origins: tuple[str, ...] = option(
         (),
         "--allowed-origins",

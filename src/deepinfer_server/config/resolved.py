@@ -48,6 +48,7 @@ class ResolvedConfig:
     log_requests: bool
     log_level: str
     api_keys: tuple[str, ...] = field(default=(), repr=False)
+    reasoning_secret: str | None = field(default=None, repr=False)
 
     @property
     def served_model_name(self) -> str:
@@ -165,6 +166,7 @@ def resolve(
         shutdown_timeout=config.shutdown_timeout,
         default_thinking=config.default_thinking,
         api_keys=api_keys,
+        reasoning_secret=config.reasoning_secret or os.environ.get("DEEPINFER_REASONING_SECRET"),
         allowed_origins=tuple(config.allowed_origins),
         allowed_methods=tuple(config.allowed_methods),
         allowed_headers=tuple(config.allowed_headers),

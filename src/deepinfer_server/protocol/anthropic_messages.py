@@ -1,4 +1,5 @@
-"""Anthropic Messages API (`POST /v1/messages`): request preparation and output."""
+"""Anthropic Messages API (`POST /v1/messages`, `/v1/messages/count_tokens`): request
+preparation, token counting and output."""
 
 from __future__ import annotations
 
@@ -13,9 +14,13 @@ from deepseek_recipe import (
 
 from deepinfer_server.grammar import Constraint
 from deepinfer_server.ipc.messages import SamplingOptions
+from deepinfer_server.protocol.anthropic_compat import (
+    anthropic_context_error,
+    normalize_messages_body,
+)
 from deepinfer_server.protocol.named_events import NamedEventOutput
 from deepinfer_server.protocol.prepare import engine_input
-from deepinfer_server.protocol.recipe import RecipeContext
+from deepinfer_server.protocol.recipe import RecipeContext, recipe_errors
 from deepinfer_server.protocol.structured import (
     MESSAGES_CONSTRAINT,
     convert_honouring_tool_choice,
@@ -35,21 +40,35 @@ class PreparedMessages:
     constraint: Constraint | None
 
 
-def prepare_messages(body: dict[str, Any], recipe: RecipeContext) -> PreparedMessages:
-    """Turn a decoded Messages body into prompt token IDs and sampling options."""
+def _convert(body: dict[str, Any], recipe: RecipeContext) -> ConversationRequest:
     check_model(body, recipe.served_model_names)
     read_constraint(MESSAGES_CONSTRAINT, body, thinking=False)
-    converted = convert_honouring_tool_choice(
+    return convert_honouring_tool_choice(
         lambda b: MessagesRequest(b).convert(recipe.options),
-        body,
+        normalize_messages_body(body),
         {"type": "auto"},
         "output_config.format",
     )
+
+
+def prepare_messages(body: dict[str, Any], recipe: RecipeContext) -> PreparedMessages:
+    """Turn a decoded Messages body into prompt token IDs and sampling options."""
+    converted = _convert(body, recipe)
     constraint = read_constraint(MESSAGES_CONSTRAINT, body, converted.conversation.thinking_mode)
-    engine = engine_input(converted, recipe, ignore_eos=False)
+    engine = engine_input(converted, recipe, ignore_eos=False, overflow=anthropic_context_error)
     return PreparedMessages(
         converted, engine.prompt_token_ids, engine.sampling, converted.stream, constraint
     )
+
+
+def count_message_tokens(body: dict[str, Any], recipe: RecipeContext) -> int:
+    """The prompt tokens `/v1/messages` would encode for this body (system, tools, thinking).
+
+    A count_tokens body has no `max_tokens`; any value converts the same prompt.
+    """
+    converted = _convert({**body, "max_tokens": 1, "stream": False}, recipe)
+    with recipe_errors():
+        return len(recipe.encoding.encode(converted.conversation))
 
 
 def messages_output(

@@ -10,6 +10,7 @@ from deepseek_recipe import ChatCompletionRequest, ConversationRequest
 from deepinfer_server.errors import BadRequestError
 from deepinfer_server.grammar import Constraint
 from deepinfer_server.ipc.messages import SamplingOptions
+from deepinfer_server.protocol.chat_history import merge_assistant_runs
 from deepinfer_server.protocol.prepare import engine_input
 from deepinfer_server.protocol.recipe import RecipeContext
 from deepinfer_server.protocol.structured import (
@@ -65,6 +66,7 @@ def prepare_chat(body: dict[str, Any], recipe: RecipeContext) -> PreparedChat:
     """
     reject_unsupported_chat_options(body)
     check_chat_fields(body)
+    body["messages"] = merge_assistant_runs(body["messages"])
     ignore_eos = optional_bool(body, "ignore_eos")
     stream_options = _stream_options(body)
     optional_uint(body, "max_tokens")  # here, so that the 400 names the param

@@ -15,6 +15,11 @@ from deepinfer_server.protocol.recipe import RecipeContext
 from deepinfer_server.protocol.stream_output import RecipeOutput
 
 
+def named_event(name: str | None, data: str) -> str:
+    """One SSE message: the event's name and its JSON data."""
+    return f"event: {name}\ndata: {data}\n\n"
+
+
 class PreparedConversation(Protocol):
     """What a prepared Responses or Messages request offers its output."""
 
@@ -52,4 +57,4 @@ class NamedEventOutput(RecipeOutput):
 
     def _stream_payloads(self, chunks: list[Any]) -> list[str]:
         name_of = self._event_name
-        return [f"event: {name_of(chunk)}\ndata: {chunk.to_json()}\n\n" for chunk in chunks]
+        return [named_event(name_of(chunk), chunk.to_json()) for chunk in chunks]

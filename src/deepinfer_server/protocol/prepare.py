@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from deepseek_recipe import ConversationRequest
 
-from deepinfer_server.errors import BadRequestError, ErrorKind
+from deepinfer_server.errors import ApiError, BadRequestError, ContextLengthError, ErrorKind
 from deepinfer_server.ipc.messages import SamplingOptions
 from deepinfer_server.protocol.recipe import RecipeContext, recipe_errors
 
@@ -19,12 +20,20 @@ class EngineInput:
     sampling: SamplingOptions
 
 
+#: Builds a protocol's own context-overflow error: (prompt tokens, max_tokens, context limit).
+ContextOverflow = Callable[[int, int | None, int], ApiError]
+
+
 def engine_input(
-    converted: ConversationRequest, recipe: RecipeContext, ignore_eos: bool
+    converted: ConversationRequest,
+    recipe: RecipeContext,
+    ignore_eos: bool,
+    overflow: ContextOverflow | None = None,
 ) -> EngineInput:
     """Encode the conversation (V4.1) and resolve max_tokens against the context.
 
-    Raises BadRequestError for images (not supported yet) and for prompts that do not fit.
+    Raises BadRequestError for images (not supported yet) and for prompts that do not fit
+    (ContextLengthError, or `overflow`'s error when the protocol words it its own way).
     """
     with recipe_errors():
         for index, message in enumerate(converted.conversation.messages):
@@ -36,7 +45,14 @@ def engine_input(
                     code="unsupported_content",
                 )
         prompt_token_ids = recipe.encoding.encode(converted.conversation)
-        max_tokens = converted.resolve_max_tokens(len(prompt_token_ids), recipe.context_limit)
+    try:
+        with recipe_errors():
+            max_tokens = converted.resolve_max_tokens(len(prompt_token_ids), recipe.context_limit)
+    except ContextLengthError as exc:
+        if overflow is None:
+            raise
+        requested = converted.inference_options.max_tokens
+        raise overflow(len(prompt_token_ids), requested, recipe.context_limit) from exc
     inference = converted.inference_options
     sampling = SamplingOptions(
         max_tokens=max_tokens,

@@ -20,17 +20,20 @@ from deepseek_recipe import (
 )
 
 from deepinfer_server.errors import ApiError, BadRequestError, ContextLengthError, ErrorKind
+from deepinfer_server.protocol.reasoning_seal import ReasoningSeal
 
 
 @dataclass(frozen=True)
 class RecipeContext:
-    """Conversion options, the V4.1 prompt encoding and the tokenizer shared by every request."""
+    """Conversion options, the V4.1 prompt encoding, the tokenizer and the reasoning seal shared
+    by every request."""
 
     options: ConversionOptions
     encoding: DeepseekV41Encoding
     tokenizer: Tokenizer
     served_model_names: tuple[str, ...]
     context_limit: int
+    reasoning_seal: ReasoningSeal
 
     @classmethod
     def create(
@@ -39,6 +42,7 @@ class RecipeContext:
         served_model_names: tuple[str, ...],
         context_limit: int,
         default_thinking: bool,
+        reasoning_secret: str | None = None,
     ) -> RecipeContext:
         tokenizer = Tokenizer.from_str(tokenizer_json)
         # Only the served names are accepted, all as DeepSeek-V4.1-Flash: the recipe's default
@@ -48,7 +52,8 @@ class RecipeContext:
             {name: ModelVersion.DeepseekV41Flash for name in served_model_names}
         )
         encoding = DeepseekV41Encoding().with_tokenizer(tokenizer)
-        return cls(options, encoding, tokenizer, served_model_names, context_limit)
+        seal = ReasoningSeal.from_secret(reasoning_secret)
+        return cls(options, encoding, tokenizer, served_model_names, context_limit, seal)
 
     @property
     def model_name(self) -> str:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from deepseek_recipe import (
     ConversationRequest,
     ResponsesRequest,
@@ -14,9 +15,14 @@ from deepseek_recipe import (
 from deepinfer_server.errors import BadRequestError
 from deepinfer_server.grammar import Constraint
 from deepinfer_server.ipc.messages import SamplingOptions
-from deepinfer_server.protocol.named_events import NamedEventOutput
+from deepinfer_server.protocol.named_events import NamedEventOutput, named_event
 from deepinfer_server.protocol.prepare import engine_input
 from deepinfer_server.protocol.recipe import RecipeContext
+from deepinfer_server.protocol.responses_reasoning import (
+    ReasoningItems,
+    ReasoningRequest,
+    restore_reasoning,
+)
 from deepinfer_server.protocol.structured import (
     RESPONSES_CONSTRAINT,
     convert_honouring_tool_choice,
@@ -36,6 +42,7 @@ class PreparedResponses:
     echo: Any
     namespace_tool_map: dict[str, tuple[str, str]]
     constraint: Constraint | None
+    reasoning: ReasoningRequest = field(default_factory=ReasoningRequest)
 
 
 def _reject_stateful_options(body: dict[str, Any]) -> None:
@@ -61,6 +68,7 @@ def prepare_responses(body: dict[str, Any], recipe: RecipeContext) -> PreparedRe
     _reject_stateful_options(body)
     check_model(body, recipe.served_model_names)
     read_constraint(RESPONSES_CONSTRAINT, body, thinking=False)
+    body = restore_reasoning(body, recipe.reasoning_seal)
 
     def convert(
         body: dict[str, Any],
@@ -83,6 +91,7 @@ def prepare_responses(body: dict[str, Any], recipe: RecipeContext) -> PreparedRe
         echo,
         namespace_tool_map,
         constraint,
+        ReasoningRequest.of(body),
     )
 
 
@@ -93,4 +102,34 @@ def responses_output(
     if prepared.namespace_tool_map:
         generator = generator.with_namespace_tool_map(prepared.namespace_tool_map)
     generator = generator.with_echo(prepared.echo)
-    return NamedEventOutput(generator, ResponsesResponse, response_id, prepared, recipe)
+    items = ReasoningItems(prepared.reasoning, recipe.reasoning_seal)
+    return ResponsesOutput(generator, response_id, prepared, recipe, items)
+
+
+class ResponsesOutput(NamedEventOutput):
+    """Responses events, with reasoning items finished as the request asked (`ReasoningItems`)."""
+
+    def __init__(
+        self,
+        generator: Any,
+        response_id: str,
+        prepared: PreparedResponses,
+        recipe: RecipeContext,
+        items: ReasoningItems,
+    ) -> None:
+        super().__init__(generator, ResponsesResponse, response_id, prepared, recipe)
+        self._items = items
+
+    def _stream_payloads(self, chunks: list[Any]) -> list[str]:
+        payloads = []
+        for chunk in chunks:
+            name = self._event_name(chunk)
+            if not self._items.wants_event(name):
+                payloads.append(named_event(name, chunk.to_json()))
+                continue
+            for event in self._items.event(name, orjson.loads(chunk.to_json())):
+                payloads.append(named_event(event["type"], orjson.dumps(event).decode()))
+        return payloads
+
+    def response_json(self) -> bytes:
+        return orjson.dumps(self._items.response(orjson.loads(super().response_json())))

@@ -6,7 +6,7 @@ from typing import Any
 
 import orjson
 
-from deepinfer_server.errors import BadRequestError, ModelNotFoundError
+from deepinfer_server.errors import BadRequestError, ErrorKind, ModelNotFoundError
 
 UINT32_MAX = 2**32 - 1
 
@@ -66,6 +66,22 @@ def reject_unsupported_chat_options(body: dict[str, Any]) -> None:
         )
 
 
+def reject_file_parts(message: dict[str, Any], index: int) -> None:
+    """400 naming what is unsupported: documents (`file` parts), whatever they carry."""
+    content = message.get("content")
+    if not isinstance(content, list):
+        return
+    for part_index, part in enumerate(content):
+        if isinstance(part, dict) and part.get("type") == "file":
+            raise BadRequestError(
+                "file content (documents such as PDFs) is not supported by this server; send "
+                "the document's text instead",
+                param=f"messages[{index}].content[{part_index}]",
+                kind=ErrorKind.UNSUPPORTED,
+                code="unsupported_content",
+            )
+
+
 _CHAT_ROLES = frozenset({"system", "user", "assistant", "tool", "function", "latest_reminder"})
 _NUMBERS = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
 
@@ -93,6 +109,7 @@ def check_chat_fields(body: dict[str, Any]) -> None:
                 "or developer",
                 param=f"messages[{index}].role",
             )
+        reject_file_parts(message, index)
     for name in _NUMBERS:
         value = body.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):

@@ -1,4 +1,4 @@
-"""GET /v1/models, /health, /metrics and /version."""
+"""GET /health, /metrics and /version."""
 
 from __future__ import annotations
 
@@ -11,25 +11,6 @@ from starlette.responses import JSONResponse, Response
 from deepinfer_server import __version__
 from deepinfer_server.api.state import AppState
 from deepinfer_server.metrics import CONTENT_TYPE
-
-
-async def list_models(request: Request) -> Response:
-    state: AppState = request.app.state.server
-    config = state.config
-    root = config.model or config.served_model_name
-    data = [
-        {
-            "id": name,
-            "object": "model",
-            "created": state.started_at,
-            "owned_by": "deepinfer-server",
-            "root": root,
-            "parent": None,
-            "max_model_len": config.max_model_len,
-        }
-        for name in config.served_model_names
-    ]
-    return JSONResponse({"object": "list", "data": data})
 
 
 async def health(request: Request) -> Response:

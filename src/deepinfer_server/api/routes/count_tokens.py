@@ -1,0 +1,24 @@
+"""POST /v1/messages/count_tokens: the prompt tokens of a Messages request, `{"input_tokens": N}`.
+
+Claude Code calls it in interactive sessions and for `/context`; the Anthropic SDK's
+`messages.count_tokens` too. Errors take Anthropic's envelope (the path is under /v1/messages).
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from deepinfer_server.api.body import read_body
+from deepinfer_server.api.state import AppState, prepare_body
+from deepinfer_server.protocol.anthropic_messages import count_message_tokens
+from deepinfer_server.protocol.validation import decode_json
+
+
+async def count_tokens(request: Request) -> Response:
+    state: AppState = request.app.state.server
+    config = state.config
+    raw = await read_body(request, config.max_request_bytes, config.body_read_timeout)
+    body = decode_json(raw)
+    tokens = await prepare_body(count_message_tokens, body, len(raw), state.recipe)
+    return JSONResponse({"input_tokens": tokens})

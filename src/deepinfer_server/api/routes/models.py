@@ -1,0 +1,66 @@
+"""GET /v1/models and /v1/models/{model_id}: the served names, in OpenAI's or Anthropic's shape.
+
+Anthropic's SDKs and Claude Code send `anthropic-version` on every request; with that header the
+answers take the shape of Anthropic's models endpoint (`type: "model"`, `display_name`,
+`created_at` as RFC 3339, a list with `has_more`, `first_id`, `last_id`), as Anthropic's own API
+does. Without it they are OpenAI's model objects.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from deepinfer_server.api.error_responses import ANTHROPIC_VERSION_HEADER
+from deepinfer_server.api.state import AppState
+from deepinfer_server.errors import ModelNotFoundError
+
+
+def wants_anthropic_shape(request: Request) -> bool:
+    """True when the client speaks Anthropic's API (it sends `anthropic-version`)."""
+    return ANTHROPIC_VERSION_HEADER in request.headers
+
+
+def _openai_model(state: AppState, name: str) -> dict[str, Any]:
+    config = state.config
+    return {
+        "id": name,
+        "object": "model",
+        "created": state.started_at,
+        "owned_by": "deepinfer-server",
+        "root": config.model or config.served_model_name,
+        "parent": None,
+        "max_model_len": config.max_model_len,
+    }
+
+
+def _anthropic_model(state: AppState, name: str) -> dict[str, Any]:
+    created = datetime.fromtimestamp(state.started_at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"type": "model", "id": name, "display_name": name, "created_at": created}
+
+
+async def list_models(request: Request) -> Response:
+    state: AppState = request.app.state.server
+    names = state.config.served_model_names
+    if wants_anthropic_shape(request):
+        data = [_anthropic_model(state, name) for name in names]
+        return JSONResponse(
+            {"data": data, "has_more": False, "first_id": names[0], "last_id": names[-1]}
+        )
+    return JSONResponse({"object": "list", "data": [_openai_model(state, n) for n in names]})
+
+
+async def retrieve_model(request: Request) -> Response:
+    state: AppState = request.app.state.server
+    name: str = request.path_params["model_id"]
+    if name not in state.config.served_model_names:
+        served = ", ".join(state.config.served_model_names)
+        raise ModelNotFoundError(
+            f"The model '{name}' does not exist; this server serves: {served}", param="model"
+        )
+    if wants_anthropic_shape(request):
+        return JSONResponse(_anthropic_model(state, name))
+    return JSONResponse(_openai_model(state, name))

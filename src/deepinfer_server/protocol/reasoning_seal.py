@@ -1,0 +1,59 @@
+"""ReasoningSeal: reasoning text as an opaque, integrity-protected blob (Responses
+`encrypted_content`), so that a stateless client can hand it back on its next turn.
+
+A blob is URL-safe base64 of `version byte + UTF-8 text + HMAC-SHA256 tag`, keyed by the
+server's secret (`--reasoning-secret` / `$DEEPINFER_REASONING_SECRET`) or, without one, by a
+random key made at start-up. The tag proves the server wrote the blob: a client cannot forge one
+to place text in the prompt's reasoning. Blobs are opaque, not confidential: the same text is in
+the reasoning item's `content`. A blob the key does not verify (made before a restart without a
+configured secret, by another server, or altered) is ignored.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import secrets
+
+_VERSION = b"\x01"
+_TAG_BYTES = 32
+_KEY_CONTEXT = b"deepinfer-server reasoning seal v1\x00"
+
+
+class ReasoningSeal:
+    """Seals reasoning text into a blob and opens blobs this key sealed."""
+
+    def __init__(self, key: bytes) -> None:
+        self._key = key
+
+    @classmethod
+    def from_secret(cls, secret: str | None) -> ReasoningSeal:
+        """A seal keyed by `secret`, or by a random per-process key when there is none."""
+        material = secret.encode() if secret else secrets.token_bytes(32)
+        return cls(hashlib.sha256(_KEY_CONTEXT + material).digest())
+
+    def seal(self, text: str) -> str:
+        """The blob holding `text`."""
+        payload = _VERSION + text.encode()
+        tag = hmac.digest(self._key, payload, "sha256")
+        return base64.urlsafe_b64encode(payload + tag).decode().rstrip("=")
+
+    def open(self, blob: object) -> str | None:
+        """The text sealed in `blob`, or None when this key did not seal it."""
+        if not isinstance(blob, str):
+            return None
+        try:
+            raw = base64.urlsafe_b64decode(blob + "=" * (-len(blob) % 4))
+        except (binascii.Error, ValueError):
+            return None
+        payload, tag = raw[:-_TAG_BYTES], raw[-_TAG_BYTES:]
+        if not payload.startswith(_VERSION) or len(tag) != _TAG_BYTES:
+            return None
+        if not hmac.compare_digest(tag, hmac.digest(self._key, payload, "sha256")):
+            return None
+        try:
+            return payload[len(_VERSION) :].decode()
+        except UnicodeDecodeError:
+            return None
