@@ -52,14 +52,18 @@ class RankLoop:
         """Loop until the stop agreement ends it; engine exceptions propagate to the caller."""
         iteration = 0
         idle = True
+        reported_usage: float | None = None
         while not self._stop.should_stop(iteration):
             self._take_messages(wait=idle)
             started = time.perf_counter()
             unfinished, deltas = self._core.iterate()
             elapsed = time.perf_counter() - started
-            if deltas or unfinished:
-                message = StepOutputs(self._rank, deltas, elapsed)
+            usage = self._core.kv_cache_usage()
+            # An abort while idle frees KV blocks without a step: report that too.
+            if deltas or unfinished or usage != reported_usage:
+                message = StepOutputs(self._rank, deltas, elapsed, usage)
                 self._outbox.send(from_rank_encoder.encode(message), copy=False)
+                reported_usage = usage
             idle = not unfinished
             iteration += 1
 
