@@ -48,6 +48,7 @@ class ResolvedConfig:
     log_requests: bool
     log_level: str
     api_keys: tuple[str, ...] = field(default=(), repr=False)
+    get_load_format: Literal["vllm", "sglang"] = "vllm"
 
     @property
     def served_model_name(self) -> str:
@@ -173,4 +174,5 @@ def resolve(
         access_log=not config.disable_access_log,
         log_requests=config.log_requests,
         log_level=config.log_level,
+        get_load_format=config.get_load_format,
     )
