@@ -124,3 +124,15 @@ def test_an_engine_without_kv_read_out_reports_none() -> None:
         eos_id = 1
 
     assert LLMEngineDriver(Bare(), RequestOutput).kv_cache_usage() is None  # type: ignore[arg-type]
+
+
+def test_a_too_long_sequence_is_ignored_even_while_blocks_are_short() -> None:
+    # 2 allocatable blocks, "a" holds one: "b" (2 blocks) would have to wait for "a", but it
+    # is longer than the context, and that is checked first: it ends at once.
+    engine = make_engine(kv_blocks=3, max_model_len=150, zero_overhead_scheduling=False)
+    engine.add_request("0", "a", {"max_tokens": 100, "ignore_eos": True}, prompt("first"))
+    engine.has_unfinished_requests()
+    engine.step()
+    engine.add_request("0", "b", {"max_tokens": 4}, np.concatenate([prompt("x")] * 31))
+    order = [(rid, reason) for batch in run_to_end(engine) for rid, _, reason in batch if reason]
+    assert order == [("b", "prompt_length_exceeded"), ("a", "length")]

@@ -108,3 +108,13 @@ def test_kv_cache_usage_gauge_per_rank() -> None:
             assert float(found.group(1)) == 0.25
 
     run(body)
+
+
+def test_router_probes_stay_open_when_api_keys_are_set() -> None:
+    async def body() -> None:
+        async with serve("--api-key", "secret") as h:
+            for path in ("/get_load", "/server_info", "/get_model_info"):
+                assert (await h.client.get(path)).status_code == 200, path
+            assert (await h.client.get("/v1/models")).status_code == 401
+
+    run(body)

@@ -299,11 +299,12 @@ class LLMEngine:
             if sequence.ready_at > now:
                 continue
             # A preempted sequence is recomputed: prompt and output so far are prefilled again.
+            too_long = sequence.length > self._args.max_model_len
             allocation = self._kv.can_prefill(sequence.length + 1)
-            if allocation is AllocStatus.LATER:
+            if allocation is AllocStatus.LATER and not too_long:
                 break
             self._waiting.remove(sequence)
-            if sequence.length > self._args.max_model_len or allocation is AllocStatus.NEVER:
+            if too_long or allocation is AllocStatus.NEVER:
                 outputs.append(self._ignored_output(sequence, FINISH_PROMPT_TOO_LONG))
                 continue
             if sequence.grammar_failed:
