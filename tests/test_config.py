@@ -114,6 +114,8 @@ def test_help_documents_every_option() -> None:
         "--sim-ttft-ms",
         "--sim-itl-ms",
         "--sim-tokens-per-step",
+        "--sim-kv-blocks",
+        "--get-load-format",
     ]:
         assert flag in help_text
 
@@ -133,6 +135,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
         ["--engine", "simulated", "--ep", "8", "--dp", "3"],
         ["--engine", "simulated", "--ep", "8", "--dp", "2", "--cp", "2"],
         ["--engine", "simulated", "--max-num-seqs", "0"],
+        ["--engine", "simulated", "--sim-kv-blocks", "1"],
         ["--ep", "8"],  # the default engine needs MODEL
     ],
 )

@@ -23,7 +23,7 @@ from deepinfer_server.coordinator.coordinator import Coordinator
 from deepinfer_server.coordinator.handle import RequestHandle
 from deepinfer_server.errors import ApiError
 from deepinfer_server.ipc.messages import AbortReason, Finish, GeneratedTokens, SamplingOptions
-from deepinfer_server.metrics import ServerMetrics
+from deepinfer_server.metrics import RankLoad, ServerMetrics
 from deepinfer_server.protocol.recipe import RecipeContext
 from deepinfer_server.protocol.structured import StructuredOutputs
 from deepinfer_server.tokenizer import embedded_tokenizer_json
@@ -58,10 +58,18 @@ class FakeCoordinator:
     handles: dict[str, RequestHandle] = field(default_factory=dict)
     failure: str | None = None
     draining: bool = False
+    kv_cache_usage: float | None = None
 
     @property
     def num_in_flight(self) -> int:
         return len(self.handles)
+
+    def rank_loads(self) -> list[RankLoad]:
+        """One rank: held requests are running once they have a token, else waiting."""
+        live = [h for h in self.handles.values() if not h.engine_finished]
+        running = sum(h.has_first_token for h in live)
+        tokens = sum(h.context_tokens for h in live)
+        return [RankLoad(0, running, len(live) - running, tokens, self.kv_cache_usage)]
 
     def submit(
         self,
@@ -74,6 +82,7 @@ class FakeCoordinator:
             raise self.submit_error
         self.submitted.append((request_id, prompt_token_ids, sampling))
         handle = RequestHandle(request_id, 0, self._on_close, deadline)
+        handle.context_tokens = len(prompt_token_ids)
         self.handles[request_id] = handle
         asyncio.get_running_loop().call_soon(self._play, handle)
         return handle
@@ -119,6 +128,7 @@ async def serve(*args: str, script: Script | None = None) -> AsyncIterator[Harne
     )
     coordinator = FakeCoordinator(recipe, script or Script())
     metrics = ServerMetrics(config.served_model_name)
+    metrics.watch_ranks(coordinator.rank_loads, lambda: coordinator.failure is None)
     state = AppState(
         config=config,
         recipe=recipe,

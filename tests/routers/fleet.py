@@ -125,6 +125,19 @@ def vllm_router(worker_urls: list[str], policy: str, log_path: Path) -> Router:
     )  # fmt: skip
 
 
+def sglang_gateway(worker_urls: list[str], policy: str, log_path: Path) -> Router:
+    binary = router_binary("smg", "sglang-router")
+    return Router(
+        [
+            binary, "launch", "--worker-urls", *worker_urls, "--policy", policy,
+            "--health-check-interval-secs", "1", "--health-failure-threshold", "1",
+            "--health-check-timeout-secs", "2", "--worker-startup-check-interval", "1",
+            "--log-level", "warn",
+        ],
+        log_path,
+    )  # fmt: skip
+
+
 def chat(
     base_url: str, content: str = "Hello", max_tokens: int = 8, **extra: Any
 ) -> dict[str, Any]:

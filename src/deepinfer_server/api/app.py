@@ -15,6 +15,7 @@ from deepinfer_server.api.routes.count_tokens import count_tokens
 from deepinfer_server.api.routes.generation import chat_completions, messages, responses
 from deepinfer_server.api.routes.meta import health, metrics, server_version
 from deepinfer_server.api.routes.models import list_models, retrieve_model
+from deepinfer_server.api.routes.router_info import get_load, model_info, server_info
 from deepinfer_server.api.state import AppState
 from deepinfer_server.errors import ApiError
 
@@ -56,6 +57,11 @@ def build_app(state: AppState) -> Starlette:
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/version", server_version, methods=["GET"]),
+        Route("/get_load", get_load, methods=["GET"]),
+        Route("/server_info", server_info, methods=["GET"]),
+        Route("/get_server_info", server_info, methods=["GET"]),
+        Route("/model_info", model_info, methods=["GET"]),
+        Route("/get_model_info", model_info, methods=["GET"]),
     ]
     app = Starlette(
         routes=routes,

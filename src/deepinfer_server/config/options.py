@@ -183,3 +183,11 @@ class ServerConfig:
         help="on SIGTERM, seconds in-flight requests may still finish (default: %(default)s)",
         type=float,
     )
+    get_load_format: Literal["vllm", "sglang"] = option(
+        "vllm",
+        "--get-load-format",
+        help="the shape of GET /get_load for a router's power_of_two policy: vLLM Router's "
+        '{"load": N} or the SGLang gateway\'s per-rank list (default: %(default)s; '
+        "?format= overrides it per request)",
+        choices=["vllm", "sglang"],
+    )

@@ -49,6 +49,7 @@ class ResolvedConfig:
     log_level: str
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     reasoning_secret: str | None = field(default=None, repr=False)
+    get_load_format: Literal["vllm", "sglang"] = "vllm"
 
     @property
     def served_model_name(self) -> str:
@@ -175,4 +176,5 @@ def resolve(
         access_log=not config.disable_access_log,
         log_requests=config.log_requests,
         log_level=config.log_level,
+        get_load_format=config.get_load_format,
     )

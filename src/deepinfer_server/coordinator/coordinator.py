@@ -37,7 +37,7 @@ from deepinfer_server.ipc.messages import (
     StepOutputs,
 )
 from deepinfer_server.ipc.stop_agreement import StopAgreement
-from deepinfer_server.metrics import ServerMetrics
+from deepinfer_server.metrics import RankLoad, ServerMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -58,13 +58,14 @@ class Coordinator:
     ) -> None:
         self._config = config
         self._metrics = metrics
-        metrics.watch_ranks(self._rank_counts, lambda: self._failure is None)
+        metrics.watch_ranks(self.rank_loads, lambda: self._failure is None)
         self._processes = processes
         self._channels = channels
         self._stop = stop
         self._break_collectives = break_collectives
         self._admission = Admission(config.data_parallel_size, config.admission_capacity)
         self._handles: dict[str, RequestHandle] = {}
+        self._kv_usage: list[float | None] = [None] * config.data_parallel_size
         self._ready: set[int] = set()
         self._all_ready = asyncio.Event()
         self._failure: str | None = None
@@ -142,6 +143,7 @@ class Coordinator:
             raise ShuttingDownError()
         rank = self._admission.admit()
         handle = RequestHandle(request_id, rank, self._on_handle_closed, deadline)
+        handle.context_tokens = len(prompt_token_ids)
         self._handles[request_id] = handle
         self._idle.clear()
         self._channels.send_add(rank, request_id, prompt_token_ids, sampling)
@@ -228,10 +230,11 @@ class Coordinator:
             logger.error("DP rank %d failed:\n%s", message.rank, message.traceback)
             self._fail_service(f"DP rank {message.rank} failed: {message.message}")
 
-    def _rank_counts(self) -> list[tuple[int, int, int]]:
-        """(rank, running, waiting) for every rank, from the requests the engine owns."""
-        running = [0] * self._config.data_parallel_size
-        waiting = [0] * self._config.data_parallel_size
+    def rank_loads(self) -> list[RankLoad]:
+        """Every rank's running and waiting requests and their tokens (from the requests the
+        engine owns) and its KV-cache usage (from its last step report)."""
+        size = self._config.data_parallel_size
+        running, waiting, tokens = [0] * size, [0] * size, [0] * size
         for handle in self._handles.values():
             if handle.engine_finished:
                 continue
@@ -239,13 +242,18 @@ class Coordinator:
                 running[handle.rank] += 1
             else:
                 waiting[handle.rank] += 1
-        return [(rank, running[rank], waiting[rank]) for rank in range(len(running))]
+            tokens[handle.rank] += handle.context_tokens
+        return [
+            RankLoad(rank, running[rank], waiting[rank], tokens[rank], self._kv_usage[rank])
+            for rank in range(size)
+        ]
 
     def _dispatch(self, message: StepOutputs) -> None:
         self._liveness.reported(message.rank, asyncio.get_running_loop().time())
         # Request timings use perf_counter: uvloop's loop clock has millisecond resolution.
         now = time.perf_counter()
         self._metrics.observe_step(message.rank, message.step_seconds)
+        self._kv_usage[message.rank] = message.kv_cache_usage
         handles = self._handles
         step_seconds = message.step_seconds
         for delta in message.deltas:

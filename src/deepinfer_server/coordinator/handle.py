@@ -49,6 +49,8 @@ class RequestHandle:
         self._arrived_at = 0.0
         self._step_seconds = 0.0
         self.has_first_token = False
+        #: Prompt plus generated tokens: what the request holds in the engine's KV cache.
+        self.context_tokens = 0
         self._finish: Finish | None = None
         self._error: ApiError | None = None
         self._event = asyncio.Event()
@@ -80,6 +82,7 @@ class RequestHandle:
             return
         if tokens.token_ids:
             self.has_first_token = True
+            self.context_tokens += len(tokens.token_ids)
             self._arrived_at = arrived_at
             self._step_seconds = step_seconds
             self._tokens.extend(tokens)

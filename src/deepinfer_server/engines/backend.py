@@ -31,6 +31,9 @@ class EngineCore(Protocol):
     def iterate(self) -> tuple[bool, list[RequestDelta]]:
         """One lockstep iteration: (whether any DP rank had work, this rank's new outputs)."""
 
+    def kv_cache_usage(self) -> float | None:
+        """The share (0-1) of the KV cache in use now, or None when the engine cannot tell."""
+
     def close(self) -> None:
         """Release the engine (collective across the DP ranks where the engine says so)."""
 

@@ -143,6 +143,21 @@ class LLMEngineDriver:
         handles = self._engine.step() if unfinished else self._engine.flush_inflight_reqs()
         return unfinished, self._read(handles)
 
+    def kv_cache_usage(self) -> float | None:
+        """Used KV blocks over allocatable ones, as DeepInfer's stats logger computes it.
+
+        From `scheduler.get_num_free_gpu_blocks()` and `cache_config.num_gpu_blocks`; block 0
+        is never allocatable. None for an engine without them.
+        """
+        scheduler = getattr(self._engine, "scheduler", None)
+        cache_config = getattr(self._engine, "cache_config", None)
+        free_blocks = getattr(scheduler, "get_num_free_gpu_blocks", None)
+        total = getattr(cache_config, "num_gpu_blocks", None)
+        if free_blocks is None or not isinstance(total, int) or total < 2:
+            return None
+        usable = total - 1
+        return min(1.0, max(0.0, (usable - int(free_blocks())) / usable))
+
     def close(self) -> None:
         self._engine.close()
 

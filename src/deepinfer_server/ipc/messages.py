@@ -145,6 +145,8 @@ class StepOutputs(_Message):
     rank: int
     deltas: list[RequestDelta]
     step_seconds: float
+    #: The rank's KV-cache usage (0-1) after the iteration; None when the engine cannot tell.
+    kv_cache_usage: float | None = None
 
 
 class RequestRejected(_Message):

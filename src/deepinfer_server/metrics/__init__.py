@@ -2,6 +2,6 @@
 
 from deepinfer_server.metrics.histogram import FastHistogram
 from deepinfer_server.metrics.records import RequestRecord
-from deepinfer_server.metrics.registry import CONTENT_TYPE, PREFIX, ServerMetrics
+from deepinfer_server.metrics.registry import CONTENT_TYPE, PREFIX, RankLoad, ServerMetrics
 
-__all__ = ["CONTENT_TYPE", "PREFIX", "FastHistogram", "RequestRecord", "ServerMetrics"]
+__all__ = ["CONTENT_TYPE", "PREFIX", "FastHistogram", "RankLoad", "RequestRecord", "ServerMetrics"]

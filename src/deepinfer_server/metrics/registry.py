@@ -9,6 +9,7 @@ and the per-rank gauges are read from the coordinator at scrape time.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from typing import NamedTuple
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter
@@ -112,17 +113,34 @@ _TOKEN_BUCKETS = (
 )
 
 
+class RankLoad(NamedTuple):
+    """What one DP rank holds now: the gauges GIE's endpoint picker and the routers read.
+
+    `waiting` counts requests admitted to the rank that the engine has not yet scheduled
+    (no first token), `running` those producing tokens, `tokens` the prompt and generated
+    tokens of both; `kv_cache_usage` is the share (0-1)
+    of the rank's KV cache in use at its last step report (None before one, or when the
+    engine cannot tell).
+    """
+
+    rank: int
+    running: int
+    waiting: int
+    tokens: int
+    kv_cache_usage: float | None
+
+
 class _RankGauges(Collector):
-    """Per-rank running/waiting counts and health, read from the coordinator at scrape time."""
+    """Per-rank load gauges and health, read from the coordinator at scrape time."""
 
     def __init__(
         self,
         model_name: str,
-        rank_counts: Callable[[], Iterable[tuple[int, int, int]]],
+        rank_loads: Callable[[], Iterable[RankLoad]],
         healthy: Callable[[], bool],
     ) -> None:
         self._model_name = model_name
-        self._rank_counts = rank_counts
+        self._rank_loads = rank_loads
         self._healthy = healthy
 
     def collect(self) -> Iterator[Metric]:
@@ -136,9 +154,16 @@ class _RankGauges(Collector):
             "Requests admitted to each DP rank that have no first token yet.",
             labels=["model_name", "dp_rank"],
         )
-        for rank, running_count, waiting_count in self._rank_counts():
-            running.add_metric([self._model_name, str(rank)], running_count)
-            waiting.add_metric([self._model_name, str(rank)], waiting_count)
+        kv_usage = GaugeMetricFamily(
+            PREFIX + "kv_cache_usage_perc",
+            "KV-cache usage of each DP rank (1 = full), at its last engine step.",
+            labels=["model_name", "dp_rank"],
+        )
+        for load in self._rank_loads():
+            labels = [self._model_name, str(load.rank)]
+            running.add_metric(labels, load.running)
+            waiting.add_metric(labels, load.waiting)
+            kv_usage.add_metric(labels, load.kv_cache_usage or 0.0)
         healthy = GaugeMetricFamily(
             PREFIX + "healthy",
             "1 while every DP rank is alive and stepping, else 0.",
@@ -147,6 +172,7 @@ class _RankGauges(Collector):
         healthy.add_metric([self._model_name], 1.0 if self._healthy() else 0.0)
         yield running
         yield waiting
+        yield kv_usage
         yield healthy
 
 
@@ -210,12 +236,10 @@ class ServerMetrics:
             self.aborts.labels(model_name, reason.value)
 
     def watch_ranks(
-        self,
-        rank_counts: Callable[[], Iterable[tuple[int, int, int]]],
-        healthy: Callable[[], bool],
+        self, rank_loads: Callable[[], Iterable[RankLoad]], healthy: Callable[[], bool]
     ) -> None:
         """Expose the per-rank gauges and health from these callables."""
-        self.registry.register(_RankGauges(self.model_name, rank_counts, healthy))
+        self.registry.register(_RankGauges(self.model_name, rank_loads, healthy))
 
     def observe_step(self, rank: int, seconds: float) -> None:
         self.step_seconds.labels(self.model_name, str(rank)).observe(seconds)

@@ -59,6 +59,7 @@ class RankLoop:
         iteration = 0
         idle = True
         summary = _StepSummary(self._rank)
+        reported_usage: float | None = None
         while not self._stop.should_stop(iteration):
             self._take_messages(wait=idle)
             started = time.perf_counter()
@@ -66,9 +67,12 @@ class RankLoop:
             elapsed = time.perf_counter() - started
             if unfinished:
                 summary.add(elapsed, started)
-            if deltas or unfinished:
-                message = StepOutputs(self._rank, deltas, elapsed)
+            usage = self._core.kv_cache_usage()
+            # An abort while idle frees KV blocks without a step: report that too.
+            if deltas or unfinished or usage != reported_usage:
+                message = StepOutputs(self._rank, deltas, elapsed, usage)
                 self._outbox.send(from_rank_encoder.encode(message), copy=False)
+                reported_usage = usage
             idle = not unfinished
             iteration += 1
 

@@ -64,6 +64,14 @@ class SimulatedOptions:
         help="simulated engine: steps that succeed before the fault (default: 0)",
         type=int,
     )
+    sim_kv_blocks: int | None = option(
+        None,
+        "--sim-kv-blocks",
+        help="simulated engine: KV-cache blocks of 128 tokens per rank; when they run out, "
+        "decode preempts as DeepInfer does (default: enough for --max-num-seqs sequences of "
+        "--max-model-len tokens)",
+        type=int,
+    )
     sim_collective_timeout: float = option(
         60.0,
         "--sim-collective-timeout",
@@ -99,6 +107,8 @@ class SimulatedBackend(EngineBackend):
                 raise ConfigError(f"{flag} must not be negative, got {amount}")
         if not 0 <= options.sim_fault_rank < data_parallel_size:
             raise ConfigError(f"--sim-fault-rank must be a DP rank in 0..{data_parallel_size - 1}")
+        if options.sim_kv_blocks is not None and options.sim_kv_blocks < 2:
+            raise ConfigError(f"--sim-kv-blocks must be at least 2, got {options.sim_kv_blocks}")
         if options.sim_collective_timeout <= 0:
             raise ConfigError("--sim-collective-timeout must be positive")
 

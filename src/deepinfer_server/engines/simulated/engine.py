@@ -32,6 +32,7 @@ from deepinfer_server.engines.backend import BuiltEngine, EngineSpec, SharedStat
 from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver
 from deepinfer_server.engines.simulated.backend import SimulatedOptions
 from deepinfer_server.engines.simulated.collectives import LockstepGroup
+from deepinfer_server.engines.simulated.kv_blocks import AllocStatus, KVBlocks, default_pool
 from deepinfer_server.engines.simulated.outputs import POOL, OutputRecord, RequestOutput
 from deepinfer_server.engines.simulated.sampling_params import SamplingParams
 from deepinfer_server.engines.simulated.script import ScriptWriter
@@ -47,6 +48,7 @@ FINISH_LENGTH = "length"
 FINISH_ABORT = "abort"
 FINISH_PROMPT_TOO_LONG = "prompt_length_exceeded"
 FINISH_SO_FAILED = "xgrammar runtime errors or timeout"
+FINISH_PREEMPTED = "insufficient_system_resource"
 
 
 @dataclass
@@ -67,6 +69,7 @@ class SimEngineArgs:
     close_timeout: float = 10.0
     fault: str | None = None
     fault_after_steps: int = 0
+    kv_blocks: int | None = None
 
 
 @dataclass
@@ -108,6 +111,10 @@ class LLMEngine:
         self._step_deadline = 0.0
         self._closed = False
         self._grammar: GrammarCompiler | None = None
+        # DeepInfer's KV read-out: `scheduler.get_num_free_gpu_blocks()`, `cache_config`.
+        self._kv = KVBlocks(args.kv_blocks or default_pool(args.max_num_seqs, args.max_model_len))
+        self.scheduler = self._kv
+        self.cache_config = self._kv.cache_config
 
     @classmethod
     def from_engine_args(cls, args: SimEngineArgs) -> LLMEngine:
@@ -172,6 +179,7 @@ class LLMEngine:
             self._pending_terminal.append(self._ignored_output(sequence, FINISH_ABORT))
         for sequence in [s for s in self._running if s.request_id in ids]:
             self._running.remove(sequence)
+            self._kv.free(sequence.request_id)
             count += 1
             total_len += sequence.length
         # The in-flight (deferred) tokens of an aborted running request are dropped.
@@ -201,12 +209,13 @@ class LLMEngine:
         self._to_release.clear()
         self._sleep_for_step(started)
 
+        scheduled = self._schedule_decode()
         returned = self._deferred
         self._deferred = []
         returned.extend(self._pending_terminal)
         self._pending_terminal.clear()
         decoded: list[OutputRecord] = []
-        for sequence in list(self._running):
+        for sequence in scheduled:
             decoded.extend(self._decode(sequence))
         if self._args.zero_overhead_scheduling:
             self._deferred = decoded
@@ -289,16 +298,49 @@ class LLMEngine:
                 break
             if sequence.ready_at > now:
                 continue
+            # A preempted sequence is recomputed: prompt and output so far are prefilled again.
+            too_long = sequence.length > self._args.max_model_len
+            allocation = self._kv.can_prefill(sequence.length + 1)
+            if allocation is AllocStatus.LATER and not too_long:
+                break
             self._waiting.remove(sequence)
-            if len(sequence.prompt) > self._args.max_model_len:
+            if too_long or allocation is AllocStatus.NEVER:
                 outputs.append(self._ignored_output(sequence, FINISH_PROMPT_TOO_LONG))
                 continue
             if sequence.grammar_failed:
                 outputs.append(self._ignored_output(sequence, FINISH_SO_FAILED))
                 continue
+            self._kv.allocate(sequence.request_id, sequence.length + 1)
             self._running.append(sequence)
             outputs.extend(self._decode(sequence, budget=1))
         return outputs
+
+    def _schedule_decode(self) -> list[_Sequence]:
+        """The running sequences that get KV blocks for this decode step; the others are
+        preempted as DeepInfer does with `stop_preempted_request=False` (the server's
+        setting): requeued at the front of `waiting` for recomputation, their in-flight
+        output discarded; a structured-output request ends "insufficient_system_resource".
+        """
+        step_tokens = self._args.tokens_per_step
+        scheduled, preempted = self._kv.plan_decode(
+            self._running,
+            lambda s: s.request_id,
+            lambda s: len(s.output),
+            lambda s: s.length + step_tokens,
+        )
+        for victim in preempted:
+            logger.info("request %s preempted: no free KV block", victim.request_id)
+            self._running.remove(victim)
+            inflight = sum(r.request_id == victim.request_id for r in self._deferred)
+            self._deferred = [r for r in self._deferred if r.request_id != victim.request_id]
+            del victim.output[len(victim.output) - inflight :]
+            if victim.matcher is not None:
+                self._pending_terminal.append(self._ignored_output(victim, FINISH_PREEMPTED))
+            else:
+                victim.ready_at = time.monotonic()
+                self._waiting.insert(0, victim)
+        chosen = {id(s) for s in scheduled}
+        return [s for s in self._running if id(s) in chosen]
 
     def _decode(self, sequence: _Sequence, budget: int | None = None) -> list[OutputRecord]:
         """Generate up to `budget` tokens (tokens_per_step by default), stopping per token."""
@@ -322,6 +364,7 @@ class LLMEngine:
             if reason:
                 sequence.finish_reason = reason
                 self._running.remove(sequence)
+                self._kv.free(sequence.request_id)
                 break
         # draft_tok/accept_tok are set only on the last entry of a request in a step.
         records[-1].draft_tok = records[-1].accept_tok = len(records)
@@ -392,5 +435,6 @@ def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:
         zero_overhead_scheduling=not options.sim_disable_zos,
         fault=options.sim_fault if spec.rank == options.sim_fault_rank else None,
         fault_after_steps=options.sim_fault_after_steps,
+        kv_blocks=options.sim_kv_blocks,
     )
     return BuiltEngine(LLMEngineDriver(LLMEngine.from_engine_args(args), RequestOutput))

@@ -61,6 +61,9 @@ class LLMEngine:
         )
         self.tokenizer = self._engine.tokenizer
         self.eos_id = self._engine.eos_id
+        # Real: the Scheduler binding (get_num_free_gpu_blocks) and CacheConfig (num_gpu_blocks).
+        self.scheduler = self._engine.scheduler
+        self.cache_config = self._engine.cache_config
         self._record("constructed")
 
     @classmethod
