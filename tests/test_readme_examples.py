@@ -74,7 +74,11 @@ def test_readme_example_runs(example: Example, readme_server: LiveServer) -> Non
             pytest.skip(f"{module} is not installed")
     code = example.code.replace("localhost:8000", f"127.0.0.1:{readme_server.port}")
     bin_dir = str(Path(sys.executable).parent)
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # offline: no fetch of LiteLLM's cost map
+    }
     command = ["bash", "-euo", "pipefail", "-c", code]
     if example.lang == "python":
         command = [sys.executable, "-c", code]
