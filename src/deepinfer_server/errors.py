@@ -50,6 +50,7 @@ class ErrorKind(enum.StrEnum):
     ENGINE_GRAMMAR_FAILED = "engine_grammar_failed"
     SHUTTING_DOWN = "shutting_down"
     SERVICE_FAILED = "service_failed"
+    TOO_MANY_CONNECTIONS = "too_many_connections"
     CLIENT_DISCONNECTED = "client_disconnected"
     INTERNAL = "internal"
 
@@ -106,6 +107,9 @@ ERROR_TABLE: dict[ErrorKind, ErrorSpec] = {
     ),
     ErrorKind.SERVICE_FAILED: ErrorSpec(
         503, "service_unavailable", "service_unavailable", "overloaded_error"
+    ),
+    ErrorKind.TOO_MANY_CONNECTIONS: ErrorSpec(
+        503, "service_unavailable", "too_many_connections", "overloaded_error"
     ),
     ErrorKind.CLIENT_DISCONNECTED: ErrorSpec(
         499, "invalid_request_error", "client_closed_request", "invalid_request_error"

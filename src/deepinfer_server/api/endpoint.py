@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -124,7 +124,7 @@ async def _stream(
     record: RequestRecord,
     metrics: ServerMetrics,
     request_id: str,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     try:
         async for payloads in token_stream(handle, output, record, metrics):
             if payloads:
