@@ -43,6 +43,7 @@ class ErrorKind(enum.StrEnum):
     REQUEST_TIMEOUT = "request_timeout"
     BODY_TIMEOUT = "body_timeout"
     REQUEST_TOO_LARGE = "request_too_large"
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     OVERLOADED = "overloaded"
     ENGINE_REJECTED = "engine_rejected"
     ENGINE_OUT_OF_RESOURCES = "engine_out_of_resources"
@@ -88,6 +89,9 @@ ERROR_TABLE: dict[ErrorKind, ErrorSpec] = {
     ErrorKind.BODY_TIMEOUT: ErrorSpec(408, "timeout_error", "body_timeout", "timeout_error"),
     ErrorKind.REQUEST_TOO_LARGE: ErrorSpec(
         413, "invalid_request_error", "request_too_large", "request_too_large"
+    ),
+    ErrorKind.UNSUPPORTED_MEDIA_TYPE: ErrorSpec(
+        415, "invalid_request_error", "unsupported_media_type", "invalid_request_error"
     ),
     ErrorKind.OVERLOADED: ErrorSpec(
         429, "rate_limit_exceeded", "rate_limit_exceeded", "rate_limit_error"

@@ -20,7 +20,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from deepinfer_server.api.body import read_body
+from deepinfer_server.api.body import read_body, require_json_content_type
 from deepinfer_server.api.disconnect import until_disconnect
 from deepinfer_server.api.error_responses import as_api_error
 from deepinfer_server.api.sse import SSEResponse
@@ -72,6 +72,7 @@ async def serve_generation(request: Request, protocol: GenerationProtocol) -> Re
     config = state.config
     request_id: str = request.state.request_id
     record = RequestRecord(arrival=time.perf_counter())
+    require_json_content_type(request)
     raw = await read_body(request, config.max_request_bytes, config.body_read_timeout)
     if config.log_requests:
         logger.info("request %s body: %s", request_id, raw[:65536].decode(errors="replace"))

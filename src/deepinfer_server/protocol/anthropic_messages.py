@@ -11,6 +11,7 @@ from deepseek_recipe import (
     MessagesResponse,
 )
 
+from deepinfer_server.errors import BadRequestError
 from deepinfer_server.grammar import Constraint
 from deepinfer_server.ipc.messages import SamplingOptions
 from deepinfer_server.protocol.named_events import NamedEventOutput
@@ -37,6 +38,8 @@ class PreparedMessages:
 
 def prepare_messages(body: dict[str, Any], recipe: RecipeContext) -> PreparedMessages:
     """Turn a decoded Messages body into prompt token IDs and sampling options."""
+    if body.get("max_tokens") is None:  # Anthropic's API requires it; the recipe would not
+        raise BadRequestError("max_tokens: Field required", param="max_tokens")
     check_model(body, recipe.served_model_names)
     read_constraint(MESSAGES_CONSTRAINT, body, thinking=False)
     converted = convert_honouring_tool_choice(
