@@ -78,7 +78,11 @@ async def serve_generation(request: Request, protocol: GenerationProtocol) -> Re
         logger.info("request %s body: %s", request_id, raw[:65536].decode(errors="replace"))
     body = decode_json(raw)
     if len(raw) > LARGE_BODY_BYTES:
-        prepared: Prepared = await asyncio.to_thread(protocol.prepare, body, state.recipe)
+        prepared: Prepared = await state.preparation.run(
+            state.coordinator.num_in_flight,
+            config.admission_capacity,
+            lambda: protocol.prepare(body, state.recipe),
+        )
     else:
         prepared = protocol.prepare(body, state.recipe)
     sampling = prepared.sampling

@@ -6,6 +6,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
+from deepinfer_server.api.preparation import PreparationGate
 from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.coordinator.coordinator import Coordinator
 from deepinfer_server.metrics import ServerMetrics
@@ -26,6 +27,7 @@ class AppState:
     metrics: ServerMetrics
     structured: StructuredOutputs
     started_at: int = field(default_factory=lambda: int(time.time()))
+    preparation: PreparationGate = field(default_factory=PreparationGate)
     _engine_requests: int = 0
 
     def next_engine_request_id(self, completion_id: str) -> str:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from deepseek_recipe import ConversationRequest
 
-from deepinfer_server.errors import BadRequestError, ErrorKind
+from deepinfer_server.errors import BadRequestError, ContextLengthError, ErrorKind
 from deepinfer_server.ipc.messages import SamplingOptions
 from deepinfer_server.protocol.recipe import RecipeContext, recipe_errors
 
@@ -17,6 +17,23 @@ class EngineInput:
 
     prompt_token_ids: list[int]
     sampling: SamplingOptions
+
+
+def _reject_provably_too_long(converted: ConversationRequest, recipe: RecipeContext) -> None:
+    """400 before tokenizing a prompt whose text alone has more bytes than the context can hold.
+
+    Rendering is cheap (tens of ms for megabytes); tokenizing a multi-megabyte prompt takes
+    seconds of CPU, which an oversized request must not get.
+    """
+    size = len(recipe.encoding.render_conversation(converted.conversation).prompt.encode())
+    at_least = -(-size // recipe.max_token_bytes)
+    if at_least > recipe.context_limit:
+        raise ContextLengthError(
+            f"This model's maximum context length is {recipe.context_limit} tokens. However, "
+            f"your messages resulted in at least {at_least} tokens ({size} bytes of text). "
+            "Please reduce the length of the messages.",
+            param="messages",
+        )
 
 
 def engine_input(
@@ -35,6 +52,7 @@ def engine_input(
                     kind=ErrorKind.UNSUPPORTED,
                     code="unsupported_content",
                 )
+        _reject_provably_too_long(converted, recipe)
         prompt_token_ids = recipe.encoding.encode(converted.conversation)
         max_tokens = converted.resolve_max_tokens(len(prompt_token_ids), recipe.context_limit)
     inference = converted.inference_options
