@@ -20,15 +20,23 @@ GOOD = {
 }
 NASTY: list[tuple[str, bytes, str]] = [
     (CHAT, b'{"model": "x", "metadata": ' + b"[" * 200 + b"]" * 200 + b"}", "application/json"),
-    (CHAT, json.dumps({**GOOD, "messages": [{"role": "user", "content": [
-        {"type": ["text"], "text": "x"}]}]}).encode(), "application/json"),  # fmt: skip
+    (
+        CHAT,
+        json.dumps(
+            {**GOOD, "messages": [{"role": "user", "content": [{"type": ["text"], "text": "x"}]}]}
+        ).encode(),
+        "application/json",
+    ),
     (CHAT, json.dumps({**GOOD, "max_tokens": 2**70}).encode(), "application/json"),
     (CHAT, b'{"model": "\xff\xfe"}', "application/json"),
     (CHAT, b'{"model": "\\ud800"}', "application/json"),
     (CHAT, json.dumps(GOOD).encode(), "text/plain"),
     ("/v1/messages", json.dumps({**GOOD, "max_tokens": None}).encode(), "application/json"),
-    ("/v1/responses", json.dumps({"model": MODEL, "input": [{"type": "zzz"}]}).encode(),
-     "application/json"),  # fmt: skip
+    (
+        "/v1/responses",
+        json.dumps({"model": MODEL, "input": [{"type": "zzz"}]}).encode(),
+        "application/json",
+    ),
 ]
 
 
@@ -53,7 +61,9 @@ def test_bad_requests_are_4xx_and_keep_the_connection_usable(shared_server: Live
         assert response.getheader("x-request-id")
         assert response.getheader("connection") != "close"
         assert "error" in json.loads(payload)
-    connection.request("POST", CHAT, body=json.dumps(GOOD), headers={"Content-Type": "application/json"})
+    connection.request(
+        "POST", CHAT, body=json.dumps(GOOD), headers={"Content-Type": "application/json"}
+    )
     response = connection.getresponse()
     assert response.status == 200 and json.loads(response.read())["choices"]
     assert connection.sock is first_socket  # one keep-alive connection throughout

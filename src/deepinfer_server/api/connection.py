@@ -72,6 +72,7 @@ class _GuardedProtocol(AutoHTTPProtocol):  # type: ignore[valid-type,misc]
     """uvicorn's HTTP protocol with a header deadline, a write deadline and a connection cap."""
 
     limits: ConnectionLimits
+    app: Any  # uvicorn sets it per protocol instance; a capped connection wraps it
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
@@ -105,9 +106,7 @@ class _GuardedProtocol(AutoHTTPProtocol):  # type: ignore[valid-type,misc]
     def pause_writing(self) -> None:
         super().pause_writing()
         if self._write_timer is None:
-            self._write_timer = self.loop.call_later(
-                self.limits.write_timeout, self._write_expired
-            )
+            self._write_timer = self.loop.call_later(self.limits.write_timeout, self._write_expired)
 
     def resume_writing(self) -> None:
         if self._write_timer is not None:
