@@ -164,3 +164,19 @@ def test_over_the_connection_cap_only_probes_are_answered() -> None:
             for sock in idle:
                 sock.close()
         wait_until(lambda: chat_status(server) == 200, 10, "served again under the cap")
+
+
+def test_the_cap_fits_the_open_file_limit_so_probes_survive_a_flood_of_idle_sockets() -> None:
+    # As in the report: `ulimit -n 512` and 600 idle sockets used to make /health fail.
+    with LiveServer("--header-timeout", "30", file_limit=512) as server:
+        assert "--max-connections 1000 lowered to 352" in server.log
+        idle = []
+        try:
+            for _ in range(600):
+                idle.append(socket.create_connection(("127.0.0.1", server.port)))
+            for _ in range(5):
+                assert httpx.get(server.base_url + "/health", timeout=10).status_code == 200
+        finally:
+            for sock in idle:
+                sock.close()
+        wait_until(lambda: chat_status(server) == 200, 15, "served again once they left")

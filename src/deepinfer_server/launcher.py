@@ -25,7 +25,11 @@ from typing import Any
 import uvicorn
 
 from deepinfer_server.api.app import build_app
-from deepinfer_server.api.connection import ConnectionLimits, guarded_protocol
+from deepinfer_server.api.connection import (
+    ConnectionLimits,
+    fit_to_file_limit,
+    guarded_protocol,
+)
 from deepinfer_server.api.state import AppState
 from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.coordinator.channels import RankChannels
@@ -213,7 +217,7 @@ async def serve(config: ResolvedConfig) -> int:
                         ConnectionLimits(
                             header_timeout=config.header_timeout,
                             write_timeout=config.write_timeout,
-                            max_connections=config.max_connections,
+                            max_connections=fit_to_file_limit(config.max_connections),
                         )
                     ),
                 ),

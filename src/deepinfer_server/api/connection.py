@@ -14,13 +14,16 @@ path (SSE streams, JSON bodies, uvicorn's own errors):
   engine request and frees its slot, as for any client that leaves.
 - connection cap: beyond `max_connections` open connections, a connection may still ask for
   a probe (`/health`, `/metrics`) and is closed after it; anything else gets a 503 in the
-  OpenAI envelope. Beyond the cap plus `PROBE_RESERVE`, new connections are closed at once.
+  OpenAI envelope. Beyond the cap plus `PROBE_RESERVE`, the connection that has waited longest
+  for request headers is dropped to make room (a probe sends its request at once, so idle
+  sockets cannot crowd it out), or the new one if every connection is busy with a request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +37,8 @@ logger = logging.getLogger(__name__)
 
 #: Connections over the cap that may still be opened, for probes only.
 PROBE_RESERVE = 32
+#: File descriptors kept for everything but connections (ranks' sockets, logs, the tokenizer).
+OTHER_DESCRIPTORS = 128
 PROBE_PATHS = frozenset({"/health", "/metrics"})
 
 
@@ -45,6 +50,8 @@ class ConnectionLimits:
     write_timeout: float
     max_connections: int
     open_connections: int = field(default=0, init=False)
+    #: Connections waiting for request headers, oldest first (the ones dropped when full).
+    waiting: dict[Any, None] = field(default_factory=dict, init=False)
 
 
 def probes_only(app: ASGIApp) -> ASGIApp:
@@ -81,12 +88,15 @@ class _GuardedProtocol(AutoHTTPProtocol):  # type: ignore[valid-type,misc]
         limits = self.limits
         limits.open_connections += 1
         self._counted = True
+        self._arm_header_timer()
         if limits.open_connections > limits.max_connections + PROBE_RESERVE:
-            transport.abort()
-            return
+            oldest = next(iter(limits.waiting), self)
+            oldest._cancel_header_timer()  # not picked twice while its abort is under way
+            oldest.transport.abort()
+            if oldest is self:
+                return
         if limits.open_connections > limits.max_connections:
             self.app = probes_only(self.app)
-        self._arm_header_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if getattr(self, "_counted", False):
@@ -119,11 +129,13 @@ class _GuardedProtocol(AutoHTTPProtocol):  # type: ignore[valid-type,misc]
             self._header_timer = self.loop.call_later(
                 self.limits.header_timeout, self._headers_expired
             )
+            self.limits.waiting[self] = None
 
     def _cancel_header_timer(self) -> None:
         if self._header_timer is not None:
             self._header_timer.cancel()
             self._header_timer = None
+            self.limits.waiting.pop(self, None)
 
     def _cancel_timers(self) -> None:
         self._cancel_header_timer()
@@ -133,6 +145,7 @@ class _GuardedProtocol(AutoHTTPProtocol):  # type: ignore[valid-type,misc]
 
     def _headers_expired(self) -> None:
         self._header_timer = None
+        self.limits.waiting.pop(self, None)
         logger.info(
             "closing a connection from %s: no complete request headers within %gs "
             "(--header-timeout)",
@@ -149,6 +162,34 @@ class _GuardedProtocol(AutoHTTPProtocol):  # type: ignore[valid-type,misc]
             self.limits.write_timeout,
         )
         self.transport.abort()
+
+
+def fit_to_file_limit(max_connections: int) -> int:
+    """The connection cap this process can honour with its open-file limit.
+
+    Raises the soft RLIMIT_NOFILE towards the hard limit if the cap needs it; if that is not
+    enough, lowers the cap (with a warning) so that the probe reserve and the server's other
+    descriptors always fit, and /health keeps answering however many sockets are open.
+    """
+    needed = max_connections + PROBE_RESERVE + OTHER_DESCRIPTORS
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        raised = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+            soft = raised
+        except (ValueError, OSError):
+            pass
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return max_connections
+    fitted = max(1, soft - PROBE_RESERVE - OTHER_DESCRIPTORS)
+    logger.warning(
+        "--max-connections %d lowered to %d: the open-file limit is %d (raise it with ulimit -n)",
+        max_connections,
+        fitted,
+        soft,
+    )
+    return fitted
 
 
 def _peer(client: tuple[str, int] | None) -> str:
