@@ -24,6 +24,13 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def _limit_files(limit: int) -> None:
+    """In the child before exec: soft and hard open-file limit `limit` (ulimit -n)."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+
 class LiveServer:
     """Starts the server, waits for the line that says it listens, and stops it."""
 
@@ -33,6 +40,7 @@ class LiveServer:
         engine: str = "simulated",
         env: dict[str, str] | None = None,
         startup_timeout: float = 60.0,
+        file_limit: int | None = None,
     ) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
@@ -56,6 +64,7 @@ class LiveServer:
             stderr=subprocess.STDOUT,
             text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            preexec_fn=None if file_limit is None else lambda: _limit_files(file_limit),
         )
         self._pump_thread = threading.Thread(target=self._pump, daemon=True)
         self._pump_thread.start()

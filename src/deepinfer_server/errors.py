@@ -43,6 +43,7 @@ class ErrorKind(enum.StrEnum):
     REQUEST_TIMEOUT = "request_timeout"
     BODY_TIMEOUT = "body_timeout"
     REQUEST_TOO_LARGE = "request_too_large"
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     OVERLOADED = "overloaded"
     ENGINE_REJECTED = "engine_rejected"
     ENGINE_OUT_OF_RESOURCES = "engine_out_of_resources"
@@ -50,6 +51,7 @@ class ErrorKind(enum.StrEnum):
     ENGINE_GRAMMAR_FAILED = "engine_grammar_failed"
     SHUTTING_DOWN = "shutting_down"
     SERVICE_FAILED = "service_failed"
+    TOO_MANY_CONNECTIONS = "too_many_connections"
     CLIENT_DISCONNECTED = "client_disconnected"
     INTERNAL = "internal"
 
@@ -88,6 +90,9 @@ ERROR_TABLE: dict[ErrorKind, ErrorSpec] = {
     ErrorKind.REQUEST_TOO_LARGE: ErrorSpec(
         413, "invalid_request_error", "request_too_large", "request_too_large"
     ),
+    ErrorKind.UNSUPPORTED_MEDIA_TYPE: ErrorSpec(
+        415, "invalid_request_error", "unsupported_media_type", "invalid_request_error"
+    ),
     ErrorKind.OVERLOADED: ErrorSpec(
         429, "rate_limit_exceeded", "rate_limit_exceeded", "rate_limit_error"
     ),
@@ -106,6 +111,9 @@ ERROR_TABLE: dict[ErrorKind, ErrorSpec] = {
     ),
     ErrorKind.SERVICE_FAILED: ErrorSpec(
         503, "service_unavailable", "service_unavailable", "overloaded_error"
+    ),
+    ErrorKind.TOO_MANY_CONNECTIONS: ErrorSpec(
+        503, "service_unavailable", "too_many_connections", "overloaded_error"
     ),
     ErrorKind.CLIENT_DISCONNECTED: ErrorSpec(
         499, "invalid_request_error", "client_closed_request", "invalid_request_error"

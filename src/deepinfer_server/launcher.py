@@ -25,6 +25,11 @@ from typing import Any
 import uvicorn
 
 from deepinfer_server.api.app import build_app
+from deepinfer_server.api.connection import (
+    ConnectionLimits,
+    fit_to_file_limit,
+    guarded_protocol,
+)
 from deepinfer_server.api.state import AppState
 from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.coordinator.channels import RankChannels
@@ -209,6 +214,13 @@ async def serve(config: ResolvedConfig) -> int:
                     lifespan="off",
                     timeout_graceful_shutdown=5,
                     access_log=False,
+                    http=guarded_protocol(
+                        ConnectionLimits(
+                            header_timeout=config.header_timeout,
+                            write_timeout=config.write_timeout,
+                            max_connections=fit_to_file_limit(config.max_connections),
+                        )
+                    ),
                 ),
                 state,
             )

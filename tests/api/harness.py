@@ -113,6 +113,7 @@ class Harness:
     client: httpx.AsyncClient
     coordinator: FakeCoordinator
     metrics: ServerMetrics
+    state: AppState
 
 
 @asynccontextmanager
@@ -138,7 +139,7 @@ async def serve(*args: str, script: Script | None = None) -> AsyncIterator[Harne
     )
     transport = httpx.ASGITransport(app=build_app(state))
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-        yield Harness(client, coordinator, metrics)
+        yield Harness(client, coordinator, metrics, state)
 
 
 def run(test: Callable[[], Any], timeout: float = 30.0) -> Any:

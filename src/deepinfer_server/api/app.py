@@ -68,5 +68,7 @@ def build_app(state: AppState) -> Starlette:
         middleware=middleware,
         exception_handlers={ApiError: handle_api_error, HTTPException: handle_http_exception},
     )
+    # A trailing slash is a 404 in the protocol's envelope, not a 307 to the same POST.
+    app.router.redirect_slashes = False
     app.state.server = state
     return app

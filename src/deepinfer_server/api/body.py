@@ -1,4 +1,5 @@
-"""Request body reading with a size bound (413 without buffering an oversized body)."""
+"""Request bodies: a JSON content type, a size bound (413 without buffering an oversized body),
+and a time bound."""
 
 from __future__ import annotations
 
@@ -6,7 +7,33 @@ import asyncio
 
 from starlette.requests import Request
 
-from deepinfer_server.errors import RequestTimeoutError, RequestTooLargeError
+from deepinfer_server.errors import (
+    BadRequestError,
+    ErrorKind,
+    RequestTimeoutError,
+    RequestTooLargeError,
+)
+
+
+def require_json_content_type(request: Request) -> None:
+    """415 unless the body is declared JSON (`application/json` or `application/*+json`).
+
+    Browsers send text/plain, form and typeless bodies cross-site without asking first; a JSON
+    content type needs a CORS preflight, which only `--allowed-origins` answers. So a web page
+    cannot make its visitors' browsers spend inference here.
+    """
+    declared = request.headers.get("content-type", "")
+    media_type = declared.split(";", 1)[0].strip().lower()
+    if media_type == "application/json" or (
+        media_type.startswith("application/") and media_type.endswith("+json")
+    ):
+        return
+    shown = media_type or "none"
+    raise BadRequestError(
+        f"the request body must be JSON with Content-Type: application/json (got {shown}); "
+        "with curl, use --json or -H 'Content-Type: application/json'",
+        kind=ErrorKind.UNSUPPORTED_MEDIA_TYPE,
+    )
 
 
 async def read_body(request: Request, limit: int, timeout: float) -> bytes:

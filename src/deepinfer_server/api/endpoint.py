@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -20,11 +20,11 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from deepinfer_server.api.body import read_body
+from deepinfer_server.api.body import read_body, require_json_content_type
 from deepinfer_server.api.disconnect import until_disconnect
 from deepinfer_server.api.error_responses import as_api_error
 from deepinfer_server.api.sse import SSEResponse
-from deepinfer_server.api.state import AppState, prepare_body
+from deepinfer_server.api.state import AppState
 from deepinfer_server.api.token_stream import ProtocolOutput, token_stream
 from deepinfer_server.coordinator.handle import RequestHandle
 from deepinfer_server.errors import ApiError
@@ -72,11 +72,12 @@ async def serve_generation(request: Request, protocol: GenerationProtocol) -> Re
     config = state.config
     request_id: str = request.state.request_id
     record = RequestRecord(arrival=time.perf_counter())
+    require_json_content_type(request)
     raw = await read_body(request, config.max_request_bytes, config.body_read_timeout)
     if config.log_requests:
         logger.info("request %s body: %s", request_id, raw[:65536].decode(errors="replace"))
     body = decode_json(raw)
-    prepared: Prepared = await prepare_body(protocol.prepare, body, len(raw), state.recipe)
+    prepared: Prepared = await state.prepare_body(protocol.prepare, body, len(raw))
     sampling = prepared.sampling
     if prepared.constraint is not None:
         # Compiling can take seconds: never on the event loop.
@@ -121,7 +122,7 @@ async def _stream(
     record: RequestRecord,
     metrics: ServerMetrics,
     request_id: str,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     try:
         async for payloads in token_stream(handle, output, record, metrics):
             if payloads:

@@ -2,12 +2,13 @@
 
 `SSEResponse` replaces Starlette's StreamingResponse on the hot path: it sends each frame
 straight to the ASGI `send`, and stops the stream (aborting the engine request) when the client
-leaves, through `until_disconnect`.
+leaves, through `until_disconnect`. A client that stops reading is disconnected by the
+connection's write deadline (`api/connection.py`), which ends the stream the same way.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, Iterable
 
 from starlette.types import Receive, Scope, Send
 
@@ -30,7 +31,7 @@ def data_frames(payloads: Iterable[str]) -> bytes:
 class SSEResponse:
     """A 200 text/event-stream response whose body is `frames`."""
 
-    def __init__(self, frames: AsyncIterator[bytes]) -> None:
+    def __init__(self, frames: AsyncGenerator[bytes, None]) -> None:
         self._frames = frames
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -39,6 +40,10 @@ class SSEResponse:
             await until_disconnect(receive, self._stream(send))
         except ClientDisconnected:
             return
+        finally:
+            # Now, not when the garbage collector finalizes it: this closes the request handle
+            # (aborting the engine request) however the stream ended.
+            await self._frames.aclose()
 
     async def _stream(self, send: Send) -> None:
         async for frame in self._frames:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from deepinfer_server.api.preparation import PreparationGate
 from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.coordinator.coordinator import Coordinator
 from deepinfer_server.metrics import ServerMetrics
@@ -20,18 +21,6 @@ LARGE_BODY_BYTES = 64 * 1024
 T = TypeVar("T")
 
 
-async def prepare_body(
-    prepare: Callable[[dict[str, Any], RecipeContext], T],
-    body: dict[str, Any],
-    raw_size: int,
-    recipe: RecipeContext,
-) -> T:
-    """`prepare(body, recipe)`, on a worker thread when the body is large (`LARGE_BODY_BYTES`)."""
-    if raw_size > LARGE_BODY_BYTES:
-        return await asyncio.to_thread(prepare, body, recipe)
-    return prepare(body, recipe)
-
-
 @dataclass
 class AppState:
     """Shared by every request of one server."""
@@ -42,7 +31,24 @@ class AppState:
     metrics: ServerMetrics
     structured: StructuredOutputs
     started_at: int = field(default_factory=lambda: int(time.time()))
+    preparation: PreparationGate = field(default_factory=PreparationGate)
     _engine_requests: int = 0
+
+    async def prepare_body(
+        self,
+        prepare: Callable[[dict[str, Any], RecipeContext], T],
+        body: dict[str, Any],
+        raw_size: int,
+    ) -> T:
+        """`prepare(body, recipe)`; a large body (`LARGE_BODY_BYTES`) on a worker thread, at most
+        a few at once and counted under admission (429 when they would fill it)."""
+        if raw_size <= LARGE_BODY_BYTES:
+            return prepare(body, self.recipe)
+        return await self.preparation.run(
+            self.coordinator.num_in_flight,
+            self.config.admission_capacity,
+            lambda: prepare(body, self.recipe),
+        )
 
     def next_engine_request_id(self, completion_id: str) -> str:
         """A request ID unique among live engine requests, even if clients reuse X-Request-Id."""

@@ -162,6 +162,27 @@ class ServerConfig:
         help="seconds a client may take to send its request body before 408 (default: %(default)s)",
         type=float,
     )
+    header_timeout: float = option(
+        20.0,
+        "--header-timeout",
+        help="seconds a client may take to send a request's headers, from its first byte or "
+        "from connecting; the connection is then closed (default: %(default)s)",
+        type=float,
+    )
+    write_timeout: float = option(
+        30.0,
+        "--write-timeout",
+        help="seconds a client may leave a response unread (the server's send buffer full) "
+        "before the connection is closed and its request aborted (default: %(default)s)",
+        type=float,
+    )
+    max_connections: int = option(
+        1000,
+        "--max-connections",
+        help="open HTTP connections served; beyond it only /health and /metrics are answered "
+        "(default: %(default)s)",
+        type=int,
+    )
     disable_access_log: bool = option(
         False, "--disable-access-log", help="do not log one line per request", action="store_true"
     )

@@ -44,6 +44,9 @@ class ResolvedConfig:
     allowed_headers: tuple[str, ...]
     max_request_bytes: int
     body_read_timeout: float
+    header_timeout: float
+    write_timeout: float
+    max_connections: int
     access_log: bool
     log_requests: bool
     log_level: str
@@ -116,8 +119,16 @@ def _check_ranges(config: ServerConfig, max_model_len: int) -> None:
         raise ConfigError(f"--port must be in 1..65535, got {config.port}")
     if config.max_request_bytes < 1024:
         raise ConfigError("--max-request-bytes must be at least 1024")
-    if config.body_read_timeout <= 0:
-        raise ConfigError("--body-read-timeout must be positive")
+    positive_seconds = {
+        "--body-read-timeout": config.body_read_timeout,
+        "--header-timeout": config.header_timeout,
+        "--write-timeout": config.write_timeout,
+    }
+    for flag, seconds in positive_seconds.items():
+        if seconds <= 0:
+            raise ConfigError(f"{flag} must be positive")
+    if config.max_connections < 1:
+        raise ConfigError(f"--max-connections must be at least 1, got {config.max_connections}")
 
 
 def resolve(
@@ -173,6 +184,9 @@ def resolve(
         allowed_headers=tuple(config.allowed_headers),
         max_request_bytes=config.max_request_bytes,
         body_read_timeout=config.body_read_timeout,
+        header_timeout=config.header_timeout,
+        write_timeout=config.write_timeout,
+        max_connections=config.max_connections,
         access_log=not config.disable_access_log,
         log_requests=config.log_requests,
         log_level=config.log_level,

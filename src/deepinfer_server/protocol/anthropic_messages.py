@@ -12,6 +12,7 @@ from deepseek_recipe import (
     MessagesResponse,
 )
 
+from deepinfer_server.errors import BadRequestError
 from deepinfer_server.grammar import Constraint
 from deepinfer_server.ipc.messages import SamplingOptions
 from deepinfer_server.protocol.anthropic_compat import (
@@ -41,6 +42,8 @@ class PreparedMessages:
 
 
 def _convert(body: dict[str, Any], recipe: RecipeContext) -> ConversationRequest:
+    if body.get("max_tokens") is None:  # Anthropic's API requires it; the recipe would not
+        raise BadRequestError("max_tokens: Field required", param="max_tokens")
     check_model(body, recipe.served_model_names)
     read_constraint(MESSAGES_CONSTRAINT, body, thinking=False)
     return convert_honouring_tool_choice(

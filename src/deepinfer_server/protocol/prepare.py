@@ -24,6 +24,28 @@ class EngineInput:
 ContextOverflow = Callable[[int, int | None, int], ApiError]
 
 
+def _reject_provably_too_long(
+    converted: ConversationRequest, recipe: RecipeContext, overflow: ContextOverflow | None
+) -> None:
+    """400 before tokenizing a prompt whose text alone has more bytes than the context can hold.
+
+    Rendering is cheap (tens of ms for megabytes); tokenizing a multi-megabyte prompt takes
+    seconds of CPU, which an oversized request must not get.
+    """
+    size = len(recipe.encoding.render_conversation(converted.conversation).prompt.encode())
+    at_least = -(-size // recipe.max_token_bytes)
+    if at_least > recipe.context_limit:
+        if overflow is not None:
+            limit = recipe.context_limit
+            raise overflow(at_least, converted.inference_options.max_tokens, limit)
+        raise ContextLengthError(
+            f"This model's maximum context length is {recipe.context_limit} tokens. However, "
+            f"your messages resulted in at least {at_least} tokens ({size} bytes of text). "
+            "Please reduce the length of the messages.",
+            param="messages",
+        )
+
+
 def engine_input(
     converted: ConversationRequest,
     recipe: RecipeContext,
@@ -44,6 +66,7 @@ def engine_input(
                     kind=ErrorKind.UNSUPPORTED,
                     code="unsupported_content",
                 )
+        _reject_provably_too_long(converted, recipe, overflow)
         prompt_token_ids = recipe.encoding.encode(converted.conversation)
     try:
         with recipe_errors():

@@ -34,6 +34,9 @@ class RecipeContext:
     served_model_names: tuple[str, ...]
     context_limit: int
     reasoning_seal: ReasoningSeal
+    #: The most UTF-8 bytes of prompt text one token can stand for: a prompt of B bytes has at
+    #: least B / max_token_bytes tokens, which bounds the work spent on oversized prompts.
+    max_token_bytes: int
 
     @classmethod
     def create(
@@ -52,13 +55,34 @@ class RecipeContext:
             {name: ModelVersion.DeepseekV41Flash for name in served_model_names}
         )
         encoding = DeepseekV41Encoding().with_tokenizer(tokenizer)
-        seal = ReasoningSeal.from_secret(reasoning_secret)
-        return cls(options, encoding, tokenizer, served_model_names, context_limit, seal)
+        return cls(
+            options,
+            encoding,
+            tokenizer,
+            served_model_names,
+            context_limit,
+            ReasoningSeal.from_secret(reasoning_secret),
+            max_token_bytes(tokenizer_json),
+        )
 
     @property
     def model_name(self) -> str:
         """The name responses report."""
         return self.served_model_names[0]
+
+
+def max_token_bytes(tokenizer_json: str) -> int:
+    """The longest byte string any token of the tokenizer decodes to.
+
+    In a byte-level BPE vocabulary every character of a token stands for one byte; otherwise a
+    token's UTF-8 length is used. Added (special) tokens count with their UTF-8 spelling.
+    """
+    spec = orjson.loads(tokenizer_json)
+    vocab = spec.get("model", {}).get("vocab") or {}
+    byte_level = (spec.get("decoder") or {}).get("type") == "ByteLevel"
+    lengths = [len(token) if byte_level else len(token.encode()) for token in vocab]
+    lengths.extend(len(added["content"].encode()) for added in spec.get("added_tokens") or ())
+    return max(lengths, default=1) or 1
 
 
 _RANGE_PARAMS = {"Invalid temperature value": "temperature", "Invalid top_p value": "top_p"}

@@ -12,7 +12,7 @@ from deepseek_recipe import (
     ResponsesResponse,
 )
 
-from deepinfer_server.errors import BadRequestError
+from deepinfer_server.errors import BadRequestError, ErrorKind
 from deepinfer_server.grammar import Constraint
 from deepinfer_server.ipc.messages import SamplingOptions
 from deepinfer_server.protocol.named_events import NamedEventOutput, named_event
@@ -63,9 +63,62 @@ def _reject_stateful_options(body: dict[str, Any]) -> None:
         raise BadRequestError("background responses are not supported", param="background")
 
 
+#: The `input` item types deepseek-recipe converts (an item without `type` is a message); the
+#: recipe silently drops any other type, so this server rejects them.
+INPUT_ITEM_TYPES = frozenset(
+    {
+        "message",
+        "reasoning",
+        "function_call",
+        "function_call_output",
+        "custom_tool_call",
+        "custom_tool_call_output",
+        "tool_search_call",
+        "tool_search_output",
+    }
+)
+
+
+def _check_input_items(body: dict[str, Any]) -> None:
+    """400 naming the first `input` item whose type the conversion would drop."""
+    items = body.get("input")
+    if not isinstance(items, list):
+        return
+    for index, item in enumerate(items):
+        if not isinstance(item, dict) or "type" not in item:
+            continue  # the recipe rejects non-objects and reads typeless items as messages
+        kind = item["type"]
+        if not isinstance(kind, str) or kind not in INPUT_ITEM_TYPES:
+            raise BadRequestError(
+                f"input[{index}]: input item type {kind!r} is not supported; supported: "
+                + ", ".join(sorted(INPUT_ITEM_TYPES)),
+                param=f"input[{index}].type",
+                kind=ErrorKind.UNSUPPORTED,
+            )
+
+
+def _reject_logprobs(body: dict[str, Any]) -> None:
+    """Logprobs are not produced yet: asking for them is a 400, never silently ignored."""
+    if body.get("top_logprobs"):
+        raise BadRequestError(
+            "top_logprobs are not supported by this server yet",
+            param="top_logprobs",
+            kind=ErrorKind.UNSUPPORTED,
+        )
+    include = body.get("include")
+    if isinstance(include, list) and "message.output_text.logprobs" in include:
+        raise BadRequestError(
+            "message.output_text.logprobs is not supported by this server yet",
+            param="include",
+            kind=ErrorKind.UNSUPPORTED,
+        )
+
+
 def prepare_responses(body: dict[str, Any], recipe: RecipeContext) -> PreparedResponses:
     """Turn a decoded Responses body into prompt token IDs and sampling options."""
     _reject_stateful_options(body)
+    _reject_logprobs(body)
+    _check_input_items(body)
     check_model(body, recipe.served_model_names)
     read_constraint(RESPONSES_CONSTRAINT, body, thinking=False)
     body = restore_reasoning(body, recipe.reasoning_seal)

@@ -9,6 +9,9 @@ import orjson
 from deepinfer_server.errors import BadRequestError, ErrorKind, ModelNotFoundError
 
 UINT32_MAX = 2**32 - 1
+#: The deepest nesting of arrays and objects accepted anywhere in a request body. Real requests
+#: (tool schemas included) stay far below it; deepseek-recipe recurses per level.
+MAX_JSON_DEPTH = 64
 
 
 def parse_object(body: Any) -> dict[str, Any]:
@@ -19,11 +22,35 @@ def parse_object(body: Any) -> dict[str, Any]:
 
 
 def decode_json(body: bytes) -> dict[str, Any]:
-    """Decode a request body; 400 for malformed JSON, invalid UTF-8 or lone surrogates."""
+    """Decode a request body; 400 for malformed JSON, invalid UTF-8, lone surrogates, or
+    nesting deeper than MAX_JSON_DEPTH."""
     try:
-        return parse_object(orjson.loads(body))
+        decoded = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise BadRequestError(f"the request body is not valid JSON: {exc}") from exc
+    check_depth(decoded)
+    return parse_object(decoded)
+
+
+def check_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> None:
+    """400 if arrays and objects nest deeper than `limit` levels anywhere in `value`."""
+    level: list[Any] = [value]
+    for depth in range(limit + 1):
+        children: list[Any] = []
+        for item in level:
+            if isinstance(item, dict):
+                children.extend(item.values())
+            elif isinstance(item, list):
+                children.extend(item)
+        if not children:
+            return
+        level = [c for c in children if isinstance(c, dict | list)]
+        if not level:
+            return
+        if depth == limit - 1:
+            raise BadRequestError(
+                f"the request body nests arrays and objects more than {limit} levels deep"
+            )
 
 
 def optional_bool(body: dict[str, Any], name: str, default: bool = False) -> bool:

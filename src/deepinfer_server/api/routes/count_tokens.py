@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from deepinfer_server.api.body import read_body
-from deepinfer_server.api.state import AppState, prepare_body
+from deepinfer_server.api.state import AppState
 from deepinfer_server.protocol.anthropic_messages import count_message_tokens
 from deepinfer_server.protocol.validation import decode_json
 
@@ -20,5 +20,5 @@ async def count_tokens(request: Request) -> Response:
     config = state.config
     raw = await read_body(request, config.max_request_bytes, config.body_read_timeout)
     body = decode_json(raw)
-    tokens = await prepare_body(count_message_tokens, body, len(raw), state.recipe)
+    tokens = await state.prepare_body(count_message_tokens, body, len(raw))
     return JSONResponse({"input_tokens": tokens})

@@ -1,0 +1,205 @@
+"""Connection guards: header deadline, write deadline and a connection cap, per TCP connection.
+
+uvicorn bounds only idle keep-alive connections (`timeout_keep_alive`); a client that sends
+half a request line, or a header every few seconds, or that stops reading a response, would
+hold its socket (and a slot) for as long as it likes. `guarded_protocol()` subclasses uvicorn's
+HTTP protocol with three bounds, enforced on the transport so that they cover every response
+path (SSE streams, JSON bodies, uvicorn's own errors):
+
+- header timeout: a request's headers must be complete within `header_timeout` seconds of its
+  first byte (or of the connection opening); otherwise the connection is dropped.
+- write timeout: while the transport's write buffer is over its high-water mark (the client
+  is not reading), the client has `write_timeout` seconds to drain it; otherwise the
+  connection is aborted. uvicorn then reports the disconnect to the app, which aborts the
+  engine request and frees its slot, as for any client that leaves.
+- connection cap: beyond `max_connections` open connections, a connection may still ask for
+  a probe (`/health`, `/metrics`) and is closed after it; anything else gets a 503 in the
+  OpenAI envelope. Beyond the cap plus `PROBE_RESERVE`, the connection that has waited longest
+  for request headers is dropped to make room (a probe sends its request at once, so idle
+  sockets cannot crowd it out), or the new one if every connection is busy with a request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+from deepinfer_server.api.error_responses import ANTHROPIC_VERSION_HEADER, error_response
+from deepinfer_server.errors import ErrorKind, ServiceUnavailableError
+
+logger = logging.getLogger(__name__)
+
+#: Connections over the cap that may still be opened, for probes only.
+PROBE_RESERVE = 32
+#: File descriptors kept for everything but connections (ranks' sockets, logs, the tokenizer).
+OTHER_DESCRIPTORS = 128
+PROBE_PATHS = frozenset({"/health", "/metrics"})
+
+
+@dataclass
+class ConnectionLimits:
+    """The per-connection bounds of one server, and its count of open connections."""
+
+    header_timeout: float
+    write_timeout: float
+    max_connections: int
+    open_connections: int = field(default=0, init=False)
+    #: Connections waiting for request headers, oldest first (the ones dropped when full).
+    waiting: dict[Any, None] = field(default_factory=dict, init=False)
+
+
+def probes_only(app: ASGIApp) -> ASGIApp:
+    """`app` for probe paths only (and the connection closes after them); 503 for the rest."""
+
+    async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_closing(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), (b"connection", b"close")]
+            await send(message)
+
+        if scope["type"] == "http" and scope["path"] in PROBE_PATHS:
+            await app(scope, receive, send_closing)
+            return
+        error = ServiceUnavailableError(
+            "the server has too many open connections (--max-connections); retry later",
+            kind=ErrorKind.TOO_MANY_CONNECTIONS,
+        )
+        anthropic_version = any(
+            name == ANTHROPIC_VERSION_HEADER.encode() for name, _ in scope.get("headers", ())
+        )
+        response = error_response(error, scope["path"], anthropic_version)
+        await response(scope, receive, send_closing)
+
+    return guarded
+
+
+class _GuardedProtocol(AutoHTTPProtocol):  # type: ignore[valid-type,misc]
+    """uvicorn's HTTP protocol with a header deadline, a write deadline and a connection cap."""
+
+    limits: ConnectionLimits
+    app: Any  # uvicorn sets it per protocol instance; a capped connection wraps it
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._write_timer: asyncio.TimerHandle | None = None
+        limits = self.limits
+        limits.open_connections += 1
+        self._counted = True
+        self._arm_header_timer()
+        if limits.open_connections > limits.max_connections + PROBE_RESERVE:
+            oldest = next(iter(limits.waiting), self)
+            oldest._cancel_header_timer()  # not picked twice while its abort is under way
+            oldest.transport.abort()
+            if oldest is self:
+                return
+        if limits.open_connections > limits.max_connections:
+            self.app = probes_only(self.app)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if getattr(self, "_counted", False):
+            self._counted = False
+            self.limits.open_connections -= 1
+        self._cancel_timers()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        cycle = self.cycle
+        super().data_received(data)
+        if self.cycle is not cycle:  # a request's headers are complete
+            self._cancel_header_timer()
+        elif self.cycle is None or self.cycle.response_complete:  # the next request began
+            self._arm_header_timer()
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(self.limits.write_timeout, self._write_expired)
+
+    def resume_writing(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+        super().resume_writing()
+
+    def _arm_header_timer(self) -> None:
+        if self._header_timer is None and not self.transport.is_closing():
+            self._header_timer = self.loop.call_later(
+                self.limits.header_timeout, self._headers_expired
+            )
+            self.limits.waiting[self] = None
+
+    def _cancel_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+            self.limits.waiting.pop(self, None)
+
+    def _cancel_timers(self) -> None:
+        self._cancel_header_timer()
+        if getattr(self, "_write_timer", None) is not None:
+            self._write_timer.cancel()  # type: ignore[union-attr]
+            self._write_timer = None
+
+    def _headers_expired(self) -> None:
+        self._header_timer = None
+        self.limits.waiting.pop(self, None)
+        logger.info(
+            "closing a connection from %s: no complete request headers within %gs "
+            "(--header-timeout)",
+            _peer(self.client),
+            self.limits.header_timeout,
+        )
+        self.transport.abort()
+
+    def _write_expired(self) -> None:
+        self._write_timer = None
+        logger.info(
+            "closing a connection from %s: the client read nothing for %gs (--write-timeout)",
+            _peer(self.client),
+            self.limits.write_timeout,
+        )
+        self.transport.abort()
+
+
+def fit_to_file_limit(max_connections: int) -> int:
+    """The connection cap this process can honour with its open-file limit.
+
+    Raises the soft RLIMIT_NOFILE towards the hard limit if the cap needs it; if that is not
+    enough, lowers the cap (with a warning) so that the probe reserve and the server's other
+    descriptors always fit, and /health keeps answering however many sockets are open.
+    """
+    needed = max_connections + PROBE_RESERVE + OTHER_DESCRIPTORS
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        raised = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+            soft = raised
+        except (ValueError, OSError):
+            pass
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return max_connections
+    fitted = max(1, soft - PROBE_RESERVE - OTHER_DESCRIPTORS)
+    logger.warning(
+        "--max-connections %d lowered to %d: the open-file limit is %d (raise it with ulimit -n)",
+        max_connections,
+        fitted,
+        soft,
+    )
+    return fitted
+
+
+def _peer(client: tuple[str, int] | None) -> str:
+    return "-" if client is None else f"{client[0]}:{client[1]}"
+
+
+def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol class bound to `limits` (pass it as `uvicorn.Config(http=...)`)."""
+    return type("GuardedHTTPProtocol", (_GuardedProtocol,), {"limits": limits})

@@ -1,0 +1,85 @@
+"""Bad input against the live server: 4xx on a connection that stays usable, and uploads that
+the client aborts are a quiet 499."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+
+from tests.metrics_scrape import scrape
+from tests.server import LiveServer
+
+MODEL = "deepseek-flash"
+CHAT = "/v1/chat/completions"
+GOOD = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "hi"}],
+    "max_tokens": 4,
+    "thinking": {"type": "disabled"},
+}
+NASTY: list[tuple[str, bytes, str]] = [
+    (CHAT, b'{"model": "x", "metadata": ' + b"[" * 200 + b"]" * 200 + b"}", "application/json"),
+    (
+        CHAT,
+        json.dumps(
+            {**GOOD, "messages": [{"role": "user", "content": [{"type": ["text"], "text": "x"}]}]}
+        ).encode(),
+        "application/json",
+    ),
+    (CHAT, json.dumps({**GOOD, "max_tokens": 2**70}).encode(), "application/json"),
+    (CHAT, b'{"model": "\xff\xfe"}', "application/json"),
+    (CHAT, b'{"model": "\\ud800"}', "application/json"),
+    (CHAT, json.dumps(GOOD).encode(), "text/plain"),
+    ("/v1/messages", json.dumps({**GOOD, "max_tokens": None}).encode(), "application/json"),
+    (
+        "/v1/responses",
+        json.dumps({"model": MODEL, "input": [{"type": "zzz"}]}).encode(),
+        "application/json",
+    ),
+]
+
+
+def server_errors(server: LiveServer) -> float:
+    samples = scrape(server.base_url)
+    return sum(
+        value
+        for (name, labels), value in samples.items()
+        if name == "deepinfer:request_failure_total" and dict(labels)["status"].startswith("5")
+    )
+
+
+def test_bad_requests_are_4xx_and_keep_the_connection_usable(shared_server: LiveServer) -> None:
+    connection = http.client.HTTPConnection("127.0.0.1", shared_server.port, timeout=30)
+    connection.connect()
+    first_socket = connection.sock
+    for path, body, content_type in NASTY:
+        connection.request("POST", path, body=body, headers={"Content-Type": content_type})
+        response = connection.getresponse()
+        payload = response.read()
+        assert 400 <= response.status < 500, (path, body[:60], response.status, payload)
+        assert response.getheader("x-request-id")
+        assert response.getheader("connection") != "close"
+        assert "error" in json.loads(payload)
+    connection.request(
+        "POST", CHAT, body=json.dumps(GOOD), headers={"Content-Type": "application/json"}
+    )
+    response = connection.getresponse()
+    assert response.status == 200 and json.loads(response.read())["choices"]
+    assert connection.sock is first_socket  # one keep-alive connection throughout
+    connection.close()
+    assert server_errors(shared_server) == 0
+
+
+def test_an_upload_aborted_mid_body_is_a_quiet_499(shared_server: LiveServer) -> None:
+    with socket.create_connection(("127.0.0.1", shared_server.port)) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n" + b'{"model": '
+        )
+    line = shared_server.wait_for_line("disconnected while sending its body", 10)
+    assert "INFO" in line
+    access = shared_server.wait_for_line("POST /v1/chat/completions 499", 10)
+    assert "request_id=" in access
+    assert "Traceback" not in shared_server.log and " ERROR " not in shared_server.log
+    assert server_errors(shared_server) == 0
