@@ -39,7 +39,8 @@ def _assert_envelope(response: httpx.Response, status: int) -> dict[str, Any]:
 
 BAD_BODIES: dict[str, dict[str, Any]] = {
     "n_greater_than_one": {"n": 2},
-    "logprobs": {"logprobs": True},
+    "logprobs": {"logprobs": 1},
+    "presence_penalty": {"presence_penalty": 0.5},
     "top_logprobs": {"logprobs": False, "top_logprobs": 3},
     "image_part": {
         "messages": [
@@ -94,6 +95,7 @@ PARAMS: dict[str, str | None] = {
     "messages_wrong_type": "messages",
     "missing_model": "model",
     "n_greater_than_one": "n",
+    "presence_penalty": "presence_penalty",
     "no_messages": "messages",
     "prompt_longer_than_context": "messages",
     "regex_format": "response_format",

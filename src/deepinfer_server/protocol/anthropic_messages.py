@@ -16,6 +16,7 @@ from deepinfer_server.ipc.messages import SamplingOptions
 from deepinfer_server.protocol.named_events import NamedEventOutput
 from deepinfer_server.protocol.prepare import engine_input
 from deepinfer_server.protocol.recipe import RecipeContext
+from deepinfer_server.protocol.sampling import read_top_k
 from deepinfer_server.protocol.structured import (
     MESSAGES_CONSTRAINT,
     convert_honouring_tool_choice,
@@ -38,6 +39,7 @@ class PreparedMessages:
 def prepare_messages(body: dict[str, Any], recipe: RecipeContext) -> PreparedMessages:
     """Turn a decoded Messages body into prompt token IDs and sampling options."""
     check_model(body, recipe.served_model_names)
+    top_k = read_top_k(body)
     read_constraint(MESSAGES_CONSTRAINT, body, thinking=False)
     converted = convert_honouring_tool_choice(
         lambda b: MessagesRequest(b).convert(recipe.options),
@@ -46,7 +48,7 @@ def prepare_messages(body: dict[str, Any], recipe: RecipeContext) -> PreparedMes
         "output_config.format",
     )
     constraint = read_constraint(MESSAGES_CONSTRAINT, body, converted.conversation.thinking_mode)
-    engine = engine_input(converted, recipe, ignore_eos=False)
+    engine = engine_input(converted, recipe, ignore_eos=False, top_k=top_k)
     return PreparedMessages(
         converted, engine.prompt_token_ids, engine.sampling, converted.stream, constraint
     )

@@ -12,6 +12,7 @@ from deepinfer_server.grammar import Constraint
 from deepinfer_server.ipc.messages import SamplingOptions
 from deepinfer_server.protocol.prepare import engine_input
 from deepinfer_server.protocol.recipe import RecipeContext
+from deepinfer_server.protocol.sampling import read_top_k, reject_unhonoured_sampling
 from deepinfer_server.protocol.structured import (
     CHAT_CONSTRAINT,
     convert_honouring_tool_choice,
@@ -22,7 +23,6 @@ from deepinfer_server.protocol.validation import (
     check_model,
     optional_bool,
     optional_uint,
-    reject_unsupported_chat_options,
 )
 
 
@@ -63,8 +63,9 @@ def prepare_chat(body: dict[str, Any], recipe: RecipeContext) -> PreparedChat:
 
     Raises BadRequestError (400) or ModelNotFoundError (404); never anything else on bad input.
     """
-    reject_unsupported_chat_options(body)
     check_chat_fields(body)
+    reject_unhonoured_sampling(body)
+    top_k = read_top_k(body)
     ignore_eos = optional_bool(body, "ignore_eos")
     stream_options = _stream_options(body)
     optional_uint(body, "max_tokens")  # here, so that the 400 names the param
@@ -78,7 +79,7 @@ def prepare_chat(body: dict[str, Any], recipe: RecipeContext) -> PreparedChat:
         lambda b: ChatCompletionRequest(b).convert(recipe.options), body, "auto", "response_format"
     )
     constraint = read_constraint(CHAT_CONSTRAINT, body, converted.conversation.thinking_mode)
-    engine = engine_input(converted, recipe, ignore_eos)
+    engine = engine_input(converted, recipe, ignore_eos, top_k=top_k)
     return PreparedChat(
         converted,
         engine.prompt_token_ids,

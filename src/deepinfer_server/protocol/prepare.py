@@ -20,9 +20,16 @@ class EngineInput:
 
 
 def engine_input(
-    converted: ConversationRequest, recipe: RecipeContext, ignore_eos: bool
+    converted: ConversationRequest,
+    recipe: RecipeContext,
+    ignore_eos: bool,
+    *,
+    top_k: int = -1,
+    logprobs: bool = False,
 ) -> EngineInput:
     """Encode the conversation (V4.1) and resolve max_tokens against the context.
+
+    `logprobs` asks for them even when the converted request does not (Responses `include`).
 
     Raises BadRequestError for images (not supported yet) and for prompts that do not fit.
     """
@@ -38,11 +45,15 @@ def engine_input(
         prompt_token_ids = recipe.encoding.encode(converted.conversation)
         max_tokens = converted.resolve_max_tokens(len(prompt_token_ids), recipe.context_limit)
     inference = converted.inference_options
+    logprobs = logprobs or inference.logprobs
     sampling = SamplingOptions(
         max_tokens=max_tokens,
         temperature=inference.temperature,
         top_p=inference.top_p,
         ignore_eos=ignore_eos,
         seed=inference.seed,
+        top_k=top_k,
+        logprobs=logprobs,
+        top_logprobs=(inference.top_logprobs or 0) if logprobs else 0,
     )
     return EngineInput(prompt_token_ids, sampling)

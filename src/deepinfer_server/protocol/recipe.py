@@ -56,7 +56,11 @@ class RecipeContext:
         return self.served_model_names[0]
 
 
-_RANGE_PARAMS = {"Invalid temperature value": "temperature", "Invalid top_p value": "top_p"}
+_RANGE_PARAMS = {
+    "Invalid temperature value": "temperature",
+    "Invalid top_p value": "top_p",
+    "Invalid top_logprobs": "top_logprobs",
+}
 _KIND_OF_STATUS = {404: ErrorKind.MODEL_NOT_FOUND, 413: ErrorKind.REQUEST_TOO_LARGE}
 _CONTEXT_LENGTH_MESSAGE = "maximum context length"
 

@@ -56,6 +56,19 @@ def _reject_stateful_options(body: dict[str, Any]) -> None:
         raise BadRequestError("background responses are not supported", param="background")
 
 
+_LOGPROBS_INCLUDE = "message.output_text.logprobs"
+
+
+def _wants_logprobs(body: dict[str, Any]) -> bool:
+    """`include: ["message.output_text.logprobs"]` asks for the output text's logprobs."""
+    include = body.get("include")
+    if include is None:
+        return False
+    if not isinstance(include, list) or not all(isinstance(item, str) for item in include):
+        raise BadRequestError("'include' must be an array of strings", param="include")
+    return _LOGPROBS_INCLUDE in include
+
+
 def prepare_responses(body: dict[str, Any], recipe: RecipeContext) -> PreparedResponses:
     """Turn a decoded Responses body into prompt token IDs and sampling options."""
     _reject_stateful_options(body)
@@ -74,7 +87,7 @@ def prepare_responses(body: dict[str, Any], recipe: RecipeContext) -> PreparedRe
         convert, body, "auto", "text.format"
     )
     constraint = read_constraint(RESPONSES_CONSTRAINT, body, converted.conversation.thinking_mode)
-    engine = engine_input(converted, recipe, ignore_eos=False)
+    engine = engine_input(converted, recipe, ignore_eos=False, logprobs=_wants_logprobs(body))
     return PreparedResponses(
         converted,
         engine.prompt_token_ids,

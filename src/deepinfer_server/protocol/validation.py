@@ -56,16 +56,6 @@ def check_model(body: dict[str, Any], served_model_names: tuple[str, ...]) -> No
         )
 
 
-def reject_unsupported_chat_options(body: dict[str, Any]) -> None:
-    """400 for Chat Completions options this service does not implement yet."""
-    if body.get("logprobs"):
-        raise BadRequestError("logprobs are not supported by this server yet", param="logprobs")
-    if body.get("top_logprobs"):
-        raise BadRequestError(
-            "top_logprobs are not supported by this server yet", param="top_logprobs"
-        )
-
-
 _CHAT_ROLES = frozenset({"system", "user", "assistant", "tool", "function", "latest_reminder"})
 _NUMBERS = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
 
@@ -98,6 +88,8 @@ def check_chat_fields(body: dict[str, Any]) -> None:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
             raise BadRequestError(f"'{name}' must be a number", param=name)
     optional_uint(body, "seed", maximum=2**64 - 1)
+    optional_bool(body, "logprobs")
+    optional_uint(body, "top_logprobs", maximum=20)
     n = body.get("n")
     if n is not None and n != 1:
         raise BadRequestError("only n = 1 is supported", param="n")

@@ -32,6 +32,7 @@ from deepinfer_server.engines.backend import BuiltEngine, EngineSpec, SharedStat
 from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver
 from deepinfer_server.engines.simulated.backend import SimulatedOptions
 from deepinfer_server.engines.simulated.collectives import LockstepGroup
+from deepinfer_server.engines.simulated.logprobs import annotate
 from deepinfer_server.engines.simulated.outputs import POOL, OutputRecord, RequestOutput
 from deepinfer_server.engines.simulated.sampling_params import SamplingParams
 from deepinfer_server.engines.simulated.script import ScriptWriter
@@ -308,17 +309,17 @@ class LLMEngine:
             token = self._next_token(sequence)
             sequence.output.append(token)
             reason = self._stop_reason(sequence, token)
-            records.append(
-                OutputRecord(
-                    request_id=sequence.request_id,
-                    prompt_len=len(sequence.prompt),
-                    token_id=token,
-                    finish_reason=reason,
-                    finished=bool(reason),
-                    num_output_tokens=len(sequence.output),
-                    max_num_batched_tokens=self._args.max_num_batched_tokens or 0,
-                )
+            record = OutputRecord(
+                request_id=sequence.request_id,
+                prompt_len=len(sequence.prompt),
+                token_id=token,
+                finish_reason=reason,
+                finished=bool(reason),
+                num_output_tokens=len(sequence.output),
+                max_num_batched_tokens=self._args.max_num_batched_tokens or 0,
             )
+            annotate(record, sequence.prompt, sequence.params, self._vocab_size)
+            records.append(record)
             if reason:
                 sequence.finish_reason = reason
                 self._running.remove(sequence)
