@@ -11,7 +11,12 @@ from starlette.routing import Route
 from deepinfer_server.api.auth import ApiKeyMiddleware
 from deepinfer_server.api.error_responses import handle_api_error, handle_http_exception
 from deepinfer_server.api.request_context import RequestContextMiddleware
-from deepinfer_server.api.routes.generation import chat_completions, messages, responses
+from deepinfer_server.api.routes.generation import (
+    chat_completions,
+    completions,
+    messages,
+    responses,
+)
 from deepinfer_server.api.routes.meta import health, list_models, metrics, server_version
 from deepinfer_server.api.state import AppState
 from deepinfer_server.errors import ApiError
@@ -46,6 +51,7 @@ def build_app(state: AppState) -> Starlette:
         middleware.append(Middleware(ApiKeyMiddleware, keys=config.api_keys))
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/responses", responses, methods=["POST"]),
         Route("/v1/messages", messages, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import orjson
+import tokenizers
 from deepseek_recipe import (
     ConversionError,
     ConversionOptions,
@@ -31,6 +32,8 @@ class RecipeContext:
     tokenizer: Tokenizer
     served_model_names: tuple[str, ...]
     context_limit: int
+    #: The same vocabulary for what the recipe's tokenizer cannot do: decode single tokens.
+    decoder: tokenizers.Tokenizer
 
     @classmethod
     def create(
@@ -48,7 +51,8 @@ class RecipeContext:
             {name: ModelVersion.DeepseekV41Flash for name in served_model_names}
         )
         encoding = DeepseekV41Encoding().with_tokenizer(tokenizer)
-        return cls(options, encoding, tokenizer, served_model_names, context_limit)
+        decoder = tokenizers.Tokenizer.from_str(tokenizer_json)
+        return cls(options, encoding, tokenizer, served_model_names, context_limit, decoder)
 
     @property
     def model_name(self) -> str:

@@ -90,8 +90,5 @@ def check_chat_fields(body: dict[str, Any]) -> None:
     optional_uint(body, "seed", maximum=2**64 - 1)
     optional_bool(body, "logprobs")
     optional_uint(body, "top_logprobs", maximum=20)
-    n = body.get("n")
-    if n is not None and n != 1:
-        raise BadRequestError("only n = 1 is supported", param="n")
     if body.get("stream_options") is not None and not body.get("stream"):
         raise BadRequestError("'stream_options' needs 'stream': true", param="stream_options")

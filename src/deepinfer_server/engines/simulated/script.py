@@ -4,7 +4,8 @@ The prompt's token IDs are decoded, the text between the last `<｜User｜>` and
 `<｜Assistant｜>` is taken, and that text, encoded with the full vocabulary (so spellings such as
 `</think>` or DSML markers become their special tokens), is the answer. In thinking mode (the
 prompt ends with `<think>`) an answer without `</think>` is preceded by a fixed reasoning
-sentence and `</think>`.
+sentence and `</think>`. A prompt with no user turn (a legacy completion) is continued with its
+own text, special tokens left out.
 """
 
 from __future__ import annotations
@@ -41,7 +42,10 @@ class ScriptWriter:
     def answer_tokens(self, prompt_token_ids: Sequence[int]) -> list[int]:
         """The answer's token IDs, without EOS."""
         prompt_text = self._tokenizer.decode(list(prompt_token_ids), skip_special_tokens=False)
-        text = last_user_text(prompt_text)
+        if USER_TOKEN in prompt_text:
+            text = last_user_text(prompt_text)
+        else:
+            text = self._tokenizer.decode(list(prompt_token_ids), skip_special_tokens=True)
         thinking = bool(prompt_token_ids) and prompt_token_ids[-1] == self._think_start_id
         if thinking and THINK_END not in text:
             text = f"{REASONING_SENTENCE}{THINK_END}{text}"
