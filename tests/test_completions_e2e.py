@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import math
 
+import httpx
 import openai
 import pytest
 
 from tests.conftest import MODEL
+from tests.server import LiveServer
 
 
 def test_text_completion(client: openai.OpenAI) -> None:
@@ -128,3 +130,18 @@ def test_bad_completion_requests_name_the_param(
             cast_to=object,  # type: ignore[arg-type]
         )
     assert caught.value.body["param"] == param  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/responses", {"input": "x", "n": 2}),
+        ("/v1/messages", {"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "n": 2}),
+    ],
+)
+def test_responses_and_messages_have_no_n(
+    shared_server: LiveServer, path: str, body: dict[str, object]
+) -> None:
+    response = httpx.post(shared_server.base_url + path, json={"model": MODEL, **body}, timeout=30)
+    assert response.status_code == 400, response.text
+    assert "'n'" in response.text

@@ -13,6 +13,7 @@ from deepseek_recipe import (
 
 from deepinfer_server.grammar import Constraint
 from deepinfer_server.ipc.messages import SamplingOptions
+from deepinfer_server.protocol.choices import reject_n
 from deepinfer_server.protocol.named_events import NamedEventOutput
 from deepinfer_server.protocol.prepare import engine_input
 from deepinfer_server.protocol.recipe import RecipeContext
@@ -39,6 +40,7 @@ class PreparedMessages:
 def prepare_messages(body: dict[str, Any], recipe: RecipeContext) -> PreparedMessages:
     """Turn a decoded Messages body into prompt token IDs and sampling options."""
     check_model(body, recipe.served_model_names)
+    reject_n(body, "the Messages API")
     top_k = read_top_k(body)
     read_constraint(MESSAGES_CONSTRAINT, body, thinking=False)
     converted = convert_honouring_tool_choice(

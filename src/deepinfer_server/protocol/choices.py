@@ -31,6 +31,12 @@ def read_n(body: dict[str, Any]) -> int:
     return n
 
 
+def reject_n(body: dict[str, Any], api: str) -> None:
+    """400 for `n` other than 1 in an API that has no several choices (Responses, Messages)."""
+    if body.get("n") not in (None, 1):
+        raise BadRequestError(f"{api} has no 'n': send one request per answer", param="n")
+
+
 def seeds_for(seed: int | None, n: int) -> list[int | None]:
     """One seed per choice: the request's seed first, then seeds derived from it, so that a
     seeded request is reproducible; without a seed each engine request draws its own."""

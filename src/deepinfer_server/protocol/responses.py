@@ -14,6 +14,7 @@ from deepseek_recipe import (
 from deepinfer_server.errors import BadRequestError
 from deepinfer_server.grammar import Constraint
 from deepinfer_server.ipc.messages import SamplingOptions
+from deepinfer_server.protocol.choices import reject_n
 from deepinfer_server.protocol.named_events import NamedEventOutput
 from deepinfer_server.protocol.prepare import engine_input
 from deepinfer_server.protocol.recipe import RecipeContext
@@ -72,6 +73,7 @@ def _wants_logprobs(body: dict[str, Any]) -> bool:
 def prepare_responses(body: dict[str, Any], recipe: RecipeContext) -> PreparedResponses:
     """Turn a decoded Responses body into prompt token IDs and sampling options."""
     _reject_stateful_options(body)
+    reject_n(body, "the Responses API")
     check_model(body, recipe.served_model_names)
     read_constraint(RESPONSES_CONSTRAINT, body, thinking=False)
 
