@@ -186,19 +186,19 @@ class LLMEngineDriver:
             # The tokens that are not output (EOS, the repeat of an "ignored" finish) are
             # hidden together with their per-token data, so that both stay aligned.
             if (finish is None or finish.is_normal) and token != self._eos_id:
-                self._append(delta.tokens, sampling, handle, token)
+                delta.tokens.token_ids.append(token)
+                if delta.tokens.logprobs is not None:
+                    self._read_logprobs(delta.tokens, handle)
             if finish is not None:
                 delta.finish = finish
                 del self._live[request_id]
         return list(by_request.values())
 
-    def _append(
-        self, tokens: GeneratedTokens, sampling: SamplingOptions, handle: int, token: int
-    ) -> None:
+    def _read_logprobs(self, tokens: GeneratedTokens, handle: int) -> None:
+        """The logprob of the token just appended, and its alternatives if asked for."""
         reader = self._reader
-        tokens.token_ids.append(token)
-        if tokens.logprobs is not None:
-            tokens.logprobs.append(float(reader.get_token_logprobs(handle)))
+        assert tokens.logprobs is not None
+        tokens.logprobs.append(float(reader.get_token_logprobs(handle)))
         if tokens.top_logprobs is not None:
             ids = reader.get_top_token_ids(handle)
             values = reader.get_top_logprobs(handle)

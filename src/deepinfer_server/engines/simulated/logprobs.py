@@ -14,11 +14,15 @@ import hashlib
 import math
 import random
 from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from deepinfer_server.engines.simulated.outputs import OutputRecord
 from deepinfer_server.engines.simulated.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from deepinfer_server.engines.simulated.outputs import OutputRecord
 
 #: DeepInfer's value for filtered (or -inf) logprobs (outputs.hpp).
 CLAMPED = -9999.0
@@ -109,7 +113,12 @@ def prompt_logprobs(prompt: list[int]) -> list[float]:
 
 
 def annotate(record: OutputRecord, prompt: list[int], params: SamplingParams, vocab: int) -> None:
-    """Fill a generated token's logprob fields as DeepInfer does (always, whatever was asked)."""
+    """Give a generated token's record its logprob fields as DeepInfer does (always, whatever
+    was asked). They are computed when first read: most requests never read them."""
+    record.deferred = partial(_fill, prompt, params, vocab)
+
+
+def _fill(prompt: list[int], params: SamplingParams, vocab: int, record: OutputRecord) -> None:
     position = record.num_output_tokens - 1
     values = token_logprobs(context_key(prompt), position, record.token_id, params, vocab)
     record.token_logprobs = values.logprob
