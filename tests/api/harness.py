@@ -22,7 +22,13 @@ from deepinfer_server.cli import parse_config
 from deepinfer_server.coordinator.coordinator import Coordinator
 from deepinfer_server.coordinator.handle import RequestHandle
 from deepinfer_server.errors import ApiError, OverloadedError
-from deepinfer_server.ipc.messages import AbortReason, Finish, GeneratedTokens, SamplingOptions
+from deepinfer_server.ipc.messages import (
+    AbortReason,
+    Finish,
+    GeneratedTokens,
+    Images,
+    SamplingOptions,
+)
 from deepinfer_server.metrics import ServerMetrics
 from deepinfer_server.protocol.recipe import RecipeContext
 from deepinfer_server.protocol.structured import StructuredOutputs
@@ -56,6 +62,7 @@ class FakeCoordinator:
     submitted: list[tuple[str, list[int], SamplingOptions]] = field(default_factory=list)
     closed: list[tuple[str, bool, AbortReason]] = field(default_factory=list)
     handles: dict[str, RequestHandle] = field(default_factory=dict)
+    images: dict[str, Images | None] = field(default_factory=dict)
     failure: str | None = None
     draining: bool = False
     capacity: int | None = None  # admission: 429 beyond this many requests in flight
@@ -70,12 +77,14 @@ class FakeCoordinator:
         prompt_token_ids: list[int],
         sampling: SamplingOptions,
         deadline: float | None,
+        images: Images | None = None,
     ) -> RequestHandle:
         if self.submit_error is not None:
             raise self.submit_error
         if self.capacity is not None and len(self.handles) >= self.capacity:
             raise OverloadedError("the fake server is at capacity")
         self.submitted.append((request_id, prompt_token_ids, sampling))
+        self.images[request_id] = images
         handle = RequestHandle(request_id, 0, self._on_close, deadline)
         self.handles[request_id] = handle
         asyncio.get_running_loop().call_soon(self._play, handle)

@@ -30,9 +30,10 @@ from deepinfer_server.api.token_stream import ProtocolOutput, token_stream
 from deepinfer_server.coordinator.handle import RequestHandle
 from deepinfer_server.errors import ApiError
 from deepinfer_server.grammar import Constraint
-from deepinfer_server.ipc.messages import AbortReason, SamplingOptions
+from deepinfer_server.ipc.messages import AbortReason, Images, SamplingOptions
 from deepinfer_server.metrics import RequestRecord, ServerMetrics
 from deepinfer_server.protocol.choices import ChoiceMerger
+from deepinfer_server.protocol.images import mentions_images
 from deepinfer_server.protocol.recipe import RecipeContext
 from deepinfer_server.protocol.validation import decode_json
 
@@ -53,6 +54,9 @@ class Prepared(Protocol):
 
     @property
     def constraint(self) -> Constraint | None: ...
+
+    @property
+    def images(self) -> Images | None: ...
 
 
 class Choice(Protocol):
@@ -91,7 +95,8 @@ async def serve_generation(request: Request, protocol: GenerationProtocol) -> Re
     if config.log_requests:
         logger.info("request %s body: %s", request_id, raw[:65536].decode(errors="replace"))
     body = decode_json(raw)
-    if len(raw) > LARGE_BODY_BYTES:
+    if len(raw) > LARGE_BODY_BYTES or mentions_images(raw):
+        # Images are decoded and resized while preparing: never on the event loop.
         prepared_any = await asyncio.to_thread(protocol.prepare, body, state.recipe)
     else:
         prepared_any = protocol.prepare(body, state.recipe)
@@ -111,6 +116,7 @@ async def serve_generation(request: Request, protocol: GenerationProtocol) -> Re
             choices[index].prompt_token_ids,
             sampling,
             state.deadline(),
+            choices[index].images,
         )
 
     handles = submit_all(submit, len(choices))

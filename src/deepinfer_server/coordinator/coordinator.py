@@ -30,6 +30,7 @@ from deepinfer_server.errors import (
 from deepinfer_server.ipc.messages import (
     AbortReason,
     FromRank,
+    Images,
     RankFailed,
     RankReady,
     RequestRejected,
@@ -134,6 +135,7 @@ class Coordinator:
         prompt_token_ids: list[int],
         sampling: SamplingOptions,
         deadline: float | None,
+        images: Images | None = None,
     ) -> RequestHandle:
         """Admit a request and start it on the least-loaded rank (429/503 when it cannot)."""
         if self._failure is not None:
@@ -144,7 +146,7 @@ class Coordinator:
         handle = RequestHandle(request_id, rank, self._on_handle_closed, deadline)
         self._handles[request_id] = handle
         self._idle.clear()
-        self._channels.send_add(rank, request_id, prompt_token_ids, sampling)
+        self._channels.send_add(rank, request_id, prompt_token_ids, sampling, images)
         return handle
 
     def fail_all(self, error: ApiError) -> None:

@@ -54,6 +54,7 @@ class LLMEngine(Protocol):
         request_id: str,
         sampling_params: dict[str, Any] | None,
         prompt_token_ids: npt.NDArray[np.int32],
+        multi_modal_data: dict[str, Any] | None = None,
     ) -> object | None: ...
 
     def abort_request(self, request_id: list[str]) -> tuple[int, int]: ...
@@ -130,7 +131,12 @@ class LLMEngineDriver:
             params["so_args"] = sampling.structured.as_so_args()
         prompt = unpack_token_ids(request.prompt_token_ids)
         try:
-            sequence = self._engine.add_request("0", request.request_id, params, prompt)
+            # Text requests pass no multi_modal_data: any dict, even empty, holds the sequence
+            # back until a later step's fetch (engine-fidelity.md §E).
+            multi_modal_data = request.images.as_multi_modal_data() if request.images else None
+            sequence = self._engine.add_request(
+                "0", request.request_id, params, prompt, multi_modal_data=multi_modal_data
+            )
         except (ValueError, TypeError) as exc:
             return RequestRejected(
                 request.request_id,

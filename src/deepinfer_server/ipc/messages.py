@@ -87,12 +87,25 @@ class SamplingOptions(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fa
     prompt_logprobs: bool = False
 
 
+class Images(msgspec.Struct, array_like=True, gc=False):
+    """DeepInfer's `multi_modal_data`: encoded images in the order of the prompt's image
+    placeholders, with each one's (width, height) in pixels."""
+
+    sizes: list[tuple[int, int]]
+    data: list[bytes]
+
+    def as_multi_modal_data(self) -> dict[str, object]:
+        """The dict DeepInfer's add_request takes."""
+        return {"image_sizes": list(self.sizes), "image_bytes": list(self.data)}
+
+
 class AddRequest(_Message):
     """Start one request on the rank; `prompt_token_ids` is packed by `ipc.codec`."""
 
     request_id: str
     prompt_token_ids: bytes
     sampling: SamplingOptions
+    images: Images | None = None
 
 
 class AbortRequests(_Message):

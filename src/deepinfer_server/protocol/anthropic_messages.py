@@ -12,7 +12,7 @@ from deepseek_recipe import (
 )
 
 from deepinfer_server.grammar import Constraint
-from deepinfer_server.ipc.messages import SamplingOptions
+from deepinfer_server.ipc.messages import Images, SamplingOptions
 from deepinfer_server.protocol.choices import reject_n
 from deepinfer_server.protocol.named_events import NamedEventOutput
 from deepinfer_server.protocol.prepare import engine_input
@@ -35,6 +35,7 @@ class PreparedMessages:
     sampling: SamplingOptions
     stream: bool
     constraint: Constraint | None
+    images: Images | None = None
 
 
 def prepare_messages(body: dict[str, Any], recipe: RecipeContext) -> PreparedMessages:
@@ -52,7 +53,12 @@ def prepare_messages(body: dict[str, Any], recipe: RecipeContext) -> PreparedMes
     constraint = read_constraint(MESSAGES_CONSTRAINT, body, converted.conversation.thinking_mode)
     engine = engine_input(converted, recipe, ignore_eos=False, top_k=top_k)
     return PreparedMessages(
-        converted, engine.prompt_token_ids, engine.sampling, converted.stream, constraint
+        converted,
+        engine.prompt_token_ids,
+        engine.sampling,
+        converted.stream,
+        constraint,
+        images=engine.images,
     )
 
 

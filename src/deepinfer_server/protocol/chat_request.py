@@ -9,7 +9,7 @@ from deepseek_recipe import ChatCompletionRequest, ConversationRequest
 
 from deepinfer_server.errors import BadRequestError
 from deepinfer_server.grammar import Constraint
-from deepinfer_server.ipc.messages import SamplingOptions
+from deepinfer_server.ipc.messages import Images, SamplingOptions
 from deepinfer_server.protocol.choices import read_n, seeds_for, with_seed
 from deepinfer_server.protocol.prepare import engine_input
 from deepinfer_server.protocol.recipe import RecipeContext
@@ -45,6 +45,7 @@ class PreparedChat:
     stream: bool
     stream_options: StreamOptions
     constraint: Constraint | None
+    images: Images | None = None
     #: The choice this engine request produces (n > 1 makes one PreparedChat per choice).
     index: int = 0
     prompt_index: int = 0
@@ -95,6 +96,7 @@ def prepare_chat(body: dict[str, Any], recipe: RecipeContext) -> PreparedChat | 
         converted.stream,
         stream_options,
         constraint,
+        images=engine.images,
     )
     if n == 1:
         return prepared

@@ -51,6 +51,11 @@ class PreparedCompletion:
         """Completions has no structured output."""
         return None
 
+    @property
+    def images(self) -> None:
+        """Completions takes text or token IDs only."""
+        return None
+
 
 def _number(body: dict[str, Any], name: str, low: float, high: float) -> float | None:
     value = body.get(name)

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from deepseek_recipe import ConversationRequest
 
-from deepinfer_server.errors import BadRequestError, ErrorKind
-from deepinfer_server.ipc.messages import SamplingOptions
+from deepinfer_server.ipc.messages import Images, SamplingOptions
+from deepinfer_server.protocol.images import image_sources, resolve_images
 from deepinfer_server.protocol.recipe import RecipeContext, recipe_errors
 
 
@@ -17,6 +17,7 @@ class EngineInput:
 
     prompt_token_ids: list[int]
     sampling: SamplingOptions
+    images: Images | None = None
 
 
 def engine_input(
@@ -31,19 +32,19 @@ def engine_input(
 
     `logprobs` asks for them even when the converted request does not (Responses `include`).
 
-    Raises BadRequestError for images (not supported yet) and for prompts that do not fit.
+    Images are decoded and checked here (a 400 or 413 for bad ones); each counts at its image
+    token count against the context. Raises BadRequestError for prompts that do not fit.
     """
     with recipe_errors():
-        for index, message in enumerate(converted.conversation.messages):
-            if message.image_sources:
-                raise BadRequestError(
-                    "image content is not supported by this server yet",
-                    param=f"messages[{index}]",
-                    kind=ErrorKind.UNSUPPORTED,
-                    code="unsupported_content",
-                )
+        sources = image_sources(converted)
+        images, extra_tokens = None, 0
+        if sources:
+            resolved = resolve_images(sources, recipe.image_limits, recipe.image_resolver)
+            images, extra_tokens = resolved.images, resolved.extra_prompt_tokens
         prompt_token_ids = recipe.encoding.encode(converted.conversation)
-        max_tokens = converted.resolve_max_tokens(len(prompt_token_ids), recipe.context_limit)
+        max_tokens = converted.resolve_max_tokens(
+            len(prompt_token_ids) + extra_tokens, recipe.context_limit
+        )
     inference = converted.inference_options
     logprobs = logprobs or inference.logprobs
     sampling = SamplingOptions(
@@ -56,4 +57,4 @@ def engine_input(
         logprobs=logprobs,
         top_logprobs=(inference.top_logprobs or 0) if logprobs else 0,
     )
-    return EngineInput(prompt_token_ids, sampling)
+    return EngineInput(prompt_token_ids, sampling, images)

@@ -16,11 +16,13 @@ from deepseek_recipe import (
     ConversionError,
     ConversionOptions,
     DeepseekV41Encoding,
+    ImageResolver,
     ModelVersion,
     Tokenizer,
 )
 
 from deepinfer_server.errors import ApiError, BadRequestError, ContextLengthError, ErrorKind
+from deepinfer_server.protocol.images import ImageLimits, new_resolver
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,8 @@ class RecipeContext:
     context_limit: int
     #: The same vocabulary for what the recipe's tokenizer cannot do: decode single tokens.
     decoder: tokenizers.Tokenizer
+    image_limits: ImageLimits
+    image_resolver: ImageResolver
 
     @classmethod
     def create(
@@ -42,6 +46,7 @@ class RecipeContext:
         served_model_names: tuple[str, ...],
         context_limit: int,
         default_thinking: bool,
+        image_limits: ImageLimits | None = None,
     ) -> RecipeContext:
         tokenizer = Tokenizer.from_str(tokenizer_json)
         # Only the served names are accepted, all as DeepSeek-V4.1-Flash: the recipe's default
@@ -52,7 +57,17 @@ class RecipeContext:
         )
         encoding = DeepseekV41Encoding().with_tokenizer(tokenizer)
         decoder = tokenizers.Tokenizer.from_str(tokenizer_json)
-        return cls(options, encoding, tokenizer, served_model_names, context_limit, decoder)
+        image_limits = image_limits or ImageLimits()
+        return cls(
+            options,
+            encoding,
+            tokenizer,
+            served_model_names,
+            context_limit,
+            decoder,
+            image_limits,
+            new_resolver(image_limits),
+        )
 
     @property
     def model_name(self) -> str:

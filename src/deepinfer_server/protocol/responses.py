@@ -13,7 +13,7 @@ from deepseek_recipe import (
 
 from deepinfer_server.errors import BadRequestError
 from deepinfer_server.grammar import Constraint
-from deepinfer_server.ipc.messages import SamplingOptions
+from deepinfer_server.ipc.messages import Images, SamplingOptions
 from deepinfer_server.protocol.choices import reject_n
 from deepinfer_server.protocol.named_events import NamedEventOutput
 from deepinfer_server.protocol.prepare import engine_input
@@ -37,6 +37,7 @@ class PreparedResponses:
     echo: Any
     namespace_tool_map: dict[str, tuple[str, str]]
     constraint: Constraint | None
+    images: Images | None = None
 
 
 def _reject_stateful_options(body: dict[str, Any]) -> None:
@@ -98,6 +99,7 @@ def prepare_responses(body: dict[str, Any], recipe: RecipeContext) -> PreparedRe
         echo,
         namespace_tool_map,
         constraint,
+        images=engine.images,
     )
 
 

@@ -151,7 +151,7 @@ class LLMEngine:
             request_id=request_id,
             prompt=prompt,
             params=sampling_params,
-            script=self._script.answer_tokens(prompt),
+            script=self._script.answer_tokens(prompt, multi_modal_data),
             ready_at=arrived + self._args.ttft_ms / 1000.0,
         )
         if sampling_params.so_args:
