@@ -28,6 +28,9 @@ from deepseek_recipe import (
 from deepinfer_server.errors import BadRequestError, ErrorKind
 from deepinfer_server.ipc.messages import Images
 
+#: deepseek-recipe ImageError kinds that mean "too large" (413); the others are 400s.
+_TOO_LARGE = frozenset({"ImageTooLarge", "TotalSizeTooLarge", "ImageDimensionsTooLarge"})
+
 
 @dataclass(frozen=True)
 class ImageLimits:
@@ -99,7 +102,7 @@ def resolve_images(
         data: MultiModalData = resolver.resolve(sources, quota)
         extra = data.image_token_adjustment()
     except ImageError as exc:
-        if exc.kind in ("TooLarge", "ImageTooLarge", "ImageDimensionsTooLarge"):
+        if exc.kind in _TOO_LARGE:
             raise BadRequestError(
                 f"the image is too large: {exc}", param=param, kind=ErrorKind.REQUEST_TOO_LARGE
             ) from exc
