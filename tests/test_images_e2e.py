@@ -69,6 +69,14 @@ def test_data_url_image_reaches_the_engine(client: openai.OpenAI) -> None:
         extra_body=NO_THINKING,  # type: ignore[arg-type]
     )
     assert other.choices[0].message.content != content  # the answer reflects the image
+    text_only = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "What is this?"}],
+        extra_body=NO_THINKING,
+    )
+    # The image counts at its token count (the engine expands its placeholder), not as one.
+    assert response.usage is not None and text_only.usage is not None
+    assert response.usage.prompt_tokens > text_only.usage.prompt_tokens + 100
 
 
 def test_responses_input_image_and_anthropic_image_block(

@@ -122,7 +122,7 @@ async def serve_generation(request: Request, protocol: GenerationProtocol) -> Re
     handles = submit_all(submit, len(choices))
     records = [RequestRecord(arrival=arrival) for _ in choices]
     for record, choice in zip(records, choices, strict=True):
-        record.prompt_tokens = len(choice.prompt_token_ids)
+        record.prompt_tokens = Images.prompt_tokens(choice.prompt_token_ids, choice.images)
         record.admitted_at = time.perf_counter()
     request.state.record = records[0]
     try:

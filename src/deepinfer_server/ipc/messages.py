@@ -93,6 +93,13 @@ class Images(msgspec.Struct, array_like=True, gc=False):
 
     sizes: list[tuple[int, int]]
     data: list[bytes]
+    #: Prompt tokens the images add beyond their placeholders (the engine expands each one).
+    extra_tokens: int = 0
+
+    @staticmethod
+    def prompt_tokens(prompt_token_ids: list[int], images: Images | None) -> int:
+        """The prompt's length as the engine counts it: images at their token counts."""
+        return len(prompt_token_ids) + (images.extra_tokens if images is not None else 0)
 
     def as_multi_modal_data(self) -> dict[str, object]:
         """The dict DeepInfer's add_request takes."""

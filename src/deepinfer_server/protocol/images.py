@@ -40,14 +40,6 @@ class ImageLimits:
     max_image_bytes: int = 10 * 1024 * 1024
 
 
-@dataclass(frozen=True)
-class ResolvedImages:
-    """A request's images for the engine, and how many prompt tokens they add."""
-
-    images: Images
-    extra_prompt_tokens: int
-
-
 def image_sources(converted: ConversationRequest) -> list[ImageSource]:
     """Every image of the conversation, in the order of the prompt's placeholders."""
     return [
@@ -86,7 +78,7 @@ def _too_large(limit: int, param: str | None) -> BadRequestError:
 
 def resolve_images(
     sources: list[ImageSource], limits: ImageLimits, resolver: ImageResolver
-) -> ResolvedImages:
+) -> Images:
     """Decode, check and preprocess the images (400 corrupt or unsupported, 413 too large)."""
     if len(sources) > limits.max_images:
         raise BadRequestError(
@@ -112,12 +104,10 @@ def resolve_images(
     images = data.images
     if any(len(image.data) > limits.max_image_bytes for image in images):
         raise _too_large(limits.max_image_bytes, None)
-    return ResolvedImages(
-        Images(
-            sizes=[(image.width, image.height) for image in images],
-            data=[bytes(image.data) for image in images],
-        ),
-        int(extra),
+    return Images(
+        sizes=[(image.width, image.height) for image in images],
+        data=[bytes(image.data) for image in images],
+        extra_tokens=int(extra),
     )
 
 

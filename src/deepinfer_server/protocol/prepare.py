@@ -37,13 +37,12 @@ def engine_input(
     """
     with recipe_errors():
         sources = image_sources(converted)
-        images, extra_tokens = None, 0
+        images = None
         if sources:
-            resolved = resolve_images(sources, recipe.image_limits, recipe.image_resolver)
-            images, extra_tokens = resolved.images, resolved.extra_prompt_tokens
+            images = resolve_images(sources, recipe.image_limits, recipe.image_resolver)
         prompt_token_ids = recipe.encoding.encode(converted.conversation)
         max_tokens = converted.resolve_max_tokens(
-            len(prompt_token_ids) + extra_tokens, recipe.context_limit
+            Images.prompt_tokens(prompt_token_ids, images), recipe.context_limit
         )
     inference = converted.inference_options
     logprobs = logprobs or inference.logprobs
