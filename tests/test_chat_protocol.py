@@ -123,8 +123,11 @@ def test_eos_free_stop_sequence_finishes_the_parser() -> None:
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"logprobs": True}, "logprobs"),
+        ({"logprobs": "yes"}, "logprobs"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         ({"top_logprobs": 2}, "top_logprobs"),
+        ({"presence_penalty": 1}, "presence_penalty"),
+        ({"top_k": 0.5}, "top_k"),
         ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format"),
         ({"ignore_eos": 1}, "ignore_eos"),
         ({"max_completion_tokens": True}, "max_completion_tokens"),

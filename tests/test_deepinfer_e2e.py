@@ -76,8 +76,15 @@ def test_ranks_construct_deepinfer_as_configured(checkpoint: Path, tmp_path: Pat
         stream = client.chat.completions.create(stream=True, max_tokens=2000, **endless)
         chunks = iter(stream)
         next(chunks)
-        reply = client.chat.completions.create(**request)
+        sampled = {"thinking": {"type": "disabled"}, "top_k": 40}
+        reply = client.chat.completions.create(
+            **{**request, "extra_body": sampled}, logprobs=True, top_logprobs=2
+        )
         assert reply.choices[0].message.content == "Hello from DeepInfer"
+        assert reply.choices[0].logprobs is not None
+        content_logprobs = reply.choices[0].logprobs.content or []
+        assert len(content_logprobs) == reply.usage.completion_tokens  # type: ignore[union-attr]
+        assert all(len(entry.top_logprobs) == 2 for entry in content_logprobs)
         assert "Hello from DeepInfer" in "".join(
             next(chunks).choices[0].delta.content or "" for _ in range(8)
         )
@@ -107,6 +114,9 @@ def test_ranks_construct_deepinfer_as_configured(checkpoint: Path, tmp_path: Pat
         sampling = [r["payload"] for r in records if r["event"] == "sampling_params"]
         assert sampling and sampling[0]["seq_seed"] == 7
         assert sampling[0]["ignore_eos"] is ignore_eos
+        # top_k and top_logprobs reach the engine of the rank that ran the second request.
+        assert sampling[0]["top_k"] == (-1 if ignore_eos else 40)
+        assert sampling[0]["top_logprobs"] == (0 if ignore_eos else 2)
         assert records[-1]["event"] == "closed"  # every rank closed together on SIGTERM
 
 

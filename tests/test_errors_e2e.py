@@ -38,8 +38,9 @@ def _assert_envelope(response: httpx.Response, status: int) -> dict[str, Any]:
 
 
 BAD_BODIES: dict[str, dict[str, Any]] = {
-    "n_greater_than_one": {"n": 2},
-    "logprobs": {"logprobs": True},
+    "n_out_of_range": {"n": 0},
+    "logprobs": {"logprobs": 1},
+    "presence_penalty": {"presence_penalty": 0.5},
     "top_logprobs": {"logprobs": False, "top_logprobs": 3},
     "image_part": {
         "messages": [
@@ -93,7 +94,8 @@ PARAMS: dict[str, str | None] = {
     "max_tokens_string": "max_tokens",
     "messages_wrong_type": "messages",
     "missing_model": "model",
-    "n_greater_than_one": "n",
+    "n_out_of_range": "n",
+    "presence_penalty": "presence_penalty",
     "no_messages": "messages",
     "prompt_longer_than_context": "messages",
     "regex_format": "response_format",
@@ -140,7 +142,7 @@ def test_openai_client_raises_typed_errors(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="other", messages=USER)  # type: ignore[arg-type]
     with pytest.raises(openai.BadRequestError) as excinfo:
-        client.chat.completions.create(model=MODEL, messages=USER, n=3)  # type: ignore[arg-type]
+        client.chat.completions.create(model=MODEL, messages=USER, n=0)  # type: ignore[arg-type]
     assert "n" in excinfo.value.message
 
 

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from functools import cache
 
+from tokenizers import Tokenizer
+
 from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver, finish_of
 from deepinfer_server.engines.simulated.collectives import new_lockstep_group
 from deepinfer_server.engines.simulated.engine import LLMEngine, SimEngineArgs
 from deepinfer_server.engines.simulated.outputs import RequestOutput
 from deepinfer_server.errors import ErrorKind
 from deepinfer_server.ipc.codec import pack_token_ids
-from deepinfer_server.ipc.messages import AddRequest, Finish, SamplingOptions
+from deepinfer_server.ipc.messages import AddRequest, Finish, Images, SamplingOptions
 from deepinfer_server.tokenizer import embedded_tokenizer_json
 
 
@@ -107,3 +109,15 @@ def test_deepinfer_finish_strings_map_to_outcomes() -> None:
     assert finish_of("insufficient_system_resource") is Finish.OUT_OF_RESOURCES
     assert finish_of("xgrammar runtime errors or timeout") is Finish.GRAMMAR_FAILED
     assert finish_of("ve_error") is Finish.ENGINE_ERROR
+
+
+def test_images_reach_the_engine_as_multi_modal_data() -> None:
+    adapter = make_adapter()
+    images = Images(sizes=[(630, 476)], data=[b"RIFF-image-bytes"])
+    options = SamplingOptions(max_tokens=50)
+    adapter.add(AddRequest("r1", pack_token_ids(PROMPT), options, images))
+    tokens, reason = drain(adapter)["r1"]
+    assert reason is Finish.STOP
+    # The simulated engine describes what it was given: size and digest of the bytes.
+    text = Tokenizer.from_str(_tokenizer_json()).decode(tokens)
+    assert text.startswith("[image 1: 630x476 sha256:")

@@ -42,6 +42,7 @@ from deepinfer_server.ipc.stop_agreement import StopAgreement
 from deepinfer_server.metrics import ServerMetrics
 from deepinfer_server.model_source import resolve_model
 from deepinfer_server.ports import choose_master_port
+from deepinfer_server.protocol.images import ImageLimits
 from deepinfer_server.protocol.recipe import RecipeContext
 from deepinfer_server.protocol.structured import StructuredOutputs
 from deepinfer_server.rank.proc import run_rank
@@ -157,6 +158,7 @@ async def serve(config: ResolvedConfig) -> int:
             config.max_model_len,
             default_thinking=config.default_thinking == "enabled",
             reasoning_secret=config.reasoning_secret,
+            image_limits=ImageLimits(config.max_images_per_request, config.max_image_bytes),
         )
     except (OSError, ValueError, RuntimeError) as exc:
         raise ConfigError(f"cannot load the tokenizer: {exc}") from exc

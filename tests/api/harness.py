@@ -21,8 +21,14 @@ from deepinfer_server.api.state import AppState
 from deepinfer_server.cli import parse_config
 from deepinfer_server.coordinator.coordinator import Coordinator
 from deepinfer_server.coordinator.handle import RequestHandle
-from deepinfer_server.errors import ApiError
-from deepinfer_server.ipc.messages import AbortReason, Finish, GeneratedTokens, SamplingOptions
+from deepinfer_server.errors import ApiError, OverloadedError
+from deepinfer_server.ipc.messages import (
+    AbortReason,
+    Finish,
+    GeneratedTokens,
+    Images,
+    SamplingOptions,
+)
 from deepinfer_server.metrics import RankLoad, ServerMetrics
 from deepinfer_server.protocol.recipe import RecipeContext
 from deepinfer_server.protocol.structured import StructuredOutputs
@@ -56,9 +62,11 @@ class FakeCoordinator:
     submitted: list[tuple[str, list[int], SamplingOptions]] = field(default_factory=list)
     closed: list[tuple[str, bool, AbortReason]] = field(default_factory=list)
     handles: dict[str, RequestHandle] = field(default_factory=dict)
+    images: dict[str, Images | None] = field(default_factory=dict)
     failure: str | None = None
     draining: bool = False
     kv_cache_usage: float | None = None
+    capacity: int | None = None  # admission: 429 beyond this many requests in flight
 
     @property
     def num_in_flight(self) -> int:
@@ -77,10 +85,14 @@ class FakeCoordinator:
         prompt_token_ids: list[int],
         sampling: SamplingOptions,
         deadline: float | None,
+        images: Images | None = None,
     ) -> RequestHandle:
         if self.submit_error is not None:
             raise self.submit_error
+        if self.capacity is not None and len(self.handles) >= self.capacity:
+            raise OverloadedError("the fake server is at capacity")
         self.submitted.append((request_id, prompt_token_ids, sampling))
+        self.images[request_id] = images
         handle = RequestHandle(request_id, 0, self._on_close, deadline)
         handle.context_tokens = len(prompt_token_ids)
         self.handles[request_id] = handle
@@ -96,16 +108,31 @@ class FakeCoordinator:
         if script.hold:
             return
         text = script.text
-        thinking = self.submitted[-1][1][-1:] == list(self.recipe.tokenizer.encode("<think>"))
+        _, prompt, sampling = next(s for s in self.submitted if s[0] == handle.request_id)
+        thinking = prompt[-1:] == list(self.recipe.tokenizer.encode("<think>"))
         if thinking and "</think>" not in text:
             text = "Thinking.</think>" + text
         ids = list(self.recipe.tokenizer.encode(text))
         now = time.perf_counter()
-        handle.deliver(GeneratedTokens(ids), None, now, 0.001)
+        handle.deliver(_with_logprobs(ids, prompt, sampling), None, now, 0.001)
         if script.error is not None:
             handle.fail(script.error, engine_finished=True)
         elif script.finish is not None:
             handle.deliver(GeneratedTokens(), script.finish, now, 0.001)
+
+
+def _with_logprobs(ids: list[int], prompt: list[int], sampling: SamplingOptions) -> GeneratedTokens:
+    """The tokens with the per-token data the request asked for (logprob -0.5 each, then the
+    alternatives 100, 101, ... at -1.5, -2.5, ...)."""
+    tokens = GeneratedTokens(ids)
+    if sampling.logprobs:
+        tokens.logprobs = [-0.5] * len(ids)
+        if sampling.top_logprobs:
+            alternatives = [(100 + k, -1.5 - k) for k in range(sampling.top_logprobs - 1)]
+            tokens.top_logprobs = [[(token, -0.5), *alternatives] for token in ids]
+    if sampling.prompt_logprobs:
+        tokens.prompt_logprobs = [-1.0] * (len(prompt) - 1)
+    return tokens
 
 
 @dataclass

@@ -12,7 +12,12 @@ from deepinfer_server.api.auth import ApiKeyMiddleware
 from deepinfer_server.api.error_responses import handle_api_error, handle_http_exception
 from deepinfer_server.api.request_context import RequestContextMiddleware
 from deepinfer_server.api.routes.count_tokens import count_tokens
-from deepinfer_server.api.routes.generation import chat_completions, messages, responses
+from deepinfer_server.api.routes.generation import (
+    chat_completions,
+    completions,
+    messages,
+    responses,
+)
 from deepinfer_server.api.routes.meta import health, metrics, server_version
 from deepinfer_server.api.routes.models import list_models, retrieve_model
 from deepinfer_server.api.routes.router_info import get_load, model_info, server_info
@@ -49,6 +54,7 @@ def build_app(state: AppState) -> Starlette:
         middleware.append(Middleware(ApiKeyMiddleware, keys=config.api_keys))
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/responses", responses, methods=["POST"]),
         Route("/v1/messages", messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),

@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import msgspec
 import orjson
@@ -23,14 +23,17 @@ from starlette.responses import Response
 from deepinfer_server.api.body import read_body, require_json_content_type
 from deepinfer_server.api.disconnect import until_disconnect
 from deepinfer_server.api.error_responses import as_api_error
+from deepinfer_server.api.fan_out import merge_streams, submit_all
 from deepinfer_server.api.sse import SSEResponse
 from deepinfer_server.api.state import AppState
 from deepinfer_server.api.token_stream import ProtocolOutput, token_stream
 from deepinfer_server.coordinator.handle import RequestHandle
 from deepinfer_server.errors import ApiError
 from deepinfer_server.grammar import Constraint
-from deepinfer_server.ipc.messages import AbortReason, SamplingOptions
+from deepinfer_server.ipc.messages import AbortReason, Images, SamplingOptions
 from deepinfer_server.metrics import RequestRecord, ServerMetrics
+from deepinfer_server.protocol.choices import ChoiceMerger
+from deepinfer_server.protocol.images import mentions_images
 from deepinfer_server.protocol.recipe import RecipeContext
 from deepinfer_server.protocol.validation import decode_json
 
@@ -52,6 +55,19 @@ class Prepared(Protocol):
     @property
     def constraint(self) -> Constraint | None: ...
 
+    @property
+    def images(self) -> Images | None: ...
+
+
+class Choice(Protocol):
+    """What a prepared choice of a several-choice request adds (chat n > 1, completions)."""
+
+    @property
+    def index(self) -> int: ...
+
+    @property
+    def prompt_index(self) -> int: ...
+
 
 @dataclass(frozen=True)
 class GenerationProtocol:
@@ -67,44 +83,118 @@ class GenerationProtocol:
 
 
 async def serve_generation(request: Request, protocol: GenerationProtocol) -> Response:
-    """Handle one generation request end to end (errors raise to the app's handlers)."""
+    """Handle one generation request end to end (errors raise to the app's handlers).
+
+    A protocol's `prepare` may return a list: one prepared choice per engine request (n > 1).
+    """
     state: AppState = request.app.state.server
     config = state.config
     request_id: str = request.state.request_id
-    record = RequestRecord(arrival=time.perf_counter())
+    arrival = time.perf_counter()
     require_json_content_type(request)
     raw = await read_body(request, config.max_request_bytes, config.body_read_timeout)
     if config.log_requests:
         logger.info("request %s body: %s", request_id, raw[:65536].decode(errors="replace"))
     body = decode_json(raw)
-    prepared: Prepared = await state.prepare_body(protocol.prepare, body, len(raw))
-    sampling = prepared.sampling
-    if prepared.constraint is not None:
-        # Compiling can take seconds: never on the event loop.
-        structured = await asyncio.to_thread(state.structured.compile, prepared.constraint)
-        sampling = msgspec.structs.replace(sampling, structured=structured)
-    response_id = f"{protocol.id_prefix}{request_id}"
-    handle = state.coordinator.submit(
-        state.next_engine_request_id(response_id),
-        prepared.prompt_token_ids,
-        sampling,
-        state.deadline(),
+    # Images are decoded and resized while preparing: never on the event loop.
+    prepared_any = await state.prepare_body(
+        protocol.prepare, body, len(raw), on_thread=mentions_images(raw)
     )
-    record.prompt_tokens = len(prepared.prompt_token_ids)
-    record.admitted_at = time.perf_counter()
-    request.state.record = record
+    choices: list[Prepared] = prepared_any if isinstance(prepared_any, list) else [prepared_any]
+    structured = None
+    if choices[0].constraint is not None:
+        # Compiling can take seconds: never on the event loop.
+        structured = await asyncio.to_thread(state.structured.compile, choices[0].constraint)
+    response_id = f"{protocol.id_prefix}{request_id}"
+
+    def submit(index: int) -> RequestHandle:
+        sampling = choices[index].sampling
+        if structured is not None:
+            sampling = msgspec.structs.replace(sampling, structured=structured)
+        return state.coordinator.submit(
+            state.next_engine_request_id(response_id),
+            choices[index].prompt_token_ids,
+            sampling,
+            state.deadline(),
+            choices[index].images,
+        )
+
+    handles = submit_all(submit, len(choices))
+    records = [RequestRecord(arrival=arrival) for _ in choices]
+    for record, choice in zip(records, choices, strict=True):
+        record.prompt_tokens = Images.prompt_tokens(choice.prompt_token_ids, choice.images)
+        record.admitted_at = time.perf_counter()
+    request.state.record = records[0]
     try:
-        output = protocol.make_output(prepared, response_id, state.recipe)
+        outputs = [protocol.make_output(choice, response_id, state.recipe) for choice in choices]
     except BaseException:
-        handle.close(AbortReason.STOP)
+        for handle in handles:
+            handle.close(AbortReason.STOP)
         raise
-    if prepared.stream:
-        frames = _stream(protocol, handle, output, record, state.metrics, request_id)
+    if len(choices) > 1:
+        return await _serve_choices(request, protocol, choices, handles, outputs, records)
+    if choices[0].stream:
+        frames = _stream(protocol, handles[0], outputs[0], records[0], state.metrics, request_id)
         return SSEResponse(frames)  # type: ignore[return-value]
     body_json = await until_disconnect(
-        request.receive, _collect(handle, output, record, state.metrics)
+        request.receive, _collect(handles[0], outputs[0], records[0], state.metrics)
     )
     return Response(body_json, media_type="application/json")
+
+
+async def _serve_choices(
+    request: Request,
+    protocol: GenerationProtocol,
+    choices: list[Prepared],
+    handles: list[RequestHandle],
+    outputs: list[ProtocolOutput],
+    records: list[RequestRecord],
+) -> Response:
+    state: AppState = request.app.state.server
+    metrics = state.metrics
+    merger = ChoiceMerger(
+        [cast(Choice, choice).index for choice in choices],
+        [cast(Choice, choice).prompt_index for choice in choices],
+    )
+    streams = [
+        token_stream(handle, output, record, metrics)
+        for handle, output, record in zip(handles, outputs, records, strict=True)
+    ]
+    if choices[0].stream:
+        frames = _stream_choices(protocol, merger, streams, metrics, request.state.request_id)
+        return SSEResponse(frames)  # type: ignore[return-value]
+
+    async def collect() -> bytes:
+        async for _ in merge_streams(streams):
+            pass
+        return merger.merge_bodies([output.response_json() for output in outputs])
+
+    return Response(
+        await until_disconnect(request.receive, collect()), media_type="application/json"
+    )
+
+
+async def _stream_choices(
+    protocol: GenerationProtocol,
+    merger: ChoiceMerger,
+    streams: list[AsyncIterator[list[str]]],
+    metrics: ServerMetrics,
+    request_id: str,
+) -> AsyncGenerator[bytes, None]:
+    try:
+        async for index, payloads in merge_streams(streams):
+            renumbered = merger.renumber(index, payloads)
+            if renumbered:
+                yield protocol.frames(renumbered)
+        final = merger.final_usage()
+        if final:
+            yield protocol.frames(final)
+    except Exception as exc:
+        error = as_api_error(exc, request_id)
+        metrics.observe_failure(error.status_code)
+        yield protocol.error_frame(error)
+    if protocol.done_frame:
+        yield protocol.done_frame
 
 
 async def _collect(

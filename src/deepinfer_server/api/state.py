@@ -39,10 +39,13 @@ class AppState:
         prepare: Callable[[dict[str, Any], RecipeContext], T],
         body: dict[str, Any],
         raw_size: int,
+        *,
+        on_thread: bool = False,
     ) -> T:
-        """`prepare(body, recipe)`; a large body (`LARGE_BODY_BYTES`) on a worker thread, at most
-        a few at once and counted under admission (429 when they would fill it)."""
-        if raw_size <= LARGE_BODY_BYTES:
+        """`prepare(body, recipe)`; a large body (`LARGE_BODY_BYTES`), or any with `on_thread`,
+        on a worker thread, at most a few at once and counted under admission (429 when they
+        would fill it)."""
+        if raw_size <= LARGE_BODY_BYTES and not on_thread:
             return prepare(body, self.recipe)
         return await self.preparation.run(
             self.coordinator.num_in_flight,

@@ -156,6 +156,18 @@ class ServerConfig:
         help="largest request body accepted; larger ones get 413 (default: %(default)s)",
         type=int,
     )
+    max_images_per_request: int = option(
+        8,
+        "--max-images-per-request",
+        help="most images one request may hold; more get 400 (default: %(default)s)",
+        type=int,
+    )
+    max_image_bytes: int = option(
+        10 * 1024 * 1024,
+        "--max-image-bytes",
+        help="largest image (encoded bytes) accepted; larger ones get 413 (default: %(default)s)",
+        type=int,
+    )
     body_read_timeout: float = option(
         60.0,
         "--body-read-timeout",

@@ -43,6 +43,8 @@ class ResolvedConfig:
     allowed_methods: tuple[str, ...]
     allowed_headers: tuple[str, ...]
     max_request_bytes: int
+    max_images_per_request: int
+    max_image_bytes: int
     body_read_timeout: float
     header_timeout: float
     write_timeout: float
@@ -117,6 +119,8 @@ def _check_ranges(config: ServerConfig, max_model_len: int) -> None:
             raise ConfigError(f"{flag} must not be negative, got {amount}")
     if not 0 < config.port < 65536:
         raise ConfigError(f"--port must be in 1..65535, got {config.port}")
+    if config.max_images_per_request < 0 or config.max_image_bytes < 1:
+        raise ConfigError("--max-images-per-request must be >= 0 and --max-image-bytes >= 1")
     if config.max_request_bytes < 1024:
         raise ConfigError("--max-request-bytes must be at least 1024")
     positive_seconds = {
@@ -183,6 +187,8 @@ def resolve(
         allowed_methods=tuple(config.allowed_methods),
         allowed_headers=tuple(config.allowed_headers),
         max_request_bytes=config.max_request_bytes,
+        max_images_per_request=config.max_images_per_request,
+        max_image_bytes=config.max_image_bytes,
         body_read_timeout=config.body_read_timeout,
         header_timeout=config.header_timeout,
         write_timeout=config.write_timeout,

@@ -19,6 +19,7 @@ from deepinfer_server.ipc.messages import (
     AbortRequests,
     AddRequest,
     FromRank,
+    Images,
     SamplingOptions,
     Shutdown,
     Wake,
@@ -48,10 +49,15 @@ class RankChannels:
         self._outbox.bind(outbox_address)
 
     def send_add(
-        self, rank: int, request_id: str, prompt_token_ids: list[int], sampling: SamplingOptions
+        self,
+        rank: int,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling: SamplingOptions,
+        images: Images | None = None,
     ) -> None:
         """Start a request on `rank`, and wake the other ranks into the same lockstep round."""
-        message = AddRequest(request_id, pack_token_ids(prompt_token_ids), sampling)
+        message = AddRequest(request_id, pack_token_ids(prompt_token_ids), sampling, images)
         self._inboxes[rank].send(to_rank_encoder.encode(message), copy=False)
         for other, socket in enumerate(self._inboxes):
             if other != rank:

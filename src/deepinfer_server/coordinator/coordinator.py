@@ -30,6 +30,7 @@ from deepinfer_server.errors import (
 from deepinfer_server.ipc.messages import (
     AbortReason,
     FromRank,
+    Images,
     RankFailed,
     RankReady,
     RequestRejected,
@@ -135,6 +136,7 @@ class Coordinator:
         prompt_token_ids: list[int],
         sampling: SamplingOptions,
         deadline: float | None,
+        images: Images | None = None,
     ) -> RequestHandle:
         """Admit a request and start it on the least-loaded rank (429/503 when it cannot)."""
         if self._failure is not None:
@@ -146,7 +148,7 @@ class Coordinator:
         handle.context_tokens = len(prompt_token_ids)
         self._handles[request_id] = handle
         self._idle.clear()
-        self._channels.send_add(rank, request_id, prompt_token_ids, sampling)
+        self._channels.send_add(rank, request_id, prompt_token_ids, sampling, images)
         logger.debug(
             "request %s: %d prompt tokens to DP rank %d (%d in flight)",
             request_id,

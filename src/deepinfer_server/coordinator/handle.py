@@ -85,6 +85,7 @@ class RequestHandle:
             self.context_tokens += len(tokens.token_ids)
             self._arrived_at = arrived_at
             self._step_seconds = step_seconds
+        if tokens.token_ids or tokens.prompt_logprobs is not None:
             self._tokens.extend(tokens)
         if finish is not None:
             self._finish = finish

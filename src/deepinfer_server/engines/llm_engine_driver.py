@@ -26,6 +26,7 @@ from deepinfer_server.ipc.messages import (
     GeneratedTokens,
     RequestDelta,
     RequestRejected,
+    SamplingOptions,
 )
 
 logger = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ class LLMEngine(Protocol):
         request_id: str,
         sampling_params: dict[str, Any] | None,
         prompt_token_ids: npt.NDArray[np.int32],
+        multi_modal_data: dict[str, Any] | None = None,
     ) -> object | None: ...
 
     def abort_request(self, request_id: list[str]) -> tuple[int, int]: ...
@@ -78,6 +80,18 @@ class OutputReader(Protocol):
     @staticmethod
     def get_finish_reason(handle: int) -> str: ...
 
+    @staticmethod
+    def get_token_logprobs(handle: int) -> float: ...
+
+    @staticmethod
+    def get_top_logprobs(handle: int) -> list[float]: ...
+
+    @staticmethod
+    def get_top_token_ids(handle: int) -> list[int]: ...
+
+    @staticmethod
+    def get_prompt_logprobs(handle: int) -> list[float]: ...
+
 
 def finish_of(reason: str) -> Finish:
     """The outcome of a DeepInfer finish string (unknown strings are engine errors)."""
@@ -91,7 +105,8 @@ class LLMEngineDriver:
         self._engine = engine
         self._reader = reader
         self._eos_id = int(engine.eos_id)
-        self._live: set[str] = set()
+        #: Live requests and what per-token data each asked for.
+        self._live: dict[str, SamplingOptions] = {}
 
     @property
     def num_live(self) -> int:
@@ -108,12 +123,20 @@ class LLMEngineDriver:
             "top_p": sampling.top_p,
             "ignore_eos": sampling.ignore_eos,
             "seq_seed": sampling.seed,
+            "top_k": sampling.top_k,
+            "top_logprobs": sampling.top_logprobs,
+            "prompt_logprobs": sampling.prompt_logprobs,
         }
         if sampling.structured is not None:
             params["so_args"] = sampling.structured.as_so_args()
         prompt = unpack_token_ids(request.prompt_token_ids)
         try:
-            sequence = self._engine.add_request("0", request.request_id, params, prompt)
+            # Text requests pass no multi_modal_data: any dict, even empty, holds the sequence
+            # back until a later step's fetch (engine-fidelity.md §E).
+            multi_modal_data = request.images.as_multi_modal_data() if request.images else None
+            sequence = self._engine.add_request(
+                "0", request.request_id, params, prompt, multi_modal_data=multi_modal_data
+            )
         except (ValueError, TypeError) as exc:
             return RequestRejected(
                 request.request_id,
@@ -126,7 +149,7 @@ class LLMEngineDriver:
                 ErrorKind.ENGINE_REJECTED,
                 "the prompt holds token IDs outside the model's vocabulary",
             )
-        self._live.add(request.request_id)
+        self._live[request.request_id] = sampling
         return None
 
     def abort(self, request_ids: list[str]) -> None:
@@ -134,7 +157,8 @@ class LLMEngineDriver:
         live = [rid for rid in request_ids if rid in self._live]
         if not live:
             return
-        self._live.difference_update(live)
+        for request_id in live:
+            del self._live[request_id]
         self._engine.abort_request(live)
 
     def iterate(self) -> tuple[bool, list[RequestDelta]]:
@@ -166,17 +190,47 @@ class LLMEngineDriver:
         by_request: dict[str, RequestDelta] = {}
         for handle in handles.tolist():
             request_id = reader.get_request_id(handle)
-            if request_id not in self._live:
+            sampling = self._live.get(request_id)
+            if sampling is None:
                 continue
             delta = by_request.get(request_id)
             if delta is None:
-                delta = by_request[request_id] = RequestDelta(request_id, GeneratedTokens())
+                delta = by_request[request_id] = RequestDelta(request_id, _empty_tokens(sampling))
             reason = reader.get_finish_reason(handle)
             finish = finish_of(reason) if reason else None
+            if sampling.prompt_logprobs and delta.tokens.prompt_logprobs is None:
+                # Only the first generated token's entry carries them; the others hold [].
+                prompt_logprobs = reader.get_prompt_logprobs(handle)
+                if prompt_logprobs:
+                    delta.tokens.prompt_logprobs = list(prompt_logprobs)
             token = reader.get_token_id(handle)
+            # The tokens that are not output (EOS, the repeat of an "ignored" finish) are
+            # hidden together with their per-token data, so that both stay aligned.
             if (finish is None or finish.is_normal) and token != self._eos_id:
                 delta.tokens.token_ids.append(token)
+                if delta.tokens.logprobs is not None:
+                    self._read_logprobs(delta.tokens, handle)
             if finish is not None:
                 delta.finish = finish
-                self._live.discard(request_id)
+                del self._live[request_id]
         return list(by_request.values())
+
+    def _read_logprobs(self, tokens: GeneratedTokens, handle: int) -> None:
+        """The logprob of the token just appended, and its alternatives if asked for."""
+        reader = self._reader
+        assert tokens.logprobs is not None
+        tokens.logprobs.append(float(reader.get_token_logprobs(handle)))
+        if tokens.top_logprobs is not None:
+            ids = reader.get_top_token_ids(handle)
+            values = reader.get_top_logprobs(handle)
+            tokens.top_logprobs.append(list(zip(ids, values, strict=True)))
+
+
+def _empty_tokens(sampling: SamplingOptions) -> GeneratedTokens:
+    """A batch that carries the per-token data this request asked for."""
+    tokens = GeneratedTokens()
+    if sampling.logprobs:
+        tokens.logprobs = []
+        if sampling.top_logprobs:
+            tokens.top_logprobs = []
+    return tokens

@@ -8,6 +8,7 @@ and error kinds are enums here, never strings compared across processes.
 from __future__ import annotations
 
 import enum
+from typing import TypeVar
 
 import msgspec
 
@@ -76,6 +77,33 @@ class SamplingOptions(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fa
     ignore_eos: bool = False
     seed: int | None = None
     structured: StructuredOutput | None = None
+    #: DeepInfer's top_k: -1 (off) or at least 1.
+    top_k: int = -1
+    #: Report each generated token's logprob (`GeneratedTokens.logprobs`).
+    logprobs: bool = False
+    #: How many alternatives to report per generated token (0-1000; 0: none).
+    top_logprobs: int = 0
+    #: Report the prompt's logprobs (`GeneratedTokens.prompt_logprobs`, prompt length - 1).
+    prompt_logprobs: bool = False
+
+
+class Images(msgspec.Struct, array_like=True, gc=False):
+    """DeepInfer's `multi_modal_data`: encoded images in the order of the prompt's image
+    placeholders, with each one's (width, height) in pixels."""
+
+    sizes: list[tuple[int, int]]
+    data: list[bytes]
+    #: Prompt tokens the images add beyond their placeholders (the engine expands each one).
+    extra_tokens: int = 0
+
+    @staticmethod
+    def prompt_tokens(prompt_token_ids: list[int], images: Images | None) -> int:
+        """The prompt's length as the engine counts it: images at their token counts."""
+        return len(prompt_token_ids) + (images.extra_tokens if images is not None else 0)
+
+    def as_multi_modal_data(self) -> dict[str, object]:
+        """The dict DeepInfer's add_request takes."""
+        return {"image_sizes": list(self.sizes), "image_bytes": list(self.data)}
 
 
 class AddRequest(_Message):
@@ -84,6 +112,7 @@ class AddRequest(_Message):
     request_id: str
     prompt_token_ids: bytes
     sampling: SamplingOptions
+    images: Images | None = None
 
 
 class AbortRequests(_Message):
@@ -122,13 +151,56 @@ class GeneratedTokens(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fa
     """
 
     token_ids: list[int] = msgspec.field(default_factory=list)
+    #: Natural-log probability of each token (after temperature, top-p and top-k); set only
+    #: when the request asked for logprobs, then one per token.
+    logprobs: list[float] | None = None
+    #: The most likely alternatives of each token, `(token_id, logprob)` in descending order;
+    #: set only when the request asked for top logprobs, then one list per token.
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    #: The prompt's logprobs (one per prompt token after the first); on the first batch only.
+    prompt_logprobs: list[float] | None = None
 
     def extend(self, other: GeneratedTokens) -> None:
         """Append `other`'s tokens (and their per-token data) to these."""
+        before = len(self.token_ids)
         self.token_ids.extend(other.token_ids)
+        self.logprobs = _aligned(self.logprobs, other.logprobs, before, len(other))
+        self.top_logprobs = _aligned(self.top_logprobs, other.top_logprobs, before, len(other))
+        if other.prompt_logprobs is not None:
+            self.prompt_logprobs = other.prompt_logprobs
+
+    def logprob_pairs(self) -> list[tuple[float, list[tuple[int, float]]]] | None:
+        """One `(logprob, top_logprobs)` pair per token, or None without logprobs."""
+        if self.logprobs is None:
+            return None
+        tops = self.top_logprobs or [[] for _ in self.logprobs]
+        return list(zip(self.logprobs, tops, strict=True))
 
     def __len__(self) -> int:
         return len(self.token_ids)
+
+
+_T = TypeVar("_T")
+
+
+def _aligned(
+    mine: list[_T] | None, theirs: list[_T] | None, mine_len: int, their_len: int
+) -> list[_T] | None:
+    """`mine + theirs` for a per-token field, or None when neither side carries it.
+
+    Both sides of one request carry a field or neither does, except empty batches (a bare
+    finish), which carry nothing and have nothing to align.
+    """
+    if theirs is None:
+        if mine is not None and their_len:
+            raise ValueError("per-token data missing from a non-empty batch")
+        return mine
+    if mine is None:
+        if mine_len:
+            raise ValueError("per-token data missing from a non-empty batch")
+        mine = []
+    mine.extend(theirs)
+    return mine
 
 
 class RequestDelta(msgspec.Struct, array_like=True, gc=False):

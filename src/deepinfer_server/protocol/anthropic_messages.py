@@ -14,14 +14,16 @@ from deepseek_recipe import (
 
 from deepinfer_server.errors import BadRequestError
 from deepinfer_server.grammar import Constraint
-from deepinfer_server.ipc.messages import SamplingOptions
+from deepinfer_server.ipc.messages import Images, SamplingOptions
 from deepinfer_server.protocol.anthropic_compat import (
     anthropic_context_error,
     normalize_messages_body,
 )
+from deepinfer_server.protocol.choices import reject_n
 from deepinfer_server.protocol.named_events import NamedEventOutput
 from deepinfer_server.protocol.prepare import engine_input
 from deepinfer_server.protocol.recipe import RecipeContext, recipe_errors
+from deepinfer_server.protocol.sampling import read_top_k
 from deepinfer_server.protocol.structured import (
     MESSAGES_CONSTRAINT,
     convert_honouring_tool_choice,
@@ -39,12 +41,15 @@ class PreparedMessages:
     sampling: SamplingOptions
     stream: bool
     constraint: Constraint | None
+    images: Images | None = None
 
 
 def _convert(body: dict[str, Any], recipe: RecipeContext) -> ConversationRequest:
     if body.get("max_tokens") is None:  # Anthropic's API requires it; the recipe would not
         raise BadRequestError("max_tokens: Field required", param="max_tokens")
     check_model(body, recipe.served_model_names)
+    reject_n(body, "the Messages API")
+    read_top_k(body)
     read_constraint(MESSAGES_CONSTRAINT, body, thinking=False)
     return convert_honouring_tool_choice(
         lambda b: MessagesRequest(b).convert(recipe.options),
@@ -58,9 +63,20 @@ def prepare_messages(body: dict[str, Any], recipe: RecipeContext) -> PreparedMes
     """Turn a decoded Messages body into prompt token IDs and sampling options."""
     converted = _convert(body, recipe)
     constraint = read_constraint(MESSAGES_CONSTRAINT, body, converted.conversation.thinking_mode)
-    engine = engine_input(converted, recipe, ignore_eos=False, overflow=anthropic_context_error)
+    engine = engine_input(
+        converted,
+        recipe,
+        ignore_eos=False,
+        overflow=anthropic_context_error,
+        top_k=read_top_k(body),
+    )
     return PreparedMessages(
-        converted, engine.prompt_token_ids, engine.sampling, converted.stream, constraint
+        converted,
+        engine.prompt_token_ids,
+        engine.sampling,
+        converted.stream,
+        constraint,
+        images=engine.images,
     )
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 from deepseek_recipe import ChatCompletionRequest, ChatCompletionResponse, StreamProcessor
 
+from deepinfer_server.ipc.messages import Images
 from deepinfer_server.protocol.chat_request import PreparedChat
 from deepinfer_server.protocol.recipe import RecipeContext
 from deepinfer_server.protocol.stream_output import RecipeOutput
@@ -33,7 +34,7 @@ class ChatOutput(RecipeOutput):
     """
 
     def __init__(self, prepared: PreparedChat, completion_id: str, recipe: RecipeContext) -> None:
-        prompt_tokens = len(prepared.prompt_token_ids)
+        prompt_tokens = Images.prompt_tokens(prepared.prompt_token_ids, prepared.images)
         generator = ChatCompletionRequest.chunk_generator(
             prepared.request, completion_id, recipe.model_name
         )

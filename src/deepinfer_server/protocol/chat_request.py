@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from deepseek_recipe import ChatCompletionRequest, ConversationRequest
 
 from deepinfer_server.errors import BadRequestError
 from deepinfer_server.grammar import Constraint
-from deepinfer_server.ipc.messages import SamplingOptions
+from deepinfer_server.ipc.messages import Images, SamplingOptions
 from deepinfer_server.protocol.chat_history import merge_assistant_runs
+from deepinfer_server.protocol.choices import read_n, seeds_for, with_seed
 from deepinfer_server.protocol.prepare import engine_input
 from deepinfer_server.protocol.recipe import RecipeContext
+from deepinfer_server.protocol.sampling import read_top_k, reject_unhonoured_sampling
 from deepinfer_server.protocol.structured import (
     CHAT_CONSTRAINT,
     convert_honouring_tool_choice,
@@ -23,7 +25,6 @@ from deepinfer_server.protocol.validation import (
     check_model,
     optional_bool,
     optional_uint,
-    reject_unsupported_chat_options,
 )
 
 
@@ -45,9 +46,14 @@ class PreparedChat:
     stream: bool
     stream_options: StreamOptions
     constraint: Constraint | None
+    images: Images | None = None
+    #: The choice this engine request produces (n > 1 makes one PreparedChat per choice).
+    index: int = 0
+    prompt_index: int = 0
 
 
-def _stream_options(body: dict[str, Any]) -> StreamOptions:
+def read_stream_options(body: dict[str, Any]) -> StreamOptions:
+    """`stream_options` (chat and completions)."""
     options = body.get("stream_options")
     if options is None:
         return StreamOptions()
@@ -59,16 +65,20 @@ def _stream_options(body: dict[str, Any]) -> StreamOptions:
     )
 
 
-def prepare_chat(body: dict[str, Any], recipe: RecipeContext) -> PreparedChat:
+def prepare_chat(body: dict[str, Any], recipe: RecipeContext) -> PreparedChat | list[PreparedChat]:
     """Turn a decoded Chat Completions body into prompt token IDs and sampling options.
 
+    With n > 1, one PreparedChat per choice, each with its own seed (derived from `seed`).
     Raises BadRequestError (400) or ModelNotFoundError (404); never anything else on bad input.
     """
-    reject_unsupported_chat_options(body)
     check_chat_fields(body)
     body["messages"] = merge_assistant_runs(body["messages"])
+    n = read_n(body)
+    body.pop("n", None)  # the recipe accepts only n = 1; the choices are the server's
+    reject_unhonoured_sampling(body)
+    top_k = read_top_k(body)
     ignore_eos = optional_bool(body, "ignore_eos")
-    stream_options = _stream_options(body)
+    stream_options = read_stream_options(body)
     optional_uint(body, "max_tokens")  # here, so that the 400 names the param
     max_completion_tokens = optional_uint(body, "max_completion_tokens")
     if max_completion_tokens is not None:
@@ -80,12 +90,20 @@ def prepare_chat(body: dict[str, Any], recipe: RecipeContext) -> PreparedChat:
         lambda b: ChatCompletionRequest(b).convert(recipe.options), body, "auto", "response_format"
     )
     constraint = read_constraint(CHAT_CONSTRAINT, body, converted.conversation.thinking_mode)
-    engine = engine_input(converted, recipe, ignore_eos)
-    return PreparedChat(
+    engine = engine_input(converted, recipe, ignore_eos, top_k=top_k)
+    prepared = PreparedChat(
         converted,
         engine.prompt_token_ids,
         engine.sampling,
         converted.stream,
         stream_options,
         constraint,
+        images=engine.images,
     )
+    if n == 1:
+        return prepared
+    seeds = seeds_for(engine.sampling.seed, n)
+    return [
+        replace(prepared, sampling=with_seed(engine.sampling, seed), index=index)
+        for index, seed in enumerate(seeds)
+    ]

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from deepseek_recipe import ConversationRequest, StreamProcessor
 
+from deepinfer_server.ipc.messages import Images
 from deepinfer_server.protocol.recipe import RecipeContext
 from deepinfer_server.protocol.stream_output import RecipeOutput
 
@@ -32,6 +33,9 @@ class PreparedConversation(Protocol):
     @property
     def stream(self) -> bool: ...
 
+    @property
+    def images(self) -> Images | None: ...
+
 
 class NamedEventOutput(RecipeOutput):
     """Engine tokens in, named SSE events (or one JSON body) out."""
@@ -46,7 +50,7 @@ class NamedEventOutput(RecipeOutput):
     ) -> None:
         """`generator` is the protocol's recipe chunk generator for this request."""
         processor = StreamProcessor(generator, prepared.request.parsing_options, recipe.tokenizer)
-        prompt_tokens = len(prepared.prompt_token_ids)
+        prompt_tokens = Images.prompt_tokens(prepared.prompt_token_ids, prepared.images)
         response = None
         if not prepared.stream:
             response = response_type(

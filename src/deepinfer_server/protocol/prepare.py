@@ -7,8 +7,9 @@ from dataclasses import dataclass
 
 from deepseek_recipe import ConversationRequest
 
-from deepinfer_server.errors import ApiError, BadRequestError, ContextLengthError, ErrorKind
-from deepinfer_server.ipc.messages import SamplingOptions
+from deepinfer_server.errors import ApiError, ContextLengthError
+from deepinfer_server.ipc.messages import Images, SamplingOptions
+from deepinfer_server.protocol.images import image_sources, resolve_images
 from deepinfer_server.protocol.recipe import RecipeContext, recipe_errors
 
 
@@ -18,6 +19,7 @@ class EngineInput:
 
     prompt_token_ids: list[int]
     sampling: SamplingOptions
+    images: Images | None = None
 
 
 #: Builds a protocol's own context-overflow error: (prompt tokens, max_tokens, context limit).
@@ -51,37 +53,43 @@ def engine_input(
     recipe: RecipeContext,
     ignore_eos: bool,
     overflow: ContextOverflow | None = None,
+    *,
+    top_k: int = -1,
+    logprobs: bool = False,
 ) -> EngineInput:
     """Encode the conversation (V4.1) and resolve max_tokens against the context.
 
-    Raises BadRequestError for images (not supported yet) and for prompts that do not fit
-    (ContextLengthError, or `overflow`'s error when the protocol words it its own way).
+    `logprobs` asks for them even when the converted request does not (Responses `include`).
+    Images are decoded and checked here (a 400 or 413 for bad ones); each counts at its image
+    token count against the context. A prompt that does not fit is a ContextLengthError, or
+    `overflow`'s error when the protocol words it its own way.
     """
     with recipe_errors():
-        for index, message in enumerate(converted.conversation.messages):
-            if message.image_sources:
-                raise BadRequestError(
-                    "image content is not supported by this server yet",
-                    param=f"messages[{index}]",
-                    kind=ErrorKind.UNSUPPORTED,
-                    code="unsupported_content",
-                )
+        sources = image_sources(converted)
+        images = None
+        if sources:
+            images = resolve_images(sources, recipe.image_limits, recipe.image_resolver)
         _reject_provably_too_long(converted, recipe, overflow)
         prompt_token_ids = recipe.encoding.encode(converted.conversation)
+    prompt_tokens = Images.prompt_tokens(prompt_token_ids, images)
     try:
         with recipe_errors():
-            max_tokens = converted.resolve_max_tokens(len(prompt_token_ids), recipe.context_limit)
+            max_tokens = converted.resolve_max_tokens(prompt_tokens, recipe.context_limit)
     except ContextLengthError as exc:
         if overflow is None:
             raise
         requested = converted.inference_options.max_tokens
-        raise overflow(len(prompt_token_ids), requested, recipe.context_limit) from exc
+        raise overflow(prompt_tokens, requested, recipe.context_limit) from exc
     inference = converted.inference_options
+    logprobs = logprobs or inference.logprobs
     sampling = SamplingOptions(
         max_tokens=max_tokens,
         temperature=inference.temperature,
         top_p=inference.top_p,
         ignore_eos=ignore_eos,
         seed=inference.seed,
+        top_k=top_k,
+        logprobs=logprobs,
+        top_logprobs=(inference.top_logprobs or 0) if logprobs else 0,
     )
-    return EngineInput(prompt_token_ids, sampling)
+    return EngineInput(prompt_token_ids, sampling, images)

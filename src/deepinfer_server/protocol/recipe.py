@@ -11,15 +11,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import orjson
+import tokenizers
 from deepseek_recipe import (
     ConversionError,
     ConversionOptions,
     DeepseekV41Encoding,
+    ImageResolver,
     ModelVersion,
     Tokenizer,
 )
 
 from deepinfer_server.errors import ApiError, BadRequestError, ContextLengthError, ErrorKind
+from deepinfer_server.protocol.images import ImageLimits, new_resolver
 from deepinfer_server.protocol.reasoning_seal import ReasoningSeal
 
 
@@ -37,6 +40,10 @@ class RecipeContext:
     #: The most UTF-8 bytes of prompt text one token can stand for: a prompt of B bytes has at
     #: least B / max_token_bytes tokens, which bounds the work spent on oversized prompts.
     max_token_bytes: int
+    #: The same vocabulary for what the recipe's tokenizer cannot do: decode single tokens.
+    decoder: tokenizers.Tokenizer
+    image_limits: ImageLimits
+    image_resolver: ImageResolver
 
     @classmethod
     def create(
@@ -46,6 +53,7 @@ class RecipeContext:
         context_limit: int,
         default_thinking: bool,
         reasoning_secret: str | None = None,
+        image_limits: ImageLimits | None = None,
     ) -> RecipeContext:
         tokenizer = Tokenizer.from_str(tokenizer_json)
         # Only the served names are accepted, all as DeepSeek-V4.1-Flash: the recipe's default
@@ -55,6 +63,8 @@ class RecipeContext:
             {name: ModelVersion.DeepseekV41Flash for name in served_model_names}
         )
         encoding = DeepseekV41Encoding().with_tokenizer(tokenizer)
+        decoder = tokenizers.Tokenizer.from_str(tokenizer_json)
+        image_limits = image_limits or ImageLimits()
         return cls(
             options,
             encoding,
@@ -63,6 +73,9 @@ class RecipeContext:
             context_limit,
             ReasoningSeal.from_secret(reasoning_secret),
             max_token_bytes(tokenizer_json),
+            decoder,
+            image_limits,
+            new_resolver(image_limits),
         )
 
     @property
@@ -85,7 +98,11 @@ def max_token_bytes(tokenizer_json: str) -> int:
     return max(lengths, default=1) or 1
 
 
-_RANGE_PARAMS = {"Invalid temperature value": "temperature", "Invalid top_p value": "top_p"}
+_RANGE_PARAMS = {
+    "Invalid temperature value": "temperature",
+    "Invalid top_p value": "top_p",
+    "Invalid top_logprobs": "top_logprobs",
+}
 _KIND_OF_STATUS = {404: ErrorKind.MODEL_NOT_FOUND, 413: ErrorKind.REQUEST_TOO_LARGE}
 _CONTEXT_LENGTH_MESSAGE = "maximum context length"
 

@@ -14,7 +14,8 @@ from deepseek_recipe import (
 
 from deepinfer_server.errors import BadRequestError, ErrorKind
 from deepinfer_server.grammar import Constraint
-from deepinfer_server.ipc.messages import SamplingOptions
+from deepinfer_server.ipc.messages import Images, SamplingOptions
+from deepinfer_server.protocol.choices import reject_n
 from deepinfer_server.protocol.named_events import NamedEventOutput, named_event
 from deepinfer_server.protocol.prepare import engine_input
 from deepinfer_server.protocol.recipe import RecipeContext
@@ -43,6 +44,7 @@ class PreparedResponses:
     namespace_tool_map: dict[str, tuple[str, str]]
     constraint: Constraint | None
     reasoning: ReasoningRequest = field(default_factory=ReasoningRequest)
+    images: Images | None = None
 
 
 def _reject_stateful_options(body: dict[str, Any]) -> None:
@@ -97,28 +99,24 @@ def _check_input_items(body: dict[str, Any]) -> None:
             )
 
 
-def _reject_logprobs(body: dict[str, Any]) -> None:
-    """Logprobs are not produced yet: asking for them is a 400, never silently ignored."""
-    if body.get("top_logprobs"):
-        raise BadRequestError(
-            "top_logprobs are not supported by this server yet",
-            param="top_logprobs",
-            kind=ErrorKind.UNSUPPORTED,
-        )
+_LOGPROBS_INCLUDE = "message.output_text.logprobs"
+
+
+def _wants_logprobs(body: dict[str, Any]) -> bool:
+    """`include: ["message.output_text.logprobs"]` asks for the output text's logprobs."""
     include = body.get("include")
-    if isinstance(include, list) and "message.output_text.logprobs" in include:
-        raise BadRequestError(
-            "message.output_text.logprobs is not supported by this server yet",
-            param="include",
-            kind=ErrorKind.UNSUPPORTED,
-        )
+    if include is None:
+        return False
+    if not isinstance(include, list) or not all(isinstance(item, str) for item in include):
+        raise BadRequestError("'include' must be an array of strings", param="include")
+    return _LOGPROBS_INCLUDE in include
 
 
 def prepare_responses(body: dict[str, Any], recipe: RecipeContext) -> PreparedResponses:
     """Turn a decoded Responses body into prompt token IDs and sampling options."""
     _reject_stateful_options(body)
-    _reject_logprobs(body)
     _check_input_items(body)
+    reject_n(body, "the Responses API")
     check_model(body, recipe.served_model_names)
     read_constraint(RESPONSES_CONSTRAINT, body, thinking=False)
     body = restore_reasoning(body, recipe.reasoning_seal)
@@ -135,7 +133,7 @@ def prepare_responses(body: dict[str, Any], recipe: RecipeContext) -> PreparedRe
         convert, body, "auto", "text.format"
     )
     constraint = read_constraint(RESPONSES_CONSTRAINT, body, converted.conversation.thinking_mode)
-    engine = engine_input(converted, recipe, ignore_eos=False)
+    engine = engine_input(converted, recipe, ignore_eos=False, logprobs=_wants_logprobs(body))
     return PreparedResponses(
         converted,
         engine.prompt_token_ids,
@@ -145,6 +143,7 @@ def prepare_responses(body: dict[str, Any], recipe: RecipeContext) -> PreparedRe
         namespace_tool_map,
         constraint,
         ReasoningRequest.of(body),
+        images=engine.images,
     )
 
 

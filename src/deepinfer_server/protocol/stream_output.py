@@ -54,7 +54,8 @@ class RecipeOutput:
         if not token_ids or self.finished:
             return []
         self._completion_tokens += len(token_ids)
-        return self._emit(self._processor.push(InferenceChunk.tokens(token_ids)))
+        chunk = InferenceChunk.tokens(token_ids, tokens.logprob_pairs())
+        return self._emit(self._processor.push(chunk))
 
     def finish(self, finish: Finish) -> list[str]:
         """The closing payloads once the engine ended the request (STOP or LENGTH)."""

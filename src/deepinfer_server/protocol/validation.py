@@ -83,16 +83,6 @@ def check_model(body: dict[str, Any], served_model_names: tuple[str, ...]) -> No
         )
 
 
-def reject_unsupported_chat_options(body: dict[str, Any]) -> None:
-    """400 for Chat Completions options this service does not implement yet."""
-    if body.get("logprobs"):
-        raise BadRequestError("logprobs are not supported by this server yet", param="logprobs")
-    if body.get("top_logprobs"):
-        raise BadRequestError(
-            "top_logprobs are not supported by this server yet", param="top_logprobs"
-        )
-
-
 def reject_file_parts(message: dict[str, Any], index: int) -> None:
     """400 naming what is unsupported: documents (`file` parts), whatever they carry."""
     content = message.get("content")
@@ -142,8 +132,7 @@ def check_chat_fields(body: dict[str, Any]) -> None:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
             raise BadRequestError(f"'{name}' must be a number", param=name)
     optional_uint(body, "seed", maximum=2**64 - 1)
-    n = body.get("n")
-    if n is not None and n != 1:
-        raise BadRequestError("only n = 1 is supported", param="n")
+    optional_bool(body, "logprobs")
+    optional_uint(body, "top_logprobs", maximum=20)
     if body.get("stream_options") is not None and not body.get("stream"):
         raise BadRequestError("'stream_options' needs 'stream': true", param="stream_options")

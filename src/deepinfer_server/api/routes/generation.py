@@ -1,8 +1,9 @@
-"""POST /v1/chat/completions, /v1/responses and /v1/messages: one GenerationProtocol each.
+"""POST /v1/chat/completions, /v1/completions, /v1/responses and /v1/messages: one
+GenerationProtocol each.
 
-Chat Completions streams unnamed `data:` chunks and ends with `[DONE]`; after the stream has
-started an error is one `data: {"error": ...}` message. Responses and Messages stream named
-events, with no `[DONE]`, and end a failed stream with their own `error` event.
+Chat Completions and Completions stream unnamed `data:` chunks and end with `[DONE]`; after
+the stream has started an error is one `data: {"error": ...}` message. Responses and Messages
+stream named events, with no `[DONE]`, and end a failed stream with their own `error` event.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from deepinfer_server.api.sse import DONE_FRAME, data_frames
 from deepinfer_server.protocol.anthropic_messages import messages_output, prepare_messages
 from deepinfer_server.protocol.chat_output import ChatOutput
 from deepinfer_server.protocol.chat_request import prepare_chat
+from deepinfer_server.protocol.completions import prepare_completion
+from deepinfer_server.protocol.completions_output import CompletionOutput
 from deepinfer_server.protocol.error_shapes import (
     anthropic_error_body,
     openai_error_body,
@@ -31,6 +34,15 @@ CHAT = GenerationProtocol(
     id_prefix="chatcmpl-",
     prepare=prepare_chat,
     make_output=ChatOutput,
+    frames=data_frames,
+    done_frame=DONE_FRAME,
+    error_frame=lambda error: json_frame(None, openai_error_body(error)),
+)
+
+COMPLETIONS = GenerationProtocol(
+    id_prefix="cmpl-",
+    prepare=prepare_completion,
+    make_output=CompletionOutput,
     frames=data_frames,
     done_frame=DONE_FRAME,
     error_frame=lambda error: json_frame(None, openai_error_body(error)),
@@ -57,6 +69,10 @@ MESSAGES = GenerationProtocol(
 
 async def chat_completions(request: Request) -> Response:
     return await serve_generation(request, CHAT)
+
+
+async def completions(request: Request) -> Response:
+    return await serve_generation(request, COMPLETIONS)
 
 
 async def responses(request: Request) -> Response:

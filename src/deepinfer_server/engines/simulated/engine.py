@@ -33,6 +33,7 @@ from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver
 from deepinfer_server.engines.simulated.backend import SimulatedOptions
 from deepinfer_server.engines.simulated.collectives import LockstepGroup
 from deepinfer_server.engines.simulated.kv_blocks import AllocStatus, KVBlocks, default_pool
+from deepinfer_server.engines.simulated.logprobs import annotate
 from deepinfer_server.engines.simulated.outputs import POOL, OutputRecord, RequestOutput
 from deepinfer_server.engines.simulated.sampling_params import SamplingParams
 from deepinfer_server.engines.simulated.script import ScriptWriter
@@ -157,7 +158,7 @@ class LLMEngine:
             request_id=request_id,
             prompt=prompt,
             params=sampling_params,
-            script=self._script.answer_tokens(prompt),
+            script=self._script.answer_tokens(prompt, multi_modal_data),
             ready_at=arrived + self._args.ttft_ms / 1000.0,
         )
         if sampling_params.so_args:
@@ -350,17 +351,17 @@ class LLMEngine:
             token = self._next_token(sequence)
             sequence.output.append(token)
             reason = self._stop_reason(sequence, token)
-            records.append(
-                OutputRecord(
-                    request_id=sequence.request_id,
-                    prompt_len=len(sequence.prompt),
-                    token_id=token,
-                    finish_reason=reason,
-                    finished=bool(reason),
-                    num_output_tokens=len(sequence.output),
-                    max_num_batched_tokens=self._args.max_num_batched_tokens or 0,
-                )
+            record = OutputRecord(
+                request_id=sequence.request_id,
+                prompt_len=len(sequence.prompt),
+                token_id=token,
+                finish_reason=reason,
+                finished=bool(reason),
+                num_output_tokens=len(sequence.output),
+                max_num_batched_tokens=self._args.max_num_batched_tokens or 0,
             )
+            annotate(record, sequence.prompt, sequence.params, self._vocab_size)
+            records.append(record)
             if reason:
                 sequence.finish_reason = reason
                 self._running.remove(sequence)

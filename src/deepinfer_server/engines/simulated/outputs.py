@@ -7,6 +7,7 @@ released handle here raises, so an adapter that holds handles too long fails in 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,6 +36,15 @@ class OutputRecord:
     accept_tok: int = 0
     confidence_score: list[float] | None = None
     max_num_batched_tokens: int = 0
+    #: Fills the logprob fields on first read (they cost more than the rest of a step).
+    deferred: Callable[[OutputRecord], None] | None = None
+
+    def materialised(self) -> OutputRecord:
+        """This record with every field computed."""
+        if self.deferred is not None:
+            deferred, self.deferred = self.deferred, None
+            deferred(self)
+        return self
 
 
 class OutputPool:
@@ -85,7 +95,7 @@ class RequestOutput:
 
     @staticmethod
     def clone(handle: int) -> RequestOutput:
-        return RequestOutput(POOL.get(handle))
+        return RequestOutput(POOL.get(handle).materialised())
 
     @staticmethod
     def get_request_id(handle: int) -> str:
@@ -109,7 +119,7 @@ class RequestOutput:
 
     @staticmethod
     def get_token_logprobs(handle: int) -> float:
-        return POOL.get(handle).token_logprobs
+        return POOL.get(handle).materialised().token_logprobs
 
     @staticmethod
     def get_nextn_logprobs(handle: int) -> float:
@@ -121,15 +131,15 @@ class RequestOutput:
 
     @staticmethod
     def get_top_logprobs(handle: int) -> list[float]:
-        return POOL.get(handle).top_logprobs
+        return POOL.get(handle).materialised().top_logprobs
 
     @staticmethod
     def get_top_token_ids(handle: int) -> list[int]:
-        return POOL.get(handle).top_token_ids
+        return POOL.get(handle).materialised().top_token_ids
 
     @staticmethod
     def get_prompt_logprobs(handle: int) -> list[float]:
-        return POOL.get(handle).prompt_logprobs
+        return POOL.get(handle).materialised().prompt_logprobs
 
     @staticmethod
     def get_num_output_tokens(handle: int) -> int:

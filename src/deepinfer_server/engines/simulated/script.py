@@ -4,12 +4,16 @@ The prompt's token IDs are decoded, the text between the last `<｜User｜>` and
 `<｜Assistant｜>` is taken, and that text, encoded with the full vocabulary (so spellings such as
 `</think>` or DSML markers become their special tokens), is the answer. In thinking mode (the
 prompt ends with `<think>`) an answer without `</think>` is preceded by a fixed reasoning
-sentence and `</think>`.
+sentence and `</think>`. A prompt with no user turn (a legacy completion) is continued with its
+own text, special tokens left out. Images (`multi_modal_data`) are described before the
+answer by their size and a short digest, so that clients can test image input on a CPU.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
+from typing import Any
 
 from tokenizers import Tokenizer
 
@@ -17,6 +21,7 @@ USER_TOKEN = "<｜User｜>"
 ASSISTANT_TOKEN = "<｜Assistant｜>"
 THINK_START = "<think>"
 THINK_END = "</think>"
+IMAGE_TOKEN = "<｜image｜>"  # deepseek-recipe's image placeholder
 REASONING_SENTENCE = "The user wants their last message repeated back to them."
 
 
@@ -30,6 +35,17 @@ def last_user_text(prompt_text: str) -> str:
     return prompt_text[start:] if end < 0 else prompt_text[start:end]
 
 
+def describe_images(multi_modal_data: dict[str, Any]) -> str:
+    """`[image 1: 630x476 sha256:0123abcd] ` per image: its size and a digest of its bytes."""
+    sizes = multi_modal_data.get("image_sizes") or []
+    data = multi_modal_data.get("image_bytes") or []
+    parts = []
+    for index, (width, height) in enumerate(sizes):
+        digest = hashlib.sha256(data[index]).hexdigest()[:8] if index < len(data) else "none"
+        parts.append(f"[image {index + 1}: {width}x{height} sha256:{digest}] ")
+    return "".join(parts)
+
+
 class ScriptWriter:
     """Turns a prompt into the token IDs the simulated model will generate."""
 
@@ -38,11 +54,18 @@ class ScriptWriter:
         think_start = tokenizer.token_to_id(THINK_START)
         self._think_start_id = -1 if think_start is None else int(think_start)
 
-    def answer_tokens(self, prompt_token_ids: Sequence[int]) -> list[int]:
-        """The answer's token IDs, without EOS."""
+    def answer_tokens(
+        self, prompt_token_ids: Sequence[int], multi_modal_data: dict[str, Any] | None = None
+    ) -> list[int]:
+        """The answer's token IDs, without EOS; images are described first (`describe_images`)."""
         prompt_text = self._tokenizer.decode(list(prompt_token_ids), skip_special_tokens=False)
-        text = last_user_text(prompt_text)
+        if USER_TOKEN in prompt_text:
+            text = last_user_text(prompt_text)
+        else:
+            text = self._tokenizer.decode(list(prompt_token_ids), skip_special_tokens=True)
         thinking = bool(prompt_token_ids) and prompt_token_ids[-1] == self._think_start_id
+        if multi_modal_data:
+            text = describe_images(multi_modal_data) + text.replace(IMAGE_TOKEN, "").strip()
         if thinking and THINK_END not in text:
             text = f"{REASONING_SENTENCE}{THINK_END}{text}"
         return list(self._tokenizer.encode(text, add_special_tokens=False).ids)

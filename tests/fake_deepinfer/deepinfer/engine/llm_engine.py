@@ -85,7 +85,17 @@ class LLMEngine:
     ) -> object | None:
         if isinstance(sampling_params, dict):
             self._record("sampling_params", sampling_params)
-        return self._engine.add_request(user_id, request_id, sampling_params, prompt_token_ids)
+        if multi_modal_data is not None:
+            self._record(
+                "multi_modal_data",
+                {
+                    "image_sizes": [list(size) for size in multi_modal_data.get("image_sizes", [])],
+                    "image_bytes": [len(data) for data in multi_modal_data.get("image_bytes", [])],
+                },
+            )
+        return self._engine.add_request(
+            user_id, request_id, sampling_params, prompt_token_ids, multi_modal_data
+        )
 
     def abort_request(self, request_id: str | Iterable[str]) -> tuple[int, int]:
         return self._engine.abort_request(request_id)

@@ -1,0 +1,123 @@
+"""Image input: the conversation's image sources resolved into DeepInfer's `multi_modal_data`.
+
+deepseek-recipe converts every protocol's image parts (Chat `image_url`, Responses
+`input_image`, Anthropic `image` blocks) into image sources and renders one placeholder token
+per image; its resolver decodes each image (OpenCV: PNG, JPEG, WebP, GIF), rejects corrupt and
+oversized ones, and resizes and re-encodes it as the V4.1 vision encoder expects. This module
+applies the server's limits (images per request, bytes per image) and turns the result into
+`ipc.messages.Images`. External URLs are not fetched: only `data:` URLs and inline base64.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass
+
+from deepseek_recipe import (
+    ConversationRequest,
+    ImageError,
+    ImageQuota,
+    ImageResolver,
+    ImageSource,
+    MultiModalData,
+    OpenCvImagePreprocessor,
+    ReqwestImageFetcher,
+)
+
+from deepinfer_server.errors import BadRequestError, ErrorKind
+from deepinfer_server.ipc.messages import Images
+
+#: deepseek-recipe ImageError kinds that mean "too large" (413); the others are 400s.
+_TOO_LARGE = frozenset({"ImageTooLarge", "TotalSizeTooLarge", "ImageDimensionsTooLarge"})
+
+
+@dataclass(frozen=True)
+class ImageLimits:
+    """What one request may send."""
+
+    max_images: int = 8
+    max_image_bytes: int = 10 * 1024 * 1024
+
+
+def image_sources(converted: ConversationRequest) -> list[ImageSource]:
+    """Every image of the conversation, in the order of the prompt's placeholders."""
+    return [
+        source for message in converted.conversation.messages for source in message.image_sources
+    ]
+
+
+def _encoded_size(source: ImageSource) -> int:
+    """The byte size of an inline image (a 400 for an external URL)."""
+    if source.kind == "bytes":
+        return len(source.data or b"")
+    if source.kind != "data_url":
+        raise BadRequestError(
+            "image URLs are not fetched by this server: send the image inline as a "
+            "`data:image/...;base64,...` URL",
+            param=source.path.lstrip(".") or None,
+            kind=ErrorKind.UNSUPPORTED,
+            code="unsupported_content",
+        )
+    header, _, payload = (source.data_url or "").partition(",")
+    if not header.endswith(";base64"):
+        return len(payload)  # percent-encoded: at least as long as its bytes
+    try:
+        return len(base64.b64decode(payload, validate=False))
+    except (binascii.Error, ValueError):
+        return len(payload) * 3 // 4
+
+
+def _too_large(limit: int, param: str | None) -> BadRequestError:
+    return BadRequestError(
+        f"an image is larger than this server's limit of {limit} bytes",
+        param=param,
+        kind=ErrorKind.REQUEST_TOO_LARGE,
+    )
+
+
+def resolve_images(
+    sources: list[ImageSource], limits: ImageLimits, resolver: ImageResolver
+) -> Images:
+    """Decode, check and preprocess the images (400 corrupt or unsupported, 413 too large)."""
+    if len(sources) > limits.max_images:
+        raise BadRequestError(
+            f"a request may hold at most {limits.max_images} images; this one has {len(sources)}",
+            param="messages",
+        )
+    for source in sources:
+        if _encoded_size(source) > limits.max_image_bytes:
+            raise _too_large(limits.max_image_bytes, source.path.lstrip(".") or None)
+    param = sources[0].path.lstrip(".") or None if len(sources) == 1 else "messages"
+    quota = ImageQuota()
+    try:
+        data: MultiModalData = resolver.resolve(sources, quota)
+        extra = data.image_token_adjustment()
+    except ImageError as exc:
+        if exc.kind in _TOO_LARGE:
+            raise BadRequestError(
+                f"the image is too large: {exc}", param=param, kind=ErrorKind.REQUEST_TOO_LARGE
+            ) from exc
+        raise BadRequestError(f"the image could not be used: {exc}", param=param) from exc
+    except ValueError as exc:
+        raise BadRequestError(f"the image could not be used: {exc}", param=param) from exc
+    images = data.images
+    if any(len(image.data) > limits.max_image_bytes for image in images):
+        raise _too_large(limits.max_image_bytes, None)
+    return Images(
+        sizes=[(image.width, image.height) for image in images],
+        data=[bytes(image.data) for image in images],
+        extra_tokens=int(extra),
+    )
+
+
+def new_resolver(limits: ImageLimits) -> ImageResolver:
+    """The recipe's resolver; its fetcher is never used (URLs are refused before it)."""
+    return ImageResolver(
+        ReqwestImageFetcher.with_max_bytes(limits.max_image_bytes), OpenCvImagePreprocessor()
+    )
+
+
+def mentions_images(raw: bytes) -> bool:
+    """Whether a request body may hold images (cheap; a false positive only costs a thread)."""
+    return b"image" in raw
