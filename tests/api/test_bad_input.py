@@ -226,8 +226,6 @@ def test_messages_without_max_tokens_is_a_400_as_in_anthropics_api() -> None:
         ({"input": ["hi", {"type": "bogus"}]}, "input[1].type", "bogus"),
         ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type", "item_reference"),
         ({"input": [{"type": ["message"], "role": "user"}]}, "input[0].type", "['message']"),
-        ({"top_logprobs": 3}, "top_logprobs", "top_logprobs"),
-        ({"include": ["message.output_text.logprobs"]}, "include", "logprobs"),
     ],
 )
 def test_responses_rejects_what_it_cannot_honour(
