@@ -107,3 +107,21 @@ def test_deepinfer_finish_strings_map_to_outcomes() -> None:
     assert finish_of("insufficient_system_resource") is Finish.OUT_OF_RESOURCES
     assert finish_of("xgrammar runtime errors or timeout") is Finish.GRAMMAR_FAILED
     assert finish_of("ve_error") is Finish.ENGINE_ERROR
+
+
+def test_eos_under_ignore_eos_counts_but_is_never_rendered() -> None:
+    adapter = make_adapter()
+    add(adapter, "r1", PROMPT, max_tokens=5, ignore_eos=True)
+    rendered: list[int] = []
+    hidden = 0
+    finish = None
+    while finish is None:
+        _, outputs = adapter.iterate()
+        for output in outputs:
+            rendered += output.tokens.token_ids
+            hidden += output.tokens.hidden_tokens
+            finish = output.finish or finish
+    # "Hello" EOS "Hello" EOS "Hello": the two EOS count toward max_tokens, unrendered.
+    assert finish is Finish.LENGTH
+    assert rendered == [19923, 19923, 19923]
+    assert hidden == 2

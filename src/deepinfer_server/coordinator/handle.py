@@ -78,7 +78,7 @@ class RequestHandle:
         """Called by the reader task with one step's output for this request."""
         if self.ended:
             return
-        if tokens.token_ids:
+        if tokens:
             self.has_first_token = True
             self._arrived_at = arrived_at
             self._step_seconds = step_seconds
@@ -102,7 +102,7 @@ class RequestHandle:
 
     async def next_batch(self) -> TokenBatch:
         """Wait for new tokens or the end; raises the request's ApiError if it failed."""
-        while not self._tokens.token_ids and self._finish is None:
+        while not self._tokens and self._finish is None:
             if self._error is not None:
                 raise self._error
             await self._event.wait()

@@ -122,13 +122,18 @@ class GeneratedTokens(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fa
     """
 
     token_ids: list[int] = msgspec.field(default_factory=list)
+    #: Generated tokens that count (usage, token metrics) but are never rendered: the EOS a
+    #: request with `ignore_eos` generates as an ordinary token. They have no per-token data.
+    hidden_tokens: int = 0
 
     def extend(self, other: GeneratedTokens) -> None:
         """Append `other`'s tokens (and their per-token data) to these."""
         self.token_ids.extend(other.token_ids)
+        self.hidden_tokens += other.hidden_tokens
 
     def __len__(self) -> int:
-        return len(self.token_ids)
+        """Every generated token, rendered or hidden."""
+        return len(self.token_ids) + self.hidden_tokens
 
 
 class RequestDelta(msgspec.Struct, array_like=True, gc=False):

@@ -339,7 +339,11 @@ class LLMEngine:
         position = len(sequence.output)
         script = sequence.script
         if sequence.params.ignore_eos:
-            return script[position % len(script)] if script else self.eos_id
+            # DeepInfer skips only the EOS check: the model still generates EOS where it
+            # would stop, as an ordinary token, and goes on (here: the script again).
+            cycle = len(script) + 1
+            at = position % cycle
+            return script[at] if at < len(script) else self.eos_id
         return script[position] if position < len(script) else self.eos_id
 
     def _stop_reason(self, sequence: _Sequence, token: int) -> str:
