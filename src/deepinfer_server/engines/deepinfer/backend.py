@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from deepinfer_server.config.options import option
 from deepinfer_server.engines.backend import EngineBackend
 from deepinfer_server.engines.deepinfer.environment import rank_environment, visible_gpus
+from deepinfer_server.engines.deepinfer.preflight import run_preflight
 from deepinfer_server.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -67,6 +68,11 @@ class DeepInferBackend(EngineBackend):
                 "--engine deepinfer needs the DeepInfer package, which is not importable here "
                 "(install DeepInfer or add its source to PYTHONPATH; or use --engine simulated)"
             )
+
+    def preflight(self, config: ResolvedConfig, checkpoint: str | None) -> None:
+        run_preflight(
+            config.max_model_len, config.max_num_seqs, config.max_num_batched_tokens, checkpoint
+        )
 
     def rank_environments(
         self, config: ResolvedConfig, master_port: int
