@@ -78,13 +78,21 @@ class DeepInferBackend(EngineBackend):
         self, config: ResolvedConfig, master_port: int
     ) -> Sequence[dict[str, str]]:
         gpus = visible_gpus(os.environ)
+        # Read by DeepInfer at import of deepinfer.config (config.py:193-194).
+        cadence = {
+            "DEEPINFER_PREFILL_ATTEMPT_INTERVAL": str(config.prefill_attempt_interval),
+            "DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL": str(config.prefill_any_attempt_interval),
+        }
         return [
-            rank_environment(
-                rank,
-                gpus,
-                config.context_parallel_size,
-                config.expert_parallel_size,
-                master_port,
-            )
+            {
+                **rank_environment(
+                    rank,
+                    gpus,
+                    config.context_parallel_size,
+                    config.expert_parallel_size,
+                    master_port,
+                ),
+                **cadence,
+            }
             for rank in range(config.data_parallel_size)
         ]

@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,19 +34,25 @@ from deepinfer_server.engines.simulated.backend import SimulatedOptions
 from deepinfer_server.engines.simulated.collectives import LockstepGroup
 from deepinfer_server.engines.simulated.outputs import POOL, OutputRecord, RequestOutput
 from deepinfer_server.engines.simulated.sampling_params import SamplingParams
+from deepinfer_server.engines.simulated.scheduler import (
+    DEFAULT_PREFILL_ANY_ATTEMPT_INTERVAL,
+    DEFAULT_PREFILL_ATTEMPT_INTERVAL,
+    KV_WATERMARK,
+    PrefillCadence,
+)
 from deepinfer_server.engines.simulated.script import ScriptWriter
+from deepinfer_server.engines.simulated.sequence import (
+    FINISH_ABORT,
+    FINISH_PROMPT_TOO_LONG,
+    FINISH_SO_FAILED,
+    Sequence,
+)
 from deepinfer_server.grammar import GrammarCompiler, GrammarError, SimulatedMatcher, Vocab
 from deepinfer_server.tokenizer import EOS_TOKEN, load_tokenizer_json
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["LLMEngine", "RequestOutput", "SamplingParams", "SimEngineArgs", "build"]
-
-FINISH_STOP = "stop"
-FINISH_LENGTH = "length"
-FINISH_ABORT = "abort"
-FINISH_PROMPT_TOO_LONG = "prompt_length_exceeded"
-FINISH_SO_FAILED = "xgrammar runtime errors or timeout"
 
 
 @dataclass
@@ -65,25 +71,10 @@ class SimEngineArgs:
     tokens_per_step: int = 1
     zero_overhead_scheduling: bool = True
     close_timeout: float = 10.0
+    prefill_attempt_interval: int = DEFAULT_PREFILL_ATTEMPT_INTERVAL
+    prefill_any_attempt_interval: int = DEFAULT_PREFILL_ANY_ATTEMPT_INTERVAL
     fault: str | None = None
     fault_after_steps: int = 0
-
-
-@dataclass
-class _Sequence:
-    request_id: str
-    prompt: list[int]
-    params: SamplingParams
-    script: list[int]
-    ready_at: float
-    output: list[int] = field(default_factory=list)
-    finish_reason: str = ""
-    matcher: SimulatedMatcher | None = None
-    grammar_failed: bool = False
-
-    @property
-    def length(self) -> int:
-        return len(self.prompt) + len(self.output)
 
 
 class LLMEngine:
@@ -100,14 +91,26 @@ class LLMEngine:
         self.eos_id = 1 if eos is None else int(eos)
         self._vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
         self._script = ScriptWriter(self.tokenizer)
-        self._waiting: list[_Sequence] = []
-        self._running: list[_Sequence] = []
+        self._waiting: list[Sequence] = []
+        self._running: list[Sequence] = []
         self._deferred: list[OutputRecord] = []
         self._pending_terminal: list[OutputRecord] = []
         self._to_release: list[npt.NDArray[np.uint64]] = []
         self._step_deadline = 0.0
         self._closed = False
         self._grammar: GrammarCompiler | None = None
+        self._cadence = PrefillCadence(
+            args.lockstep,
+            args.engine_rank,
+            args.prefill_attempt_interval,
+            args.prefill_any_attempt_interval,
+        )
+        # DeepInfer's default max_num_batched_tokens (config.py:219-228); without chunked
+        # prefill it bounds both the prompt length and the prompt tokens of one step.
+        self._batched_tokens = args.max_num_batched_tokens or max(
+            args.max_model_len, 4096, args.max_num_seqs * args.tokens_per_step
+        )
+        self._prompt_limit = min(args.max_model_len, self._batched_tokens)
 
     @classmethod
     def from_engine_args(cls, args: SimEngineArgs) -> LLMEngine:
@@ -126,7 +129,7 @@ class LLMEngine:
         extra: dict[str, Any] | None = None,
         enqueue: bool = True,
         chunk_checkpoints: list[int] | None = None,
-    ) -> _Sequence | None:
+    ) -> Sequence | None:
         """Queue a request; returns None (and never outputs) for out-of-vocabulary IDs."""
         self._check_thread()
         # The TTFT delay runs from arrival: preparing the script below overlaps it.
@@ -146,7 +149,7 @@ class LLMEngine:
             logger.info("request %s of user %s has invalid token ids; dropped", request_id, user_id)
             return None
         prompt = prompt_token_ids.tolist()
-        sequence = _Sequence(
+        sequence = Sequence(
             request_id=request_id,
             prompt=prompt,
             params=sampling_params,
@@ -169,7 +172,7 @@ class LLMEngine:
             self._waiting.remove(sequence)
             count += 1
             total_len += sequence.length
-            self._pending_terminal.append(self._ignored_output(sequence, FINISH_ABORT))
+            self._pending_terminal.append(sequence.ignored_output(FINISH_ABORT))
         for sequence in [s for s in self._running if s.request_id in ids]:
             self._running.remove(sequence)
             count += 1
@@ -205,14 +208,16 @@ class LLMEngine:
         self._deferred = []
         returned.extend(self._pending_terminal)
         self._pending_terminal.clear()
-        decoded: list[OutputRecord] = []
-        for sequence in list(self._running):
-            decoded.extend(self._decode(sequence))
-        if self._args.zero_overhead_scheduling:
-            self._deferred = decoded
-        else:
-            returned.extend(decoded)
-        returned.extend(self._prefill())
+        prompt_step = self._schedule_prompts(returned)
+        if not prompt_step:
+            decoded: list[OutputRecord] = []
+            for sequence in list(self._running):
+                decoded.extend(self._decode(sequence))
+            if self._args.zero_overhead_scheduling:
+                self._deferred = decoded
+            else:
+                returned.extend(decoded)
+        self._cadence.advance(prompt_step)
         return self._publish(returned)
 
     def flush_inflight_reqs(self) -> npt.NDArray[np.uint64]:
@@ -236,7 +241,7 @@ class LLMEngine:
 
     # Internals
 
-    def _attach_grammar(self, sequence: _Sequence) -> None:
+    def _attach_grammar(self, sequence: Sequence) -> None:
         """Constrain the sequence as DeepInfer's matcher would; a grammar that does not compile
         ends the request with DeepInfer's structured-output failure (at its prefill)."""
         so_args = sequence.params.so_args
@@ -281,33 +286,61 @@ class LLMEngine:
             time.sleep(remaining)
         self._step_deadline = max(deadline, time.monotonic() - itl) if itl else deadline
 
+    def _kv_usage(self) -> float:
+        """Fraction of KV blocks in use (no block model yet: never the limit)."""
+        return 0.0
+
+    def _schedulable_head(self) -> bool:
+        return bool(self._waiting) and self._waiting[0].ready_at <= time.monotonic()
+
+    def _schedule_prompts(self, returned: list[OutputRecord]) -> bool:
+        """DeepInfer's prefill cadence (scheduler.PrefillCadence): True for a prompt step,
+        whose outputs (first tokens, ignored requests) are appended to `returned`."""
+        want = self._kv_usage() <= KV_WATERMARK and self._schedulable_head()
+        if not self._cadence.vote(want):
+            return False
+        outputs = self._prefill() if want else []
+        if not self._cadence.anyone_scheduled(bool(outputs)):
+            return False
+        returned.extend(outputs)  # empty: this rank pads the group's prompt step
+        return True
+
     def _prefill(self) -> list[OutputRecord]:
+        """Schedule the queue's head in order (scheduler.hpp:351-554, chunked prefill off): stop
+        at the first request that is not ready or does not fit (no skipping ahead)."""
         now = time.monotonic()
         outputs: list[OutputRecord] = []
-        for sequence in list(self._waiting):
-            if len(self._running) >= self._args.max_num_seqs:
-                break
+        tokens = 0
+        while self._waiting:
+            sequence = self._waiting[0]
             if sequence.ready_at > now:
-                continue
-            self._waiting.remove(sequence)
-            if len(sequence.prompt) > self._args.max_model_len:
-                outputs.append(self._ignored_output(sequence, FINISH_PROMPT_TOO_LONG))
+                break
+            if len(sequence.prompt) > self._prompt_limit:
+                self._waiting.pop(0)
+                outputs.append(sequence.ignored_output(FINISH_PROMPT_TOO_LONG))
                 continue
             if sequence.grammar_failed:
-                outputs.append(self._ignored_output(sequence, FINISH_SO_FAILED))
+                self._waiting.pop(0)
+                outputs.append(sequence.ignored_output(FINISH_SO_FAILED))
                 continue
+            if len(self._running) >= self._args.max_num_seqs:
+                break
+            if tokens + len(sequence.prompt) > self._batched_tokens:
+                break
+            tokens += len(sequence.prompt)
+            self._waiting.pop(0)
             self._running.append(sequence)
             outputs.extend(self._decode(sequence, budget=1))
         return outputs
 
-    def _decode(self, sequence: _Sequence, budget: int | None = None) -> list[OutputRecord]:
+    def _decode(self, sequence: Sequence, budget: int | None = None) -> list[OutputRecord]:
         """Generate up to `budget` tokens (tokens_per_step by default), stopping per token."""
         count = self._args.tokens_per_step if budget is None else budget
         records: list[OutputRecord] = []
         for _ in range(count):
             token = self._next_token(sequence)
             sequence.output.append(token)
-            reason = self._stop_reason(sequence, token)
+            reason = sequence.stop_reason(token, self.eos_id, self._args.max_model_len)
             records.append(
                 OutputRecord(
                     request_id=sequence.request_id,
@@ -327,49 +360,13 @@ class LLMEngine:
         records[-1].draft_tok = records[-1].accept_tok = len(records)
         return records
 
-    def _next_token(self, sequence: _Sequence) -> int:
-        token = self._scripted_token(sequence)
+    def _next_token(self, sequence: Sequence) -> int:
+        token = sequence.scripted_token(self.eos_id)
         if sequence.matcher is not None:
             # The grammar decides: the scripted token when it is allowed, else the matcher's
             # deterministic choice that completes the value within max_tokens.
             token = sequence.matcher.choose(token)
         return token
-
-    def _scripted_token(self, sequence: _Sequence) -> int:
-        position = len(sequence.output)
-        script = sequence.script
-        if sequence.params.ignore_eos:
-            # DeepInfer skips only the EOS check: the model still generates EOS where it
-            # would stop, as an ordinary token, and goes on (here: the script again).
-            cycle = len(script) + 1
-            at = position % cycle
-            return script[at] if at < len(script) else self.eos_id
-        return script[position] if position < len(script) else self.eos_id
-
-    def _stop_reason(self, sequence: _Sequence, token: int) -> str:
-        params = sequence.params
-        first_token_guard = params.first_n_token_no_eos == 1 and len(sequence.output) == 1
-        if token == self.eos_id and not params.ignore_eos and not first_token_guard:
-            return FINISH_STOP
-        if sequence.length > self._args.max_model_len:
-            return FINISH_LENGTH
-        if len(sequence.output) == params.max_tokens:
-            return FINISH_LENGTH
-        return ""
-
-    def _ignored_output(self, sequence: _Sequence, reason: str) -> OutputRecord:
-        """A terminal output of the "ignored" class: it repeats the last token, never a new one."""
-        last_token = sequence.output[-1] if sequence.output else sequence.prompt[-1]
-        return OutputRecord(
-            request_id=sequence.request_id,
-            prompt_len=len(sequence.prompt),
-            token_id=last_token,
-            finish_reason=reason,
-            finished=True,
-            token_logprobs=1.0,
-            sum_smaller_probs=-1.0,
-            num_output_tokens=len(sequence.output) + 1,
-        )
 
     def _publish(self, records: list[OutputRecord]) -> npt.NDArray[np.uint64]:
         handles = POOL.publish(records)
@@ -394,6 +391,8 @@ def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:
         itl_ms=options.sim_itl_ms,
         tokens_per_step=options.sim_tokens_per_step,
         zero_overhead_scheduling=not options.sim_disable_zos,
+        prefill_attempt_interval=spec.prefill_attempt_interval,
+        prefill_any_attempt_interval=spec.prefill_any_attempt_interval,
         fault=options.sim_fault if spec.rank == options.sim_fault_rank else None,
         fault_after_steps=options.sim_fault_after_steps,
     )

@@ -104,6 +104,12 @@ class LLMEngine:
                 ttft_ms=1.0,
                 itl_ms=2.0,
                 tokens_per_step=1 + int(os.environ.get("DEEPINFER_USE_NEXTN_DECODE", "5")),
+                prefill_attempt_interval=int(
+                    os.environ.get("DEEPINFER_PREFILL_ATTEMPT_INTERVAL", "70")
+                ),
+                prefill_any_attempt_interval=int(
+                    os.environ.get("DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL", "100")
+                ),
             )
         )
         self.tokenizer = self._engine.tokenizer
