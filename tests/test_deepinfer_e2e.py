@@ -140,13 +140,9 @@ def test_exported_deepinfer_variables_override_the_defaults(
 
 def test_dead_cp_worker_fails_the_service(checkpoint: Path, tmp_path: Path) -> None:
     with LiveServer(str(checkpoint), "--ep", "2", engine="deepinfer", env=_env(tmp_path)) as server:
-        workers = [
-            p
-            for rank in server.rank_processes()
-            for p in rank.children()
-            if "spawn_main" in " ".join(p.cmdline())
-        ]
-        assert len(workers) == 1  # CP=2: one worker-cp1 process
+        children = _records(tmp_path, 0)[0]["payload"]  # the stand-in's children by name
+        assert set(children) == {"worker-cp1", "multi-modal-worker-0"}  # CP=2
+        workers = [psutil.Process(children["worker-cp1"])]
         workers[0].kill()
         server.wait_for_line("engine child process worker-cp1", timeout=30)
         server.wait_for_line("service failed", timeout=30)

@@ -114,7 +114,7 @@ class LLMEngine:
         )
         self.tokenizer = self._engine.tokenizer
         self.eos_id = self._engine.eos_id
-        self._record("constructed")
+        self._record("constructed", {c.name: c.pid for c in multiprocessing.active_children()})
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
