@@ -5,14 +5,15 @@ return for out-of-vocabulary IDs; uint64 output handles released by the next `st
 zero-overhead scheduling (decode tokens come back one `step()` late, first tokens at once,
 `flush_inflight_reqs()` drains); several tokens per decode step (speculative decoding);
 DeepInfer's finish-reason strings; running vs waiting abort semantics; `prompt_length_exceeded`
-at prefill time; `has_unfinished_requests()` as an all-reduce MAX and `step()`/`close()` as
-collectives across the DP ranks; single-thread ownership.
+at prefill time; EOS generated as an ordinary token under `ignore_eos`; the prefill cadence
+(prompts only at attempt points voted across the DP ranks, a step all prefill or all decode,
+the queue served in order: `scheduler.PrefillCadence`); `has_unfinished_requests()` as an
+all-reduce MAX and `step()`/`close()` as collectives across the DP ranks; single-thread
+ownership.
 
-Timing: steps follow a fixed cadence of `itl_ms` while there is work (as with zero-overhead
-scheduling, the host work between two steps overlaps the next step instead of adding to it;
-a loop slower than the cadence slows the steps down); a request can be prefilled `ttft_ms`
-after `add_request` (a step with only such waiting requests ends as soon as the first of them
-is ready).
+Timing: every step, prompt steps included, lasts `itl_ms` while there is work (host work
+overlaps the next step; a slower loop slows the steps); a request is schedulable `ttft_ms`
+after `add_request` (a step with only waiting requests ends when the first is ready).
 """
 
 from __future__ import annotations
@@ -290,13 +291,11 @@ class LLMEngine:
         """Fraction of KV blocks in use (no block model yet: never the limit)."""
         return 0.0
 
-    def _schedulable_head(self) -> bool:
-        return bool(self._waiting) and self._waiting[0].ready_at <= time.monotonic()
-
     def _schedule_prompts(self, returned: list[OutputRecord]) -> bool:
         """DeepInfer's prefill cadence (scheduler.PrefillCadence): True for a prompt step,
         whose outputs (first tokens, ignored requests) are appended to `returned`."""
-        want = self._kv_usage() <= KV_WATERMARK and self._schedulable_head()
+        head_ready = bool(self._waiting) and self._waiting[0].ready_at <= time.monotonic()
+        want = self._kv_usage() <= KV_WATERMARK and head_ready
         if not self._cadence.vote(want):
             return False
         outputs = self._prefill() if want else []
