@@ -171,10 +171,13 @@ def coordinator(duration: float, rows: list[list[str]]) -> None:
 def latency(duration: float, rows: list[list[str]]) -> None:
     """With DeepInfer's zero-overhead scheduling (the default) a request's second token comes
     two steps after its first; that gap is the engine's, so the server's own added latency is
-    also measured with --sim-disable-zos."""
+    also measured with --sim-disable-zos. Prompts may be prefilled at every step
+    (--prefill-attempt-interval 1): the wait for DeepInfer's attempt points is the engine's too
+    (bench/prefill_cadence.py measures it)."""
     ttft_ms, itl_ms = 20.0, 10.0
     for zos in (True, False):
         args = ["--sim-ttft-ms", str(ttft_ms), "--sim-itl-ms", str(itl_ms), "--max-num-seqs", "64"]
+        args += ["--prefill-attempt-interval", "1"]
         if not zos:
             args.append("--sim-disable-zos")
         with Server.deepinfer(*args) as server:

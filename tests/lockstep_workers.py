@@ -14,10 +14,16 @@ def all_reduce(group: LockstepGroup, rank: int, value: int, results: Queue[Any])
     results.put((rank, group.all_reduce_max(rank, value)))
 
 
+def all_reduce_min(group: LockstepGroup, rank: int, value: int, results: Queue[Any]) -> None:
+    results.put((rank, group.all_reduce_min(rank, value)))
+
+
 def call_op(group: LockstepGroup, rank: int, op: str, results: Queue[Any]) -> None:
     try:
         if op == "step":
             group.barrier(rank)
+        elif op == "vote":
+            group.all_reduce_min(rank, 1)
         else:
             group.all_reduce_max(rank, 1)
         results.put((rank, "ok"))

@@ -107,12 +107,15 @@ class LiveServer:
     def rank_processes(self) -> list[psutil.Process]:
         """The DP rank processes (spawned children of the server)."""
         parent = psutil.Process(self.process.pid)
-        return [
-            child
-            for child in parent.children(recursive=True)
-            if "multiprocessing" in " ".join(child.cmdline())
-            and "spawn_main" in " ".join(child.cmdline())
-        ]
+        ranks = []
+        for child in parent.children(recursive=True):
+            try:
+                command = " ".join(child.cmdline())
+            except psutil.Error:  # exited (a zombie until the server reaps it)
+                continue
+            if "multiprocessing" in command and "spawn_main" in command:
+                ranks.append(child)
+        return ranks
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
         """Send `sig` and wait for the exit code."""

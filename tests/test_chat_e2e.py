@@ -129,6 +129,23 @@ def test_ignore_eos_runs_to_max_tokens(client: openai.OpenAI) -> None:
     assert (response.choices[0].message.content or "").startswith("looploop")
 
 
+def test_ignore_eos_stream_counts_the_unrendered_eos(client: openai.OpenAI) -> None:
+    # "loop" then EOS, again and again: every EOS counts toward max_tokens, none is rendered.
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "loop"}],
+        max_tokens=9,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={**NO_THINKING, "ignore_eos": True},
+    )
+    chunks = list(stream)
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert content == "loop" * 5
+    usage = chunks[-1].usage
+    assert usage is not None and usage.completion_tokens == 9
+
+
 def test_stop_sequence_truncates_the_answer(client: openai.OpenAI) -> None:
     response = client.chat.completions.create(
         model=MODEL,

@@ -10,7 +10,7 @@ import pytest
 
 from deepinfer_server.cli import build_parser, parse_config
 from deepinfer_server.config import ResolvedConfig, derive_parallelism
-from deepinfer_server.engines.deepinfer.backend import DeepInferOptions
+from deepinfer_server.engines.deepinfer.backend import DeepInferBackend, DeepInferOptions
 from deepinfer_server.engines.simulated.backend import SimulatedOptions
 from deepinfer_server.errors import ConfigError
 from tests.checkpoint import write_checkpoint
@@ -223,3 +223,36 @@ def test_engine_choices_come_from_the_registry() -> None:
 
     action = next(a for a in build_parser()._actions if a.dest == "engine")
     assert sorted(action.choices or ()) == sorted(BACKENDS)
+
+
+def test_prefill_intervals_flag_then_deepinfer_variable_then_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("DEEPINFER_PREFILL_ATTEMPT_INTERVAL", raising=False)
+    monkeypatch.delenv("DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL", raising=False)
+    config = parse_config(["--engine", "simulated"])
+    assert (config.prefill_attempt_interval, config.prefill_any_attempt_interval) == (70, 100)
+    monkeypatch.setenv("DEEPINFER_PREFILL_ATTEMPT_INTERVAL", "9")
+    assert parse_config(["--engine", "simulated"]).prefill_attempt_interval == 9
+    config = parse_config(
+        [
+            *("--engine", "simulated", "--prefill-attempt-interval", "3"),
+            *("--prefill-any-attempt-interval", "4"),
+        ]
+    )
+    assert (config.prefill_attempt_interval, config.prefill_any_attempt_interval) == (3, 4)
+    with pytest.raises(ConfigError, match="--prefill-attempt-interval must be at least 1"):
+        parse_config(["--engine", "simulated", "--prefill-attempt-interval", "0"])
+    monkeypatch.setenv("DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL", "x")
+    with pytest.raises(ConfigError, match="DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL"):
+        parse_config(["--engine", "simulated"])
+
+
+def test_deepinfer_ranks_get_the_prefill_intervals(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    config = parse_config(
+        ["/models/ckpt", "--engine", "deepinfer", "--dp", "2", "--prefill-attempt-interval", "5"]
+    )
+    for environment in DeepInferBackend().rank_environments(config, 29500):
+        assert environment["DEEPINFER_PREFILL_ATTEMPT_INTERVAL"] == "5"
+        assert environment["DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL"] == "100"

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -149,13 +150,9 @@ def test_exported_deepinfer_variables_override_the_defaults(
 
 def test_dead_cp_worker_fails_the_service(checkpoint: Path, tmp_path: Path) -> None:
     with LiveServer(str(checkpoint), "--ep", "2", engine="deepinfer", env=_env(tmp_path)) as server:
-        workers = [
-            p
-            for rank in server.rank_processes()
-            for p in rank.children()
-            if "spawn_main" in " ".join(p.cmdline())
-        ]
-        assert len(workers) == 1  # CP=2: one worker-cp1 process
+        children = _records(tmp_path, 0)[0]["payload"]  # the stand-in's children by name
+        assert set(children) == {"worker-cp1", "multi-modal-worker-0"}  # CP=2
+        workers = [psutil.Process(children["worker-cp1"])]
         workers[0].kill()
         server.wait_for_line("engine child process worker-cp1", timeout=30)
         server.wait_for_line("service failed", timeout=30)
@@ -222,3 +219,49 @@ def test_hung_step_is_detected_by_the_step_timeout() -> None:
         ranks = server.rank_processes()
         assert server.stop(signal.SIGTERM) == 0
         assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in ranks)
+
+
+def _engine_family(server: LiveServer) -> list[psutil.Process]:
+    """Every process under the server: ranks, CP workers and multi-modal workers."""
+    return psutil.Process(server.process.pid).children(recursive=True)
+
+
+def _rank(server: LiveServer) -> psutil.Process:
+    """The one DP rank (a direct child of the server; its CP worker is spawned too)."""
+    (rank,) = [p for p in server.rank_processes() if p.ppid() == server.process.pid]
+    return rank
+
+
+def _alive(processes: list[psutil.Process]) -> list[psutil.Process]:
+    return [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_sigterm_on_an_idle_server_exits_fast_and_leaves_no_process(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    with LiveServer(str(checkpoint), "--ep", "2", engine="deepinfer", env=_env(tmp_path)) as server:
+        family = _engine_family(server)
+        rank = _rank(server)
+        # the rank's worker-cp1 (spawned) and multi-modal-worker-0 (forked)
+        assert len(rank.children()) == 2
+        started = time.monotonic()
+        assert server.stop(signal.SIGTERM, timeout=30) == 0
+        elapsed = time.monotonic() - started
+        _, still_alive = psutil.wait_procs(family, timeout=2)
+        assert not _alive(still_alive), [p.pid for p in still_alive]
+        assert elapsed < 5.0, f"shutdown took {elapsed:.1f}s"
+        assert "did not stop in time" not in server.log
+
+
+def test_a_killed_rank_is_noticed_and_leaves_no_orphan(checkpoint: Path, tmp_path: Path) -> None:
+    with LiveServer(str(checkpoint), "--ep", "2", engine="deepinfer", env=_env(tmp_path)) as server:
+        rank = _rank(server)
+        engine_children = rank.children()
+        assert len(engine_children) == 2  # worker-cp1 and multi-modal-worker-0
+        rank.kill()
+        # The rank's sentinel fires although its forked child inherited it: the child dies too.
+        server.wait_for_line("service failed", timeout=15)
+        _, still_alive = psutil.wait_procs(engine_children, timeout=5)
+        assert not _alive(still_alive), [p.pid for p in still_alive]
+        assert httpx.get(server.base_url + "/health").status_code == 503
+        assert server.stop(signal.SIGTERM) == 0

@@ -121,3 +121,21 @@ def test_images_reach_the_engine_as_multi_modal_data() -> None:
     # The simulated engine describes what it was given: size and digest of the bytes.
     text = Tokenizer.from_str(_tokenizer_json()).decode(tokens)
     assert text.startswith("[image 1: 630x476 sha256:")
+
+
+def test_eos_under_ignore_eos_counts_but_is_never_rendered() -> None:
+    adapter = make_adapter()
+    add(adapter, "r1", PROMPT, max_tokens=5, ignore_eos=True)
+    rendered: list[int] = []
+    hidden = 0
+    finish = None
+    while finish is None:
+        _, outputs = adapter.iterate()
+        for output in outputs:
+            rendered += output.tokens.token_ids
+            hidden += output.tokens.hidden_tokens
+            finish = output.finish or finish
+    # "Hello" EOS "Hello" EOS "Hello": the two EOS count toward max_tokens, unrendered.
+    assert finish is Finish.LENGTH
+    assert rendered == [19923, 19923, 19923]
+    assert hidden == 2

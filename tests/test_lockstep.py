@@ -34,6 +34,17 @@ def test_all_reduce_max_across_processes() -> None:
     assert _run(group, lockstep_workers.all_reduce, [(0,), (5,), (2,)]) == {0: 5, 1: 5, 2: 5}
 
 
+def test_all_reduce_min_across_processes() -> None:
+    group = new_lockstep_group(3, timeout=30)
+    assert _run(group, lockstep_workers.all_reduce_min, [(4,), (1,), (2,)]) == {0: 1, 1: 1, 2: 1}
+
+
+def test_a_prefill_vote_against_another_collective_is_a_violation() -> None:
+    group = new_lockstep_group(2, timeout=30)
+    results = _run(group, lockstep_workers.call_op, [("vote",), ("all_reduce",)])
+    assert all("different collectives" in message for message in results.values()), results
+
+
 def test_different_collectives_in_one_round_are_a_violation() -> None:
     group = new_lockstep_group(2, timeout=30)
     results = _run(group, lockstep_workers.call_op, [("step",), ("all_reduce",)])

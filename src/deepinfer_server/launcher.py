@@ -119,6 +119,8 @@ def _rank_specs(
                 max_num_batched_tokens=config.max_num_batched_tokens,
                 options=config.engine_options,
                 environment=environments[rank],
+                prefill_attempt_interval=config.prefill_attempt_interval,
+                prefill_any_attempt_interval=config.prefill_any_attempt_interval,
             ),
             builder=backend.builder,
             backend_name=backend.name,

@@ -91,6 +91,22 @@ class ServerConfig:
         help="tokens per engine step, passed to DeepInfer (default: DeepInfer's)",
         type=int,
     )
+    prefill_attempt_interval: int | None = option(
+        None,
+        "--prefill-attempt-interval",
+        help="engine steps between the points where new prompts may be prefilled when every "
+        "DP rank has one waiting (DEEPINFER_PREFILL_ATTEMPT_INTERVAL; default: that variable, "
+        "else DeepInfer's 70); lower favours time to first token, higher favours throughput",
+        type=int,
+    )
+    prefill_any_attempt_interval: int | None = option(
+        None,
+        "--prefill-any-attempt-interval",
+        help="engine steps between the points where new prompts are prefilled when any DP rank "
+        "has one waiting (DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL; default: that variable, else "
+        "DeepInfer's 100)",
+        type=int,
+    )
     step_timeout: float = option(
         300.0,
         "--step-timeout",

@@ -15,6 +15,9 @@ from deepinfer_server.config.options import ServerConfig
 from deepinfer_server.errors import ConfigError
 
 DEFAULT_SERVED_MODEL_NAME = "deepseek-flash"
+#: DeepInfer 0.1.0's prefill attempt intervals (deepinfer/environ.py:174,177).
+DEFAULT_PREFILL_ATTEMPT_INTERVAL = 70
+DEFAULT_PREFILL_ANY_ATTEMPT_INTERVAL = 100
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,8 @@ class ResolvedConfig:
     max_num_seqs: int
     max_queued_requests: int
     max_num_batched_tokens: int | None
+    prefill_attempt_interval: int
+    prefill_any_attempt_interval: int
     step_timeout: float
     request_timeout: float
     startup_timeout: float
@@ -100,6 +105,22 @@ def _split(ep: int, dp: int | None, cp: int | None) -> tuple[int, int]:
     if dp * cp != ep:
         raise ConfigError(f"--dp {dp} times --cp {cp} is {dp * cp}, not --ep {ep}")
     return dp, cp
+
+
+def _interval(flag: str, given: int | None, variable: str, default: int) -> int:
+    """A prefill interval: the flag, else the exported DeepInfer variable, else its default."""
+    if given is None:
+        raw = os.environ.get(variable, "").strip()
+        if not raw:
+            return default
+        try:
+            given = int(raw)
+        except ValueError:
+            raise ConfigError(f"{variable}={raw!r} is not an integer") from None
+        flag = variable
+    if given < 1:
+        raise ConfigError(f"{flag} must be at least 1, got {given}")
+    return given
 
 
 def _check_ranges(config: ServerConfig, max_model_len: int) -> None:
@@ -176,6 +197,18 @@ def resolve(
         max_num_seqs=config.max_num_seqs,
         max_queued_requests=config.max_queued_requests,
         max_num_batched_tokens=config.max_num_batched_tokens,
+        prefill_attempt_interval=_interval(
+            "--prefill-attempt-interval",
+            config.prefill_attempt_interval,
+            "DEEPINFER_PREFILL_ATTEMPT_INTERVAL",
+            DEFAULT_PREFILL_ATTEMPT_INTERVAL,
+        ),
+        prefill_any_attempt_interval=_interval(
+            "--prefill-any-attempt-interval",
+            config.prefill_any_attempt_interval,
+            "DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL",
+            DEFAULT_PREFILL_ANY_ATTEMPT_INTERVAL,
+        ),
         step_timeout=config.step_timeout,
         request_timeout=config.request_timeout,
         startup_timeout=config.startup_timeout,

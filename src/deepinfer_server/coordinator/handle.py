@@ -80,7 +80,7 @@ class RequestHandle:
         """Called by the reader task with one step's output for this request."""
         if self.ended:
             return
-        if tokens.token_ids:
+        if tokens:
             self.has_first_token = True
             self.context_tokens += len(tokens.token_ids)
             self._arrived_at = arrived_at
@@ -106,7 +106,7 @@ class RequestHandle:
 
     async def next_batch(self) -> TokenBatch:
         """Wait for new tokens or the end; raises the request's ApiError if it failed."""
-        while not self._tokens.token_ids and self._finish is None:
+        while not self._tokens and self._finish is None:
             if self._error is not None:
                 raise self._error
             await self._event.wait()

@@ -1,16 +1,19 @@
 """RankProcesses: spawn the DP rank processes, watch them, and stop them without orphans.
 
 Shutdown follows one deadline: ask every rank to stop at an agreed iteration and close its
-engine together; after the deadline SIGKILL what is left (ranks ignore SIGTERM, which a
-process-group signal would deliver to them before the API process could stop them in order).
-Exits are seen through each process's sentinel on the event loop, never by polling.
+engine together; after the deadline SIGKILL what is left. Each rank leads a process group of
+its own (`rank.proc`), which its engine's children join: signals sent to the API process's
+group never reach a rank, and killing a rank means killing its whole group, so no engine child
+outlives it. Exits are seen through each process's sentinel on the event loop, never by polling.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import multiprocessing
+import os
 import signal
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
@@ -31,6 +34,18 @@ def describe_exit(exitcode: int | None) -> str:
         except ValueError:
             return f"signal {-exitcode}"
     return f"exit code {exitcode}"
+
+
+def kill_group(process: BaseProcess) -> None:
+    """SIGKILL the process group a rank leads (the rank and its engine's children).
+
+    Call it only before the rank is reaped: an unreaped pid cannot be reused, so the group
+    named by it is still the rank's.
+    """
+    if process.pid is None:
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
 
 
 class RankProcesses:
@@ -70,6 +85,7 @@ class RankProcesses:
                 exited: asyncio.Future[None] = exited,
             ) -> None:
                 loop.remove_reader(process.sentinel)
+                kill_group(process)  # before the rank is reaped: its pid still names the group
                 process.join(0)
                 if not exited.done():
                     exited.set_result(None)
@@ -87,9 +103,15 @@ class RankProcesses:
         pending = [f for f in self._exited if not f.done()]
         if pending:
             await asyncio.wait(pending, timeout=max(0.0, timeout))
-        stragglers = [p for p in self._processes if p.is_alive()]
-        for process in stragglers:
-            logger.warning("[shutdown] DP rank pid %s did not stop in time; killing", process.pid)
+        for rank, process in enumerate(self._processes):
+            if self._exited[rank].done() if self._exited else process.exitcode is not None:
+                continue
+            # Alive, or dead with its sentinel still held open by a leftover engine child.
+            logger.warning(
+                "[shutdown] DP rank pid %s did not stop in time; killing its process group",
+                process.pid,
+            )
+            kill_group(process)
             process.kill()
         pending = [f for f in self._exited if not f.done()]
         if pending:

@@ -14,6 +14,11 @@ from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
+from deepinfer_server.config.resolved import (
+    DEFAULT_PREFILL_ANY_ATTEMPT_INTERVAL,
+    DEFAULT_PREFILL_ATTEMPT_INTERVAL,
+)
+
 if TYPE_CHECKING:
     from deepinfer_server.config import ResolvedConfig
     from deepinfer_server.ipc.messages import AddRequest, RequestDelta, RequestRejected
@@ -60,6 +65,10 @@ class EngineSpec:
     max_num_batched_tokens: int | None
     options: object
     environment: dict[str, str] = field(default_factory=dict)
+    #: DeepInfer's prefill attempt points (DEEPINFER_PREFILL_ATTEMPT_INTERVAL and
+    #: DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL): prompts are scheduled only every so many steps.
+    prefill_attempt_interval: int = DEFAULT_PREFILL_ATTEMPT_INTERVAL
+    prefill_any_attempt_interval: int = DEFAULT_PREFILL_ANY_ATTEMPT_INTERVAL
 
 
 @dataclass

@@ -7,6 +7,8 @@ one `RequestDelta` per request, reading every handle before the next `step()` (t
 It keeps the set of live request IDs, so outputs that arrive after an abort or after the end of
 a request are discarded, and it hides tokens that are not real output: the EOS of a "stop"
 finish and the repeated token of "ignored"-class finishes (abort, prompt_length_exceeded, ...).
+An EOS generated under `ignore_eos` is real output that is never rendered: it is counted in
+`GeneratedTokens.hidden_tokens`.
 DeepInfer's finish strings become `Finish` values here and nowhere else.
 """
 
@@ -204,9 +206,14 @@ class LLMEngineDriver:
                 if prompt_logprobs:
                     delta.tokens.prompt_logprobs = list(prompt_logprobs)
             token = reader.get_token_id(handle)
-            # The tokens that are not output (EOS, the repeat of an "ignored" finish) are
-            # hidden together with their per-token data, so that both stay aligned.
-            if (finish is None or finish.is_normal) and token != self._eos_id:
+            # Tokens that are not output (EOS, the repeat of an "ignored" finish) are left out
+            # together with their per-token data, so that both stay aligned.
+            if token == self._eos_id:
+                # Under ignore_eos the engine generates EOS as an ordinary token that counts
+                # toward max_tokens (no finish, or "length"): count it, never render it.
+                if finish is None or finish is Finish.LENGTH:
+                    delta.tokens.hidden_tokens += 1
+            elif finish is None or finish.is_normal:
                 delta.tokens.token_ids.append(token)
                 if delta.tokens.logprobs is not None:
                     self._read_logprobs(delta.tokens, handle)

@@ -159,15 +159,20 @@ class GeneratedTokens(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fa
     top_logprobs: list[list[tuple[int, float]]] | None = None
     #: The prompt's logprobs (one per prompt token after the first); on the first batch only.
     prompt_logprobs: list[float] | None = None
+    #: Generated tokens that count (usage, token metrics) but are never rendered: the EOS a
+    #: request with `ignore_eos` generates as an ordinary token. They have no per-token data.
+    hidden_tokens: int = 0
 
     def extend(self, other: GeneratedTokens) -> None:
         """Append `other`'s tokens (and their per-token data) to these."""
         before = len(self.token_ids)
+        added = len(other.token_ids)
         self.token_ids.extend(other.token_ids)
-        self.logprobs = _aligned(self.logprobs, other.logprobs, before, len(other))
-        self.top_logprobs = _aligned(self.top_logprobs, other.top_logprobs, before, len(other))
+        self.logprobs = _aligned(self.logprobs, other.logprobs, before, added)
+        self.top_logprobs = _aligned(self.top_logprobs, other.top_logprobs, before, added)
         if other.prompt_logprobs is not None:
             self.prompt_logprobs = other.prompt_logprobs
+        self.hidden_tokens += other.hidden_tokens
 
     def logprob_pairs(self) -> list[tuple[float, list[tuple[int, float]]]] | None:
         """One `(logprob, top_logprobs)` pair per token, or None without logprobs."""
@@ -177,7 +182,8 @@ class GeneratedTokens(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fa
         return list(zip(self.logprobs, tops, strict=True))
 
     def __len__(self) -> int:
-        return len(self.token_ids)
+        """Every generated token, rendered or hidden."""
+        return len(self.token_ids) + self.hidden_tokens
 
 
 _T = TypeVar("_T")

@@ -51,11 +51,19 @@ class RecipeOutput:
     def push(self, tokens: GeneratedTokens) -> list[str]:
         """Payloads for newly generated tokens (several tokens make one chunk)."""
         token_ids = tokens.token_ids
-        if not token_ids or self.finished:
+        if not tokens or self.finished:
             return []
-        self._completion_tokens += len(token_ids)
-        chunk = InferenceChunk.tokens(token_ids, tokens.logprob_pairs())
-        return self._emit(self._processor.push(chunk))
+        self._completion_tokens += len(tokens)
+        chunks = []
+        if token_ids:
+            chunk = InferenceChunk.tokens(token_ids, tokens.logprob_pairs())
+            chunks = self._processor.push(chunk)
+        if tokens.hidden_tokens and not self.finished:
+            # Counted in usage, never rendered (an EOS generated under ignore_eos).
+            chunks.extend(
+                self._processor.push(InferenceChunk.text("", token_count=tokens.hidden_tokens))
+            )
+        return self._emit(chunks)
 
     def finish(self, finish: Finish) -> list[str]:
         """The closing payloads once the engine ended the request (STOP or LENGTH)."""

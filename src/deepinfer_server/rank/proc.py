@@ -7,14 +7,18 @@ never imports an engine implementation.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib
 import logging
+import multiprocessing
 import os
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Callable
+from typing import NoReturn
 
 import zmq
 
@@ -28,16 +32,67 @@ from deepinfer_server.rank.spec import RankSpec
 logger = logging.getLogger("deepinfer_server.rank")
 
 _PR_SET_PDEATHSIG = 1
+#: Seconds engine children get to leave on their own after close() before they are killed.
+_CHILD_EXIT_GRACE_SECONDS = 2.0
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when the API process dies, so no rank is orphaned."""
-    parent = os.getppid()
+def _die_with_parent(parent: int | None = None) -> None:
+    """Ask Linux to SIGKILL this process when its parent (pid `parent`, by default the current
+    one) dies, so nothing is orphaned."""
+    parent = os.getppid() if parent is None else parent
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent:  # the parent died before prctl took effect
         os._exit(1)
+
+
+def _engine_child_setup(rank_pid: int) -> Callable[[], None]:
+    """The at-fork hook for every process the engine forks (DeepInfer's multi-modal-worker-0):
+    die with the rank, and take default signal dispositions so that `terminate()` ends it."""
+
+    def after_fork_in_child() -> None:
+        _die_with_parent(rank_pid)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    return after_fork_in_child
+
+
+def _own_process_group() -> None:
+    """Make the rank the leader of a new session: its engine children join its process group,
+    which the API process kills whole (`coordinator.process`), and signals sent to the API
+    process's group (Ctrl-C, `kill -TERM -PGID`) no longer reach it: the API process stops
+    the ranks in order itself."""
+    with contextlib.suppress(PermissionError):  # already a leader (never for a spawned rank)
+        os.setsid()
+
+
+def reap_engine_children(grace: float) -> None:
+    """Wait up to `grace` seconds for the processes the engine started, then kill the rest.
+
+    DeepInfer keeps no handle to its CP workers, and its multimodal worker blocks on a queue
+    forever; left alone, multiprocessing's exit handler would join them without a timeout.
+    """
+    deadline = time.monotonic() + grace
+    children = multiprocessing.active_children()
+    for child in children:
+        child.join(max(0.0, deadline - time.monotonic()))
+    for child in children:
+        if child.is_alive():
+            logger.warning("[shutdown] killing engine child %s (pid %s)", child.name, child.pid)
+            child.kill()
+            child.join(5.0)
+
+
+def _exit_rank(code: int, grace: float) -> NoReturn:
+    """Leave the rank process without multiprocessing's unbounded join of children and without
+    running engine finalizers (`__del__` -> `close()` is a world barrier)."""
+    reap_engine_children(grace)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def build_engine(spec: RankSpec, shared: SharedState | None) -> BuiltEngine:
@@ -62,16 +117,17 @@ def _fail_from_watchdog(spec: RankSpec, message: str) -> None:
     socket.send(from_rank_encoder.encode(RankFailed(spec.rank, message, "")))
     socket.close()
     context.term()
+    reap_engine_children(0.0)
     exit_rank_process(1)
 
 
 def run_rank(spec: RankSpec, stop: StopAgreement, shared: SharedState | None) -> None:
     """Spawn target of DP rank `spec.rank`."""
+    _own_process_group()
     _die_with_parent()
-    # Signals sent to the whole process group (Ctrl-C, `kill -TERM -PGID`) are the API
-    # process's to handle: it stops the ranks together, then kills what is left.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Before the engine forks anything: spawned children start with default signals anyway
+    # (nothing here ignores one); forked ones also get a parent-death signal.
+    os.register_at_fork(after_in_child=_engine_child_setup(os.getpid()))
     os.environ.update(spec.engine.environment)
     logging.basicConfig(
         level=spec.log_level.upper(),
@@ -84,6 +140,7 @@ def run_rank(spec: RankSpec, stop: StopAgreement, shared: SharedState | None) ->
     outbox.setsockopt(zmq.LINGER, 5000)
     outbox.connect(spec.outbox_address)
     exit_code = 0
+    grace = 0.0
     try:
         logger.info("[startup] constructing the %s engine", spec.backend_name)
         built = build_engine(spec, shared)
@@ -95,6 +152,7 @@ def run_rank(spec: RankSpec, stop: StopAgreement, shared: SharedState | None) ->
         logger.info("[shutdown] closing the engine")
         watchdog.stop()
         built.core.close()
+        grace = _CHILD_EXIT_GRACE_SECONDS
     except BaseException as exc:
         exit_code = 1
         logger.error("engine failed: %s", exc)
@@ -104,4 +162,4 @@ def run_rank(spec: RankSpec, stop: StopAgreement, shared: SharedState | None) ->
         inbox.close(linger=0)
         outbox.close()
         context.term()
-    sys.exit(exit_code)
+    _exit_rank(exit_code, grace)

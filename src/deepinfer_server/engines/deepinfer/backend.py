@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from deepinfer_server.config.options import option
 from deepinfer_server.engines.backend import EngineBackend
 from deepinfer_server.engines.deepinfer.environment import rank_environment, visible_gpus
+from deepinfer_server.engines.deepinfer.preflight import run_preflight
 from deepinfer_server.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -68,17 +69,30 @@ class DeepInferBackend(EngineBackend):
                 "(install DeepInfer or add its source to PYTHONPATH; or use --engine simulated)"
             )
 
+    def preflight(self, config: ResolvedConfig, checkpoint: str | None) -> None:
+        run_preflight(
+            config.max_model_len, config.max_num_seqs, config.max_num_batched_tokens, checkpoint
+        )
+
     def rank_environments(
         self, config: ResolvedConfig, master_port: int
     ) -> Sequence[dict[str, str]]:
         gpus = visible_gpus(os.environ)
+        # Read by DeepInfer at import of deepinfer.config (config.py:193-194).
+        cadence = {
+            "DEEPINFER_PREFILL_ATTEMPT_INTERVAL": str(config.prefill_attempt_interval),
+            "DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL": str(config.prefill_any_attempt_interval),
+        }
         return [
-            rank_environment(
-                rank,
-                gpus,
-                config.context_parallel_size,
-                config.expert_parallel_size,
-                master_port,
-            )
+            {
+                **rank_environment(
+                    rank,
+                    gpus,
+                    config.context_parallel_size,
+                    config.expert_parallel_size,
+                    master_port,
+                ),
+                **cadence,
+            }
             for rank in range(config.data_parallel_size)
         ]

@@ -87,7 +87,7 @@ class SimulatedBackend(EngineBackend):
     name = "simulated"
     summary = "the CPU simulation of DeepInfer's engine contract"
     options_type = SimulatedOptions
-    builder = "deepinfer_server.engines.simulated.engine:build"
+    builder = "deepinfer_server.engines.simulated.builder:build"
     required_files = ("tokenizer.json",)
     download_patterns: ClassVar[list[str] | None] = ["*.json", "*.py", "*.model", "*.txt"]
     model_required = False

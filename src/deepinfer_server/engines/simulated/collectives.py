@@ -1,9 +1,10 @@
 """LockstepGroup: the DP collectives the simulated engine blocks on (shared memory).
 
 Created in the API process by the simulated backend before the ranks are spawned, and handed
-to each. `all_reduce_max`, `barrier` and `close_barrier` stand in for DeepInfer's gloo/NCCL DP
-group. Each call records which operation the rank entered, so ranks that call different
-collectives in the same round fail with a `LockstepViolation` instead of silently pairing up;
+to each. `all_reduce_max`, `all_reduce_min`, `barrier` and `close_barrier` stand in for
+DeepInfer's gloo/NCCL DP group (`all_reduce_min` is the scheduler's prefill vote). Each call
+records which operation the rank entered, so ranks that call different collectives in the
+same round fail with a `LockstepViolation` instead of silently pairing up;
 a peer that never arrives makes the call time out with the same error, as a hung GPU node would.
 """
 
@@ -11,15 +12,17 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
+from collections.abc import Callable
 from multiprocessing.context import SpawnContext
 from typing import Any
 
 from deepinfer_server.errors import LockstepViolation
 
-_OP_NAMES = {1: "has_unfinished_requests", 2: "step", 3: "close"}
+_OP_NAMES = {1: "has_unfinished_requests", 2: "step", 3: "close", 4: "a prefill vote"}
 OP_ALL_REDUCE = 1
 OP_STEP = 2
 OP_CLOSE = 3
+OP_ALL_REDUCE_MIN = 4
 
 
 class LockstepGroup:
@@ -40,12 +43,21 @@ class LockstepGroup:
 
     def all_reduce_max(self, rank: int, value: int) -> int:
         """MAX of `value` over all ranks; every rank must call it in the same round."""
+        return self._all_reduce(rank, value, OP_ALL_REDUCE, max)
+
+    def all_reduce_min(self, rank: int, value: int) -> int:
+        """MIN of `value` over all ranks (the prefill votes); same rules as `all_reduce_max`."""
+        return self._all_reduce(rank, value, OP_ALL_REDUCE_MIN, min)
+
+    def _all_reduce(
+        self, rank: int, value: int, op: int, reduce: Callable[[list[int]], int]
+    ) -> int:
         if self.world_size == 1:
             return value
         base = self._next_slots()
         self._values[base + rank] = value
-        self._enter(rank, OP_ALL_REDUCE, base)
-        return int(max(self._values[base : base + self.world_size]))
+        self._enter(rank, op, base)
+        return int(reduce(list(self._values[base : base + self.world_size])))
 
     def barrier(self, rank: int) -> None:
         """The step collective: returns once every rank has entered its step."""

@@ -5,14 +5,15 @@ return for out-of-vocabulary IDs; uint64 output handles released by the next `st
 zero-overhead scheduling (decode tokens come back one `step()` late, first tokens at once,
 `flush_inflight_reqs()` drains); several tokens per decode step (speculative decoding);
 DeepInfer's finish-reason strings; running vs waiting abort semantics; `prompt_length_exceeded`
-at prefill time; `has_unfinished_requests()` as an all-reduce MAX and `step()`/`close()` as
-collectives across the DP ranks; single-thread ownership.
+at prefill time; EOS generated as an ordinary token under `ignore_eos`; the prefill cadence
+(prompts only at attempt points voted across the DP ranks, a step all prefill or all decode,
+the queue served in order: `scheduler.PrefillCadence`); `has_unfinished_requests()` as an
+all-reduce MAX and `step()`/`close()` as collectives across the DP ranks; single-thread
+ownership.
 
-Timing: steps follow a fixed cadence of `itl_ms` while there is work (as with zero-overhead
-scheduling, the host work between two steps overlaps the next step instead of adding to it;
-a loop slower than the cadence slows the steps down); a request can be prefilled `ttft_ms`
-after `add_request` (a step with only such waiting requests ends as soon as the first of them
-is ready).
+Timing: every step, prompt steps included, lasts `itl_ms` while there is work (host work
+overlaps the next step; a slower loop slows the steps); a request is schedulable `ttft_ms`
+after `add_request` (a step with only waiting requests ends when the first is ready).
 """
 
 from __future__ import annotations
@@ -21,35 +22,38 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 from tokenizers import Tokenizer
 
-from deepinfer_server.engines.backend import BuiltEngine, EngineSpec, SharedState
-from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver
-from deepinfer_server.engines.simulated.backend import SimulatedOptions
 from deepinfer_server.engines.simulated.collectives import LockstepGroup
 from deepinfer_server.engines.simulated.kv_blocks import AllocStatus, KVBlocks, default_pool
 from deepinfer_server.engines.simulated.logprobs import annotate
 from deepinfer_server.engines.simulated.outputs import POOL, OutputRecord, RequestOutput
+from deepinfer_server.engines.simulated.preemption import schedule_decode
 from deepinfer_server.engines.simulated.sampling_params import SamplingParams
+from deepinfer_server.engines.simulated.scheduler import (
+    DEFAULT_PREFILL_ANY_ATTEMPT_INTERVAL,
+    DEFAULT_PREFILL_ATTEMPT_INTERVAL,
+    KV_WATERMARK,
+    PrefillCadence,
+)
 from deepinfer_server.engines.simulated.script import ScriptWriter
+from deepinfer_server.engines.simulated.sequence import (
+    FINISH_ABORT,
+    FINISH_PROMPT_TOO_LONG,
+    FINISH_SO_FAILED,
+    Sequence,
+)
 from deepinfer_server.grammar import GrammarCompiler, GrammarError, SimulatedMatcher, Vocab
-from deepinfer_server.tokenizer import EOS_TOKEN, load_tokenizer_json
+from deepinfer_server.tokenizer import EOS_TOKEN
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LLMEngine", "RequestOutput", "SamplingParams", "SimEngineArgs", "build"]
-
-FINISH_STOP = "stop"
-FINISH_LENGTH = "length"
-FINISH_ABORT = "abort"
-FINISH_PROMPT_TOO_LONG = "prompt_length_exceeded"
-FINISH_SO_FAILED = "xgrammar runtime errors or timeout"
-FINISH_PREEMPTED = "insufficient_system_resource"
+__all__ = ["LLMEngine", "RequestOutput", "SamplingParams", "SimEngineArgs"]
 
 
 @dataclass
@@ -68,26 +72,11 @@ class SimEngineArgs:
     tokens_per_step: int = 1
     zero_overhead_scheduling: bool = True
     close_timeout: float = 10.0
+    prefill_attempt_interval: int = DEFAULT_PREFILL_ATTEMPT_INTERVAL
+    prefill_any_attempt_interval: int = DEFAULT_PREFILL_ANY_ATTEMPT_INTERVAL
     fault: str | None = None
     fault_after_steps: int = 0
     kv_blocks: int | None = None
-
-
-@dataclass
-class _Sequence:
-    request_id: str
-    prompt: list[int]
-    params: SamplingParams
-    script: list[int]
-    ready_at: float
-    output: list[int] = field(default_factory=list)
-    finish_reason: str = ""
-    matcher: SimulatedMatcher | None = None
-    grammar_failed: bool = False
-
-    @property
-    def length(self) -> int:
-        return len(self.prompt) + len(self.output)
 
 
 class LLMEngine:
@@ -104,14 +93,26 @@ class LLMEngine:
         self.eos_id = 1 if eos is None else int(eos)
         self._vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
         self._script = ScriptWriter(self.tokenizer)
-        self._waiting: list[_Sequence] = []
-        self._running: list[_Sequence] = []
+        self._waiting: list[Sequence] = []
+        self._running: list[Sequence] = []
         self._deferred: list[OutputRecord] = []
         self._pending_terminal: list[OutputRecord] = []
         self._to_release: list[npt.NDArray[np.uint64]] = []
         self._step_deadline = 0.0
         self._closed = False
         self._grammar: GrammarCompiler | None = None
+        self._cadence = PrefillCadence(
+            args.lockstep,
+            args.engine_rank,
+            args.prefill_attempt_interval,
+            args.prefill_any_attempt_interval,
+        )
+        # DeepInfer's default max_num_batched_tokens (config.py:219-228); without chunked
+        # prefill it bounds both the prompt length and the prompt tokens of one step.
+        self._batched_tokens = args.max_num_batched_tokens or max(
+            args.max_model_len, 4096, args.max_num_seqs * args.tokens_per_step
+        )
+        self._prompt_limit = min(args.max_model_len, self._batched_tokens)
         # DeepInfer's KV read-out: `scheduler.get_num_free_gpu_blocks()`, `cache_config`.
         self._kv = KVBlocks(args.kv_blocks or default_pool(args.max_num_seqs, args.max_model_len))
         self.scheduler = self._kv
@@ -134,7 +135,7 @@ class LLMEngine:
         extra: dict[str, Any] | None = None,
         enqueue: bool = True,
         chunk_checkpoints: list[int] | None = None,
-    ) -> _Sequence | None:
+    ) -> Sequence | None:
         """Queue a request; returns None (and never outputs) for out-of-vocabulary IDs."""
         self._check_thread()
         # The TTFT delay runs from arrival: preparing the script below overlaps it.
@@ -154,7 +155,7 @@ class LLMEngine:
             logger.info("request %s of user %s has invalid token ids; dropped", request_id, user_id)
             return None
         prompt = prompt_token_ids.tolist()
-        sequence = _Sequence(
+        sequence = Sequence(
             request_id=request_id,
             prompt=prompt,
             params=sampling_params,
@@ -177,7 +178,7 @@ class LLMEngine:
             self._waiting.remove(sequence)
             count += 1
             total_len += sequence.length
-            self._pending_terminal.append(self._ignored_output(sequence, FINISH_ABORT))
+            self._pending_terminal.append(sequence.ignored_output(FINISH_ABORT))
         for sequence in [s for s in self._running if s.request_id in ids]:
             self._running.remove(sequence)
             self._kv.free(sequence.request_id)
@@ -210,19 +211,24 @@ class LLMEngine:
         self._to_release.clear()
         self._sleep_for_step(started)
 
-        scheduled = self._schedule_decode()
-        returned = self._deferred
-        self._deferred = []
-        returned.extend(self._pending_terminal)
-        self._pending_terminal.clear()
+        terminal, self._pending_terminal = self._pending_terminal, []
+        prompt_outputs: list[OutputRecord] = []
+        prompt_step = self._schedule_prompts(prompt_outputs)
+        deferred, self._deferred = self._deferred, []
         decoded: list[OutputRecord] = []
-        for sequence in scheduled:
-            decoded.extend(self._decode(sequence))
+        if not prompt_step:
+            # Before the deferred outputs leave: a preempted sequence's in-flight tokens go.
+            scheduled, deferred = schedule_decode(
+                self._kv, self._running, self._waiting, deferred, self._args.tokens_per_step
+            )
+            for sequence in scheduled:
+                decoded.extend(self._decode(sequence))
+        returned = deferred + terminal + prompt_outputs
         if self._args.zero_overhead_scheduling:
             self._deferred = decoded
         else:
             returned.extend(decoded)
-        returned.extend(self._prefill())
+        self._cadence.advance(prompt_step)
         return self._publish(returned)
 
     def flush_inflight_reqs(self) -> npt.NDArray[np.uint64]:
@@ -246,7 +252,7 @@ class LLMEngine:
 
     # Internals
 
-    def _attach_grammar(self, sequence: _Sequence) -> None:
+    def _attach_grammar(self, sequence: Sequence) -> None:
         """Constrain the sequence as DeepInfer's matcher would; a grammar that does not compile
         ends the request with DeepInfer's structured-output failure (at its prefill)."""
         so_args = sequence.params.so_args
@@ -291,66 +297,66 @@ class LLMEngine:
             time.sleep(remaining)
         self._step_deadline = max(deadline, time.monotonic() - itl) if itl else deadline
 
+    def _kv_usage(self) -> float:
+        """Fraction of usable KV blocks in use (block 0 is never usable, as in DeepInfer)."""
+        usable = self.cache_config.num_gpu_blocks - 1
+        return (usable - self._kv.get_num_free_gpu_blocks()) / max(1, usable)
+
+    def _schedule_prompts(self, returned: list[OutputRecord]) -> bool:
+        """DeepInfer's prefill cadence (scheduler.PrefillCadence): True for a prompt step,
+        whose outputs (first tokens, ignored requests) are appended to `returned`."""
+        head_ready = bool(self._waiting) and self._waiting[0].ready_at <= time.monotonic()
+        want = self._kv_usage() <= KV_WATERMARK and head_ready
+        if not self._cadence.vote(want):
+            return False
+        outputs = self._prefill() if want else []
+        if not self._cadence.anyone_scheduled(bool(outputs)):
+            return False
+        returned.extend(outputs)  # empty: this rank pads the group's prompt step
+        return True
+
     def _prefill(self) -> list[OutputRecord]:
+        """Schedule the queue's head in order (scheduler.hpp:351-554, chunked prefill off): stop
+        at the first request that is not ready or does not fit (no skipping ahead)."""
         now = time.monotonic()
         outputs: list[OutputRecord] = []
-        for sequence in list(self._waiting):
-            if len(self._running) >= self._args.max_num_seqs:
-                break
+        tokens = 0
+        while self._waiting:
+            sequence = self._waiting[0]
             if sequence.ready_at > now:
-                continue
-            # A preempted sequence is recomputed: prompt and output so far are prefilled again.
-            too_long = sequence.length > self._args.max_model_len
-            allocation = self._kv.can_prefill(sequence.length + 1)
-            if allocation is AllocStatus.LATER and not too_long:
                 break
-            self._waiting.remove(sequence)
+            # A preempted sequence is recomputed: prompt and output so far are prefilled again.
+            allocation = self._kv.can_prefill(sequence.length + 1)
+            too_long = len(sequence.prompt) > self._prompt_limit
+            if too_long or sequence.length > self._args.max_model_len:
+                too_long = True
             if too_long or allocation is AllocStatus.NEVER:
-                outputs.append(self._ignored_output(sequence, FINISH_PROMPT_TOO_LONG))
+                self._waiting.pop(0)
+                outputs.append(sequence.ignored_output(FINISH_PROMPT_TOO_LONG))
                 continue
             if sequence.grammar_failed:
-                outputs.append(self._ignored_output(sequence, FINISH_SO_FAILED))
+                self._waiting.pop(0)
+                outputs.append(sequence.ignored_output(FINISH_SO_FAILED))
                 continue
+            if allocation is AllocStatus.LATER or len(self._running) >= self._args.max_num_seqs:
+                break
+            if tokens + sequence.length > self._batched_tokens:
+                break
+            tokens += sequence.length
+            self._waiting.pop(0)
             self._kv.allocate(sequence.request_id, sequence.length + 1)
             self._running.append(sequence)
             outputs.extend(self._decode(sequence, budget=1))
         return outputs
 
-    def _schedule_decode(self) -> list[_Sequence]:
-        """The running sequences that get KV blocks for this decode step; the others are
-        preempted as DeepInfer does with `stop_preempted_request=False` (the server's
-        setting): requeued at the front of `waiting` for recomputation, their in-flight
-        output discarded; a structured-output request ends "insufficient_system_resource".
-        """
-        step_tokens = self._args.tokens_per_step
-        scheduled, preempted = self._kv.plan_decode(
-            self._running,
-            lambda s: s.request_id,
-            lambda s: len(s.output),
-            lambda s: s.length + step_tokens,
-        )
-        for victim in preempted:
-            logger.info("request %s preempted: no free KV block", victim.request_id)
-            self._running.remove(victim)
-            inflight = sum(r.request_id == victim.request_id for r in self._deferred)
-            self._deferred = [r for r in self._deferred if r.request_id != victim.request_id]
-            del victim.output[len(victim.output) - inflight :]
-            if victim.matcher is not None:
-                self._pending_terminal.append(self._ignored_output(victim, FINISH_PREEMPTED))
-            else:
-                victim.ready_at = time.monotonic()
-                self._waiting.insert(0, victim)
-        chosen = {id(s) for s in scheduled}
-        return [s for s in self._running if id(s) in chosen]
-
-    def _decode(self, sequence: _Sequence, budget: int | None = None) -> list[OutputRecord]:
+    def _decode(self, sequence: Sequence, budget: int | None = None) -> list[OutputRecord]:
         """Generate up to `budget` tokens (tokens_per_step by default), stopping per token."""
         count = self._args.tokens_per_step if budget is None else budget
         records: list[OutputRecord] = []
         for _ in range(count):
             token = self._next_token(sequence)
             sequence.output.append(token)
-            reason = self._stop_reason(sequence, token)
+            reason = sequence.stop_reason(token, self.eos_id, self._args.max_model_len)
             record = OutputRecord(
                 request_id=sequence.request_id,
                 prompt_len=len(sequence.prompt),
@@ -371,71 +377,16 @@ class LLMEngine:
         records[-1].draft_tok = records[-1].accept_tok = len(records)
         return records
 
-    def _next_token(self, sequence: _Sequence) -> int:
-        token = self._scripted_token(sequence)
+    def _next_token(self, sequence: Sequence) -> int:
+        token = sequence.scripted_token(self.eos_id)
         if sequence.matcher is not None:
             # The grammar decides: the scripted token when it is allowed, else the matcher's
             # deterministic choice that completes the value within max_tokens.
             token = sequence.matcher.choose(token)
         return token
 
-    def _scripted_token(self, sequence: _Sequence) -> int:
-        position = len(sequence.output)
-        script = sequence.script
-        if sequence.params.ignore_eos:
-            return script[position % len(script)] if script else self.eos_id
-        return script[position] if position < len(script) else self.eos_id
-
-    def _stop_reason(self, sequence: _Sequence, token: int) -> str:
-        params = sequence.params
-        first_token_guard = params.first_n_token_no_eos == 1 and len(sequence.output) == 1
-        if token == self.eos_id and not params.ignore_eos and not first_token_guard:
-            return FINISH_STOP
-        if sequence.length > self._args.max_model_len:
-            return FINISH_LENGTH
-        if len(sequence.output) == params.max_tokens:
-            return FINISH_LENGTH
-        return ""
-
-    def _ignored_output(self, sequence: _Sequence, reason: str) -> OutputRecord:
-        """A terminal output of the "ignored" class: it repeats the last token, never a new one."""
-        last_token = sequence.output[-1] if sequence.output else sequence.prompt[-1]
-        return OutputRecord(
-            request_id=sequence.request_id,
-            prompt_len=len(sequence.prompt),
-            token_id=last_token,
-            finish_reason=reason,
-            finished=True,
-            token_logprobs=1.0,
-            sum_smaller_probs=-1.0,
-            num_output_tokens=len(sequence.output) + 1,
-        )
-
     def _publish(self, records: list[OutputRecord]) -> npt.NDArray[np.uint64]:
         handles = POOL.publish(records)
         self._to_release.append(handles)
         return handles
 
-
-def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:
-    """Construct the simulated engine of one rank (the backend's `builder`)."""
-    options = spec.options
-    assert isinstance(options, SimulatedOptions)
-    assert isinstance(shared, LockstepGroup), "the simulated backend shares a LockstepGroup"
-    args = SimEngineArgs(
-        tokenizer_json=load_tokenizer_json(spec.model),
-        lockstep=shared,
-        engine_rank=spec.rank,
-        data_parallel_size=spec.data_parallel_size,
-        max_model_len=spec.max_model_len,
-        max_num_seqs=spec.max_num_seqs,
-        max_num_batched_tokens=spec.max_num_batched_tokens,
-        ttft_ms=options.sim_ttft_ms,
-        itl_ms=options.sim_itl_ms,
-        tokens_per_step=options.sim_tokens_per_step,
-        zero_overhead_scheduling=not options.sim_disable_zos,
-        fault=options.sim_fault if spec.rank == options.sim_fault_rank else None,
-        fault_after_steps=options.sim_fault_after_steps,
-        kv_blocks=options.sim_kv_blocks,
-    )
-    return BuiltEngine(LLMEngineDriver(LLMEngine.from_engine_args(args), RequestOutput))

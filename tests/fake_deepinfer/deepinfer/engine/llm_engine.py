@@ -7,25 +7,62 @@ import json
 import multiprocessing
 import os
 import signal
-import time
 from collections.abc import Iterable
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from deepinfer.engine.arg_utils import EngineArgs
+from deepinfer.engine.engine_type import EngineType
 from deepinfer.sampling_params import SamplingParams
 from deepinfer_server.engines.simulated.collectives import new_lockstep_group
 from deepinfer_server.engines.simulated.engine import LLMEngine as SimulatedEngine
 from deepinfer_server.engines.simulated.engine import SimEngineArgs
 
 
-def _spawn_worker(*args: Any) -> None:
-    """A CP worker: lives until its parent dies (set_pdeathsig(SIGKILL) in the real one)."""
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)
+def _cp_worker(commands: Connection) -> None:
+    """A CP worker (worker/base.py): pdeathsig only after its init phase, then it serves
+    broadcasts until "stop", when it leaves with `os._exit(0)` inside the driver's `close()`."""
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # set_pdeathsig(SIGKILL), base.py:42-46
     while True:
-        time.sleep(3600)
+        try:
+            command = commands.recv()
+        except EOFError:
+            command = "stop"
+        if command == "stop":
+            os._exit(0)
+
+
+def _mm_worker(requests: Any) -> None:
+    """multi-modal-worker-0 (ve/multimodal_processor.py): forked, no pdeathsig, no signal
+    handling of its own; it blocks on its input queue forever."""
+    while True:
+        requests.get()
+
+
+class _MultimodalProcessor:
+    """The part of MultimodalProcessor that matters for shutdown (`workers`, `stop()`)."""
+
+    def __init__(self) -> None:
+        context = multiprocessing.get_context("fork")
+        self._requests = context.Queue()
+        self.workers = [
+            context.Process(
+                target=_mm_worker, args=(self._requests,), name="multi-modal-worker-0", daemon=True
+            )
+        ]
+        for worker in self.workers:
+            worker.start()
+
+    def stop(self) -> None:
+        """terminate(); join() without a timeout only with the pinned pool (:317-326)."""
+        for worker in self.workers:
+            worker.terminate()
+        if os.environ.get("DEEPINFER_USE_MULTIMODAL_POOL", "1") not in ("0", "false", "False"):
+            for worker in self.workers:
+                worker.join()
 
 
 class LLMEngine:
@@ -40,11 +77,21 @@ class LLMEngine:
         for name in ("tokenizer.json", "tokenizer_config.json"):
             if not (tokenizer_dir / name).is_file():
                 raise FileNotFoundError(f"{name} not found in {tokenizer_dir}")
+        self._closed = False
+        self._cp_commands: list[Connection] = []
+        # V4.1 always builds the multimodal processor (mm_enabled), before _init_workers.
+        self.multi_modal_processor: _MultimodalProcessor | None = None
+        if engine_args.engine_type is not EngineType.COMPLETION:
+            self.multi_modal_processor = _MultimodalProcessor()
         for cp_rank in range(1, engine_args.context_parallel_size):
-            worker = multiprocessing.get_context("spawn").Process(
-                target=_spawn_worker, name=f"worker-cp{cp_rank}", daemon=True
+            context = multiprocessing.get_context("spawn")
+            receiver, sender = context.Pipe(duplex=False)
+            worker = context.Process(
+                target=_cp_worker, args=(receiver,), name=f"worker-cp{cp_rank}", daemon=True
             )
             worker.start()
+            receiver.close()
+            self._cp_commands.append(sender)
         self._record_dir = os.environ.get("FAKE_DEEPINFER_RECORD_DIR")
         self._args = engine_args
         self._engine = SimulatedEngine(
@@ -57,6 +104,12 @@ class LLMEngine:
                 ttft_ms=1.0,
                 itl_ms=2.0,
                 tokens_per_step=1 + int(os.environ.get("DEEPINFER_USE_NEXTN_DECODE", "5")),
+                prefill_attempt_interval=int(
+                    os.environ.get("DEEPINFER_PREFILL_ATTEMPT_INTERVAL", "70")
+                ),
+                prefill_any_attempt_interval=int(
+                    os.environ.get("DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL", "100")
+                ),
             )
         )
         self.tokenizer = self._engine.tokenizer
@@ -64,7 +117,7 @@ class LLMEngine:
         # Real: the Scheduler binding (get_num_free_gpu_blocks) and CacheConfig (num_gpu_blocks).
         self.scheduler = self._engine.scheduler
         self.cache_config = self._engine.cache_config
-        self._record("constructed")
+        self._record("constructed", {c.name: c.pid for c in multiprocessing.active_children()})
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
@@ -113,8 +166,22 @@ class LLMEngine:
         return self._engine.flush_inflight_reqs()
 
     def close(self) -> None:
+        """llm_engine.py:350-366: idempotent; CP workers leave on "stop" (nobody joins them),
+        then the multimodal worker is terminated."""
+        if self._closed:
+            return
         self._engine.close()
+        for commands in self._cp_commands:
+            commands.send("stop")
+            commands.close()
+        if self.multi_modal_processor is not None:
+            self.multi_modal_processor.stop()
+        self._closed = True
         self._record("closed")
+
+    def __del__(self) -> None:
+        if hasattr(self, "_closed"):
+            self.close()
 
     def _record(self, event: str, payload: object = None) -> None:
         if not self._record_dir:

@@ -1,0 +1,138 @@
+"""Checks that mirror DeepInfer 0.1.0's own, run in the API process before any rank starts.
+
+Each refuses a setting the engine would reject seconds or minutes into start-up (after the
+world rendezvous, or after loading weights), with a message that names the flag to change.
+References are to the DeepInfer 0.1.0 source.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from deepinfer_server.errors import ConfigError
+
+#: `TORCH_CHECK_GE(max_num_batched_tokens, block_size)` (csrc/engine/scheduler.hpp:116).
+BLOCK_SIZE = 128
+#: deepinfer/environ.py: DEFAULT_PREFILL_MAX_SUM_SEQLEN_K, the cap when the variable is unset.
+DEFAULT_PREFILL_MAX_SUM_SEQLEN_K = 2**30
+INDEX_FILE = "model.safetensors.index.json"
+ARCHITECTURE = "DeepseekV41ForCausalLM"
+MODEL_TYPE = "deepseek_v41"
+
+
+def _env_int(environ: Mapping[str, str], name: str, default: int) -> int:
+    raw = environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not an integer") from None
+
+
+def check_batch_limits(
+    max_model_len: int,
+    max_num_seqs: int,
+    max_num_batched_tokens: int | None,
+    environ: Mapping[str, str],
+) -> None:
+    """The scheduler limits of deepinfer/config.py:209-228 and scheduler.hpp:112-121.
+
+    The server never turns on chunked prefill, so a prompt must fit in one step.
+    """
+    nextn = max(0, _env_int(environ, "DEEPINFER_USE_NEXTN_DECODE", 0))
+    decoding = max_num_seqs * (1 + nextn)
+    if max_num_batched_tokens is None:
+        batched = max(max_model_len, 4096, decoding)  # DeepInfer's default
+    else:
+        batched = max_num_batched_tokens
+        if batched < decoding:
+            raise ConfigError(
+                f"--max-num-batched-tokens {batched} is smaller than --max-num-seqs "
+                f"{max_num_seqs} x (1 + {nextn} draft tokens, DEEPINFER_USE_NEXTN_DECODE) = "
+                f"{decoding}: raise --max-num-batched-tokens or lower --max-num-seqs"
+            )
+        if batched < BLOCK_SIZE:
+            raise ConfigError(
+                f"--max-num-batched-tokens must be at least {BLOCK_SIZE} (one KV block), "
+                f"got {batched}"
+            )
+        if batched < max_model_len:
+            raise ConfigError(
+                f"--max-num-batched-tokens {batched} is smaller than --max-model-len "
+                f"{max_model_len}; without chunked prefill a prompt must fit in one step: "
+                f"raise --max-num-batched-tokens or lower --max-model-len"
+            )
+    prompt_limit = min(max_model_len, batched)
+    sum_seqlen_k = _env_int(
+        environ, "DEEPINFER_PREFILL_MAX_SUM_SEQLEN_K", DEFAULT_PREFILL_MAX_SUM_SEQLEN_K
+    )
+    if sum_seqlen_k < prompt_limit:
+        raise ConfigError(
+            f"DEEPINFER_PREFILL_MAX_SUM_SEQLEN_K={sum_seqlen_k} is smaller than the prompt "
+            f"limit {prompt_limit}: raise it, or lower --max-model-len"
+        )
+
+
+def check_checkpoint(directory: Path) -> None:
+    """config.json's model identity (hugging_face/config.py:237-262) and the safetensors index
+    with every shard it names (hugging_face/loading.py:34-59, checked only after the weights
+    start loading)."""
+    config = _read_json(directory / "config.json")
+    architectures = config.get("architectures")
+    if architectures != [ARCHITECTURE]:
+        raise ConfigError(
+            f"{directory}/config.json: architectures is {architectures!r}; DeepInfer 0.1.0 "
+            f"serves only [{ARCHITECTURE!r}] (a DeepSeek-V4.1 checkpoint)"
+        )
+    if config.get("model_type") != MODEL_TYPE:
+        raise ConfigError(
+            f"{directory}/config.json: model_type is {config.get('model_type')!r}, "
+            f"DeepInfer 0.1.0 needs {MODEL_TYPE!r}"
+        )
+    index_path = directory / INDEX_FILE
+    if not index_path.is_file():
+        raise ConfigError(
+            f"{directory} has no {INDEX_FILE}: DeepInfer loads only sharded safetensors "
+            "checkpoints with an index (download the complete checkpoint)"
+        )
+    weight_map = _read_json(index_path).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ConfigError(f"{index_path} has no weight_map")
+    missing = sorted({s for s in weight_map.values() if not (directory / str(s)).is_file()})
+    if missing:
+        shown = ", ".join(missing[:3]) + (
+            f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        )
+        raise ConfigError(f"{directory} is missing shards named by {INDEX_FILE}: {shown}")
+
+
+def _read_json(path: Path) -> dict[str, object]:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ConfigError(f"{path} is not a JSON object")
+    return value
+
+
+def run_preflight(
+    max_model_len: int,
+    max_num_seqs: int,
+    max_num_batched_tokens: int | None,
+    checkpoint: str | None,
+    environ: Mapping[str, str] | None = None,
+) -> None:
+    """Every check, in the order DeepInfer would fail them."""
+    check_batch_limits(
+        max_model_len,
+        max_num_seqs,
+        max_num_batched_tokens,
+        os.environ if environ is None else environ,
+    )
+    if checkpoint is not None:
+        check_checkpoint(Path(checkpoint))

@@ -1,0 +1,37 @@
+"""build: the simulated backend's builder, run inside a rank process."""
+
+from __future__ import annotations
+
+from deepinfer_server.engines.backend import BuiltEngine, EngineSpec, SharedState
+from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver
+from deepinfer_server.engines.simulated.backend import SimulatedOptions
+from deepinfer_server.engines.simulated.collectives import LockstepGroup
+from deepinfer_server.engines.simulated.engine import LLMEngine, SimEngineArgs
+from deepinfer_server.engines.simulated.outputs import RequestOutput
+from deepinfer_server.tokenizer import load_tokenizer_json
+
+
+def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:
+    """Construct the simulated engine of one rank (the backend's `builder`)."""
+    options = spec.options
+    assert isinstance(options, SimulatedOptions)
+    assert isinstance(shared, LockstepGroup), "the simulated backend shares a LockstepGroup"
+    args = SimEngineArgs(
+        tokenizer_json=load_tokenizer_json(spec.model),
+        lockstep=shared,
+        engine_rank=spec.rank,
+        data_parallel_size=spec.data_parallel_size,
+        max_model_len=spec.max_model_len,
+        max_num_seqs=spec.max_num_seqs,
+        max_num_batched_tokens=spec.max_num_batched_tokens,
+        ttft_ms=options.sim_ttft_ms,
+        itl_ms=options.sim_itl_ms,
+        tokens_per_step=options.sim_tokens_per_step,
+        zero_overhead_scheduling=not options.sim_disable_zos,
+        prefill_attempt_interval=spec.prefill_attempt_interval,
+        prefill_any_attempt_interval=spec.prefill_any_attempt_interval,
+        fault=options.sim_fault if spec.rank == options.sim_fault_rank else None,
+        fault_after_steps=options.sim_fault_after_steps,
+        kv_blocks=options.sim_kv_blocks,
+    )
+    return BuiltEngine(LLMEngineDriver(LLMEngine.from_engine_args(args), RequestOutput))
