@@ -82,10 +82,10 @@ class RequestHandle:
             return
         if tokens:
             self.has_first_token = True
-            self.context_tokens += len(tokens.token_ids)
+            self.context_tokens += len(tokens)
             self._arrived_at = arrived_at
             self._step_seconds = step_seconds
-        if tokens.token_ids or tokens.prompt_logprobs is not None:
+        if tokens or tokens.prompt_logprobs is not None:
             self._tokens.extend(tokens)
         if finish is not None:
             self._finish = finish
