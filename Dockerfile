@@ -62,7 +62,9 @@ RUN if [ -z "${FLASH_MLA_SKIP_REG_SPILL_CHECK}" ]; then unset FLASH_MLA_SKIP_REG
     && ./build.sh
 
 # DeepInfer's intentional NCCL override: DeepEP needs NCCL >= 2.32.3 where torch pins 2.29.7.
-RUN pip install --no-deps "nvidia-nccl-cu13==${NCCL_VERSION}"
+# The runtime stage copies the DeepInfer checkout (it runs from source), not its git history.
+RUN pip install --no-deps "nvidia-nccl-cu13==${NCCL_VERSION}" \
+    && find /opt/DeepInfer -name .git -prune -exec rm -rf {} +
 
 # This server and deepseek-recipe.
 COPY pyproject.toml README.md /opt/deepinfer-server/
@@ -82,13 +84,14 @@ ARG PYTHON_VERSION=3.12
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV DEBIAN_FRONTEND=noninteractive
 
-# Python, the host compiler for kernel JIT, and the RDMA user-space libraries the Engram tables
-# and DeepEP use (the host still has to expose /dev/infiniband).
+# Python, the host compiler for kernel JIT, the RDMA user-space libraries the Engram tables
+# and DeepEP use (the host still has to expose /dev/infiniband), and libnuma, which DeepInfer's
+# CPU binding (deep_cluster/topology/bind.py) loads (without it: a warning and no binding).
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
         "python${PYTHON_VERSION}" "python${PYTHON_VERSION}-dev" build-essential \
-        ca-certificates ibverbs-providers libibverbs1 rdma-core \
+        ca-certificates ibverbs-providers libibverbs1 libnuma1 rdma-core \
     && rm -rf /var/lib/apt/lists/*
 
 COPY --from=build /opt/venv /opt/venv

@@ -110,6 +110,14 @@ def test_dockerfile_pins_and_cache_layout() -> None:
     assert 'ENTRYPOINT ["/usr/local/bin/deepinfer-entrypoint"]' in text
 
 
+def test_runtime_stage_has_libnuma_and_copies_deepinfer_without_git_history() -> None:
+    build, runtime = DOCKERFILE.read_text().split(" AS runtime", 1)
+    assert re.search(r"apt-get install[^\n]*(?:\\\n[^\n]*)*\blibnuma1\b", runtime)
+    copy = build.index("COPY src /opt/deepinfer-server/src")
+    assert "find /opt/DeepInfer -name .git -prune -exec rm -rf {} +" in build[:copy]
+    assert "COPY --from=build /opt/DeepInfer /opt/DeepInfer" in runtime
+
+
 def test_readme_build_arguments_exist_in_the_dockerfile() -> None:
     readme = (ROOT / "README.md").read_text()
     assert "docker build --build-arg MAX_JOBS=8 -t deepinfer-server:latest ." in readme

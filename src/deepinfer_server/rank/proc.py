@@ -104,19 +104,21 @@ def build_engine(spec: RankSpec, shared: SharedState | None) -> BuiltEngine:
     return builder(spec.engine, shared)
 
 
-def _fail_from_watchdog(spec: RankSpec, message: str) -> None:
-    """Report a dead engine child, then end the process (called on the watchdog thread).
-
-    A context of its own: sockets are not thread-safe, and `term()` blocks until the report
-    is delivered, which must happen before `os._exit`.
-    """
+def _report(spec: RankSpec, failure: RankFailed) -> None:
+    """Send one failure report on a context of its own (sockets are not thread-safe), and wait
+    until it is delivered: `term()` blocks until then, which must happen before `os._exit`."""
     context = zmq.Context()
     socket = context.socket(zmq.PUSH)
     socket.setsockopt(zmq.LINGER, 2000)
     socket.connect(spec.outbox_address)
-    socket.send(from_rank_encoder.encode(RankFailed(spec.rank, message, "")))
+    socket.send(from_rank_encoder.encode(failure))
     socket.close()
     context.term()
+
+
+def _fail_from_watchdog(spec: RankSpec, message: str) -> None:
+    """Report a dead engine child, then end the process (called on the watchdog thread)."""
+    _report(spec, RankFailed(spec.rank, message, ""))
     reap_engine_children(0.0)
     exit_rank_process(1)
 
@@ -133,6 +135,16 @@ def run_rank(spec: RankSpec, stop: StopAgreement, shared: SharedState | None) ->
         level=spec.log_level.upper(),
         format=f"%(asctime)s %(levelname)s [rank {spec.rank}] %(name)s: %(message)s",
     )
+    try:
+        logger.info("[startup] constructing the %s engine", spec.backend_name)
+        built = build_engine(spec, shared)
+    except BaseException as exc:
+        logger.error("engine construction failed: %s", exc)
+        failure = RankFailed(spec.rank, f"{type(exc).__name__}: {exc}", traceback.format_exc())
+        _report(spec, failure)
+        _exit_rank(1, 0.0)
+    # Only now does the ZeroMQ context start its IO threads: DeepInfer forks its multimodal
+    # worker during construction, and a forked child must not inherit running threads.
     context = zmq.Context()
     inbox = context.socket(zmq.PULL)
     inbox.connect(spec.inbox_address)
@@ -142,8 +154,6 @@ def run_rank(spec: RankSpec, stop: StopAgreement, shared: SharedState | None) ->
     exit_code = 0
     grace = 0.0
     try:
-        logger.info("[startup] constructing the %s engine", spec.backend_name)
-        built = build_engine(spec, shared)
         watchdog = ChildWatchdog(built.children, lambda message: _fail_from_watchdog(spec, message))
         watchdog.start()
         outbox.send(from_rank_encoder.encode(RankReady(spec.rank, os.getpid())))

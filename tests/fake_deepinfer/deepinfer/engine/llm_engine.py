@@ -47,6 +47,12 @@ class _MultimodalProcessor:
 
     def __init__(self) -> None:
         context = multiprocessing.get_context("fork")
+        # The rank's OS threads when DeepInfer forks (main thread, start-up progress reporter):
+        # a ZeroMQ context would add its IO threads, which a forked child must never inherit.
+        self.threads_at_fork = sorted(
+            Path(f"/proc/self/task/{task}/comm").read_text().strip()
+            for task in os.listdir("/proc/self/task")
+        )
         self._requests = context.Queue()
         self.workers = [
             context.Process(
@@ -200,6 +206,11 @@ class LLMEngine:
                 if k.startswith(("DEEPINFER_", "CUDA_", "MASTER_", "TOKENIZERS_"))
             },
             "payload": payload,
+            "threads_at_mm_fork": (
+                None
+                if self.multi_modal_processor is None
+                else self.multi_modal_processor.threads_at_fork
+            ),
         }
         path = Path(self._record_dir) / f"rank{self._args.engine_rank}.jsonl"
         with path.open("a", encoding="utf-8") as stream:
