@@ -253,6 +253,13 @@ def test_structured_output_without_xgrammar_is_a_clear_400_but_strict_tools_stil
             ok = await h.client.post(CHAT, json=chat_body(tools=[strict_tool]))
             assert ok.status_code == 200
             assert h.coordinator.submitted[-1][2].structured is None
+            no_thinking = {"thinking": {"type": "disabled"}}
+            forced = chat_body(tools=[strict_tool], tool_choice="required", **no_thinking)
+            assert (await h.client.post(CHAT, json=forced)).status_code == 200
+            forced_thinking = chat_body(tools=[strict_tool], tool_choice="required")
+            refused = await h.client.post(CHAT, json=forced_thinking)
+            assert refused.status_code == 400
+            assert refused.json()["error"]["code"] == "unsupported_parameter"
 
     run(body)
 

@@ -4,8 +4,9 @@ Reading what a request asks (`Constraint`) is cheap and done while preparing it.
 not (xgrammar; from milliseconds to seconds): `StructuredOutputs.compile` runs on a worker thread
 with the same compiler and version the engine uses, so a bad schema, regex or grammar is a 400
 naming the field before the engine sees the request. xgrammar is the optional [grammar] extra:
-without it an explicit format or forced tool call is a 400 that says so, and `strict` tools
-under `tool_choice: auto` are served unconstrained (logged once).
+without it an answer format or a forced tool call in thinking mode is a 400 that says so, while
+`strict` tools and forced tool calls outside thinking mode are served as deepseek-recipe renders
+them, unconstrained (logged once).
 """
 
 from __future__ import annotations
@@ -155,7 +156,11 @@ class StructuredOutputs:
             try:
                 compiler = self._get_compiler()
             except GrammarUnavailable:
-                if constraint.kind is None and not is_forced_tool_call(constraint):
+                # Without a grammar engine, tools are served as deepseek-recipe renders them:
+                # strict ones unconstrained, and a forced call outside thinking mode through the
+                # prompt (it ends by opening the tool-call block). Thinking mode cannot be forced.
+                forced_in_thinking = is_forced_tool_call(constraint) and constraint.thinking
+                if constraint.kind is None and not forced_in_thinking:
                     self._warn_unconstrained()
                     return None
                 raise
@@ -178,6 +183,6 @@ class StructuredOutputs:
         if not self._warned_unconstrained:
             self._warned_unconstrained = True
             logger.warning(
-                "strict tools are served without grammar constraints: install the [grammar] "
+                "tool calls are served without grammar constraints: install the [grammar] "
                 "extra (xgrammar) to enforce their schemas"
             )
