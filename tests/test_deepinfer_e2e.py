@@ -123,6 +123,10 @@ def test_ranks_construct_deepinfer_as_configured(checkpoint: Path, tmp_path: Pat
         assert sampling[0]["top_k"] == (-1 if ignore_eos else 40)
         assert sampling[0]["top_logprobs"] == (0 if ignore_eos else 2)
         assert records[-1]["event"] == "closed"  # every rank closed together on SIGTERM
+    # The DP group spans the ranks, as DeepInfer's does: in lockstep, the idle rank stepped
+    # exactly as often as the busy one.
+    steps = [_records(tmp_path, rank)[-1]["payload"]["steps"] for rank in (0, 1)]
+    assert steps[0] == steps[1] > 0
 
 
 def test_exported_deepinfer_variables_override_the_defaults(

@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
+from deepinfer.dp_group import TcpDpGroup
 from deepinfer.engine.arg_utils import EngineArgs
 from deepinfer.engine.engine_type import EngineType
 from deepinfer.sampling_params import SamplingParams
-from deepinfer_server.engines.simulated.collectives import new_lockstep_group
 from deepinfer_server.engines.simulated.engine import LLMEngine as SimulatedEngine
 from deepinfer_server.engines.simulated.engine import SimEngineArgs
 
@@ -103,8 +103,12 @@ class LLMEngine:
         self._engine = SimulatedEngine(
             SimEngineArgs(
                 tokenizer_json=(tokenizer_dir / "tokenizer.json").read_text(encoding="utf-8"),
-                lockstep=new_lockstep_group(1, 60.0),
-                engine_rank=0,
+                # DeepInfer's DP group spans the ranks (rendezvous at MASTER_PORT - 50).
+                lockstep=TcpDpGroup(  # type: ignore[arg-type]
+                    engine_args.data_parallel_size, engine_args.engine_rank
+                ),
+                engine_rank=engine_args.engine_rank,
+                data_parallel_size=engine_args.data_parallel_size,
                 max_model_len=engine_args.max_model_len or 4096,
                 max_num_seqs=engine_args.max_num_seqs,
                 ttft_ms=1.0,
@@ -183,7 +187,7 @@ class LLMEngine:
         if self.multi_modal_processor is not None:
             self.multi_modal_processor.stop()
         self._closed = True
-        self._record("closed")
+        self._record("closed", {"steps": self._engine._steps})
 
     def __del__(self) -> None:
         if hasattr(self, "_closed"):
