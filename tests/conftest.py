@@ -32,5 +32,8 @@ def shared_server() -> Iterator[LiveServer]:
 
 
 @pytest.fixture()
-def client(shared_server: LiveServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{shared_server.base_url}/v1", api_key="unused", max_retries=0)
+def client(shared_server: LiveServer) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(
+        base_url=f"{shared_server.base_url}/v1", api_key="unused", max_retries=0
+    ) as client:
+        yield client
