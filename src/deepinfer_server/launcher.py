@@ -160,7 +160,7 @@ async def serve(config: ResolvedConfig) -> int:
             config.max_model_len,
             default_thinking=config.default_thinking == "enabled",
             reasoning_secret=config.reasoning_secret,
-            image_limits=ImageLimits(config.max_images_per_request, config.max_image_bytes),
+            image_limits=ImageLimits.of(config),
         )
     except (OSError, ValueError, RuntimeError) as exc:
         raise ConfigError(f"cannot load the tokenizer: {exc}") from exc

@@ -30,6 +30,7 @@ from deepinfer_server.ipc.messages import (
     SamplingOptions,
 )
 from deepinfer_server.metrics import RankLoad, ServerMetrics
+from deepinfer_server.protocol.images import ImageLimits
 from deepinfer_server.protocol.recipe import RecipeContext
 from deepinfer_server.protocol.structured import StructuredOutputs
 from deepinfer_server.tokenizer import embedded_tokenizer_json
@@ -153,6 +154,7 @@ async def serve(*args: str, script: Script | None = None) -> AsyncIterator[Harne
         config.max_model_len,
         default_thinking=True,
         reasoning_secret=config.reasoning_secret,
+        image_limits=ImageLimits.of(config),
     )
     coordinator = FakeCoordinator(recipe, script or Script())
     metrics = ServerMetrics(config.served_model_name)

@@ -184,6 +184,19 @@ class ServerConfig:
         help="largest image (encoded bytes) accepted; larger ones get 413 (default: %(default)s)",
         type=int,
     )
+    allowed_media_domains: tuple[str, ...] = option(
+        (),
+        "--allowed-media-domains",
+        help="fetch http(s) image URLs from this host (exact name); repeatable (default: none, "
+        "image URLs are refused and only inline images accepted)",
+        action="append",
+    )
+    media_fetch_timeout: float = option(
+        10.0,
+        "--media-fetch-timeout",
+        help="seconds an image URL may take to download (default: %(default)s)",
+        type=float,
+    )
     body_read_timeout: float = option(
         60.0,
         "--body-read-timeout",

@@ -50,6 +50,8 @@ class ResolvedConfig:
     max_request_bytes: int
     max_images_per_request: int
     max_image_bytes: int
+    allowed_media_domains: tuple[str, ...]
+    media_fetch_timeout: float
     body_read_timeout: float
     header_timeout: float
     write_timeout: float
@@ -140,6 +142,8 @@ def _check_ranges(config: ServerConfig, max_model_len: int) -> None:
             raise ConfigError(f"{flag} must not be negative, got {amount}")
     if not 0 < config.port < 65536:
         raise ConfigError(f"--port must be in 1..65535, got {config.port}")
+    if config.media_fetch_timeout <= 0:
+        raise ConfigError("--media-fetch-timeout must be positive")
     if config.max_images_per_request < 0 or config.max_image_bytes < 1:
         raise ConfigError("--max-images-per-request must be >= 0 and --max-image-bytes >= 1")
     if config.max_request_bytes < 1024:
@@ -222,6 +226,8 @@ def resolve(
         max_request_bytes=config.max_request_bytes,
         max_images_per_request=config.max_images_per_request,
         max_image_bytes=config.max_image_bytes,
+        allowed_media_domains=tuple(d.lower() for d in config.allowed_media_domains),
+        media_fetch_timeout=config.media_fetch_timeout,
         body_read_timeout=config.body_read_timeout,
         header_timeout=config.header_timeout,
         write_timeout=config.write_timeout,

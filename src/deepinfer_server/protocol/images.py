@@ -5,7 +5,8 @@ deepseek-recipe converts every protocol's image parts (Chat `image_url`, Respons
 per image; its resolver decodes each image (OpenCV: PNG, JPEG, WebP, GIF), rejects corrupt and
 oversized ones, and resizes and re-encodes it as the V4.1 vision encoder expects. This module
 applies the server's limits (images per request, bytes per image) and turns the result into
-`ipc.messages.Images`. External URLs are not fetched: only `data:` URLs and inline base64.
+`ipc.messages.Images`. External URLs are fetched only from `--allowed-media-domains`
+(`image_fetch.py`); otherwise only `data:` URLs and inline base64 are accepted.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import binascii
 from dataclasses import dataclass
 
 from deepseek_recipe import (
+    BytesImageSource,
     ConversationRequest,
     ImageError,
     ImageQuota,
@@ -25,8 +27,10 @@ from deepseek_recipe import (
     ReqwestImageFetcher,
 )
 
+from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.errors import BadRequestError, ErrorKind
 from deepinfer_server.ipc.messages import Images
+from deepinfer_server.protocol.image_fetch import fetch_image
 
 #: deepseek-recipe ImageError kinds that mean "too large" (413); the others are 400s.
 _TOO_LARGE = frozenset({"ImageTooLarge", "TotalSizeTooLarge", "ImageDimensionsTooLarge"})
@@ -38,6 +42,19 @@ class ImageLimits:
 
     max_images: int = 8
     max_image_bytes: int = 10 * 1024 * 1024
+    #: Hosts whose http(s) image URLs are fetched (none: URLs are refused).
+    allowed_domains: tuple[str, ...] = ()
+    fetch_timeout: float = 10.0
+
+    @classmethod
+    def of(cls, config: ResolvedConfig) -> ImageLimits:
+        """The limits the server's configuration sets."""
+        return cls(
+            config.max_images_per_request,
+            config.max_image_bytes,
+            config.allowed_media_domains,
+            config.media_fetch_timeout,
+        )
 
 
 def image_sources(converted: ConversationRequest) -> list[ImageSource]:
@@ -85,6 +102,7 @@ def resolve_images(
             f"a request may hold at most {limits.max_images} images; this one has {len(sources)}",
             param="messages",
         )
+    sources = [_fetched(source, limits) if source.kind == "url" else source for source in sources]
     for source in sources:
         if _encoded_size(source) > limits.max_image_bytes:
             raise _too_large(limits.max_image_bytes, source.path.lstrip(".") or None)
@@ -109,6 +127,18 @@ def resolve_images(
         data=[bytes(image.data) for image in images],
         extra_tokens=int(extra),
     )
+
+
+def _fetched(source: ImageSource, limits: ImageLimits) -> ImageSource:
+    """An external image as an inline one, fetched within the server's limits."""
+    data = fetch_image(
+        source.url or "",
+        limits.allowed_domains,
+        limits.fetch_timeout,
+        limits.max_image_bytes,
+        source.path.lstrip(".") or None,
+    )
+    return BytesImageSource(data, source.detail, path=source.path)
 
 
 def new_resolver(limits: ImageLimits) -> ImageResolver:
