@@ -145,3 +145,24 @@ def test_responses_and_messages_have_no_n(
     response = httpx.post(shared_server.base_url + path, json={"model": MODEL, **body}, timeout=30)
     assert response.status_code == 400, response.text
     assert "'n'" in response.text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_ignore_eos_usage_counts_every_generated_token(client: openai.OpenAI, stream: bool) -> None:
+    # The echo ends in EOS after a few tokens; under ignore_eos that EOS is generated as an
+    # ordinary token: counted in usage, never rendered.
+    kwargs = {"model": MODEL, "prompt": "one two", "max_tokens": 12}
+    extra = {"ignore_eos": True}
+    if stream:
+        chunks = list(
+            client.completions.create(
+                **kwargs, stream=True, stream_options={"include_usage": True}, extra_body=extra
+            )
+        )
+        usage = chunks[-1].usage
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+    else:
+        completion = client.completions.create(**kwargs, extra_body=extra)
+        usage, text = completion.usage, completion.choices[0].text
+    assert usage is not None and usage.completion_tokens == 12
+    assert "<｜end▁of▁sentence｜>" not in text

@@ -250,3 +250,32 @@ def test_injected_faults() -> None:
     engine.step()
     with pytest.raises(RuntimeError, match="step-error"):
         engine.step()
+
+
+def test_idle_flushes_hold_no_output_handles() -> None:
+    engine = make_engine()
+    for _ in range(100):
+        engine.has_unfinished_requests()
+        assert read(engine.flush_inflight_reqs()) == []
+    assert engine._to_release == []  # nothing published, nothing to release later
+
+
+def test_a_recomputed_sequence_longer_than_one_step_budget_still_runs() -> None:
+    # KV pressure preempts a sequence; recomputing it (prompt + output) needs more than
+    # max_num_batched_tokens: it must be prefilled alone rather than block the queue forever.
+    engine = make_engine(
+        max_model_len=2048,
+        max_num_batched_tokens=256,
+        kv_blocks=4,
+        prefill_attempt_interval=1,
+        prefill_any_attempt_interval=1,
+    )
+    engine.add_request("0", "A", {"max_tokens": 600, "ignore_eos": True}, prompt("hello"))
+    engine.add_request("0", "B", {"max_tokens": 200, "ignore_eos": True}, prompt("hi"))
+    finished = {}
+    for _ in range(5000):
+        if not engine.has_unfinished_requests():
+            break
+        finished.update({rid: reason for rid, _, reason in read(engine.step()) if reason})
+    finished.update({rid: r for rid, _, r in read(engine.flush_inflight_reqs()) if r})
+    assert set(finished) == {"A", "B"}

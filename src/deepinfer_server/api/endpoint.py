@@ -161,7 +161,9 @@ async def _serve_choices(
         for handle, output, record in zip(handles, outputs, records, strict=True)
     ]
     if choices[0].stream:
-        frames = _stream_choices(protocol, merger, streams, metrics, request.state.request_id)
+        frames = _stream_choices(
+            protocol, merger, streams, metrics, request.state.request_id, records[0]
+        )
         return SSEResponse(frames)  # type: ignore[return-value]
 
     async def collect() -> bytes:
@@ -180,6 +182,7 @@ async def _stream_choices(
     streams: list[AsyncIterator[list[str]]],
     metrics: ServerMetrics,
     request_id: str,
+    record: RequestRecord,
 ) -> AsyncGenerator[bytes, None]:
     try:
         async for index, payloads in merge_streams(streams):
@@ -190,9 +193,7 @@ async def _stream_choices(
         if final:
             yield protocol.frames(final)
     except Exception as exc:
-        error = as_api_error(exc, request_id)
-        metrics.observe_failure(error.status_code)
-        yield protocol.error_frame(error)
+        yield _failed_stream_frame(protocol, exc, metrics, request_id, record)
     if protocol.done_frame:
         yield protocol.done_frame
 
@@ -218,18 +219,29 @@ async def _stream(
             if payloads:
                 yield protocol.frames(payloads)
     except Exception as exc:
-        error = as_api_error(exc, request_id)
-        metrics.observe_failure(error.status_code)
-        record.error_kind = error.kind.value
-        logger.warning(
-            "request %s: the stream failed after it started: %s (%s)",
-            request_id,
-            error.message,
-            error.kind.value,
-        )
-        yield protocol.error_frame(error)
+        yield _failed_stream_frame(protocol, exc, metrics, request_id, record)
     if protocol.done_frame:
         yield protocol.done_frame
+
+
+def _failed_stream_frame(
+    protocol: GenerationProtocol,
+    exc: Exception,
+    metrics: ServerMetrics,
+    request_id: str,
+    record: RequestRecord,
+) -> bytes:
+    """The protocol's last event for a stream that failed after it started (logged, counted)."""
+    error = as_api_error(exc, request_id)
+    metrics.observe_failure(error.status_code)
+    record.error_kind = error.kind.value
+    logger.warning(
+        "request %s: the stream failed after it started: %s (%s)",
+        request_id,
+        error.message,
+        error.kind.value,
+    )
+    return protocol.error_frame(error)
 
 
 def json_frame(event: str | None, body: dict[str, Any]) -> bytes:

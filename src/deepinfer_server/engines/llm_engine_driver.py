@@ -109,6 +109,7 @@ class LLMEngineDriver:
         self._eos_id = int(engine.eos_id)
         #: Live requests and what per-token data each asked for.
         self._live: dict[str, SamplingOptions] = {}
+        self._prompt_logprobs_sent: set[str] = set()
 
     @property
     def num_live(self) -> int:
@@ -161,6 +162,7 @@ class LLMEngineDriver:
             return
         for request_id in live:
             del self._live[request_id]
+            self._prompt_logprobs_sent.discard(request_id)
         self._engine.abort_request(live)
 
     def iterate(self) -> tuple[bool, list[RequestDelta]]:
@@ -200,11 +202,12 @@ class LLMEngineDriver:
                 delta = by_request[request_id] = RequestDelta(request_id, _empty_tokens(sampling))
             reason = reader.get_finish_reason(handle)
             finish = finish_of(reason) if reason else None
-            if sampling.prompt_logprobs and delta.tokens.prompt_logprobs is None:
+            if sampling.prompt_logprobs and request_id not in self._prompt_logprobs_sent:
                 # Only the first generated token's entry carries them; the others hold [].
                 prompt_logprobs = reader.get_prompt_logprobs(handle)
                 if prompt_logprobs:
                     delta.tokens.prompt_logprobs = list(prompt_logprobs)
+                    self._prompt_logprobs_sent.add(request_id)
             token = reader.get_token_id(handle)
             # Tokens that are not output (EOS, the repeat of an "ignored" finish) are left out
             # together with their per-token data, so that both stay aligned.
@@ -220,6 +223,7 @@ class LLMEngineDriver:
             if finish is not None:
                 delta.finish = finish
                 del self._live[request_id]
+                self._prompt_logprobs_sent.discard(request_id)
         return list(by_request.values())
 
     def _read_logprobs(self, tokens: GeneratedTokens, handle: int) -> None:

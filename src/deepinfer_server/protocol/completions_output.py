@@ -126,8 +126,9 @@ class CompletionOutput:
         if not self._prepared.generate:
             self._scored = True
             return self._emit(pieces)
+        # Every generated token counts, the unrendered EOS of `ignore_eos` included.
+        self._completion_tokens += len(tokens)
         if tokens.token_ids:
-            self._completion_tokens += len(tokens.token_ids)
             chunk = InferenceChunk.tokens(tokens.token_ids, tokens.logprob_pairs())
             pieces.extend(self._pieces(self._processor.push(chunk)))
         return self._emit(pieces)

@@ -65,11 +65,12 @@ def engine_input(
     `overflow`'s error when the protocol words it its own way.
     """
     with recipe_errors():
+        # Before any image is fetched or decoded: a prompt that cannot fit costs nothing more.
+        _reject_provably_too_long(converted, recipe, overflow)
         sources = image_sources(converted)
         images = None
         if sources:
             images = resolve_images(sources, recipe.image_limits, recipe.image_resolver)
-        _reject_provably_too_long(converted, recipe, overflow)
         prompt_token_ids = recipe.encoding.encode(converted.conversation)
     prompt_tokens = Images.prompt_tokens(prompt_token_ids, images)
     try:

@@ -153,8 +153,8 @@ def run_rank(spec: RankSpec, stop: StopAgreement, shared: SharedState | None) ->
     outbox.connect(spec.outbox_address)
     exit_code = 0
     grace = 0.0
+    watchdog = ChildWatchdog(built.children, lambda message: _fail_from_watchdog(spec, message))
     try:
-        watchdog = ChildWatchdog(built.children, lambda message: _fail_from_watchdog(spec, message))
         watchdog.start()
         outbox.send(from_rank_encoder.encode(RankReady(spec.rank, os.getpid())))
         logger.info("[startup] ready")
@@ -164,6 +164,7 @@ def run_rank(spec: RankSpec, stop: StopAgreement, shared: SharedState | None) ->
         built.core.close()
         grace = _CHILD_EXIT_GRACE_SECONDS
     except BaseException as exc:
+        watchdog.stop()  # the children are killed on exit: that is no second failure
         exit_code = 1
         logger.error("engine failed: %s", exc)
         failure = RankFailed(spec.rank, f"{type(exc).__name__}: {exc}", traceback.format_exc())

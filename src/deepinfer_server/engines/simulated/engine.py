@@ -237,6 +237,8 @@ class LLMEngine:
         returned = self._deferred + self._pending_terminal
         self._deferred = []
         self._pending_terminal = []
+        if not returned:  # the idle loop flushes every few ms: publish nothing to release
+            return np.empty(0, dtype=np.uint64)
         return self._publish(returned)
 
     def close(self) -> None:
@@ -340,8 +342,8 @@ class LLMEngine:
                 continue
             if allocation is AllocStatus.LATER or len(self._running) >= self._args.max_num_seqs:
                 break
-            if tokens + sequence.length > self._batched_tokens:
-                break
+            if tokens and tokens + sequence.length > self._batched_tokens:
+                break  # the next prompt step takes it (alone, if it must)
             tokens += sequence.length
             self._waiting.pop(0)
             self._kv.allocate(sequence.request_id, sequence.length + 1)
