@@ -12,11 +12,7 @@ import hmac
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from deepinfer_server.api.error_responses import (
-    ANTHROPIC_VERSION_HEADER,
-    envelope_for_path,
-    speaks_anthropic,
-)
+from deepinfer_server.api.error_responses import envelope, speaks_anthropic
 from deepinfer_server.errors import AuthenticationError
 
 PROTECTED_PREFIX = "/v1/"
@@ -54,10 +50,8 @@ class ApiKeyMiddleware:
         if self._accepts(_presented_key(scope)):
             await self.app(scope, receive, send)
             return
-        path = scope["path"]
         # Each protocol's clients send the key their own way: say it their way.
-        anthropic_version = any(n == ANTHROPIC_VERSION_HEADER.encode() for n, _ in scope["headers"])
-        anthropic = speaks_anthropic(path, anthropic_version)
+        anthropic = speaks_anthropic(scope)
         how = "'x-api-key: <key>'" if anthropic else "'Authorization: Bearer <key>'"
         error = AuthenticationError(f"Invalid or missing API key: send {how}")
         await send(
@@ -70,5 +64,5 @@ class ApiKeyMiddleware:
                 ],
             }
         )
-        body = envelope_for_path(path, anthropic_version)(error)
+        body = envelope(anthropic)(error)
         await send({"type": "http.response.body", "body": orjson.dumps(body)})

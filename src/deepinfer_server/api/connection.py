@@ -30,7 +30,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-from deepinfer_server.api.error_responses import ANTHROPIC_VERSION_HEADER, error_response
+from deepinfer_server.api.error_responses import error_response
 from deepinfer_server.errors import ErrorKind, ServiceUnavailableError
 
 logger = logging.getLogger(__name__)
@@ -70,11 +70,7 @@ def probes_only(app: ASGIApp) -> ASGIApp:
             "the server has too many open connections (--max-connections); retry later",
             kind=ErrorKind.TOO_MANY_CONNECTIONS,
         )
-        anthropic_version = any(
-            name == ANTHROPIC_VERSION_HEADER.encode() for name, _ in scope.get("headers", ())
-        )
-        response = error_response(error, scope["path"], anthropic_version)
-        await response(scope, receive, send_closing)
+        await error_response(error, scope)(scope, receive, send_closing)
 
     return guarded
 

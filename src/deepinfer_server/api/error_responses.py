@@ -16,6 +16,7 @@ import orjson
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
+from starlette.types import Scope
 
 from deepinfer_server.errors import ApiError, ClientDisconnected, ErrorKind, InternalError
 from deepinfer_server.protocol.error_shapes import anthropic_error_body, openai_error_body
@@ -26,6 +27,7 @@ ANTHROPIC_PATH_PREFIX = "/v1/messages"
 # Paths both protocols share; Anthropic's clients are told apart by their `anthropic-version`.
 SHARED_PATH_PREFIX = "/v1/models"
 ANTHROPIC_VERSION_HEADER = "anthropic-version"
+_ANTHROPIC_VERSION = ANTHROPIC_VERSION_HEADER.encode()
 
 _HTTP_STATUS_KINDS = {
     404: ErrorKind.NOT_FOUND,
@@ -34,20 +36,18 @@ _HTTP_STATUS_KINDS = {
 }
 
 
-def speaks_anthropic(path: str, anthropic_version: bool) -> bool:
+def speaks_anthropic(scope: Scope) -> bool:
     """True for /v1/messages, and for /v1/models asked with an `anthropic-version` header."""
-    return path.startswith(ANTHROPIC_PATH_PREFIX) or (
-        anthropic_version and path.startswith(SHARED_PATH_PREFIX)
-    )
+    path: str = scope["path"]
+    if path.startswith(ANTHROPIC_PATH_PREFIX):
+        return True
+    sends_version = any(name == _ANTHROPIC_VERSION for name, _ in scope.get("headers", ()))
+    return sends_version and path.startswith(SHARED_PATH_PREFIX)
 
 
-def envelope_for_path(
-    path: str, anthropic_version: bool = False
-) -> Callable[[ApiError], dict[str, Any]]:
+def envelope(anthropic: bool) -> Callable[[ApiError], dict[str, Any]]:
     """Anthropic's envelope where the client speaks Anthropic, OpenAI's everywhere else."""
-    if speaks_anthropic(path, anthropic_version):
-        return anthropic_error_body
-    return openai_error_body
+    return anthropic_error_body if anthropic else openai_error_body
 
 
 def as_api_error(exc: BaseException, request_id: str = "-") -> ApiError:
@@ -61,26 +61,22 @@ def as_api_error(exc: BaseException, request_id: str = "-") -> ApiError:
     return InternalError()
 
 
-def error_response(error: ApiError, path: str, anthropic_version: bool) -> Response:
+def error_response(error: ApiError, scope: Scope) -> Response:
     """A JSON error response in the envelope of the protocol the client speaks."""
     return Response(
-        orjson.dumps(envelope_for_path(path, anthropic_version)(error)),
+        orjson.dumps(envelope(speaks_anthropic(scope))(error)),
         status_code=error.status_code,
         media_type="application/json",
         headers=error.headers(),
     )
 
 
-def _client_of(request: Request) -> tuple[str, bool]:
-    return request.url.path, ANTHROPIC_VERSION_HEADER in request.headers
-
-
 async def handle_api_error(request: Request, exc: Exception) -> Response:
     request_id = getattr(request.state, "request_id", "-")
-    return error_response(as_api_error(exc, request_id), *_client_of(request))
+    return error_response(as_api_error(exc, request_id), request.scope)
 
 
 async def handle_http_exception(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     kind = _HTTP_STATUS_KINDS.get(exc.status_code, ErrorKind.BAD_REQUEST)
-    return error_response(ApiError(str(exc.detail), kind=kind), *_client_of(request))
+    return error_response(ApiError(str(exc.detail), kind=kind), request.scope)

@@ -20,11 +20,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from deepinfer_server.api.error_responses import (
-    ANTHROPIC_VERSION_HEADER,
-    as_api_error,
-    error_response,
-)
+from deepinfer_server.api.error_responses import as_api_error, error_response
 from deepinfer_server.errors import ERROR_TABLE, ErrorKind
 from deepinfer_server.metrics import RequestRecord
 
@@ -88,9 +84,7 @@ class RequestContextMiddleware:
                 if status:  # the response has started: all that is left is to drop the line
                     raise
                 error = as_api_error(exc, request_id)
-                anthropic_version = _header(scope, ANTHROPIC_VERSION_HEADER.encode()) is not None
-                response = error_response(error, scope["path"], anthropic_version)
-                await response(scope, receive, send_with_id)
+                await error_response(error, scope)(scope, receive, send_with_id)
             if status >= 400 and status != _CLIENT_CLOSED and scope["path"] not in _PROBES:
                 self._on_failure(status)
         finally:

@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response
 
 from deepinfer_server.api.error_responses import ANTHROPIC_VERSION_HEADER
 from deepinfer_server.api.state import AppState
-from deepinfer_server.errors import ModelNotFoundError
+from deepinfer_server.protocol.validation import check_model
 
 
 def wants_anthropic_shape(request: Request) -> bool:
@@ -56,11 +56,7 @@ async def list_models(request: Request) -> Response:
 async def retrieve_model(request: Request) -> Response:
     state: AppState = request.app.state.server
     name: str = request.path_params["model_id"]
-    if name not in state.config.served_model_names:
-        served = ", ".join(state.config.served_model_names)
-        raise ModelNotFoundError(
-            f"The model '{name}' does not exist; this server serves: {served}", param="model"
-        )
+    check_model({"model": name}, state.config.served_model_names)
     if wants_anthropic_shape(request):
         return JSONResponse(_anthropic_model(state, name))
     return JSONResponse(_openai_model(state, name))
