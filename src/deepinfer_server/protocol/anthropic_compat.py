@@ -58,15 +58,15 @@ def _client_tool(tool: dict[str, Any]) -> dict[str, Any]:
     kind = tool.get("type")
     if not isinstance(kind, str):
         return tool
-    if kind == "custom":
-        return {key: value for key, value in tool.items() if key != "type"}
-    for prefix, (description, schema) in _CLIENT_TOOLS.items():
-        if kind.startswith(prefix):
-            plain = {key: value for key, value in tool.items() if key != "type"}
-            plain.setdefault("description", description)
-            plain.setdefault("input_schema", schema)
-            return plain
-    return tool
+    known = next((v for prefix, v in _CLIENT_TOOLS.items() if kind.startswith(prefix)), None)
+    if kind != "custom" and known is None:
+        return tool  # a server tool: the recipe refuses it
+    plain = {key: value for key, value in tool.items() if key != "type"}
+    if known is not None:
+        description, schema = known
+        plain.setdefault("description", description)
+        plain.setdefault("input_schema", schema)
+    return plain
 
 
 def _without_redacted_thinking(message: Any) -> Any:

@@ -75,11 +75,9 @@ def _prompts(body: dict[str, Any], recipe: RecipeContext) -> list[tuple[list[int
         if all(isinstance(item, str) for item in prompt):
             return [_text_prompt(item, recipe) for item in prompt]
         if _is_ids(prompt):
-            return [(list(prompt), recipe.decoder.decode(prompt, skip_special_tokens=False))]
+            return [_ids_prompt(prompt, recipe)]
         if all(isinstance(item, list) and item and _is_ids(item) for item in prompt):
-            return [
-                (list(ids), recipe.decoder.decode(ids, skip_special_tokens=False)) for ids in prompt
-            ]
+            return [_ids_prompt(ids, recipe) for ids in prompt]
     raise BadRequestError(
         "'prompt' must be a string, an array of strings, an array of token IDs or an array of "
         "token-ID arrays, and must not be empty",
@@ -92,8 +90,8 @@ def _is_ids(items: list[Any]) -> bool:
 
 
 def _ids_prompt(ids: list[int], recipe: RecipeContext) -> tuple[list[int], str]:
-    # As vLLM echoes it: decoded without special tokens.
-    return list(ids), recipe.decoder.decode(ids, skip_special_tokens=True)
+    # The text `echo` prepends: every token of the prompt, special ones included.
+    return list(ids), recipe.decoder.decode(ids, skip_special_tokens=False)
 
 
 def _text_prompt(text: str, recipe: RecipeContext) -> tuple[list[int], str]:
