@@ -66,6 +66,17 @@ class Server:
         return cls(process, port)
 
     @classmethod
+    def paced_floor(cls, tick_ms: float) -> Server:
+        port = free_port()
+        process = subprocess.Popen(
+            [sys.executable, str(HERE / "paced_floor.py"), "--port", str(port), "--tick-ms", str(tick_ms)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        _wait_listening(port, process)
+        return cls(process, port)
+
+    @classmethod
     def raw_baseline(cls) -> Server:
         port = free_port()
         process = subprocess.Popen(
@@ -89,6 +100,23 @@ class Server:
             return float(times.user + times.system)
 
         return {"api": used(processes[0]), "ranks": sum(used(p) for p in processes[1:])}
+
+    def http_cpu_seconds(self) -> float:
+        """CPU seconds so far of every process listening on the server's port (the HTTP
+        processes: one, or --api-server-count of them), read from /proc."""
+        total = 0.0
+        for process in self.tree():
+            try:
+                listening = any(
+                    c.status == psutil.CONN_LISTEN and c.laddr.port == self.port
+                    for c in process.net_connections("tcp")
+                )
+                if listening:
+                    times = process.cpu_times()
+                    total += times.user + times.system
+            except psutil.NoSuchProcess:
+                continue
+        return total
 
     def rss_bytes(self) -> int:
         return int(psutil.Process(self.process.pid).memory_info().rss)
@@ -116,6 +144,7 @@ def run_client(
     duration: float,
     timing: bool = False,
     requests: int | None = None,
+    frame_gaps: bool = False,
 ) -> dict[str, Any]:
     """Run bench/loadgen.py in its own process; returns its JSON result."""
     command = [
@@ -134,6 +163,8 @@ def run_client(
         command.append("--timing")
     if requests is not None:
         command += ["--requests", str(requests)]
+    if frame_gaps:
+        command.append("--frame-gaps")
     if os.cpu_count() and os.cpu_count() > 1:  # type: ignore[operator]
         command += ["--cpu", str(os.cpu_count() - 1)]  # type: ignore[operator]
     output = subprocess.run(command, capture_output=True, text=True, check=True).stdout

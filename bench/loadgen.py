@@ -50,6 +50,7 @@ async def _one(
     request: bytes,
     timing: bool,
     totals: Totals,
+    frame_gaps: bool = False,
 ) -> None:
     started = time.perf_counter()
     writer.write(request)
@@ -68,7 +69,15 @@ async def _one(
             now = time.perf_counter()
             frames = data.count(b"data: {")
             totals.frames += frames
-            if timing and frames:
+            if frame_gaps and frames:
+                # One token per frame (a paced stream): the gap between chunks is the ITL.
+                if first_at is None:
+                    first_at = now
+                    totals.ttft.append(now - started)
+                else:
+                    totals.itl.extend([(now - last_at) / frames] * frames)
+                last_at = now
+            elif timing and frames:
                 tokens = last_tokens
                 for line in data.split(b"\n"):
                     if line.startswith(b"data: {"):
@@ -103,6 +112,7 @@ async def _worker(
     budget: list[int],
     timing: bool,
     totals: Totals,
+    frame_gaps: bool,
 ) -> None:
     reader, writer = await asyncio.open_connection(host, port)
     try:
@@ -112,7 +122,7 @@ async def _worker(
                 # --duration bounds the run: a request still streaming then is cut (the
                 # connection closes, and the server aborts it), its tokens so far counted.
                 await asyncio.wait_for(
-                    _one(reader, writer, request, timing, totals), deadline - time.perf_counter()
+                    _one(reader, writer, request, timing, totals, frame_gaps), deadline - time.perf_counter()
                 )
             except TimeoutError:
                 totals.cut += 1
@@ -138,7 +148,16 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
     deadline = started + args.duration
     await asyncio.gather(
         *(
-            _worker(args.host, args.port, request, deadline, budget, args.timing, totals)
+            _worker(
+                args.host,
+                args.port,
+                request,
+                deadline,
+                budget,
+                args.timing,
+                totals,
+                args.frame_gaps,
+            )
             for _ in range(args.concurrency)
         )
     )
@@ -169,6 +188,9 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=10.0)
     parser.add_argument("--requests", type=int, default=10**9)
     parser.add_argument("--timing", action="store_true", help="record TTFT and ITL per token")
+    parser.add_argument(
+        "--frame-gaps", action="store_true", help="record the gaps between SSE chunks as ITL"
+    )
     parser.add_argument("--cpu", type=int, help="pin this process to one CPU")
     args = parser.parse_args()
     if args.cpu is not None:

@@ -30,6 +30,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import Server, run_client, run_wrk
 
+API_SERVERS = (1, 2)
 MESSAGES = [{"role": "user", "content": "again"}]
 
 
@@ -168,6 +169,88 @@ def coordinator(duration: float, rows: list[list[str]]) -> None:
     )
 
 
+def _generation_tokens(port: int) -> float:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("deepinfer:generation_tokens_total")
+    )
+
+
+def _paced_run(
+    server: Server, body: dict[str, Any], streams: int, duration: float
+) -> dict[str, Any]:
+    cpu_before = server.http_cpu_seconds()
+    all_before = sum(server.cpu_seconds().values())
+    result = run_client(server.port, body, streams, duration, frame_gaps=True)
+    result["http_cpu_seconds"] = server.http_cpu_seconds() - cpu_before
+    others = sum(server.cpu_seconds().values()) - all_before - result["http_cpu_seconds"]
+    result["other_cpu"] = others / result["elapsed"]
+    return result
+
+
+def realistic(duration: float, rows: list[list[str]]) -> None:
+    """The HTTP processes' CPU per token at a realistic decode cadence, against the paced floor
+    (bench/paced_floor.py: one ticker writing a pre-built chunk to every stream each tick).
+
+    256 streams of 200 tokens (ignore_eos), 10 ms engine steps with one token per step on
+    DP=2: 25,600 tokens/s offered. CPU is read from /proc for every process listening on the
+    port; prompts may be prefilled at every step (--prefill-attempt-interval 1), so that
+    DeepInfer's prefill cadence does not hold streams back."""
+    streams, tokens, tick_ms = 256, 200, 10.0
+    offered = streams * 1000 / tick_ms
+    body = _body(tokens)
+    with Server.paced_floor(tick_ms) as floor:
+        base = _paced_run(floor, body, streams, duration)
+    floor_us = base["http_cpu_seconds"] / base["frames"] * 1e6
+    rows.append(
+        [
+            "5. realistic cadence",
+            f"paced floor, {streams} streams, {tick_ms:g} ms ticks",
+            f"{floor_us:.1f} µs CPU/token",
+            "1.00",
+            f"{base['frames'] / base['elapsed']:,.0f} of {offered:,.0f} tok/s offered; ITL p99 "
+            f"{_percentile(base['itl'], 99) * 1000:.1f} ms; client {base['client_cpu']:.0%}",
+        ]
+    )
+    for api_servers in API_SERVERS:
+        args = [
+            "--sim-itl-ms",
+            str(tick_ms),
+            "--sim-ttft-ms",
+            "0",
+            "--dp",
+            "2",
+            "--ep",
+            "2",
+            "--max-num-seqs",
+            str(streams // 2),
+            "--prefill-attempt-interval",
+            "1",
+        ]
+        if api_servers > 1:
+            args += ["--api-server-count", str(api_servers)]
+        with Server.deepinfer(*args) as server:
+            generated = _generation_tokens(server.port)
+            result = _paced_run(server, body, streams, duration)
+            generated = _generation_tokens(server.port) - generated
+        us = result["http_cpu_seconds"] / generated * 1e6
+        rows.append(
+            [
+                "5. realistic cadence",
+                f"DP=2, {streams} streams, {tick_ms:g} ms steps"
+                + (f", --api-server-count {api_servers}" if api_servers > 1 else ""),
+                f"{us:.1f} µs CPU/token",
+                f"{us / floor_us:.2f}",
+                f"{generated / result['elapsed']:,.0f} of {offered:,.0f} tok/s offered; ITL p99 "
+                f"{_percentile(result['itl'], 99) * 1000:.1f} ms; HTTP CPU "
+                f"{result['http_cpu_seconds'] / result['elapsed']:.0%}, ranks "
+                f"{result['other_cpu']:.0%}; client {result['client_cpu']:.0%}",
+            ]
+        )
+
+
 def latency(duration: float, rows: list[list[str]]) -> None:
     """With DeepInfer's zero-overhead scheduling (the default) a request's second token comes
     two steps after its first; that gap is the engine's, so the server's own added latency is
@@ -226,7 +309,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=8.0, help="seconds per measurement")
     parser.add_argument("--write-results", type=Path, help="also write a RESULTS.md here")
-    parser.add_argument("--only", choices=["ceiling", "coordinator", "latency", "non-streaming"])
+    parser.add_argument(
+        "--only", choices=["ceiling", "coordinator", "latency", "non-streaming", "realistic"]
+    )
     args = parser.parse_args()
     rows: list[list[str]] = []
     scenarios = {
@@ -234,6 +319,7 @@ def main() -> int:
         "coordinator": coordinator,
         "latency": latency,
         "non-streaming": non_streaming,
+        "realistic": realistic,
     }
     for name, scenario in scenarios.items():
         if args.only in (None, name):

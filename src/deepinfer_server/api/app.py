@@ -7,6 +7,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Route
+from starlette.types import ASGIApp
 
 from deepinfer_server.api.auth import ApiKeyMiddleware
 from deepinfer_server.api.error_responses import handle_api_error, handle_http_exception
@@ -21,8 +22,16 @@ from deepinfer_server.api.routes.generation import (
 from deepinfer_server.api.routes.meta import health, metrics, server_version
 from deepinfer_server.api.routes.models import list_models, retrieve_model
 from deepinfer_server.api.routes.router_info import get_load, model_info, server_info
+from deepinfer_server.api.sse import keep_server_send
 from deepinfer_server.api.state import AppState
 from deepinfer_server.errors import ApiError
+
+
+class _App(Starlette):
+    """Starlette whose outermost layer keeps the server's `send` for streamed bodies."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return keep_server_send(super().build_middleware_stack())
 
 
 def build_app(state: AppState) -> Starlette:
@@ -69,7 +78,7 @@ def build_app(state: AppState) -> Starlette:
         Route("/model_info", model_info, methods=["GET"]),
         Route("/get_model_info", model_info, methods=["GET"]),
     ]
-    app = Starlette(
+    app = _App(
         routes=routes,
         middleware=middleware,
         exception_handlers={ApiError: handle_api_error, HTTPException: handle_http_exception},

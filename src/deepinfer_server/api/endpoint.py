@@ -1,7 +1,7 @@
 """serve_generation: one generation request end to end, the same for every protocol.
 
 Read and decode the body, prepare it with the protocol's recipe glue, admit it to a rank, then
-stream named or unnamed SSE events, or collect one JSON body, through `token_stream()`.
+stream named or unnamed SSE events, or collect one JSON body, through a `TokenStream`.
 Admission, cancellation, timeouts, metrics and failure handling are identical for every
 protocol; a `GenerationProtocol` only says how to prepare, how to frame and how errors look.
 """
@@ -24,9 +24,9 @@ from deepinfer_server.api.body import read_body, require_json_content_type
 from deepinfer_server.api.disconnect import until_disconnect
 from deepinfer_server.api.error_responses import as_api_error
 from deepinfer_server.api.fan_out import merge_streams, submit_all
-from deepinfer_server.api.sse import SSEResponse
+from deepinfer_server.api.sse import FrameWriter, SSEResponse, complete, write_all
 from deepinfer_server.api.state import AppState
-from deepinfer_server.api.token_stream import ProtocolOutput, token_stream
+from deepinfer_server.api.token_stream import ProtocolOutput, TokenStream, token_stream
 from deepinfer_server.coordinator.handle import RequestHandle
 from deepinfer_server.errors import ApiError
 from deepinfer_server.grammar import Constraint
@@ -133,13 +133,18 @@ async def serve_generation(request: Request, protocol: GenerationProtocol) -> Re
         raise
     if len(choices) > 1:
         return await _serve_choices(request, protocol, choices, handles, outputs, records)
+    stream = TokenStream(handles[0], outputs[0], records[0], state.metrics)
     if choices[0].stream:
-        frames = _stream(protocol, handles[0], outputs[0], records[0], state.metrics, request_id)
-        return SSEResponse(frames)  # type: ignore[return-value]
-    body_json = await until_disconnect(
-        request.receive, _collect(handles[0], outputs[0], records[0], state.metrics)
-    )
-    return Response(body_json, media_type="application/json")
+
+        async def write_body(write: FrameWriter) -> None:
+            await _stream(protocol, stream, write, state.metrics, request_id, records[0])
+
+        return SSEResponse(write_body, abandon=stream.abandon)  # type: ignore[return-value]
+    try:
+        await until_disconnect(request.receive, stream.run())
+    finally:
+        stream.abandon()
+    return Response(outputs[0].response_json(), media_type="application/json")
 
 
 async def _serve_choices(
@@ -164,7 +169,7 @@ async def _serve_choices(
         frames = _stream_choices(
             protocol, merger, streams, metrics, request.state.request_id, records[0]
         )
-        return SSEResponse(frames)  # type: ignore[return-value]
+        return SSEResponse(lambda write: write_all(frames, write))  # type: ignore[return-value]
 
     async def collect() -> bytes:
         async for _ in merge_streams(streams):
@@ -198,30 +203,21 @@ async def _stream_choices(
         yield protocol.done_frame
 
 
-async def _collect(
-    handle: RequestHandle, output: ProtocolOutput, record: RequestRecord, metrics: ServerMetrics
-) -> bytes:
-    async for _ in token_stream(handle, output, record, metrics):
-        pass
-    return output.response_json()
-
-
 async def _stream(
     protocol: GenerationProtocol,
-    handle: RequestHandle,
-    output: ProtocolOutput,
-    record: RequestRecord,
+    stream: TokenStream,
+    write: FrameWriter,
     metrics: ServerMetrics,
     request_id: str,
-) -> AsyncGenerator[bytes, None]:
+    record: RequestRecord,
+) -> None:
+    frames = protocol.frames
     try:
-        async for payloads in token_stream(handle, output, record, metrics):
-            if payloads:
-                yield protocol.frames(payloads)
+        await stream.run(lambda payloads: write(frames(payloads)))
     except Exception as exc:
-        yield _failed_stream_frame(protocol, exc, metrics, request_id, record)
+        await complete(write(_failed_stream_frame(protocol, exc, metrics, request_id, record)))
     if protocol.done_frame:
-        yield protocol.done_frame
+        await complete(write(protocol.done_frame))
 
 
 def _failed_stream_frame(

@@ -1,16 +1,21 @@
 """Server-sent events: OpenAI framing and a lean streaming response.
 
-`SSEResponse` replaces Starlette's StreamingResponse on the hot path: it sends each frame
-straight to the ASGI `send`, and stops the stream (aborting the engine request) when the client
-leaves, through `until_disconnect`. A client that stops reading is disconnected by the
-connection's write deadline (`api/connection.py`), which ends the stream the same way.
+`SSEResponse` replaces Starlette's StreamingResponse on the hot path: its body writes frames
+straight to the ASGI `send`, through `send_now()`, which completes a send at once when it does
+not have to wait (the usual case: the transport buffers the bytes), so a frame can be written
+from the reader task's pass over an engine step without a task switch per stream. The stream
+stops (aborting the engine request) when the client leaves, through `until_disconnect`. A
+client that stops reading is disconnected by the connection's write deadline
+(`api/connection.py`), which ends the stream the same way.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Iterable
+import asyncio
+from collections.abc import AsyncGenerator, Callable, Coroutine
+from typing import Any
 
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from deepinfer_server.api.disconnect import until_disconnect
 from deepinfer_server.errors import ClientDisconnected
@@ -22,30 +27,111 @@ _HEADERS = [
     (b"x-accel-buffering", b"no"),
 ]
 
+#: Where the app keeps the ASGI server's own `send` in `scope["state"]` (see `keep_server_send`).
+SERVER_SEND = "server_send"
 
-def data_frames(payloads: Iterable[str]) -> bytes:
+#: Starts writing one frame; returns what is left to await when the send has to wait.
+FrameWriter = Callable[[bytes], Coroutine[Any, Any, None] | None]
+#: Writes a whole response body through the writer it is given.
+BodyWriter = Callable[[FrameWriter], Coroutine[Any, Any, None]]
+
+
+def data_frames(payloads: list[str]) -> bytes:
     """`data: {json}\\n\\n` for each payload, as one write."""
-    return b"".join(b"data: " + payload.encode() + b"\n\n" for payload in payloads)
+    if len(payloads) == 1:  # the usual case: one chunk per engine step
+        return ("data: " + payloads[0] + "\n\n").encode()
+    return "".join(["data: " + payload + "\n\n" for payload in payloads]).encode()
+
+
+def send_now(send: Send, message: Message) -> Coroutine[Any, Any, None] | None:
+    """Run `send(message)` as far as it goes without waiting: None once it completed, else a
+    coroutine that completes it (await it before the next send)."""
+    sending = send(message)
+    try:
+        waits_for = sending.send(None)  # type: ignore[attr-defined]
+    except StopIteration:
+        return None
+    return _complete_send(sending, waits_for)
+
+
+async def _complete_send(sending: Any, waits_for: Any) -> None:
+    while True:
+        try:
+            if waits_for is None:  # a bare yield: give the loop one turn
+                await asyncio.sleep(0)
+            else:
+                await waits_for
+        except BaseException as exc:  # cancellation included: the send sees it where it waits
+            try:
+                waits_for = sending.throw(exc)
+            except StopIteration:
+                return
+            continue
+        try:
+            waits_for = sending.send(None)
+        except StopIteration:
+            return
+
+
+async def complete(waiting: Coroutine[Any, Any, None] | None) -> None:
+    """Await what a writer left to do, if anything."""
+    if waiting is not None:
+        await waiting
+
+
+async def write_all(frames: AsyncGenerator[bytes, None], write: FrameWriter) -> None:
+    """A body writer for frames produced by an async generator (closed however it ends)."""
+    try:
+        async for frame in frames:
+            await complete(write(frame))
+    finally:
+        await frames.aclose()
+
+
+def keep_server_send(app: ASGIApp) -> ASGIApp:
+    """`app`, keeping the ASGI server's `send` in the scope for `SSEResponse`.
+
+    A stream's body frames go straight to it, past the middlewares' wrappers of `send`: ours,
+    Starlette's error boundaries and CORS act on the response start only and pass body
+    messages through unchanged. A middleware that rewrites bodies (compression) must not wrap
+    the streaming routes.
+    """
+
+    async def with_server_send(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            scope.setdefault("state", {})[SERVER_SEND] = send
+        await app(scope, receive, send)
+
+    return with_server_send
 
 
 class SSEResponse:
-    """A 200 text/event-stream response whose body is `frames`."""
+    """A 200 text/event-stream response whose body `body(write)` writes.
 
-    def __init__(self, frames: AsyncGenerator[bytes, None]) -> None:
-        self._frames = frames
+    `abandon` is called when the response ends, whether or not the body ran: it releases what
+    the body would have released (a no-op when the body did).
+    """
+
+    def __init__(self, body: BodyWriter, abandon: Callable[[], None] | None = None) -> None:
+        self._body = body
+        self._abandon = abandon
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": _HEADERS})
+        body_send: Send = scope.get("state", {}).get(SERVER_SEND, send)
+
+        def write(frame: bytes) -> Coroutine[Any, Any, None] | None:
+            message = {"type": "http.response.body", "body": frame, "more_body": True}
+            return send_now(body_send, message)
+
         try:
-            await until_disconnect(receive, self._stream(send))
+            await send({"type": "http.response.start", "status": 200, "headers": _HEADERS})
+            await until_disconnect(receive, self._stream(write, send))
         except ClientDisconnected:
             return
         finally:
-            # Now, not when the garbage collector finalizes it: this closes the request handle
-            # (aborting the engine request) however the stream ended.
-            await self._frames.aclose()
+            if self._abandon is not None:
+                self._abandon()
 
-    async def _stream(self, send: Send) -> None:
-        async for frame in self._frames:
-            await send({"type": "http.response.body", "body": frame, "more_body": True})
+    async def _stream(self, write: FrameWriter, send: Send) -> None:
+        await self._body(write)
         await send({"type": "http.response.body", "body": b"", "more_body": False})

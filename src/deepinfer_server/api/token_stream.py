@@ -1,16 +1,22 @@
-"""token_stream: the one loop over a request's token batches, shared by every protocol.
+"""TokenStream: the one loop over a request's token batches, shared by every protocol.
 
 Whatever ends it (normal finish, the parser ending the answer early, an error, the client
 leaving) it closes the handle, which aborts the engine request if the engine may still run it,
 closes the output's parser, and accounts for the request in the metrics exactly once.
+
+`TokenStream.run()` is the hot path of a single-choice request: after the first batch it
+attaches itself to the handle as a sink, so that from then on the reader task advances the
+parser and starts the write for each engine step directly, in one pass over the step's output;
+the request's own task sleeps until the request ends or a write has to wait for a slow client.
+`token_stream()` is the same loop as an async iterator, for requests whose choices are merged.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from typing import Protocol
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any, Protocol
 
 from deepinfer_server.coordinator.handle import RequestHandle
 from deepinfer_server.errors import (
@@ -21,6 +27,10 @@ from deepinfer_server.errors import (
 )
 from deepinfer_server.ipc.messages import AbortReason, Finish, GeneratedTokens
 from deepinfer_server.metrics import RequestRecord, ServerMetrics
+
+#: Starts writing payloads now; returns what is left to await when the write has to wait
+#: (the client is not reading fast enough), else None.
+PayloadWriter = Callable[[list[str]], Coroutine[Any, Any, None] | None]
 
 
 class ProtocolOutput(Protocol):
@@ -53,44 +63,150 @@ def _abort_reason(error: BaseException | None) -> AbortReason:
     return AbortReason.STOP
 
 
+def _no_write(payloads: list[str]) -> None:
+    return None
+
+
+class TokenStream:
+    """One request's engine output through its protocol output, with its accounting."""
+
+    def __init__(
+        self,
+        handle: RequestHandle,
+        output: ProtocolOutput,
+        record: RequestRecord,
+        metrics: ServerMetrics,
+    ) -> None:
+        self._handle = handle
+        self._output = output
+        self._record = record
+        self._metrics = metrics
+        #: True once the request ended normally (the last payloads were returned).
+        self.done = False
+        self._closed = False
+        self._write: PayloadWriter = _no_write
+        self._waiting_write: Coroutine[Any, Any, None] | None = None
+        self._sink_error: Exception | None = None
+
+    def opening(self) -> list[str]:
+        """The output's opening payloads."""
+        return self._output.start()
+
+    def advance(
+        self, tokens: GeneratedTokens, finish: Finish | None, arrived_at: float, step_seconds: float
+    ) -> list[str]:
+        """The payloads for one batch; sets `done` (and includes the closing payloads) when the
+        engine or the parser ended the request."""
+        output = self._output
+        record = self._record
+        if not output.finished:
+            record.on_tokens(arrived_at, len(tokens), step_seconds)
+        payloads = output.push(tokens)
+        if output.finished:
+            # The parser ended the answer (EOS or a stop sequence); closing the handle aborts
+            # the engine request if it is still running.
+            record.finish_reason = (finish or Finish.STOP).name.lower()
+            payloads.extend(output.finish(Finish.STOP))
+            self.done = True
+        elif finish is not None:
+            record.finish_reason = finish.name.lower()
+            payloads.extend(output.finish(finish))
+            self.done = True
+        return payloads
+
+    def abandon(self) -> None:
+        """Release the request as a client that left, unless it is already released (for a
+        response that may never run its body)."""
+        self.close(asyncio.CancelledError())
+
+    def close(self, ended_by: BaseException | None) -> None:
+        """Release the handle and the output and account for the request (once)."""
+        if self._closed:
+            return
+        self._closed = True
+        if isinstance(ended_by, ApiError):
+            self._record.error_kind = ended_by.kind.value
+        self._handle.close(_abort_reason(ended_by))
+        self._output.close()
+        self._metrics.observe_engine_request(self._record)
+        if self.done:
+            self._metrics.observe_success(self._record, time.perf_counter())
+
+    async def run(self, write: PayloadWriter = _no_write) -> None:
+        """Run the request to its end, passing every non-empty list of payloads to `write`.
+
+        Raises the request's ApiError (timeout, rank failure, engine error); the handle and the
+        output are released in every case, including cancellation.
+        """
+        self._write = write
+        ended_by: BaseException | None = None
+        try:
+            await self._send(self.opening())
+            while not self.done:
+                batch = await self._handle.next_batch()
+                await self._send(
+                    self.advance(batch.tokens, batch.finish, batch.arrived_at, batch.step_seconds)
+                )
+                if self.done:
+                    break
+                if not self._handle.attach(self._on_step):
+                    continue  # more arrived while the last write waited for the client
+                await self._handle.wait_detached()
+                waiting, self._waiting_write = self._waiting_write, None
+                if waiting is not None:
+                    await waiting
+                if self._sink_error is not None:
+                    raise self._sink_error
+        except (ApiError, asyncio.CancelledError, GeneratorExit) as exc:
+            ended_by = exc
+            raise
+        finally:
+            self._handle.detach()
+            if self._waiting_write is not None:
+                self._waiting_write.close()
+            self.close(ended_by)
+
+    def _on_step(
+        self, tokens: GeneratedTokens, finish: Finish | None, arrived_at: float, step_seconds: float
+    ) -> bool:
+        """The sink: called by the reader task with one step's output; False detaches it."""
+        try:
+            payloads = self.advance(tokens, finish, arrived_at, step_seconds)
+            if payloads:
+                self._waiting_write = self._write(payloads)
+        except Exception as exc:  # raised in the request's task, not the reader's
+            self._sink_error = exc
+            return False
+        return not self.done and self._waiting_write is None
+
+    async def _send(self, payloads: list[str]) -> None:
+        if payloads:
+            waiting = self._write(payloads)
+            if waiting is not None:
+                await waiting
+
+
 async def token_stream(
     handle: RequestHandle, output: ProtocolOutput, record: RequestRecord, metrics: ServerMetrics
 ) -> AsyncIterator[list[str]]:
-    """Yield the output's payloads step by step until the request ends.
+    """Yield the output's payloads batch by batch until the request ends (the same loop as
+    `TokenStream.run()`, pulled by the caller: for choices merged into one response).
 
-    Raises the request's ApiError (timeout, rank failure, engine error); the handle and the
-    output are released in every case, including cancellation.
+    Raises the request's ApiError; the handle and the output are released in every case.
     """
-    succeeded = False
+    stream = TokenStream(handle, output, record, metrics)
     ended_by: BaseException | None = None
     try:
-        yield output.start()
-        while True:
+        yield stream.opening()
+        while not stream.done:
             batch = await handle.next_batch()
-            if not output.finished:
-                record.on_tokens(batch.arrived_at, len(batch.tokens), batch.step_seconds)
-            payloads = output.push(batch.tokens)
-            finish = batch.finish
-            if output.finished:
-                # The parser ended the answer (EOS or a stop sequence); closing the handle
-                # below aborts the engine request if it is still running.
-                finish = Finish.STOP
-            if finish is not None:
-                payloads.extend(output.finish(finish))
-                record.finish_reason = (batch.finish or finish).name.lower()
-                succeeded = True
-                yield payloads
-                return
-            if payloads:
+            payloads = stream.advance(
+                batch.tokens, batch.finish, batch.arrived_at, batch.step_seconds
+            )
+            if payloads or stream.done:
                 yield payloads
     except (ApiError, asyncio.CancelledError, GeneratorExit) as exc:
         ended_by = exc
-        if isinstance(exc, ApiError):
-            record.error_kind = exc.kind.value
         raise
     finally:
-        handle.close(_abort_reason(ended_by))
-        output.close()
-        metrics.observe_engine_request(record)
-        if succeeded:
-            metrics.observe_success(record, time.perf_counter())
+        stream.close(ended_by)

@@ -2,10 +2,14 @@
 
 The reader task `deliver()`s token batches without ever blocking; the request's consumer takes
 everything that arrived since its last call with `next_batch()`, so several engine steps merge
-into one write when the consumer falls behind. Closing the handle, for any reason, aborts the
-engine request if the engine may still run it and frees the admission slot, exactly once. A
-request that times out is closed by its own timer at once, without waiting for its consumer
-(which may be blocked writing to a client that stopped reading).
+into one write when the consumer falls behind. In the steady state a consumer may instead
+`attach()` a sink, which the reader task calls with each step's output directly: one pass over
+a rank's step reaches every stream without waking a task per stream.
+
+Closing the handle, for any reason, aborts the engine request if the engine may still run it and
+frees the admission slot, exactly once. A request that times out is closed by its own timer at
+once, without waiting for its consumer (which may be blocked writing to a client that stopped
+reading).
 """
 
 from __future__ import annotations
@@ -35,6 +39,10 @@ class TokenBatch:
 #: Called once when a handle closes: (handle, whether the engine request was aborted, why).
 CloseCallback = Callable[["RequestHandle", bool, AbortReason], None]
 
+#: Takes one step's output from the reader task: (tokens, finish, arrived_at, step_seconds);
+#: returns whether to stay attached. It must not block and should not raise.
+TokenSink = Callable[[GeneratedTokens, Finish | None, float, float], bool]
+
 
 class RequestHandle:
     """One request in flight on one rank."""
@@ -57,6 +65,7 @@ class RequestHandle:
         self._closed = False
         self._engine_finished = False
         self._timer: asyncio.TimerHandle | None = None
+        self._sink: TokenSink | None = None
         if deadline is not None:
             self._timer = asyncio.get_running_loop().call_at(deadline, self._expire)
 
@@ -85,12 +94,43 @@ class RequestHandle:
             self.context_tokens += len(tokens)
             self._arrived_at = arrived_at
             self._step_seconds = step_seconds
-        if tokens or tokens.prompt_logprobs is not None:
-            self._tokens.extend(tokens)
         if finish is not None:
             self._finish = finish
             self._engine_finished = True
+        sink = self._sink
+        if sink is not None:
+            if not sink(tokens, finish, arrived_at, step_seconds):
+                self.detach()
+            return
+        if tokens or tokens.prompt_logprobs is not None:
+            self._tokens.extend(tokens)
         self._event.set()
+
+    def attach(self, sink: TokenSink) -> bool:
+        """Hand every later step's output to `sink`, from the reader task, instead of keeping
+        it for `next_batch()`; until the sink returns False, the request fails or `detach()`.
+
+        Returns False, attaching nothing, when output or the end is already waiting for
+        `next_batch()`.
+        """
+        if self._tokens or self.ended:
+            return False
+        self._event.clear()
+        self._sink = sink
+        return True
+
+    def detach(self) -> None:
+        """Stop calling the sink; wakes `wait_detached()`."""
+        if self._sink is not None:
+            self._sink = None
+            self._event.set()
+
+    async def wait_detached(self) -> None:
+        """Return once no sink is attached (it detached itself, the request failed, timed out
+        or was closed)."""
+        while self._sink is not None:
+            await self._event.wait()
+            self._event.clear()
 
     def fail(self, error: ApiError, *, engine_finished: bool = False) -> None:
         """End the request with an error.
@@ -102,6 +142,7 @@ class RequestHandle:
             return
         self._error = error
         self._engine_finished = self._engine_finished or engine_finished
+        self._sink = None
         self._event.set()
 
     async def next_batch(self) -> TokenBatch:
@@ -126,6 +167,7 @@ class RequestHandle:
             self._timer = None
         abort = not self._engine_finished
         self._closed = True
+        self.detach()
         self._on_close(self, abort, reason)
 
     def _expire(self) -> None:

@@ -30,6 +30,9 @@ class RequestRecord:
             self.first_step_seconds = step_seconds
             # Tokens that came with the first one (speculative decoding) follow it at once.
             self.inter_token_latencies.extend([0.0] * (count - 1))
+        elif count == 1:
+            assert self.last_token_at is not None
+            self.inter_token_latencies.append(arrived_at - self.last_token_at)
         else:
             assert self.last_token_at is not None
             # Several tokens in one arrival share the gap since the previous one.

@@ -55,11 +55,11 @@ class ChatOutput(RecipeOutput):
             if not self._continuous_usage:
                 # Fast paths for the common chunks, which need no parsing: the recipe writes
                 # `"usage":null` when include_usage is set and no usage key otherwise.
-                if payload.endswith(_NULL_USAGE_SUFFIX):
-                    payloads.append(payload)
-                    continue
                 if payload.endswith(_NO_USAGE_SUFFIX):
                     payloads.append(payload[:-1] + _ADD_NULL_USAGE)
+                    continue
+                if payload.endswith(_NULL_USAGE_SUFFIX):
+                    payloads.append(payload)
                     continue
             payloads.extend(self._reshape_usage(payload))
         return payloads

@@ -37,45 +37,52 @@ class RecipeOutput:
         self._response = response
         self._prompt_tokens = prompt_tokens
         self._completion_tokens = 0
+        # The parser's state, read once per push: it changes only when the parser is pushed.
+        self._finished = False
 
     @property
     def finished(self) -> bool:
         """True once the parser ended the answer (EOS, stop sequence, end of a forced tool call)."""
-        return bool(self._processor.finished)
+        return self._finished
 
     def start(self) -> list[str]:
         """The opening payloads (role, created events)."""
         usage = PromptUsage(prompt_tokens=self._prompt_tokens)
-        return self._emit(self._processor.push(InferenceChunk.ready(prompt_usage=usage)))
+        chunks = self._processor.push(InferenceChunk.ready(prompt_usage=usage))
+        self._finished = bool(self._processor.finished)
+        return self._emit(chunks)
 
     def push(self, tokens: GeneratedTokens) -> list[str]:
         """Payloads for newly generated tokens (several tokens make one chunk)."""
+        processor = self._processor
         token_ids = tokens.token_ids
-        if not tokens or self.finished:
+        hidden = tokens.hidden_tokens
+        if self._finished or not (token_ids or hidden):
             return []
-        self._completion_tokens += len(tokens)
+        self._completion_tokens += len(token_ids) + hidden
         chunks = []
         if token_ids:
-            chunk = InferenceChunk.tokens(token_ids, tokens.logprob_pairs())
-            chunks = self._processor.push(chunk)
-        if tokens.hidden_tokens and not self.finished:
+            logprobs = None if tokens.logprobs is None else tokens.logprob_pairs()
+            chunks = processor.push(InferenceChunk.tokens(token_ids, logprobs))
+            self._finished = bool(processor.finished)
+        if hidden and not self._finished:
             # Counted in usage, never rendered (an EOS generated under ignore_eos).
-            chunks.extend(
-                self._processor.push(InferenceChunk.text("", token_count=tokens.hidden_tokens))
-            )
-        return self._emit(chunks)
+            chunks.extend(processor.push(InferenceChunk.text("", token_count=hidden)))
+            self._finished = bool(processor.finished)
+        return self._emit(chunks) if chunks else []
 
     def finish(self, finish: Finish) -> list[str]:
         """The closing payloads once the engine ended the request (STOP or LENGTH)."""
         chunks = []
-        if not self.finished:
+        if not self._finished:
             chunks = self._processor.push(InferenceChunk.finish(_FINISH_REASONS[finish]))
         chunks.extend(self._processor.finish())
+        self._finished = bool(self._processor.finished)
         return self._emit(chunks)
 
     def close(self) -> None:
         """Release the parser (always call it; it is a no-op after a normal finish)."""
-        if not self.finished:
+        if not self._processor.finished:
             self._processor.close()
 
     def response_json(self) -> bytes:

@@ -391,4 +391,3 @@ class LLMEngine:
         handles = POOL.publish(records)
         self._to_release.append(handles)
         return handles
-
