@@ -4,10 +4,10 @@ Whatever ends it (normal finish, the parser ending the answer early, an error, t
 leaving) it closes the handle, which aborts the engine request if the engine may still run it,
 closes the output's parser, and accounts for the request in the metrics exactly once.
 
-`TokenStream.run()` is the hot path of a single-choice request: after the first batch it
-attaches itself to the handle as a sink, so that from then on the reader task advances the
-parser and starts the write for each engine step directly, in one pass over the step's output;
-the request's own task sleeps until the request ends or a write has to wait for a slow client.
+`TokenStream.run()` is the hot path of a single-choice request: it attaches itself to the
+handle as a sink, so that the reader task advances the parser and starts the write for each
+engine step directly, in one pass over the step's output; the request's own task sleeps until
+the request ends or a write has to wait for a slow client.
 `token_stream()` is the same loop as an async iterator, for requests whose choices are merged.
 """
 
@@ -143,20 +143,19 @@ class TokenStream:
         try:
             await self._send(self.opening())
             while not self.done:
+                if self._handle.attach(self._on_step):
+                    await self._handle.wait_detached()
+                    waiting, self._waiting_write = self._waiting_write, None
+                    if waiting is not None:
+                        await waiting
+                    if self._sink_error is not None:
+                        raise self._sink_error
+                    continue
+                # Output or the end is already waiting (it came while a write waited).
                 batch = await self._handle.next_batch()
                 await self._send(
                     self.advance(batch.tokens, batch.finish, batch.arrived_at, batch.step_seconds)
                 )
-                if self.done:
-                    break
-                if not self._handle.attach(self._on_step):
-                    continue  # more arrived while the last write waited for the client
-                await self._handle.wait_detached()
-                waiting, self._waiting_write = self._waiting_write, None
-                if waiting is not None:
-                    await waiting
-                if self._sink_error is not None:
-                    raise self._sink_error
         except (ApiError, asyncio.CancelledError, GeneratorExit) as exc:
             ended_by = exc
             raise

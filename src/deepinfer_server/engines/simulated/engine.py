@@ -12,8 +12,9 @@ all-reduce MAX and `step()`/`close()` as collectives across the DP ranks; single
 ownership.
 
 Timing: every step, prompt steps included, lasts `itl_ms` while there is work (host work
-overlaps the next step; a slower loop slows the steps); a request is schedulable `ttft_ms`
-after `add_request` (a step with only waiting requests ends when the first is ready).
+overlaps the step: a step computes its outputs as of its end, then waits for that end; a slower
+loop slows the steps); a request is schedulable `ttft_ms` after `add_request` (a step with only
+waiting requests ends when the first is ready).
 """
 
 from __future__ import annotations
@@ -209,11 +210,11 @@ class LLMEngine:
         for handles in self._to_release:
             POOL.release(handles)
         self._to_release.clear()
-        self._sleep_for_step(started)
+        step_end = self._step_end(started)
 
         terminal, self._pending_terminal = self._pending_terminal, []
         prompt_outputs: list[OutputRecord] = []
-        prompt_step = self._schedule_prompts(prompt_outputs)
+        prompt_step = self._schedule_prompts(prompt_outputs, step_end)
         deferred, self._deferred = self._deferred, []
         decoded: list[OutputRecord] = []
         if not prompt_step:
@@ -229,7 +230,9 @@ class LLMEngine:
         else:
             returned.extend(decoded)
         self._cadence.advance(prompt_step)
-        return self._publish(returned)
+        published = self._publish(returned)
+        self._sleep_until(step_end)
+        return published
 
     def flush_inflight_reqs(self) -> npt.NDArray[np.uint64]:
         """Return the outputs of the deferred decode step, if any (local, not collective)."""
@@ -284,7 +287,8 @@ class LLMEngine:
             logger.warning("step() hangs forever (--sim-fault step-hang)")
             threading.Event().wait()
 
-    def _sleep_for_step(self, started: float) -> None:
+    def _step_end(self, started: float) -> float:
+        """When the step that started at `started` ends (`time.monotonic()`)."""
         itl = self._args.itl_ms / 1000.0
         # The step ends one period after the previous one did; after an idle gap (or a loop
         # slower than the period) the cadence restarts from now.
@@ -294,9 +298,13 @@ class LLMEngine:
         if not self._running and self._waiting:
             first_ready = min(s.ready_at for s in self._waiting)
             deadline = min(deadline, max(started, first_ready))
+        return deadline
+
+    def _sleep_until(self, deadline: float) -> None:
         remaining = deadline - time.monotonic()
         if remaining > 0:
             time.sleep(remaining)
+        itl = self._args.itl_ms / 1000.0
         self._step_deadline = max(deadline, time.monotonic() - itl) if itl else deadline
 
     def _kv_usage(self) -> float:
@@ -304,23 +312,23 @@ class LLMEngine:
         usable = self.cache_config.num_gpu_blocks - 1
         return (usable - self._kv.get_num_free_gpu_blocks()) / max(1, usable)
 
-    def _schedule_prompts(self, returned: list[OutputRecord]) -> bool:
+    def _schedule_prompts(self, returned: list[OutputRecord], now: float) -> bool:
         """DeepInfer's prefill cadence (scheduler.PrefillCadence): True for a prompt step,
-        whose outputs (first tokens, ignored requests) are appended to `returned`."""
-        head_ready = bool(self._waiting) and self._waiting[0].ready_at <= time.monotonic()
+        whose outputs (first tokens, ignored requests) are appended to `returned`; `now` is
+        the step's end, as of which requests are ready."""
+        head_ready = bool(self._waiting) and self._waiting[0].ready_at <= now
         want = self._kv_usage() <= KV_WATERMARK and head_ready
         if not self._cadence.vote(want):
             return False
-        outputs = self._prefill() if want else []
+        outputs = self._prefill(now) if want else []
         if not self._cadence.anyone_scheduled(bool(outputs)):
             return False
         returned.extend(outputs)  # empty: this rank pads the group's prompt step
         return True
 
-    def _prefill(self) -> list[OutputRecord]:
+    def _prefill(self, now: float) -> list[OutputRecord]:
         """Schedule the queue's head in order (scheduler.hpp:351-554, chunked prefill off): stop
         at the first request that is not ready or does not fit (no skipping ahead)."""
-        now = time.monotonic()
         outputs: list[OutputRecord] = []
         tokens = 0
         while self._waiting:
