@@ -1,0 +1,161 @@
+"""TokenStream's sink path in-process: writes from the reader's pass, a send that has to wait,
+errors raised in the sink, failures and cancellation while attached."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from deepinfer_server.api.sse import send_now
+from deepinfer_server.api.token_stream import TokenStream
+from deepinfer_server.coordinator.handle import RequestHandle
+from deepinfer_server.errors import ServiceFailedError
+from deepinfer_server.ipc.messages import AbortReason, Finish, GeneratedTokens
+from deepinfer_server.metrics import RequestRecord, ServerMetrics
+
+
+class _Output:
+    """A protocol output that renders each token ID as one payload."""
+
+    def __init__(self, fail_on: int | None = None) -> None:
+        self.finished = False
+        self.closed = False
+        self._fail_on = fail_on
+
+    def start(self) -> list[str]:
+        return ["start"]
+
+    def push(self, tokens: GeneratedTokens) -> list[str]:
+        if self._fail_on in tokens.token_ids:
+            raise RuntimeError("parser failure")
+        return [str(token) for token in tokens.token_ids]
+
+    def finish(self, finish: Finish) -> list[str]:
+        return [f"end:{finish.name}"]
+
+    def close(self) -> None:
+        self.closed = True
+
+    def response_json(self) -> bytes:
+        return b"{}"
+
+
+class _Harness:
+    def __init__(self, fail_on: int | None = None) -> None:
+        self.closes: list[tuple[bool, AbortReason]] = []
+        self.handle = RequestHandle("r-1", 0, self._closed, None)
+        self.output = _Output(fail_on)
+        self.record = RequestRecord(arrival=time.perf_counter())
+        self.stream = TokenStream(self.handle, self.output, self.record, ServerMetrics("m"))
+        self.written: list[list[str]] = []
+        self.gate: asyncio.Event | None = None  # while set to an unset Event, sends wait
+
+    def _closed(self, handle: RequestHandle, aborted: bool, reason: AbortReason) -> None:
+        self.closes.append((aborted, reason))
+
+    async def _send(self, message: dict[str, Any]) -> None:
+        if self.gate is not None:
+            await self.gate.wait()
+        self.written.append(message["payloads"])
+
+    def write(self, payloads: list[str]) -> Any:
+        return send_now(self._send, {"payloads": payloads})  # type: ignore[arg-type]
+
+    def deliver(self, *token_ids: int, finish: Finish | None = None) -> None:
+        self.handle.deliver(GeneratedTokens(list(token_ids)), finish, time.perf_counter(), 0.01)
+
+
+async def _until(condition: Any) -> None:
+    for _ in range(1000):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition not reached")
+
+
+def test_steps_are_written_from_the_deliver_call() -> None:
+    async def body() -> None:
+        h = _Harness()
+        task = asyncio.ensure_future(h.stream.run(h.write))
+        await _until(lambda: h.written == [["start"]])
+        h.deliver(1)
+        assert h.written[-1] == ["1"]  # written during deliver(), before any task ran
+        h.deliver(2, finish=Finish.LENGTH)
+        assert h.written[-1] == ["2", "end:LENGTH"]
+        await task
+        assert h.closes == [(False, AbortReason.STOP)]
+        assert h.record.finish_reason == "length" and h.record.generation_tokens == 2
+
+    asyncio.run(body())
+
+
+def test_a_send_that_waits_hands_over_to_the_task_and_nothing_is_lost() -> None:
+    async def body() -> None:
+        h = _Harness()
+        task = asyncio.ensure_future(h.stream.run(h.write))
+        await _until(lambda: h.written == [["start"]])
+        h.gate = asyncio.Event()
+        h.deliver(1)  # its send waits: the sink detaches
+        h.deliver(2)  # buffered in the handle
+        h.deliver(3)
+        assert h.written == [["start"]]
+        h.gate.set()
+        await _until(lambda: len(h.written) == 3)
+        assert h.written == [["start"], ["1"], ["2", "3"]]  # the waiting steps in one write
+        h.gate = None
+        h.deliver(4)
+        assert h.written[-1] == ["4"]  # attached again
+        h.deliver(finish=Finish.STOP)
+        await task
+        assert h.written[-1] == ["end:STOP"]
+
+    asyncio.run(body())
+
+
+def test_an_error_in_the_sink_is_raised_in_the_request_task() -> None:
+    async def body() -> None:
+        h = _Harness(fail_on=7)
+        task = asyncio.ensure_future(h.stream.run(h.write))
+        await _until(lambda: h.written == [["start"]])
+        h.deliver(7)  # must not raise in the reader
+        with pytest.raises(RuntimeError, match="parser failure"):
+            await task
+        assert h.closes == [(True, AbortReason.STOP)] and h.output.closed
+
+    asyncio.run(body())
+
+
+def test_a_failure_while_attached_ends_the_stream_with_it() -> None:
+    async def body() -> None:
+        h = _Harness()
+        task = asyncio.ensure_future(h.stream.run(h.write))
+        await _until(lambda: h.written == [["start"]])
+        h.deliver(1)
+        h.handle.fail(ServiceFailedError("rank 0 died"), engine_finished=True)
+        with pytest.raises(ServiceFailedError):
+            await task
+        assert h.closes == [(False, AbortReason.RANK_FAILURE)]
+        assert h.record.error_kind == "service_failed"
+
+    asyncio.run(body())
+
+
+def test_cancelling_a_stream_with_a_waiting_write_aborts_it() -> None:
+    async def body() -> None:
+        h = _Harness()
+        task = asyncio.ensure_future(h.stream.run(h.write))
+        await _until(lambda: h.written == [["start"]])
+        h.gate = asyncio.Event()
+        h.deliver(1)
+        await _until(lambda: h.handle._sink is None)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert h.closes == [(True, AbortReason.DISCONNECT)] and h.output.closed
+        h.deliver(2)  # after the close: dropped, never written
+        assert h.written == [["start"]]
+
+    asyncio.run(body())
