@@ -24,11 +24,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle as HttptoolsCycle
 
 from deepinfer_server.api.error_responses import error_response
 from deepinfer_server.errors import ErrorKind, ServiceUnavailableError
@@ -162,6 +164,36 @@ class _GuardedProtocol(AutoHTTPProtocol):  # type: ignore[valid-type,misc]
             self.limits.write_timeout,
         )
         self.transport.abort()
+
+
+def chunk_writer(send: Send) -> Callable[[bytes], bool] | None:
+    """A writer of response body chunks straight to the connection's transport, for the
+    streaming hot path, when `send` is uvicorn's httptools `send`; else None.
+
+    It writes exactly what that `send` writes for a chunked body message with more to come,
+    without a coroutine per chunk, and returns False, writing nothing, whenever `send` would
+    do anything else (the response is not a chunked body in progress, the client is gone or
+    not reading fast enough): then the caller must use `send`.
+    """
+    cycle = getattr(send, "__self__", None)
+    if not isinstance(cycle, HttptoolsCycle):
+        return None
+    transport = cycle.transport
+    flow = cycle.flow
+
+    def write(chunk: bytes) -> bool:
+        if (
+            flow.write_paused
+            or cycle.disconnected
+            or not cycle.response_started
+            or cycle.response_complete
+            or not cycle.chunked_encoding
+        ):
+            return False
+        transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+        return True
+
+    return write
 
 
 def fit_to_file_limit(max_connections: int) -> int:

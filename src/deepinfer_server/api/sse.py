@@ -1,9 +1,10 @@
 """Server-sent events: OpenAI framing and a lean streaming response.
 
 `SSEResponse` replaces Starlette's StreamingResponse on the hot path: its body writes frames
-straight to the ASGI `send`, through `send_now()`, which completes a send at once when it does
-not have to wait (the usual case: the transport buffers the bytes), so a frame can be written
-from the reader task's pass over an engine step without a task switch per stream. The stream
+straight to the ASGI server's `send` (or, with uvicorn's httptools protocol, straight to the
+transport: `connection.chunk_writer`), through `send_now()`, which completes a send at once when
+it does not have to wait (the usual case: the transport buffers the bytes), so a frame can be
+written from the reader task's pass over an engine step without a task switch per stream. The stream
 stops (aborting the engine request) when the client leaves, through `until_disconnect`. A
 client that stops reading is disconnected by the connection's write deadline
 (`api/connection.py`), which ends the stream the same way.
@@ -17,6 +18,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from deepinfer_server.api.connection import chunk_writer
 from deepinfer_server.api.disconnect import until_disconnect
 from deepinfer_server.errors import ClientDisconnected
 
@@ -105,6 +107,10 @@ def keep_server_send(app: ASGIApp) -> ASGIApp:
     return with_server_send
 
 
+def _never(frame: bytes) -> bool:
+    return False
+
+
 class SSEResponse:
     """A 200 text/event-stream response whose body `body(write)` writes.
 
@@ -118,8 +124,11 @@ class SSEResponse:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         body_send: Send = scope.get("state", {}).get(SERVER_SEND, send)
+        write_chunk = chunk_writer(body_send) or _never
 
         def write(frame: bytes) -> Coroutine[Any, Any, None] | None:
+            if write_chunk(frame):
+                return None
             message = {"type": "http.response.body", "body": frame, "more_body": True}
             return send_now(body_send, message)
 
