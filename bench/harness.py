@@ -69,7 +69,14 @@ class Server:
     def paced_floor(cls, tick_ms: float) -> Server:
         port = free_port()
         process = subprocess.Popen(
-            [sys.executable, str(HERE / "paced_floor.py"), "--port", str(port), "--tick-ms", str(tick_ms)],
+            [
+                sys.executable,
+                str(HERE / "paced_floor.py"),
+                "--port",
+                str(port),
+                "--tick-ms",
+                str(tick_ms),
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

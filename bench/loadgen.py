@@ -122,7 +122,8 @@ async def _worker(
                 # --duration bounds the run: a request still streaming then is cut (the
                 # connection closes, and the server aborts it), its tokens so far counted.
                 await asyncio.wait_for(
-                    _one(reader, writer, request, timing, totals, frame_gaps), deadline - time.perf_counter()
+                    _one(reader, writer, request, timing, totals, frame_gaps),
+                    deadline - time.perf_counter(),
                 )
             except TimeoutError:
                 totals.cut += 1

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import uvicorn
@@ -24,7 +24,7 @@ _CHUNK = (
     b'"delta":{"content":"again"},"logprobs":null,"finish_reason":null}],"usage":null}\n\n'
 )
 _DONE = b"data: [DONE]\n\n"
-Send = Callable[[dict[str, Any]], Awaitable[None]]
+Send = Callable[[dict[str, Any]], Coroutine[Any, Any, None]]
 
 
 class _Stream:
@@ -34,17 +34,27 @@ class _Stream:
         self.done = asyncio.get_running_loop().create_future()
 
 
+_WAITING: set[asyncio.Future[None]] = set()
+
+
 def _drive(coroutine: Coroutine[Any, Any, None]) -> None:
     """Run an ASGI send to completion now if it does not wait (the usual case), else as a task."""
     try:
-        coroutine.send(None)
+        waits_for = coroutine.send(None)
     except StopIteration:
         return
-    asyncio.ensure_future(_finish(coroutine))
+    task = asyncio.ensure_future(_finish(coroutine, waits_for))
+    _WAITING.add(task)
+    task.add_done_callback(_WAITING.discard)
 
 
-async def _finish(coroutine: Coroutine[Any, Any, None]) -> None:
-    await coroutine
+async def _finish(coroutine: Coroutine[Any, Any, None], waits_for: Any) -> None:
+    while True:
+        await waits_for
+        try:
+            waits_for = coroutine.send(None)
+        except StopIteration:
+            return
 
 
 class PacedApp:

@@ -87,11 +87,12 @@ class RequestHandle:
         step_seconds: float,
     ) -> None:
         """Called by the reader task with one step's output for this request."""
-        if self.ended:
+        if self._finish is not None or self._error is not None:  # ended
             return
-        if tokens:
+        count = len(tokens)
+        if count:
             self.has_first_token = True
-            self.context_tokens += len(tokens)
+            self.context_tokens += count
             self._arrived_at = arrived_at
             self._step_seconds = step_seconds
         if finish is not None:
