@@ -38,6 +38,7 @@ from deepinfer_server.ipc.control import (
 from deepinfer_server.metrics import ServerMetrics
 from deepinfer_server.metrics.aggregate import Snapshot, take_snapshot
 from deepinfer_server.rank.proc import die_with_parent
+from deepinfer_server.tokenizer import load_tokenizer_json
 
 logger = logging.getLogger("deepinfer_server")
 
@@ -51,7 +52,9 @@ class WorkerSpec:
 
     config: ResolvedConfig
     index: int
-    tokenizer_json: str
+    #: The local checkpoint (None: the embedded tokenizer); each process loads the tokenizer
+    #: itself, which keeps the spec small and the processes' start-ups parallel.
+    checkpoint: str | None
     #: This process's inbox of each rank, by rank (it binds them).
     inbox_addresses: list[str]
     outbox_address: str
@@ -143,7 +146,8 @@ async def _serve(spec: WorkerSpec) -> int:
     peers = ControlPeers(spec.index, config.api_server_count, control, coordinator, metrics)
     listener = asyncio.ensure_future(peers.listen())
     try:
-        recipe = create_recipe(config, spec.tokenizer_json)  # checked by the supervisor
+        tokenizer_json = load_tokenizer_json(spec.checkpoint)
+        recipe = create_recipe(config, tokenizer_json)  # checked by the supervisor
         coordinator.start()
         startup = asyncio.ensure_future(coordinator.wait_ready(config.startup_timeout))
         with startup_signals(startup, [signal.SIGTERM]):
@@ -157,7 +161,7 @@ async def _serve(spec: WorkerSpec) -> int:
         server = build_server(
             config,
             recipe,
-            spec.tokenizer_json,
+            tokenizer_json,
             coordinator,
             metrics,
             peers=peers,
@@ -167,6 +171,7 @@ async def _serve(spec: WorkerSpec) -> int:
         await server.serve(sockets=[spec.listener])
         if not server.started:
             return 1
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the supervisor says when to exit
         control.send(Drained())
         await peers.exit_requested.wait()  # the supervisor stops the ranks meanwhile
         return 0

@@ -50,6 +50,9 @@ class HttpServer(uvicorn.Server):
         signals: Sequence[signal.Signals] = STOP_SIGNALS,
         on_started: Callable[[], None] | None = None,
     ) -> None:
+        """`signals`: those that drain; with only SIGTERM (an API server process of
+        --api-server-count, whose supervisor forwards signals), a second SIGTERM ends the
+        drain, as a second SIGINT does otherwise."""
         super().__init__(config)
         self._state = state
         self._signals = tuple(signals)
@@ -68,7 +71,11 @@ class HttpServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._state.coordinator.draining = True  # /health and new requests: 503 from now on
+        repeated = self.should_exit
         super().handle_exit(sig, frame)
+        if repeated and signal.SIGINT not in self._signals:
+            self.force_exit = True
         if self.force_exit:  # a second signal: stop draining now
             asyncio.get_event_loop().call_soon_threadsafe(self._forced.set)
 

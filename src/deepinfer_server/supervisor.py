@@ -84,7 +84,8 @@ class _Worker:
         self.signals_sent = 0
 
     def terminate(self) -> None:
-        """SIGTERM: drain (start-up: stop waiting); a second one ends the drain."""
+        """SIGTERM: drain (start-up: stop waiting); a second one ends the drain (the API
+        server process ignores SIGINT: Ctrl-C reaches the whole process group)."""
         self.signals_sent += 1
         if not self.exited.is_set() and self.process.pid is not None:
             with contextlib.suppress(ProcessLookupError):
@@ -165,9 +166,11 @@ class Supervisor:
         logger.info("[shutdown] done")
         return code
 
-    def on_signal(self) -> None:
-        """SIGTERM/SIGINT: every API server process drains; a second one ends the drains."""
-        self._signals += 1
+    def on_signal(self, sig: signal.Signals = signal.SIGTERM) -> None:
+        """SIGTERM/SIGINT: every API server process drains; then SIGINT (a second Ctrl-C)
+        ends the drains, as it does for one process (a second SIGTERM does not)."""
+        if self._signals == 0 or sig == signal.SIGINT:
+            self._signals += 1
         self._stopping.set()
         self._forward_signals()
 
@@ -296,7 +299,7 @@ async def supervise(config: ResolvedConfig, prepared: Prepared) -> int:
             WorkerSpec(
                 config=config,
                 index=index,
-                tokenizer_json=prepared.tokenizer_json,
+                checkpoint=prepared.checkpoint,
                 inbox_addresses=[
                     rank_inbox(workdir, rank, index) for rank in range(config.data_parallel_size)
                 ],
@@ -308,7 +311,7 @@ async def supervise(config: ResolvedConfig, prepared: Prepared) -> int:
             for index in range(config.api_server_count)
         ]
         for sig in STOP_SIGNALS:
-            loop.add_signal_handler(sig, supervisor.on_signal)
+            loop.add_signal_handler(sig, supervisor.on_signal, sig)
         try:
             processes.start()
             processes.watch(supervisor.on_rank_exit)
