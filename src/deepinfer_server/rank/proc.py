@@ -162,6 +162,10 @@ def run_rank(spec: RankSpec, stop: StopAgreement, shared: SharedState | None) ->
     for address in spec.outbox_addresses:
         outbox = context.socket(zmq.PUSH)
         outbox.setsockopt(zmq.LINGER, 5000)
+        if len(spec.outbox_addresses) > 1:
+            # An API server process that died (the service has then failed) must not block
+            # the loop, and with it the other processes' requests, once its queue fills up.
+            outbox.setsockopt(zmq.SNDHWM, 0)
         outbox.connect(address)
         outboxes.append(outbox)
     exit_code = 0
