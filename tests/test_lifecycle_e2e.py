@@ -6,6 +6,7 @@ import asyncio
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -198,6 +199,23 @@ def test_signal_stops_everything(sig: signal.Signals, api_servers: int) -> None:
         assert server.process.wait(30) == 0
         _assert_no_processes(pids)
         assert "[shutdown] done" in server.log
+
+
+@pytest.mark.parametrize("api_servers", API_SERVER_COUNTS)
+def test_a_killed_server_leaves_no_process_behind(api_servers: int) -> None:
+    with LiveServer("--ep", "2", "--dp", "2", api_servers=api_servers) as server:
+        pids = [p.pid for p in [*server.rank_processes(), *server.api_processes()]]
+        server.process.kill()
+        server.process.wait(10)
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                _assert_no_processes(pids)
+                break
+            except AssertionError:
+                if time.monotonic() > deadline:
+                    raise
+            time.sleep(0.1)  # polling other processes' exits: no event to wait on
 
 
 @pytest.mark.parametrize("api_servers", API_SERVER_COUNTS)

@@ -84,12 +84,12 @@ class ControlPeers:
         self._pending: dict[int, tuple[list[Snapshot], asyncio.Future[None]]] = {}
         self.exit_requested = asyncio.Event()
 
-    async def snapshots(self) -> list[Snapshot]:
+    async def snapshots(self, metrics: bool = True) -> list[Snapshot]:
         token = next(self._tokens)
         replies: list[Snapshot] = []
         complete = asyncio.get_running_loop().create_future()
         self._pending[token] = (replies, complete)
-        self._control.send(SnapshotRequest(self.index, token))
+        self._control.send(SnapshotRequest(self.index, token, metrics))
         try:
             await asyncio.wait_for(complete, SNAPSHOT_TIMEOUT)
         except TimeoutError:
@@ -109,7 +109,12 @@ class ControlPeers:
             if isinstance(message, Failed):
                 self._coordinator.fail_service(message.reason)
             elif isinstance(message, SnapshotRequest):
-                snapshot = take_snapshot(self._metrics, self._coordinator.rank_loads())
+                loads = self._coordinator.rank_loads()
+                snapshot = (
+                    take_snapshot(self._metrics, loads)
+                    if message.metrics
+                    else Snapshot(rank_loads=loads)
+                )
                 self._control.send(SnapshotReply(message.requester, message.token, snapshot))
             elif isinstance(message, SnapshotReply):
                 self._on_reply(message)

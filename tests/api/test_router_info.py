@@ -133,7 +133,9 @@ class _OtherProcess:
         self.metrics = ServerMetrics(MODEL)
         self.metrics.watch_ranks(lambda: self.loads, lambda: True)
 
-    async def snapshots(self) -> list[Snapshot]:
+    async def snapshots(self, metrics: bool = True) -> list[Snapshot]:
+        if not metrics:
+            return [Snapshot(rank_loads=self.loads)]
         return [take_snapshot(self.metrics, self.loads)]
 
 

@@ -28,8 +28,9 @@ class Peers(Protocol):
     #: This process's number (0-based) among the API server processes.
     index: int
 
-    async def snapshots(self) -> list[Snapshot]:
-        """Every other process's metrics and rank loads (those that answer in time)."""
+    async def snapshots(self, metrics: bool = True) -> list[Snapshot]:
+        """Every other process's rank loads, and its metrics unless `metrics` is False (those
+        that answer in time)."""
         ...
 
 
@@ -84,7 +85,7 @@ class AppState:
         own = self.coordinator.rank_loads()
         if self.peers is None:
             return own
-        return merge_loads(own, await self.peers.snapshots())
+        return merge_loads(own, await self.peers.snapshots(metrics=False))
 
     def deadline(self) -> float | None:
         """The event-loop time at which a request starting now times out, or None."""

@@ -46,6 +46,8 @@ class SnapshotRequest:
 
     requester: int
     token: int
+    #: False: rank loads only (what /get_load needs, polled often by routers).
+    metrics: bool = True
 
 
 @dataclass(frozen=True)
