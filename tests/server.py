@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -12,16 +14,29 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
+import httpx
 import psutil
 
 READY_LINE = "Uvicorn running on"
+#: Test parameter: one API server process (no supervisor), or two under a supervisor.
+API_SERVER_COUNTS = [1, 2]
+_API_PREFIX = re.compile(r"\[api (\d+)\]")
+_probes = itertools.count()
 
 
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def _leads_session(process: psutil.Process) -> bool:
+    try:
+        return os.getsid(process.pid) == process.pid
+    except ProcessLookupError:
+        return False
 
 
 def _limit_files(limit: int) -> None:
@@ -41,7 +56,9 @@ class LiveServer:
         env: dict[str, str] | None = None,
         startup_timeout: float = 60.0,
         file_limit: int | None = None,
+        api_servers: int = 1,
     ) -> None:
+        self.api_servers = api_servers
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.args = [
@@ -54,6 +71,7 @@ class LiveServer:
             "127.0.0.1",
             "--port",
             str(self.port),
+            *(["--api-server-count", str(api_servers)] if api_servers > 1 else []),
             *args,
         ]
         self.lines: list[str] = []
@@ -105,17 +123,48 @@ class LiveServer:
         return "".join(self.lines)
 
     def rank_processes(self) -> list[psutil.Process]:
-        """The DP rank processes (spawned children of the server)."""
+        """The DP rank processes (spawned children of the server that lead a session)."""
+        return [p for p in self._spawned() if _leads_session(p)]
+
+    def api_processes(self) -> list[psutil.Process]:
+        """The API server processes of `--api-server-count` (none with one: the server is it)."""
+        return [p for p in self._spawned() if not _leads_session(p)]
+
+    def _spawned(self) -> list[psutil.Process]:
         parent = psutil.Process(self.process.pid)
-        ranks = []
+        spawned = []
         for child in parent.children(recursive=True):
             try:
                 command = " ".join(child.cmdline())
             except psutil.Error:  # exited (a zombie until the server reaps it)
                 continue
             if "multiprocessing" in command and "spawn_main" in command:
-                ranks.append(child)
-        return ranks
+                spawned.append(child)
+        return spawned
+
+    def answered_by(self, request_id: str, timeout: float = 10.0) -> int:
+        """Which API server process answered request `request_id` (from its access-log line)."""
+        line = self.wait_for_line(f"request_id={request_id} ", timeout)
+        match = _API_PREFIX.search(line)
+        return int(match.group(1)) if match else 0
+
+    def on_every_api_server(
+        self, method: str, path: str, attempts: int = 40, **kwargs: Any
+    ) -> dict[int, httpx.Response]:
+        """Send the request on fresh connections until every API server process has answered
+        it once; each process's response, by process number."""
+        answers: dict[int, httpx.Response] = {}
+        extra_headers = kwargs.pop("headers", {})
+        for _ in range(attempts):
+            request_id = f"probe-{next(_probes)}"
+            headers = {"X-Request-Id": request_id, **extra_headers}
+            response = httpx.request(
+                method, self.base_url + path, headers=headers, timeout=30, **kwargs
+            )
+            answers.setdefault(self.answered_by(request_id), response)
+            if len(answers) == self.api_servers:
+                return answers
+        raise AssertionError(f"only API server processes {sorted(answers)} answered {path}")
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
         """Send `sig` and wait for the exit code."""

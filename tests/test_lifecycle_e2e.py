@@ -6,6 +6,7 @@ import asyncio
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -14,7 +15,7 @@ import psutil
 import pytest
 
 from tests.conftest import MODEL
-from tests.server import LiveServer
+from tests.server import API_SERVER_COUNTS, LiveServer
 from tests.sse import sse_events
 
 NO_THINKING = {"thinking": {"type": "disabled"}}
@@ -36,8 +37,8 @@ def _assert_no_processes(pids: list[int]) -> None:
     assert alive == [], f"processes left behind: {alive}"
 
 
-@pytest.fixture(scope="module")
-def one_slot_server() -> Iterator[LiveServer]:
+@pytest.fixture(scope="module", params=API_SERVER_COUNTS, ids=lambda n: f"api{n}")
+def one_slot_server(request: pytest.FixtureRequest) -> Iterator[LiveServer]:
     """One rank, one running sequence, no queue: capacity 1, slow steps."""
     with LiveServer(
         "--max-num-seqs",
@@ -48,6 +49,7 @@ def one_slot_server() -> Iterator[LiveServer]:
         "5",
         "--max-model-len",
         "8192",
+        api_servers=request.param,
     ) as server:
         yield server
 
@@ -98,7 +100,8 @@ def test_stop_sequence_frees_the_slot(one_slot_server: LiveServer) -> None:
     assert follow_up.status_code == 200, follow_up.text
 
 
-def test_burst_over_capacity() -> None:
+@pytest.mark.parametrize("api_servers", API_SERVER_COUNTS)
+def test_burst_over_capacity(api_servers: int) -> None:
     with LiveServer(
         "--ep",
         "2",
@@ -110,6 +113,7 @@ def test_burst_over_capacity() -> None:
         "1",
         "--sim-itl-ms",
         "20",
+        api_servers=api_servers,
     ) as server:
         capacity = 2 * 2 + 1
 
@@ -141,9 +145,14 @@ def test_request_timeout() -> None:
         assert follow_up.status_code == 200
 
 
-def test_rank_killed_mid_stream_fails_the_service() -> None:
-    with LiveServer("--ep", "2", "--dp", "2", "--sim-itl-ms", "20") as server:
+@pytest.mark.parametrize("api_servers", API_SERVER_COUNTS)
+def test_rank_killed_mid_stream_fails_the_service(api_servers: int) -> None:
+    with LiveServer(
+        "--ep", "2", "--dp", "2", "--sim-itl-ms", "20", api_servers=api_servers
+    ) as server:
         ranks = server.rank_processes()
+        api_processes = server.api_processes()
+        assert len(api_processes) == (api_servers if api_servers > 1 else 0)
         assert len(ranks) == 2
         client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
         stream = client.chat.completions.create(
@@ -159,21 +168,26 @@ def test_rank_killed_mid_stream_fails_the_service() -> None:
             for _ in stream:
                 pass
         assert "rank" in str(excinfo.value)
-        health = httpx.get(server.base_url + "/health")
-        assert health.status_code == 503
-        assert "DP rank 1" in health.json()["reason"]
-        refused = httpx.post(server.base_url + "/v1/chat/completions", json=ENDLESS, timeout=10)
-        assert refused.status_code == 503
-        assert refused.json()["error"]["type"] == "service_unavailable"
-        pids = [p.pid for p in ranks]
+        for health in server.on_every_api_server("GET", "/health").values():
+            assert health.status_code == 503
+            assert "DP rank 1" in health.json()["reason"]
+        refusals = server.on_every_api_server("POST", "/v1/chat/completions", json=ENDLESS)
+        for refused in refusals.values():
+            assert refused.status_code == 503
+            assert refused.json()["error"]["type"] == "service_unavailable"
+        pids = [p.pid for p in [*ranks, *api_processes]]
         assert server.stop(signal.SIGTERM) == 0
         _assert_no_processes(pids)
 
 
+@pytest.mark.parametrize("api_servers", API_SERVER_COUNTS)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_signal_stops_everything(sig: signal.Signals) -> None:
-    with LiveServer("--ep", "2", "--dp", "2", "--sim-itl-ms", "20") as server:
-        pids = [p.pid for p in server.rank_processes()]
+def test_signal_stops_everything(sig: signal.Signals, api_servers: int) -> None:
+    with LiveServer(
+        "--ep", "2", "--dp", "2", "--sim-itl-ms", "20", api_servers=api_servers
+    ) as server:
+        pids = [p.pid for p in [*server.rank_processes(), *server.api_processes()]]
+        assert len(pids) == 2 + (api_servers if api_servers > 1 else 0)
         url = server.base_url + "/v1/chat/completions"
         with httpx.stream("POST", url, json={**ENDLESS, "stream": True}, timeout=30) as stream:
             events = sse_events(stream)
@@ -187,7 +201,25 @@ def test_signal_stops_everything(sig: signal.Signals) -> None:
         assert "[shutdown] done" in server.log
 
 
-def test_rank_that_fails_to_start_ends_the_server() -> None:
+@pytest.mark.parametrize("api_servers", API_SERVER_COUNTS)
+def test_a_killed_server_leaves_no_process_behind(api_servers: int) -> None:
+    with LiveServer("--ep", "2", "--dp", "2", api_servers=api_servers) as server:
+        pids = [p.pid for p in [*server.rank_processes(), *server.api_processes()]]
+        server.process.kill()
+        server.process.wait(10)
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                _assert_no_processes(pids)
+                break
+            except AssertionError:
+                if time.monotonic() > deadline:
+                    raise
+            time.sleep(0.1)  # polling other processes' exits: no event to wait on
+
+
+@pytest.mark.parametrize("api_servers", API_SERVER_COUNTS)
+def test_rank_that_fails_to_start_ends_the_server(api_servers: int) -> None:
     port = str(__import__("tests.server", fromlist=["free_port"]).free_port())
     result = subprocess.run(
         [
@@ -206,6 +238,8 @@ def test_rank_that_fails_to_start_ends_the_server() -> None:
             "startup",
             "--sim-fault-rank",
             "1",
+            "--api-server-count",
+            str(api_servers),
         ],
         capture_output=True,
         text=True,
@@ -216,9 +250,14 @@ def test_rank_that_fails_to_start_ends_the_server() -> None:
     assert "Uvicorn running" not in result.stderr
 
 
-def test_engine_error_in_step_fails_the_service() -> None:
-    with LiveServer("--sim-fault", "step-error", "--sim-fault-after-steps", "3") as server:
+@pytest.mark.parametrize("api_servers", API_SERVER_COUNTS)
+def test_engine_error_in_step_fails_the_service(api_servers: int) -> None:
+    with LiveServer(
+        "--sim-fault", "step-error", "--sim-fault-after-steps", "3", api_servers=api_servers
+    ) as server:
         response = httpx.post(server.base_url + "/v1/chat/completions", json=ENDLESS, timeout=30)
         assert response.status_code == 503
         assert "simulated engine failure" in response.json()["error"]["message"]
-        assert httpx.get(server.base_url + "/health").status_code == 503
+        for health in server.on_every_api_server("GET", "/health").values():
+            assert health.status_code == 503
+            assert "simulated engine failure" in health.json()["reason"]

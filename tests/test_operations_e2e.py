@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from tests.metrics_scrape import scrape, value
-from tests.server import LiveServer
+from tests.server import API_SERVER_COUNTS, LiveServer
 from tests.sse import sse_events
 
 MODEL = "deepseek-flash"
@@ -30,9 +30,10 @@ ENDLESS = {
 }
 
 
-@pytest.fixture(scope="module")
-def metered() -> Iterator[LiveServer]:
-    """DP=2, one running sequence per rank (capacity 2), a short request timeout."""
+@pytest.fixture(scope="module", params=API_SERVER_COUNTS, ids=lambda n: f"api{n}")
+def metered(request: pytest.FixtureRequest) -> Iterator[LiveServer]:
+    """DP=2, one running sequence per rank (capacity 2), a short request timeout; one API
+    server process, or two whose /metrics must add up to the same numbers."""
     with LiveServer(
         "--ep",
         "2",
@@ -46,6 +47,7 @@ def metered() -> Iterator[LiveServer]:
         "5",
         "--sim-ttft-ms",
         "2",
+        api_servers=request.param,
     ) as server:
         yield server
 
@@ -269,8 +271,11 @@ def test_body_limits() -> None:
         assert httpx.get(server.base_url + "/health").status_code == 200
 
 
-def test_sigterm_drains_in_flight_requests() -> None:
-    with LiveServer("--shutdown-timeout", "20", "--sim-itl-ms", "20") as server:
+@pytest.mark.parametrize("api_servers", API_SERVER_COUNTS)
+def test_sigterm_drains_in_flight_requests(api_servers: int) -> None:
+    with LiveServer(
+        "--shutdown-timeout", "20", "--sim-itl-ms", "20", api_servers=api_servers
+    ) as server:
         url = server.base_url + "/v1/chat/completions"
         with httpx.stream(
             "POST", url, json={**ENDLESS, "max_tokens": 60, "stream": True}
@@ -294,8 +299,11 @@ def test_sigterm_drains_in_flight_requests() -> None:
         assert server.process.wait(30) == 0
 
 
-def test_second_sigint_stops_a_drain_at_once() -> None:
-    with LiveServer("--shutdown-timeout", "120", "--sim-itl-ms", "20") as server:
+@pytest.mark.parametrize("api_servers", API_SERVER_COUNTS)
+def test_second_sigint_stops_a_drain_at_once(api_servers: int) -> None:
+    with LiveServer(
+        "--shutdown-timeout", "120", "--sim-itl-ms", "20", api_servers=api_servers
+    ) as server:
         url = server.base_url + "/v1/chat/completions"
         with httpx.stream("POST", url, json={**ENDLESS, "stream": True}) as stream:
             events = sse_events(stream)

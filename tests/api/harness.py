@@ -73,6 +73,10 @@ class FakeCoordinator:
     def num_in_flight(self) -> int:
         return len(self.handles)
 
+    @property
+    def admitted(self) -> int:
+        return len(self.handles)
+
     def rank_loads(self) -> list[RankLoad]:
         """One rank: held requests are running once they have a token, else waiting."""
         live = [h for h in self.handles.values() if not h.engine_finished]

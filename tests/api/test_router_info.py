@@ -1,4 +1,5 @@
-"""What routers read from a replica: GET /get_load, the SGLang info endpoints, the KV gauge."""
+"""What routers read from a replica: GET /get_load, the SGLang info endpoints, the KV gauge;
+with several API server processes, their merged views."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import re
 
 import pytest
 
+from deepinfer_server.metrics import RankLoad, ServerMetrics
+from deepinfer_server.metrics.aggregate import Snapshot, take_snapshot
 from tests.api.harness import MODEL, Harness, Script, run, serve
 
 CHAT = "/v1/chat/completions"
@@ -116,5 +119,44 @@ def test_router_probes_stay_open_when_api_keys_are_set() -> None:
             for path in ("/get_load", "/server_info", "/get_model_info"):
                 assert (await h.client.get(path)).status_code == 200, path
             assert (await h.client.get("/v1/models")).status_code == 401
+
+    run(body)
+
+
+class _OtherProcess:
+    """`Peers` of API server process 1, whose one peer holds two requests on rank 0."""
+
+    index = 1
+
+    def __init__(self) -> None:
+        self.loads = [RankLoad(0, 1, 1, 50, 0.5)]
+        self.metrics = ServerMetrics(MODEL)
+        self.metrics.watch_ranks(lambda: self.loads, lambda: True)
+
+    async def snapshots(self, metrics: bool = True) -> list[Snapshot]:
+        if not metrics:
+            return [Snapshot(rank_loads=self.loads)]
+        return [take_snapshot(self.metrics, self.loads)]
+
+
+def test_with_several_api_server_processes_the_views_are_merged() -> None:
+    async def body() -> None:
+        async with serve(script=Script(hold=True)) as h:
+            other = _OtherProcess()
+            other.metrics.observe_failure(429)
+            h.state.peers = other
+            task = await _held_request(h)
+            assert (await h.client.get("/get_load")).json() == {"load": 3}
+            text = (await h.client.get("/metrics")).text
+            assert (
+                'deepinfer:request_failure_total{model_name="' + MODEL + '",status="429"} 1.0'
+                in text
+            )
+            assert re.search(r'num_requests_running\{dp_rank="0",model_name="[^"]+"\} 1\.0', text)
+            assert re.search(r'num_requests_waiting\{dp_rank="0",model_name="[^"]+"\} 2\.0', text)
+            # Engine request IDs name the process: unique even for a reused X-Request-Id.
+            (engine_request_id,) = h.coordinator.handles
+            assert re.fullmatch(r"chatcmpl-[0-9a-f]+-1\.1", engine_request_id)
+            task.cancel()
 
     run(body)

@@ -6,12 +6,13 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from deepinfer_server.api.preparation import PreparationGate
 from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.coordinator.coordinator import Coordinator
-from deepinfer_server.metrics import ServerMetrics
+from deepinfer_server.metrics import RankLoad, ServerMetrics
+from deepinfer_server.metrics.aggregate import Snapshot, merge_loads, merged_exposition
 from deepinfer_server.protocol.recipe import RecipeContext
 from deepinfer_server.protocol.structured import StructuredOutputs
 
@@ -19,6 +20,18 @@ from deepinfer_server.protocol.structured import StructuredOutputs
 LARGE_BODY_BYTES = 64 * 1024
 
 T = TypeVar("T")
+
+
+class Peers(Protocol):
+    """The other API server processes of this server (`--api-server-count` > 1)."""
+
+    #: This process's number (0-based) among the API server processes.
+    index: int
+
+    async def snapshots(self, metrics: bool = True) -> list[Snapshot]:
+        """Every other process's rank loads, and its metrics unless `metrics` is False (those
+        that answer in time)."""
+        ...
 
 
 @dataclass
@@ -32,6 +45,7 @@ class AppState:
     structured: StructuredOutputs
     started_at: int = field(default_factory=lambda: int(time.time()))
     preparation: PreparationGate = field(default_factory=PreparationGate)
+    peers: Peers | None = None
     _engine_requests: int = 0
 
     async def prepare_body(
@@ -48,7 +62,7 @@ class AppState:
         if raw_size <= LARGE_BODY_BYTES and not on_thread:
             return prepare(body, self.recipe)
         return await self.preparation.run(
-            self.coordinator.num_in_flight,
+            self.coordinator.admitted,
             self.config.admission_capacity,
             lambda: prepare(body, self.recipe),
         )
@@ -56,7 +70,22 @@ class AppState:
     def next_engine_request_id(self, completion_id: str) -> str:
         """A request ID unique among live engine requests, even if clients reuse X-Request-Id."""
         self._engine_requests += 1
+        if self.peers is not None:  # unique across the API server processes too
+            return f"{completion_id}-{self.peers.index}.{self._engine_requests}"
         return f"{completion_id}-{self._engine_requests}"
+
+    async def metrics_exposition(self) -> bytes:
+        """/metrics: this process's metrics, with every other API server process's summed in."""
+        if self.peers is None:
+            return self.metrics.exposition()
+        return merged_exposition(self.metrics, await self.peers.snapshots())
+
+    async def rank_loads(self) -> list[RankLoad]:
+        """Every rank's load, from the requests of every API server process."""
+        own = self.coordinator.rank_loads()
+        if self.peers is None:
+            return own
+        return merge_loads(own, await self.peers.snapshots(metrics=False))
 
     def deadline(self) -> float | None:
         """The event-loop time at which a request starting now times out, or None."""

@@ -245,6 +245,13 @@ class ServerConfig:
         help="on SIGTERM, seconds in-flight requests may still finish (default: %(default)s)",
         type=float,
     )
+    api_server_count: int = option(
+        1,
+        "--api-server-count",
+        help="HTTP server processes sharing the port, all driving the same DP ranks; admission, "
+        "routing, /health, /metrics and shutdown stay global (default: %(default)s)",
+        type=int,
+    )
     get_load_format: Literal["vllm", "sglang"] = option(
         "vllm",
         "--get-load-format",

@@ -62,6 +62,7 @@ class ResolvedConfig:
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     reasoning_secret: str | None = field(default=None, repr=False)
     get_load_format: Literal["vllm", "sglang"] = "vllm"
+    api_server_count: int = 1
 
     @property
     def served_model_name(self) -> str:
@@ -156,6 +157,8 @@ def _check_ranges(config: ServerConfig, max_model_len: int) -> None:
     for flag, seconds in positive_seconds.items():
         if seconds <= 0:
             raise ConfigError(f"{flag} must be positive")
+    if config.api_server_count < 1:
+        raise ConfigError(f"--api-server-count must be at least 1, got {config.api_server_count}")
     if config.max_connections < 1:
         raise ConfigError(f"--max-connections must be at least 1, got {config.max_connections}")
 
@@ -236,4 +239,5 @@ def resolve(
         log_requests=config.log_requests,
         log_level=config.log_level,
         get_load_format=config.get_load_format,
+        api_server_count=config.api_server_count,
     )

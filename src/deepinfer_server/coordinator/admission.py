@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import multiprocessing
+from collections.abc import Iterator, Sequence
+from typing import Any
 
-from deepinfer_server.errors import OverloadedError
+from deepinfer_server.errors import OverloadedError, ServiceFailedError
 
 
 def choose_rank(in_flight: Sequence[int]) -> int:
@@ -35,3 +38,59 @@ class Admission:
 
     def release(self, rank: int) -> None:
         self.in_flight[rank] -= 1
+
+
+#: Seconds to wait for the shared counts' lock; only an API process killed while holding it
+#: (for microseconds) makes anyone wait that long.
+_LOCK_TIMEOUT = 1.0
+
+
+def shared_slots(data_parallel_size: int) -> Any:
+    """Per-rank in-flight counts in shared memory with their lock, for `SharedAdmission`
+    (create them before spawning the API server processes and hand them to each)."""
+    return multiprocessing.get_context("spawn").Array("q", data_parallel_size)
+
+
+class SharedAdmission:
+    """`Admission` across every API server process (`--api-server-count`): the per-rank counts
+    live in shared memory, so capacity and the least-loaded choice see every process's
+    requests."""
+
+    def __init__(self, capacity: int, slots: Any) -> None:
+        self.capacity = capacity
+        self._slots = slots
+
+    @property
+    def in_flight(self) -> list[int]:
+        with self._locked():
+            return list(self._slots.get_obj())
+
+    @property
+    def total(self) -> int:
+        return sum(self.in_flight)
+
+    def admit(self) -> int:
+        """Take a slot on the least-loaded rank and return that rank (429 when full)."""
+        with self._locked():
+            counts = self._slots.get_obj()
+            if sum(counts) >= self.capacity:
+                raise OverloadedError(
+                    f"the server is at capacity ({self.capacity} requests in flight); retry later"
+                )
+            rank = choose_rank(counts)
+            counts[rank] += 1
+            return rank
+
+    def release(self, rank: int) -> None:
+        with self._locked():
+            self._slots.get_obj()[rank] -= 1
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        lock = self._slots.get_lock()
+        if not lock.acquire(timeout=_LOCK_TIMEOUT):
+            raise ServiceFailedError("the admission counts are held by a dead API server process")
+        try:
+            yield
+        finally:
+            lock.release()

@@ -1,8 +1,9 @@
 """RankChannels: the ZeroMQ sockets between the API process and the rank processes.
 
 One PUSH socket per rank inbox (never blocking the event loop: no high-water mark) and one PULL
-socket that every rank pushes its outputs to. The reader task decodes each message and hands
-it to one callback; it never blocks on a consumer.
+socket that every rank pushes its outputs to. With several API server processes each binds
+sockets of its own (`client` is its number) and every rank connects to all of them. The reader
+task decodes each message and hands it to one callback; it never blocks on a consumer.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ _SHUTDOWN = to_rank_encoder.encode(Shutdown())
 class RankChannels:
     """Sockets to every rank; use from the event-loop thread only."""
 
-    def __init__(self, inbox_addresses: list[str], outbox_address: str) -> None:
+    def __init__(self, inbox_addresses: list[str], outbox_address: str, client: int = 0) -> None:
+        self._client = client
         self._context = zmq.Context()
         self._inboxes: list[zmq.Socket[bytes]] = []
         for address in inbox_addresses:
@@ -57,7 +59,9 @@ class RankChannels:
         images: Images | None = None,
     ) -> None:
         """Start a request on `rank`, and wake the other ranks into the same lockstep round."""
-        message = AddRequest(request_id, pack_token_ids(prompt_token_ids), sampling, images)
+        message = AddRequest(
+            request_id, pack_token_ids(prompt_token_ids), sampling, images, self._client
+        )
         self._inboxes[rank].send(to_rank_encoder.encode(message), copy=False)
         for other, socket in enumerate(self._inboxes):
             if other != rank:

@@ -4,6 +4,11 @@ It admits requests (429 beyond capacity), starts each on the least-loaded rank, 
 rank's step outputs out to the live RequestHandles, and owns the service's health: a failed or
 hung rank fails the whole service (every handle ends with a 503, new requests get 503, and
 `/health` reports the reason until the server is restarted).
+
+With several API server processes (`--api-server-count`) each has a Coordinator of its own over
+the same ranks: admission is shared (`SharedAdmission`), the supervisor process owns the rank
+processes (`processes` and `stop` are None here), and a failure seen by one process reaches the
+others through `on_failure` and `fail_service`.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import time
 from collections.abc import Callable
 
 from deepinfer_server.config import ResolvedConfig
-from deepinfer_server.coordinator.admission import Admission
+from deepinfer_server.coordinator.admission import Admission, SharedAdmission
 from deepinfer_server.coordinator.channels import RankChannels
 from deepinfer_server.coordinator.handle import RequestHandle
 from deepinfer_server.coordinator.liveness import LivenessWatch
@@ -51,11 +56,14 @@ class Coordinator:
     def __init__(
         self,
         config: ResolvedConfig,
-        processes: RankProcesses,
+        processes: RankProcesses | None,
         channels: RankChannels,
-        stop: StopAgreement,
+        stop: StopAgreement | None,
         break_collectives: Callable[[], None],
         metrics: ServerMetrics,
+        *,
+        admission: Admission | SharedAdmission | None = None,
+        on_failure: Callable[[str], None] | None = None,
     ) -> None:
         self._config = config
         self._metrics = metrics
@@ -64,7 +72,10 @@ class Coordinator:
         self._channels = channels
         self._stop = stop
         self._break_collectives = break_collectives
-        self._admission = Admission(config.data_parallel_size, config.admission_capacity)
+        self._on_failure = on_failure
+        self._admission = admission or Admission(
+            config.data_parallel_size, config.admission_capacity
+        )
         self._handles: dict[str, RequestHandle] = {}
         self._kv_usage: list[float | None] = [None] * config.data_parallel_size
         self._ready: set[int] = set()
@@ -87,7 +98,8 @@ class Coordinator:
         self._tasks.append(loop.create_task(self._channels.read(self._on_message)))
         if self._config.step_timeout > 0:
             self._tasks.append(loop.create_task(self._liveness.run()))
-        self._processes.watch(self._on_rank_exit)
+        if self._processes is not None:
+            self._processes.watch(self._on_rank_exit)
 
     async def wait_ready(self, timeout: float) -> None:
         """Return once every rank reported ready; raise StartupError on failure or timeout."""
@@ -110,10 +122,16 @@ class Coordinator:
 
     async def close(self, timeout: float) -> None:
         """Stop every rank (agreed stop; SIGKILL after `timeout`) and release the sockets."""
+        assert self._processes is not None and self._stop is not None, "the ranks are not ours"
         self.fail_all(ShuttingDownError())
         self._stop.request_stop()
         self._channels.send_shutdown()
         await self._processes.stop(timeout)
+        await self.release()
+
+    async def release(self) -> None:
+        """Stop reading from the ranks and close the sockets (the ranks are stopped, or are
+        another process's to stop)."""
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -129,6 +147,11 @@ class Coordinator:
     @property
     def num_in_flight(self) -> int:
         return len(self._handles)
+
+    @property
+    def admitted(self) -> int:
+        """Requests admitted now, by every API server process."""
+        return self._admission.total
 
     def submit(
         self,
@@ -198,12 +221,19 @@ class Coordinator:
             f"DP rank {rank} exited unexpectedly with {describe_exit(exitcode)}",
         )
 
+    def fail_service(self, reason: str) -> None:
+        """Fail the service for `reason` (seen elsewhere: by the supervisor or another API
+        server process); a no-op once it has failed."""
+        self._fail_service(reason)
+
     def _fail_service(self, reason: str) -> None:
         if self._failure is not None:
             return
         self._failure = reason
         logger.error("service failed: %s; restart the server", reason)
         self._failed.set()
+        if self._on_failure is not None:
+            self._on_failure(reason)
         # Peers blocked in a collective with the failed rank would wait forever: break it. On a
         # thread, because a rank killed while holding a shared lock leaves that lock taken for
         # good, and the event loop must never wait on it.

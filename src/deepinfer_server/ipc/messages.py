@@ -113,6 +113,8 @@ class AddRequest(_Message):
     prompt_token_ids: bytes
     sampling: SamplingOptions
     images: Images | None = None
+    #: The API server process that sent it (`--api-server-count`): its outputs go back there.
+    client: int = 0
 
 
 class AbortRequests(_Message):

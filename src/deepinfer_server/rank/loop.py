@@ -7,7 +7,9 @@ Each iteration, on every rank:
   3. `EngineCore.iterate()`: for DeepInfer-contract engines `has_unfinished_requests()` (a
      collective over the DP ranks), then `step()` if any rank has work, else
      `flush_inflight_reqs()`;
-  4. send one StepOutputs message with every request's new tokens.
+  4. send one StepOutputs message with every request's new tokens; with several API server
+     processes (`--api-server-count`), one to each, carrying the deltas of the requests it sent
+     (every process sees every step report: its liveness watch and step metrics need them).
 Because step 3's collective gives every rank the same answer in the same round, all ranks call
 the same engine methods the same number of times; nothing else is needed to keep lockstep.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 
 import zmq
 
@@ -23,6 +26,7 @@ from deepinfer_server.engines.backend import EngineCore
 from deepinfer_server.ipc.messages import (
     AbortRequests,
     AddRequest,
+    RequestDelta,
     StepOutputs,
     from_rank_encoder,
     to_rank_decoder,
@@ -43,16 +47,18 @@ class RankLoop:
         rank: int,
         core: EngineCore,
         inbox: zmq.Socket[bytes],
-        outbox: zmq.Socket[bytes],
+        outboxes: Sequence[zmq.Socket[bytes]],
         stop: StopAgreement,
         idle_wait: float,
     ) -> None:
         self._rank = rank
         self._core = core
         self._inbox = inbox
-        self._outbox = outbox
+        self._outboxes = list(outboxes)
         self._stop = stop
         self._idle_wait_ms = max(1, int(idle_wait * 1000))
+        #: Which API process each live request came from; None with one API process.
+        self._clients: dict[str, int] | None = {} if len(self._outboxes) > 1 else None
 
     def run(self) -> None:
         """Loop until the stop agreement ends it; engine exceptions propagate to the caller."""
@@ -70,11 +76,28 @@ class RankLoop:
             usage = self._core.kv_cache_usage()
             # An abort while idle frees KV blocks without a step: report that too.
             if deltas or unfinished or usage != reported_usage:
-                message = StepOutputs(self._rank, deltas, elapsed, usage)
-                self._outbox.send(from_rank_encoder.encode(message), copy=False)
+                self._publish(deltas, elapsed, usage)
                 reported_usage = usage
             idle = not unfinished
             iteration += 1
+
+    def _publish(self, deltas: list[RequestDelta], elapsed: float, usage: float | None) -> None:
+        clients = self._clients
+        if clients is None:
+            message = StepOutputs(self._rank, deltas, elapsed, usage)
+            self._outboxes[0].send(from_rank_encoder.encode(message), copy=False)
+            return
+        routed: list[list[RequestDelta]] = [[] for _ in self._outboxes]
+        for delta in deltas:
+            client = clients.get(delta.request_id)
+            if client is None:
+                continue
+            if delta.finish is not None:
+                del clients[delta.request_id]
+            routed[client].append(delta)
+        for client, outbox in enumerate(self._outboxes):
+            message = StepOutputs(self._rank, routed[client], elapsed, usage)
+            outbox.send(from_rank_encoder.encode(message), copy=False)
 
     def _take_messages(self, wait: bool) -> None:
         if wait and not self._inbox.poll(self._idle_wait_ms, zmq.POLLIN):
@@ -91,9 +114,15 @@ class RankLoop:
         if isinstance(message, AddRequest):
             rejection = self._core.add(message)
             if rejection is not None:
-                self._outbox.send(from_rank_encoder.encode(rejection), copy=False)
+                outbox = self._outboxes[message.client]
+                outbox.send(from_rank_encoder.encode(rejection), copy=False)
+            elif self._clients is not None:
+                self._clients[message.request_id] = message.client
         elif isinstance(message, AbortRequests):
             self._core.abort(message.request_ids)
+            if self._clients is not None:
+                for request_id in message.request_ids:
+                    self._clients.pop(request_id, None)
         # Wake and Shutdown only end the idle wait; the stop itself comes from the agreement.
 
 

@@ -36,7 +36,7 @@ _PR_SET_PDEATHSIG = 1
 _CHILD_EXIT_GRACE_SECONDS = 2.0
 
 
-def _die_with_parent(parent: int | None = None) -> None:
+def die_with_parent(parent: int | None = None) -> None:
     """Ask Linux to SIGKILL this process when its parent (pid `parent`, by default the current
     one) dies, so nothing is orphaned."""
     parent = os.getppid() if parent is None else parent
@@ -52,7 +52,7 @@ def _engine_child_setup(rank_pid: int) -> Callable[[], None]:
     die with the rank, and take default signal dispositions so that `terminate()` ends it."""
 
     def after_fork_in_child() -> None:
-        _die_with_parent(rank_pid)
+        die_with_parent(rank_pid)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
 
@@ -105,15 +105,24 @@ def build_engine(spec: RankSpec, shared: SharedState | None) -> BuiltEngine:
 
 
 def _report(spec: RankSpec, failure: RankFailed) -> None:
-    """Send one failure report on a context of its own (sockets are not thread-safe), and wait
-    until it is delivered: `term()` blocks until then, which must happen before `os._exit`."""
+    """Send one failure report to every API process on a context of its own (sockets are not
+    thread-safe), and wait until it is delivered: `term()` blocks until then, which must happen
+    before `os._exit`."""
     context = zmq.Context()
-    socket = context.socket(zmq.PUSH)
-    socket.setsockopt(zmq.LINGER, 2000)
-    socket.connect(spec.outbox_address)
-    socket.send(from_rank_encoder.encode(failure))
-    socket.close()
+    payload = from_rank_encoder.encode(failure)
+    for address in spec.outbox_addresses:
+        socket = context.socket(zmq.PUSH)
+        socket.setsockopt(zmq.LINGER, 2000)
+        socket.connect(address)
+        socket.send(payload)
+        socket.close()
     context.term()
+
+
+def _send_all(outboxes: list[zmq.Socket[bytes]], message: RankReady | RankFailed) -> None:
+    payload = from_rank_encoder.encode(message)
+    for outbox in outboxes:
+        outbox.send(payload)
 
 
 def _fail_from_watchdog(spec: RankSpec, message: str) -> None:
@@ -126,7 +135,7 @@ def _fail_from_watchdog(spec: RankSpec, message: str) -> None:
 def run_rank(spec: RankSpec, stop: StopAgreement, shared: SharedState | None) -> None:
     """Spawn target of DP rank `spec.rank`."""
     _own_process_group()
-    _die_with_parent()
+    die_with_parent()
     # Before the engine forks anything: spawned children start with default signals anyway
     # (nothing here ignores one); forked ones also get a parent-death signal.
     os.register_at_fork(after_in_child=_engine_child_setup(os.getpid()))
@@ -146,19 +155,27 @@ def run_rank(spec: RankSpec, stop: StopAgreement, shared: SharedState | None) ->
     # Only now does the ZeroMQ context start its IO threads: DeepInfer forks its multimodal
     # worker during construction, and a forked child must not inherit running threads.
     context = zmq.Context()
-    inbox = context.socket(zmq.PULL)
-    inbox.connect(spec.inbox_address)
-    outbox = context.socket(zmq.PUSH)
-    outbox.setsockopt(zmq.LINGER, 5000)
-    outbox.connect(spec.outbox_address)
+    inbox = context.socket(zmq.PULL)  # fair-queued over every API process's inbox
+    for address in spec.inbox_addresses:
+        inbox.connect(address)
+    outboxes: list[zmq.Socket[bytes]] = []
+    for address in spec.outbox_addresses:
+        outbox = context.socket(zmq.PUSH)
+        outbox.setsockopt(zmq.LINGER, 5000)
+        if len(spec.outbox_addresses) > 1:
+            # An API server process that died (the service has then failed) must not block
+            # the loop, and with it the other processes' requests, once its queue fills up.
+            outbox.setsockopt(zmq.SNDHWM, 0)
+        outbox.connect(address)
+        outboxes.append(outbox)
     exit_code = 0
     grace = 0.0
     watchdog = ChildWatchdog(built.children, lambda message: _fail_from_watchdog(spec, message))
     try:
         watchdog.start()
-        outbox.send(from_rank_encoder.encode(RankReady(spec.rank, os.getpid())))
+        _send_all(outboxes, RankReady(spec.rank, os.getpid()))
         logger.info("[startup] ready")
-        RankLoop(spec.rank, built.core, inbox, outbox, stop, spec.idle_wait_seconds).run()
+        RankLoop(spec.rank, built.core, inbox, outboxes, stop, spec.idle_wait_seconds).run()
         logger.info("[shutdown] closing the engine")
         watchdog.stop()
         built.core.close()
@@ -168,9 +185,10 @@ def run_rank(spec: RankSpec, stop: StopAgreement, shared: SharedState | None) ->
         exit_code = 1
         logger.error("engine failed: %s", exc)
         failure = RankFailed(spec.rank, f"{type(exc).__name__}: {exc}", traceback.format_exc())
-        outbox.send(from_rank_encoder.encode(failure))
+        _send_all(outboxes, failure)
     finally:
         inbox.close(linger=0)
-        outbox.close()
+        for outbox in outboxes:
+            outbox.close()
         context.term()
     _exit_rank(exit_code, grace)

@@ -27,7 +27,7 @@ async def health(request: Request) -> Response:
 
 async def metrics(request: Request) -> Response:
     state: AppState = request.app.state.server
-    return Response(state.metrics.exposition(), media_type=CONTENT_TYPE)
+    return Response(await state.metrics_exposition(), media_type=CONTENT_TYPE)
 
 
 @cache

@@ -32,7 +32,7 @@ async def get_load(request: Request) -> Response:
             f"format must be one of {', '.join(LOAD_FORMATS)}, got {load_format!r}",
             param="format",
         )
-    loads = state.coordinator.rank_loads()
+    loads = await state.rank_loads()
     if load_format == "sglang":
         return JSONResponse(
             [

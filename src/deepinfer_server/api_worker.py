@@ -1,0 +1,197 @@
+"""One API server process of `--api-server-count N` (N > 1), spawned by the supervisor.
+
+It runs what the single-process server runs, over the listening socket the supervisor bound:
+its own event loop, ZeroMQ sockets to every rank (`RankChannels`, with its number as `client`),
+Coordinator and uvicorn. What must stay global goes through the supervisor: admission counts
+live in shared memory (`SharedAdmission`), failures travel over the control channel both ways,
+and /metrics and /get_load ask the other processes for their snapshots. Ctrl-C reaches the
+whole process group, so SIGINT is ignored here: the supervisor forwards every stop signal as
+SIGTERM, once to drain, again to stop draining.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import signal
+import socket
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from deepinfer_server.config import ResolvedConfig
+from deepinfer_server.coordinator.admission import SharedAdmission
+from deepinfer_server.coordinator.channels import RankChannels
+from deepinfer_server.coordinator.coordinator import Coordinator
+from deepinfer_server.errors import StartupError
+from deepinfer_server.http_server import build_server, create_recipe, run_loop, startup_signals
+from deepinfer_server.ipc.control import (
+    ControlChannel,
+    Drained,
+    Exit,
+    Failed,
+    Serving,
+    SnapshotReply,
+    SnapshotRequest,
+)
+from deepinfer_server.metrics import ServerMetrics
+from deepinfer_server.metrics.aggregate import Snapshot, take_snapshot
+from deepinfer_server.rank.proc import die_with_parent
+from deepinfer_server.tokenizer import load_tokenizer_json
+
+logger = logging.getLogger("deepinfer_server")
+
+#: Seconds a scrape waits for the other processes' snapshots (then it answers without them).
+SNAPSHOT_TIMEOUT = 2.0
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything one API server process needs, picklable for spawn (sockets included)."""
+
+    config: ResolvedConfig
+    index: int
+    #: The local checkpoint (None: the embedded tokenizer); each process loads the tokenizer
+    #: itself, which keeps the spec small and the processes' start-ups parallel.
+    checkpoint: str | None
+    #: This process's inbox of each rank, by rank (it binds them).
+    inbox_addresses: list[str]
+    outbox_address: str
+    listener: socket.socket
+    control: socket.socket
+    #: The shared per-rank admission counts (`admission.shared_slots`).
+    slots: Any
+
+
+class ControlPeers:
+    """The other API server processes, reached through the supervisor (`api.state.Peers`)."""
+
+    def __init__(
+        self,
+        index: int,
+        count: int,
+        control: ControlChannel,
+        coordinator: Coordinator,
+        metrics: ServerMetrics,
+    ) -> None:
+        self.index = index
+        self._others = count - 1
+        self._control = control
+        self._coordinator = coordinator
+        self._metrics = metrics
+        self._tokens = itertools.count()
+        self._pending: dict[int, tuple[list[Snapshot], asyncio.Future[None]]] = {}
+        self.exit_requested = asyncio.Event()
+
+    async def snapshots(self, metrics: bool = True) -> list[Snapshot]:
+        token = next(self._tokens)
+        replies: list[Snapshot] = []
+        complete = asyncio.get_running_loop().create_future()
+        self._pending[token] = (replies, complete)
+        self._control.send(SnapshotRequest(self.index, token, metrics))
+        try:
+            await asyncio.wait_for(complete, SNAPSHOT_TIMEOUT)
+        except TimeoutError:
+            logger.warning(
+                "metrics: %d of %d API server processes did not answer within %gs",
+                self._others - len(replies),
+                self._others,
+                SNAPSHOT_TIMEOUT,
+            )
+        finally:
+            del self._pending[token]
+        return list(replies)
+
+    async def listen(self) -> None:
+        """Handle the supervisor's messages until it says exit (or is gone)."""
+        while (message := await self._control.receive()) is not None:
+            if isinstance(message, Failed):
+                self._coordinator.fail_service(message.reason)
+            elif isinstance(message, SnapshotRequest):
+                loads = self._coordinator.rank_loads()
+                snapshot = (
+                    take_snapshot(self._metrics, loads)
+                    if message.metrics
+                    else Snapshot(rank_loads=loads)
+                )
+                self._control.send(SnapshotReply(message.requester, message.token, snapshot))
+            elif isinstance(message, SnapshotReply):
+                self._on_reply(message)
+            elif isinstance(message, Exit):
+                break
+        self.exit_requested.set()
+
+    def _on_reply(self, reply: SnapshotReply) -> None:
+        pending = self._pending.get(reply.token)
+        if pending is None:  # answered after the scrape gave up on it
+            return
+        replies, complete = pending
+        assert isinstance(reply.snapshot, Snapshot)
+        replies.append(reply.snapshot)
+        if len(replies) >= self._others and not complete.done():
+            complete.set_result(None)
+
+
+async def _serve(spec: WorkerSpec) -> int:
+    config = spec.config
+    control = await ControlChannel.open(spec.control)
+    metrics = ServerMetrics(config.served_model_name)
+    channels = RankChannels(spec.inbox_addresses, spec.outbox_address, client=spec.index)
+    coordinator = Coordinator(
+        config,
+        None,
+        channels,
+        None,
+        lambda: None,  # the supervisor breaks the collectives, once
+        metrics,
+        admission=SharedAdmission(config.admission_capacity, spec.slots),
+        on_failure=lambda reason: control.send(Failed(reason)),
+    )
+    peers = ControlPeers(spec.index, config.api_server_count, control, coordinator, metrics)
+    listener = asyncio.ensure_future(peers.listen())
+    try:
+        tokenizer_json = load_tokenizer_json(spec.checkpoint)
+        recipe = create_recipe(config, tokenizer_json)  # checked by the supervisor
+        coordinator.start()
+        startup = asyncio.ensure_future(coordinator.wait_ready(config.startup_timeout))
+        with startup_signals(startup, [signal.SIGTERM]):
+            try:
+                await startup
+            except asyncio.CancelledError:
+                return 0
+            except StartupError as exc:
+                logger.error("[startup] failed: %s", exc)
+                return 1
+        server = build_server(
+            config,
+            recipe,
+            tokenizer_json,
+            coordinator,
+            metrics,
+            peers=peers,
+            signals=[signal.SIGTERM],
+            on_started=lambda: control.send(Serving()),
+        )
+        await server.serve(sockets=[spec.listener])
+        if not server.started:
+            return 1
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the supervisor says when to exit
+        control.send(Drained())
+        await peers.exit_requested.wait()  # the supervisor stops the ranks meanwhile
+        return 0
+    finally:
+        listener.cancel()
+        await coordinator.release()
+        control.close()
+
+
+def run_api_worker(spec: WorkerSpec) -> None:
+    """Spawn target of API server process `spec.index`."""
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(
+        level=spec.config.log_level.upper(),
+        format=f"%(asctime)s %(levelname)s [api {spec.index}] %(name)s: %(message)s",
+    )
+    sys.exit(run_loop(_serve(spec)))

@@ -1,0 +1,96 @@
+"""The control channel between the supervisor and one API server process (`--api-server-count`).
+
+One stream socket pair per API server process carries a few small messages both ways: start-up
+and shutdown steps, failures (a failure seen anywhere fails the service everywhere), and the
+metrics snapshots that make /metrics and /get_load one view. The supervisor relays snapshot
+requests and replies between the API server processes. Messages are pickled (both ends are
+this package), length-prefixed, and sending never blocks the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import socket
+import struct
+from dataclasses import dataclass
+
+_HEADER = struct.Struct("!I")
+
+
+@dataclass(frozen=True)
+class Serving:
+    """API server process -> supervisor: it has every rank's RankReady and accepts requests."""
+
+
+@dataclass(frozen=True)
+class Failed:
+    """Both ways: the service has failed for `reason` (the first reason wins everywhere)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Drained:
+    """API server process -> supervisor: its drain is over; no request of it is left."""
+
+
+@dataclass(frozen=True)
+class Exit:
+    """Supervisor -> API server process: the ranks are stopped; close the sockets and exit."""
+
+
+@dataclass(frozen=True)
+class SnapshotRequest:
+    """Process `requester` asks every other API server process for its metrics snapshot."""
+
+    requester: int
+    token: int
+    #: False: rank loads only (what /get_load needs, polled often by routers).
+    metrics: bool = True
+
+
+@dataclass(frozen=True)
+class SnapshotReply:
+    """One process's answer to `SnapshotRequest` `token` (a `metrics.aggregate.Snapshot`)."""
+
+    requester: int
+    token: int
+    snapshot: object
+
+
+ControlMessage = Serving | Failed | Drained | Exit | SnapshotRequest | SnapshotReply
+
+
+class ControlChannel:
+    """One end of a control socket pair; use from the event-loop thread only."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader = reader
+        self._writer = writer
+
+    @classmethod
+    async def open(cls, sock: socket.socket) -> ControlChannel:
+        """Wrap a connected stream socket (one end of `socket.socketpair()`)."""
+        reader, writer = await asyncio.open_unix_connection(sock=sock)
+        return cls(reader, writer)
+
+    def send(self, message: ControlMessage) -> None:
+        """Queue `message` (never blocks); dropped once the other end is gone."""
+        if self._writer.is_closing():
+            return
+        payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        self._writer.write(_HEADER.pack(len(payload)) + payload)
+
+    async def receive(self) -> ControlMessage | None:
+        """The next message, or None once the other end has closed (or died)."""
+        try:
+            header = await self._reader.readexactly(_HEADER.size)
+            payload = await self._reader.readexactly(_HEADER.unpack(header)[0])
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return None
+        message: ControlMessage = pickle.loads(payload)
+        return message
+
+    def close(self) -> None:
+        self._writer.close()

@@ -1,0 +1,323 @@
+"""The supervisor of `--api-server-count N` (N > 1): ranks, N API server processes, one port.
+
+It spawns the DP ranks, binds the listening socket once and spawns N API server processes
+(`api_worker`) that share it, each wired to every rank. It owns what exists once: the rank
+processes and their stop, the collectives' break, the service's failure (a rank exit it sees,
+a failure an API server process reports, or an API server process that dies fails the service
+in every process, with the same reason) and the order of shutdown: on SIGTERM/SIGINT every API
+server process drains; once all have, the ranks stop at an agreed iteration; then the API server
+processes close and exit. Every child dies with the supervisor (parent-death signal).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import tempfile
+import threading
+from collections.abc import Callable
+from multiprocessing.process import BaseProcess
+
+from deepinfer_server.api_worker import WorkerSpec, run_api_worker
+from deepinfer_server.config import ResolvedConfig
+from deepinfer_server.coordinator.admission import shared_slots
+from deepinfer_server.coordinator.process import RankProcesses, describe_exit
+from deepinfer_server.http_server import STOP_SIGNALS, log_serving
+from deepinfer_server.ipc.control import (
+    ControlChannel,
+    ControlMessage,
+    Drained,
+    Exit,
+    Failed,
+    Serving,
+    SnapshotReply,
+    SnapshotRequest,
+)
+from deepinfer_server.ipc.stop_agreement import StopAgreement
+from deepinfer_server.launcher import (
+    RANK_STOP_TIMEOUT,
+    Prepared,
+    api_outbox,
+    rank_inbox,
+    rank_specs,
+)
+from deepinfer_server.rank.proc import run_rank
+
+logger = logging.getLogger("deepinfer_server")
+
+_EXIT_REPORT_GRACE_SECONDS = 0.5
+#: Seconds API server processes get to close after the ranks stopped, before they are killed.
+_WORKER_EXIT_TIMEOUT = 10.0
+#: Seconds beyond --shutdown-timeout that draining may take (uvicorn's own graceful shutdown).
+_DRAIN_SLACK = 30.0
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """The server's TCP socket, bound but not listening: connections are refused until an API
+    server process serves (it listens)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class _Worker:
+    """The supervisor's handle on one API server process."""
+
+    def __init__(self, index: int, process: BaseProcess, control: ControlChannel) -> None:
+        self.index = index
+        self.process = process
+        self.control = control
+        self.serving = False
+        self.drained = False
+        self.exited = asyncio.Event()
+        self.signals_sent = 0
+
+    def terminate(self) -> None:
+        """SIGTERM: drain (start-up: stop waiting); a second one ends the drain (the API
+        server process ignores SIGINT: Ctrl-C reaches the whole process group)."""
+        self.signals_sent += 1
+        if not self.exited.is_set() and self.process.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.process.pid, signal.SIGTERM)
+
+
+class Supervisor:
+    """Runs the ranks and the API server processes of one server until told to stop."""
+
+    def __init__(
+        self,
+        config: ResolvedConfig,
+        master_port: int,
+        processes: RankProcesses,
+        stop: StopAgreement,
+        break_collectives: Callable[[], None],
+    ) -> None:
+        self._config = config
+        self._master_port = master_port
+        self._processes = processes
+        self._stop = stop
+        self._break_collectives = break_collectives
+        self._workers: list[_Worker] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = asyncio.Event()
+        self._changed = asyncio.Event()  # a worker is serving, drained or exited
+        self._failure: str | None = None
+        self._signals = 0
+
+    async def start_workers(self, specs: list[WorkerSpec], ends: list[socket.socket]) -> None:
+        """Spawn every API server process and watch it (its control channel and its exit)."""
+        context = multiprocessing.get_context("spawn")
+        loop = asyncio.get_running_loop()
+        for spec, end in zip(specs, ends, strict=True):
+            process = context.Process(
+                target=run_api_worker, args=(spec,), name=f"deepinfer-api-{spec.index}"
+            )
+            process.start()
+            spec.control.close()  # the child holds its own end now
+            worker = _Worker(spec.index, process, await ControlChannel.open(end))
+            self._workers.append(worker)
+            logger.info(
+                "[startup] API server process %d started as pid %s", spec.index, process.pid
+            )
+            self._tasks.append(loop.create_task(self._listen(worker)))
+            loop.add_reader(process.sentinel, self._on_worker_exit, worker)
+        self._forward_signals()  # any that arrived while they were being spawned
+
+    async def run(self) -> int:
+        """Start-up, serve, shut down; the exit code."""
+        code = await self._startup()
+        if code is None:
+            host = self._config.host
+            logger.info(
+                "Uvicorn running on http://%s:%d (Press CTRL+C to quit)",
+                f"[{host}]" if ":" in host else host,
+                self._config.port,
+            )
+            await self._stopping.wait()
+            code = 0
+        await self._until(lambda w: w.drained or w.exited.is_set(), self._drain_timeout())
+        logger.info("[shutdown] stopping DP ranks")
+        self._stop.request_stop()
+        await self._processes.stop(RANK_STOP_TIMEOUT)
+        for worker in self._workers:
+            worker.control.send(Exit())
+        if not await self._until(lambda w: w.exited.is_set(), _WORKER_EXIT_TIMEOUT):
+            for worker in self._workers:
+                if not worker.exited.is_set():
+                    logger.warning("[shutdown] killing API server process %d", worker.index)
+                    worker.process.kill()
+            await self._until(lambda w: w.exited.is_set(), 5.0)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for worker in self._workers:
+            worker.control.close()
+        logger.info("[shutdown] done")
+        return code
+
+    def on_signal(self, sig: signal.Signals = signal.SIGTERM) -> None:
+        """SIGTERM/SIGINT: every API server process drains; then SIGINT (a second Ctrl-C)
+        ends the drains, as it does for one process (a second SIGTERM does not)."""
+        if self._signals == 0 or sig == signal.SIGINT:
+            self._signals += 1
+        self._stopping.set()
+        self._forward_signals()
+
+    def _forward_signals(self) -> None:
+        for worker in self._workers:
+            while worker.signals_sent < self._signals:
+                worker.terminate()
+
+    def on_rank_exit(self, rank: int, exitcode: int | None) -> None:
+        # A rank that fails on purpose reports why to every API server process just before it
+        # exits; give that report a moment, so that /health names the cause.
+        asyncio.get_running_loop().call_later(
+            _EXIT_REPORT_GRACE_SECONDS,
+            self._fail,
+            f"DP rank {rank} exited unexpectedly with {describe_exit(exitcode)}",
+        )
+
+    async def _startup(self) -> int | None:
+        """None once every API server process serves; else the exit code (1: a process ended
+        during start-up, 0: stopped by a signal)."""
+        while True:
+            if self._stopping.is_set():
+                logger.info("[startup] interrupted")
+                return 0
+            if any(w.exited.is_set() for w in self._workers):
+                logger.error("[startup] failed: an API server process could not start")
+                self.on_signal()  # stops the others' start-up
+                return 1
+            if all(w.serving for w in self._workers):
+                return None
+            changed = asyncio.ensure_future(self._changed.wait())
+            stopping = asyncio.ensure_future(self._stopping.wait())
+            await asyncio.wait({changed, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            changed.cancel()
+            stopping.cancel()
+            self._changed.clear()
+
+    def _drain_timeout(self) -> float:
+        return self._config.shutdown_timeout + _DRAIN_SLACK
+
+    async def _until(self, done: Callable[[_Worker], bool], timeout: float) -> bool:
+        """Wait until `done` holds for every API server process; False after `timeout`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not all(done(w) for w in self._workers):
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                return False
+        return True
+
+    async def _listen(self, worker: _Worker) -> None:
+        while (message := await worker.control.receive()) is not None:
+            self._on_message(worker, message)
+
+    def _on_message(self, worker: _Worker, message: ControlMessage) -> None:
+        if isinstance(message, SnapshotRequest):
+            for other in self._workers:
+                if other is not worker and not other.exited.is_set():
+                    other.control.send(message)
+        elif isinstance(message, SnapshotReply):
+            self._workers[message.requester].control.send(message)
+        elif isinstance(message, Failed):
+            self._fail(message.reason)
+        elif isinstance(message, Serving):
+            worker.serving = True
+            self._changed.set()
+            if all(w.serving for w in self._workers):
+                log_serving(self._config, self._master_port)
+        elif isinstance(message, Drained):
+            worker.drained = True
+            self._changed.set()
+
+    def _on_worker_exit(self, worker: _Worker) -> None:
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(worker.process.sentinel)
+        worker.process.join(0)
+        worker.exited.set()
+        self._changed.set()
+        if not self._stopping.is_set() and all(w.serving for w in self._workers):
+            self._fail(
+                f"API server process {worker.index} exited unexpectedly with "
+                f"{describe_exit(worker.process.exitcode)}",
+                break_collectives=False,
+            )
+
+    def _fail(self, reason: str, break_collectives: bool = True) -> None:
+        """Fail the service in every API server process (the first reason wins)."""
+        if self._failure is not None:
+            return
+        self._failure = reason
+        for worker in self._workers:
+            worker.control.send(Failed(reason))
+        if break_collectives:
+            # Ranks blocked in a collective with a failed rank would wait forever. On a
+            # thread: a rank killed while holding a shared lock leaves it taken for good.
+            threading.Thread(
+                target=self._break_collectives, name="break-collectives", daemon=True
+            ).start()
+
+
+async def supervise(config: ResolvedConfig, prepared: Prepared) -> int:
+    """Run the server with `config.api_server_count` API server processes; the exit code."""
+    loop = asyncio.get_running_loop()
+    try:
+        listener = bind_listener(config.host, config.port)
+    except OSError as exc:
+        logger.error("cannot listen on %s:%d: %s", config.host, config.port, exc)
+        return 1
+    with tempfile.TemporaryDirectory(prefix="deepinfer-server-") as workdir, listener:
+        specs = rank_specs(config, prepared, workdir)
+        stop = StopAgreement()
+        shared = prepared.backend.shared_state(config)
+        processes = RankProcesses(run_rank, [(spec, stop, shared) for spec in specs])
+        supervisor = Supervisor(
+            config,
+            prepared.master_port,
+            processes,
+            stop,
+            shared.abort if shared is not None else lambda: None,
+        )
+        slots = shared_slots(config.data_parallel_size)
+        pairs = [socket.socketpair() for _ in range(config.api_server_count)]
+        worker_specs = [
+            WorkerSpec(
+                config=config,
+                index=index,
+                checkpoint=prepared.checkpoint,
+                inbox_addresses=[
+                    rank_inbox(workdir, rank, index) for rank in range(config.data_parallel_size)
+                ],
+                outbox_address=api_outbox(workdir, index),
+                listener=listener,
+                control=pairs[index][1],
+                slots=slots,
+            )
+            for index in range(config.api_server_count)
+        ]
+        for sig in STOP_SIGNALS:
+            loop.add_signal_handler(sig, supervisor.on_signal, sig)
+        try:
+            processes.start()
+            processes.watch(supervisor.on_rank_exit)
+            await supervisor.start_workers(worker_specs, [end for end, _ in pairs])
+            listener.close()  # every API server process holds its own copy
+            return await supervisor.run()
+        finally:
+            for sig in STOP_SIGNALS:
+                loop.remove_signal_handler(sig)

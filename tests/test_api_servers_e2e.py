@@ -1,0 +1,150 @@
+"""--api-server-count 2 end to end: what must be global across the API server processes is.
+
+Which process takes a connection is the kernel's choice, so these tests find out from the log
+(the debug line of each submitted request and the access log name the process) and open fresh
+connections until each process has what the test needs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.conftest import MODEL
+from tests.metrics_scrape import Samples, parse_metrics, scrape, value
+from tests.server import LiveServer
+from tests.sse import sse_events
+
+NO_THINKING = {"thinking": {"type": "disabled"}}
+ENDLESS = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "again"}],
+    "max_tokens": 3000,
+    "ignore_eos": True,
+    **NO_THINKING,
+}
+
+
+@pytest.fixture(scope="module")
+def two_api_servers() -> Iterator[LiveServer]:
+    """Two API server processes, DP=2, one running sequence per rank: capacity 2."""
+    with LiveServer(
+        "--ep",
+        "2",
+        "--dp",
+        "2",
+        "--max-num-seqs",
+        "1",
+        "--sim-itl-ms",
+        "5",
+        "--sim-ttft-ms",
+        "2",
+        "--log-level",
+        "debug",
+        api_servers=2,
+    ) as server:
+        yield server
+
+
+class _Held:
+    """A streaming request kept open on a connection of its own."""
+
+    def __init__(self, server: LiveServer, request_id: str) -> None:
+        self.client = httpx.Client(base_url=server.base_url, timeout=30)
+        request = self.client.build_request(
+            "POST",
+            "/v1/chat/completions",
+            json={**ENDLESS, "stream": True},
+            headers={"X-Request-Id": request_id},
+        )
+        self.response = self.client.send(request, stream=True)
+        assert self.response.status_code == 200
+        self.events = sse_events(self.response)
+        next(self.events)
+        line = server.wait_for_line(f"request chatcmpl-{request_id}-", timeout=10)
+        api = re.search(r"\[api (\d+)\]", line)
+        rank = re.search(r"to DP rank (\d+)", line)
+        assert api is not None and rank is not None, line
+        self.api_server, self.rank = int(api.group(1)), int(rank.group(1))
+
+    def close(self) -> None:
+        self.response.close()
+        self.client.close()
+
+
+def _hold_one_on_each_api_server(server: LiveServer) -> list[_Held]:
+    held: dict[int, _Held] = {}
+    for attempt in range(30):
+        stream = _Held(server, f"hold-{attempt}")
+        if stream.api_server in held:
+            stream.close()  # the same process again: try another connection
+        else:
+            held[stream.api_server] = stream
+        if len(held) == 2:
+            return list(held.values())
+    raise AssertionError("the kernel never gave the second API server process a connection")
+
+
+def test_admission_and_rank_choice_are_global(two_api_servers: LiveServer) -> None:
+    held = _hold_one_on_each_api_server(two_api_servers)
+    try:
+        # Each process holds one request, under capacity 2 on its own: only shared counts
+        # send the second request to the other rank and refuse a third in both processes.
+        assert sorted(h.rank for h in held) == [0, 1]
+        refusals = two_api_servers.on_every_api_server(
+            "POST", "/v1/chat/completions", json={**ENDLESS, "max_tokens": 3}
+        )
+        for refused in refusals.values():
+            assert refused.status_code == 429
+            assert int(refused.headers["retry-after"]) >= 1
+        loads = two_api_servers.on_every_api_server("GET", "/get_load", params={"format": "sglang"})
+        for load in loads.values():
+            assert [rank["num_reqs"] for rank in load.json()] == [1, 1]
+    finally:
+        for stream in held:
+            stream.close()
+
+
+def test_metrics_count_each_request_once_whichever_process_answers(
+    two_api_servers: LiveServer,
+) -> None:
+    url = two_api_servers.base_url + "/v1/chat/completions"
+    before = scrape(two_api_servers.base_url)
+    answered_by: set[int] = set()
+    requests = 0
+    while answered_by != {0, 1}:  # fresh connections until both processes served some
+        assert requests < 30, "the kernel gave every request to one API server process"
+        request_id = f"counted-{requests}"
+        reply = httpx.post(
+            url, json={**ENDLESS, "max_tokens": 2}, headers={"X-Request-Id": request_id}
+        )
+        assert reply.status_code == 200
+        answered_by.add(two_api_servers.answered_by(request_id))
+        requests += 1
+    for response in two_api_servers.on_every_api_server("GET", "/metrics").values():
+        after = parse_metrics(response.text)
+
+        def delta(name: str, after: Samples = after, **labels: str) -> float:
+            return value(after, name, **labels) - value(before, name, **labels)
+
+        assert delta("deepinfer:request_success_total", finished_reason="length") == requests
+        assert delta("deepinfer:generation_tokens_total") == 2 * requests
+        assert delta("deepinfer:e2e_request_latency_seconds_count") == requests
+        assert value(after, "deepinfer:healthy") == 1  # the same in every process: not summed
+
+
+def test_a_dead_api_server_process_fails_the_service() -> None:
+    with LiveServer("--sim-itl-ms", "20", api_servers=2) as server:
+        first, second = server.api_processes()
+        first.kill()
+        first.wait(10)
+        line = server.wait_for_line("service failed", timeout=10)
+        assert "API server process" in line
+        health = httpx.get(server.base_url + "/health", timeout=10)
+        assert health.status_code == 503
+        assert "API server process" in health.json()["reason"]
+        assert second.is_running()
+        assert server.stop() == 0
