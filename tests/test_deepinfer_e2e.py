@@ -95,10 +95,10 @@ def test_ranks_construct_deepinfer_as_configured(checkpoint: Path, tmp_path: Pat
     for rank, gpus, ignore_eos in [(0, "0,1,2,3", True), (1, "4,5,6,7", False)]:
         records = _records(tmp_path, rank)
         constructed = records[0]
-        # DeepInfer forks its multimodal worker with no ZeroMQ IO thread running (named
-        # ZMQbg/...): the rank creates its sockets only after the engine is constructed.
-        threads = constructed["threads_at_mm_fork"]
-        assert threads and not [name for name in threads if name.startswith("ZMQbg")]
+        # DeepInfer forks its multimodal worker before the rank connects to the API process:
+        # the forked child must not inherit the rank's links (its Unix sockets).
+        assert constructed["threads_at_mm_fork"]
+        assert constructed["unix_sockets_at_mm_fork"] == 0
         args_seen = constructed["engine_args"]
         assert args_seen["model"] == args_seen["tokenizer"] == str(checkpoint)
         assert args_seen["served_model_name"] == "deepseek-flash"

@@ -1,20 +1,20 @@
 """RankLoop with several API server processes: each gets its own requests' outputs, and every
-one gets every step report (its liveness watch needs them)."""
+one gets every step report (its liveness watch needs them). Real Unix sockets, as in a server."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
-import zmq
+import socket
+from pathlib import Path
 
 from deepinfer_server.errors import ErrorKind
+from deepinfer_server.ipc.framing import FrameReader, frame
 from deepinfer_server.ipc.messages import (
     AbortRequests,
     AddRequest,
     Finish,
     FromRank,
     GeneratedTokens,
+    LinkHello,
     RequestDelta,
     RequestRejected,
     SamplingOptions,
@@ -22,6 +22,7 @@ from deepinfer_server.ipc.messages import (
     from_rank_decoder,
     to_rank_encoder,
 )
+from deepinfer_server.rank.links import ApiLinks
 from deepinfer_server.rank.loop import RankLoop
 
 
@@ -64,59 +65,74 @@ class _StopAfter:
         return iteration >= self.iterations
 
 
-class _Sockets:
-    """inproc sockets of one test, all closed at its end."""
-
-    def __init__(self) -> None:
-        self.context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self.sockets: list[zmq.Socket[bytes]] = []
-
-    def pair(self, address: str) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
-        """(PUSH, PULL) connected over `address`."""
-        pull = self.context.socket(zmq.PULL)
-        pull.bind(address)
-        push = self.context.socket(zmq.PUSH)
-        push.connect(address)
-        self.sockets += [push, pull]
-        return push, pull
-
-
-@pytest.fixture
-def sockets() -> Iterator[_Sockets]:
-    made = _Sockets()
-    yield made
-    for socket in made.sockets:
-        socket.close(linger=0)
-    made.context.term()
+def _received(connection: socket.socket) -> list[FromRank]:
+    """Every message waiting on an API process's end of a link."""
+    connection.setblocking(False)
+    reader = FrameReader()
+    payloads: list[bytes] = []
+    while True:
+        try:
+            data = connection.recv(1 << 16)
+        except BlockingIOError:
+            break
+        if not data:
+            break
+        payloads.extend(reader.feed(data))
+    return [from_rank_decoder.decode(payload) for payload in payloads]
 
 
-def _received(socket: zmq.Socket[bytes]) -> list[FromRank]:
-    messages = []
-    while socket.poll(0):
-        messages.append(from_rank_decoder.decode(socket.recv()))
-    return messages
+def test_outputs_go_back_to_the_api_process_that_sent_the_request(tmp_path: Path) -> None:
+    listeners = []
+    for client in range(2):
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(tmp_path / f"api{client}.sock"))
+        listener.listen()
+        listeners.append(listener)
+    links = ApiLinks([str(tmp_path / f"api{client}.sock") for client in range(2)], rank=0)
+    api_ends = [listener.accept()[0] for listener in listeners]
+    try:
+        sampling = SamplingOptions(max_tokens=4)
+        for request_id, client in (("a", 0), ("b", 1), ("gone", 1), ("bad", 1)):
+            message = AddRequest(request_id, b"", sampling, None, client)
+            api_ends[client].sendall(frame(to_rank_encoder.encode(message)))
+        api_ends[1].sendall(frame(to_rank_encoder.encode(AbortRequests(["gone"]))))
+        core = _Core()
+        RankLoop(0, core, links, _StopAfter(2), idle_wait=0.5).run()  # type: ignore[arg-type]
+        first, second = _received(api_ends[0]), _received(api_ends[1])
+        assert first[0] == LinkHello(0) and second[0] == LinkHello(0)
+        steps = [m for m in first if isinstance(m, StepOutputs)]
+        assert [[d.request_id for d in m.deltas] for m in steps] == [["a"], ["a"]]
+        rejected = [m for m in second if isinstance(m, RequestRejected)]
+        assert [m.request_id for m in rejected] == ["bad"]
+        steps = [m for m in second if isinstance(m, StepOutputs)]
+        # "b" ended at the first step, "gone" was aborted; the second step is still reported.
+        assert [[d.request_id for d in m.deltas] for m in steps] == [["b"], []]
+    finally:
+        links.close()
+        for end in api_ends:
+            end.close()
+        for listener in listeners:
+            listener.close()
 
 
-def test_outputs_go_back_to_the_api_process_that_sent_the_request(sockets: _Sockets) -> None:
-    inbox_sender, inbox = sockets.pair("inproc://inbox")
-    pairs = [sockets.pair(f"inproc://api{client}") for client in range(2)]
-    outboxes, readers = [push for push, _ in pairs], [pull for _, pull in pairs]
-    sampling = SamplingOptions(max_tokens=4)
-    for request_id, client in (("a", 0), ("b", 1), ("gone", 1), ("bad", 1)):
-        inbox_sender.send(
-            to_rank_encoder.encode(AddRequest(request_id, b"", sampling, None, client))
-        )
-    inbox_sender.send(to_rank_encoder.encode(AbortRequests(["gone"])))
-    core = _Core()
-    loop = RankLoop(0, core, inbox, outboxes, _StopAfter(2), idle_wait=0.01)  # type: ignore[arg-type]
-    loop.run()
-    first, second = _received(readers[0]), _received(readers[1])
-    assert [type(m) for m in first] == [StepOutputs, StepOutputs]
-    assert [[d.request_id for d in m.deltas] for m in first if isinstance(m, StepOutputs)] == [
-        ["a"],
-        ["a"],
-    ]
-    assert isinstance(second[0], RequestRejected) and second[0].request_id == "bad"
-    steps = [m for m in second if isinstance(m, StepOutputs)]
-    # "b" ended at the first step, "gone" was aborted; the second step is still reported.
-    assert [[d.request_id for d in m.deltas] for m in steps] == [["b"], []]
+def test_an_api_process_that_goes_away_does_not_stop_the_others(tmp_path: Path) -> None:
+    listeners = []
+    for client in range(2):
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(tmp_path / f"api{client}.sock"))
+        listener.listen()
+        listeners.append(listener)
+    links = ApiLinks([str(tmp_path / f"api{client}.sock") for client in range(2)], rank=0)
+    api_ends = [listener.accept()[0] for listener in listeners]
+    try:
+        sampling = SamplingOptions(max_tokens=4)
+        api_ends[0].sendall(frame(to_rank_encoder.encode(AddRequest("a", b"", sampling))))
+        api_ends[1].close()  # process 1 died
+        RankLoop(0, _Core(), links, _StopAfter(3), idle_wait=0.5).run()  # type: ignore[arg-type]
+        steps = [m for m in _received(api_ends[0]) if isinstance(m, StepOutputs)]
+        assert [[d.request_id for d in m.deltas] for m in steps] == [["a"], ["a"], ["a"]]
+    finally:
+        links.close()
+        api_ends[0].close()
+        for listener in listeners:
+            listener.close()

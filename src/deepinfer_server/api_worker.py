@@ -1,12 +1,12 @@
 """One API server process of `--api-server-count N` (N > 1), spawned by the supervisor.
 
-It runs what the single-process server runs, over the listening socket the supervisor bound:
-its own event loop, ZeroMQ sockets to every rank (`RankChannels`, with its number as `client`),
+It runs what the single-process server runs, over the listening socket the supervisor bound: its
+own event loop, a socket every rank connects to (`RankChannels`, with its number as `client`),
 Coordinator and uvicorn. What must stay global goes through the supervisor: admission counts
 live in shared memory (`SharedAdmission`), failures travel over the control channel both ways,
-and /metrics and /get_load ask the other processes for their snapshots. Ctrl-C reaches the
-whole process group, so SIGINT is ignored here: the supervisor forwards every stop signal as
-SIGTERM, once to drain, again to stop draining.
+and /metrics and /get_load ask the other processes for their snapshots. Ctrl-C reaches the whole
+process group, so SIGINT is ignored here: the supervisor forwards every stop signal as SIGTERM,
+once to drain, again to stop draining.
 """
 
 from __future__ import annotations
@@ -55,9 +55,8 @@ class WorkerSpec:
     #: The local checkpoint (None: the embedded tokenizer); each process loads the tokenizer
     #: itself, which keeps the spec small and the processes' start-ups parallel.
     checkpoint: str | None
-    #: This process's inbox of each rank, by rank (it binds them).
-    inbox_addresses: list[str]
-    outbox_address: str
+    #: The socket the ranks connect to (bound by the supervisor before they start).
+    rank_listener: socket.socket
     listener: socket.socket
     control: socket.socket
     #: The shared per-rank admission counts (`admission.shared_slots`).
@@ -137,7 +136,7 @@ async def _serve(spec: WorkerSpec) -> int:
     config = spec.config
     control = await ControlChannel.open(spec.control)
     metrics = ServerMetrics(config.served_model_name)
-    channels = RankChannels(spec.inbox_addresses, spec.outbox_address, client=spec.index)
+    channels = RankChannels(spec.rank_listener, config.data_parallel_size, client=spec.index)
     coordinator = Coordinator(
         config,
         None,

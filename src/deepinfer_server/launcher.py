@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import dataclass
 
 from deepinfer_server.config import ResolvedConfig
-from deepinfer_server.coordinator.channels import RankChannels
+from deepinfer_server.coordinator.channels import RankChannels, bind_rank_listener
 from deepinfer_server.coordinator.coordinator import Coordinator
 from deepinfer_server.coordinator.process import RankProcesses
 from deepinfer_server.engines.backend import EngineBackend, EngineSpec
@@ -72,14 +72,9 @@ def prepare(config: ResolvedConfig) -> Prepared:
     return Prepared(backend, checkpoint, master_port, tokenizer_json, recipe)
 
 
-def rank_inbox(workdir: str, rank: int, api_server: int) -> str:
-    """The address of `rank`'s inbox from API server process `api_server` (which binds it)."""
-    return f"ipc://{workdir}/rank{rank}.api{api_server}.in"
-
-
-def api_outbox(workdir: str, api_server: int) -> str:
-    """The address every rank sends API server process `api_server`'s messages to."""
-    return f"ipc://{workdir}/api{api_server}.out"
+def api_address(workdir: str, api_server: int) -> str:
+    """The socket API server process `api_server` listens on for the ranks."""
+    return f"{workdir}/api{api_server}.sock"
 
 
 def rank_specs(config: ResolvedConfig, prepared: Prepared, workdir: str) -> list[RankSpec]:
@@ -106,8 +101,7 @@ def rank_specs(config: ResolvedConfig, prepared: Prepared, workdir: str) -> list
             ),
             builder=backend.builder,
             backend_name=backend.name,
-            inbox_addresses=tuple(rank_inbox(workdir, rank, i) for i in servers),
-            outbox_addresses=tuple(api_outbox(workdir, i) for i in servers),
+            api_addresses=tuple(api_address(workdir, i) for i in servers),
             log_level=config.log_level,
         )
         for rank in range(config.data_parallel_size)
@@ -123,8 +117,7 @@ async def serve(config: ResolvedConfig, prepared: Prepared) -> int:
         processes = RankProcesses(run_rank, [(spec, stop, shared) for spec in specs])
         metrics = ServerMetrics(config.served_model_name)
         channels = RankChannels(
-            [rank_inbox(workdir, rank, 0) for rank in range(config.data_parallel_size)],
-            api_outbox(workdir, 0),
+            bind_rank_listener(api_address(workdir, 0)), config.data_parallel_size
         )
         coordinator = Coordinator(
             config,

@@ -26,7 +26,8 @@ from multiprocessing.process import BaseProcess
 from deepinfer_server.api_worker import WorkerSpec, run_api_worker
 from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.coordinator.admission import shared_slots
-from deepinfer_server.coordinator.process import RankProcesses, describe_exit
+from deepinfer_server.coordinator.channels import bind_rank_listener
+from deepinfer_server.coordinator.process import REAP_TIMEOUT, RankProcesses, describe_exit
 from deepinfer_server.http_server import STOP_SIGNALS, log_serving
 from deepinfer_server.ipc.control import (
     ControlChannel,
@@ -42,8 +43,7 @@ from deepinfer_server.ipc.stop_agreement import StopAgreement
 from deepinfer_server.launcher import (
     RANK_STOP_TIMEOUT,
     Prepared,
-    api_outbox,
-    rank_inbox,
+    api_address,
     rank_specs,
 )
 from deepinfer_server.rank.proc import run_rank
@@ -248,7 +248,8 @@ class Supervisor:
     def _on_worker_exit(self, worker: _Worker) -> None:
         loop = asyncio.get_running_loop()
         loop.remove_reader(worker.process.sentinel)
-        worker.process.join(0)
+        # The sentinel closes while the process exits, a moment before it can be reaped.
+        worker.process.join(REAP_TIMEOUT)
         worker.exited.set()
         self._changed.set()
         if not self._stopping.is_set() and all(w.serving for w in self._workers):
@@ -294,16 +295,19 @@ async def supervise(config: ResolvedConfig, prepared: Prepared) -> int:
             shared.abort if shared is not None else lambda: None,
         )
         slots = shared_slots(config.data_parallel_size)
+        # Bound before any rank starts: a rank connects to every API process as soon as its
+        # engine is built.
+        rank_listeners = [
+            bind_rank_listener(api_address(workdir, index))
+            for index in range(config.api_server_count)
+        ]
         pairs = [socket.socketpair() for _ in range(config.api_server_count)]
         worker_specs = [
             WorkerSpec(
                 config=config,
                 index=index,
                 checkpoint=prepared.checkpoint,
-                inbox_addresses=[
-                    rank_inbox(workdir, rank, index) for rank in range(config.data_parallel_size)
-                ],
-                outbox_address=api_outbox(workdir, index),
+                rank_listener=rank_listeners[index],
                 listener=listener,
                 control=pairs[index][1],
                 slots=slots,
@@ -317,6 +321,8 @@ async def supervise(config: ResolvedConfig, prepared: Prepared) -> int:
             processes.watch(supervisor.on_rank_exit)
             await supervisor.start_workers(worker_specs, [end for end, _ in pairs])
             listener.close()  # every API server process holds its own copy
+            for rank_listener in rank_listeners:
+                rank_listener.close()
             return await supervisor.run()
         finally:
             for sig in STOP_SIGNALS:

@@ -1,26 +1,33 @@
-"""RankChannels: the ZeroMQ sockets between the API process and the rank processes.
+"""RankChannels: the sockets between this API process and the rank processes.
 
-One PUSH socket per rank inbox (never blocking the event loop: no high-water mark) and one PULL
-socket that every rank pushes its outputs to. With several API server processes each binds
-sockets of its own (`client` is its number) and every rank connects to all of them. The reader
-task decodes each message and hands it to one callback; it never blocks on a consumer.
+The API process listens on one Unix stream socket; every rank connects to it once, says which
+rank it is (`LinkHello`), and the connection carries length-prefixed msgpack messages
+(`ipc.framing`) both ways: requests, aborts and wake-ups to the rank, step outputs and reports
+from it. Each side writes to the socket and reads from it directly: a message costs one write
+and one wake-up of its reader, with no thread in between (the latency of every token's trip).
+Sends never block the event loop: the transport buffers what the socket cannot take yet, and
+messages for a rank that has not connected yet wait for it. Every message that arrives is
+decoded and handed to one callback as it arrives; it never waits for a consumer. With several
+API server processes each listens on a socket of its own (`client` is its number) and every
+rank connects to all of them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import socket
 from collections.abc import Callable
 
-import zmq
-import zmq.asyncio
-
 from deepinfer_server.ipc.codec import pack_token_ids
+from deepinfer_server.ipc.framing import FrameReader, frame
 from deepinfer_server.ipc.messages import (
     AbortRequests,
     AddRequest,
     FromRank,
     Images,
+    LinkHello,
     SamplingOptions,
     Shutdown,
     Wake,
@@ -28,27 +35,80 @@ from deepinfer_server.ipc.messages import (
     to_rank_encoder,
 )
 
-_DRAIN_BATCH = 32
-_WAKE = to_rank_encoder.encode(Wake())
-_SHUTDOWN = to_rank_encoder.encode(Shutdown())
+_WAKE = frame(to_rank_encoder.encode(Wake()))
+_SHUTDOWN = frame(to_rank_encoder.encode(Shutdown()))
+
+
+def bind_rank_listener(path: str) -> socket.socket:
+    """The listening socket the ranks connect to (bind it before the ranks start)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(128)
+    listener.setblocking(False)
+    return listener
+
+
+class _RankLink:
+    """The connection of one rank, or the messages waiting for it to connect."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.waiting: list[bytes] = []
+
+    def send(self, framed: bytes) -> None:
+        if self.transport is not None:
+            if not self.transport.is_closing():
+                self.transport.write(framed)
+        else:
+            self.waiting.append(framed)
+
+    def connected(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        for framed in self.waiting:
+            transport.write(framed)
+        self.waiting.clear()
+
+
+class _Connection(asyncio.Protocol):
+    """One connection from a rank: its hello first, then messages."""
+
+    def __init__(self, channels: RankChannels) -> None:
+        self._channels = channels
+        self._reader = FrameReader()
+        self._transport: asyncio.Transport | None = None
+        self._greeted = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        on_message = self._channels.on_message
+        decode = from_rank_decoder.decode
+        for payload in self._reader.feed(data):
+            if not self._greeted:
+                self._greeted = True
+                hello = decode(payload)
+                if isinstance(hello, LinkHello) and hello.main and self._transport is not None:
+                    self._channels.link(hello.rank).connected(self._transport)
+                continue
+            if on_message is not None:
+                on_message(decode(payload))
 
 
 class RankChannels:
-    """Sockets to every rank; use from the event-loop thread only."""
+    """This API process's connections to every rank; use from the event-loop thread only."""
 
-    def __init__(self, inbox_addresses: list[str], outbox_address: str, client: int = 0) -> None:
+    def __init__(self, listener: socket.socket, ranks: int, client: int = 0) -> None:
+        self._listener = listener
         self._client = client
-        self._context = zmq.Context()
-        self._inboxes: list[zmq.Socket[bytes]] = []
-        for address in inbox_addresses:
-            socket = self._context.socket(zmq.PUSH)
-            socket.setsockopt(zmq.SNDHWM, 0)  # never block the event loop on a send
-            socket.setsockopt(zmq.LINGER, 0)
-            socket.bind(address)
-            self._inboxes.append(socket)
-        self._outbox = zmq.asyncio.Context.shadow(self._context).socket(zmq.PULL)
-        self._outbox.setsockopt(zmq.LINGER, 0)
-        self._outbox.bind(outbox_address)
+        self._links = [_RankLink() for _ in range(ranks)]
+        self._server: asyncio.AbstractServer | None = None
+        self.on_message: Callable[[FromRank], None] | None = None
+
+    def link(self, rank: int) -> _RankLink:
+        return self._links[rank]
 
     def send_add(
         self,
@@ -62,40 +122,35 @@ class RankChannels:
         message = AddRequest(
             request_id, pack_token_ids(prompt_token_ids), sampling, images, self._client
         )
-        self._inboxes[rank].send(to_rank_encoder.encode(message), copy=False)
-        for other, socket in enumerate(self._inboxes):
+        self._links[rank].send(frame(to_rank_encoder.encode(message)))
+        for other, link in enumerate(self._links):
             if other != rank:
-                socket.send(_WAKE, copy=False)
+                link.send(_WAKE)
 
     def send_abort(self, rank: int, request_ids: list[str]) -> None:
-        message = to_rank_encoder.encode(AbortRequests(request_ids))
-        with contextlib.suppress(zmq.ZMQError):
-            self._inboxes[rank].send(message, copy=False)
+        self._links[rank].send(frame(to_rank_encoder.encode(AbortRequests(request_ids))))
 
     def send_shutdown(self) -> None:
         """End every idle rank's wait, so it reaches the agreed stop promptly."""
-        for socket in self._inboxes:
-            with contextlib.suppress(zmq.ZMQError):
-                socket.send(_SHUTDOWN, zmq.NOBLOCK)
+        for link in self._links:
+            if link.transport is not None:  # a rank not connected yet gets nothing to wait on
+                link.send(_SHUTDOWN)
 
     async def read(self, on_message: Callable[[FromRank], None]) -> None:
-        """Deliver every message from the ranks to `on_message`, until cancelled."""
-        # Await one message, then take what else is already queued without a future per message
-        # (at high step rates that is most of them), but few enough to keep the loop fair.
-        drain: zmq.Socket[bytes] = zmq.Socket.shadow(self._outbox.underlying)
-        while True:
-            frame = await self._outbox.recv(copy=False)
-            on_message(from_rank_decoder.decode(frame.buffer))
-            for _ in range(_DRAIN_BATCH):
-                try:
-                    frame = drain.recv(zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    break
-                on_message(from_rank_decoder.decode(frame.buffer))
-            await asyncio.sleep(0)
+        """Accept the ranks' connections and deliver every message from them to `on_message`
+        as it arrives, until cancelled."""
+        self.on_message = on_message
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_unix_server(lambda: _Connection(self), sock=self._listener)
+        try:
+            await loop.create_future()
+        finally:
+            self._server.close()
 
     def close(self) -> None:
-        for socket in self._inboxes:
-            socket.close()
-        self._outbox.close()
-        self._context.term()
+        if self._server is not None:
+            self._server.close()
+        for link in self._links:
+            if link.transport is not None:
+                link.transport.close()
+        self._listener.close()

@@ -23,6 +23,10 @@ logger = logging.getLogger(__name__)
 
 ExitCallback = Callable[[int, int | None], None]
 
+#: How long reaping a process whose sentinel fired may take: the sentinel closes while the
+#: process exits, a moment before it becomes reapable; `join(0)` would then leave a zombie.
+REAP_TIMEOUT = 1.0
+
 
 def describe_exit(exitcode: int | None) -> str:
     """'exit code 3' or 'signal SIGKILL' for a process's exit code."""
@@ -86,7 +90,7 @@ class RankProcesses:
             ) -> None:
                 loop.remove_reader(process.sentinel)
                 kill_group(process)  # before the rank is reaped: its pid still names the group
-                process.join(0)
+                process.join(REAP_TIMEOUT)
                 if not exited.done():
                     exited.set_result(None)
                 if not self._stopping:

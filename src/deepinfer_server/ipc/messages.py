@@ -245,7 +245,15 @@ class RankFailed(_Message):
     traceback: str
 
 
-FromRank = RankReady | StepOutputs | RequestRejected | RankFailed
+class LinkHello(_Message):
+    """A rank's first message on a connection to an API process: which rank it is, and whether
+    the connection is the rank's link (False: a one-off report from another thread)."""
+
+    rank: int
+    main: bool = True
+
+
+FromRank = RankReady | StepOutputs | RequestRejected | RankFailed | LinkHello
 
 to_rank_encoder = msgspec.msgpack.Encoder()
 to_rank_decoder = msgspec.msgpack.Decoder(ToRank)

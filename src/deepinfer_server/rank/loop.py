@@ -18,9 +18,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
-
-import zmq
 
 from deepinfer_server.engines.backend import EngineCore
 from deepinfer_server.ipc.messages import (
@@ -28,10 +25,10 @@ from deepinfer_server.ipc.messages import (
     AddRequest,
     RequestDelta,
     StepOutputs,
-    from_rank_encoder,
     to_rank_decoder,
 )
 from deepinfer_server.ipc.stop_agreement import StopAgreement
+from deepinfer_server.rank.links import ApiLinks
 
 logger = logging.getLogger(__name__)
 
@@ -46,19 +43,17 @@ class RankLoop:
         self,
         rank: int,
         core: EngineCore,
-        inbox: zmq.Socket[bytes],
-        outboxes: Sequence[zmq.Socket[bytes]],
+        links: ApiLinks,
         stop: StopAgreement,
         idle_wait: float,
     ) -> None:
         self._rank = rank
         self._core = core
-        self._inbox = inbox
-        self._outboxes = list(outboxes)
+        self._links = links
         self._stop = stop
         self._idle_wait_ms = max(1, int(idle_wait * 1000))
         #: Which API process each live request came from; None with one API process.
-        self._clients: dict[str, int] | None = {} if len(self._outboxes) > 1 else None
+        self._clients: dict[str, int] | None = {} if links.count > 1 else None
 
     def run(self) -> None:
         """Loop until the stop agreement ends it; engine exceptions propagate to the caller."""
@@ -84,10 +79,9 @@ class RankLoop:
     def _publish(self, deltas: list[RequestDelta], elapsed: float, usage: float | None) -> None:
         clients = self._clients
         if clients is None:
-            message = StepOutputs(self._rank, deltas, elapsed, usage)
-            self._outboxes[0].send(from_rank_encoder.encode(message), copy=False)
+            self._links.send(0, StepOutputs(self._rank, deltas, elapsed, usage))
             return
-        routed: list[list[RequestDelta]] = [[] for _ in self._outboxes]
+        routed: list[list[RequestDelta]] = [[] for _ in range(self._links.count)]
         for delta in deltas:
             client = clients.get(delta.request_id)
             if client is None:
@@ -95,27 +89,21 @@ class RankLoop:
             if delta.finish is not None:
                 del clients[delta.request_id]
             routed[client].append(delta)
-        for client, outbox in enumerate(self._outboxes):
-            message = StepOutputs(self._rank, routed[client], elapsed, usage)
-            outbox.send(from_rank_encoder.encode(message), copy=False)
+        for client, client_deltas in enumerate(routed):
+            self._links.send(client, StepOutputs(self._rank, client_deltas, elapsed, usage))
 
     def _take_messages(self, wait: bool) -> None:
-        if wait and not self._inbox.poll(self._idle_wait_ms, zmq.POLLIN):
+        if wait and not self._links.wait(self._idle_wait_ms):
             return
-        while True:
-            try:
-                frame = self._inbox.recv(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            self._apply(frame.bytes)
+        for payload in self._links.receive():
+            self._apply(payload)
 
     def _apply(self, payload: bytes) -> None:
         message = to_rank_decoder.decode(payload)
         if isinstance(message, AddRequest):
             rejection = self._core.add(message)
             if rejection is not None:
-                outbox = self._outboxes[message.client]
-                outbox.send(from_rank_encoder.encode(rejection), copy=False)
+                self._links.send(message.client, rejection)
             elif self._clients is not None:
                 self._clients[message.request_id] = message.client
         elif isinstance(message, AbortRequests):

@@ -20,12 +20,11 @@ import traceback
 from collections.abc import Callable
 from typing import NoReturn
 
-import zmq
-
 from deepinfer_server.engines.backend import BuiltEngine, EngineSpec, SharedState
-from deepinfer_server.ipc.messages import RankFailed, RankReady, from_rank_encoder
+from deepinfer_server.ipc.messages import RankFailed, RankReady
 from deepinfer_server.ipc.stop_agreement import StopAgreement
 from deepinfer_server.rank.child_watch import ChildWatchdog, exit_rank_process
+from deepinfer_server.rank.links import ApiLinks, report
 from deepinfer_server.rank.loop import RankLoop
 from deepinfer_server.rank.spec import RankSpec
 
@@ -105,24 +104,9 @@ def build_engine(spec: RankSpec, shared: SharedState | None) -> BuiltEngine:
 
 
 def _report(spec: RankSpec, failure: RankFailed) -> None:
-    """Send one failure report to every API process on a context of its own (sockets are not
-    thread-safe), and wait until it is delivered: `term()` blocks until then, which must happen
-    before `os._exit`."""
-    context = zmq.Context()
-    payload = from_rank_encoder.encode(failure)
-    for address in spec.outbox_addresses:
-        socket = context.socket(zmq.PUSH)
-        socket.setsockopt(zmq.LINGER, 2000)
-        socket.connect(address)
-        socket.send(payload)
-        socket.close()
-    context.term()
-
-
-def _send_all(outboxes: list[zmq.Socket[bytes]], message: RankReady | RankFailed) -> None:
-    payload = from_rank_encoder.encode(message)
-    for outbox in outboxes:
-        outbox.send(payload)
+    """Send one failure report to every API process on connections of its own (the loop's
+    thread owns the links); returns once the bytes are with the kernel, before `os._exit`."""
+    report(spec.api_addresses, spec.rank, failure)
 
 
 def _fail_from_watchdog(spec: RankSpec, message: str) -> None:
@@ -152,30 +136,17 @@ def run_rank(spec: RankSpec, stop: StopAgreement, shared: SharedState | None) ->
         failure = RankFailed(spec.rank, f"{type(exc).__name__}: {exc}", traceback.format_exc())
         _report(spec, failure)
         _exit_rank(1, 0.0)
-    # Only now does the ZeroMQ context start its IO threads: DeepInfer forks its multimodal
-    # worker during construction, and a forked child must not inherit running threads.
-    context = zmq.Context()
-    inbox = context.socket(zmq.PULL)  # fair-queued over every API process's inbox
-    for address in spec.inbox_addresses:
-        inbox.connect(address)
-    outboxes: list[zmq.Socket[bytes]] = []
-    for address in spec.outbox_addresses:
-        outbox = context.socket(zmq.PUSH)
-        outbox.setsockopt(zmq.LINGER, 5000)
-        if len(spec.outbox_addresses) > 1:
-            # An API server process that died (the service has then failed) must not block
-            # the loop, and with it the other processes' requests, once its queue fills up.
-            outbox.setsockopt(zmq.SNDHWM, 0)
-        outbox.connect(address)
-        outboxes.append(outbox)
+    # Only now are the API processes' sockets opened: DeepInfer forks its multimodal worker
+    # during construction, and a forked child must not inherit them.
+    links = ApiLinks(spec.api_addresses, spec.rank)
     exit_code = 0
     grace = 0.0
     watchdog = ChildWatchdog(built.children, lambda message: _fail_from_watchdog(spec, message))
     try:
         watchdog.start()
-        _send_all(outboxes, RankReady(spec.rank, os.getpid()))
+        links.send_all(RankReady(spec.rank, os.getpid()))
         logger.info("[startup] ready")
-        RankLoop(spec.rank, built.core, inbox, outboxes, stop, spec.idle_wait_seconds).run()
+        RankLoop(spec.rank, built.core, links, stop, spec.idle_wait_seconds).run()
         logger.info("[shutdown] closing the engine")
         watchdog.stop()
         built.core.close()
@@ -185,10 +156,7 @@ def run_rank(spec: RankSpec, stop: StopAgreement, shared: SharedState | None) ->
         exit_code = 1
         logger.error("engine failed: %s", exc)
         failure = RankFailed(spec.rank, f"{type(exc).__name__}: {exc}", traceback.format_exc())
-        _send_all(outboxes, failure)
+        links.send_all(failure)
     finally:
-        inbox.close(linger=0)
-        for outbox in outboxes:
-            outbox.close()
-        context.term()
+        links.close()
     _exit_rank(exit_code, grace)

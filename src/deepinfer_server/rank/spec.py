@@ -15,10 +15,9 @@ class RankSpec:
     #: "module:function" that builds the engine (the backend's `builder`).
     builder: str
     backend_name: str
-    #: One inbox per API server process (`--api-server-count`); the rank reads them all.
-    inbox_addresses: tuple[str, ...]
-    #: One outbox per API server process, in the order of the `client` numbers.
-    outbox_addresses: tuple[str, ...]
+    #: The socket each API server process (`--api-server-count`) listens on for the ranks, in
+    #: the order of the `client` numbers (`coordinator.channels`, `rank.links`).
+    api_addresses: tuple[str, ...]
     log_level: str = "info"
     idle_wait_seconds: float = 0.05
 

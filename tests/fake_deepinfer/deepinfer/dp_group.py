@@ -87,7 +87,7 @@ class TcpDpGroup:
         if self.world_size == 1:
             return value
         if self.rank != 0:
-            (_, stream), = self._peers
+            ((_, stream),) = self._peers
             self._send(stream, {"op": op, "value": value})
             answer = self._receive(stream)
             if "error" in answer:

@@ -42,17 +42,33 @@ def _mm_worker(requests: Any) -> None:
         requests.get()
 
 
+def _unix_socket_count() -> int:
+    """How many Unix-domain sockets this process has open (from /proc)."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    lines = Path("/proc/net/unix").read_text().splitlines()[1:]
+    return len(inodes & {line.split()[6] for line in lines})
+
+
 class _MultimodalProcessor:
     """The part of MultimodalProcessor that matters for shutdown (`workers`, `stop()`)."""
 
     def __init__(self) -> None:
         context = multiprocessing.get_context("fork")
-        # The rank's OS threads when DeepInfer forks (main thread, start-up progress reporter):
-        # a ZeroMQ context would add its IO threads, which a forked child must never inherit.
+        # The rank's OS threads when DeepInfer forks (main thread, start-up progress reporter)
+        # and its connected Unix sockets: a forked child must inherit neither a thread nor
+        # the rank's links to the API processes.
         self.threads_at_fork = sorted(
             Path(f"/proc/self/task/{task}/comm").read_text().strip()
             for task in os.listdir("/proc/self/task")
         )
+        self.unix_sockets_at_fork = _unix_socket_count()
         self._requests = context.Queue()
         self.workers = [
             context.Process(
@@ -214,6 +230,11 @@ class LLMEngine:
                 None
                 if self.multi_modal_processor is None
                 else self.multi_modal_processor.threads_at_fork
+            ),
+            "unix_sockets_at_mm_fork": (
+                None
+                if self.multi_modal_processor is None
+                else self.multi_modal_processor.unix_sockets_at_fork
             ),
         }
         path = Path(self._record_dir) / f"rank{self._args.engine_rank}.jsonl"

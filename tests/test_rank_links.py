@@ -1,0 +1,110 @@
+"""The sockets between the API process and the ranks: framing, and `RankChannels` with
+`ApiLinks` over real Unix sockets in one process (the rank's end on a thread)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+
+from deepinfer_server.coordinator.channels import RankChannels, bind_rank_listener
+from deepinfer_server.ipc.framing import FrameReader, frame
+from deepinfer_server.ipc.messages import (
+    AddRequest,
+    FromRank,
+    RankFailed,
+    RankReady,
+    SamplingOptions,
+    Shutdown,
+    Wake,
+    to_rank_decoder,
+)
+from deepinfer_server.rank.links import ApiLinks, report
+
+
+@pytest.mark.parametrize("piece", [1, 3, 7, 1000])
+def test_frames_survive_any_split_of_the_stream(piece: int) -> None:
+    payloads = [b"", b"a", b"xyz" * 100, bytes(range(256))]
+    stream = b"".join(frame(p) for p in payloads)
+    reader = FrameReader()
+    got: list[bytes] = []
+    for start in range(0, len(stream), piece):
+        got.extend(reader.feed(stream[start : start + piece]))
+    assert got == payloads
+
+
+def _receive_all(links: ApiLinks, count: int) -> list[object]:
+    messages: list[object] = []
+    while len(messages) < count:
+        assert links.wait(5000), "nothing arrived"
+        messages.extend(to_rank_decoder.decode(p) for p in links.receive())
+    return messages
+
+
+def test_messages_travel_both_ways_and_wait_for_a_rank_to_connect(tmp_path: Path) -> None:
+    path = str(tmp_path / "api0.sock")
+
+    async def body() -> None:
+        channels = RankChannels(bind_rank_listener(path), ranks=2)
+        arrived: list[FromRank] = []
+        got_all = asyncio.Event()
+
+        def on_message(message: FromRank) -> None:
+            arrived.append(message)
+            if len(arrived) == 3:
+                got_all.set()
+
+        reading = asyncio.ensure_future(channels.read(on_message))
+        big_prompt = list(range(300_000))  # 1.2 MB: many socket writes
+        # Rank 1 is not connected yet: the request and the wake-up for rank 0 wait for it.
+        channels.send_add(1, "r-1", big_prompt, SamplingOptions(max_tokens=3))
+        rank_side: dict[str, object] = {}
+
+        def rank(number: int) -> None:
+            links = ApiLinks([path], number)
+            links.send_all(RankReady(number, 1000 + number))
+            rank_side[f"rank{number}"] = _receive_all(links, 1)
+            links.close()
+
+        threads = [threading.Thread(target=rank, args=(n,)) for n in (0, 1)]
+        for thread in threads:
+            thread.start()
+        # A report on a connection of its own (another thread) arrives without taking the link.
+        await asyncio.to_thread(report, [path], 0, RankFailed(0, "boom", ""))
+        await asyncio.wait_for(got_all.wait(), 10)
+        for thread in threads:
+            await asyncio.to_thread(thread.join, 10)
+        reading.cancel()
+        await asyncio.gather(reading, return_exceptions=True)
+        channels.close()
+        assert sorted(m.rank for m in arrived if isinstance(m, RankReady)) == [0, 1]
+        assert [m.message for m in arrived if isinstance(m, RankFailed)] == ["boom"]
+        assert rank_side["rank0"] == [Wake()]
+        (add,) = rank_side["rank1"]  # type: ignore[misc]
+        assert isinstance(add, AddRequest) and add.request_id == "r-1"
+        assert len(add.prompt_token_ids) == 4 * len(big_prompt)
+
+    asyncio.run(body())
+
+
+def test_shutdown_reaches_connected_ranks_only(tmp_path: Path) -> None:
+    path = str(tmp_path / "api0.sock")
+
+    async def body() -> None:
+        channels = RankChannels(bind_rank_listener(path), ranks=1)
+        ready = asyncio.Event()
+        reading = asyncio.ensure_future(channels.read(lambda message: ready.set()))
+        channels.send_shutdown()  # nobody connected: dropped, not queued
+        links = await asyncio.to_thread(ApiLinks, [path], 0)
+        links.send_all(RankReady(0, 1))
+        await asyncio.wait_for(ready.wait(), 10)
+        channels.send_shutdown()
+        assert await asyncio.to_thread(_receive_all, links, 1) == [Shutdown()]
+        links.close()
+        reading.cancel()
+        await asyncio.gather(reading, return_exceptions=True)
+        channels.close()
+
+    asyncio.run(body())
