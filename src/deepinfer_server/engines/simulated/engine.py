@@ -54,6 +54,9 @@ from deepinfer_server.tokenizer import EOS_TOKEN
 
 logger = logging.getLogger(__name__)
 
+#: The end of each step's wait that is spun rather than slept (`_sleep_until`).
+_SPIN_SECONDS = 0.0003
+
 __all__ = ["LLMEngine", "RequestOutput", "SamplingParams", "SimEngineArgs"]
 
 
@@ -301,9 +304,14 @@ class LLMEngine:
         return deadline
 
     def _sleep_until(self, deadline: float) -> None:
+        # A GPU step ends on time; an OS timer wakes a sleeper 0.1-0.2 ms late (timer slack,
+        # virtual CPUs), which would show as latency the server adds. Sleep most of the wait,
+        # then spin the last moment.
         remaining = deadline - time.monotonic()
-        if remaining > 0:
-            time.sleep(remaining)
+        if remaining > _SPIN_SECONDS:
+            time.sleep(remaining - _SPIN_SECONDS)
+        while time.monotonic() < deadline:
+            pass
         itl = self._args.itl_ms / 1000.0
         self._step_deadline = max(deadline, time.monotonic() - itl) if itl else deadline
 
