@@ -51,12 +51,12 @@ def test_messages_travel_both_ways_and_wait_for_a_rank_to_connect(tmp_path: Path
         arrived: list[FromRank] = []
         got_all = asyncio.Event()
 
-        def on_message(message: FromRank) -> None:
-            arrived.append(message)
-            if len(arrived) == 3:
+        def on_messages(messages: list[FromRank]) -> None:
+            arrived.extend(messages)
+            if len(arrived) >= 3:
                 got_all.set()
 
-        reading = asyncio.ensure_future(channels.read(on_message))
+        reading = asyncio.ensure_future(channels.read(on_messages))
         big_prompt = list(range(300_000))  # 1.2 MB: many socket writes
         # Rank 1 is not connected yet: the request and the wake-up for rank 0 wait for it.
         channels.send_add(1, "r-1", big_prompt, SamplingOptions(max_tokens=3))
@@ -95,7 +95,7 @@ def test_shutdown_reaches_connected_ranks_only(tmp_path: Path) -> None:
     async def body() -> None:
         channels = RankChannels(bind_rank_listener(path), ranks=1)
         ready = asyncio.Event()
-        reading = asyncio.ensure_future(channels.read(lambda message: ready.set()))
+        reading = asyncio.ensure_future(channels.read(lambda messages: ready.set()))
         channels.send_shutdown()  # nobody connected: dropped, not queued
         links = await asyncio.to_thread(ApiLinks, [path], 0)
         links.send_all(RankReady(0, 1))

@@ -119,11 +119,14 @@ class FakeCoordinator:
             text = "Thinking.</think>" + text
         ids = list(self.recipe.tokenizer.encode(text))
         now = time.perf_counter()
-        handle.deliver(_with_logprobs(ids, prompt, sampling), None, now, 0.001)
+        # One "arrival" of two steps, as the reader task takes them: deliver, then flush.
+        due = handle.deliver(_with_logprobs(ids, prompt, sampling), None, now, 0.001)
         if script.error is not None:
             handle.fail(script.error, engine_finished=True)
         elif script.finish is not None:
-            handle.deliver(GeneratedTokens(), script.finish, now, 0.001)
+            due = handle.deliver(GeneratedTokens(), script.finish, now, 0.001) or due
+        if due:
+            handle.flush()
 
 
 def _with_logprobs(ids: list[int], prompt: list[int], sampling: SamplingOptions) -> GeneratedTokens:

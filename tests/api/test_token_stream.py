@@ -65,7 +65,10 @@ class _Harness:
         return send_now(self._send, {"payloads": payloads})  # type: ignore[arg-type]
 
     def deliver(self, *token_ids: int, finish: Finish | None = None) -> None:
-        self.handle.deliver(GeneratedTokens(list(token_ids)), finish, time.perf_counter(), 0.01)
+        """One step arriving alone, as the reader task hands it over: deliver, then flush."""
+        tokens = GeneratedTokens(list(token_ids))
+        if self.handle.deliver(tokens, finish, time.perf_counter(), 0.01):
+            self.handle.flush()
 
 
 async def _until(condition: Any) -> None:
@@ -76,13 +79,13 @@ async def _until(condition: Any) -> None:
     raise AssertionError("condition not reached")
 
 
-def test_steps_are_written_from_the_deliver_call() -> None:
+def test_steps_are_written_from_the_reader_pass() -> None:
     async def body() -> None:
         h = _Harness()
         task = asyncio.ensure_future(h.stream.run(h.write))
         await _until(lambda: h.written == [["start"]])
         h.deliver(1)
-        assert h.written[-1] == ["1"]  # written during deliver(), before any task ran
+        assert h.written[-1] == ["1"]  # written during the flush, before any task ran
         h.deliver(2, finish=Finish.LENGTH)
         assert h.written[-1] == ["2", "end:LENGTH"]
         await task
@@ -139,6 +142,23 @@ def test_a_failure_while_attached_ends_the_stream_with_it() -> None:
             await task
         assert h.closes == [(False, AbortReason.RANK_FAILURE)]
         assert h.record.error_kind == "service_failed"
+
+    asyncio.run(body())
+
+
+def test_steps_that_arrive_together_make_one_write() -> None:
+    async def body() -> None:
+        h = _Harness()
+        task = asyncio.ensure_future(h.stream.run(h.write))
+        await _until(lambda: h.written == [["start"]])
+        now = time.perf_counter()
+        assert h.handle.deliver(GeneratedTokens([1]), None, now, 0.01)
+        assert not h.handle.deliver(GeneratedTokens([2]), None, now, 0.01)  # one flush due
+        assert h.written == [["start"]]
+        h.handle.flush()
+        assert h.written[-1] == ["1", "2"]
+        h.deliver(finish=Finish.STOP)
+        await task
 
     asyncio.run(body())
 

@@ -7,7 +7,8 @@ from it. Each side writes to the socket and reads from it directly: a message co
 and one wake-up of its reader, with no thread in between (the latency of every token's trip).
 Sends never block the event loop: the transport buffers what the socket cannot take yet, and
 messages for a rank that has not connected yet wait for it. Every message that arrives is
-decoded and handed to one callback as it arrives; it never waits for a consumer. With several
+decoded and handed to one callback as it arrives (what arrived together, together); it never
+waits for a consumer. With several
 API server processes each listens on a socket of its own (`client` is its number) and every
 rank connects to all of them.
 """
@@ -84,17 +85,18 @@ class _Connection(asyncio.Protocol):
         self._transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        on_message = self._channels.on_message
+        payloads = self._reader.feed(data)
+        if not payloads:
+            return
         decode = from_rank_decoder.decode
-        for payload in self._reader.feed(data):
-            if not self._greeted:
-                self._greeted = True
-                hello = decode(payload)
-                if isinstance(hello, LinkHello) and hello.main and self._transport is not None:
-                    self._channels.link(hello.rank).connected(self._transport)
-                continue
-            if on_message is not None:
-                on_message(decode(payload))
+        if not self._greeted:
+            self._greeted = True
+            hello = decode(payloads.pop(0))
+            if isinstance(hello, LinkHello) and hello.main and self._transport is not None:
+                self._channels.link(hello.rank).connected(self._transport)
+        on_messages = self._channels.on_messages
+        if payloads and on_messages is not None:
+            on_messages([decode(payload) for payload in payloads])
 
 
 class RankChannels:
@@ -105,7 +107,7 @@ class RankChannels:
         self._client = client
         self._links = [_RankLink() for _ in range(ranks)]
         self._server: asyncio.AbstractServer | None = None
-        self.on_message: Callable[[FromRank], None] | None = None
+        self.on_messages: Callable[[list[FromRank]], None] | None = None
 
     def link(self, rank: int) -> _RankLink:
         return self._links[rank]
@@ -136,10 +138,10 @@ class RankChannels:
             if link.transport is not None:  # a rank not connected yet gets nothing to wait on
                 link.send(_SHUTDOWN)
 
-    async def read(self, on_message: Callable[[FromRank], None]) -> None:
-        """Accept the ranks' connections and deliver every message from them to `on_message`
-        as it arrives, until cancelled."""
-        self.on_message = on_message
+    async def read(self, on_messages: Callable[[list[FromRank]], None]) -> None:
+        """Accept the ranks' connections and deliver the messages from them to `on_messages`
+        as they arrive (those that arrived together in one call), until cancelled."""
+        self.on_messages = on_messages
         loop = asyncio.get_running_loop()
         self._server = await loop.create_unix_server(lambda: _Connection(self), sock=self._listener)
         try:

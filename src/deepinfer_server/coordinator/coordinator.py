@@ -77,6 +77,8 @@ class Coordinator:
             config.data_parallel_size, config.admission_capacity
         )
         self._handles: dict[str, RequestHandle] = {}
+        #: Handles whose sinks are due once the messages that arrived together are delivered.
+        self._to_flush: list[RequestHandle] = []
         self._kv_usage: list[float | None] = [None] * config.data_parallel_size
         self._ready: set[int] = set()
         self._all_ready = asyncio.Event()
@@ -95,7 +97,7 @@ class Coordinator:
     def start(self) -> None:
         """Start the reader task and the process watch (ranks must already be spawned)."""
         loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(self._channels.read(self._on_message)))
+        self._tasks.append(loop.create_task(self._channels.read(self._on_messages)))
         if self._config.step_timeout > 0:
             self._tasks.append(loop.create_task(self._liveness.run()))
         if self._processes is not None:
@@ -246,6 +248,15 @@ class Coordinator:
                 self._metrics.observe_abort(AbortReason.RANK_FAILURE)
             handle.fail(error, engine_finished=True)
 
+    def _on_messages(self, messages: list[FromRank]) -> None:
+        """Messages that arrived together: every stream's sink is called once, after all of
+        them are delivered, so that steps that arrived together make one write per stream."""
+        for message in messages:
+            self._on_message(message)
+        to_flush, self._to_flush = self._to_flush, []
+        for handle in to_flush:
+            handle.flush()
+
     def _on_message(self, message: FromRank) -> None:
         if isinstance(message, StepOutputs):
             self._dispatch(message)
@@ -287,6 +298,7 @@ class Coordinator:
         self._metrics.observe_step(message.rank, message.step_seconds)
         self._kv_usage[message.rank] = message.kv_cache_usage
         handles = self._handles
+        to_flush = self._to_flush
         step_seconds = message.step_seconds
         for delta in message.deltas:
             handle = handles.get(delta.request_id)
@@ -294,7 +306,8 @@ class Coordinator:
                 continue
             finish = delta.finish
             if finish is None or finish.is_normal:
-                handle.deliver(delta.tokens, finish, now, step_seconds)
+                if handle.deliver(delta.tokens, finish, now, step_seconds):
+                    to_flush.append(handle)
             else:
                 handle.deliver(delta.tokens, None, now, step_seconds)
                 handle.fail(error_for_finish(finish), engine_finished=True)

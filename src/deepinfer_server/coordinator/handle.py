@@ -3,8 +3,9 @@
 The reader task `deliver()`s token batches without ever blocking; the request's consumer takes
 everything that arrived since its last call with `next_batch()`, so several engine steps merge
 into one write when the consumer falls behind. In the steady state a consumer may instead
-`attach()` a sink, which the reader task calls with each step's output directly: one pass over
-a rank's step reaches every stream without waking a task per stream.
+`attach()` a sink, which the reader task calls directly (`flush()`) once it has delivered
+everything that arrived together: one pass over a rank's step reaches every stream without
+waking a task per stream, and steps that arrived together still make one write.
 
 Closing the handle, for any reason, aborts the engine request if the engine may still run it and
 frees the admission slot, exactly once. A request that times out is closed by its own timer at
@@ -39,8 +40,9 @@ class TokenBatch:
 #: Called once when a handle closes: (handle, whether the engine request was aborted, why).
 CloseCallback = Callable[["RequestHandle", bool, AbortReason], None]
 
-#: Takes one step's output from the reader task: (tokens, finish, arrived_at, step_seconds);
-#: returns whether to stay attached. It must not block and should not raise.
+#: Takes the output delivered since the last call, from the reader task: (tokens, finish,
+#: arrived_at, step_seconds); returns whether to stay attached. It must not block and should
+#: not raise.
 TokenSink = Callable[[GeneratedTokens, Finish | None, float, float], bool]
 
 
@@ -53,7 +55,9 @@ class RequestHandle:
         self.request_id = request_id
         self.rank = rank
         self._on_close = on_close
-        self._tokens = GeneratedTokens()
+        #: Output delivered and not yet taken (by `next_batch()` or a flush); None when none.
+        self._tokens: GeneratedTokens | None = None
+        self._flush_due = False
         self._arrived_at = 0.0
         self._step_seconds = 0.0
         self.has_first_token = False
@@ -85,10 +89,12 @@ class RequestHandle:
         finish: Finish | None,
         arrived_at: float,
         step_seconds: float,
-    ) -> None:
-        """Called by the reader task with one step's output for this request."""
+    ) -> bool:
+        """Called by the reader task with one step's output for this request; True (once until
+        the flush) when a sink is attached and `flush()` must follow, once everything that
+        arrived together is delivered."""
         if self._finish is not None or self._error is not None:  # ended
-            return
+            return False
         count = len(tokens)
         if count:
             self.has_first_token = True
@@ -98,14 +104,28 @@ class RequestHandle:
         if finish is not None:
             self._finish = finish
             self._engine_finished = True
-        sink = self._sink
-        if sink is not None:
-            if not sink(tokens, finish, arrived_at, step_seconds):
-                self.detach()
-            return
-        if tokens or tokens.prompt_logprobs is not None:
-            self._tokens.extend(tokens)
+        if count or tokens.prompt_logprobs is not None:
+            if self._tokens is None:
+                self._tokens = tokens
+            else:
+                self._tokens.extend(tokens)
+        if self._sink is not None:
+            first = not self._flush_due
+            self._flush_due = True
+            return first
         self._event.set()
+        return False
+
+    def flush(self) -> None:
+        """Hand what was delivered since the last flush to the attached sink."""
+        self._flush_due = False
+        sink = self._sink
+        if sink is None:  # detached meanwhile (failed, closed): the consumer takes it
+            return
+        tokens = self._tokens if self._tokens is not None else GeneratedTokens()
+        self._tokens = None
+        if not sink(tokens, self._finish, self._arrived_at, self._step_seconds):
+            self.detach()
 
     def attach(self, sink: TokenSink) -> bool:
         """Hand every later step's output to `sink`, from the reader task, instead of keeping
@@ -114,7 +134,7 @@ class RequestHandle:
         Returns False, attaching nothing, when output or the end is already waiting for
         `next_batch()`.
         """
-        if self._tokens or self.ended:
+        if self._tokens is not None or self.ended:
             return False
         self._event.clear()
         self._sink = sink
@@ -153,7 +173,8 @@ class RequestHandle:
                 raise self._error
             await self._event.wait()
             self._event.clear()
-        tokens, self._tokens = self._tokens, GeneratedTokens()
+        tokens = self._tokens if self._tokens is not None else GeneratedTokens()
+        self._tokens = None
         return TokenBatch(tokens, self._finish, self._arrived_at, self._step_seconds)
 
     def close(self, reason: AbortReason) -> None:
