@@ -12,17 +12,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 import uvicorn
+from raw_asgi import CHUNK, START, requested_tokens
 
-_CHUNK = (
-    b'data: {"id":"chatcmpl-baseline","object":"chat.completion.chunk","created":0,'
-    b'"model":"deepseek-flash","system_fingerprint":null,"choices":[{"index":0,'
-    b'"delta":{"content":"again"},"logprobs":null,"finish_reason":null}],"usage":null}\n\n'
-)
 _DONE = b"data: [DONE]\n\n"
 Send = Callable[[dict[str, Any]], Coroutine[Any, Any, None]]
 
@@ -68,20 +63,8 @@ class PacedApp:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Send) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        tokens = int(json.loads(body or b"{}").get("max_tokens", 200))
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [(b"content-type", b"text/event-stream")],
-            }
-        )
+        tokens = await requested_tokens(receive, 200)
+        await send(START)
         if self._ticker is None:
             self._ticker = asyncio.get_running_loop().create_task(self._run())
         stream = _Stream(send, tokens)
@@ -101,7 +84,7 @@ class PacedApp:
                     stream.send(
                         {
                             "type": "http.response.body",
-                            "body": _CHUNK + _DONE if last else _CHUNK,
+                            "body": CHUNK + _DONE if last else CHUNK,
                             "more_body": not last,
                         }
                     )

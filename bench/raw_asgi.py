@@ -14,32 +14,38 @@ from typing import Any
 
 import uvicorn
 
-_CHUNK = (
+CHUNK = (
     b'data: {"id":"chatcmpl-baseline","object":"chat.completion.chunk","created":0,'
     b'"model":"deepseek-flash","system_fingerprint":null,"choices":[{"index":0,'
     b'"delta":{"content":"again"},"logprobs":null,"finish_reason":null}],"usage":null}\n\n'
 )
 
 
-async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    if scope["type"] != "http":
-        return
+START = {
+    "type": "http.response.start",
+    "status": 200,
+    "headers": [(b"content-type", b"text/event-stream")],
+}
+
+
+async def requested_tokens(receive: Any, default: int) -> int:
+    """The request body's "max_tokens" (the whole body is read)."""
     body = b""
     while True:
         message = await receive()
         body += message.get("body", b"")
         if not message.get("more_body"):
             break
-    tokens = int(json.loads(body or b"{}").get("max_tokens", 256))
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 200,
-            "headers": [(b"content-type", b"text/event-stream")],
-        }
-    )
+    return int(json.loads(body or b"{}").get("max_tokens", default))
+
+
+async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] != "http":
+        return
+    tokens = await requested_tokens(receive, 256)
+    await send(START)
     for _ in range(tokens):
-        await send({"type": "http.response.body", "body": _CHUNK, "more_body": True})
+        await send({"type": "http.response.body", "body": CHUNK, "more_body": True})
     await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
 
 

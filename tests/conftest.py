@@ -10,6 +10,15 @@ import pytest
 from tests.server import LiveServer
 
 MODEL = "deepseek-flash"
+NO_THINKING = {"thinking": {"type": "disabled"}}
+#: A request that runs for far longer than any test (3000 tokens, EOS ignored).
+ENDLESS = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "again"}],
+    "max_tokens": 3000,
+    "ignore_eos": True,
+    **NO_THINKING,
+}
 
 
 @pytest.fixture(scope="session")

@@ -13,19 +13,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.conftest import MODEL
+from tests.conftest import ENDLESS
 from tests.metrics_scrape import Samples, parse_metrics, scrape, value
 from tests.server import LiveServer
 from tests.sse import sse_events
-
-NO_THINKING = {"thinking": {"type": "disabled"}}
-ENDLESS = {
-    "model": MODEL,
-    "messages": [{"role": "user", "content": "again"}],
-    "max_tokens": 3000,
-    "ignore_eos": True,
-    **NO_THINKING,
-}
 
 
 @pytest.fixture(scope="module")

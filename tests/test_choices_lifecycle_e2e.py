@@ -7,17 +7,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.conftest import MODEL
+from tests.conftest import ENDLESS
 from tests.server import LiveServer
 from tests.sse import sse_events
-
-ENDLESS = {
-    "model": MODEL,
-    "messages": [{"role": "user", "content": "again"}],
-    "max_tokens": 3000,
-    "ignore_eos": True,
-    "thinking": {"type": "disabled"},
-}
 
 
 @pytest.fixture(scope="module")

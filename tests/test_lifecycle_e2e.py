@@ -14,18 +14,9 @@ import openai
 import psutil
 import pytest
 
-from tests.conftest import MODEL
+from tests.conftest import ENDLESS, MODEL, NO_THINKING
 from tests.server import API_SERVER_COUNTS, LiveServer
 from tests.sse import sse_events
-
-NO_THINKING = {"thinking": {"type": "disabled"}}
-ENDLESS = {
-    "model": MODEL,
-    "messages": [{"role": "user", "content": "again"}],
-    "max_tokens": 3000,
-    "ignore_eos": True,
-    **NO_THINKING,
-}
 
 
 def _assert_no_processes(pids: list[int]) -> None:

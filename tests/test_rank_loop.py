@@ -3,7 +3,9 @@ one gets every step report (its liveness watch needs them). Real Unix sockets, a
 
 from __future__ import annotations
 
+import contextlib
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 from deepinfer_server.errors import ErrorKind
@@ -81,16 +83,24 @@ def _received(connection: socket.socket) -> list[FromRank]:
     return [from_rank_decoder.decode(payload) for payload in payloads]
 
 
+@contextlib.contextmanager
+def _two_api_processes(tmp_path: Path) -> Iterator[tuple[ApiLinks, list[socket.socket]]]:
+    """A rank's links to two API processes, and those processes' ends of them."""
+    with contextlib.ExitStack() as stack:
+        listeners = []
+        for client in range(2):
+            listener = stack.enter_context(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
+            listener.bind(str(tmp_path / f"api{client}.sock"))
+            listener.listen()
+            listeners.append(listener)
+        links = ApiLinks([str(tmp_path / f"api{client}.sock") for client in range(2)], rank=0)
+        stack.callback(links.close)
+        api_ends = [stack.enter_context(listener.accept()[0]) for listener in listeners]
+        yield links, api_ends
+
+
 def test_outputs_go_back_to_the_api_process_that_sent_the_request(tmp_path: Path) -> None:
-    listeners = []
-    for client in range(2):
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(str(tmp_path / f"api{client}.sock"))
-        listener.listen()
-        listeners.append(listener)
-    links = ApiLinks([str(tmp_path / f"api{client}.sock") for client in range(2)], rank=0)
-    api_ends = [listener.accept()[0] for listener in listeners]
-    try:
+    with _two_api_processes(tmp_path) as (links, api_ends):
         sampling = SamplingOptions(max_tokens=4)
         for request_id, client in (("a", 0), ("b", 1), ("gone", 1), ("bad", 1)):
             message = AddRequest(request_id, b"", sampling, None, client)
@@ -107,32 +117,13 @@ def test_outputs_go_back_to_the_api_process_that_sent_the_request(tmp_path: Path
         steps = [m for m in second if isinstance(m, StepOutputs)]
         # "b" ended at the first step, "gone" was aborted; the second step is still reported.
         assert [[d.request_id for d in m.deltas] for m in steps] == [["b"], []]
-    finally:
-        links.close()
-        for end in api_ends:
-            end.close()
-        for listener in listeners:
-            listener.close()
 
 
 def test_an_api_process_that_goes_away_does_not_stop_the_others(tmp_path: Path) -> None:
-    listeners = []
-    for client in range(2):
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(str(tmp_path / f"api{client}.sock"))
-        listener.listen()
-        listeners.append(listener)
-    links = ApiLinks([str(tmp_path / f"api{client}.sock") for client in range(2)], rank=0)
-    api_ends = [listener.accept()[0] for listener in listeners]
-    try:
+    with _two_api_processes(tmp_path) as (links, api_ends):
         sampling = SamplingOptions(max_tokens=4)
         api_ends[0].sendall(frame(to_rank_encoder.encode(AddRequest("a", b"", sampling))))
         api_ends[1].close()  # process 1 died
         RankLoop(0, _Core(), links, _StopAfter(3), idle_wait=0.5).run()  # type: ignore[arg-type]
         steps = [m for m in _received(api_ends[0]) if isinstance(m, StepOutputs)]
         assert [[d.request_id for d in m.deltas] for m in steps] == [["a"], ["a"], ["a"]]
-    finally:
-        links.close()
-        api_ends[0].close()
-        for listener in listeners:
-            listener.close()
