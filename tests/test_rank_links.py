@@ -108,3 +108,36 @@ def test_shutdown_reaches_connected_ranks_only(tmp_path: Path) -> None:
         channels.close()
 
     asyncio.run(body())
+
+
+def test_a_message_that_cannot_be_handled_does_not_cut_the_link(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = str(tmp_path / "api0.sock")
+
+    async def body() -> None:
+        channels = RankChannels(bind_rank_listener(path), ranks=1)
+        handled: list[FromRank] = []
+        first, second = asyncio.Event(), asyncio.Event()
+
+        def on_messages(messages: list[FromRank]) -> None:
+            handled.extend(messages)
+            if len(handled) == 1:
+                first.set()
+                raise RuntimeError("a bug in the handler")
+            second.set()
+
+        reading = asyncio.ensure_future(channels.read(on_messages))
+        links = await asyncio.to_thread(ApiLinks, [path], 0)
+        links.send_all(RankReady(0, 1))
+        await asyncio.wait_for(first.wait(), 10)  # handled (and failed) before the next is sent
+        links.send_all(RankReady(0, 2))
+        await asyncio.wait_for(second.wait(), 10)
+        links.close()
+        reading.cancel()
+        await asyncio.gather(reading, return_exceptions=True)
+        channels.close()
+        assert [m.pid for m in handled if isinstance(m, RankReady)] == [1, 2]
+
+    asyncio.run(body())
+    assert "could not be handled" in caplog.text

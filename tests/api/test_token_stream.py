@@ -12,7 +12,7 @@ import pytest
 from deepinfer_server.api.sse import send_now
 from deepinfer_server.api.token_stream import TokenStream
 from deepinfer_server.coordinator.handle import RequestHandle
-from deepinfer_server.errors import ServiceFailedError
+from deepinfer_server.errors import ClientDisconnected, ServiceFailedError
 from deepinfer_server.ipc.messages import AbortReason, Finish, GeneratedTokens
 from deepinfer_server.metrics import RequestRecord, ServerMetrics
 
@@ -159,6 +159,19 @@ def test_steps_that_arrive_together_make_one_write() -> None:
         assert h.written[-1] == ["1", "2"]
         h.deliver(finish=Finish.STOP)
         await task
+
+    asyncio.run(body())
+
+
+def test_a_stream_whose_handle_is_released_under_it_ends() -> None:
+    async def body() -> None:
+        h = _Harness()
+        task = asyncio.ensure_future(h.stream.run(h.write))
+        await _until(lambda: h.handle._sink is not None)
+        h.handle.close(AbortReason.DISCONNECT)  # the response gave up on its body
+        with pytest.raises(ClientDisconnected):
+            await asyncio.wait_for(task, 5)
+        assert h.closes == [(True, AbortReason.DISCONNECT)]
 
     asyncio.run(body())
 

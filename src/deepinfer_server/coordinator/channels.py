@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import socket
 from collections.abc import Callable
@@ -35,6 +36,8 @@ from deepinfer_server.ipc.messages import (
     from_rank_decoder,
     to_rank_encoder,
 )
+
+logger = logging.getLogger(__name__)
 
 _WAKE = frame(to_rank_encoder.encode(Wake()))
 _SHUTDOWN = frame(to_rank_encoder.encode(Shutdown()))
@@ -96,7 +99,12 @@ class _Connection(asyncio.Protocol):
                 self._channels.link(hello.rank).connected(self._transport)
         on_messages = self._channels.on_messages
         if payloads and on_messages is not None:
-            on_messages([decode(payload) for payload in payloads])
+            try:
+                on_messages([decode(payload) for payload in payloads])
+            except Exception:
+                # Raised out of data_received, it would close the rank's link for good; the
+                # rank's other messages must still arrive.
+                logger.exception("a message from a DP rank could not be handled")
 
 
 class RankChannels:

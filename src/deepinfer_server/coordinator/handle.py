@@ -19,7 +19,7 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from deepinfer_server.errors import ApiError, RequestTimeoutError
+from deepinfer_server.errors import ApiError, ClientDisconnected, RequestTimeoutError
 from deepinfer_server.ipc.messages import AbortReason, Finish, GeneratedTokens
 
 
@@ -134,7 +134,7 @@ class RequestHandle:
         Returns False, attaching nothing, when output or the end is already waiting for
         `next_batch()`.
         """
-        if self._tokens is not None or self.ended:
+        if self._closed or self._tokens is not None or self.ended:
             return False
         self._event.clear()
         self._sink = sink
@@ -171,6 +171,8 @@ class RequestHandle:
         while not self._tokens and self._finish is None:
             if self._error is not None:
                 raise self._error
+            if self._closed:  # released without an outcome: nobody waits for this any more
+                raise ClientDisconnected()
             await self._event.wait()
             self._event.clear()
         tokens = self._tokens if self._tokens is not None else GeneratedTokens()
@@ -190,6 +192,7 @@ class RequestHandle:
         abort = not self._engine_finished
         self._closed = True
         self.detach()
+        self._event.set()
         self._on_close(self, abort, reason)
 
     def _expire(self) -> None:

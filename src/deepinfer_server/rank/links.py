@@ -112,11 +112,15 @@ class ApiLinks:
 def _send_blocking(link: socket.socket, data: bytes) -> None:
     """`sendall` on a non-blocking socket: wait for room while the reader catches up."""
     view = memoryview(data)
+    writable: select.poll | None = None
     while view:
         try:
             sent = link.send(view)
         except BlockingIOError:
-            select.select([], [link], [])
+            if writable is None:  # poll, not select: the rank's descriptors may pass 1024
+                writable = select.poll()
+                writable.register(link.fileno(), select.POLLOUT)
+            writable.poll()
             continue
         view = view[sent:]
 
