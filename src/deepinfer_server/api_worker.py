@@ -24,8 +24,7 @@ from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.coordinator.admission import SharedAdmission
 from deepinfer_server.coordinator.channels import RankChannels
 from deepinfer_server.coordinator.coordinator import Coordinator
-from deepinfer_server.errors import StartupError
-from deepinfer_server.http_server import build_server, create_recipe, run_loop, startup_signals
+from deepinfer_server.http_server import build_server, create_recipe, run_loop, wait_for_ranks
 from deepinfer_server.ipc.control import (
     ControlChannel,
     Drained,
@@ -153,15 +152,9 @@ async def _serve(spec: WorkerSpec) -> int:
         tokenizer_json = load_tokenizer_json(spec.checkpoint)
         recipe = create_recipe(config, tokenizer_json)  # checked by the supervisor
         coordinator.start()
-        startup = asyncio.ensure_future(coordinator.wait_ready(config.startup_timeout))
-        with startup_signals(startup, [signal.SIGTERM]):
-            try:
-                await startup
-            except asyncio.CancelledError:
-                return 0
-            except StartupError as exc:
-                logger.error("[startup] failed: %s", exc)
-                return 1
+        failed = await wait_for_ranks(coordinator, config.startup_timeout, [signal.SIGTERM])
+        if failed is not None:
+            return failed
         server = build_server(
             config,
             recipe,

@@ -28,7 +28,7 @@ from deepinfer_server.api.connection import (
 from deepinfer_server.api.state import AppState, Peers
 from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.coordinator.coordinator import Coordinator
-from deepinfer_server.errors import ShuttingDownError
+from deepinfer_server.errors import ShuttingDownError, StartupError
 from deepinfer_server.metrics import ServerMetrics
 from deepinfer_server.protocol.images import ImageLimits
 from deepinfer_server.protocol.recipe import RecipeContext
@@ -159,19 +159,28 @@ def build_server(
     )
 
 
-@contextlib.contextmanager
-def startup_signals(
-    task: asyncio.Task[None], signals: Sequence[signal.Signals] = STOP_SIGNALS
-) -> Generator[None, None, None]:
-    """During start-up, these signals cancel it (uvicorn takes over the signals afterwards)."""
+async def wait_for_ranks(
+    coordinator: Coordinator, timeout: float, signals: Sequence[signal.Signals] = STOP_SIGNALS
+) -> int | None:
+    """Wait until every rank is ready; None then, else the exit code: 0 when one of `signals`
+    interrupted start-up, 1 when it failed (logged). uvicorn takes the signals over afterwards.
+    """
+    startup = asyncio.ensure_future(coordinator.wait_ready(timeout))
     loop = asyncio.get_running_loop()
     for sig in signals:
-        loop.add_signal_handler(sig, task.cancel)
+        loop.add_signal_handler(sig, startup.cancel)
     try:
-        yield
+        await startup
+    except asyncio.CancelledError:
+        logger.info("[startup] interrupted")
+        return 0
+    except StartupError as exc:
+        logger.error("[startup] failed: %s", exc)
+        return 1
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)
+    return None
 
 
 def log_serving(config: ResolvedConfig, master_port: int) -> None:

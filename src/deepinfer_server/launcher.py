@@ -12,7 +12,6 @@ is imported only in the rank processes.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 import tempfile
@@ -24,13 +23,13 @@ from deepinfer_server.coordinator.coordinator import Coordinator
 from deepinfer_server.coordinator.process import RankProcesses
 from deepinfer_server.engines.backend import EngineBackend, EngineSpec
 from deepinfer_server.engines.registry import get_backend
-from deepinfer_server.errors import ConfigError, StartupError
+from deepinfer_server.errors import ConfigError
 from deepinfer_server.http_server import (
     build_server,
     create_recipe,
     log_serving,
     run_loop,
-    startup_signals,
+    wait_for_ranks,
 )
 from deepinfer_server.ipc.stop_agreement import StopAgreement
 from deepinfer_server.metrics import ServerMetrics
@@ -130,16 +129,9 @@ async def serve(config: ResolvedConfig, prepared: Prepared) -> int:
         try:
             processes.start()
             coordinator.start()
-            startup = asyncio.ensure_future(coordinator.wait_ready(config.startup_timeout))
-            with startup_signals(startup):
-                try:
-                    await startup
-                except asyncio.CancelledError:
-                    logger.info("[startup] interrupted")
-                    return 0
-                except StartupError as exc:
-                    logger.error("[startup] failed: %s", exc)
-                    return 1
+            failed = await wait_for_ranks(coordinator, config.startup_timeout)
+            if failed is not None:
+                return failed
             log_serving(config, prepared.master_port)
             server = build_server(
                 config, prepared.recipe, prepared.tokenizer_json, coordinator, metrics

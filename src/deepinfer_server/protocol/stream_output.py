@@ -82,7 +82,7 @@ class RecipeOutput:
 
     def close(self) -> None:
         """Release the parser (always call it; it is a no-op after a normal finish)."""
-        if not self._processor.finished:
+        if not self._finished:
             self._processor.close()
 
     def response_json(self) -> bytes:
