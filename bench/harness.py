@@ -84,10 +84,17 @@ class Server:
         return cls(process, port)
 
     @classmethod
-    def raw_baseline(cls) -> Server:
+    def raw_baseline(cls, first_token_ms: float = 0.0) -> Server:
         port = free_port()
         process = subprocess.Popen(
-            [sys.executable, str(HERE / "raw_asgi.py"), "--port", str(port)],
+            [
+                sys.executable,
+                str(HERE / "raw_asgi.py"),
+                "--port",
+                str(port),
+                "--first-token-ms",
+                str(first_token_ms),
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

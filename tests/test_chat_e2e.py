@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import openai
 import pytest
@@ -257,3 +258,42 @@ def test_request_ids_are_unique(client: openai.OpenAI, stream: bool) -> None:
                 ).id
             )
     assert len(ids) == 3
+
+
+def test_stream_interval_sends_fewer_chunks_with_the_same_answer(client: openai.OpenAI) -> None:
+    def stream(openai_client: openai.OpenAI) -> tuple[str, list[int]]:
+        chunks = openai_client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": " ".join(["again"] * 20)}],
+            max_tokens=9,
+            stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},  # type: ignore[typeddict-unknown-key]
+            extra_body=NO_THINKING,
+        )
+        text, counts = "", []
+        for chunk in chunks:
+            if chunk.choices and chunk.choices[0].delta.content:
+                text += chunk.choices[0].delta.content
+                assert chunk.usage is not None
+                counts.append(chunk.usage.completion_tokens)
+        return text, counts
+
+    expected_text, every_token = stream(client)
+    assert every_token == list(range(1, 10))
+    with (
+        LiveServer("--stream-interval", "4", "--sim-itl-ms", "2") as server,
+        openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused") as batched,
+    ):
+        text, counts = stream(batched)
+    assert text == expected_text
+    assert counts == [1, 5, 9]  # the first token at once, then four per chunk
+
+
+def test_every_server_process_encodes_serially(shared_server: LiveServer) -> None:
+    expected = os.environ.get("TOKENIZERS_PARALLELISM", "false")  # an exported value is kept
+    # /proc shows a process's environment as it started, so the API process, which sets the
+    # variable at start-up, cannot show it there; the ranks it spawns afterwards do.
+    ranks = shared_server.rank_processes()
+    assert len(ranks) == 2
+    for rank in ranks:
+        assert rank.environ().get("TOKENIZERS_PARALLELISM") == expected

@@ -64,6 +64,7 @@ def test_simulated_defaults() -> None:
     assert config.startup_timeout == 3600
     assert config.admission_capacity == 16
     assert config.api_server_count == 1
+    assert config.stream_interval == 1
     options = config.engine_options
     assert isinstance(options, SimulatedOptions)
     assert (options.sim_ttft_ms, options.sim_itl_ms, options.sim_tokens_per_step) == (20, 10, 1)
@@ -118,6 +119,7 @@ def test_help_documents_every_option() -> None:
         "--sim-kv-blocks",
         "--get-load-format",
         "--api-server-count",
+        "--stream-interval",
     ]:
         assert flag in help_text
 
@@ -140,6 +142,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
         ["--engine", "simulated", "--sim-kv-blocks", "1"],
         ["--ep", "8"],  # the default engine needs MODEL
         ["--engine", "simulated", "--api-server-count", "0"],
+        ["--engine", "simulated", "--stream-interval", "0"],
     ],
 )
 def test_bad_command_lines_exit_2_with_one_line(args: list[str]) -> None:

@@ -1,5 +1,5 @@
 """TokenStream's sink path in-process: writes from the reader's pass, a send that has to wait,
-errors raised in the sink, failures and cancellation while attached."""
+errors raised in the sink, failures and cancellation while attached, the stream interval."""
 
 from __future__ import annotations
 
@@ -44,9 +44,9 @@ class _Output:
 
 
 class _Harness:
-    def __init__(self, fail_on: int | None = None) -> None:
+    def __init__(self, fail_on: int | None = None, stream_interval: int = 1) -> None:
         self.closes: list[tuple[bool, AbortReason]] = []
-        self.handle = RequestHandle("r-1", 0, self._closed, None)
+        self.handle = RequestHandle("r-1", 0, self._closed, None, stream_interval)
         self.output = _Output(fail_on)
         self.record = RequestRecord(arrival=time.perf_counter())
         self.stream = TokenStream(self.handle, self.output, self.record, ServerMetrics("m"))
@@ -190,5 +190,59 @@ def test_cancelling_a_stream_with_a_waiting_write_aborts_it() -> None:
         assert h.closes == [(True, AbortReason.DISCONNECT)] and h.output.closed
         h.deliver(2)  # after the close: dropped, never written
         assert h.written == [["start"]]
+
+    asyncio.run(body())
+
+
+def test_a_stream_interval_sends_the_first_token_then_every_n_then_the_rest() -> None:
+    async def body() -> None:
+        h = _Harness(stream_interval=3)
+        task = asyncio.ensure_future(h.stream.run(h.write))
+        await _until(lambda: h.written == [["start"]])
+        h.deliver(1)
+        assert h.written[-1] == ["1"]  # the first token at once
+        h.deliver(2)
+        h.deliver(3)
+        assert h.written[-1] == ["1"]  # two waiting: held
+        h.deliver(4)
+        assert h.written[-1] == ["2", "3", "4"]
+        h.deliver(5, 6, 7, 8)  # a step with more than N tokens goes at once
+        assert h.written[-1] == ["5", "6", "7", "8"]
+        h.deliver(9)
+        h.deliver(finish=Finish.LENGTH)  # the end takes what is waiting
+        await task
+        assert h.written[-1] == ["9", "end:LENGTH"]
+        assert h.record.generation_tokens == 9
+
+    asyncio.run(body())
+
+
+def test_a_failure_hands_over_the_tokens_a_stream_interval_held() -> None:
+    async def body() -> None:
+        h = _Harness(stream_interval=4)
+        task = asyncio.ensure_future(h.stream.run(h.write))
+        await _until(lambda: h.written == [["start"]])
+        h.deliver(1)
+        h.deliver(2)
+        h.handle.fail(ServiceFailedError("rank 0 died"), engine_finished=True)
+        with pytest.raises(ServiceFailedError):
+            await task
+        assert h.written == [["start"], ["1"], ["2"]]
+
+    asyncio.run(body())
+
+
+def test_a_pulling_consumer_waits_for_the_stream_interval() -> None:
+    async def body() -> None:
+        handle = RequestHandle("r-1", 0, lambda *_: None, None, stream_interval=2)
+        now = time.perf_counter()
+        handle.deliver(GeneratedTokens([1]), None, now, 0.01)
+        assert (await handle.next_batch()).tokens.token_ids == [1]
+        handle.deliver(GeneratedTokens([2]), None, now, 0.01)
+        pulling = asyncio.ensure_future(handle.next_batch())
+        await asyncio.sleep(0)
+        assert not pulling.done()  # one token waiting, the interval is two
+        handle.deliver(GeneratedTokens([3]), None, now, 0.01)
+        assert (await asyncio.wait_for(pulling, 5)).tokens.token_ids == [2, 3]
 
     asyncio.run(body())

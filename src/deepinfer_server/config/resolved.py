@@ -63,6 +63,7 @@ class ResolvedConfig:
     reasoning_secret: str | None = field(default=None, repr=False)
     get_load_format: Literal["vllm", "sglang"] = "vllm"
     api_server_count: int = 1
+    stream_interval: int = 1
 
     @property
     def served_model_name(self) -> str:
@@ -127,7 +128,11 @@ def _interval(flag: str, given: int | None, variable: str, default: int) -> int:
 
 
 def _check_ranges(config: ServerConfig, max_model_len: int) -> None:
-    positive = {"--max-model-len": max_model_len, "--max-num-seqs": config.max_num_seqs}
+    positive = {
+        "--max-model-len": max_model_len,
+        "--max-num-seqs": config.max_num_seqs,
+        "--stream-interval": config.stream_interval,
+    }
     for flag, value in positive.items():
         if value < 1:
             raise ConfigError(f"{flag} must be at least 1, got {value}")
@@ -240,4 +245,5 @@ def resolve(
         log_level=config.log_level,
         get_load_format=config.get_load_format,
         api_server_count=config.api_server_count,
+        stream_interval=config.stream_interval,
     )

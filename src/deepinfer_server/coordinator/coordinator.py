@@ -169,7 +169,9 @@ class Coordinator:
         if self.draining:
             raise ShuttingDownError()
         rank = self._admission.admit()
-        handle = RequestHandle(request_id, rank, self._on_handle_closed, deadline)
+        handle = RequestHandle(
+            request_id, rank, self._on_handle_closed, deadline, self._config.stream_interval
+        )
         handle.context_tokens = len(prompt_token_ids)
         self._handles[request_id] = handle
         self._idle.clear()

@@ -11,6 +11,10 @@ Closing the handle, for any reason, aborts the engine request if the engine may 
 frees the admission slot, exactly once. A request that times out is closed by its own timer at
 once, without waiting for its consumer (which may be blocked writing to a client that stopped
 reading).
+
+With a stream interval N (`--stream-interval`, vLLM's and SGLang's meaning), output is handed on
+at the first token, then once N tokens are waiting, and at the end or on a failure: fewer,
+larger chunks for less work per token.
 """
 
 from __future__ import annotations
@@ -50,13 +54,22 @@ class RequestHandle:
     """One request in flight on one rank."""
 
     def __init__(
-        self, request_id: str, rank: int, on_close: CloseCallback, deadline: float | None
+        self,
+        request_id: str,
+        rank: int,
+        on_close: CloseCallback,
+        deadline: float | None,
+        stream_interval: int = 1,
     ) -> None:
         self.request_id = request_id
         self.rank = rank
         self._on_close = on_close
         #: Output delivered and not yet taken (by `next_batch()` or a flush); None when none.
         self._tokens: GeneratedTokens | None = None
+        self._stream_interval = stream_interval
+        #: Tokens in `_tokens`, and whether the request's first token is among them.
+        self._waiting_tokens = 0
+        self._first_waiting = False
         self._flush_due = False
         self._arrived_at = 0.0
         self._step_seconds = 0.0
@@ -97,6 +110,9 @@ class RequestHandle:
             return False
         count = len(tokens)
         if count:
+            if not self.has_first_token:
+                self._first_waiting = True
+            self._waiting_tokens += count
             self.has_first_token = True
             self.context_tokens += count
             self._arrived_at = arrived_at
@@ -109,6 +125,8 @@ class RequestHandle:
                 self._tokens = tokens
             else:
                 self._tokens.extend(tokens)
+        if not self._due():
+            return False
         if self._sink is not None:
             first = not self._flush_due
             self._flush_due = True
@@ -122,8 +140,7 @@ class RequestHandle:
         sink = self._sink
         if sink is None:  # detached meanwhile (failed, closed): the consumer takes it
             return
-        tokens = self._tokens if self._tokens is not None else GeneratedTokens()
-        self._tokens = None
+        tokens = self._take()
         if not sink(tokens, self._finish, self._arrived_at, self._step_seconds):
             self.detach()
 
@@ -168,16 +185,14 @@ class RequestHandle:
 
     async def next_batch(self) -> TokenBatch:
         """Wait for new tokens or the end; raises the request's ApiError if it failed."""
-        while not self._tokens and self._finish is None:
+        while self._finish is None and not (self._tokens and self._due()):
             if self._error is not None:
                 raise self._error
             if self._closed:  # released without an outcome: nobody waits for this any more
                 raise ClientDisconnected()
             await self._event.wait()
             self._event.clear()
-        tokens = self._tokens if self._tokens is not None else GeneratedTokens()
-        self._tokens = None
-        return TokenBatch(tokens, self._finish, self._arrived_at, self._step_seconds)
+        return TokenBatch(self._take(), self._finish, self._arrived_at, self._step_seconds)
 
     def close(self, reason: AbortReason) -> None:
         """Release the request: abort it in the engine if it may still run, free its slot.
@@ -194,6 +209,24 @@ class RequestHandle:
         self.detach()
         self._event.set()
         self._on_close(self, abort, reason)
+
+    def _due(self) -> bool:
+        """Whether the waiting output is handed on now (always, with a stream interval of 1)."""
+        return (
+            self._stream_interval <= 1
+            or self._waiting_tokens >= self._stream_interval
+            or self._first_waiting
+            or self._finish is not None
+            or self._error is not None
+            or self._closed
+        )
+
+    def _take(self) -> GeneratedTokens:
+        tokens = self._tokens if self._tokens is not None else GeneratedTokens()
+        self._tokens = None
+        self._waiting_tokens = 0
+        self._first_waiting = False
+        return tokens
 
     def _expire(self) -> None:
         self._timer = None
