@@ -7,6 +7,7 @@ connections until each process has what the test needs.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 
@@ -125,6 +126,16 @@ def test_metrics_count_each_request_once_whichever_process_answers(
         assert delta("deepinfer:generation_tokens_total") == 2 * requests
         assert delta("deepinfer:e2e_request_latency_seconds_count") == requests
         assert value(after, "deepinfer:healthy") == 1  # the same in every process: not summed
+
+
+def test_every_server_process_encodes_serially(two_api_servers: LiveServer) -> None:
+    expected = os.environ.get("TOKENIZERS_PARALLELISM", "false")  # an exported value is kept
+    # /proc shows a process's environment as it started: the API server processes (which encode
+    # the prompts) and the ranks are started after the supervisor set the variable.
+    spawned = [*two_api_servers.api_processes(), *two_api_servers.rank_processes()]
+    assert len(spawned) == 4
+    for process in spawned:
+        assert process.environ().get("TOKENIZERS_PARALLELISM") == expected
 
 
 def test_a_dead_api_server_process_fails_the_service() -> None:

@@ -120,6 +120,56 @@ def test_eos_free_stop_sequence_finishes_the_parser() -> None:
     assert result["choices"][0]["message"]["content"] == "alpha beta "
 
 
+def _answer(
+    extra: dict[str, Any], batches: list[list[int]]
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(streamed chunks, non-streamed body) for the same token batches, without `created`."""
+    streamed: list[dict[str, Any]] = []
+    body_json: dict[str, Any] = {}
+    for stream in (True, False):
+        options = {"stream_options": {"include_usage": True}} if stream else {}
+        prepared = prepare_chat(
+            body(stream=stream, thinking={"type": "disabled"}, **options, **extra), recipe()
+        )
+        output = ChatOutput(prepared, "chatcmpl-x", recipe())
+        payloads = output.start()
+        for batch in batches:
+            if output.finished:
+                break
+            payloads += output.push(tokens(batch))
+        payloads += output.finish(Finish.STOP)
+        output.close()
+        if stream:
+            streamed = [orjson.loads(payload) for payload in payloads]
+        else:
+            body_json = orjson.loads(output.response_json())
+    for part in [*streamed, body_json]:
+        part.pop("created")
+    return streamed, body_json
+
+
+def test_a_stop_inside_a_batch_counts_and_renders_only_the_tokens_before_it() -> None:
+    # Several tokens at once (speculative decoding, --stream-interval) must answer as one
+    # token per step does: the tokens after the stop are neither shown nor counted.
+    ids = recipe().tokenizer.encode("alpha beta gamma delta epsilon zeta")
+    extra = {"stop": ["gamma"]}
+    one_by_one, whole_one = _answer(extra, [[token] for token in ids])
+    batched, whole_batched = _answer(extra, [ids])
+    assert batched == one_by_one
+    assert whole_batched == whole_one
+    assert whole_one["choices"][0]["message"]["content"] == "alpha beta "
+    assert whole_one["usage"]["completion_tokens"] == 3
+    assert one_by_one[-1]["usage"]["completion_tokens"] == 3
+
+
+def test_a_batch_without_a_stop_makes_one_chunk() -> None:
+    ids = recipe().tokenizer.encode("alpha beta gamma")
+    one_by_one, whole_one = _answer({}, [[token] for token in ids])
+    batched, whole_batched = _answer({}, [ids])
+    assert len(batched) == len(one_by_one) - 2  # three content chunks became one
+    assert whole_batched == whole_one
+
+
 @pytest.mark.parametrize(
     ("extra", "param"),
     [

@@ -210,7 +210,7 @@ def test_a_stream_interval_sends_the_first_token_then_every_n_then_the_rest() ->
         assert h.written[-1] == ["5", "6", "7", "8"]
         h.deliver(9)
         h.deliver(finish=Finish.LENGTH)  # the end takes what is waiting
-        await task
+        await asyncio.wait_for(task, 5)
         assert h.written[-1] == ["9", "end:LENGTH"]
         assert h.record.generation_tokens == 9
 
@@ -224,9 +224,10 @@ def test_a_failure_hands_over_the_tokens_a_stream_interval_held() -> None:
         await _until(lambda: h.written == [["start"]])
         h.deliver(1)
         h.deliver(2)
+        assert h.written == [["start"], ["1"]]  # 2 is held
         h.handle.fail(ServiceFailedError("rank 0 died"), engine_finished=True)
         with pytest.raises(ServiceFailedError):
-            await task
+            await asyncio.wait_for(task, 5)
         assert h.written == [["start"], ["1"], ["2"]]
 
     asyncio.run(body())
@@ -244,5 +245,41 @@ def test_a_pulling_consumer_waits_for_the_stream_interval() -> None:
         assert not pulling.done()  # one token waiting, the interval is two
         handle.deliver(GeneratedTokens([3]), None, now, 0.01)
         assert (await asyncio.wait_for(pulling, 5)).tokens.token_ids == [2, 3]
+
+    asyncio.run(body())
+
+
+def test_closing_a_handle_hands_over_the_tokens_a_stream_interval_held() -> None:
+    async def body() -> None:
+        handle = RequestHandle("r-1", 0, lambda *_: None, None, stream_interval=3)
+        now = time.perf_counter()
+        handle.deliver(GeneratedTokens([1]), None, now, 0.01)
+        assert (await handle.next_batch()).tokens.token_ids == [1]
+        handle.deliver(GeneratedTokens([2]), None, now, 0.01)
+        handle.close(AbortReason.DISCONNECT)
+        assert (await asyncio.wait_for(handle.next_batch(), 5)).tokens.token_ids == [2]
+        with pytest.raises(ClientDisconnected):
+            await asyncio.wait_for(handle.next_batch(), 5)
+
+    asyncio.run(body())
+
+
+def test_a_sink_attaches_over_tokens_the_stream_interval_holds() -> None:
+    async def body() -> None:
+        h = _Harness(stream_interval=3)
+        task = asyncio.ensure_future(h.stream.run(h.write))
+        await _until(lambda: h.written == [["start"]])
+        h.gate = asyncio.Event()
+        h.deliver(1)  # its send waits: the sink detaches
+        h.deliver(2)  # held while the write waits
+        h.gate.set()
+        await _until(lambda: h.handle._sink is not None)  # attached again over the held token
+        h.gate = None
+        assert h.written == [["start"], ["1"]]
+        h.deliver(3)
+        h.deliver(4)
+        assert h.written[-1] == ["2", "3", "4"]  # one chunk when three are waiting
+        h.deliver(finish=Finish.STOP)
+        await asyncio.wait_for(task, 5)
 
     asyncio.run(body())

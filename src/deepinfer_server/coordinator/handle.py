@@ -148,10 +148,10 @@ class RequestHandle:
         """Hand every later step's output to `sink`, from the reader task, instead of keeping
         it for `next_batch()`; until the sink returns False, the request fails or `detach()`.
 
-        Returns False, attaching nothing, when output or the end is already waiting for
-        `next_batch()`.
+        Returns False, attaching nothing, when output that is due (or the end) is already
+        waiting for `next_batch()`; output held back by the stream interval goes to the sink.
         """
-        if self._closed or self._tokens is not None or self.ended:
+        if self._closed or self.ended or (self._tokens is not None and self._due()):
             return False
         self._event.clear()
         self._sink = sink

@@ -19,7 +19,7 @@ from deepseek_recipe import ChatCompletionRequest, ChatCompletionResponse, Strea
 from deepinfer_server.ipc.messages import Images
 from deepinfer_server.protocol.chat_request import PreparedChat
 from deepinfer_server.protocol.recipe import RecipeContext
-from deepinfer_server.protocol.stream_output import RecipeOutput
+from deepinfer_server.protocol.stream_output import RecipeOutput, ends_inside_output
 
 _NULL_USAGE_SUFFIX = '"usage":null}'
 _NO_USAGE_SUFFIX = "]}"
@@ -44,7 +44,8 @@ class ChatOutput(RecipeOutput):
             response = ChatCompletionResponse(
                 completion_id, recipe.model_name, int(time.time()), prompt_tokens, 0
             )
-        super().__init__(processor, response, prompt_tokens)
+        ends_inside = ends_inside_output(prepared.request.parsing_options)
+        super().__init__(processor, response, prompt_tokens, ends_inside=ends_inside)
         self._include_usage = prepared.stream_options.include_usage
         self._continuous_usage = prepared.stream_options.continuous_usage_stats
 

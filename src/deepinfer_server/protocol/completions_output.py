@@ -28,6 +28,7 @@ from deepseek_recipe import (
 from deepinfer_server.ipc.messages import Finish, GeneratedTokens
 from deepinfer_server.protocol.completions import PreparedCompletion
 from deepinfer_server.protocol.recipe import RecipeContext
+from deepinfer_server.protocol.stream_output import push_tokens
 
 _FINISH_REASONS = {
     Finish.STOP: InferenceFinishReason.Stop,
@@ -101,6 +102,7 @@ class CompletionOutput:
             "model": recipe.model_name,
         }
         self._processor = _processor(prepared, recipe)
+        self._ends_inside = bool(prepared.stop)
         self._echo_pending = prepared.echo
         self._offset = 0
         self._text: list[str] = []
@@ -126,11 +128,13 @@ class CompletionOutput:
         if not self._prepared.generate:
             self._scored = True
             return self._emit(pieces)
-        # Every generated token counts, the unrendered EOS of `ignore_eos` included.
-        self._completion_tokens += len(tokens)
+        # Every generated token up to the end counts, the unrendered EOS of `ignore_eos` included.
         if tokens.token_ids:
-            chunk = InferenceChunk.tokens(tokens.token_ids, tokens.logprob_pairs())
-            pieces.extend(self._pieces(self._processor.push(chunk)))
+            chunks, taken = push_tokens(self._processor, tokens, self._ends_inside)
+            self._completion_tokens += taken
+            pieces.extend(self._pieces(chunks))
+        if not self._processor.finished:
+            self._completion_tokens += tokens.hidden_tokens
         return self._emit(pieces)
 
     def finish(self, finish: Finish) -> list[str]:

@@ -13,7 +13,7 @@ from deepseek_recipe import ConversationRequest, StreamProcessor
 
 from deepinfer_server.ipc.messages import Images
 from deepinfer_server.protocol.recipe import RecipeContext
-from deepinfer_server.protocol.stream_output import RecipeOutput
+from deepinfer_server.protocol.stream_output import RecipeOutput, ends_inside_output
 
 
 def named_event(name: str | None, data: str) -> str:
@@ -56,7 +56,8 @@ class NamedEventOutput(RecipeOutput):
             response = response_type(
                 response_id, recipe.model_name, int(time.time()), prompt_tokens, 0
             )
-        super().__init__(processor, response, prompt_tokens)
+        ends_inside = ends_inside_output(prepared.request.parsing_options)
+        super().__init__(processor, response, prompt_tokens, ends_inside=ends_inside)
         self._event_name = response_type.sse_event_name
 
     def _stream_payloads(self, chunks: list[Any]) -> list[str]:

@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from deepseek_recipe import InferenceChunk, InferenceFinishReason, PromptUsage, StreamProcessor
+from deepseek_recipe import (
+    InferenceChunk,
+    InferenceFinishReason,
+    ParsingOptions,
+    PromptUsage,
+    StreamProcessor,
+)
 
 from deepinfer_server.ipc.messages import Finish, GeneratedTokens
 
@@ -17,6 +23,35 @@ _FINISH_REASONS = {
     Finish.STOP: InferenceFinishReason.Stop,
     Finish.LENGTH: InferenceFinishReason.Length,
 }
+
+
+def ends_inside_output(options: ParsingOptions) -> bool:
+    """Whether the parser may end the answer before the engine ends the request: at a stop
+    sequence, or at the end of the tool calls a required tool choice forces."""
+    return bool(options.stop_sequences) or options.starts_in_tool_calls
+
+
+def push_tokens(
+    processor: StreamProcessor, tokens: GeneratedTokens, one_by_one: bool
+) -> tuple[list[Any], int]:
+    """Push generated token IDs through the parser: (its protocol chunks, the tokens it took).
+
+    Several tokens at once (merged steps, speculative decoding, `--stream-interval`) make one
+    push, unless the parser may end inside them (`one_by_one`, from `ends_inside_output`): then
+    they are pushed one at a time up to the end, so that the tokens after it are neither
+    rendered nor counted in usage, exactly as when each arrives in a step of its own.
+    """
+    token_ids = tokens.token_ids
+    logprobs = None if tokens.logprobs is None else tokens.logprob_pairs()
+    if not one_by_one or len(token_ids) == 1:
+        return processor.push(InferenceChunk.tokens(token_ids, logprobs)), len(token_ids)
+    chunks: list[Any] = []
+    for index, token_id in enumerate(token_ids):
+        pair = None if logprobs is None else [logprobs[index]]
+        chunks.extend(processor.push(InferenceChunk.tokens([token_id], pair)))
+        if processor.finished:
+            return chunks, index + 1
+    return chunks, len(token_ids)
 
 
 class Accumulator(Protocol):
@@ -31,11 +66,19 @@ class RecipeOutput:
     """One request's engine tokens in, protocol chunks out."""
 
     def __init__(
-        self, processor: StreamProcessor, response: Accumulator | None, prompt_tokens: int
+        self,
+        processor: StreamProcessor,
+        response: Accumulator | None,
+        prompt_tokens: int,
+        *,
+        ends_inside: bool = False,
     ) -> None:
+        """`ends_inside`: the parser may end the answer before the engine does
+        (`ends_inside_output`)."""
         self._processor = processor
         self._response = response
         self._prompt_tokens = prompt_tokens
+        self._ends_inside = ends_inside
         self._completion_tokens = 0
         # The parser's state, read once per push: it changes only when the parser is pushed.
         self._finished = False
@@ -59,14 +102,14 @@ class RecipeOutput:
         hidden = tokens.hidden_tokens
         if self._finished or not (token_ids or hidden):
             return []
-        self._completion_tokens += len(token_ids) + hidden
-        chunks = []
+        chunks: list[Any] = []
         if token_ids:
-            logprobs = None if tokens.logprobs is None else tokens.logprob_pairs()
-            chunks = processor.push(InferenceChunk.tokens(token_ids, logprobs))
+            chunks, taken = push_tokens(processor, tokens, self._ends_inside)
+            self._completion_tokens += taken
             self._finished = bool(processor.finished)
         if hidden and not self._finished:
             # Counted in usage, never rendered (an EOS generated under ignore_eos).
+            self._completion_tokens += hidden
             chunks.extend(processor.push(InferenceChunk.text("", token_count=hidden)))
             self._finished = bool(processor.finished)
         return self._emit(chunks) if chunks else []
