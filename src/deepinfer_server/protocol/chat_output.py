@@ -14,12 +14,12 @@ import time
 from typing import Any
 
 import orjson
-from deepseek_recipe import ChatCompletionRequest, ChatCompletionResponse, StreamProcessor
+from deepseek_recipe import ChatCompletionRequest, ChatCompletionResponse
 
 from deepinfer_server.ipc.messages import Images
 from deepinfer_server.protocol.chat_request import PreparedChat
 from deepinfer_server.protocol.recipe import RecipeContext
-from deepinfer_server.protocol.stream_output import RecipeOutput, ends_inside_output
+from deepinfer_server.protocol.stream_output import RecipeOutput
 
 _NULL_USAGE_SUFFIX = '"usage":null}'
 _NO_USAGE_SUFFIX = "]}"
@@ -38,14 +38,13 @@ class ChatOutput(RecipeOutput):
         generator = ChatCompletionRequest.chunk_generator(
             prepared.request, completion_id, recipe.model_name
         )
-        processor = StreamProcessor(generator, prepared.request.parsing_options, recipe.tokenizer)
         response = None
         if not prepared.stream:
             response = ChatCompletionResponse(
                 completion_id, recipe.model_name, int(time.time()), prompt_tokens, 0
             )
-        ends_inside = ends_inside_output(prepared.request.parsing_options)
-        super().__init__(processor, response, prompt_tokens, ends_inside=ends_inside)
+        options = prepared.request.parsing_options
+        super().__init__(generator, options, recipe.tokenizer, response, prompt_tokens)
         self._include_usage = prepared.stream_options.include_usage
         self._continuous_usage = prepared.stream_options.continuous_usage_stats
 

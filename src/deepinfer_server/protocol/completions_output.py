@@ -28,7 +28,7 @@ from deepseek_recipe import (
 from deepinfer_server.ipc.messages import Finish, GeneratedTokens
 from deepinfer_server.protocol.completions import PreparedCompletion
 from deepinfer_server.protocol.recipe import RecipeContext
-from deepinfer_server.protocol.stream_output import push_tokens
+from deepinfer_server.protocol.stream_output import ends_inside_output, push_tokens
 
 _FINISH_REASONS = {
     Finish.STOP: InferenceFinishReason.Stop,
@@ -73,7 +73,9 @@ class _Logprobs:
         }
 
 
-def _processor(prepared: PreparedCompletion, recipe: RecipeContext) -> StreamProcessor:
+def _processor(
+    prepared: PreparedCompletion, options: ParsingOptions, recipe: RecipeContext
+) -> StreamProcessor:
     # The chat generator only frames the processor's output; its request is a placeholder.
     placeholder = ChatCompletionRequest(
         {
@@ -83,7 +85,6 @@ def _processor(prepared: PreparedCompletion, recipe: RecipeContext) -> StreamPro
         }
     ).convert(recipe.options)
     generator = ChatCompletionRequest.chunk_generator(placeholder, "cmpl", recipe.model_name)
-    options = ParsingOptions(parse_tool_calls=False, stop_sequences=list(prepared.stop))
     return StreamProcessor(generator, options, recipe.tokenizer)
 
 
@@ -101,8 +102,9 @@ class CompletionOutput:
             "created": int(time.time()),
             "model": recipe.model_name,
         }
-        self._processor = _processor(prepared, recipe)
-        self._ends_inside = bool(prepared.stop)
+        options = ParsingOptions(parse_tool_calls=False, stop_sequences=list(prepared.stop))
+        self._processor = _processor(prepared, options, recipe)
+        self._ends_inside = ends_inside_output(options)
         self._echo_pending = prepared.echo
         self._offset = 0
         self._text: list[str] = []

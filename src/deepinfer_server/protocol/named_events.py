@@ -9,11 +9,11 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
-from deepseek_recipe import ConversationRequest, StreamProcessor
+from deepseek_recipe import ConversationRequest
 
 from deepinfer_server.ipc.messages import Images
 from deepinfer_server.protocol.recipe import RecipeContext
-from deepinfer_server.protocol.stream_output import RecipeOutput, ends_inside_output
+from deepinfer_server.protocol.stream_output import RecipeOutput
 
 
 def named_event(name: str | None, data: str) -> str:
@@ -49,15 +49,14 @@ class NamedEventOutput(RecipeOutput):
         recipe: RecipeContext,
     ) -> None:
         """`generator` is the protocol's recipe chunk generator for this request."""
-        processor = StreamProcessor(generator, prepared.request.parsing_options, recipe.tokenizer)
         prompt_tokens = Images.prompt_tokens(prepared.prompt_token_ids, prepared.images)
         response = None
         if not prepared.stream:
             response = response_type(
                 response_id, recipe.model_name, int(time.time()), prompt_tokens, 0
             )
-        ends_inside = ends_inside_output(prepared.request.parsing_options)
-        super().__init__(processor, response, prompt_tokens, ends_inside=ends_inside)
+        options = prepared.request.parsing_options
+        super().__init__(generator, options, recipe.tokenizer, response, prompt_tokens)
         self._event_name = response_type.sse_event_name
 
     def _stream_payloads(self, chunks: list[Any]) -> list[str]:

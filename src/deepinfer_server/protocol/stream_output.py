@@ -15,6 +15,7 @@ from deepseek_recipe import (
     ParsingOptions,
     PromptUsage,
     StreamProcessor,
+    Tokenizer,
 )
 
 from deepinfer_server.ipc.messages import Finish, GeneratedTokens
@@ -67,18 +68,18 @@ class RecipeOutput:
 
     def __init__(
         self,
-        processor: StreamProcessor,
+        generator: Any,
+        options: ParsingOptions,
+        tokenizer: Tokenizer,
         response: Accumulator | None,
         prompt_tokens: int,
-        *,
-        ends_inside: bool = False,
     ) -> None:
-        """`ends_inside`: the parser may end the answer before the engine does
-        (`ends_inside_output`)."""
-        self._processor = processor
+        """`generator` is the protocol's recipe chunk generator, `options` the request's
+        parsing options."""
+        self._processor = StreamProcessor(generator, options, tokenizer)
         self._response = response
         self._prompt_tokens = prompt_tokens
-        self._ends_inside = ends_inside
+        self._ends_inside = ends_inside_output(options)
         self._completion_tokens = 0
         # The parser's state, read once per push: it changes only when the parser is pushed.
         self._finished = False
