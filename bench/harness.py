@@ -61,43 +61,25 @@ class Server:
             "warning",
             *args,
         ]
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _wait_listening(port, process)
-        return cls(process, port)
+        return cls._launch(port, command)
 
     @classmethod
     def paced_floor(cls, tick_ms: float) -> Server:
-        port = free_port()
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                str(HERE / "paced_floor.py"),
-                "--port",
-                str(port),
-                "--tick-ms",
-                str(tick_ms),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        _wait_listening(port, process)
-        return cls(process, port)
+        return cls._script("paced_floor.py", "--tick-ms", str(tick_ms))
 
     @classmethod
     def raw_baseline(cls, first_token_ms: float = 0.0) -> Server:
+        return cls._script("raw_asgi.py", "--first-token-ms", str(first_token_ms))
+
+    @classmethod
+    def _script(cls, script: str, *args: str) -> Server:
+        """One of bench/'s own servers, on a free port."""
         port = free_port()
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                str(HERE / "raw_asgi.py"),
-                "--port",
-                str(port),
-                "--first-token-ms",
-                str(first_token_ms),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        return cls._launch(port, [sys.executable, str(HERE / script), "--port", str(port), *args])
+
+    @classmethod
+    def _launch(cls, port: int, command: list[str]) -> Server:
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _wait_listening(port, process)
         return cls(process, port)
 
