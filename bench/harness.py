@@ -100,7 +100,12 @@ class Server:
     def http_cpu_seconds(self) -> float:
         """CPU seconds so far of every process listening on the server's port (the HTTP
         processes: one, or --api-server-count of them), read from /proc."""
-        total = 0.0
+        user, system = self.http_cpu_times()
+        return user + system
+
+    def http_cpu_times(self) -> tuple[float, float]:
+        """(user, system) CPU seconds so far of the HTTP processes, as `http_cpu_seconds`."""
+        user = system = 0.0
         for process in self.tree():
             try:
                 listening = any(
@@ -109,10 +114,11 @@ class Server:
                 )
                 if listening:
                     times = process.cpu_times()
-                    total += times.user + times.system
+                    user += times.user
+                    system += times.system
             except psutil.NoSuchProcess:
                 continue
-        return total
+        return user, system
 
     def rss_bytes(self) -> int:
         return int(psutil.Process(self.process.pid).memory_info().rss)
