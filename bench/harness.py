@@ -97,14 +97,9 @@ class Server:
 
         return {"api": used(processes[0]), "ranks": sum(used(p) for p in processes[1:])}
 
-    def http_cpu_seconds(self) -> float:
-        """CPU seconds so far of every process listening on the server's port (the HTTP
-        processes: one, or --api-server-count of them), read from /proc."""
-        user, system = self.http_cpu_times()
-        return user + system
-
     def http_cpu_times(self) -> tuple[float, float]:
-        """(user, system) CPU seconds so far of the HTTP processes, as `http_cpu_seconds`."""
+        """(user, system) CPU seconds so far of every process listening on the server's port
+        (the HTTP processes: one, or --api-server-count of them), read from /proc."""
         user = system = 0.0
         for process in self.tree():
             try:
