@@ -17,7 +17,7 @@ import argparse
 import time
 from typing import Any
 
-from deepseek_recipe import ChatCompletionRequest, InferenceChunk, StreamProcessor
+from deepseek_recipe import ChatCompletionRequest, InferenceChunk, PromptUsage, StreamProcessor
 
 from deepinfer_server.ipc.messages import Finish, GeneratedTokens
 from deepinfer_server.protocol.chat_output import ChatOutput
@@ -61,6 +61,8 @@ def main() -> int:
         prepared = _prepare(recipe)
         generator = ChatCompletionRequest.chunk_generator(prepared.request, "x", "flash")
         processor = StreamProcessor(generator, prepared.request.parsing_options, recipe.tokenizer)
+        # The opening chunk, as ChatOutput.start() pushes it, outside the timed loop.
+        processor.push(InferenceChunk.ready(prompt_usage=PromptUsage(prompt_tokens=1)))
         started = time.perf_counter()
         for token_id in token_ids:
             for chunk in processor.push(InferenceChunk.tokens([token_id], None)):

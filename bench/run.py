@@ -284,8 +284,8 @@ def realistic(duration: float, rows: list[list[str]]) -> None:
 
 
 def _user_system(result: dict[str, Any], tokens: float) -> str:
-    """A run's HTTP CPU per token split into user and system (kernel) time: the socket
-    writes are system time, the same for every server; the rest is user time."""
+    """A run's HTTP CPU per token split into user and system (kernel) time: system time is
+    mostly the socket writes (and, for deepinfer-server, reading the ranks' reports)."""
     user_us = result["http_user_seconds"] / tokens * 1e6
     system_us = (result["http_cpu_seconds"] - result["http_user_seconds"]) / tokens * 1e6
     return f"user {user_us:.1f}, system {system_us:.1f}"
