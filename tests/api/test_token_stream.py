@@ -233,17 +233,26 @@ def test_a_failure_hands_over_the_tokens_a_stream_interval_held() -> None:
     asyncio.run(body())
 
 
+def _deliver(handle: RequestHandle, token_id: int) -> None:
+    handle.deliver(GeneratedTokens([token_id]), None, time.perf_counter(), 0.01)
+
+
+async def _pulled_past_the_first_token(stream_interval: int) -> RequestHandle:
+    """A handle without a sink whose first token (1) was delivered and pulled."""
+    handle = RequestHandle("r-1", 0, lambda *_: None, None, stream_interval)
+    _deliver(handle, 1)
+    assert (await handle.next_batch()).tokens.token_ids == [1]
+    return handle
+
+
 def test_a_pulling_consumer_waits_for_the_stream_interval() -> None:
     async def body() -> None:
-        handle = RequestHandle("r-1", 0, lambda *_: None, None, stream_interval=2)
-        now = time.perf_counter()
-        handle.deliver(GeneratedTokens([1]), None, now, 0.01)
-        assert (await handle.next_batch()).tokens.token_ids == [1]
-        handle.deliver(GeneratedTokens([2]), None, now, 0.01)
+        handle = await _pulled_past_the_first_token(stream_interval=2)
+        _deliver(handle, 2)
         pulling = asyncio.ensure_future(handle.next_batch())
         await asyncio.sleep(0)
         assert not pulling.done()  # one token waiting, the interval is two
-        handle.deliver(GeneratedTokens([3]), None, now, 0.01)
+        _deliver(handle, 3)
         assert (await asyncio.wait_for(pulling, 5)).tokens.token_ids == [2, 3]
 
     asyncio.run(body())
@@ -251,11 +260,8 @@ def test_a_pulling_consumer_waits_for_the_stream_interval() -> None:
 
 def test_closing_a_handle_hands_over_the_tokens_a_stream_interval_held() -> None:
     async def body() -> None:
-        handle = RequestHandle("r-1", 0, lambda *_: None, None, stream_interval=3)
-        now = time.perf_counter()
-        handle.deliver(GeneratedTokens([1]), None, now, 0.01)
-        assert (await handle.next_batch()).tokens.token_ids == [1]
-        handle.deliver(GeneratedTokens([2]), None, now, 0.01)
+        handle = await _pulled_past_the_first_token(stream_interval=3)
+        _deliver(handle, 2)
         handle.close(AbortReason.DISCONNECT)
         assert (await asyncio.wait_for(handle.next_batch(), 5)).tokens.token_ids == [2]
         with pytest.raises(ClientDisconnected):

@@ -19,7 +19,6 @@ import orjson
 from deepseek_recipe import (
     ChatCompletionRequest,
     InferenceChunk,
-    InferenceFinishReason,
     ParsingOptions,
     PromptUsage,
     StreamProcessor,
@@ -28,12 +27,11 @@ from deepseek_recipe import (
 from deepinfer_server.ipc.messages import Finish, GeneratedTokens
 from deepinfer_server.protocol.completions import PreparedCompletion
 from deepinfer_server.protocol.recipe import RecipeContext
-from deepinfer_server.protocol.stream_output import ends_inside_output, push_tokens
-
-_FINISH_REASONS = {
-    Finish.STOP: InferenceFinishReason.Stop,
-    Finish.LENGTH: InferenceFinishReason.Length,
-}
+from deepinfer_server.protocol.stream_output import (
+    ends_inside_output,
+    finish_parser,
+    push_tokens,
+)
 
 
 @dataclass
@@ -144,11 +142,7 @@ class CompletionOutput:
         if self._scored:
             self._finish_reason = "length"
         else:
-            chunks: list[Any] = []
-            if not self._processor.finished:
-                chunks = self._processor.push(InferenceChunk.finish(_FINISH_REASONS[finish]))
-            chunks.extend(self._processor.finish())
-            pieces.extend(self._pieces(chunks))
+            pieces.extend(self._pieces(finish_parser(self._processor, finish)))
         pieces.append(("", None))
         payloads = self._emit(pieces, final=True)
         if self._prepared.stream and self._prepared.stream_options.include_usage:

@@ -55,6 +55,16 @@ def push_tokens(
     return chunks, len(token_ids)
 
 
+def finish_parser(processor: StreamProcessor, finish: Finish) -> list[Any]:
+    """The parser's closing chunks once the engine ended the request (STOP or LENGTH): the
+    engine's finish reason, unless the parser already ended the answer, then its last chunks."""
+    chunks: list[Any] = []
+    if not processor.finished:
+        chunks = processor.push(InferenceChunk.finish(_FINISH_REASONS[finish]))
+    chunks.extend(processor.finish())
+    return chunks
+
+
 class Accumulator(Protocol):
     """A recipe response object (ChatCompletionResponse, ResponsesResponse, MessagesResponse)."""
 
@@ -117,10 +127,7 @@ class RecipeOutput:
 
     def finish(self, finish: Finish) -> list[str]:
         """The closing payloads once the engine ended the request (STOP or LENGTH)."""
-        chunks = []
-        if not self._finished:
-            chunks = self._processor.push(InferenceChunk.finish(_FINISH_REASONS[finish]))
-        chunks.extend(self._processor.finish())
+        chunks = finish_parser(self._processor, finish)
         self._finished = bool(self._processor.finished)
         return self._emit(chunks)
 
