@@ -6,7 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from deepinfer_server.engines.deepinfer.environment import rank_environment, visible_gpus
+from deepinfer_server.engines.deepinfer.environment import (
+    rank_environment,
+    so_builder_cpus,
+    visible_gpus,
+)
 from deepinfer_server.errors import ConfigError
 
 EIGHT = list(range(8))
@@ -74,3 +78,22 @@ def test_user_exported_deepinfer_variables_win() -> None:
     assert "DEEPINFER_JIT_CACHE_DIR" not in env
     assert "DEEPINFER_ACCELERATOR" not in env
     assert env["MASTER_ADDR"] == "10.0.0.5"
+
+
+def test_grammar_cpus_default_to_what_deepinfer_can_bind() -> None:
+    # 2 GPUs on 16 cores: 8 cores per GPU, DeepInfer's default of 4 fits.
+    assert so_builder_cpus(1, 2, 16, set(range(16)), None) == "4"
+    # 8 GPUs on 2 cores: no core per GPU, so DeepInfer would raise on every structured
+    # request; 0 leaves one grammar thread unbound.
+    assert so_builder_cpus(3, 8, 2, {0, 1}, None) == "0"
+    # A cpuset-limited container: GPU 1's cores 8-11 are outside the affinity mask.
+    assert so_builder_cpus(1, 2, 16, set(range(8)), None) == "0"
+    assert so_builder_cpus(0, 2, 16, {0, 1}, None) == "2"
+
+
+def test_exported_grammar_cpus_that_cannot_work_are_refused_naming_the_setting() -> None:
+    assert so_builder_cpus(0, 2, 16, set(range(16)), "8") == "8"
+    with pytest.raises(ConfigError, match="DEEPINFER_SO_BUILDER_CPUS=4.*at most 0"):
+        so_builder_cpus(3, 8, 2, {0, 1}, "4")
+    with pytest.raises(ConfigError, match="DEEPINFER_SO_BUILDER_CPUS='many'"):
+        so_builder_cpus(0, 1, 4, {0, 1, 2, 3}, "many")

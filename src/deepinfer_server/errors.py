@@ -49,6 +49,7 @@ class ErrorKind(enum.StrEnum):
     ENGINE_OUT_OF_RESOURCES = "engine_out_of_resources"
     ENGINE_ABORTED = "engine_aborted"
     ENGINE_GRAMMAR_FAILED = "engine_grammar_failed"
+    ENGINE_ERROR = "engine_error"
     SHUTTING_DOWN = "shutting_down"
     SERVICE_FAILED = "service_failed"
     TOO_MANY_CONNECTIONS = "too_many_connections"
@@ -106,6 +107,7 @@ ERROR_TABLE: dict[ErrorKind, ErrorSpec] = {
     ErrorKind.ENGINE_GRAMMAR_FAILED: ErrorSpec(
         500, "server_error", "structured_output_failed", "api_error"
     ),
+    ErrorKind.ENGINE_ERROR: ErrorSpec(500, "server_error", "engine_error", "api_error"),
     ErrorKind.SHUTTING_DOWN: ErrorSpec(
         503, "service_unavailable", "server_shutting_down", "overloaded_error"
     ),

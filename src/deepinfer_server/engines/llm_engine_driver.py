@@ -8,7 +8,11 @@ It keeps the set of live request IDs, so outputs that arrive after an abort or a
 a request are discarded, and it hides tokens that are not real output: the EOS of a "stop"
 finish and the repeated token of "ignored"-class finishes (abort, prompt_length_exceeded, ...).
 An EOS generated under `ignore_eos` is real output that is never rendered: it is counted in
-`GeneratedTokens.hidden_tokens`.
+`GeneratedTokens.hidden_tokens`. Any exception from `add_request` fails that request alone (a
+400 for DeepInfer's input errors, else a 500 that names the cause), never the rank. An abort
+DeepInfer cannot place (a grammar still compiling: the sequence is in no queue until the
+builder enqueues it, and `abort_request` returns (0, 0)) is sent again every iteration until
+the engine finds the request or the request ends.
 DeepInfer's finish strings become `Finish` values here and nowhere else.
 """
 
@@ -110,6 +114,8 @@ class LLMEngineDriver:
         #: Live requests and what per-token data each asked for.
         self._live: dict[str, SamplingOptions] = {}
         self._prompt_logprobs_sent: set[str] = set()
+        #: Aborted requests the engine did not find yet (their grammar was still compiling).
+        self._unplaced_aborts: set[str] = set()
 
     @property
     def num_live(self) -> int:
@@ -146,6 +152,15 @@ class LLMEngineDriver:
                 ErrorKind.ENGINE_REJECTED,
                 f"the engine rejected the request: {exc}",
             )
+        except Exception as exc:
+            # DeepInfer can raise more than input errors here (its grammar worker pool's CPU
+            # binding, internal assertions): the request fails, the rank goes on serving.
+            logger.exception("add_request failed for request %s", request.request_id)
+            return RequestRejected(
+                request.request_id,
+                ErrorKind.ENGINE_ERROR,
+                f"the engine could not start the request: {type(exc).__name__}: {exc}",
+            )
         if sequence is None:
             return RequestRejected(
                 request.request_id,
@@ -163,10 +178,19 @@ class LLMEngineDriver:
         for request_id in live:
             del self._live[request_id]
             self._prompt_logprobs_sent.discard(request_id)
-        self._engine.abort_request(live)
+            self._abort_one(request_id)
+
+    def _abort_one(self, request_id: str) -> None:
+        found, _ = self._engine.abort_request([request_id])
+        if found:
+            self._unplaced_aborts.discard(request_id)
+        else:
+            self._unplaced_aborts.add(request_id)
 
     def iterate(self) -> tuple[bool, list[RequestDelta]]:
         """One lockstep iteration: the collective work check, then step() or flush()."""
+        for request_id in list(self._unplaced_aborts):
+            self._abort_one(request_id)
         unfinished = self._engine.has_unfinished_requests()
         handles = self._engine.step() if unfinished else self._engine.flush_inflight_reqs()
         return unfinished, self._read(handles)
@@ -196,6 +220,8 @@ class LLMEngineDriver:
             request_id = reader.get_request_id(handle)
             sampling = self._live.get(request_id)
             if sampling is None:
+                if request_id in self._unplaced_aborts and reader.get_finish_reason(handle):
+                    self._unplaced_aborts.discard(request_id)  # it ended before it was found
                 continue
             delta = by_request.get(request_id)
             if delta is None:

@@ -12,9 +12,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import psutil
+
 from deepinfer_server.config.options import option
 from deepinfer_server.engines.backend import EngineBackend
-from deepinfer_server.engines.deepinfer.environment import rank_environment, visible_gpus
+from deepinfer_server.engines.deepinfer.environment import (
+    physical_gpu_count,
+    rank_environment,
+    so_builder_cpus,
+    visible_gpus,
+)
 from deepinfer_server.engines.deepinfer.preflight import run_preflight
 from deepinfer_server.errors import ConfigError
 
@@ -83,16 +90,25 @@ class DeepInferBackend(EngineBackend):
             "DEEPINFER_PREFILL_ATTEMPT_INTERVAL": str(config.prefill_attempt_interval),
             "DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL": str(config.prefill_any_attempt_interval),
         }
-        return [
-            {
-                **rank_environment(
-                    rank,
-                    gpus,
-                    config.context_parallel_size,
-                    config.expert_parallel_size,
-                    master_port,
-                ),
-                **cadence,
-            }
-            for rank in range(config.data_parallel_size)
-        ]
+        node_gpus = physical_gpu_count() or len(gpus)
+        physical_cpus = psutil.cpu_count(logical=False) or os.cpu_count() or 1
+        allowed_cpus = os.sched_getaffinity(0)
+        environments = []
+        for rank in range(config.data_parallel_size):
+            environment = rank_environment(
+                rank,
+                gpus,
+                config.context_parallel_size,
+                config.expert_parallel_size,
+                master_port,
+            )
+            driver_gpu = int(environment["CUDA_VISIBLE_DEVICES"].split(",")[0])
+            environment["DEEPINFER_SO_BUILDER_CPUS"] = so_builder_cpus(
+                driver_gpu,
+                node_gpus,
+                physical_cpus,
+                allowed_cpus,
+                os.environ.get("DEEPINFER_SO_BUILDER_CPUS"),
+            )
+            environments.append({**environment, **cadence})
+        return environments

@@ -7,14 +7,16 @@ gets its whole environment before anything from `deepinfer` is imported:
   the GPUs visible to the server (an existing `CUDA_VISIBLE_DEVICES` is honoured);
 * `MASTER_ADDR` / `MASTER_PORT`: the rendezvous the server chose (DeepInfer uses port - 50);
 * defaults for DeepInfer's own variables (below), each applied only when the user has not
-  exported that variable, so anything in `DEEPINFER_*` can be enabled from the environment.
+  exported that variable, so anything in `DEEPINFER_*` can be enabled from the environment;
+* `DEEPINFER_SO_BUILDER_CPUS`, the CPUs DeepInfer binds its grammar threads to, checked
+  against the node at start-up (`so_builder_cpus`).
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Set
 from pathlib import Path
 
 from deepinfer_server.errors import ConfigError
@@ -59,6 +61,69 @@ def visible_gpus(environ: Mapping[str, str], device_root: Path = Path("/")) -> l
         found = [p.name for p in devices.iterdir() if re.fullmatch(r"nvidia\d+", p.name)]
         return list(range(len(found)))
     return []
+
+
+#: DeepInfer's default for DEEPINFER_SO_BUILDER_CPUS (environ.py).
+DEEPINFER_SO_BUILDER_CPUS_DEFAULT = 4
+
+
+def physical_gpu_count(device_root: Path = Path("/")) -> int:
+    """The node's NVIDIA GPUs as DeepInfer counts them (procfs, else device nodes; not
+    CUDA_VISIBLE_DEVICES): `deep_cluster.hardware.get_actual_num_gpus`."""
+    proc_gpus = device_root / "proc" / "driver" / "nvidia" / "gpus"
+    if proc_gpus.is_dir():
+        return len([entry for entry in proc_gpus.iterdir() if entry.is_dir()])
+    devices = device_root / "dev"
+    if devices.is_dir():
+        return len([p for p in devices.iterdir() if re.fullmatch(r"nvidia\d+", p.name)])
+    return 0
+
+
+def so_builder_cpus(
+    driver_gpu: int,
+    node_gpus: int,
+    physical_cpus: int,
+    allowed_cpus: Set[int],
+    exported: str | None,
+) -> str:
+    """DEEPINFER_SO_BUILDER_CPUS for one rank, or a ConfigError that names the setting.
+
+    DeepInfer binds its grammar threads to CPUs `driver_gpu * per_gpu` onward, `per_gpu` being
+    the node's physical cores over its GPUs (`utils.get_idle_cpus`), and raises inside
+    `add_request` (on every structured-output request) when the count exceeds `per_gpu`; a
+    CPU outside this process's affinity (a cpuset-limited container) breaks its thread pool
+    the same way. 0 leaves one grammar thread unbound. An exported value that cannot work is
+    refused; otherwise DeepInfer's default of 4 is lowered until it fits.
+    """
+    per_gpu = physical_cpus // max(node_gpus, 1)
+
+    def fits(count: int) -> bool:
+        start = driver_gpu * per_gpu
+        return count <= per_gpu and set(range(start, start + count)) <= allowed_cpus
+
+    if exported is not None:
+        try:
+            count = int(exported)
+        except ValueError:
+            raise ConfigError(f"DEEPINFER_SO_BUILDER_CPUS={exported!r} is not a number") from None
+        if count < 0 or not fits(count):
+            start = driver_gpu * per_gpu
+            raise ConfigError(
+                f"DEEPINFER_SO_BUILDER_CPUS={count}: DeepInfer would bind the grammar threads of "
+                f"GPU {driver_gpu} to CPUs {start}-{start + count - 1}, but each of the "
+                f"{node_gpus} GPUs has {per_gpu} of the {physical_cpus} physical cores"
+                f" and this process may run on {len(allowed_cpus)} CPUs; set at most "
+                f"{_largest_fit(fits, count)} (0 leaves one grammar thread unbound)"
+            )
+        return str(count)
+    return str(_largest_fit(fits, DEEPINFER_SO_BUILDER_CPUS_DEFAULT))
+
+
+def _largest_fit(fits: Callable[[int], bool], upper: int) -> int:
+    count = upper
+    while count > 0 and not fits(count):
+        count -= 1
+    return count
 
 
 def gpus_of_rank(gpus: list[int], rank: int, cp: int, ep: int) -> list[int]:
