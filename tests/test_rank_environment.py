@@ -93,7 +93,7 @@ def test_grammar_cpus_default_to_what_deepinfer_can_bind() -> None:
 
 def test_exported_grammar_cpus_that_cannot_work_are_refused_naming_the_setting() -> None:
     assert so_builder_cpus(0, 2, 16, set(range(16)), "8") == "8"
-    with pytest.raises(ConfigError, match="DEEPINFER_SO_BUILDER_CPUS=4.*at most 0"):
+    with pytest.raises(ConfigError, match=r"DEEPINFER_SO_BUILDER_CPUS=4.*at most 0"):
         so_builder_cpus(3, 8, 2, {0, 1}, "4")
     with pytest.raises(ConfigError, match="DEEPINFER_SO_BUILDER_CPUS='many'"):
         so_builder_cpus(0, 1, 4, {0, 1, 2, 3}, "many")
