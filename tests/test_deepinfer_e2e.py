@@ -277,3 +277,23 @@ def test_a_killed_rank_is_noticed_and_leaves_no_orphan(checkpoint: Path, tmp_pat
         assert not _alive(still_alive), [p.pid for p in still_alive]
         assert httpx.get(server.base_url + "/health").status_code == 503
         assert server.stop(signal.SIGTERM) == 0
+
+
+def test_the_servers_secrets_do_not_reach_the_engine_processes(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    env = _env(tmp_path, DEEPINFER_API_KEY="key-123", DEEPINFER_REASONING_SECRET="seal-456")
+    with LiveServer(str(checkpoint), "--ep", "2", engine="deepinfer", env=env) as server:
+        reply = httpx.get(
+            server.base_url + "/v1/models", headers={"Authorization": "Bearer key-123"}
+        )
+        assert reply.status_code == 200  # the HTTP process still has the key
+        engine_family = _engine_family(server)
+        assert engine_family
+        for process in engine_family:
+            inherited = process.environ()
+            assert "DEEPINFER_API_KEY" not in inherited, process.name()
+            assert "DEEPINFER_REASONING_SECRET" not in inherited, process.name()
+    imported_with = _records(tmp_path, 0)[0]["import_env"]
+    assert "DEEPINFER_API_KEY" not in imported_with
+    assert "DEEPINFER_REASONING_SECRET" not in imported_with

@@ -14,6 +14,7 @@ from typing import Any
 
 from deepinfer_server import __version__
 from deepinfer_server.config import ResolvedConfig, ServerConfig, resolve
+from deepinfer_server.config.resolved import withhold_server_secrets
 from deepinfer_server.engines.registry import BACKENDS, get_backend
 from deepinfer_server.errors import ConfigError
 
@@ -79,6 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"deepinfer-server: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    withhold_server_secrets()  # the keys are in `config` now; no child inherits them
     from deepinfer_server.launcher import run
 
     return run(config)

@@ -8,6 +8,7 @@ engine backend's own option group, passed whole to the rank processes.
 from __future__ import annotations
 
 import os
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -247,3 +248,15 @@ def resolve(
         api_server_count=config.api_server_count,
         stream_interval=config.stream_interval,
     )
+
+
+#: Settings only the HTTP processes read: once resolved they leave the environment, so that no
+#: rank process, DeepInfer worker or other child inherits them.
+SERVER_ONLY_VARIABLES = ("DEEPINFER_API_KEY", "DEEPINFER_REASONING_SECRET")
+
+
+def withhold_server_secrets(environ: MutableMapping[str, str] | None = None) -> None:
+    """Remove the server's own secrets from the environment children inherit."""
+    env = os.environ if environ is None else environ
+    for variable in SERVER_ONLY_VARIABLES:
+        env.pop(variable, None)
