@@ -11,6 +11,7 @@ import json
 import os
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
@@ -123,3 +124,41 @@ def test_structured_output_through_the_server_on_deepinfers_grammar_engine(
             extra_body={"thinking": {"type": "disabled"}},
         )
         assert plain.choices[0].message.content == "and now plain text"
+
+
+def _echo_with_logprobs(server: LiveServer, checkpoint: Path) -> httpx.Response:
+    return httpx.post(
+        server.base_url + "/v1/completions",
+        json={
+            "model": str(checkpoint),
+            "prompt": "one two three",
+            "max_tokens": 2,
+            "echo": True,
+            "logprobs": 1,
+        },
+        timeout=60,
+    )
+
+
+def test_echo_with_logprobs_is_refused_where_deepinfer_drops_prompt_logprobs(
+    checkpoint: Path,
+) -> None:
+    env = {"PYTHONPATH": engine_pythonpath(), "CUDA_VISIBLE_DEVICES": "0"}
+    with LiveServer(str(checkpoint), "--ep", "1", engine="deepinfer", env=env) as server:
+        reply = _echo_with_logprobs(server, checkpoint)
+        assert reply.status_code == 200
+        echoed = reply.json()["choices"][0]["logprobs"]["token_logprobs"]
+        assert echoed[0] is None and all(value is not None for value in echoed[1:])
+    # YoCo prefill truncation (DeepInfer's README recommends "compact") turns prompt
+    # logprobs off inside add_request: the server says so instead of returning nulls.
+    yoco = {
+        **env,
+        "DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE": "compact",
+        "DEEPINFER_YOCO_PREFILL_KEEP_TOKENS": "64",
+    }
+    with LiveServer(str(checkpoint), "--ep", "1", engine="deepinfer", env=yoco) as server:
+        reply = _echo_with_logprobs(server, checkpoint)
+        assert reply.status_code == 400
+        error = reply.json()["error"]
+        assert error["param"] == "echo"
+        assert "DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE=compact" in error["message"]

@@ -28,6 +28,7 @@ from deepinfer_server.api.connection import (
 from deepinfer_server.api.state import AppState, Peers
 from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.coordinator.coordinator import Coordinator
+from deepinfer_server.engines.registry import get_backend
 from deepinfer_server.errors import ShuttingDownError, StartupError
 from deepinfer_server.metrics import ServerMetrics
 from deepinfer_server.protocol.images import ImageLimits
@@ -113,6 +114,7 @@ def create_recipe(config: ResolvedConfig, tokenizer_json: str) -> RecipeContext:
         default_thinking=config.default_thinking == "enabled",
         reasoning_secret=config.reasoning_secret,
         image_limits=ImageLimits.of(config),
+        prompt_logprobs_unavailable=get_backend(config.engine).prompt_logprobs_unavailable(),
     )
 
 

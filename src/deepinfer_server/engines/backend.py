@@ -118,6 +118,10 @@ class EngineBackend(abc.ABC):
         plain = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port)}
         return [dict(plain) for _ in range(config.data_parallel_size)]
 
+    def prompt_logprobs_unavailable(self) -> str | None:
+        """Why this engine, as configured, computes no prompt logprobs (None: it does)."""
+        return None
+
     def shared_state(self, config: ResolvedConfig) -> SharedState | None:
         """Cross-process state the ranks share (created in the API process), if any."""
         del config

@@ -146,6 +146,13 @@ def prepare_completion(body: dict[str, Any], recipe: RecipeContext) -> list[Prep
     stream_options = read_stream_options(body)
     echo = optional_bool(body, "echo")
     logprobs = optional_uint(body, "logprobs", maximum=MAX_LOGPROBS)
+    if echo and logprobs is not None and recipe.prompt_logprobs_unavailable:
+        raise BadRequestError(
+            f"'echo' with 'logprobs' needs prompt logprobs, and "
+            f"{recipe.prompt_logprobs_unavailable}",
+            param="echo",
+            kind=ErrorKind.UNSUPPORTED,
+        )
     max_tokens = optional_uint(body, "max_tokens")
     if max_tokens is None:
         max_tokens = DEFAULT_MAX_TOKENS

@@ -44,6 +44,8 @@ class RecipeContext:
     decoder: tokenizers.Tokenizer
     image_limits: ImageLimits
     image_resolver: ImageResolver
+    #: Why the engine computes no prompt logprobs (`echo` with `logprobs` is then refused).
+    prompt_logprobs_unavailable: str | None = None
 
     @classmethod
     def create(
@@ -54,6 +56,7 @@ class RecipeContext:
         default_thinking: bool,
         reasoning_secret: str | None = None,
         image_limits: ImageLimits | None = None,
+        prompt_logprobs_unavailable: str | None = None,
     ) -> RecipeContext:
         tokenizer = Tokenizer.from_str(tokenizer_json)
         # Only the served names are accepted, all as DeepSeek-V4.1-Flash: the recipe's default
@@ -76,6 +79,7 @@ class RecipeContext:
             decoder,
             image_limits,
             new_resolver(image_limits),
+            prompt_logprobs_unavailable,
         )
 
     @property

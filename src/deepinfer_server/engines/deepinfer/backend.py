@@ -76,6 +76,17 @@ class DeepInferBackend(EngineBackend):
                 "(install DeepInfer or add its source to PYTHONPATH; or use --engine simulated)"
             )
 
+    def prompt_logprobs_unavailable(self) -> str | None:
+        # LLMEngine.add_request forces prompt_logprobs off under YoCo prefill truncation
+        # (llm_engine.py 529-537): the values would come back as nulls, without a word.
+        mode = os.environ.get("DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE", "off").strip() or "off"
+        if mode == "off":
+            return None
+        return (
+            "this server's engine computes no prompt logprobs: DeepInfer's YoCo prefill "
+            f"truncation is on (DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE={mode})"
+        )
+
     def preflight(self, config: ResolvedConfig, checkpoint: str | None) -> None:
         run_preflight(
             config.max_model_len, config.max_num_seqs, config.max_num_batched_tokens, checkpoint
