@@ -160,6 +160,9 @@ class _Peer:
         if reads:
             self._thread.start()
 
+    def start_reading(self) -> None:
+        self._thread.start()
+
     def _serve(self) -> None:
         connection, _ = self._listener.accept()
         reader = FrameReader()
@@ -245,3 +248,26 @@ def test_a_link_past_its_bounds_is_dropped_and_the_others_go_on(
         links.close()
     assert "DP rank 3: API server process 1 stopped reading" in caplog.text
     assert why in caplog.text
+
+
+def test_with_one_process_the_rank_waits_for_it_rather_than_drop_it(tmp_path: Path) -> None:
+    path = str(tmp_path / "api0.sock")
+    only = _Peer(path, reads=False)
+    links = ApiLinks([path], 0, backlog_bytes=1 << 20, stall_seconds=0.0)
+    try:
+        sender = threading.Thread(
+            target=lambda: [links.send_all(_BIG) for _ in range(_MESSAGES)], daemon=True
+        )
+        sender.start()
+        only.start_reading()  # it reads again (SIGCONT): nothing was lost meanwhile
+        sender.join(30)
+        assert not sender.is_alive()
+        while True:
+            with only.got:
+                if len(only.failures) == _MESSAGES:
+                    break
+            assert links.is_live(0), "the only API process's link was dropped"
+            links.wait(1)
+    finally:
+        links.close()
+        only.close()

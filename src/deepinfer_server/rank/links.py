@@ -5,11 +5,13 @@ every one at start-up, says which rank it is (`LinkHello`), and then exchanges l
 msgpack messages (`ipc.framing`) with each: requests and aborts in, step outputs and reports
 out. The rank's loop thread owns the links and never blocks on them: reads never wait beyond
 the wait it asks for, and what a socket cannot take yet waits in that link's outbox, sent as the
-API process reads. One API process that stops reading (stopped, hung) must not stall the rank
-and so every other process's streams: its outbox is bounded in bytes and in time without
-progress, and past either bound its link is declared dead and dropped (the supervisor, which
-watches every API process, fails the service and names it). A dropped link's messages are
-discarded; the other processes' requests go on meanwhile.
+API process reads. With several API processes, one that stops reading (stopped, hung) must
+not stall the rank and so every other process's streams: its outbox is bounded in bytes and in
+time without progress, and past either bound its link is declared dead and dropped (the
+supervisor, which watches every API process, fails the service and names it). A dropped link's
+messages are discarded; the other processes' requests go on meanwhile. With one API process
+there is nobody else to serve: past the byte bound the rank waits for it, as a blocking write
+would, and a link is never dropped for being slow.
 """
 
 from __future__ import annotations
@@ -69,6 +71,8 @@ class ApiLinks:
         stall_seconds: float = LINK_STALL_SECONDS,
     ) -> None:
         self._rank = rank
+        #: Whether a slow API process may be cut off so that the others are served.
+        self._isolate = len(addresses) > 1
         self._backlog_bytes = backlog_bytes
         self._stall_seconds = stall_seconds
         self._links: list[socket.socket | None] = [
@@ -198,20 +202,46 @@ class ApiLinks:
                 logger.info("DP rank %d: API server process %d reads again", self._rank, client)
             outbox.warned = False
         elif len(outbox.pending) > self._backlog_bytes:
-            self._declare_dead(client, f"more than {self._backlog_bytes >> 20} MiB waiting")
-        elif now - outbox.progress_at > self._stall_seconds:
+            if self._isolate:
+                self._declare_dead(client, f"more than {self._backlog_bytes >> 20} MiB waiting")
+            else:
+                self._wait_until_sent(client)
+        elif self._isolate and now - outbox.progress_at > self._stall_seconds:
             self._declare_dead(client, f"nothing read for {self._stall_seconds:g}s")
         elif not outbox.warned and now - outbox.progress_at > _WARN_SECONDS:
             outbox.warned = True
+            mib = self._backlog_bytes >> 20
+            then = (
+                f"the rank goes on; the link is dropped past {mib} MiB or {self._stall_seconds:g}s"
+                if self._isolate
+                else f"past {mib} MiB the rank waits for it"
+            )
             logger.warning(
                 "DP rank %d: API server process %d has read nothing for %gs; its messages wait "
-                "(the rank goes on; at most %d MiB or %gs before its link is dropped)",
+                "(%s)",
                 self._rank,
                 client,
                 _WARN_SECONDS,
-                self._backlog_bytes >> 20,
-                self._stall_seconds,
+                then,
             )
+
+    def _wait_until_sent(self, client: int) -> None:
+        """Block until the outbox is sent (one API process: nobody else waits meanwhile)."""
+        link = self._links[client]
+        outbox = self._outboxes[client]
+        assert link is not None
+        writable = select.poll()  # poll, not select: the rank's descriptors may pass 1024
+        writable.register(link.fileno(), select.POLLOUT)
+        try:
+            while outbox.pending:
+                writable.poll()
+                with contextlib.suppress(BlockingIOError):
+                    del outbox.pending[: link.send(outbox.pending)]
+        except OSError:
+            self._drop(client)
+            return
+        self._poller.modify(link.fileno(), select.POLLIN)
+        outbox.warned = False
 
     def _declare_dead(self, client: int, why: str) -> None:
         logger.error(
