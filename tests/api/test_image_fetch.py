@@ -391,6 +391,10 @@ def test_a_malformed_allow_list_entry_is_a_configuration_error(entry: str) -> No
         ("https://cdn.test/a.png", False),
         ("ftp://img.test/a.png", False),
         ("http://img.test:bad/a.png", False),
+        ("http://img.test:0/a.png", False),
+        ("http://evil.test\\@img.test/a.png", True),  # httpx fetches img.test, as checked
+        ("http://img.test:80@evil.test/a.png", False),
+        ("http://IMG.test/a.png", True),
     ],
 )
 def test_the_allow_list_compares_hosts_and_ports(url: str, allowed: bool) -> None:

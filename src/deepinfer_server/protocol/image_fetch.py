@@ -22,7 +22,6 @@ import asyncio
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
-from urllib.parse import urljoin, urlsplit
 
 import httpx
 
@@ -54,17 +53,17 @@ class AllowedOrigins:
         return bool(self.origins)
 
     def allows(self, url: str) -> bool:
-        """Whether `url` is http(s) on an allowed host and port."""
-        parts = urlsplit(url)
-        host = (parts.hostname or "").lower()
+        """Whether `url` is http(s) on an allowed host and port (parsed as httpx parses what
+        it fetches: the check and the fetch never disagree about the host)."""
         try:
-            port = parts.port
-        except ValueError:
+            parsed = httpx.URL(url)
+        except httpx.InvalidURL:
             return False
-        default = _DEFAULT_PORTS.get(parts.scheme)
+        default = _DEFAULT_PORTS.get(parsed.scheme)
+        host = parsed.raw_host.decode("ascii").lower()  # IDNA names as punycode
         if default is None or not host:
             return False
-        port = port or default
+        port = default if parsed.port is None else parsed.port
         return (port == default and (host, None) in self.origins) or (host, port) in self.origins
 
 
@@ -101,7 +100,7 @@ async def fetch_image(
             return await _fetch(url, allowed, timeout, max_bytes)
     except TimeoutError:
         detail = f"not done within --media-fetch-timeout {timeout:g}s"
-    except (_FetchFailed, httpx.HTTPError, OSError) as exc:
+    except (_FetchFailed, httpx.HTTPError, httpx.InvalidURL, httpx.StreamError, OSError) as exc:
         detail = f"{type(exc).__name__}: {exc}"
     logger.warning("image URL %r (%s): fetch failed: %s", url, param or "image", detail)
     raise BadRequestError(FETCH_FAILED, param=param)
@@ -114,7 +113,7 @@ async def _fetch(url: str, allowed: AllowedOrigins, timeout: float, max_bytes: i
                 raise _FetchFailed(f"redirected to {url!r}, which is not allowed")
             async with client.stream("GET", url) as response:
                 if response.is_redirect and "location" in response.headers:
-                    url = urljoin(url, response.headers["location"])
+                    url = str(response.url.join(response.headers["location"]))
                     continue
                 if response.status_code != 200:
                     raise _FetchFailed(f"HTTP {response.status_code}")
