@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ from deepinfer_server.ipc.messages import (
     SamplingOptions,
     Shutdown,
     Wake,
+    from_rank_decoder,
     to_rank_decoder,
 )
 from deepinfer_server.rank.links import ApiLinks, report
@@ -141,3 +144,130 @@ def test_a_message_that_cannot_be_handled_does_not_cut_the_link(
 
     asyncio.run(body())
     assert "could not be handled" in caplog.text
+
+
+class _Peer:
+    """An API process's end of a rank link: reads every message on a thread, or (stuck, as
+    under SIGSTOP) never even accepts the connection, whose bytes then wait in the kernel."""
+
+    def __init__(self, path: str, reads: bool) -> None:
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(path)
+        self._listener.listen(1)
+        self.failures: list[RankFailed] = []
+        self.got = threading.Condition()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        if reads:
+            self._thread.start()
+
+    def start_reading(self) -> None:
+        self._thread.start()
+
+    def _serve(self) -> None:
+        connection, _ = self._listener.accept()
+        reader = FrameReader()
+        with connection:
+            while data := connection.recv(1 << 16):
+                for payload in reader.feed(data):
+                    message = from_rank_decoder.decode(payload)
+                    if isinstance(message, RankFailed):
+                        with self.got:
+                            self.failures.append(message)
+                            self.got.notify_all()
+
+    def close(self) -> None:
+        self._listener.close()
+        if self._thread.is_alive():
+            self._thread.join(10)
+
+
+@pytest.fixture
+def healthy_and_stuck(tmp_path: Path) -> Iterator[tuple[list[str], _Peer]]:
+    """Two API processes' sockets: process 0 reads everything, process 1 reads nothing."""
+    paths = [str(tmp_path / "api0.sock"), str(tmp_path / "api1.sock")]
+    healthy, stuck = _Peer(paths[0], reads=True), _Peer(paths[1], reads=False)
+    yield paths, healthy
+    healthy.close()
+    stuck.close()
+
+
+_MESSAGES = 100
+_BIG = RankFailed(0, "x" * 100_000, "")  # 100 KB each: 10 MB to each process
+
+
+def _send_paced(links: ApiLinks, healthy: _Peer) -> bool:
+    """Send every message to both processes, each once the healthy one has the one before
+    (the rank's waits send what waits for it meanwhile), on a thread; True if that ended,
+    False if a send was still blocked after 30 s (the rank's loop would be stuck)."""
+
+    def send() -> None:
+        for sent in range(1, _MESSAGES + 1):
+            links.send_all(_BIG)
+            while links.is_live(0):
+                with healthy.got:
+                    if len(healthy.failures) == sent:
+                        break
+                links.wait(1)
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    sender.join(30)
+    return not sender.is_alive()
+
+
+def test_a_process_that_reads_nothing_never_blocks_the_rank(
+    healthy_and_stuck: tuple[list[str], _Peer],
+) -> None:
+    paths, healthy = healthy_and_stuck
+    links = ApiLinks(paths, 0)
+    try:
+        assert _send_paced(links, healthy), "a send to a process that reads nothing blocked"
+        assert len(healthy.failures) == _MESSAGES
+        assert links.is_live(0) and links.is_live(1)  # 10 MB: within the default backlog
+    finally:
+        links.close()
+
+
+@pytest.mark.parametrize(
+    ("bounds", "why"),
+    [({"backlog_bytes": 1 << 20}, "MiB waiting"), ({"stall_seconds": 0.0}, "nothing read")],
+)
+def test_a_link_past_its_bounds_is_dropped_and_the_others_go_on(
+    healthy_and_stuck: tuple[list[str], _Peer],
+    bounds: dict[str, float],
+    why: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    paths, healthy = healthy_and_stuck
+    links = ApiLinks(paths, 3, **bounds)  # type: ignore[arg-type]
+    try:
+        assert _send_paced(links, healthy)
+        assert len(healthy.failures) == _MESSAGES
+        assert links.is_live(0) and not links.is_live(1)
+    finally:
+        links.close()
+    assert "DP rank 3: API server process 1 stopped reading" in caplog.text
+    assert why in caplog.text
+
+
+def test_with_one_process_the_rank_waits_for_it_rather_than_drop_it(tmp_path: Path) -> None:
+    path = str(tmp_path / "api0.sock")
+    only = _Peer(path, reads=False)
+    links = ApiLinks([path], 0, backlog_bytes=1 << 20, stall_seconds=0.0)
+    try:
+        sender = threading.Thread(
+            target=lambda: [links.send_all(_BIG) for _ in range(_MESSAGES)], daemon=True
+        )
+        sender.start()
+        only.start_reading()  # it reads again (SIGCONT): nothing was lost meanwhile
+        sender.join(30)
+        assert not sender.is_alive()
+        while True:
+            with only.got:
+                if len(only.failures) == _MESSAGES:
+                    break
+            assert links.is_live(0), "the only API process's link was dropped"
+            links.wait(1)
+    finally:
+        links.close()
+        only.close()

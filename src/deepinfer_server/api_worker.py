@@ -30,6 +30,8 @@ from deepinfer_server.ipc.control import (
     Drained,
     Exit,
     Failed,
+    Ping,
+    Pong,
     Serving,
     SnapshotReply,
     SnapshotRequest,
@@ -104,7 +106,9 @@ class ControlPeers:
     async def listen(self) -> None:
         """Handle the supervisor's messages until it says exit (or is gone)."""
         while (message := await self._control.receive()) is not None:
-            if isinstance(message, Failed):
+            if isinstance(message, Ping):
+                self._control.send(Pong())
+            elif isinstance(message, Failed):
                 self._coordinator.fail_service(message.reason)
             elif isinstance(message, SnapshotRequest):
                 loads = self._coordinator.rank_loads()

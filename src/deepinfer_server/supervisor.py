@@ -35,6 +35,8 @@ from deepinfer_server.ipc.control import (
     Drained,
     Exit,
     Failed,
+    Ping,
+    Pong,
     Serving,
     SnapshotReply,
     SnapshotRequest,
@@ -55,6 +57,12 @@ _EXIT_REPORT_GRACE_SECONDS = 0.5
 _WORKER_EXIT_TIMEOUT = 10.0
 #: Seconds beyond --shutdown-timeout that draining may take (uvicorn's own graceful shutdown).
 _DRAIN_SLACK = 30.0
+#: Seconds between the supervisor's pings to each serving API server process.
+_PING_INTERVAL = 1.0
+#: Seconds a serving API server process may leave the pings unanswered: past that it is stuck
+#: (stopped, or its event loop blocked), and it is killed and the service fails, naming it.
+#: Shorter than the ranks' bound on an unread link (`rank.links.LINK_STALL_SECONDS`).
+API_SERVER_TIMEOUT = 10.0
 
 
 def bind_listener(host: str, port: int) -> socket.socket:
@@ -82,6 +90,9 @@ class _Worker:
         self.drained = False
         self.exited = asyncio.Event()
         self.signals_sent = 0
+        #: Event-loop time of its last Serving or Pong.
+        self.answered_at = 0.0
+        self.stuck = False
 
     def terminate(self) -> None:
         """SIGTERM: drain (start-up: stop waiting); a second one ends the drain (the API
@@ -132,6 +143,7 @@ class Supervisor:
             )
             self._tasks.append(loop.create_task(self._listen(worker)))
             loop.add_reader(process.sentinel, self._on_worker_exit, worker)
+        self._tasks.append(loop.create_task(self._watch_workers()))
         self._forward_signals()  # any that arrived while they were being spawned
 
     async def run(self) -> int:
@@ -236,14 +248,46 @@ class Supervisor:
             self._workers[message.requester].control.send(message)
         elif isinstance(message, Failed):
             self._fail(message.reason)
+        elif isinstance(message, Pong):
+            worker.answered_at = asyncio.get_running_loop().time()
         elif isinstance(message, Serving):
             worker.serving = True
+            worker.answered_at = asyncio.get_running_loop().time()
             self._changed.set()
             if all(w.serving for w in self._workers):
                 log_serving(self._config, self._master_port)
         elif isinstance(message, Drained):
             worker.drained = True
             self._changed.set()
+
+    async def _watch_workers(self) -> None:
+        """Ping every serving API server process; one that stops answering is stuck."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(_PING_INTERVAL)
+            now = loop.time()
+            for worker in self._workers:
+                if not worker.serving or worker.stuck or worker.exited.is_set():
+                    continue
+                if self._stopping.is_set():  # a drain that hangs has its own bound
+                    continue
+                if now - worker.answered_at > API_SERVER_TIMEOUT:
+                    self._on_stuck(worker)
+                else:
+                    worker.control.send(Ping())
+
+    def _on_stuck(self, worker: _Worker) -> None:
+        """Kill a stuck API server process (its clients' connections close) and fail the
+        service: its requests are lost, and the ranks' links to it are gone."""
+        worker.stuck = True
+        reason = (
+            f"API server process {worker.index} (pid {worker.process.pid}) answered the "
+            f"supervisor's pings for none of {API_SERVER_TIMEOUT:g}s (stopped, or its event "
+            "loop is blocked); it was killed"
+        )
+        logger.error("%s", reason)
+        self._fail(reason, break_collectives=False)
+        worker.process.kill()
 
     def _on_worker_exit(self, worker: _Worker) -> None:
         loop = asyncio.get_running_loop()

@@ -24,6 +24,7 @@ from deepinfer_server.api.body import read_body, require_json_content_type
 from deepinfer_server.api.disconnect import until_disconnect
 from deepinfer_server.api.error_responses import as_api_error
 from deepinfer_server.api.fan_out import merge_streams, submit_all
+from deepinfer_server.api.image_urls import prepare_fetching_images
 from deepinfer_server.api.sse import FrameWriter, SSEResponse, complete, write_all
 from deepinfer_server.api.state import AppState
 from deepinfer_server.api.token_stream import ProtocolOutput, TokenStream, token_stream
@@ -96,9 +97,13 @@ async def serve_generation(request: Request, protocol: GenerationProtocol) -> Re
     if config.log_requests:
         logger.info("request %s body: %s", request_id, raw[:65536].decode(errors="replace"))
     body = decode_json(raw)
-    # Images are decoded and resized while preparing: never on the event loop.
-    prepared_any = await state.prepare_body(
-        protocol.prepare, body, len(raw), on_thread=mentions_images(raw)
+    # Images are decoded and resized while preparing: never on the event loop. Image URLs are
+    # fetched on it, never on a preparation worker.
+    on_thread = mentions_images(raw)
+    prepared_any = await prepare_fetching_images(
+        lambda: state.prepare_body(protocol.prepare, body, len(raw), on_thread=on_thread),
+        state.recipe.image_limits,
+        request.receive,
     )
     choices: list[Prepared] = prepared_any if isinstance(prepared_any, list) else [prepared_any]
     structured = None

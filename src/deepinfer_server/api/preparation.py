@@ -3,13 +3,17 @@
 Converting and tokenizing a large prompt costs CPU seconds. It runs on worker threads, at most
 `workers` at once, and it counts under admission: while the requests in flight plus those being
 prepared fill the admission capacity, another large request gets a 429 instead of queueing CPU
-work without bound.
+work without bound. The workers are the gate's own threads, not the event loop's default
+executor, where DNS lookups (image URL fetches) and other blocking calls wait: none of those can
+hold up a preparation. Nothing that waits on the network runs here (`api.image_urls`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from deepinfer_server.errors import OverloadedError
@@ -25,6 +29,7 @@ class PreparationGate:
 
     def __init__(self, workers: int = PREPARATION_WORKERS) -> None:
         self._workers = asyncio.Semaphore(workers)
+        self._threads = ThreadPoolExecutor(workers, thread_name_prefix="preparation")
         self.pending = 0
 
     async def run(self, in_flight: int, capacity: int, work: Callable[[], T]) -> T:
@@ -37,6 +42,9 @@ class PreparationGate:
         self.pending += 1
         try:
             async with self._workers:
-                return await asyncio.to_thread(work)
+                # As asyncio.to_thread does: the request's context (FETCHED_IMAGES) goes along.
+                context = contextvars.copy_context()
+                loop = asyncio.get_running_loop()
+                return await loop.run_in_executor(self._threads, context.run, work)
         finally:
             self.pending -= 1

@@ -187,14 +187,16 @@ class ServerConfig:
     allowed_media_domains: tuple[str, ...] = option(
         (),
         "--allowed-media-domains",
-        help="fetch http(s) image URLs from this host (exact name); repeatable (default: none, "
-        "image URLs are refused and only inline images accepted)",
+        help="fetch http(s) image URLs from this host: HOST (exact name, its default port 80 or "
+        "443 only) or HOST:PORT; repeatable (default: none, image URLs are refused and only "
+        "inline images accepted)",
         action="append",
     )
     media_fetch_timeout: float = option(
         10.0,
         "--media-fetch-timeout",
-        help="seconds an image URL may take to download (default: %(default)s)",
+        help="seconds an image URL's whole fetch may take: connecting, headers, body and "
+        "redirects (default: %(default)s)",
         type=float,
     )
     body_read_timeout: float = option(

@@ -12,6 +12,7 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from deepinfer_server.config.media_origins import parse_origin
 from deepinfer_server.config.options import ServerConfig
 from deepinfer_server.errors import ConfigError
 
@@ -151,6 +152,11 @@ def _check_ranges(config: ServerConfig, max_model_len: int) -> None:
         raise ConfigError(f"--port must be in 1..65535, got {config.port}")
     if config.media_fetch_timeout <= 0:
         raise ConfigError("--media-fetch-timeout must be positive")
+    for entry in config.allowed_media_domains:
+        try:
+            parse_origin(entry)
+        except ValueError as exc:
+            raise ConfigError(f"--allowed-media-domains: {exc}") from exc
     if config.max_images_per_request < 0 or config.max_image_bytes < 1:
         raise ConfigError("--max-images-per-request must be >= 0 and --max-image-bytes >= 1")
     if config.max_request_bytes < 1024:

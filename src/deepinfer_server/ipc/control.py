@@ -1,8 +1,9 @@
 """The control channel between the supervisor and one API server process (`--api-server-count`).
 
 One stream socket pair per API server process carries a few small messages both ways: start-up
-and shutdown steps, failures (a failure seen anywhere fails the service everywhere), and the
-metrics snapshots that make /metrics and /get_load one view. The supervisor relays snapshot
+and shutdown steps, failures (a failure seen anywhere fails the service everywhere), the
+supervisor's liveness pings (an API process that stops answering them is declared stuck), and
+the metrics snapshots that make /metrics and /get_load one view. The supervisor relays snapshot
 requests and replies between the API server processes. Messages are pickled (both ends are
 this package), length-prefixed, and sending never blocks the event loop.
 """
@@ -59,7 +60,17 @@ class SnapshotReply:
     snapshot: object
 
 
-ControlMessage = Serving | Failed | Drained | Exit | SnapshotRequest | SnapshotReply
+@dataclass(frozen=True)
+class Ping:
+    """Supervisor -> API server process: answer with `Pong` (its event loop is alive)."""
+
+
+@dataclass(frozen=True)
+class Pong:
+    """API server process -> supervisor: the answer to `Ping`."""
+
+
+ControlMessage = Serving | Failed | Drained | Exit | SnapshotRequest | SnapshotReply | Ping | Pong
 
 
 class ControlChannel:

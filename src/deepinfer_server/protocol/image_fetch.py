@@ -1,34 +1,75 @@
-"""Fetching image URLs, only from the domains the operator allows, within time and size limits.
+"""Fetching image URLs: only from the origins the operator allows, within one deadline and size.
 
-Off unless `--allowed-media-domains` names domains. A URL is fetched when its scheme is http or
-https and its host is exactly one of the allowed domains (case-insensitive); every redirect
-target must be allowed too. The body may take at most `--media-fetch-timeout` seconds as a whole
-and may not exceed `--max-image-bytes` (413). Any other failure is a 400 naming the image.
+Off unless `--allowed-media-domains` names hosts. An entry is `host` (that host on its scheme's
+default port only: 80 for http, 443 for https) or `host:port` (that port, http or https);
+an IPv6 address is written in brackets (`[::1]:8080`). A URL is fetched when its scheme is http
+or https and its host and port are allowed; every redirect target must be allowed too.
+
+The whole fetch (connecting, headers, body, every redirect) has `--media-fetch-timeout` seconds
+in all; it runs on the event loop (httpx.AsyncClient), never on a thread, and cancelling the task
+that awaits it (the client left) ends it at once. The body may not exceed `--max-image-bytes`
+and must begin as a PNG, JPEG, GIF or WebP file does.
+
+A URL that is not allowed is a 400 saying so: that is decided from the URL alone, before anything
+is sent. Every failure of a fetch itself (refused, timed out, an HTTP error, a redirect that is
+not allowed, too large, not an image) is one and the same 400: its wording would otherwise tell a
+client what listens where behind an allowed host. The detail goes to the server's log.
 """
 
 from __future__ import annotations
 
-import time
-from urllib.parse import urljoin, urlsplit
+import asyncio
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 import httpx
 
+from deepinfer_server.config.media_origins import parse_origin
 from deepinfer_server.errors import BadRequestError, ErrorKind
 
+logger = logging.getLogger(__name__)
+
 _MAX_REDIRECTS = 3
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+#: What an image file starts with (PNG, JPEG, GIF); WebP is RIFF....WEBP.
+_IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a")
+
+#: The one message of every failed fetch.
+FETCH_FAILED = "the image could not be fetched from its URL"
 
 
-def _allowed(url: str, allowed_domains: tuple[str, ...]) -> bool:
-    parts = urlsplit(url)
-    host = (parts.hostname or "").lower()
-    return parts.scheme in ("http", "https") and host in allowed_domains
+@dataclass(frozen=True)
+class AllowedOrigins:
+    """The hosts and ports image URLs may be fetched from (`parse_origin` entries)."""
+
+    origins: frozenset[tuple[str, int | None]] = frozenset()
+
+    @classmethod
+    def of(cls, entries: Iterable[str]) -> AllowedOrigins:
+        return cls(frozenset(parse_origin(entry) for entry in entries))
+
+    def __bool__(self) -> bool:
+        return bool(self.origins)
+
+    def allows(self, url: str) -> bool:
+        """Whether `url` is http(s) on an allowed host and port (parsed as httpx parses what
+        it fetches: the check and the fetch never disagree about the host)."""
+        try:
+            parsed = httpx.URL(url)
+        except httpx.InvalidURL:
+            return False
+        default = _DEFAULT_PORTS.get(parsed.scheme)
+        host = parsed.raw_host.decode("ascii").lower()  # IDNA names as punycode
+        if default is None or not host:
+            return False
+        port = default if parsed.port is None else parsed.port
+        return (port == default and (host, None) in self.origins) or (host, port) in self.origins
 
 
-def fetch_image(
-    url: str, allowed_domains: tuple[str, ...], timeout: float, max_bytes: int, param: str | None
-) -> bytes:
-    """The image's bytes, or a 400 (not allowed, unreachable, slow) or 413 (too large)."""
-    if not allowed_domains:
+def check_fetchable(url: str, allowed: AllowedOrigins, param: str | None) -> None:
+    """400 for a URL this server never fetches (decided from the URL alone)."""
+    if not allowed:
         raise BadRequestError(
             "image URLs are not fetched by this server: send the image inline as a "
             "`data:image/...;base64,...` URL",
@@ -36,44 +77,87 @@ def fetch_image(
             kind=ErrorKind.UNSUPPORTED,
             code="unsupported_content",
         )
-    deadline = time.monotonic() + timeout
-    try:
-        with httpx.Client(timeout=timeout, follow_redirects=False) as client:
-            for _ in range(_MAX_REDIRECTS + 1):
-                if not _allowed(url, allowed_domains):
-                    raise BadRequestError(
-                        f"image URL {url!r} is not on this server's --allowed-media-domains",
-                        param=param,
-                        kind=ErrorKind.UNSUPPORTED,
-                    )
-                with client.stream("GET", url) as response:
-                    if response.is_redirect and "location" in response.headers:
-                        url = urljoin(url, response.headers["location"])
-                        continue
-                    if response.status_code != 200:
-                        raise BadRequestError(
-                            f"fetching the image failed: HTTP {response.status_code}", param=param
-                        )
-                    return _read_bounded(response, deadline, max_bytes, param)
-    except httpx.HTTPError as exc:
-        raise BadRequestError(f"fetching the image failed: {exc}", param=param) from exc
-    raise BadRequestError("fetching the image failed: too many redirects", param=param)
+    if not allowed.allows(url):
+        raise BadRequestError(
+            f"image URL {url!r} is not on this server's --allowed-media-domains (hosts on "
+            "their default port, or host:port entries)",
+            param=param,
+            kind=ErrorKind.UNSUPPORTED,
+        )
 
 
-def _read_bounded(
-    response: httpx.Response, deadline: float, max_bytes: int, param: str | None
+class _FetchFailed(Exception):
+    """Why one fetch failed (for the log only)."""
+
+
+async def fetch_image(
+    url: str, allowed: AllowedOrigins, timeout: float, max_bytes: int, param: str | None
 ) -> bytes:
+    """The image's bytes, fetched within `timeout` seconds in all; the neutral 400 otherwise."""
+    check_fetchable(url, allowed, param)
+    try:
+        async with asyncio.timeout(timeout):
+            return await _fetch(url, allowed, timeout, max_bytes)
+    except TimeoutError:
+        detail = f"not done within --media-fetch-timeout {timeout:g}s"
+    except (_FetchFailed, httpx.HTTPError, httpx.InvalidURL, httpx.StreamError, OSError) as exc:
+        detail = f"{type(exc).__name__}: {exc}"
+    logger.warning("image URL %r (%s): fetch failed: %s", url, param or "image", detail)
+    raise BadRequestError(FETCH_FAILED, param=param)
+
+
+async def _fetch(url: str, allowed: AllowedOrigins, timeout: float, max_bytes: int) -> bytes:
+    async with httpx.AsyncClient(timeout=timeout, follow_redirects=False) as client:
+        for hop in range(_MAX_REDIRECTS + 1):
+            if hop and not allowed.allows(url):
+                raise _FetchFailed(f"redirected to {url!r}, which is not allowed")
+            async with client.stream("GET", url) as response:
+                if response.is_redirect and "location" in response.headers:
+                    url = str(response.url.join(response.headers["location"]))
+                    continue
+                if response.status_code != 200:
+                    raise _FetchFailed(f"HTTP {response.status_code}")
+                body = await _read_bounded(response, max_bytes)
+                if not _looks_like_an_image(body):
+                    raise _FetchFailed("the body is not a PNG, JPEG, GIF or WebP image")
+                return body
+    raise _FetchFailed(f"more than {_MAX_REDIRECTS} redirects")
+
+
+async def _read_bounded(response: httpx.Response, max_bytes: int) -> bytes:
+    length = response.headers.get("content-length", "")
+    if length.isdigit() and int(length) > max_bytes:
+        raise _FetchFailed(f"Content-Length {length} exceeds --max-image-bytes {max_bytes}")
     body = bytearray()
-    for chunk in response.iter_bytes():
+    async for chunk in response.aiter_bytes():
         body.extend(chunk)
         if len(body) > max_bytes:
-            raise BadRequestError(
-                f"an image is larger than this server's limit of {max_bytes} bytes",
-                param=param,
-                kind=ErrorKind.REQUEST_TOO_LARGE,
-            )
-        if time.monotonic() > deadline:
-            raise BadRequestError(
-                "fetching the image took longer than --media-fetch-timeout", param=param
-            )
+            raise _FetchFailed(f"the body exceeds --max-image-bytes {max_bytes}")
     return bytes(body)
+
+
+def _looks_like_an_image(body: bytes) -> bool:
+    if body.startswith(_IMAGE_MAGIC):
+        return True
+    return body[:4] == b"RIFF" and body[8:12] == b"WEBP"
+
+
+async def fetch_images(
+    urls: list[tuple[str, str | None]],
+    allowed: AllowedOrigins,
+    timeout: float,
+    max_bytes: int,
+) -> dict[str, bytes]:
+    """Every (url, param) fetched concurrently, each within `timeout`: the bytes by URL. The
+    first failure cancels the other fetches and is raised."""
+    unique = dict(urls)  # one fetch per URL
+    tasks = [
+        asyncio.ensure_future(fetch_image(url, allowed, timeout, max_bytes, param))
+        for url, param in unique.items()
+    ]
+    try:
+        bodies = await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+    return dict(zip(unique, bodies, strict=True))

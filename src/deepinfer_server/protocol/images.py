@@ -7,13 +7,21 @@ oversized ones, and resizes and re-encodes it as the V4.1 vision encoder expects
 applies the server's limits (images per request, bytes per image) and turns the result into
 `ipc.messages.Images`. External URLs are fetched only from `--allowed-media-domains`
 (`image_fetch.py`); otherwise only `data:` URLs and inline base64 are accepted.
+
+Preparation never fetches: it may run on a preparation worker, which a slow host must not hold.
+An image URL not fetched yet stops it with `ImagesToFetch`; the API layer fetches the URLs on
+the event loop and prepares again with their bytes in `FETCHED_IMAGES` (a context variable,
+which `asyncio.to_thread` carries to the worker).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-from dataclasses import dataclass
+from collections.abc import Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from deepseek_recipe import (
     BytesImageSource,
@@ -30,7 +38,7 @@ from deepseek_recipe import (
 from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.errors import BadRequestError, ErrorKind
 from deepinfer_server.ipc.messages import Images
-from deepinfer_server.protocol.image_fetch import fetch_image
+from deepinfer_server.protocol.image_fetch import AllowedOrigins, check_fetchable
 
 #: deepseek-recipe ImageError kinds that mean "too large" (413); the others are 400s.
 _TOO_LARGE = frozenset({"ImageTooLarge", "TotalSizeTooLarge", "ImageDimensionsTooLarge"})
@@ -42,8 +50,9 @@ class ImageLimits:
 
     max_images: int = 8
     max_image_bytes: int = 10 * 1024 * 1024
-    #: Hosts whose http(s) image URLs are fetched (none: URLs are refused).
-    allowed_domains: tuple[str, ...] = ()
+    #: Hosts and ports whose http(s) image URLs are fetched (none: URLs are refused).
+    allowed: AllowedOrigins = field(default_factory=AllowedOrigins)
+    #: Seconds one image URL's whole fetch may take.
     fetch_timeout: float = 10.0
 
     @classmethod
@@ -52,9 +61,24 @@ class ImageLimits:
         return cls(
             config.max_images_per_request,
             config.max_image_bytes,
-            config.allowed_media_domains,
+            AllowedOrigins.of(config.allowed_media_domains),
             config.media_fetch_timeout,
         )
+
+
+#: The bytes of the image URLs fetched for the request being prepared, by URL.
+FETCHED_IMAGES: ContextVar[Mapping[str, bytes]] = ContextVar(
+    "FETCHED_IMAGES", default=MappingProxyType({})
+)
+
+
+class ImagesToFetch(Exception):
+    """Preparation met image URLs that are not fetched yet: fetch them, then prepare again."""
+
+    def __init__(self, urls: list[tuple[str, str | None]]) -> None:
+        super().__init__(f"{len(urls)} image URLs to fetch")
+        #: (url, the request's param naming the image) of each.
+        self.urls = urls
 
 
 def image_sources(converted: ConversationRequest) -> list[ImageSource]:
@@ -102,7 +126,7 @@ def resolve_images(
             f"a request may hold at most {limits.max_images} images; this one has {len(sources)}",
             param="messages",
         )
-    sources = [_fetched(source, limits) if source.kind == "url" else source for source in sources]
+    sources = _with_fetched_images(sources, limits)
     for source in sources:
         if _encoded_size(source) > limits.max_image_bytes:
             raise _too_large(limits.max_image_bytes, source.path.lstrip(".") or None)
@@ -129,16 +153,24 @@ def resolve_images(
     )
 
 
-def _fetched(source: ImageSource, limits: ImageLimits) -> ImageSource:
-    """An external image as an inline one, fetched within the server's limits."""
-    data = fetch_image(
-        source.url or "",
-        limits.allowed_domains,
-        limits.fetch_timeout,
-        limits.max_image_bytes,
-        source.path.lstrip(".") or None,
-    )
-    return BytesImageSource(data, source.detail, path=source.path)
+def _with_fetched_images(sources: list[ImageSource], limits: ImageLimits) -> list[ImageSource]:
+    """The sources with every image URL replaced by its fetched bytes; `ImagesToFetch` when
+    some are not fetched yet (after the checks that need no fetch: a 400 comes first)."""
+    fetched = FETCHED_IMAGES.get()
+    missing: list[tuple[str, str | None]] = []
+    for source in sources:
+        if source.kind == "url" and (source.url or "") not in fetched:
+            param = source.path.lstrip(".") or None
+            check_fetchable(source.url or "", limits.allowed, param)
+            missing.append((source.url or "", param))
+    if missing:
+        raise ImagesToFetch(missing)
+    return [
+        BytesImageSource(fetched[source.url or ""], source.detail, path=source.path)
+        if source.kind == "url"
+        else source
+        for source in sources
+    ]
 
 
 def new_resolver(limits: ImageLimits) -> ImageResolver:
