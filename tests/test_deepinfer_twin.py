@@ -162,3 +162,57 @@ def test_echo_with_logprobs_is_refused_where_deepinfer_drops_prompt_logprobs(
         error = reply.json()["error"]
         assert error["param"] == "echo"
         assert "DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE=compact" in error["message"]
+
+
+def _png(width: int, height: int) -> str:
+    import base64
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), (200, 40, 90)).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def test_an_image_reaches_deepinfers_vision_input(checkpoint: Path) -> None:
+    # deepseek-recipe renders <｜image｜> (129279); DeepInfer expands only the checkpoint's own
+    # placeholder (here <｜deepseek_image｜>): any other ID passes as text, image ignored.
+    env = {"PYTHONPATH": engine_pythonpath(), "CUDA_VISIBLE_DEVICES": "0"}
+    with LiveServer(str(checkpoint), "--ep", "1", engine="deepinfer", env=env) as server:
+        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
+        content: list[dict[str, object]] = [
+            {"type": "image_url", "image_url": {"url": _png(300, 200)}},
+            {"type": "text", "text": "what is this?"},
+        ]
+        reply = client.chat.completions.create(
+            model=str(checkpoint),
+            messages=[{"role": "user", "content": content}],  # type: ignore[misc,list-item]
+            max_tokens=200,
+            extra_body={"thinking": {"type": "disabled"}},
+        )
+        answer = reply.choices[0].message.content or ""
+        assert answer.startswith("[image 1: "), answer
+        assert answer.endswith("what is this?")
+
+
+def test_the_servers_image_token_count_is_deepinfers(checkpoint: Path) -> None:
+    from deepinfer_server.checkpoint_images import deepinfer_image_policy
+
+    policy = deepinfer_image_policy(checkpoint, (checkpoint / "tokenizer.json").read_text())
+    assert policy.geometry is not None
+    sizes = [(w, h) for w in (1, 13, 14, 300, 644, 1280, 4000) for h in (1, 7, 28, 476, 2000)]
+    sizes += [(20000, 3), (3, 20000), (56, 56), (333, 4096)]
+    counts = run_in_twin(
+        checkpoint,
+        f"""
+        from deepinfer.hugging_face import build_mm_processor, load_processor_config
+        from deepinfer.ve.processor.common import ImageInput
+        processor = build_mm_processor(load_processor_config(CHECKPOINT)).image_processor
+        RESULT = [
+            processor.estimate_num_tokens(ImageInput(width=w, height=h, binary=None))
+            for w, h in {sizes!r}
+        ]
+        """,
+    )
+    assert [policy.geometry.token_count(w, h) for w, h in sizes] == counts

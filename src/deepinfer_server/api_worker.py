@@ -154,7 +154,7 @@ async def _serve(spec: WorkerSpec) -> int:
     listener = asyncio.ensure_future(peers.listen())
     try:
         tokenizer_json = load_tokenizer_json(spec.checkpoint)
-        recipe = create_recipe(config, tokenizer_json)  # checked by the supervisor
+        recipe = create_recipe(config, tokenizer_json, spec.checkpoint)  # checked by the supervisor
         coordinator.start()
         failed = await wait_for_ranks(coordinator, config.startup_timeout, [signal.SIGTERM])
         if failed is not None:

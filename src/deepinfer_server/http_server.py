@@ -104,9 +104,12 @@ class HttpServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def create_recipe(config: ResolvedConfig, tokenizer_json: str) -> RecipeContext:
+def create_recipe(
+    config: ResolvedConfig, tokenizer_json: str, checkpoint: str | None
+) -> RecipeContext:
     """The recipe context of the served model (raises OSError, ValueError or RuntimeError when
     the tokenizer cannot be loaded)."""
+    backend = get_backend(config.engine)
     return RecipeContext.create(
         tokenizer_json,
         config.served_model_names,
@@ -114,7 +117,8 @@ def create_recipe(config: ResolvedConfig, tokenizer_json: str) -> RecipeContext:
         default_thinking=config.default_thinking == "enabled",
         reasoning_secret=config.reasoning_secret,
         image_limits=ImageLimits.of(config),
-        prompt_logprobs_unavailable=get_backend(config.engine).prompt_logprobs_unavailable(),
+        prompt_logprobs_unavailable=backend.prompt_logprobs_unavailable(),
+        image_policy=backend.image_policy(checkpoint, tokenizer_json),
     )
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
+from deepinfer_server.checkpoint_images import ImagePolicy, recipe_image_policy
 from deepinfer_server.config.resolved import (
     DEFAULT_PREFILL_ANY_ATTEMPT_INTERVAL,
     DEFAULT_PREFILL_ATTEMPT_INTERVAL,
@@ -117,6 +118,11 @@ class EngineBackend(abc.ABC):
         """The environment of each rank process, applied before the engine is imported."""
         plain = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port)}
         return [dict(plain) for _ in range(config.data_parallel_size)]
+
+    def image_policy(self, checkpoint: str | None, tokenizer_json: str) -> ImagePolicy:
+        """The image placeholder this engine expands and how it counts image tokens."""
+        del checkpoint
+        return recipe_image_policy(tokenizer_json)
 
     def prompt_logprobs_unavailable(self) -> str | None:
         """Why this engine, as configured, computes no prompt logprobs (None: it does)."""

@@ -23,6 +23,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+import msgspec
 from deepseek_recipe import (
     BytesImageSource,
     ConversationRequest,
@@ -35,6 +36,7 @@ from deepseek_recipe import (
     ReqwestImageFetcher,
 )
 
+from deepinfer_server.checkpoint_images import ImagePolicy
 from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.errors import BadRequestError, ErrorKind
 from deepinfer_server.ipc.messages import Images
@@ -183,3 +185,35 @@ def new_resolver(limits: ImageLimits) -> ImageResolver:
 def mentions_images(raw: bytes) -> bool:
     """Whether a request body may hold images (cheap; a false positive only costs a thread)."""
     return b"image" in raw
+
+
+def place_images(
+    prompt_token_ids: list[int], images: Images, policy: ImagePolicy
+) -> tuple[list[int], Images]:
+    """The prompt with the engine's image placeholder where the recipe rendered its own, and
+    the images counted at the engine's token counts (`ImagePolicy`); a 400 where the engine
+    takes no images."""
+    if policy.placeholder_id is None:
+        raise BadRequestError(
+            f"this server cannot take images: {policy.refusal}",
+            param="messages",
+            kind=ErrorKind.UNSUPPORTED,
+            code="unsupported_content",
+        )
+    rendered = policy.rendered_id
+    positions = [index for index, token in enumerate(prompt_token_ids) if token == rendered]
+    if len(positions) != len(images.sizes):
+        raise BadRequestError(
+            f"the prompt holds {len(positions)} image placeholders for {len(images.sizes)} "
+            "images (a message's text spells the image placeholder token)",
+            param="messages",
+        )
+    if policy.placeholder_id != rendered:
+        prompt_token_ids = list(prompt_token_ids)
+        for index in positions:
+            prompt_token_ids[index] = policy.placeholder_id
+    if policy.geometry is not None:
+        geometry = policy.geometry
+        extra = sum(geometry.token_count(width, height) - 1 for width, height in images.sizes)
+        images = msgspec.structs.replace(images, extra_tokens=extra)
+    return prompt_token_ids, images

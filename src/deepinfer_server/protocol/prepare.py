@@ -9,7 +9,7 @@ from deepseek_recipe import ConversationRequest
 
 from deepinfer_server.errors import ApiError, ContextLengthError
 from deepinfer_server.ipc.messages import Images, SamplingOptions
-from deepinfer_server.protocol.images import image_sources, resolve_images
+from deepinfer_server.protocol.images import image_sources, place_images, resolve_images
 from deepinfer_server.protocol.recipe import RecipeContext, recipe_errors
 
 
@@ -72,6 +72,8 @@ def engine_input(
         if sources:
             images = resolve_images(sources, recipe.image_limits, recipe.image_resolver)
         prompt_token_ids = recipe.encoding.encode(converted.conversation)
+    if images is not None and recipe.image_policy is not None:
+        prompt_token_ids, images = place_images(prompt_token_ids, images, recipe.image_policy)
     prompt_tokens = Images.prompt_tokens(prompt_token_ids, images)
     try:
         with recipe_errors():

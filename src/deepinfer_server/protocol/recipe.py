@@ -21,6 +21,7 @@ from deepseek_recipe import (
     Tokenizer,
 )
 
+from deepinfer_server.checkpoint_images import ImagePolicy, recipe_image_policy
 from deepinfer_server.errors import ApiError, BadRequestError, ContextLengthError, ErrorKind
 from deepinfer_server.protocol.images import ImageLimits, new_resolver
 from deepinfer_server.protocol.reasoning_seal import ReasoningSeal
@@ -46,6 +47,8 @@ class RecipeContext:
     image_resolver: ImageResolver
     #: Why the engine computes no prompt logprobs (`echo` with `logprobs` is then refused).
     prompt_logprobs_unavailable: str | None = None
+    #: The image placeholder the engine expands and how it counts image tokens.
+    image_policy: ImagePolicy | None = None
 
     @classmethod
     def create(
@@ -57,6 +60,7 @@ class RecipeContext:
         reasoning_secret: str | None = None,
         image_limits: ImageLimits | None = None,
         prompt_logprobs_unavailable: str | None = None,
+        image_policy: ImagePolicy | None = None,
     ) -> RecipeContext:
         tokenizer = Tokenizer.from_str(tokenizer_json)
         # Only the served names are accepted, all as DeepSeek-V4.1-Flash: the recipe's default
@@ -80,6 +84,7 @@ class RecipeContext:
             image_limits,
             new_resolver(image_limits),
             prompt_logprobs_unavailable,
+            image_policy or recipe_image_policy(tokenizer_json),
         )
 
     @property

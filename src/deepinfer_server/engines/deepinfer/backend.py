@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import psutil
 
+from deepinfer_server.checkpoint_images import ImagePolicy, deepinfer_image_policy
 from deepinfer_server.config.options import option
 from deepinfer_server.engines.backend import EngineBackend
 from deepinfer_server.engines.deepinfer.environment import (
@@ -75,6 +76,11 @@ class DeepInferBackend(EngineBackend):
                 "--engine deepinfer needs the DeepInfer package, which is not importable here "
                 "(install DeepInfer or add its source to PYTHONPATH; or use --engine simulated)"
             )
+
+    def image_policy(self, checkpoint: str | None, tokenizer_json: str) -> ImagePolicy:
+        if checkpoint is None:
+            return ImagePolicy.refused("the engine runs without a checkpoint directory")
+        return deepinfer_image_policy(checkpoint, tokenizer_json)
 
     def prompt_logprobs_unavailable(self) -> str | None:
         # LLMEngine.add_request forces prompt_logprobs off under YoCo prefill truncation

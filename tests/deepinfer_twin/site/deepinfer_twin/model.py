@@ -11,6 +11,7 @@ the lowest allowed token is taken, as an argmax over masked logits would be).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +43,8 @@ class TwinModel:
     def __init__(self, checkpoint: str, vocab_size: int, eos_id: int) -> None:
         tokenizer_json = (Path(checkpoint) / "tokenizer.json").read_text(encoding="utf-8")
         self._tokenizer_json = tokenizer_json
-        self._script = ScriptWriter(Tokenizer.from_str(tokenizer_json))
+        self._tokenizer = Tokenizer.from_str(tokenizer_json)
+        self._script = ScriptWriter(self._tokenizer)
         self._vocab_size = vocab_size
         self._eos_id = eos_id
         self._requests: dict[tuple[str, int], _Request] = {}
@@ -92,12 +94,15 @@ class TwinModel:
         request = self._requests.get(key)
         if request is None:
             prompt = seq.data.get_token_ids()[: seq.get_prompt_len()]
+            # Image tokens (vocab_size + ImageTokenOffset) are not text: the images are
+            # described from what DeepInfer's multimodal processor made of them.
             text_prompt = [token for token in prompt if token < self._vocab_size]
-            request = _Request(
-                prompt=prompt,
-                script=self._script.answer_tokens(text_prompt, None),
-                key=context_key(prompt),
-            )
+            script = self._script.answer_tokens(text_prompt, None)
+            description = describe_processed_images(seq.multi_modal_data)
+            if description:
+                encoded = self._tokenizer.encode(description, add_special_tokens=False)
+                script = list(encoded.ids) + script
+            request = _Request(prompt=prompt, script=script, key=context_key(prompt))
             self._requests[key] = request
         return request
 
@@ -168,6 +173,26 @@ class TwinModel:
         except Exception:
             request.planner_failed = True
             return preferred
+
+
+def describe_processed_images(multi_modal_data: Any) -> str:
+    """`[image 1: 644x476 sha256:0123abcd] ` per image DeepInfer's processor prepared: its size
+    as resized for the vision encoder and a digest of its pixels."""
+    if not isinstance(multi_modal_data, dict):
+        return ""
+    sizes = multi_modal_data.get("images_input_size")
+    pixels = multi_modal_data.get("images_raw")
+    if sizes is None or pixels is None:
+        return ""
+    raw = pixels.contiguous().view(torch.uint8).numpy().tobytes()
+    parts = []
+    offset = 0
+    for index, (width, height) in enumerate(sizes.tolist()):
+        length = width * height * 3
+        digest = hashlib.sha256(raw[offset : offset + length]).hexdigest()[:8]
+        offset += length
+        parts.append(f"[image {index + 1}: {width}x{height} sha256:{digest}] ")
+    return "".join(parts)
 
 
 def _allowed(mask: torch.Tensor, token: int) -> bool:
