@@ -21,7 +21,7 @@ named after the sdist's hash, the torch version, the Python ABI and the compiler
 build with the same inputs costs nothing. The path is printed on the last line of stdout.
 
 The sdist comes from `--sdist`, else `$DEEPINFER_SDIST`, else `../shared/reference/` beside the
-repository, else `pip download deepinfer==0.1.0` from the configured index.
+repository, else the configured package index (PyPI's `deepinfer==0.1.0`).
 """
 
 from __future__ import annotations
@@ -161,28 +161,53 @@ def find_sdist(explicit: str | None, workdir: Path) -> Path:
     shared = REPO_ROOT.parent / "shared" / "reference" / SDIST_NAME
     if shared.is_file():
         return shared
-    # pip prepares an sdist's metadata by running its setup.py, which imports torch and wants a
-    # virtual environment: give it the current interpreter's torch and skip isolation.
-    env = dict(os.environ, VIRTUAL_ENV=os.environ.get("VIRTUAL_ENV", sys.prefix))
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--quiet",
-            "--no-deps",
-            "--no-binary",
-            ":all:",
-            "--no-build-isolation",
-            "-d",
-            str(workdir),
-            f"deepinfer=={DEEPINFER_VERSION}",
-        ],
-        check=True,
-        env=env,
+    return download_sdist(workdir)
+
+
+def package_index_url() -> str:
+    """The index pip is configured with (PIP_INDEX_URL, pip's config, else pip's default)."""
+    configured = os.environ.get("PIP_INDEX_URL")
+    if configured:
+        return configured
+    completed = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "get", "global.index-url"],
+        capture_output=True,
+        text=True,
+        check=False,
     )
-    return workdir / SDIST_NAME
+    if completed.returncode == 0 and completed.stdout.strip():
+        return completed.stdout.strip()
+    from pip._internal.models.index import PyPI
+
+    return str(PyPI.simple_url)
+
+
+def download_sdist(workdir: Path) -> Path:
+    """The release's sdist from the package index's simple API (PEP 691), checked against the
+    index's sha256. `pip download` cannot fetch it: preparing its metadata runs DeepInfer's
+    setup.py, which needs CUDA."""
+    import httpx
+
+    index = package_index_url().rstrip("/")
+    page = httpx.get(
+        f"{index}/deepinfer/",
+        headers={"Accept": "application/vnd.pypi.simple.v1+json"},
+        follow_redirects=True,
+        timeout=60,
+    )
+    page.raise_for_status()
+    (entry,) = [f for f in page.json()["files"] if f["filename"] == SDIST_NAME]
+    target = workdir / SDIST_NAME
+    with httpx.stream("GET", entry["url"], follow_redirects=True, timeout=300) as response:
+        response.raise_for_status()
+        with target.open("wb") as stream:
+            for chunk in response.iter_bytes():
+                stream.write(chunk)
+    expected = entry.get("hashes", {}).get("sha256")
+    actual = hashlib.sha256(target.read_bytes()).hexdigest()
+    if expected and actual != expected:
+        raise SystemExit(f"{SDIST_NAME}: sha256 {actual} is not the index's {expected}")
+    return target
 
 
 def compiler_identity() -> str:
