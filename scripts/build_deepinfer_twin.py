@@ -154,7 +154,7 @@ def default_cache_dir() -> Path:
 
 
 def find_sdist(explicit: str | None, workdir: Path) -> Path:
-    """The DeepInfer 0.1.0 sdist: given, beside the repository, or downloaded by pip."""
+    """The DeepInfer 0.1.0 sdist: given, beside the repository, or from the package index."""
     for candidate in (explicit, os.environ.get("DEEPINFER_SDIST")):
         if candidate:
             return Path(candidate)
