@@ -33,6 +33,7 @@ from deepinfer_server.metrics import ServerMetrics
 from deepinfer_server.protocol.images import ImageLimits
 from deepinfer_server.protocol.recipe import RecipeContext
 from deepinfer_server.protocol.structured import StructuredOutputs
+from deepinfer_server.tokenizer import prompt_id_bound
 
 logger = logging.getLogger("deepinfer_server")
 
@@ -103,9 +104,15 @@ class HttpServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def create_recipe(config: ResolvedConfig, tokenizer_json: str) -> RecipeContext:
+def create_recipe(
+    config: ResolvedConfig,
+    tokenizer_json: str,
+    checkpoint: str | None = None,
+    reasoning_key: bytes | None = None,
+) -> RecipeContext:
     """The recipe context of the served model (raises OSError, ValueError or RuntimeError when
-    the tokenizer cannot be loaded)."""
+    the tokenizer cannot be loaded). `reasoning_key` is the seal's key every API server process
+    shares (default: one from `--reasoning-secret`, random without it)."""
     return RecipeContext.create(
         tokenizer_json,
         config.served_model_names,
@@ -113,6 +120,8 @@ def create_recipe(config: ResolvedConfig, tokenizer_json: str) -> RecipeContext:
         default_thinking=config.default_thinking == "enabled",
         reasoning_secret=config.reasoning_secret,
         image_limits=ImageLimits.of(config),
+        reasoning_key=reasoning_key,
+        prompt_id_bound=prompt_id_bound(checkpoint, tokenizer_json),
     )
 
 

@@ -66,7 +66,7 @@ def prepare(config: ResolvedConfig) -> Prepared:
     master_port = choose_master_port(config.port)
     tokenizer_json = load_tokenizer_json(checkpoint)
     try:
-        recipe = create_recipe(config, tokenizer_json)
+        recipe = create_recipe(config, tokenizer_json, checkpoint)
     except (OSError, ValueError, RuntimeError) as exc:
         raise ConfigError(f"cannot load the tokenizer: {exc}") from exc
     return Prepared(backend, checkpoint, master_port, tokenizer_json, recipe)

@@ -22,6 +22,13 @@ _TAG_BYTES = 32
 _KEY_CONTEXT = b"deepinfer-server reasoning seal v1\x00"
 
 
+def seal_key(secret: str | None) -> bytes:
+    """The seal's key for `secret`, or a random one when there is none (make it once per
+    server and give it to every API server process: a blob must open in any of them)."""
+    material = secret.encode() if secret else secrets.token_bytes(32)
+    return hashlib.sha256(_KEY_CONTEXT + material).digest()
+
+
 class ReasoningSeal:
     """Seals reasoning text into a blob and opens blobs this key sealed."""
 
@@ -30,9 +37,8 @@ class ReasoningSeal:
 
     @classmethod
     def from_secret(cls, secret: str | None) -> ReasoningSeal:
-        """A seal keyed by `secret`, or by a random per-process key when there is none."""
-        material = secret.encode() if secret else secrets.token_bytes(32)
-        return cls(hashlib.sha256(_KEY_CONTEXT + material).digest())
+        """A seal keyed by `secret`, or by a random key when there is none."""
+        return cls(seal_key(secret))
 
     def seal(self, text: str) -> str:
         """The blob holding `text`."""
