@@ -311,3 +311,40 @@ def test_a_role_that_is_not_a_string_is_a_400(role: Any) -> None:
             assert failures(h.metrics) == {"400": 1}
 
     run(body)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("store", "a"), ("store", 1), ("background", 247), ("background", "true"), ("store", [])],
+)
+def test_responses_store_and_background_must_be_booleans(field: str, value: Any) -> None:
+    async def body() -> None:
+        async with serve() as h:
+            response = await h.client.post(RESPONSES, json={**VALID[RESPONSES], field: value})
+            assert response.status_code == 400, response.text
+            error = response.json()["error"]
+            assert error["param"] == field and "boolean" in error["message"]
+            assert not h.coordinator.submitted
+            fine = await h.client.post(RESPONSES, json={**VALID[RESPONSES], field: False})
+            assert fine.status_code == 200, fine.text
+
+    run(body)
+
+
+@pytest.mark.parametrize("path", [*PATHS, COMPLETIONS, "/v1/messages/count_tokens"])
+def test_a_compressed_body_is_a_415_that_names_the_encoding(path: str) -> None:
+    import gzip
+
+    async def body() -> None:
+        async with serve() as h:
+            request = VALID.get(path, {"model": MODEL, "prompt": "hi", **VALID[MESSAGES]})
+            response = await h.client.post(
+                path,
+                content=gzip.compress(orjson.dumps(request)),
+                headers={**JSON, "content-encoding": "gzip"},
+            )
+            assert response.status_code == 415, response.text
+            assert "Content-Encoding: gzip is not supported" in response.text
+            assert "UTF-8" not in response.text
+
+    run(body)
