@@ -28,7 +28,7 @@ from deepinfer_server.api.sse import FrameWriter, SSEResponse, complete, write_a
 from deepinfer_server.api.state import AppState
 from deepinfer_server.api.token_stream import ProtocolOutput, TokenStream, token_stream
 from deepinfer_server.coordinator.handle import RequestHandle
-from deepinfer_server.errors import ApiError
+from deepinfer_server.errors import ApiError, BadRequestError
 from deepinfer_server.grammar import Constraint
 from deepinfer_server.ipc.messages import AbortReason, Images, SamplingOptions
 from deepinfer_server.metrics import RequestRecord, ServerMetrics
@@ -101,6 +101,15 @@ async def serve_generation(request: Request, protocol: GenerationProtocol) -> Re
         protocol.prepare, body, len(raw), on_thread=mentions_images(raw)
     )
     choices: list[Prepared] = prepared_any if isinstance(prepared_any, list) else [prepared_any]
+    if len(choices) > config.admission_capacity:
+        # More engine requests than may ever be in flight at once: a 429 would be retried
+        # forever, even on an idle server.
+        raise BadRequestError(
+            f"the request needs {len(choices)} engine requests (one per prompt and choice) "
+            f"but this server admits at most {config.admission_capacity} at a time "
+            "(DP x --max-num-seqs + --max-queued-requests): ask for fewer",
+            param="n",
+        )
     structured = None
     if choices[0].constraint is not None:
         # Compiling can take seconds: never on the event loop.
