@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from deepinfer_server.protocol.reasoning_seal import ReasoningSeal
+from deepinfer_server.protocol.responses_reasoning import conversation_digest
 from tests.conftest import ENDLESS
 from tests.metrics_scrape import Samples, parse_metrics, scrape, value
 from tests.server import LiveServer
@@ -181,7 +182,9 @@ def test_reasoning_sealed_by_one_process_opens_in_the_other(two_api_servers: Liv
     """Without --reasoning-secret the server makes one key for all its API server processes:
     a blob sealed by either verifies in both (its reasoning reaches the prompt)."""
     sealed = two_api_servers.on_every_api_server("POST", "/v1/responses", json=REASONING_TURN)
-    forged = ReasoningSeal.from_secret("not this server's").seal("Some reasoning text here.")
+    forged = ReasoningSeal.from_secret("not this server's").seal(
+        "Some reasoning text here.", conversation_digest("hi")
+    )
     ignored = _replay_input_tokens(two_api_servers, forged)
     for sealer, reply in sealed.items():
         (item,) = [i for i in reply.json()["output"] if i["type"] == "reasoning"]

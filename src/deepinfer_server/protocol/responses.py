@@ -119,7 +119,7 @@ def prepare_responses(body: dict[str, Any], recipe: RecipeContext) -> PreparedRe
     reject_n(body, "the Responses API")
     check_model(body, recipe.served_model_names)
     read_constraint(RESPONSES_CONSTRAINT, body, thinking=False)
-    body = restore_reasoning(body, recipe.reasoning_seal)
+    body, conversation = restore_reasoning(body, recipe.reasoning_seal)
 
     def convert(
         body: dict[str, Any],
@@ -142,7 +142,7 @@ def prepare_responses(body: dict[str, Any], recipe: RecipeContext) -> PreparedRe
         echo,
         namespace_tool_map,
         constraint,
-        ReasoningRequest.of(body),
+        ReasoningRequest.of(body, conversation),
         images=engine.images,
     )
 
