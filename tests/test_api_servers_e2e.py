@@ -14,6 +14,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from deepinfer_server.protocol.reasoning_seal import ReasoningSeal
+from deepinfer_server.protocol.responses_reasoning import conversation_digest
 from tests.conftest import ENDLESS
 from tests.metrics_scrape import Samples, parse_metrics, scrape, value
 from tests.server import LiveServer
@@ -150,3 +152,43 @@ def test_a_dead_api_server_process_fails_the_service() -> None:
         assert "API server process" in health.json()["reason"]
         assert second.is_running()
         assert server.stop() == 0
+
+
+def _replay_input_tokens(server: LiveServer, blob: str) -> dict[int, int]:
+    """Each API server process's prompt size for a Codex-style next turn replaying `blob`."""
+    history = [
+        {"role": "user", "content": "hi"},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": blob},
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "result"},
+    ]
+    body = {**REASONING_TURN, "input": history, "tools": [TOOL]}
+    answers = server.on_every_api_server("POST", "/v1/responses", json=body)
+    return {index: reply.json()["usage"]["input_tokens"] for index, reply in answers.items()}
+
+
+TOOL = {"type": "function", "name": "f", "parameters": {"type": "object"}}
+REASONING_TURN = {
+    "model": "deepseek-flash",
+    "input": "hi",
+    "store": False,
+    "max_output_tokens": 24,
+    "include": ["reasoning.encrypted_content"],
+    "reasoning": {"effort": "high"},
+}
+
+
+def test_reasoning_sealed_by_one_process_opens_in_the_other(two_api_servers: LiveServer) -> None:
+    """Without --reasoning-secret the server makes one key for all its API server processes:
+    a blob sealed by either verifies in both (its reasoning reaches the prompt)."""
+    sealed = two_api_servers.on_every_api_server("POST", "/v1/responses", json=REASONING_TURN)
+    forged = ReasoningSeal.from_secret("not this server's").seal(
+        "Some reasoning text here.", conversation_digest("hi")
+    )
+    ignored = _replay_input_tokens(two_api_servers, forged)
+    for sealer, reply in sealed.items():
+        (item,) = [i for i in reply.json()["output"] if i["type"] == "reasoning"]
+        assert item["encrypted_content"], item
+        restored = _replay_input_tokens(two_api_servers, item["encrypted_content"])
+        for opener in (0, 1):
+            assert restored[opener] > ignored[opener], (sealer, opener, restored, ignored)

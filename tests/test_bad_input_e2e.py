@@ -7,11 +7,15 @@ import http.client
 import json
 import socket
 
+import httpx
+
 from tests.metrics_scrape import scrape
 from tests.server import LiveServer
 
 MODEL = "deepseek-flash"
 CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+JSON = "application/json"
 GOOD = {
     "model": MODEL,
     "messages": [{"role": "user", "content": "hi"}],
@@ -37,6 +41,10 @@ NASTY: list[tuple[str, bytes, str]] = [
         json.dumps({"model": MODEL, "input": [{"type": "zzz"}]}).encode(),
         "application/json",
     ),
+    (CHAT, json.dumps({**GOOD, "messages": [{"role": ["user"], "content": "x"}]}).encode(), JSON),
+    # Token IDs beyond int32 (a slot leaked per request) and beyond 32 bits (a 500).
+    (COMPLETIONS, json.dumps({"model": MODEL, "prompt": [2**31], "max_tokens": 1}).encode(), JSON),
+    (COMPLETIONS, json.dumps({"model": MODEL, "prompt": [2**32], "max_tokens": 1}).encode(), JSON),
 ]
 
 
@@ -69,6 +77,8 @@ def test_bad_requests_are_4xx_and_keep_the_connection_usable(shared_server: Live
     assert connection.sock is first_socket  # one keep-alive connection throughout
     connection.close()
     assert server_errors(shared_server) == 0
+    # Nothing a refused request took is still held.
+    assert httpx.get(f"{shared_server.base_url}/get_load").json() == {"load": 0}
 
 
 def test_an_upload_aborted_mid_body_is_a_quiet_499(shared_server: LiveServer) -> None:

@@ -21,11 +21,23 @@ def two_slot_server() -> Iterator[LiveServer]:
         yield server
 
 
-def test_n_beyond_capacity_is_429(two_slot_server: LiveServer) -> None:
+def test_n_beyond_capacity_is_400_and_beyond_the_free_slots_429(
+    two_slot_server: LiveServer,
+) -> None:
     url = two_slot_server.base_url + "/v1/chat/completions"
-    rejected = httpx.post(url, json={**ENDLESS, "max_tokens": 3, "n": 3}, timeout=30)
-    assert rejected.status_code == 429
-    # The two slots the refused request took are free again.
+    # More choices than the server ever admits: no retry could succeed (issue 24).
+    never = httpx.post(url, json={**ENDLESS, "max_tokens": 3, "n": 3}, timeout=30)
+    assert never.status_code == 400, never.text
+    assert never.json()["error"]["param"] == "n"
+    with httpx.stream("POST", url, json={**ENDLESS, "stream": True}, timeout=30) as held:
+        events = sse_events(held)  # kept: closing the generator would close the stream
+        next(events)
+        # One slot is taken: the first choice is admitted, the second refused, so the first
+        # is released again.
+        busy = httpx.post(url, json={**ENDLESS, "max_tokens": 3, "n": 2}, timeout=30)
+        assert busy.status_code == 429, busy.text
+        assert int(busy.headers["retry-after"]) >= 1
+    # The held stream's slot and the one the refused request took are free again.
     accepted = httpx.post(url, json={**ENDLESS, "max_tokens": 3, "n": 2}, timeout=30)
     assert accepted.status_code == 200, accepted.text
 

@@ -194,7 +194,8 @@ def test_api_keys_guard_v1_routes_only() -> None:
             openai.OpenAI(
                 base_url=server.base_url + "/v1", api_key="wrong", max_retries=0
             ).models.list()
-        assert value(scrape(server.base_url), "deepinfer:request_failure_total", status="401") >= 4
+        # Anyone can be refused without a key: 401s are not failures of the service (issue 24).
+        assert value(scrape(server.base_url), "deepinfer:request_failure_total", status="401") == 0
         server.stop()
         assert secret not in server.log
 

@@ -103,6 +103,25 @@ def test_the_write_timeout_frees_the_slots_of_clients_that_stop_reading(
         assert "(--write-timeout)" in server.log
 
 
+def test_a_stream_the_client_takes_nothing_of_is_ended_before_the_send_buffer_fills(
+    readers: list[socket.socket],
+) -> None:
+    """A reader with an ordinary receive buffer that stops reading: the kernel's send buffer
+    (megabytes on loopback) took minutes of tokens to fill before the write timeout started;
+    now the clock runs from when the client stops acknowledging data."""
+    args = ("--max-num-seqs", "1", "--sim-itl-ms", "2", "--write-timeout", "2")
+    with LiveServer(*args) as server:
+        sock = socket.create_connection(("127.0.0.1", server.port))
+        readers.append(sock)
+        sock.sendall(raw_request(server.port, NEVER_ENDING))
+        wait_until(lambda: running(server) == 1, 20, "the stream running")
+        # Never read: at 2 ms a token the send buffer alone would hold minutes of stream.
+        wait_until(lambda: "(--write-timeout)" in server.log, 30, "the stalled stream ended")
+        wait_until(lambda: running(server) == 0, 10, "its slot freed")
+        assert closed_by_server(sock, 10)
+        assert chat_status(server) == 200
+
+
 def test_the_request_timeout_aborts_unread_streams_and_the_service_stays_healthy(
     readers: list[socket.socket],
 ) -> None:

@@ -17,7 +17,7 @@ import logging
 import signal
 import socket
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from deepinfer_server.config import ResolvedConfig
@@ -62,6 +62,10 @@ class WorkerSpec:
     control: socket.socket
     #: The shared per-rank admission counts (`admission.shared_slots`).
     slots: Any
+    #: The reasoning seal's key (`reasoning_seal.seal_key`), made once by the supervisor: a
+    #: blob sealed by one process must open in every other. Spawn arguments, never the
+    #: environment, so the rank processes never hold it.
+    reasoning_key: bytes = field(repr=False, default=b"")
 
 
 class ControlPeers:
@@ -154,7 +158,8 @@ async def _serve(spec: WorkerSpec) -> int:
     listener = asyncio.ensure_future(peers.listen())
     try:
         tokenizer_json = load_tokenizer_json(spec.checkpoint)
-        recipe = create_recipe(config, tokenizer_json, spec.checkpoint)  # checked by the supervisor
+        # Checked by the supervisor; one seal key for every process, so blobs open anywhere.
+        recipe = create_recipe(config, tokenizer_json, spec.checkpoint, spec.reasoning_key)
         coordinator.start()
         failed = await wait_for_ranks(coordinator, config.startup_timeout, [signal.SIGTERM])
         if failed is not None:

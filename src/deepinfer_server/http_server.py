@@ -34,6 +34,7 @@ from deepinfer_server.metrics import ServerMetrics
 from deepinfer_server.protocol.images import ImageLimits
 from deepinfer_server.protocol.recipe import RecipeContext
 from deepinfer_server.protocol.structured import StructuredOutputs
+from deepinfer_server.tokenizer import prompt_id_bound
 
 logger = logging.getLogger("deepinfer_server")
 
@@ -105,10 +106,14 @@ class HttpServer(uvicorn.Server):
 
 
 def create_recipe(
-    config: ResolvedConfig, tokenizer_json: str, checkpoint: str | None
+    config: ResolvedConfig,
+    tokenizer_json: str,
+    checkpoint: str | None = None,
+    reasoning_key: bytes | None = None,
 ) -> RecipeContext:
     """The recipe context of the served model (raises OSError, ValueError or RuntimeError when
-    the tokenizer cannot be loaded)."""
+    the tokenizer cannot be loaded). `reasoning_key` is the seal's key every API server process
+    shares (default: one from `--reasoning-secret`, random without it)."""
     backend = get_backend(config.engine)
     return RecipeContext.create(
         tokenizer_json,
@@ -117,6 +122,8 @@ def create_recipe(
         default_thinking=config.default_thinking == "enabled",
         reasoning_secret=config.reasoning_secret,
         image_limits=ImageLimits.of(config),
+        reasoning_key=reasoning_key,
+        prompt_id_bound=prompt_id_bound(checkpoint, tokenizer_json),
         prompt_logprobs_unavailable=backend.prompt_logprobs_unavailable(),
         image_policy=backend.image_policy(checkpoint, tokenizer_json),
     )

@@ -48,6 +48,7 @@ from deepinfer_server.launcher import (
     api_address,
     rank_specs,
 )
+from deepinfer_server.protocol.reasoning_seal import seal_key
 from deepinfer_server.rank.proc import run_rank
 
 logger = logging.getLogger("deepinfer_server")
@@ -346,6 +347,7 @@ async def supervise(config: ResolvedConfig, prepared: Prepared) -> int:
             for index in range(config.api_server_count)
         ]
         pairs = [socket.socketpair() for _ in range(config.api_server_count)]
+        reasoning_key = seal_key(config.reasoning_secret)
         worker_specs = [
             WorkerSpec(
                 config=config,
@@ -355,6 +357,7 @@ async def supervise(config: ResolvedConfig, prepared: Prepared) -> int:
                 listener=listener,
                 control=pairs[index][1],
                 slots=slots,
+                reasoning_key=reasoning_key,
             )
             for index in range(config.api_server_count)
         ]

@@ -16,8 +16,6 @@ SYSTEM_TOKEN = "<｜System｜>"
 #: The last reserved slot before the named special tokens: `<｜place▁holder▁no▁799｜>` in V4.
 SYSTEM_TOKEN_ID = 128799
 EOS_TOKEN = "<｜end▁of▁sentence｜>"
-#: Token IDs of text (DeepInfer's `vocab_size`); higher IDs are multimodal sentinels.
-TEXT_VOCAB_SIZE = 129280
 
 
 def embedded_tokenizer_json() -> str:
@@ -42,3 +40,26 @@ def load_tokenizer_json(model_dir: str | None) -> str:
     if model_dir is not None and Path(model_dir).is_dir():
         return (Path(model_dir) / "tokenizer.json").read_text(encoding="utf-8")
     return embedded_tokenizer_json()
+
+
+def prompt_id_bound(model_dir: str | None, tokenizer_json: str) -> int:
+    """One past the largest prompt token ID the engine takes from a text-only prompt.
+
+    DeepInfer's `add_request` drops a prompt holding an ID outside [0, vocab_size), where
+    vocab_size is the checkpoint's `config.json` `text_config.vocab_size`
+    (`ModelConfig.get_vocab_size()`); without that file or field, the tokenizer's vocabulary
+    with its added tokens (the simulated engine's bound).
+    """
+    if model_dir is not None:
+        config = Path(model_dir) / "config.json"
+        if config.is_file():
+            try:
+                text = json.loads(config.read_text(encoding="utf-8")).get("text_config") or {}
+            except (OSError, ValueError, AttributeError):
+                text = {}
+            size = text.get("vocab_size") if isinstance(text, dict) else None
+            if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+                return size
+    import tokenizers
+
+    return int(tokenizers.Tokenizer.from_str(tokenizer_json).get_vocab_size(with_added_tokens=True))

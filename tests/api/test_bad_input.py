@@ -256,3 +256,95 @@ def test_responses_accepts_the_item_types_the_recipe_converts() -> None:
             assert response.status_code == 200, response.text
 
     run(body)
+
+
+COMPLETIONS = "/v1/completions"
+
+
+@pytest.mark.parametrize("token_id", [2**31, 2**32, 2**64 - 1, -(2**63), -1, "bound"])
+def test_a_token_id_outside_the_vocabulary_is_a_400_before_admission(token_id: int | str) -> None:
+    """The issue's reproduction (2**31 leaked an admission slot, 2**32 was a 500): refused in
+    the protocol layer with the bound the engine applies, before any slot is taken."""
+
+    async def body() -> None:
+        async with serve() as h:
+            bound = h.state.recipe.prompt_id_bound
+            ids = [bound if token_id == "bound" else token_id]
+            for prompt in ([1, *ids], [[1, 2], [3, *ids]]):
+                response = await h.client.post(
+                    COMPLETIONS, json={"model": MODEL, "prompt": prompt, "max_tokens": 1}
+                )
+                assert response.status_code == 400, response.text
+                error = response.json()["error"]
+                assert error["param"] == "prompt"
+                assert f"[0, {bound})" in error["message"]
+            assert not h.coordinator.submitted
+            last = await h.client.post(
+                COMPLETIONS, json={"model": MODEL, "prompt": [1, bound - 1], "max_tokens": 1}
+            )
+            assert last.status_code == 200, last.text
+            assert failures(h.metrics) == {"400": 2}
+
+    run(body)
+
+
+def test_the_prompt_id_bound_is_the_checkpoints_vocab_size(tmp_path: Any) -> None:
+    """DeepInfer's bound is config.json's text_config.vocab_size, not the tokenizer's size."""
+    from deepinfer_server.tokenizer import embedded_tokenizer_json, prompt_id_bound
+
+    tokenizer_json = embedded_tokenizer_json()
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": {"vocab_size": 1000}}))
+    assert prompt_id_bound(str(tmp_path), tokenizer_json) == 1000
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["X"]}))
+    assert prompt_id_bound(str(tmp_path), tokenizer_json) == 129281
+    assert prompt_id_bound(None, tokenizer_json) == 129281
+
+
+@pytest.mark.parametrize("role", [["user"], {"name": "user"}, 7, None])
+def test_a_role_that_is_not_a_string_is_a_400(role: Any) -> None:
+    async def body() -> None:
+        async with serve() as h:
+            request = {**VALID[CHAT], "messages": [{"role": role, "content": "hi"}]}
+            response = await h.client.post(CHAT, json=request)
+            assert response.status_code == 400, response.text
+            assert response.json()["error"]["param"] == "messages[0].role"
+            assert failures(h.metrics) == {"400": 1}
+
+    run(body)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("store", "a"), ("store", 1), ("background", 247), ("background", "true"), ("store", [])],
+)
+def test_responses_store_and_background_must_be_booleans(field: str, value: Any) -> None:
+    async def body() -> None:
+        async with serve() as h:
+            response = await h.client.post(RESPONSES, json={**VALID[RESPONSES], field: value})
+            assert response.status_code == 400, response.text
+            error = response.json()["error"]
+            assert error["param"] == field and "boolean" in error["message"]
+            assert not h.coordinator.submitted
+            fine = await h.client.post(RESPONSES, json={**VALID[RESPONSES], field: False})
+            assert fine.status_code == 200, fine.text
+
+    run(body)
+
+
+@pytest.mark.parametrize("path", [*PATHS, COMPLETIONS, "/v1/messages/count_tokens"])
+def test_a_compressed_body_is_a_415_that_names_the_encoding(path: str) -> None:
+    import gzip
+
+    async def body() -> None:
+        async with serve() as h:
+            request = VALID.get(path, {"model": MODEL, "prompt": "hi", **VALID[MESSAGES]})
+            response = await h.client.post(
+                path,
+                content=gzip.compress(orjson.dumps(request)),
+                headers={**JSON, "content-encoding": "gzip"},
+            )
+            assert response.status_code == 415, response.text
+            assert "Content-Encoding: gzip is not supported" in response.text
+            assert "UTF-8" not in response.text
+
+    run(body)

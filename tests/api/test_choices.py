@@ -119,3 +119,27 @@ def test_completions_prompt_list_gives_one_choice_per_prompt() -> None:
             assert data["usage"]["prompt_tokens"] == len(prompts[0]) + len(prompts[2])
 
     run(body)
+
+
+def test_more_choices_than_the_server_ever_admits_is_a_400_not_a_429() -> None:
+    """n: 17 on a server of capacity 16 was a 429 with Retry-After even when idle, which SDKs
+    retry forever: a request that can never be admitted is a 400 saying why."""
+
+    async def body() -> None:
+        async with serve("--max-num-seqs", "4") as h:
+            assert h.state.config.admission_capacity == 4
+            too_many = [
+                (CHAT, chat_body(n=5)),
+                ("/v1/completions", {"model": MODEL, "prompt": ["a", "b", "c"], "n": 2}),
+            ]
+            for path, request in too_many:
+                response = await h.client.post(path, json=request)
+                assert response.status_code == 400, response.text
+                assert "retry-after" not in response.headers
+                error = response.json()["error"]
+                assert error["param"] == "n" and "at most 4" in error["message"]
+            assert not h.coordinator.submitted
+            fits = await h.client.post(CHAT, json=chat_body(n=4))
+            assert fits.status_code == 200, fits.text
+
+    run(body)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from deepinfer_server.protocol.reasoning_seal import ReasoningSeal
+from deepinfer_server.protocol.responses_reasoning import conversation_digest
 from tests.api.agent_harness import events, last_prompt
 from tests.api.harness import MODEL, Script, run, serve
 
@@ -34,7 +35,7 @@ def test_summary_and_sealed_reasoning_when_asked() -> None:
             response = await h.client.post(RESPONSES, json=responses_body(**CODEX_ASKS))
             (item,) = reasoning_items(response.json()["output"])
             assert item["summary"] == [{"type": "summary_text", "text": "Pondering."}]
-            assert seal.open(item["encrypted_content"]) == "Pondering."
+            assert seal.open(item["encrypted_content"], conversation_digest("hi")) == "Pondering."
 
             plain = await h.client.post(RESPONSES, json=responses_body())
             (item,) = reasoning_items(plain.json()["output"])
@@ -64,15 +65,19 @@ def test_streamed_summary_events_and_sequence_numbers() -> None:
             completed = sent[-1]["response"]["output"]
             assert reasoning_items(completed) == [item_done["item"]]
             seal = ReasoningSeal.from_secret(SECRET)
-            assert seal.open(item_done["item"]["encrypted_content"]) == "Pondering."
+            blob = item_done["item"]["encrypted_content"]
+            assert seal.open(blob, conversation_digest("hi")) == "Pondering."
 
     run(body)
 
 
-def replay(reasoning: dict[str, Any]) -> dict[str, Any]:
+USER_TURN = {"role": "user", "content": "hi"}
+
+
+def replay(reasoning: dict[str, Any], before: list[Any] | None = None) -> dict[str, Any]:
     """A Codex-style next turn: reasoning item, its tool call, the call's output."""
     history = [
-        {"role": "user", "content": "hi"},
+        *(before if before is not None else [USER_TURN]),
         {"type": "reasoning", "id": "rs_1", "summary": [], **reasoning},
         {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
         {"type": "function_call_output", "call_id": "c1", "output": "result"},
@@ -81,7 +86,9 @@ def replay(reasoning: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_sealed_reasoning_is_restored_into_the_prompt() -> None:
-    blob = ReasoningSeal.from_secret(SECRET).seal("I pondered the tool.")
+    blob = ReasoningSeal.from_secret(SECRET).seal(
+        "I pondered the tool.", conversation_digest([USER_TURN])
+    )
 
     async def body() -> None:
         async with serve("--reasoning-secret", SECRET) as h:
@@ -93,16 +100,56 @@ def test_sealed_reasoning_is_restored_into_the_prompt() -> None:
     run(body)
 
 
-def test_a_blob_the_server_did_not_seal_is_ignored() -> None:
-    forged = ReasoningSeal.from_secret("another key").seal("Injected reasoning.")
+def test_the_servers_own_blob_round_trips_through_a_client_history() -> None:
+    """Turn 1's output replayed as the client re-serialises it: its reasoning is restored."""
+
+    async def body() -> None:
+        script = Script("I pondered the tool.</think>Calling it.")
+        async with serve(script=script) as h:
+            first = await h.client.post(
+                RESPONSES, json=responses_body(input=[USER_TURN], tools=[TOOL], **CODEX_ASKS)
+            )
+            (item,) = reasoning_items(first.json()["output"])
+            retyped = {"type": "message", "role": "user", "id": "m1", "content": [
+                {"type": "input_text", "text": "hi"}
+            ]}  # fmt: skip
+            reasoning = {"encrypted_content": item["encrypted_content"]}
+            response = await h.client.post(RESPONSES, json=replay(reasoning, before=[retyped]))
+            assert response.status_code == 200, response.text
+            assert "<think>I pondered the tool.</think>" in last_prompt(h.coordinator)
+
+    run(body)
+
+
+def test_unsealed_reasoning_never_reaches_the_prompt() -> None:
+    """Reasoning text without a blob, with a forged or altered one, or with a genuine blob
+    replayed into another conversation, is dropped: only sealed text reaches the prompt."""
+    seal = ReasoningSeal.from_secret(SECRET)
+    forged = ReasoningSeal.from_secret("another key").seal(
+        "Injected reasoning.", conversation_digest([USER_TURN])
+    )
+    genuine_elsewhere = seal.seal(
+        "Injected reasoning.", conversation_digest([{"role": "user", "content": "other"}])
+    )
+    text = {"content": [{"type": "reasoning_text", "text": "Injected reasoning."}]}
+    summary = {"summary": [{"type": "summary_text", "text": "Injected reasoning."}]}
+    cases: list[dict[str, Any]] = [
+        text,
+        summary,
+        {**text, "encrypted_content": forged},
+        {"encrypted_content": "not base64 !"},
+        {"encrypted_content": forged[:-3] + "AAA"},
+        {"encrypted_content": genuine_elsewhere},
+        {**text, "encrypted_content": genuine_elsewhere},
+    ]
 
     async def body() -> None:
         async with serve("--reasoning-secret", SECRET) as h:
-            for blob in (forged, "not base64 !", forged[:-3] + "AAA"):
-                response = await h.client.post(RESPONSES, json=replay({"encrypted_content": blob}))
+            for reasoning in cases:
+                response = await h.client.post(RESPONSES, json=replay(reasoning))
                 assert response.status_code == 200, response.text
                 prompt = last_prompt(h.coordinator)
-                assert "Injected" not in prompt and "<think></think>" in prompt
+                assert "Injected" not in prompt and "<think></think>" in prompt, reasoning
 
     run(body)
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from deepinfer_server.protocol.reasoning_seal import ReasoningSeal
+from deepinfer_server.protocol.responses_reasoning import conversation_digest
 from tests.clients.conftest import (
     MODEL,
     REASONING_SECRET,
@@ -78,12 +79,15 @@ def check_request_shape(recorder: Recorder) -> None:
         assert body["input"][0]["role"] == "developer"
         # As asked: every reasoning item carries its reasoning sealed by the server's key, and
         # a summary.
+        # Each is sealed after the conversation before it: the input, then earlier output.
         seal = ReasoningSeal.from_secret(REASONING_SECRET)
-        for item in output_items(call.response_text):
+        produced = output_items(call.response_text)
+        for index, item in enumerate(produced):
             if item["type"] == "reasoning":
                 text = "".join(part["text"] for part in item["content"])
                 assert text, item
-                assert seal.open(item["encrypted_content"]) == text, item
+                context = conversation_digest([*body["input"], *produced[:index]])
+                assert seal.open(item["encrypted_content"], context) == text, item
                 assert item["summary"] == [{"type": "summary_text", "text": text}], item
 
 
@@ -126,6 +130,12 @@ def test_exec_command_round_trip(recorder: Recorder, tmp_path: Path) -> None:
     replayed_reasoning = [item for item in replay if item.get("type") == "reasoning"]
     assert replayed_reasoning, replay
     assert replayed_reasoning[-1]["encrypted_content"] == reasoning["encrypted_content"]
+    # Codex's history before the reasoning item is the conversation it was sealed after, so
+    # the blob verifies where Codex replays it (and its reasoning reaches the prompt).
+    where = replay.index(replayed_reasoning[-1])
+    seal = ReasoningSeal.from_secret(REASONING_SECRET)
+    opened = seal.open(reasoning["encrypted_content"], conversation_digest(replay[:where]))
+    assert opened == "".join(part["text"] for part in reasoning["content"]), replay[:where]
     replayed_call = next(item for item in replay if item.get("type") == "function_call")
     assert replayed_call["call_id"] == call["call_id"]
     output = next(item for item in replay if item.get("type") == "function_call_output")

@@ -37,7 +37,15 @@ def require_json_content_type(request: Request) -> None:
 
 
 async def read_body(request: Request, limit: int, timeout: float) -> bytes:
-    """The whole body: 413 as soon as it passes `limit` bytes, 408 if it takes over `timeout`."""
+    """The whole body: 413 as soon as it passes `limit` bytes, 408 if it takes over `timeout`,
+    415 if it is compressed (nothing here decompresses, and a decompressed size would have to
+    be bounded too)."""
+    encoding = request.headers.get("content-encoding", "").strip().lower()
+    if encoding not in ("", "identity"):
+        raise BadRequestError(
+            f"Content-Encoding: {encoding[:40]} is not supported: send the body uncompressed",
+            kind=ErrorKind.UNSUPPORTED_MEDIA_TYPE,
+        )
     try:
         async with asyncio.timeout(timeout):
             return await _read(request, limit)

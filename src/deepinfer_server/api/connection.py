@@ -8,10 +8,13 @@ path (SSE streams, JSON bodies, uvicorn's own errors):
 
 - header timeout: a request's headers must be complete within `header_timeout` seconds of its
   first byte (or of the connection opening); otherwise the connection is dropped.
-- write timeout: while the transport's write buffer is over its high-water mark (the client
-  is not reading), the client has `write_timeout` seconds to drain it; otherwise the
-  connection is aborted. uvicorn then reports the disconnect to the app, which aborts the
-  engine request and frees its slot, as for any client that leaves.
+- write timeout: a client that takes no data for `write_timeout` seconds while a response
+  waits for it loses the connection. uvicorn then reports the disconnect to the app, which
+  aborts the engine request and frees its slot, as for any client that leaves. Two clocks:
+  the transport's write buffer over its high-water mark (the kernel refuses more), and, on
+  TCP, the bytes the client acknowledged (`TCP_INFO`), sampled a few times per timeout while
+  data is queued: the kernel's send buffer grows to megabytes, which at streaming rates took
+  minutes to fill before the first clock could start.
 - connection cap: beyond `max_connections` open connections, a connection may still ask for
   a probe (`/health`, `/metrics`) and is closed after it; anything else gets a 503 in the
   OpenAI envelope. Beyond the cap plus `PROBE_RESERVE`, the connection that has waited longest
@@ -22,8 +25,12 @@ path (SSE streams, JSON bodies, uvicorn's own errors):
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import resource
+import socket
+import struct
+import termios
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +49,28 @@ PROBE_RESERVE = 32
 #: File descriptors kept for everything but connections (ranks' sockets, logs, the tokenizer).
 OTHER_DESCRIPTORS = 128
 PROBE_PATHS = frozenset({"/health", "/metrics"})
+#: `tcpi_bytes_acked` in Linux's `struct tcp_info` (since 4.1; the layout only grows).
+_BYTES_ACKED = struct.Struct("=Q")
+_BYTES_ACKED_OFFSET = 120
+#: The `int` TIOCOUTQ (SIOCOUTQ) fills in: bytes not yet acknowledged, sent or not.
+_QUEUED = struct.Struct("@i")
+_TCP_INFO_LENGTH = 256
+#: Samples of a connection's progress per write timeout, and the longest wait between two.
+_PROGRESS_SAMPLES = 4
+_MAX_PROGRESS_INTERVAL = 5.0
+
+
+def delivery_progress(sock: Any) -> tuple[int, int] | None:
+    """(bytes the peer acknowledged, bytes in the kernel's send queue) of a TCP socket; None
+    where the kernel does not tell (not TCP, not Linux)."""
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LENGTH)
+        queued = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
+    except (OSError, AttributeError, ValueError):
+        return None
+    if len(info) < _BYTES_ACKED_OFFSET + _BYTES_ACKED.size:
+        return None
+    return _BYTES_ACKED.unpack_from(info, _BYTES_ACKED_OFFSET)[0], _QUEUED.unpack(queued)[0]
 
 
 @dataclass
@@ -87,7 +116,16 @@ class _GuardedProtocol(AutoHTTPProtocol):  # type: ignore[valid-type,misc]
         super().connection_made(transport)
         self._header_timer: asyncio.TimerHandle | None = None
         self._write_timer: asyncio.TimerHandle | None = None
+        self._progress_timer: asyncio.TimerHandle | None = None
         limits = self.limits
+        self._socket = transport.get_extra_info("socket")
+        if limits.write_timeout > 0 and delivery_progress(self._socket) is not None:
+            self._acked = 0
+            self._progress_at = self.loop.time()
+            self._progress_interval = min(
+                limits.write_timeout / _PROGRESS_SAMPLES, _MAX_PROGRESS_INTERVAL
+            )
+            self._arm_progress_timer()
         limits.open_connections += 1
         self._counted = True
         self._arm_header_timer()
@@ -126,6 +164,28 @@ class _GuardedProtocol(AutoHTTPProtocol):  # type: ignore[valid-type,misc]
             self._write_timer = None
         super().resume_writing()
 
+    def _arm_progress_timer(self) -> None:
+        self._progress_timer = self.loop.call_later(self._progress_interval, self._check_progress)
+
+    def _check_progress(self) -> None:
+        """Drop the connection when data has waited for the client, and the client has
+        acknowledged none of it, for the write timeout."""
+        self._progress_timer = None
+        if self.transport.is_closing():
+            return
+        progress = delivery_progress(self._socket)
+        if progress is None:
+            return
+        acked, queued = progress
+        now = self.loop.time()
+        if acked != self._acked or queued + self.transport.get_write_buffer_size() == 0:
+            self._acked = acked
+            self._progress_at = now
+        elif now - self._progress_at >= self.limits.write_timeout:
+            self._write_expired()
+            return
+        self._arm_progress_timer()
+
     def _arm_header_timer(self) -> None:
         if self._header_timer is None and not self.transport.is_closing():
             self._header_timer = self.loop.call_later(
@@ -144,6 +204,9 @@ class _GuardedProtocol(AutoHTTPProtocol):  # type: ignore[valid-type,misc]
         if getattr(self, "_write_timer", None) is not None:
             self._write_timer.cancel()  # type: ignore[union-attr]
             self._write_timer = None
+        if getattr(self, "_progress_timer", None) is not None:
+            self._progress_timer.cancel()  # type: ignore[union-attr]
+            self._progress_timer = None
 
     def _headers_expired(self) -> None:
         self._header_timer = None

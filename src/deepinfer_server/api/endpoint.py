@@ -29,7 +29,7 @@ from deepinfer_server.api.sse import FrameWriter, SSEResponse, complete, write_a
 from deepinfer_server.api.state import AppState
 from deepinfer_server.api.token_stream import ProtocolOutput, TokenStream, token_stream
 from deepinfer_server.coordinator.handle import RequestHandle
-from deepinfer_server.errors import ApiError
+from deepinfer_server.errors import ApiError, BadRequestError
 from deepinfer_server.grammar import Constraint
 from deepinfer_server.ipc.messages import AbortReason, Images, SamplingOptions
 from deepinfer_server.metrics import RequestRecord, ServerMetrics
@@ -106,6 +106,15 @@ async def serve_generation(request: Request, protocol: GenerationProtocol) -> Re
         request.receive,
     )
     choices: list[Prepared] = prepared_any if isinstance(prepared_any, list) else [prepared_any]
+    if len(choices) > config.admission_capacity:
+        # More engine requests than may ever be in flight at once: a 429 would be retried
+        # forever, even on an idle server.
+        raise BadRequestError(
+            f"the request needs {len(choices)} engine requests (one per prompt and choice) "
+            f"but this server admits at most {config.admission_capacity} at a time "
+            "(DP x --max-num-seqs + --max-queued-requests): ask for fewer",
+            param="n",
+        )
     structured = None
     if choices[0].constraint is not None:
         # Compiling can take seconds: never on the event loop.
@@ -125,26 +134,50 @@ async def serve_generation(request: Request, protocol: GenerationProtocol) -> Re
         )
 
     handles = submit_all(submit, len(choices))
+    # This function owns the admitted handles until a streaming response takes them over (its
+    # `abandon` releases them however it ends); on every other exit, whatever is still open
+    # is released here, so no path can keep a slot.
+    try:
+        response = await _respond(request, protocol, choices, handles, response_id, arrival)
+    except BaseException:
+        _release(handles)
+        raise
+    if not isinstance(response, SSEResponse):
+        _release(handles)
+    return response  # type: ignore[return-value]
+
+
+def _release(handles: list[RequestHandle]) -> None:
+    """Close every handle still open (a no-op for those their streams closed)."""
+    for handle in handles:
+        handle.close(AbortReason.DISCONNECT)
+
+
+async def _respond(
+    request: Request,
+    protocol: GenerationProtocol,
+    choices: list[Prepared],
+    handles: list[RequestHandle],
+    response_id: str,
+    arrival: float,
+) -> Response | SSEResponse:
+    state: AppState = request.app.state.server
     records = [RequestRecord(arrival=arrival) for _ in choices]
     for record, choice in zip(records, choices, strict=True):
         record.prompt_tokens = Images.prompt_tokens(choice.prompt_token_ids, choice.images)
         record.admitted_at = time.perf_counter()
     request.state.record = records[0]
-    try:
-        outputs = [protocol.make_output(choice, response_id, state.recipe) for choice in choices]
-    except BaseException:
-        for handle in handles:
-            handle.close(AbortReason.STOP)
-        raise
+    outputs = [protocol.make_output(choice, response_id, state.recipe) for choice in choices]
     if len(choices) > 1:
         return await _serve_choices(request, protocol, choices, handles, outputs, records)
     stream = TokenStream(handles[0], outputs[0], records[0], state.metrics)
     if choices[0].stream:
+        request_id: str = request.state.request_id
 
         async def write_body(write: FrameWriter) -> None:
             await _stream(protocol, stream, write, state.metrics, request_id, records[0])
 
-        return SSEResponse(write_body, abandon=stream.abandon)  # type: ignore[return-value]
+        return SSEResponse(write_body, abandon=stream.abandon)
     try:
         await until_disconnect(request.receive, stream.run())
     finally:
@@ -159,7 +192,7 @@ async def _serve_choices(
     handles: list[RequestHandle],
     outputs: list[ProtocolOutput],
     records: list[RequestRecord],
-) -> Response:
+) -> Response | SSEResponse:
     state: AppState = request.app.state.server
     metrics = state.metrics
     merger = ChoiceMerger(
@@ -174,7 +207,9 @@ async def _serve_choices(
         frames = _stream_choices(
             protocol, merger, streams, metrics, request.state.request_id, records[0]
         )
-        return SSEResponse(lambda write: write_all(frames, write))  # type: ignore[return-value]
+        return SSEResponse(
+            lambda write: write_all(frames, write), abandon=lambda: _release(handles)
+        )
 
     async def collect() -> bytes:
         async for _ in merge_streams(streams):

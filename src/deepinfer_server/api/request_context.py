@@ -29,9 +29,34 @@ access_logger = logging.getLogger("deepinfer_server.access")
 REQUEST_ID_HEADER = b"x-request-id"
 MAX_REQUEST_ID_LENGTH = 128
 _UNSAFE = re.compile(r"[^A-Za-z0-9._:\-]")
-_CLIENT_CLOSED = ERROR_TABLE[ErrorKind.CLIENT_DISCONNECTED].status
+#: Statuses that are not request failures: the client left (499), or it is not allowed in
+#: (401: anyone can send those, so counting them would let strangers move the failure rate).
+_NOT_FAILURES = frozenset(
+    {
+        ERROR_TABLE[ErrorKind.CLIENT_DISCONNECTED].status,
+        ERROR_TABLE[ErrorKind.AUTHENTICATION].status,
+    }
+)
 #: Probe endpoints whose 503s are states, not request failures.
 _PROBES = frozenset({"/health"})
+
+
+def loggable(text: str) -> str:
+    """`text` safe for one log line: what is not printable (line breaks, terminal escapes,
+    direction overrides), spaces (the line's field separator) and backslashes (the escape
+    character itself) become `\\xNN` / `\\uNNNN`."""
+    if text.isprintable() and " " not in text and "\\" not in text:
+        return text
+    return "".join(
+        char if char.isprintable() and char not in " \\" else _escape(char) for char in text
+    )
+
+
+def _escape(char: str) -> str:
+    code = ord(char)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def sanitise_request_id(raw: str | None) -> str | None:
@@ -85,7 +110,7 @@ class RequestContextMiddleware:
                     raise
                 error = as_api_error(exc, request_id)
                 await error_response(error, scope)(scope, receive, send_with_id)
-            if status >= 400 and status != _CLIENT_CLOSED and scope["path"] not in _PROBES:
+            if status >= 400 and status not in _NOT_FAILURES and scope["path"] not in _PROBES:
                 self._on_failure(status)
         finally:
             if self.access_log:
@@ -109,7 +134,7 @@ class RequestContextMiddleware:
         access_logger.info(
             "%s %s %s request_id=%s%s duration_ms=%.1f",
             scope["method"],
-            scope["path"],
+            loggable(scope["path"]),
             status or "-",
             request_id,
             details,

@@ -215,8 +215,8 @@ class ServerConfig:
     write_timeout: float = option(
         30.0,
         "--write-timeout",
-        help="seconds a client may leave a response unread (the server's send buffer full) "
-        "before the connection is closed and its request aborted (default: %(default)s)",
+        help="seconds a client may take no data of a response (acknowledge nothing while data "
+        "waits) before the connection is closed and its request aborted (default: %(default)s)",
         type=float,
     )
     max_connections: int = option(

@@ -129,10 +129,25 @@ class RankChannels:
         images: Images | None = None,
     ) -> None:
         """Start a request on `rank`, and wake the other ranks into the same lockstep round."""
+        self.send_framed_add(rank, self.frame_add(request_id, prompt_token_ids, sampling, images))
+
+    def frame_add(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling: SamplingOptions,
+        images: Images | None = None,
+    ) -> bytes:
+        """The framed `AddRequest` for `send_framed_add` (sends nothing; raises OverflowError
+        for a token ID outside int32)."""
         message = AddRequest(
             request_id, pack_token_ids(prompt_token_ids), sampling, images, self._client
         )
-        self._links[rank].send(frame(to_rank_encoder.encode(message)))
+        return frame(to_rank_encoder.encode(message))
+
+    def send_framed_add(self, rank: int, framed: bytes) -> None:
+        """Send a `frame_add` request to `rank` and wake the other ranks into the same round."""
+        self._links[rank].send(framed)
         for other, link in enumerate(self._links):
             if other != rank:
                 link.send(_WAKE)

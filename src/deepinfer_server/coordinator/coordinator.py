@@ -163,26 +163,48 @@ class Coordinator:
         deadline: float | None,
         images: Images | None = None,
     ) -> RequestHandle:
-        """Admit a request and start it on the least-loaded rank (429/503 when it cannot)."""
+        """Admit a request and start it on the least-loaded rank (429/503 when it cannot).
+
+        The returned handle owns the request's admission slot and its place among the requests
+        in flight: closing it frees both, once. If starting fails, at any step, what was taken
+        is freed before the error is raised.
+        """
         if self._failure is not None:
             raise ServiceFailedError(f"the service has failed: {self._failure}")
         if self.draining:
             raise ShuttingDownError()
+        assert request_id not in self._handles, f"request {request_id} is already in flight"
         rank = self._admission.admit()
-        handle = RequestHandle(
-            request_id, rank, self._on_handle_closed, deadline, self._config.stream_interval
-        )
-        handle.context_tokens = len(prompt_token_ids)
+        try:
+            handle = RequestHandle(
+                request_id, rank, self._on_handle_closed, deadline, self._config.stream_interval
+            )
+        except BaseException:
+            self._admission.release(rank)
+            raise
+        # From here on the handle owns the slot and its place in `_handles`: closing it (once,
+        # on any path) frees both.
         self._handles[request_id] = handle
         self._idle.clear()
-        self._channels.send_add(rank, request_id, prompt_token_ids, sampling, images)
-        logger.debug(
-            "request %s: %d prompt tokens to DP rank %d (%d in flight)",
-            request_id,
-            len(prompt_token_ids),
-            rank,
-            len(self._handles),
-        )
+        sent = False
+        try:
+            handle.context_tokens = len(prompt_token_ids)
+            framed = self._channels.frame_add(request_id, prompt_token_ids, sampling, images)
+            sent = True
+            self._channels.send_framed_add(rank, framed)
+            logger.debug(
+                "request %s: %d prompt tokens to DP rank %d (%d in flight)",
+                request_id,
+                len(prompt_token_ids),
+                rank,
+                len(self._handles),
+            )
+        except BaseException:
+            if sent:  # the rank may have it: abort it there too
+                handle.close(AbortReason.STOP)
+            else:
+                handle.withdraw()
+            raise
         return handle
 
     def fail_all(self, error: ApiError) -> None:

@@ -210,6 +210,12 @@ class RequestHandle:
         self._event.set()
         self._on_close(self, abort, reason)
 
+    def withdraw(self) -> None:
+        """Release a request that never reached the engine (starting it failed): frees its
+        slot like `close()`, with no abort."""
+        self._engine_finished = True
+        self.close(AbortReason.STOP)
+
     def _due(self) -> bool:
         """Whether the waiting output is handed on now (always, with a stream interval of 1)."""
         return (

@@ -86,10 +86,20 @@ def _prompts(body: dict[str, Any], recipe: RecipeContext) -> list[tuple[list[int
 
 
 def _is_ids(items: list[Any]) -> bool:
-    return all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in items)
+    return all(isinstance(i, int) and not isinstance(i, bool) for i in items)
 
 
 def _ids_prompt(ids: list[int], recipe: RecipeContext) -> tuple[list[int], str]:
+    bound = recipe.prompt_id_bound
+    low, high = min(ids), max(ids)
+    if low < 0 or high >= bound:
+        # The engine would drop the request (DeepInfer's add_request checks the same range);
+        # beyond int32 it could not even be sent.
+        raise BadRequestError(
+            f"'prompt' holds token ID {low if low < 0 else high}, outside this model's "
+            f"vocabulary: token IDs must be in [0, {bound})",
+            param="prompt",
+        )
     # The text `echo` prepends: every token of the prompt, special ones included.
     return list(ids), recipe.decoder.decode(ids, skip_special_tokens=False)
 

@@ -24,7 +24,7 @@ from deepseek_recipe import (
 from deepinfer_server.checkpoint_images import ImagePolicy, recipe_image_policy
 from deepinfer_server.errors import ApiError, BadRequestError, ContextLengthError, ErrorKind
 from deepinfer_server.protocol.images import ImageLimits, new_resolver
-from deepinfer_server.protocol.reasoning_seal import ReasoningSeal
+from deepinfer_server.protocol.reasoning_seal import ReasoningSeal, seal_key
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,9 @@ class RecipeContext:
     decoder: tokenizers.Tokenizer
     image_limits: ImageLimits
     image_resolver: ImageResolver
+    #: One past the largest token ID a client may send in a prompt: the engine's own bound
+    #: (`tokenizer.prompt_id_bound`), checked here so that the engine never sees one outside.
+    prompt_id_bound: int
     #: Why the engine computes no prompt logprobs (`echo` with `logprobs` is then refused).
     prompt_logprobs_unavailable: str | None = None
     #: The image placeholder the engine expands and how it counts image tokens.
@@ -59,9 +62,15 @@ class RecipeContext:
         default_thinking: bool,
         reasoning_secret: str | None = None,
         image_limits: ImageLimits | None = None,
+        *,
+        reasoning_key: bytes | None = None,
+        prompt_id_bound: int | None = None,
         prompt_logprobs_unavailable: str | None = None,
         image_policy: ImagePolicy | None = None,
     ) -> RecipeContext:
+        """`reasoning_key` (a `reasoning_seal.seal_key`) shared by every API server process
+        takes precedence over `reasoning_secret`; `prompt_id_bound` defaults to the
+        tokenizer's vocabulary with its added tokens."""
         tokenizer = Tokenizer.from_str(tokenizer_json)
         # Only the served names are accepted, all as DeepSeek-V4.1-Flash: the recipe's default
         # table would also accept "DeepSeek-V4-Pro" and render it with the wrong encoding.
@@ -78,11 +87,12 @@ class RecipeContext:
             tokenizer,
             served_model_names,
             context_limit,
-            ReasoningSeal.from_secret(reasoning_secret),
+            ReasoningSeal(reasoning_key or seal_key(reasoning_secret)),
             max_token_bytes(tokenizer_json),
             decoder,
             image_limits,
             new_resolver(image_limits),
+            prompt_id_bound or decoder.get_vocab_size(with_added_tokens=True),
             prompt_logprobs_unavailable,
             image_policy or recipe_image_policy(tokenizer_json),
         )

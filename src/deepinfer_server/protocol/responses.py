@@ -29,7 +29,7 @@ from deepinfer_server.protocol.structured import (
     convert_honouring_tool_choice,
     read_constraint,
 )
-from deepinfer_server.protocol.validation import check_model
+from deepinfer_server.protocol.validation import check_model, optional_bool
 
 
 @dataclass(frozen=True)
@@ -55,13 +55,13 @@ def _reject_stateful_options(body: dict[str, Any]) -> None:
             "whole conversation in `input`",
             param="previous_response_id",
         )
-    if body.get("store") is True:
+    if optional_bool(body, "store"):
         raise BadRequestError(
             "store: true is not supported: this server stores no responses; omit `store` or "
             "set it to false",
             param="store",
         )
-    if body.get("background") is True:
+    if optional_bool(body, "background"):
         raise BadRequestError("background responses are not supported", param="background")
 
 
@@ -119,7 +119,7 @@ def prepare_responses(body: dict[str, Any], recipe: RecipeContext) -> PreparedRe
     reject_n(body, "the Responses API")
     check_model(body, recipe.served_model_names)
     read_constraint(RESPONSES_CONSTRAINT, body, thinking=False)
-    body = restore_reasoning(body, recipe.reasoning_seal)
+    body, conversation = restore_reasoning(body, recipe.reasoning_seal)
 
     def convert(
         body: dict[str, Any],
@@ -142,7 +142,7 @@ def prepare_responses(body: dict[str, Any], recipe: RecipeContext) -> PreparedRe
         echo,
         namespace_tool_map,
         constraint,
-        ReasoningRequest.of(body),
+        ReasoningRequest.of(body, conversation),
         images=engine.images,
     )
 

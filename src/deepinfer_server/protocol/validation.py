@@ -120,7 +120,7 @@ def check_chat_fields(body: dict[str, Any]) -> None:
         role = message.get("role")
         if role == "developer":
             message["role"] = "system"
-        elif role not in _CHAT_ROLES:
+        elif not isinstance(role, str) or role not in _CHAT_ROLES:
             raise BadRequestError(
                 f"unknown role {role!r}: expected one of {', '.join(sorted(_CHAT_ROLES))} "
                 "or developer",
