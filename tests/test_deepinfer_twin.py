@@ -216,3 +216,25 @@ def test_the_servers_image_token_count_is_deepinfers(checkpoint: Path) -> None:
         """,
     )
     assert [policy.geometry.token_count(w, h) for w, h in sizes] == counts
+
+
+def test_deepinfers_tokenizer_policy_takes_the_checkpoints_tokenizer(checkpoint: Path) -> None:
+    # DeepInfer registers its 21 multimodal span tokens at 129280-129300 and refuses a
+    # tokenizer that has anything there; <｜System｜> used to sit at 129280.
+    result = run_in_twin(
+        checkpoint,
+        """
+        tokenizer = ENGINE.tokenizer
+        RESULT = {
+            "system": tokenizer.convert_tokens_to_ids("<｜System｜>"),
+            "spans": [tokenizer.convert_tokens_to_ids(f"<|place_holder_mm_span_{i:04d}|>")
+                      for i in (0, 20)],
+            "vocab_size": ENGINE.model_config.get_vocab_size(),
+            "dropped": ENGINE.add_request("0", "high", {"max_tokens": 1},
+                                          np.asarray([5, 129280], dtype=np.int32)) is None,
+        }
+        """,
+    )
+    assert result["system"] < result["vocab_size"] == 129280
+    assert result["spans"] == [129280, 129300]
+    assert result["dropped"]  # DeepInfer's own bound, which the server applies before admission
