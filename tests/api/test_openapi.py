@@ -367,6 +367,11 @@ def _scalar(schema: dict[str, Any]) -> dict[str, Any] | None:
 
 def _bound_cases(schema: dict[str, Any]) -> Iterator[tuple[Any, bool]]:
     """(value, accepted?) at and just past each bound the schema states."""
+    if schema.get("type") == "boolean":
+        yield schema["const"], True
+        yield not schema["const"], False
+        yield "no", False  # a string is not a boolean
+        return
     if "const" in schema:
         yield schema["const"], True
         yield schema["const"] + 1, False
@@ -387,13 +392,24 @@ def _bound_cases(schema: dict[str, Any]) -> Iterator[tuple[Any, bool]]:
         yield schema["maximum"] + step, False
 
 
-def _bound_params() -> Iterator[tuple[str, str, Any, bool]]:
+#: Cases where today's validation is known to disagree with the document (open bugs).
+_ANY_BUT_TRUE = "issue 24 point 8: Responses accepts any value but true here"
+KNOWN_OPEN = {
+    ("/v1/responses", "store", "no"): _ANY_BUT_TRUE,
+    ("/v1/responses", "background", "no"): _ANY_BUT_TRUE,
+}
+
+
+def _bound_params() -> Iterator[Any]:
     for path, (component, _, _) in POST_APIS.items():
         for name, schema in _components()[component]["properties"].items():
             scalar = _scalar(schema)
-            if scalar is not None:
-                for value, accepted in _bound_cases(scalar):
-                    yield path, name, value, accepted
+            if scalar is None:
+                continue
+            for value, accepted in _bound_cases(scalar):
+                reason = KNOWN_OPEN.get((path, name, value))
+                marks = [pytest.mark.xfail(reason=reason)] if reason else []
+                yield pytest.param(path, name, value, accepted, marks=marks)
 
 
 @pytest.mark.parametrize(("path", "field", "value", "accepted"), list(_bound_params()))

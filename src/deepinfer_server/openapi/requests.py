@@ -14,6 +14,7 @@ from deepinfer_server.openapi.schema import (
     Schema,
     array,
     boolean,
+    boolean_false,
     integer,
     neutral,
     nullable,
@@ -39,7 +40,8 @@ THINKING_TYPES = ("adaptive", "enabled", "disabled")
 #: The served names (`--served-model-name`), a component the document fills in; another is a 404.
 _MODEL = ref("ModelName")
 _TEMPERATURE = number(0, 2)
-_TOP_P = {"type": "number", "exclusiveMinimum": 0, "maximum": 1}
+#: deepseek-recipe's range is (0, 1] in 32-bit floats (a 64-bit denormal rounds to 0).
+_TOP_P = number(1e-9, 1)
 _TOP_K = integer(-1, TOP_K_MAX, "-1 or 0 disable it (vLLM's extension)")
 #: deepseek-recipe's range (the server's own check allows up to 2^64 - 1).
 _SEED = integer(0, 2**63 - 1)
@@ -71,10 +73,14 @@ _STREAM_OPTIONS = obj(
     {"include_usage": boolean(), "continuous_usage_stats": boolean()},
     description="Needs `stream: true`",
 )
+#: stream_options without `stream: true` is a 400.
+_STREAM_OPTIONS_NEED_STREAM: Schema = {
+    "stream_options": {"properties": {"stream": {"const": True}}, "required": ["stream"]}
+}
 
 _FUNCTION = obj(
     {
-        "name": string(),
+        "name": string(minLength=1),
         "description": string(),
         "parameters": _JSON_SCHEMA,
         "strict": boolean(),
@@ -90,25 +96,46 @@ _CHAT_TOOL_CHOICE = one_of(
     ),
 )
 
-_CHAT_CONTENT_PART = obj(
-    {
-        "type": string(enum=["text", "image_url"]),
-        "text": string(),
-        "image_url": obj({"url": string(), "detail": string()}, ("url",)),
-    },
-    ("type",),
-    "`file` parts (documents) are a 400 unsupported_content",
+_CHAT_CONTENT_PART = one_of(
+    obj({"type": string(enum=["text"]), "text": string()}, ("type", "text")),
+    obj(
+        {
+            "type": string(enum=["image_url"]),
+            "image_url": obj({"url": string(), "detail": string()}, ("url",)),
+        },
+        ("type", "image_url"),
+    ),
+    description="`file` parts (documents) are a 400 unsupported_content",
 )
-_CHAT_MESSAGE = obj(
+_CHAT_TOOL_CALL = obj(
     {
-        "role": string(enum=list(CHAT_ROLES)),
-        "content": one_of(string(), array(_CHAT_CONTENT_PART), {"type": "null"}),
-        "name": string(),
-        "reasoning_content": nullable(string()),
-        "tool_calls": nullable(array(_ANY_OBJECT)),
-        "tool_call_id": string(),
+        "id": string(),
+        "type": string(enum=["function"]),
+        "function": obj({"name": string(), "arguments": string()}, ("name", "arguments")),
     },
-    ("role",),
+    ("id", "type", "function"),
+)
+_CHAT_CONTENT = one_of(string(), array(_CHAT_CONTENT_PART))
+
+
+def _chat_message(roles: list[str], content: Schema) -> Schema:
+    return obj(
+        {
+            "role": string(enum=roles),
+            "content": content,
+            "name": string(),
+            "reasoning_content": nullable(string()),
+            "tool_calls": nullable(array(_CHAT_TOOL_CALL)),
+            "tool_call_id": string(),
+        },
+        ("role",),
+    )
+
+
+#: Only an assistant message (one with tool_calls) may have null content.
+_CHAT_MESSAGE = one_of(
+    _chat_message(["assistant"], nullable(_CHAT_CONTENT)),
+    _chat_message([r for r in CHAT_ROLES if r != "assistant"], _CHAT_CONTENT),
 )
 _CHAT_RESPONSE_FORMAT = obj(
     {
@@ -119,7 +146,7 @@ _CHAT_RESPONSE_FORMAT = obj(
     },
     ("type",),
 )
-_STRUCTURED_OUTPUTS = obj(
+_STRUCTURED_OUTPUTS: Schema = obj(
     {
         "json": _JSON_SCHEMA,
         "regex": string(minLength=1),
@@ -129,6 +156,7 @@ _STRUCTURED_OUTPUTS = obj(
     },
     description="vLLM's structured outputs: at most one of its keys",
 )
+_STRUCTURED_OUTPUTS["maxProperties"] = 1
 
 CHAT_COMPLETIONS: Schema = obj(
     {
@@ -163,6 +191,7 @@ CHAT_COMPLETIONS: Schema = obj(
     },
     ("model", "messages"),
 )
+CHAT_COMPLETIONS["dependentSchemas"] = _STREAM_OPTIONS_NEED_STREAM
 
 COMPLETIONS: Schema = obj(
     {
@@ -195,11 +224,12 @@ COMPLETIONS: Schema = obj(
     },
     ("model", "prompt"),
 )
+COMPLETIONS["dependentSchemas"] = _STREAM_OPTIONS_NEED_STREAM
 
 _RESPONSES_TOOL = obj(
     {
-        "type": string(),
-        "name": string(),
+        "type": string(description="function, or a tool type deepseek-recipe supports"),
+        "name": string(minLength=1),
         "description": string(),
         "parameters": _JSON_SCHEMA,
         "strict": boolean(),
@@ -238,7 +268,7 @@ RESPONSES: Schema = obj(
         "tool_choice": nullable(
             one_of(
                 string(enum=["auto", "none", "required"]),
-                obj({"type": string(), "name": string()}, ("type",)),
+                obj({"type": string(enum=["function"]), "name": string()}, ("type", "name")),
             )
         ),
         "parallel_tool_calls": nullable(boolean()),
@@ -253,8 +283,8 @@ RESPONSES: Schema = obj(
         ),
         "include": nullable(array(string())),
         "n": nullable(integer(1, 1, "The Responses API has no n")),
-        "store": nullable(boolean("Only false: this server stores no responses")),
-        "background": nullable(boolean("Only false")),
+        "store": nullable(boolean_false("this server stores no responses")),
+        "background": nullable(boolean_false("background responses are not supported")),
         "previous_response_id": {"type": "null", "description": "Not supported (no store)"},
         "metadata": nullable(_ANY_OBJECT),
         "user": string(),
@@ -262,15 +292,38 @@ RESPONSES: Schema = obj(
     ("model",),
     "`input` or `instructions` must be given",
 )
+RESPONSES["anyOf"] = [{"required": ["input"]}, {"required": ["instructions"]}]
 
-_MESSAGES_BLOCK = obj(
-    {
-        "type": string(
-            enum=["text", "image", "thinking", "redacted_thinking", "tool_use", "tool_result"]
-        ),
-        "text": string(),
-    },
-    ("type",),
+_TEXT_BLOCK = obj({"type": string(enum=["text"]), "text": string()}, ("type", "text"))
+_MESSAGES_BLOCK = one_of(
+    _TEXT_BLOCK,
+    obj(
+        {"type": string(enum=["image"]), "source": obj({"type": string()}, ("type",))},
+        ("type", "source"),
+    ),
+    obj(
+        {"type": string(enum=["thinking"]), "thinking": string(), "signature": string()},
+        ("type", "thinking"),
+    ),
+    obj({"type": string(enum=["redacted_thinking"]), "data": string()}, ("type", "data")),
+    obj(
+        {
+            "type": string(enum=["tool_use"]),
+            "id": string(),
+            "name": string(),
+            "input": _ANY_OBJECT,
+        },
+        ("type", "id", "name", "input"),
+    ),
+    obj(
+        {
+            "type": string(enum=["tool_result"]),
+            "tool_use_id": string(),
+            "content": one_of(string(), array(_TEXT_BLOCK)),
+        },
+        ("type", "tool_use_id"),
+    ),
+    description="`document` blocks are not supported",
 )
 _ANTHROPIC_MESSAGE = obj(
     {
@@ -281,8 +334,11 @@ _ANTHROPIC_MESSAGE = obj(
 )
 _ANTHROPIC_TOOL = obj(
     {
-        "type": string(),
-        "name": string(),
+        "type": string(
+            pattern="^(custom$|bash_|text_editor_)",
+            description="A client tool; Anthropic's server tools are a 400",
+        ),
+        "name": string(minLength=1),
         "description": string(),
         "input_schema": _JSON_SCHEMA,
         "strict": boolean(),
@@ -303,7 +359,7 @@ _ANTHROPIC_FORMAT = obj(
 _MESSAGES_INPUT: dict[str, Schema] = {
     "model": _MODEL,
     "messages": array(_ANTHROPIC_MESSAGE, 1),
-    "system": one_of(string(), array(_MESSAGES_BLOCK)),
+    "system": one_of(string(), array(_TEXT_BLOCK)),
     "tools": array(_ANTHROPIC_TOOL),
     "tool_choice": _ANTHROPIC_TOOL_CHOICE,
     "thinking": _THINKING,

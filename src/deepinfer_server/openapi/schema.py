@@ -63,6 +63,11 @@ def boolean(description: str = "") -> Schema:
     return schema
 
 
+def boolean_false(why: str) -> Schema:
+    """A boolean accepted only as false (true is a 400 saying `why`)."""
+    return {"type": "boolean", "const": False, "description": f"Only false: {why}"}
+
+
 def array(items: Schema, min_items: int = 0, max_items: int | None = None) -> Schema:
     schema: Schema = {"type": "array", "items": items}
     if min_items:
