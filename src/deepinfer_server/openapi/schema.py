@@ -57,6 +57,7 @@ def string(description: str = "", **extra: Any) -> Schema:
 
 
 def boolean(description: str = "") -> Schema:
+    """A JSON boolean."""
     schema: Schema = {"type": "boolean"}
     if description:
         schema["description"] = description
@@ -69,6 +70,7 @@ def boolean_false(why: str) -> Schema:
 
 
 def array(items: Schema, min_items: int = 0, max_items: int | None = None) -> Schema:
+    """An array of `items`, with min_items to max_items of them."""
     schema: Schema = {"type": "array", "items": items}
     if min_items:
         schema["minItems"] = min_items

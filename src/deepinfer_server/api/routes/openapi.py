@@ -18,5 +18,6 @@ def _document_json(served_model_names: tuple[str, ...]) -> bytes:
 
 
 async def openapi_json(request: Request) -> Response:
+    """The document for this server's model names (serialized once per process)."""
     state: AppState = request.app.state.server
     return Response(_document_json(state.config.served_model_names), media_type="application/json")
