@@ -408,7 +408,8 @@ def _bound_params() -> Iterator[Any]:
                 continue
             for value, accepted in _bound_cases(scalar):
                 reason = KNOWN_OPEN.get((path, name, value))
-                marks = [pytest.mark.xfail(reason=reason)] if reason else []
+                # Not strict: the fix is on its way (branch i24-admission); drop the entry then.
+                marks = [pytest.mark.xfail(reason=reason, strict=False)] if reason else []
                 yield pytest.param(path, name, value, accepted, marks=marks)
 
 

@@ -242,6 +242,12 @@ _RESPONSES_INPUT_ITEM = obj(
         "role": string(enum=["user", "assistant", "system", "developer"]),
         "content": one_of(string(), array(_ANY_OBJECT)),
         "encrypted_content": nullable(string()),
+        "summary": array(_ANY_OBJECT),
+        "call_id": string(description="function_call, custom_tool_call and their outputs"),
+        "name": string(),
+        "arguments": string(description="function_call: the arguments as JSON text"),
+        "input": string(description="custom_tool_call: the tool's input"),
+        "output": one_of(string(), array(_ANY_OBJECT)),
     },
     description="An item without `type` is a message",
 )
