@@ -393,24 +393,13 @@ def _bound_cases(schema: dict[str, Any]) -> Iterator[tuple[Any, bool]]:
 
 
 #: Cases where today's validation is known to disagree with the document (open bugs).
-_ANY_BUT_TRUE = "issue 24 point 8: Responses accepts any value but true here"
-KNOWN_OPEN = {
-    ("/v1/responses", "store", "no"): _ANY_BUT_TRUE,
-    ("/v1/responses", "background", "no"): _ANY_BUT_TRUE,
-}
-
-
-def _bound_params() -> Iterator[Any]:
+def _bound_params() -> Iterator[tuple[str, str, Any, bool]]:
     for path, (component, _, _) in POST_APIS.items():
         for name, schema in _components()[component]["properties"].items():
             scalar = _scalar(schema)
-            if scalar is None:
-                continue
-            for value, accepted in _bound_cases(scalar):
-                reason = KNOWN_OPEN.get((path, name, value))
-                # Not strict: the fix is on its way (branch i24-admission); drop the entry then.
-                marks = [pytest.mark.xfail(reason=reason, strict=False)] if reason else []
-                yield pytest.param(path, name, value, accepted, marks=marks)
+            if scalar is not None:
+                for value, accepted in _bound_cases(scalar):
+                    yield path, name, value, accepted
 
 
 @pytest.mark.parametrize(("path", "field", "value", "accepted"), list(_bound_params()))
