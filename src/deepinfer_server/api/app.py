@@ -21,6 +21,7 @@ from deepinfer_server.api.routes.generation import (
 )
 from deepinfer_server.api.routes.meta import health, metrics, server_version
 from deepinfer_server.api.routes.models import list_models, retrieve_model
+from deepinfer_server.api.routes.openapi import openapi_json
 from deepinfer_server.api.routes.router_info import get_load, model_info, server_info
 from deepinfer_server.api.sse import keep_server_send
 from deepinfer_server.api.state import AppState
@@ -77,6 +78,7 @@ def build_app(state: AppState) -> Starlette:
         Route("/get_server_info", server_info, methods=["GET"]),
         Route("/model_info", model_info, methods=["GET"]),
         Route("/get_model_info", model_info, methods=["GET"]),
+        Route("/openapi.json", openapi_json, methods=["GET"]),
     ]
     app = _App(
         routes=routes,
