@@ -32,6 +32,7 @@ from deepinfer_server.ipc.control import (
     Failed,
     Ping,
     Pong,
+    RankReport,
     Serving,
     SnapshotReply,
     SnapshotRequest,
@@ -153,6 +154,7 @@ async def _serve(spec: WorkerSpec) -> int:
         metrics,
         admission=SharedAdmission(config.admission_capacity, spec.slots),
         on_failure=lambda reason: control.send(Failed(reason)),
+        on_rank_report=lambda rank, reason: control.send(RankReport(rank, reason)),
     )
     peers = ControlPeers(spec.index, config.api_server_count, control, coordinator, metrics)
     listener = asyncio.ensure_future(peers.listen())

@@ -27,6 +27,7 @@ from deepinfer_server.api_worker import WorkerSpec, run_api_worker
 from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.coordinator.admission import shared_slots
 from deepinfer_server.coordinator.channels import bind_rank_listener
+from deepinfer_server.coordinator.failure_cause import FailureCause
 from deepinfer_server.coordinator.process import REAP_TIMEOUT, RankProcesses, describe_exit
 from deepinfer_server.http_server import STOP_SIGNALS, log_serving
 from deepinfer_server.ipc.control import (
@@ -37,6 +38,7 @@ from deepinfer_server.ipc.control import (
     Failed,
     Ping,
     Pong,
+    RankReport,
     Serving,
     SnapshotReply,
     SnapshotRequest,
@@ -53,7 +55,6 @@ from deepinfer_server.rank.proc import run_rank
 
 logger = logging.getLogger("deepinfer_server")
 
-_EXIT_REPORT_GRACE_SECONDS = 0.5
 #: Seconds API server processes get to close after the ranks stopped, before they are killed.
 _WORKER_EXIT_TIMEOUT = 10.0
 #: Seconds beyond --shutdown-timeout that draining may take (uvicorn's own graceful shutdown).
@@ -125,6 +126,9 @@ class Supervisor:
         self._stopping = asyncio.Event()
         self._changed = asyncio.Event()  # a worker is serving, drained or exited
         self._failure: str | None = None
+        #: Rank exits (seen here) and rank reports (forwarded by the API server processes):
+        #: the cause the service fails for.
+        self._causes = FailureCause(self._fail)
         self._signals = 0
 
     async def start_workers(self, specs: list[WorkerSpec], ends: list[socket.socket]) -> None:
@@ -193,13 +197,8 @@ class Supervisor:
                 worker.terminate()
 
     def on_rank_exit(self, rank: int, exitcode: int | None) -> None:
-        # A rank that fails on purpose reports why to every API server process just before it
-        # exits; give that report a moment, so that /health names the cause.
-        asyncio.get_running_loop().call_later(
-            _EXIT_REPORT_GRACE_SECONDS,
-            self._fail,
-            f"DP rank {rank} exited unexpectedly with {describe_exit(exitcode)}",
-        )
+        how = describe_exit(exitcode)
+        self._causes.exit(rank, f"DP rank {rank} exited unexpectedly with {how}")
 
     async def _startup(self) -> int | None:
         """None once every API server process serves; else the exit code (1: a process ended
@@ -249,6 +248,8 @@ class Supervisor:
             self._workers[message.requester].control.send(message)
         elif isinstance(message, Failed):
             self._fail(message.reason)
+        elif isinstance(message, RankReport):
+            self._causes.report(message.rank, message.reason)
         elif isinstance(message, Pong):
             worker.answered_at = asyncio.get_running_loop().time()
         elif isinstance(message, Serving):

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.coordinator.admission import Admission, SharedAdmission
 from deepinfer_server.coordinator.channels import RankChannels
+from deepinfer_server.coordinator.failure_cause import FailureCause
 from deepinfer_server.coordinator.handle import RequestHandle
 from deepinfer_server.coordinator.liveness import LivenessWatch
 from deepinfer_server.coordinator.outcomes import error_for_finish, error_for_rejection
@@ -47,8 +48,6 @@ from deepinfer_server.metrics import RankLoad, ServerMetrics
 
 logger = logging.getLogger(__name__)
 
-_EXIT_REPORT_GRACE_SECONDS = 0.5
-
 
 class Coordinator:
     """The API process's handle on all DP ranks. Use from the event loop thread only."""
@@ -64,6 +63,7 @@ class Coordinator:
         *,
         admission: Admission | SharedAdmission | None = None,
         on_failure: Callable[[str], None] | None = None,
+        on_rank_report: Callable[[int, str], None] | None = None,
     ) -> None:
         self._config = config
         self._metrics = metrics
@@ -83,6 +83,10 @@ class Coordinator:
         self._ready: set[int] = set()
         self._all_ready = asyncio.Event()
         self._failure: str | None = None
+        self._causes = FailureCause(self._fail_service)
+        #: Where a rank's failure report goes when this process cannot see rank exits (an API
+        #: server process: the supervisor sees them and weighs the reports); else `_causes`.
+        self._on_rank_report = on_rank_report or self._causes.report
         self._failed = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -239,13 +243,8 @@ class Coordinator:
             )
 
     def _on_rank_exit(self, rank: int, exitcode: int | None) -> None:
-        # A rank that fails on purpose reports why just before it exits; give that report a
-        # moment to arrive so that /health names the cause rather than only the exit status.
-        asyncio.get_running_loop().call_later(
-            _EXIT_REPORT_GRACE_SECONDS,
-            self._fail_service,
-            f"DP rank {rank} exited unexpectedly with {describe_exit(exitcode)}",
-        )
+        how = describe_exit(exitcode)
+        self._causes.exit(rank, f"DP rank {rank} exited unexpectedly with {how}")
 
     def fail_service(self, reason: str) -> None:
         """Fail the service for `reason` (seen elsewhere: by the supervisor or another API
@@ -295,7 +294,7 @@ class Coordinator:
                 self._all_ready.set()
         elif isinstance(message, RankFailed):
             logger.error("DP rank %d failed:\n%s", message.rank, message.traceback)
-            self._fail_service(f"DP rank {message.rank} failed: {message.message}")
+            self._on_rank_report(message.rank, f"DP rank {message.rank} failed: {message.message}")
 
     def rank_loads(self) -> list[RankLoad]:
         """Every rank's running and waiting requests and their tokens (from the requests the

@@ -32,6 +32,15 @@ class Failed:
 
 
 @dataclass(frozen=True)
+class RankReport:
+    """API server process -> supervisor: a rank said why it failed (the supervisor, which sees
+    the rank processes exit, decides which failure is the cause: `FailureCause`)."""
+
+    rank: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class Drained:
     """API server process -> supervisor: its drain is over; no request of it is left."""
 
@@ -70,7 +79,9 @@ class Pong:
     """API server process -> supervisor: the answer to `Ping`."""
 
 
-ControlMessage = Serving | Failed | Drained | Exit | SnapshotRequest | SnapshotReply | Ping | Pong
+ControlMessage = (
+    Serving | Failed | RankReport | Drained | Exit | SnapshotRequest | SnapshotReply | Ping | Pong
+)
 
 
 class ControlChannel:
