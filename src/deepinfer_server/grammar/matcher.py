@@ -25,6 +25,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from deepinfer_server.grammar._xgr import Vocab, xgrammar
 from deepinfer_server.grammar.dsml import BLOCK_CLOSE, DSML, INVOKE_CLOSE, PARAM_CLOSE
 
@@ -37,7 +39,8 @@ _CANDIDATES = {
     "other": [*_OTHER, *_GENERIC],
 }
 _GENERIC_SET = frozenset(_GENERIC)
-_STRUCTURAL = frozenset(piece for pieces in _CANDIDATES.values() for piece in pieces) - _GENERIC_SET
+#: Pieces that keep their rank however often they are used (`,` and `:` among them).
+_STRUCTURAL = frozenset([*_OTHER, '"', PARAM_CLOSE])
 #: Trial advances (fork + accept) one plan search may make.
 PLAN_TRIALS = 8192
 #: The grammar's own string literals the planner tries as pieces (keys, tags: what
@@ -111,7 +114,10 @@ class SimulatedMatcher:
         self.stats = MatcherStats()
         self._matcher = xgr.GrammarMatcher(compiled)
         self._bitmask = xgr.allocate_token_bitmask(1, vocab.vocab_size)
-        self._other = [*_OTHER, *_grammar_literals(compiled), *_GENERIC]
+        literals = _grammar_literals(compiled)
+        self._other = [*_OTHER, *literals, *_GENERIC]
+        # Inside a raw parameter value only a tag (`</｜DSML｜ parameter>…`) ends the text.
+        self._raw = [*(text for text in literals if text.startswith("</")), *_CANDIDATES["raw"]]
         self._text = b""
         self._plan: list[int] | None = None
         #: False once a search found no completion within the bounds: no more planning.
@@ -196,11 +202,15 @@ class SimulatedMatcher:
         return bool((word >> (token & 31)) & 1)
 
     def _first_allowed(self) -> int:
-        words: list[int] = self._bitmask[0].tolist()
-        for index, word in enumerate(words):
-            if word:
-                bits = int(word) & 0xFFFFFFFF
-                return index * 32 + ((bits & -bits).bit_length() - 1)
+        """EOS when the grammar may end here, else the lowest allowed token that adds text
+        (a special token that decodes to nothing would repeat forever)."""
+        if self._allowed(self.vocab.eos_id):
+            return self.vocab.eos_id
+        words = self._bitmask[0].numpy().view(np.uint8)
+        allowed = np.flatnonzero(np.unpackbits(words, bitorder="little"))
+        for token in allowed.tolist():
+            if token < self.vocab.vocab_size and self.vocab.token_bytes(token):
+                return int(token)
         raise MatcherFailure("the grammar allows no token here (it matches no complete text)")
 
     def _advance_trigger(self, token: int) -> None:
@@ -255,7 +265,7 @@ class SimulatedMatcher:
         self, state: Any, text: bytes, uses: dict[str, int], trials: list[int]
     ) -> tuple[Any, str] | None:
         context = _context(text)
-        candidates = self._other if context == "other" else _CANDIDATES[context]
+        candidates = {"other": self._other, "raw": self._raw}.get(context) or _CANDIDATES[context]
         # Structural pieces keep their rank; the grammar's literals and generic characters
         # lose it after three uses.
         ordered = sorted(
@@ -268,7 +278,7 @@ class SimulatedMatcher:
         first: tuple[Any, str] | None = None
         for index in ordered:
             piece = candidates[index]
-            if first is not None and piece in _GENERIC_SET:
+            if first is not None and piece in _GENERIC_SET and piece not in _STRUCTURAL:
                 continue  # past the first fit only a structural piece may still finish it
             if trials[0] <= 0:
                 return None
@@ -297,7 +307,7 @@ def _grammar_literals(compiled: Any) -> list[str]:
             text = json.loads(f'"{raw}"')
         except ValueError:
             continue
-        if 2 <= len(text) <= _LITERAL_CHARS:
+        if 2 <= len(text) <= _LITERAL_CHARS and text.strip():  # whitespace only pads
             found[text] = None
             if len(found) >= _LITERAL_PIECES:
                 break
