@@ -107,4 +107,4 @@ def test_the_planner_does_bounded_work_per_token(
     except Exception:
         assert "grammar_failed" in case.outcomes, describe(case)
     assert matcher.stats.plan_trials <= PLAN_TRIALS * matcher.stats.plans
-    assert matcher.stats.plans <= tokens + 1
+    assert matcher.stats.plans <= 2 * tokens + 1  # at most an initial plan and a re-plan a token

@@ -20,6 +20,7 @@ or that xgrammar fails on raises MatcherFailure: the engine ends that one reques
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -50,10 +51,16 @@ _LITERAL_CHARS = 256
 #: Characters one plan may hold.
 PLAN_CHARS = 1024
 _RAW_OPEN = b'string="true">'
+_CONTEXT_BYTES = 4096
+_ESCAPED = re.compile(rb"\\.", re.DOTALL)
 _TAG = f"{DSML}".encode()
 
 
 def _context(text: bytes) -> str:
+    """Where the text ends: in a raw DSML parameter value, a JSON string, or elsewhere. Read
+    from the last `_CONTEXT_BYTES` only: the answer may be long, this runs per planned piece,
+    and a wrong guess costs only a worse plan (every token is still checked by the grammar)."""
+    text = text[-_CONTEXT_BYTES:]
     tag = max(text.rfind(b"<" + _TAG), text.rfind(b"</" + _TAG))
     if tag >= 0:
         end = text.find(b">", tag)
@@ -62,14 +69,7 @@ def _context(text: bytes) -> str:
         if text[end - len(_RAW_OPEN) + 1 : end + 1] == _RAW_OPEN:
             return "raw"
         text = text[end + 1 :]
-    quotes, escaped = 0, False
-    for byte in text:
-        if escaped:
-            escaped = False
-        elif byte == 0x5C:
-            escaped = True
-        elif byte == 0x22:
-            quotes += 1
+    quotes = _ESCAPED.sub(b"", text).count(b'"')
     return "string" if quotes % 2 else "other"
 
 
