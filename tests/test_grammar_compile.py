@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -11,7 +12,7 @@ pytest.importorskip("xgrammar")
 
 from deepinfer_server.grammar import GrammarError, chat_constraint
 from deepinfer_server.grammar._xgr import Vocab
-from deepinfer_server.grammar.compiler import GrammarCompiler, engine_env_defaults
+from deepinfer_server.grammar.compiler import GrammarBounds, GrammarCompiler, engine_env_defaults
 from deepinfer_server.tokenizer import embedded_tokenizer_json
 from tests.dsml import WEATHER_TOOL
 
@@ -24,8 +25,10 @@ def _strict(tool: Any) -> Any:
 
 
 @pytest.fixture(scope="module")
-def compiler() -> GrammarCompiler:
-    return GrammarCompiler(Vocab.from_tokenizer_json(embedded_tokenizer_json()))
+def compiler() -> Iterator[GrammarCompiler]:
+    compiler = GrammarCompiler(Vocab.from_tokenizer_json(embedded_tokenizer_json()))
+    yield compiler
+    compiler.close()
 
 
 def _schema_body(schema: Any) -> dict[str, Any]:
@@ -88,7 +91,7 @@ def test_invalid_tool_schema_names_tools(compiler: GrammarCompiler) -> None:
 
 
 def test_size_limit_and_cache(compiler: GrammarCompiler) -> None:
-    small = GrammarCompiler(compiler.vocab, max_schema_bytes=64)
+    small = GrammarCompiler(compiler.vocab, bounds=GrammarBounds(max_grammar_bytes=64))
     big = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(20)}}
     constraint = chat_constraint(_schema_body(big), False)
     assert constraint is not None

@@ -4,6 +4,7 @@ and forced tool calls parse back through deepseek-recipe into schema-valid calls
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -75,8 +76,10 @@ def _strict(tool: Any) -> Any:
 
 
 @pytest.fixture(scope="module")
-def compiler() -> GrammarCompiler:
-    return GrammarCompiler(Vocab.from_tokenizer_json(embedded_tokenizer_json()))
+def compiler() -> Iterator[GrammarCompiler]:
+    compiler = GrammarCompiler(Vocab.from_tokenizer_json(embedded_tokenizer_json()))
+    yield compiler
+    compiler.close()
 
 
 def _generate(compiler: GrammarCompiler, constraint: Constraint, echo: str, budget: int) -> str:

@@ -17,6 +17,7 @@ from deepinfer_server.ipc.messages import (
     FromRank,
     GeneratedTokens,
     LinkHello,
+    RankAlive,
     RequestDelta,
     RequestRejected,
     SamplingOptions,
@@ -127,3 +128,22 @@ def test_an_api_process_that_goes_away_does_not_stop_the_others(tmp_path: Path) 
         RankLoop(0, _Core(), links, _StopAfter(3), idle_wait=0.5).run()  # type: ignore[arg-type]
         steps = [m for m in _received(api_ends[0]) if isinstance(m, StepOutputs)]
         assert [[d.request_id for d in m.deltas] for m in steps] == [["a"], ["a"], ["a"]]
+
+
+class _IdleCore(_Core):
+    """An engine with nothing to do and a KV usage that never changes."""
+
+    def iterate(self) -> tuple[bool, list[RequestDelta]]:
+        return False, []
+
+
+def test_an_idle_loop_says_it_came_back_every_heartbeat(tmp_path: Path) -> None:
+    with _two_api_processes(tmp_path) as (links, api_ends):
+        loop = RankLoop(0, _IdleCore(), links, _StopAfter(30), idle_wait=0.01, heartbeat=0.0)
+        loop.run()  # type: ignore[arg-type]
+        for api_end in api_ends:
+            received = _received(api_end)
+            # The first iteration reports the KV usage; every later one, with nothing to
+            # report, is a heartbeat (the interval is 0 here).
+            assert sum(isinstance(m, StepOutputs) for m in received) == 1
+            assert sum(isinstance(m, RankAlive) for m in received) == 29

@@ -180,6 +180,7 @@ async def _serve(spec: WorkerSpec) -> int:
         if not server.started:
             return 1
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the supervisor says when to exit
+        coordinator.stop_watching()  # the supervisor stops the ranks next
         control.send(Drained())
         await peers.exit_requested.wait()  # the supervisor stops the ranks meanwhile
         return 0

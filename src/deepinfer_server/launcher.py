@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.coordinator.channels import RankChannels, bind_rank_listener
 from deepinfer_server.coordinator.coordinator import Coordinator
+from deepinfer_server.coordinator.liveness import heartbeat_interval
 from deepinfer_server.coordinator.process import RankProcesses
 from deepinfer_server.engines.backend import EngineBackend, EngineSpec
 from deepinfer_server.engines.registry import get_backend
@@ -103,6 +104,7 @@ def rank_specs(config: ResolvedConfig, prepared: Prepared, workdir: str) -> list
             backend_name=backend.name,
             api_addresses=tuple(api_address(workdir, i) for i in servers),
             log_level=config.log_level,
+            heartbeat_seconds=heartbeat_interval(config.step_timeout),
         )
         for rank in range(config.data_parallel_size)
     ]

@@ -110,8 +110,9 @@ class ServerConfig:
     step_timeout: float = option(
         300.0,
         "--step-timeout",
-        help="seconds a rank may take for one engine step while requests are in flight "
-        "before it is treated as failed (a hung engine); 0 disables (default: %(default)s)",
+        help="seconds a rank's loop may go without completing an engine step or iteration "
+        "(busy or idle) before it is treated as failed (a hung engine); 0 disables "
+        "(default: %(default)s)",
         type=float,
     )
     request_timeout: float = option(

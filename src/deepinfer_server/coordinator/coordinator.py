@@ -37,6 +37,7 @@ from deepinfer_server.ipc.messages import (
     AbortReason,
     FromRank,
     Images,
+    RankAlive,
     RankFailed,
     RankReady,
     RequestRejected,
@@ -91,8 +92,12 @@ class Coordinator:
         self._idle = asyncio.Event()
         self._idle.set()
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
         self._liveness = LivenessWatch(
-            config.data_parallel_size, config.step_timeout, self._engine_busy, self._fail_service
+            config.data_parallel_size,
+            config.step_timeout,
+            self._fail_service,
+            watching=lambda: self._failure is None and not self._stopping,
         )
         self.draining = False
 
@@ -129,11 +134,16 @@ class Coordinator:
     async def close(self, timeout: float) -> None:
         """Stop every rank (agreed stop; SIGKILL after `timeout`) and release the sockets."""
         assert self._processes is not None and self._stop is not None, "the ranks are not ours"
+        self.stop_watching()
         self.fail_all(ShuttingDownError())
         self._stop.request_stop()
         self._channels.send_shutdown()
         await self._processes.stop(timeout)
         await self.release()
+
+    def stop_watching(self) -> None:
+        """The ranks are about to leave their loops: their silence from now on is no hang."""
+        self._stopping = True
 
     async def release(self) -> None:
         """Stop reading from the ranks and close the sockets (the ranks are stopped, or are
@@ -226,9 +236,6 @@ class Coordinator:
 
     # Internals
 
-    def _engine_busy(self) -> bool:
-        return any(not handle.engine_finished for handle in self._handles.values())
-
     def _on_handle_closed(self, handle: RequestHandle, aborted: bool, reason: AbortReason) -> None:
         if self._handles.pop(handle.request_id, None) is None:
             return
@@ -283,11 +290,14 @@ class Coordinator:
     def _on_message(self, message: FromRank) -> None:
         if isinstance(message, StepOutputs):
             self._dispatch(message)
+        elif isinstance(message, RankAlive):
+            self._liveness.reported(message.rank, asyncio.get_running_loop().time())
         elif isinstance(message, RequestRejected):
             handle = self._handles.get(message.request_id)
             if handle is not None:
                 handle.fail(error_for_rejection(message), engine_finished=True)
         elif isinstance(message, RankReady):
+            self._liveness.reported(message.rank, asyncio.get_running_loop().time())
             self._ready.add(message.rank)
             logger.info("[startup] DP rank %d is ready (pid %d)", message.rank, message.pid)
             if len(self._ready) == self._config.data_parallel_size:

@@ -1,8 +1,11 @@
-"""LivenessWatch: a rank that completes no step while the engine owns work is hung.
+"""LivenessWatch: a rank whose loop stops coming back is hung, whatever is in flight.
 
-A hung engine (a dead collective peer, a wedged kernel) must not keep answering 200 on
-/health. The clock only runs while the engine still owns requests: requests that ended, were
-aborted or timed out do not count, whatever their HTTP writer is doing.
+A hung engine (a dead collective peer, a wedged kernel, a step or a request that never
+returns) must not keep answering 200 on /health. Every rank's loop reports each iteration that
+produced something (`StepOutputs`) and, when it has nothing to say, a `RankAlive` heartbeat at
+least every `heartbeat_interval(step_timeout)` seconds; a rank that sent nothing for
+`step_timeout` seconds is hung. The clock measures the loop itself, so clients that give up
+(and requests that end) cannot reset it.
 """
 
 from __future__ import annotations
@@ -10,46 +13,66 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+#: The most a rank waits between heartbeats (seconds), and the watch between checks.
+_MAX_INTERVAL_SECONDS = 1.0
+
+
+def heartbeat_interval(step_timeout: float) -> float:
+    """How often an otherwise silent rank loop reports that it came back (seconds)."""
+    if step_timeout <= 0:
+        return _MAX_INTERVAL_SECONDS
+    return min(_MAX_INTERVAL_SECONDS, step_timeout / 4)
+
 
 class LivenessWatch:
-    """Calls `on_hang(reason)` once when a rank reports no step for `step_timeout` seconds."""
+    """Calls `on_hang(reason)` once when a rank that has reported sends nothing for
+    `step_timeout` seconds while `watching()` is true."""
 
     def __init__(
         self,
         data_parallel_size: int,
         step_timeout: float,
-        engine_busy: Callable[[], bool],
         on_hang: Callable[[str], None],
+        watching: Callable[[], bool] = lambda: True,
     ) -> None:
         self._step_timeout = step_timeout
-        self._engine_busy = engine_busy
         self._on_hang = on_hang
-        self._last_report = [0.0] * data_parallel_size
+        self._watching = watching
+        #: Loop time of each rank's last message; None until its first (it is starting).
+        self._last_report: list[float | None] = [None] * data_parallel_size
 
     def reported(self, rank: int, now: float) -> None:
-        """A step report from `rank` arrived at loop time `now`."""
+        """A message from `rank` (ready, step outputs, heartbeat) arrived at loop time `now`."""
         self._last_report[rank] = now
 
     async def run(self) -> None:
-        """Check at a quarter of the timeout (at most every second) until a hang is found."""
+        """Check every heartbeat interval until a hang is found."""
         loop = asyncio.get_running_loop()
-        interval = min(1.0, self._step_timeout / 4)
-        was_busy = False
+        interval = heartbeat_interval(self._step_timeout)
+        last_check = loop.time()
         while True:
             await asyncio.sleep(interval)
             now = loop.time()
-            busy = self._engine_busy()
-            if not (busy and was_busy):
-                # Idle, or work that arrived since the last check: the clock starts now.
-                self._last_report = [now] * len(self._last_report)
-                was_busy = busy
+            stalled_here = now - last_check > 2 * interval + 0.5
+            last_check = now
+            if stalled_here or not self._watching():
+                # This process's own loop was held up (the ranks' reports are still unread in
+                # the sockets), or nothing is watched now: the clocks start again.
+                self._last_report = [None if t is None else now for t in self._last_report]
                 continue
-            # In lockstep, peers of a stuck rank block in its next collective shortly after it
-            # stops: the rank whose last report is oldest is the one that stopped first.
-            stuck = min(range(len(self._last_report)), key=self._last_report.__getitem__)
-            if now - self._last_report[stuck] > self._step_timeout:
+            hang = self._stuck_rank(now)
+            if hang is not None:
                 self._on_hang(
-                    f"DP rank {stuck} completed no engine step for {self._step_timeout:g}s "
-                    "(--step-timeout) while requests were in flight; the engine is hung"
+                    f"DP rank {hang} completed no engine step or loop iteration for "
+                    f"{self._step_timeout:g}s (--step-timeout); the engine is hung"
                 )
                 return
+
+    def _stuck_rank(self, now: float) -> int | None:
+        reports = [(t, rank) for rank, t in enumerate(self._last_report) if t is not None]
+        if not reports:
+            return None
+        # In lockstep, peers of a stuck rank block in its next collective shortly after it
+        # stops: the rank whose last report is oldest is the one that stopped first.
+        oldest, rank = min(reports)
+        return rank if now - oldest > self._step_timeout else None

@@ -7,7 +7,7 @@ GrammarUnavailable. Reading requests (`chat_constraint` and siblings) never need
 from __future__ import annotations
 
 from deepinfer_server.grammar._xgr import Vocab
-from deepinfer_server.grammar.compiler import GrammarCompiler, engine_env_defaults
+from deepinfer_server.grammar.compiler import GrammarBounds, GrammarCompiler, engine_env_defaults
 from deepinfer_server.grammar.constraint import (
     Constraint,
     ToolConstraint,
@@ -17,14 +17,16 @@ from deepinfer_server.grammar.constraint import (
     responses_constraint,
 )
 from deepinfer_server.grammar.errors import GrammarError, GrammarUnavailable
-from deepinfer_server.grammar.matcher import SimulatedMatcher
+from deepinfer_server.grammar.matcher import MatcherFailure, SimulatedMatcher
 from deepinfer_server.grammar.so_args import build_so_args
 
 __all__ = [
     "Constraint",
+    "GrammarBounds",
     "GrammarCompiler",
     "GrammarError",
     "GrammarUnavailable",
+    "MatcherFailure",
     "SimulatedMatcher",
     "ToolConstraint",
     "ToolSpec",

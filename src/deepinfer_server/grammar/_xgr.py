@@ -43,6 +43,9 @@ class Vocab:
     vocab_size: int
     think_end_ids: tuple[int, ...]
     decoded: tuple[bytes, ...] = field(repr=False)
+    #: What it was built from, for processes that build their own (`compile_workers`).
+    tokenizer_json: str = field(default="", repr=False)
+    requested_size: int | None = None
 
     @classmethod
     def from_tokenizer_json(cls, tokenizer_json: str, vocab_size: int | None = None) -> Vocab:
@@ -83,4 +86,5 @@ def _vocab(tokenizer_json: str, vocab_size: int | None) -> Vocab:
         add_prefix_space=meta["add_prefix_space"],
     )
     think_end = tuple(tokenizer.encode(THINK_END, add_special_tokens=False).ids)
-    return Vocab(tokenizer, info, int(eos), size, think_end, tuple(info.decoded_vocab))
+    decoded = tuple(info.decoded_vocab)
+    return Vocab(tokenizer, info, int(eos), size, think_end, decoded, tokenizer_json, vocab_size)

@@ -1,22 +1,27 @@
-"""Compile and validate so_args in the API process, with the engine's xgrammar version.
+"""Validate and compile so_args with the engine's xgrammar version, within bounds.
 
-Bounded input size, bounded compile time (DeepInfer's DEEPINFER_XGRAMMAR_TIMEOUT, default 20 s)
-and a bounded LRU cache of compiled grammars keyed by (schema_type, schema). xgrammar's own cache
-is off here; the engine's is bounded through `engine_env_defaults()` (CVE-2025-32381: xgrammar's
-cache grows without limit unless given one; DeepInfer's default limit is 10 GiB).
+Every compile runs in a worker process (`compile_workers`) under the grammar bounds: the
+grammar's size, the compile time (half of DeepInfer's DEEPINFER_XGRAMMAR_TIMEOUT, so that a
+grammar that passes here compiles in time in the engine too), the compile's memory (an
+address-space limit per worker) and the compiled grammar's size (so that the engine's cache,
+bounded through `engine_env_defaults()`, holds several; CVE-2025-32381: xgrammar's cache grows
+without limit unless given one, and DeepInfer's default limit is 10 GiB). `check()` (the API
+process) keeps only digests of the grammars that passed; `compile()` (the simulated engine)
+keeps the compiled grammars in an LRU bounded in bytes by their own size estimate.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
 from typing import Any
 
-from deepinfer_server.grammar._xgr import Vocab, clean_error, xgrammar
+from deepinfer_server.grammar._xgr import Vocab, xgrammar
+from deepinfer_server.grammar.compile_workers import CompileOutcome, CompileWorkers, WorkerLimits
 from deepinfer_server.grammar.constraint import Constraint
 from deepinfer_server.grammar.errors import GrammarError
 from deepinfer_server.grammar.so_args import SCHEMA_TYPES, build_so_args
@@ -26,9 +31,22 @@ CACHE_LIMIT_ENV = "DEEPINFER_XGRAMMAR_CACHE_LIMIT_BYTES"
 DEEPINFER_DEFAULT_TIMEOUT_S = 20
 DEEPINFER_DEFAULT_CACHE_LIMIT_BYTES = 10 * 1024**3
 ENGINE_CACHE_LIMIT_BYTES = 512 * 1024**2
-DEFAULT_MAX_SCHEMA_BYTES = 256 * 1024
-DEFAULT_CACHE_BYTES = 256 * 1024**2
-DEFAULT_CACHE_ENTRIES = 512
+
+
+@dataclass(frozen=True)
+class GrammarBounds:
+    """What a grammar may cost; the README's "Limits" states the defaults and what they mean."""
+
+    #: The grammar text (schema, regex or EBNF) in UTF-8 bytes.
+    max_grammar_bytes: int = 64 * 1024
+    #: Compile time; None: half of DEEPINFER_XGRAMMAR_TIMEOUT.
+    compile_timeout_s: float | None = None
+    #: Memory one compile may take (the worker's address space beyond its start).
+    compile_memory_bytes: int = 1024**3
+    #: xgrammar's size estimate of the compiled grammar.
+    max_compiled_bytes: int = 64 * 1024**2
+    #: A worker whose resident memory grew by this much is replaced after answering.
+    recycle_bytes: int = 256 * 1024**2
 
 
 def engine_env_defaults() -> dict[str, str]:
@@ -62,95 +80,131 @@ def check_so_args(so_args: Mapping[str, Any], param: str) -> None:
 
 
 class GrammarCompiler:
-    """Per-process compiler: `so_args_for(constraint)` -> validated so_args; `compile()` ->
-    an xgrammar CompiledGrammar (cached). Thread-safe."""
+    """Per-process compiler: `so_args_for(constraint)` -> validated so_args; `check()` and
+    `compile()` (an xgrammar CompiledGrammar) for so_args. Thread-safe; blocking."""
 
     def __init__(
         self,
         vocab: Vocab,
         *,
-        max_schema_bytes: int = DEFAULT_MAX_SCHEMA_BYTES,
-        timeout_s: float | None = None,
-        cache_bytes: int = DEFAULT_CACHE_BYTES,
-        cache_entries: int = DEFAULT_CACHE_ENTRIES,
-        threads: int = 2,
+        bounds: GrammarBounds | None = None,
+        cache_bytes: int = 256 * 1024**2,
+        cache_entries: int = 512,
+        workers: int = 2,
     ) -> None:
-        xgr = xgrammar()
+        self._xgr = xgrammar()
         self.vocab = vocab
-        self.max_schema_bytes = max_schema_bytes
-        self.timeout_s = compile_timeout_s() if timeout_s is None else timeout_s
+        self.bounds = bounds or GrammarBounds()
+        timeout = self.bounds.compile_timeout_s
+        self.timeout_s = compile_timeout_s() / 2 if timeout is None else timeout
         self._cache_bytes = cache_bytes
         self._cache_entries = cache_entries
-        self._inner = xgr.GrammarCompiler(vocab.info, max_threads=threads, cache_enabled=False)
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="grammar")
-        self._cache: OrderedDict[tuple[str, str], tuple[Any, int]] = OrderedDict()
+        limits = WorkerLimits(self.bounds.compile_memory_bytes, self.bounds.recycle_bytes)
+        self._workers = CompileWorkers(vocab.tokenizer_json, vocab.requested_size, workers, limits)
+        self._checked: OrderedDict[bytes, None] = OrderedDict()
+        self._compiled: OrderedDict[bytes, tuple[Any, int]] = OrderedDict()
         self._used = 0
         self._lock = threading.Lock()
 
+    @property
+    def workers(self) -> CompileWorkers:
+        """The compile worker processes."""
+        return self._workers
+
     def so_args_for(self, constraint: Constraint) -> dict[str, Any]:
-        """Build the so_args for a request's constraint and compile them once (400 if bad)."""
+        """Build the so_args for a request's constraint and check that they compile within
+        the bounds (GrammarError, a 400, if not)."""
         so_args = build_so_args(constraint, self.vocab)
-        self.compile(so_args, constraint.param)
+        self.check(so_args, constraint.param)
         return so_args
 
-    def compile(self, so_args: Mapping[str, Any], param: str = "response_format") -> Any:
-        """The CompiledGrammar for so_args, as DeepInfer would compile it; GrammarError if the
-        schema is too large, invalid, or takes longer than the timeout."""
-        check_so_args(so_args, param)
-        key = (str(so_args["schema_type"]), str(so_args["schema"]))
-        size = len(key[1].encode())
-        if size > self.max_schema_bytes:
-            raise GrammarError(
-                f"the {key[0]} grammar is {size} bytes; the limit is {self.max_schema_bytes}", param
-            )
+    def check(self, so_args: Mapping[str, Any], param: str = "response_format") -> None:
+        """Raise GrammarError unless so_args compile, as DeepInfer would, within the bounds."""
+        schema_type, schema, key = self._key(so_args, param)
         with self._lock:
-            hit = self._cache.get(key)
+            if key in self._checked:
+                self._checked.move_to_end(key)
+                return
+        self._run(schema_type, schema, param, serialize=False)
+        with self._lock:
+            self._checked[key] = None
+            while len(self._checked) > self._cache_entries:
+                self._checked.popitem(last=False)
+
+    def compile(self, so_args: Mapping[str, Any], param: str = "response_format") -> Any:
+        """The CompiledGrammar for so_args (cached); GrammarError as `check()`."""
+        schema_type, schema, key = self._key(so_args, param)
+        with self._lock:
+            hit = self._compiled.get(key)
             if hit is not None:
-                self._cache.move_to_end(key)
+                self._compiled.move_to_end(key)
                 return hit[0]
-        future = self._pool.submit(self._compile, key[0], key[1])
-        try:
-            compiled = future.result(timeout=self.timeout_s)
-        except FutureTimeout as exc:
-            future.cancel()
-            raise GrammarError(
-                f"compiling the {key[0]} grammar took longer than {self.timeout_s:g} s", param
-            ) from exc
-        except GrammarError:
-            raise
-        except Exception as exc:
-            raise GrammarError(f"invalid {key[0]} grammar: {clean_error(exc)}", param) from exc
-        self._store(key, compiled)
+        outcome = self._run(schema_type, schema, param, serialize=True)
+        assert outcome.serialized is not None
+        compiled = self._xgr.CompiledGrammar.deserialize_json(outcome.serialized, self.vocab.info)
+        self._store(key, compiled, outcome.memory_bytes)
         return compiled
 
     def cache_info(self) -> tuple[int, int]:
-        """(entries, estimated bytes) held by the cache."""
+        """(compiled grammars held, their estimated bytes)."""
         with self._lock:
-            return len(self._cache), self._used
+            return len(self._compiled), self._used
 
     def close(self) -> None:
-        """Drop the cache and stop the compile threads."""
+        """Drop the caches and stop the compile workers."""
         with self._lock:
-            self._cache.clear()
+            self._compiled.clear()
+            self._checked.clear()
             self._used = 0
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._workers.close()
 
-    def _compile(self, schema_type: str, schema: str) -> Any:
-        if schema_type == "json":
-            return self._inner.compile_json_schema(schema, strict_mode=True)
-        if schema_type == "regex":
-            return self._inner.compile_regex(schema)
-        return self._inner.compile_grammar(schema)
+    def _key(self, so_args: Mapping[str, Any], param: str) -> tuple[str, str, bytes]:
+        check_so_args(so_args, param)
+        schema_type, schema = str(so_args["schema_type"]), str(so_args["schema"])
+        size = len(schema.encode())
+        limit = self.bounds.max_grammar_bytes
+        if size > limit:
+            raise GrammarError(
+                f"the {schema_type} grammar is {size} bytes; the limit is {limit}", param
+            )
+        digest = hashlib.sha256(f"{schema_type}\0{schema}".encode()).digest()
+        return schema_type, schema, digest
 
-    def _store(self, key: tuple[str, str], compiled: Any) -> None:
-        size = int(compiled.memory_size_bytes) + len(key[1])
+    def _run(self, schema_type: str, schema: str, param: str, serialize: bool) -> CompileOutcome:
+        outcome = self._workers.compile(schema_type, schema, self.timeout_s, serialize)
+        if outcome.outcome == "ok":
+            limit = self.bounds.max_compiled_bytes
+            if outcome.memory_bytes > limit:
+                raise GrammarError(
+                    f"the {schema_type} grammar compiles to {outcome.memory_bytes} bytes; "
+                    f"the limit is {limit}",
+                    param,
+                )
+            return outcome
+        if outcome.outcome == "invalid":
+            raise GrammarError(f"invalid {schema_type} grammar: {outcome.message}", param)
+        if outcome.outcome == "memory":
+            raise GrammarError(
+                f"compiling the {schema_type} grammar needs more than "
+                f"{self.bounds.compile_memory_bytes // 1024**2} MiB",
+                param,
+            )
+        if outcome.outcome == "timeout" and not outcome.message:
+            raise GrammarError(
+                f"compiling the {schema_type} grammar took longer than {self.timeout_s:g} s",
+                param,
+            )
+        reason = outcome.message or "its compile worker died"
+        raise GrammarError(f"the {schema_type} grammar could not be compiled: {reason}", param)
+
+    def _store(self, key: bytes, compiled: Any, size: int) -> None:
         if size > self._cache_bytes:
             return
         with self._lock:
-            if key in self._cache:
+            if key in self._compiled:
                 return
-            self._cache[key] = (compiled, size)
+            self._compiled[key] = (compiled, size)
             self._used += size
-            while self._used > self._cache_bytes or len(self._cache) > self._cache_entries:
-                _, (_, dropped) = self._cache.popitem(last=False)
+            while self._used > self._cache_bytes or len(self._compiled) > self._cache_entries:
+                _, (_, dropped) = self._compiled.popitem(last=False)
                 self._used -= dropped

@@ -253,7 +253,14 @@ class LinkHello(_Message):
     main: bool = True
 
 
-FromRank = RankReady | StepOutputs | RequestRejected | RankFailed | LinkHello
+class RankAlive(_Message):
+    """The rank's loop came back: sent when an iteration reported nothing else for the
+    heartbeat interval, so that an idle rank is watched as closely as a busy one."""
+
+    rank: int
+
+
+FromRank = RankReady | StepOutputs | RequestRejected | RankFailed | LinkHello | RankAlive
 
 to_rank_encoder = msgspec.msgpack.Encoder()
 to_rank_decoder = msgspec.msgpack.Decoder(ToRank)

@@ -9,7 +9,9 @@ Each iteration, on every rank:
      `flush_inflight_reqs()`;
   4. send one StepOutputs message with every request's new tokens; with several API server
      processes (`--api-server-count`), one to each, carrying the deltas of the requests it sent
-     (every process sees every step report: its liveness watch and step metrics need them).
+     (every process sees every step report: its liveness watch and step metrics need them);
+     when there was nothing to report for `heartbeat` seconds, a RankAlive to every process
+     instead (the liveness watch times the loop itself, busy or idle).
 Because step 3's collective gives every rank the same answer in the same round, all ranks call
 the same engine methods the same number of times; nothing else is needed to keep lockstep.
 """
@@ -23,6 +25,7 @@ from deepinfer_server.engines.backend import EngineCore
 from deepinfer_server.ipc.messages import (
     AbortRequests,
     AddRequest,
+    RankAlive,
     RequestDelta,
     StepOutputs,
     to_rank_decoder,
@@ -46,12 +49,14 @@ class RankLoop:
         links: ApiLinks,
         stop: StopAgreement,
         idle_wait: float,
+        heartbeat: float = 1.0,
     ) -> None:
         self._rank = rank
         self._core = core
         self._links = links
         self._stop = stop
         self._idle_wait_ms = max(1, int(idle_wait * 1000))
+        self._heartbeat = heartbeat
         #: Which API process each live request came from; None with one API process.
         self._clients: dict[str, int] | None = {} if links.count > 1 else None
 
@@ -61,6 +66,7 @@ class RankLoop:
         idle = True
         summary = _StepSummary(self._rank)
         reported_usage: float | None = None
+        last_sent = time.perf_counter()
         while not self._stop.should_stop(iteration):
             self._take_messages(wait=idle)
             started = time.perf_counter()
@@ -73,6 +79,10 @@ class RankLoop:
             if deltas or unfinished or usage != reported_usage:
                 self._publish(deltas, elapsed, usage)
                 reported_usage = usage
+                last_sent = started + elapsed
+            elif started + elapsed - last_sent >= self._heartbeat:
+                self._links.send_all(RankAlive(self._rank))
+                last_sent = started + elapsed
             idle = not unfinished
             iteration += 1
 

@@ -146,7 +146,9 @@ def run_rank(spec: RankSpec, stop: StopAgreement, shared: SharedState | None) ->
         watchdog.start()
         links.send_all(RankReady(spec.rank, os.getpid()))
         logger.info("[startup] ready")
-        RankLoop(spec.rank, built.core, links, stop, spec.idle_wait_seconds).run()
+        RankLoop(
+            spec.rank, built.core, links, stop, spec.idle_wait_seconds, spec.heartbeat_seconds
+        ).run()
         logger.info("[shutdown] closing the engine")
         watchdog.stop()
         built.core.close()

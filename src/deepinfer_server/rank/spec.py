@@ -20,6 +20,8 @@ class RankSpec:
     api_addresses: tuple[str, ...]
     log_level: str = "info"
     idle_wait_seconds: float = 0.05
+    #: How often a loop with nothing to report says it came back (`coordinator.liveness`).
+    heartbeat_seconds: float = 1.0
 
     @property
     def rank(self) -> int:

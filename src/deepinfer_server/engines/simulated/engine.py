@@ -9,7 +9,11 @@ at prefill time; EOS generated as an ordinary token under `ignore_eos`; the pref
 (prompts only at attempt points voted across the DP ranks, a step all prefill or all decode,
 the queue served in order: `scheduler.PrefillCadence`); `has_unfinished_requests()` as an
 all-reduce MAX and `step()`/`close()` as collectives across the DP ranks; single-thread
-ownership.
+ownership; DeepInfer's structured outputs (`SOMatcherBuilder`): a request's grammar compiles
+off the loop (here in a killable worker process) while the request waits outside the
+scheduler, each step picks up the grammars that are ready, and a grammar that fails to
+compile, times out or fails while matching ends that one request with
+"xgrammar runtime errors or timeout".
 
 Timing: every step, prompt steps included, lasts `itl_ms` while there is work (host work
 overlaps the step: a step computes its outputs as of its end, then waits for that end; a slower
@@ -23,6 +27,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +54,15 @@ from deepinfer_server.engines.simulated.sequence import (
     FINISH_SO_FAILED,
     Sequence,
 )
-from deepinfer_server.grammar import GrammarCompiler, GrammarError, SimulatedMatcher, Vocab
+from deepinfer_server.grammar import (
+    GrammarBounds,
+    GrammarCompiler,
+    GrammarError,
+    MatcherFailure,
+    SimulatedMatcher,
+    Vocab,
+)
+from deepinfer_server.grammar.compiler import compile_timeout_s
 from deepinfer_server.tokenizer import EOS_TOKEN
 
 logger = logging.getLogger(__name__)
@@ -105,6 +118,10 @@ class LLMEngine:
         self._step_deadline = 0.0
         self._closed = False
         self._grammar: GrammarCompiler | None = None
+        self._grammar_threads: ThreadPoolExecutor | None = None
+        self._grammar_lock = threading.Lock()
+        #: Requests whose grammar is compiling (DeepInfer's SOMatcherBuilder pending list).
+        self._pending: list[tuple[Sequence, Future[SimulatedMatcher]]] = []
         self._cadence = PrefillCadence(
             args.lockstep,
             args.engine_rank,
@@ -166,9 +183,11 @@ class LLMEngine:
             script=self._script.answer_tokens(prompt, multi_modal_data),
             ready_at=arrived + self._args.ttft_ms / 1000.0,
         )
-        if sampling_params.so_args:
-            self._attach_grammar(sequence)
-        if enqueue:
+        if sampling_params.so_args and enqueue:
+            self._pending.append((sequence, self._build_matcher(sequence)))
+        elif sampling_params.so_args:  # DeepInfer builds synchronously here too
+            self._attach(sequence, self._build_matcher(sequence))
+        elif enqueue:
             self._waiting.append(sequence)
         return sequence
 
@@ -178,8 +197,11 @@ class LLMEngine:
         ids = {request_id} if isinstance(request_id, str) else set(request_id)
         count = 0
         total_len = 0
-        for sequence in [s for s in self._waiting if s.request_id in ids]:
-            self._waiting.remove(sequence)
+        pending = [s for s, _ in self._pending if s.request_id in ids]
+        self._pending = [(s, f) for s, f in self._pending if s.request_id not in ids]
+        for sequence in [*pending, *(s for s in self._waiting if s.request_id in ids)]:
+            if sequence in self._waiting:
+                self._waiting.remove(sequence)
             count += 1
             total_len += sequence.length
             self._pending_terminal.append(sequence.ignored_output(FINISH_ABORT))
@@ -197,12 +219,12 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         """An all-reduce MAX over the DP ranks of "this rank has waiting or running work"."""
         self._check_thread()
-        local = 1 if (self._waiting or self._running) else 0
+        local = 1 if (self._waiting or self._running or self._pending) else 0
         return bool(self._args.lockstep.all_reduce_max(self._args.engine_rank, local))
 
     def get_num_unfinished_requests(self) -> int:
         self._check_thread()
-        return len(self._waiting) + len(self._running)
+        return len(self._waiting) + len(self._running) + len(self._pending)
 
     def step(self) -> npt.NDArray[np.uint64]:
         """One engine step, collective across the DP ranks; returns one handle per token."""
@@ -213,6 +235,7 @@ class LLMEngine:
         for handles in self._to_release:
             POOL.release(handles)
         self._to_release.clear()
+        self._pump_grammars()
         step_end = self._step_end(started)
 
         terminal, self._pending_terminal = self._pending_terminal, []
@@ -256,24 +279,57 @@ class LLMEngine:
         for handles in self._to_release:
             POOL.release(handles)
         self._to_release.clear()
+        if self._grammar_threads is not None:
+            self._grammar_threads.shutdown(wait=False, cancel_futures=True)
+        if self._grammar is not None:
+            self._grammar.close()
         self._closed = True
 
     # Internals
 
-    def _attach_grammar(self, sequence: Sequence) -> None:
-        """Constrain the sequence as DeepInfer's matcher would; a grammar that does not compile
-        ends the request with DeepInfer's structured-output failure (at its prefill)."""
+    def _build_matcher(self, sequence: Sequence) -> Future[SimulatedMatcher]:
+        """Start building the sequence's matcher off the loop (compiled in a worker process)."""
         so_args = sequence.params.so_args
         assert so_args is not None
-        try:
+        if self._grammar_threads is None:
+            self._grammar_threads = ThreadPoolExecutor(2, thread_name_prefix="grammar-build")
+        return self._grammar_threads.submit(
+            self._matcher_for, dict(so_args), sequence.params.max_tokens
+        )
+
+    def _matcher_for(self, so_args: dict[str, Any], max_tokens: int) -> SimulatedMatcher:
+        """(On a builder thread.) DeepInfer's compile, bounded by DEEPINFER_XGRAMMAR_TIMEOUT."""
+        with self._grammar_lock:
             if self._grammar is None:
                 vocab = Vocab.from_tokenizer_json(self._args.tokenizer_json, self._vocab_size)
-                self._grammar = GrammarCompiler(vocab)
-            sequence.matcher = SimulatedMatcher.from_so_args(
-                so_args, self._grammar, sequence.params.max_tokens
-            )
+                bounds = GrammarBounds(compile_timeout_s=compile_timeout_s())
+                self._grammar = GrammarCompiler(vocab, bounds=bounds, workers=1)
+            grammar = self._grammar
+        return SimulatedMatcher.from_so_args(so_args, grammar, max_tokens)
+
+    def _pump_grammars(self) -> None:
+        """Queue the pending requests whose matcher is built (or failed), in arrival order."""
+        if not self._pending:
+            return
+        still: list[tuple[Sequence, Future[SimulatedMatcher]]] = []
+        for sequence, future in self._pending:
+            if future.done():
+                self._attach(sequence, future)
+                self._waiting.append(sequence)
+            else:
+                still.append((sequence, future))
+        self._pending = still
+
+    def _attach(self, sequence: Sequence, future: Future[SimulatedMatcher]) -> None:
+        """Give the sequence its matcher; a grammar that did not compile ends the request with
+        DeepInfer's structured-output failure (at its prefill)."""
+        try:
+            sequence.matcher = future.result()
         except GrammarError as exc:
             logger.warning("request %s: grammar failed: %s", sequence.request_id, exc.message)
+            sequence.grammar_failed = True
+        except Exception:
+            logger.exception("request %s: building its grammar failed", sequence.request_id)
             sequence.grammar_failed = True
 
     def _check_thread(self) -> None:
@@ -372,7 +428,13 @@ class LLMEngine:
         count = self._args.tokens_per_step if budget is None else budget
         records: list[OutputRecord] = []
         for _ in range(count):
-            token = self._next_token(sequence)
+            try:
+                token = self._next_token(sequence)
+            except MatcherFailure as exc:
+                # DeepInfer's update_so_status: a matcher failure ends this request only.
+                logger.warning("request %s: %s", sequence.request_id, exc)
+                records.append(self._end_with_grammar_failure(sequence))
+                break
             sequence.output.append(token)
             reason = sequence.stop_reason(token, self.eos_id, self._args.max_model_len)
             record = OutputRecord(
@@ -394,6 +456,12 @@ class LLMEngine:
         # draft_tok/accept_tok are set only on the last entry of a request in a step.
         records[-1].draft_tok = records[-1].accept_tok = len(records)
         return records
+
+    def _end_with_grammar_failure(self, sequence: Sequence) -> OutputRecord:
+        sequence.finish_reason = FINISH_SO_FAILED
+        self._running.remove(sequence)
+        self._kv.free(sequence.request_id)
+        return sequence.ignored_output(FINISH_SO_FAILED)
 
     def _next_token(self, sequence: Sequence) -> int:
         token = sequence.scripted_token(self.eos_id)

@@ -1,0 +1,52 @@
+"""The grammar-abuse set over HTTP against a live simulated server (issue 24): each case is a
+400, a 500 `structured_output_failed` or a 200, as its outcomes allow, and the server stays
+healthy and answers a plain request after it (a `{"$ref": "#"}` schema used to kill the rank:
+503 for everyone)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import MODEL
+from tests.grammar_abuse import CASES, GrammarAbuseCase, describe
+from tests.server import LiveServer
+
+pytest.importorskip("xgrammar", reason="structured output needs the [grammar] extra")
+
+_STATUS = {400: "refused", 500: "grammar_failed", 200: "answered"}
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[LiveServer]:
+    # DEEPINFER_XGRAMMAR_TIMEOUT 6: the API's compile bound is 3 s, the engine's 6 s.
+    with LiveServer(
+        "--sim-itl-ms", "2", "--step-timeout", "20", env={"DEEPINFER_XGRAMMAR_TIMEOUT": "6"}
+    ) as live:
+        yield live
+
+
+def _chat(server: LiveServer, extra: dict[str, Any]) -> httpx.Response:
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 32,
+        "thinking": {"type": "disabled"},
+        **extra,
+    }
+    return httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=120)
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_each_case_fails_or_succeeds_alone(server: LiveServer, case: GrammarAbuseCase) -> None:
+    response = _chat(server, case.body)
+    outcome = _STATUS.get(response.status_code, str(response.status_code))
+    assert outcome in case.outcomes, f"{describe(case)} -> {response.status_code} {response.text}"
+    if outcome == "grammar_failed":
+        assert response.json()["error"]["code"] == "structured_output_failed"
+    assert httpx.get(server.base_url + "/health", timeout=10).status_code == 200
+    plain = _chat(server, {})
+    assert plain.status_code == 200, plain.text
