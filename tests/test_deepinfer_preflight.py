@@ -97,3 +97,12 @@ def test_the_cli_refuses_before_any_rank_starts(tmp_path: Path) -> None:
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("deepinfer-server: error: --max-num-batched-tokens 4096")
     assert "rank" not in result.stderr.lower()
+
+
+def test_a_transformers_release_that_breaks_deepinfers_tokenizer_is_refused() -> None:
+    from deepinfer_server.engines.deepinfer.preflight import check_transformers
+
+    check_transformers("4.50.0")
+    check_transformers(None)  # not installed: DeepInfer's own import will say so
+    with pytest.raises(ConfigError, match=r"transformers 4\.50\.0.*with transformers 5\.24\.0"):
+        check_transformers("5.24.0")

@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from tests.checkpoint import write_checkpoint
-from tests.deepinfer_twin import engine_pythonpath
+from tests.deepinfer_twin import engine_env
 from tests.deepinfer_twin.runner import run_in_twin
 from tests.server import LiveServer
 
@@ -99,7 +99,7 @@ def test_structured_output_through_the_server_on_deepinfers_grammar_engine(
 ) -> None:
     # DeepInfer's default of 4 grammar CPUs per GPU does not fit this node (8 GPUs on this
     # machine's cores): without the start-up check every structured request took the rank down.
-    env = {"PYTHONPATH": engine_pythonpath(), "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
+    env = engine_env("0,1,2,3,4,5,6,7")
     with LiveServer(str(checkpoint), "--ep", "1", engine="deepinfer", env=env) as server:
         client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
         schema = {
@@ -143,7 +143,7 @@ def _echo_with_logprobs(server: LiveServer, checkpoint: Path) -> httpx.Response:
 def test_echo_with_logprobs_is_refused_where_deepinfer_drops_prompt_logprobs(
     checkpoint: Path,
 ) -> None:
-    env = {"PYTHONPATH": engine_pythonpath(), "CUDA_VISIBLE_DEVICES": "0"}
+    env = engine_env("0")
     with LiveServer(str(checkpoint), "--ep", "1", engine="deepinfer", env=env) as server:
         reply = _echo_with_logprobs(server, checkpoint)
         assert reply.status_code == 200
@@ -178,7 +178,7 @@ def _png(width: int, height: int) -> str:
 def test_an_image_reaches_deepinfers_vision_input(checkpoint: Path) -> None:
     # deepseek-recipe renders <｜image｜> (129279); DeepInfer expands only the checkpoint's own
     # placeholder (here <｜deepseek_image｜>): any other ID passes as text, image ignored.
-    env = {"PYTHONPATH": engine_pythonpath(), "CUDA_VISIBLE_DEVICES": "0"}
+    env = engine_env("0")
     with LiveServer(str(checkpoint), "--ep", "1", engine="deepinfer", env=env) as server:
         client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
         content: list[dict[str, object]] = [

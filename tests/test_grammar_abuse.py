@@ -95,9 +95,12 @@ def test_the_planner_does_bounded_work_per_token(
     assert constraint is not None
     try:
         so_args = api_compiler.so_args_for(constraint)
-    except GrammarError:
-        return
-    matcher = SimulatedMatcher.from_so_args(so_args, api_compiler, max_tokens=10_000)
+        matcher = SimulatedMatcher.from_so_args(so_args, api_compiler, max_tokens=10_000)
+    except GrammarError as exc:
+        # Refused within the grammar bounds (on a slow machine, by the compile-time bound):
+        # then no planner ever runs for it.
+        assert "refused" in case.outcomes, f"{describe(case)}: {exc.message}"
+        pytest.skip(f"refused on this machine: {exc.message}")
     preferred = api_compiler.vocab.encode("Hello there, this is free text")
     tokens = 0
     try:

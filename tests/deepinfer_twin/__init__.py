@@ -35,5 +35,16 @@ def engine_pythonpath() -> str:
     return os.pathsep.join(filter(None, [*entries, os.environ.get("PYTHONPATH")]))
 
 
+def engine_env(visible_gpus: str) -> dict[str, str]:
+    """The environment of a `--engine deepinfer` server on `visible_gpus`: DeepInfer on the
+    path, and the twin's node holding as many GPUs as the server sees (the server and DeepInfer
+    must count the same node: the grammar CPU budget is cores per GPU)."""
+    return {
+        "PYTHONPATH": engine_pythonpath(),
+        "CUDA_VISIBLE_DEVICES": visible_gpus,
+        "DEEPINFER_TWIN_GPUS": str(len(visible_gpus.split(","))),
+    }
+
+
 def runs_on_twin() -> bool:
     return twin_dir() is not None

@@ -7,6 +7,7 @@ References are to the DeepInfer 0.1.0 source.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 from collections.abc import Mapping
@@ -120,6 +121,34 @@ def _read_json(path: Path) -> dict[str, object]:
     return value
 
 
+#: The transformers DeepInfer 0.1.0 pins (requirements.txt) and is known to load its tokenizer
+#: with: from 5.0 on, `LlamaTokenizerFast.from_pretrained` replaces the checkpoint's byte-level
+#: pre-tokenizer with Metaspace, so "option 7" encodes without its space and the grammar
+#: engine's token table (built from that tokenizer) allows no token that starts with a space.
+DEEPINFER_TRANSFORMERS = "4.50.0"
+
+
+def check_transformers(installed: str | None) -> None:
+    """Refuse a transformers release with which DeepInfer's tokenizer loses its spaces."""
+    if installed is None:
+        return
+    major = installed.split(".", 1)[0]
+    if major.isdigit() and int(major) >= 5:
+        raise ConfigError(
+            f"DeepInfer 0.1.0 needs transformers {DEEPINFER_TRANSFORMERS} (its pinned "
+            f"requirement); with transformers {installed} its tokenizer drops spaces and "
+            "structured output allows no text after the first word: "
+            f"pip install 'transformers=={DEEPINFER_TRANSFORMERS}'"
+        )
+
+
+def installed_transformers() -> str | None:
+    try:
+        return importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def run_preflight(
     max_model_len: int,
     max_num_seqs: int,
@@ -128,6 +157,7 @@ def run_preflight(
     environ: Mapping[str, str] | None = None,
 ) -> None:
     """Every check, in the order DeepInfer would fail them."""
+    check_transformers(installed_transformers())
     check_batch_limits(
         max_model_len,
         max_num_seqs,

@@ -6,7 +6,8 @@ token is chosen with DeepInfer's own matcher and bitmask: the per-request struct
 bookkeeping below is `Sampler._get_so_mask`'s `update_so_status` rule
 (model_executor/layers/sampler.py), applied to DeepInfer's `XGrammarMatcher`; the preferred
 token comes from the simulated engine's planner and must be allowed by DeepInfer's mask (else
-the lowest allowed token is taken, as an argmax over masked logits would be).
+the lowest allowed token is taken, as an argmax over masked logits would be: token 0 when the
+mask allows nothing).
 """
 
 from __future__ import annotations
@@ -147,7 +148,9 @@ class TwinModel:
         if _allowed(mask, preferred):
             return preferred
         allowed = _allowed_ids(mask)
-        return allowed[0] if allowed else self._eos_id
+        # A mask that allows nothing leaves every logit at -inf, whose argmax is token 0;
+        # DeepInfer's matcher rejects it on the next step and ends the request.
+        return allowed[0] if allowed else 0
 
     def _plan(self, request: _Request, params: Any, preferred: int) -> int:
         """The simulated engine's grammar planner's choice (a value that completes within
