@@ -24,21 +24,20 @@ def integer(
     minimum: int | None = None, maximum: int | None = None, description: str = ""
 ) -> Schema:
     """An integer in [minimum, maximum] (JSON booleans are not integers here)."""
-    schema: Schema = {"type": "integer"}
-    if minimum is not None:
-        schema["minimum"] = minimum
-    if maximum is not None:
-        schema["maximum"] = maximum
-    if description:
-        schema["description"] = description
-    return schema
+    return _bounded("integer", minimum, maximum, description)
 
 
 def number(
     minimum: float | None = None, maximum: float | None = None, description: str = ""
 ) -> Schema:
     """A JSON number in [minimum, maximum]."""
-    schema: Schema = {"type": "number"}
+    return _bounded("number", minimum, maximum, description)
+
+
+def _bounded(
+    kind: str, minimum: float | None, maximum: float | None, description: str
+) -> Schema:
+    schema: Schema = {"type": kind}
     if minimum is not None:
         schema["minimum"] = minimum
     if maximum is not None:
