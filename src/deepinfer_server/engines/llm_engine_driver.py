@@ -189,8 +189,9 @@ class LLMEngineDriver:
 
     def iterate(self) -> tuple[bool, list[RequestDelta]]:
         """One lockstep iteration: the collective work check, then step() or flush()."""
-        for request_id in list(self._unplaced_aborts):
-            self._abort_one(request_id)
+        if self._unplaced_aborts:  # rare; the loop runs every few milliseconds
+            for request_id in list(self._unplaced_aborts):
+                self._abort_one(request_id)
         unfinished = self._engine.has_unfinished_requests()
         handles = self._engine.step() if unfinished else self._engine.flush_inflight_reqs()
         return unfinished, self._read(handles)
