@@ -20,6 +20,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if "deepinfer_twin" in item.keywords:
             item.add_marker(skip)
 
+
 MODEL = "deepseek-flash"
 NO_THINKING = {"thinking": {"type": "disabled"}}
 #: A request that runs for far longer than any test (3000 tokens, EOS ignored).

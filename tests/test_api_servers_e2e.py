@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from deepinfer_server.protocol.reasoning_seal import ReasoningSeal
-from deepinfer_server.protocol.responses_reasoning import conversation_digest
+from deepinfer_server.protocol.core.reasoning_seal import ReasoningSeal
+from deepinfer_server.protocol.responses.reasoning import conversation_digest
 from tests.conftest import ENDLESS
 from tests.metrics_scrape import Samples, parse_metrics, scrape, value
 from tests.server import LiveServer

@@ -10,11 +10,11 @@ import pytest
 
 from deepinfer_server.errors import BadRequestError, ModelNotFoundError
 from deepinfer_server.ipc.messages import Finish, GeneratedTokens
-from deepinfer_server.protocol.chat_output import ChatOutput
-from deepinfer_server.protocol.chat_request import prepare_chat
-from deepinfer_server.protocol.recipe import RecipeContext
-from deepinfer_server.protocol.validation import decode_json
-from deepinfer_server.tokenizer import embedded_tokenizer_json
+from deepinfer_server.model.tokenizer import embedded_tokenizer_json
+from deepinfer_server.protocol.chat.output import ChatOutput
+from deepinfer_server.protocol.chat.request import prepare_chat
+from deepinfer_server.protocol.core.recipe import RecipeContext
+from deepinfer_server.protocol.core.validation import decode_json
 
 PNG_DATA_URL = "data:image/png;base64,iVBORw0KGgo="
 

@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from deepinfer_server.checkpoint_images import (
+from deepinfer_server.errors import BadRequestError
+from deepinfer_server.ipc.messages import Images
+from deepinfer_server.model.images import (
     ImagePolicy,
     deepinfer_image_policy,
     recipe_image_policy,
 )
-from deepinfer_server.errors import BadRequestError
-from deepinfer_server.ipc.messages import Images
-from deepinfer_server.protocol.images import place_images
-from deepinfer_server.tokenizer import embedded_tokenizer_json
+from deepinfer_server.model.tokenizer import embedded_tokenizer_json
+from deepinfer_server.protocol.core.images import place_images
 from tests.checkpoint import IMAGE_PLACEHOLDER_ID, write_checkpoint
 
 RECIPE_PLACEHOLDER_ID = 129279

@@ -15,7 +15,7 @@ pytest.importorskip("xgrammar")
 from deepinfer_server.engines.simulated.sequence import FINISH_SO_FAILED
 from deepinfer_server.grammar import GrammarBounds, GrammarCompiler, GrammarError
 from deepinfer_server.grammar._xgr import Vocab
-from deepinfer_server.tokenizer import embedded_tokenizer_json
+from deepinfer_server.model.tokenizer import embedded_tokenizer_json
 from tests.test_simulated_engine import make_engine, prompt, read
 
 TRIVIAL = {"schema_type": "regex", "schema": "(yes|no)"}

@@ -197,7 +197,7 @@ def test_an_image_reaches_deepinfers_vision_input(checkpoint: Path) -> None:
 
 
 def test_the_servers_image_token_count_is_deepinfers(checkpoint: Path) -> None:
-    from deepinfer_server.checkpoint_images import deepinfer_image_policy
+    from deepinfer_server.model.images import deepinfer_image_policy
 
     policy = deepinfer_image_policy(checkpoint, (checkpoint / "tokenizer.json").read_text())
     assert policy.geometry is not None

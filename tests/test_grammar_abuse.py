@@ -16,7 +16,7 @@ from deepinfer_server.engines.simulated.sequence import FINISH_SO_FAILED
 from deepinfer_server.grammar import GrammarBounds, GrammarCompiler, GrammarError, chat_constraint
 from deepinfer_server.grammar._xgr import Vocab
 from deepinfer_server.grammar.matcher import PLAN_TRIALS, SimulatedMatcher
-from deepinfer_server.tokenizer import embedded_tokenizer_json
+from deepinfer_server.model.tokenizer import embedded_tokenizer_json
 from tests.grammar_abuse import CASES, ENDLESS, GrammarAbuseCase, describe
 from tests.test_simulated_engine import make_engine, prompt, read
 

@@ -13,7 +13,7 @@ pytest.importorskip("xgrammar")
 from deepinfer_server.grammar import GrammarError, chat_constraint
 from deepinfer_server.grammar._xgr import Vocab
 from deepinfer_server.grammar.compiler import GrammarBounds, GrammarCompiler, engine_env_defaults
-from deepinfer_server.tokenizer import embedded_tokenizer_json
+from deepinfer_server.model.tokenizer import embedded_tokenizer_json
 from tests.dsml import WEATHER_TOOL
 
 

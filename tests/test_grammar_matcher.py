@@ -27,7 +27,7 @@ from deepinfer_server.grammar import Constraint, chat_constraint
 from deepinfer_server.grammar._xgr import Vocab
 from deepinfer_server.grammar.compiler import GrammarCompiler
 from deepinfer_server.grammar.matcher import SimulatedMatcher
-from deepinfer_server.tokenizer import embedded_tokenizer_json
+from deepinfer_server.model.tokenizer import embedded_tokenizer_json
 from tests.dsml import WEATHER_TOOL, tool_calls_block
 
 PERSON = {

@@ -13,7 +13,7 @@ from deepinfer_server.engines.simulated.outputs import RequestOutput
 from deepinfer_server.errors import ErrorKind
 from deepinfer_server.ipc.codec import pack_token_ids
 from deepinfer_server.ipc.messages import AddRequest, Finish, Images, SamplingOptions
-from deepinfer_server.tokenizer import embedded_tokenizer_json
+from deepinfer_server.model.tokenizer import embedded_tokenizer_json
 
 
 @cache

@@ -8,7 +8,7 @@ import pytest
 
 from deepinfer_server.engines.registry import BACKENDS
 from deepinfer_server.errors import ConfigError
-from deepinfer_server.model_source import resolve_model
+from deepinfer_server.model.source import resolve_model
 from tests.checkpoint import write_checkpoint
 
 DEEPINFER = BACKENDS["deepinfer"]

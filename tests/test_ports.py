@@ -6,8 +6,8 @@ import socket
 
 import pytest
 
+from deepinfer_server.engines.deepinfer.ports import RENDEZVOUS_OFFSET, choose_master_port
 from deepinfer_server.errors import ConfigError
-from deepinfer_server.ports import RENDEZVOUS_OFFSET, choose_master_port
 
 
 def _is_free(port: int) -> bool:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from deepinfer_server.protocol.reasoning_seal import ReasoningSeal
-from deepinfer_server.protocol.responses_reasoning import conversation_digest
+from deepinfer_server.protocol.core.reasoning_seal import ReasoningSeal
+from deepinfer_server.protocol.responses.reasoning import conversation_digest
 
 HERE = conversation_digest([{"role": "user", "content": "hi"}])
 

@@ -19,7 +19,7 @@ from deepinfer_server.engines.simulated.outputs import (
     RequestOutput,
 )
 from deepinfer_server.engines.simulated.script import REASONING_SENTENCE
-from deepinfer_server.tokenizer import embedded_tokenizer_json
+from deepinfer_server.model.tokenizer import embedded_tokenizer_json
 
 EOS = 1
 

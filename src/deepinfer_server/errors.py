@@ -21,7 +21,7 @@
 
 `ErrorKind` travels on the wire (a rank rejecting a request) and keys `ERROR_TABLE`, the only
 place that says which HTTP status and which OpenAI / Anthropic error type a failure has. The
-envelopes themselves are built per protocol in `protocol/error_shapes.py` from this table.
+envelopes themselves are built per protocol in `protocol/core/error_shapes.py` from this table.
 """
 
 from __future__ import annotations

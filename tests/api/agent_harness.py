@@ -8,7 +8,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from deepinfer_server.tokenizer import embedded_tokenizer_json
+from deepinfer_server.model.tokenizer import embedded_tokenizer_json
 from tests.api.harness import FakeCoordinator
 
 

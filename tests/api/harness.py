@@ -30,10 +30,10 @@ from deepinfer_server.ipc.messages import (
     SamplingOptions,
 )
 from deepinfer_server.metrics import RankLoad, ServerMetrics
-from deepinfer_server.protocol.images import ImageLimits
-from deepinfer_server.protocol.recipe import RecipeContext
-from deepinfer_server.protocol.structured import StructuredOutputs
-from deepinfer_server.tokenizer import embedded_tokenizer_json
+from deepinfer_server.model.tokenizer import embedded_tokenizer_json
+from deepinfer_server.protocol.core.images import ImageLimits
+from deepinfer_server.protocol.core.recipe import RecipeContext
+from deepinfer_server.protocol.core.structured import StructuredOutputs
 
 MODEL = "deepseek-flash"
 

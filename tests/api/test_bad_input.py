@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deepinfer_server.protocol.validation import MAX_JSON_DEPTH
+from deepinfer_server.protocol.core.validation import MAX_JSON_DEPTH
 from tests.api.harness import MODEL, Harness, failures, run, serve
 
 CHAT, RESPONSES, MESSAGES = "/v1/chat/completions", "/v1/responses", "/v1/messages"
@@ -290,7 +290,7 @@ def test_a_token_id_outside_the_vocabulary_is_a_400_before_admission(token_id: i
 
 def test_the_prompt_id_bound_is_the_checkpoints_vocab_size(tmp_path: Any) -> None:
     """DeepInfer's bound is config.json's text_config.vocab_size, not the tokenizer's size."""
-    from deepinfer_server.tokenizer import embedded_tokenizer_json, prompt_id_bound
+    from deepinfer_server.model.tokenizer import embedded_tokenizer_json, prompt_id_bound
 
     tokenizer_json = embedded_tokenizer_json()
     (tmp_path / "config.json").write_text(json.dumps({"text_config": {"vocab_size": 1000}}))

@@ -227,7 +227,7 @@ def test_structured_output_without_xgrammar_is_a_clear_400_but_strict_tools_stil
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from deepinfer_server.grammar import GrammarUnavailable
-    from deepinfer_server.protocol import structured
+    from deepinfer_server.protocol.core import structured
 
     def unavailable(*args: object, **kwargs: object) -> None:
         raise GrammarUnavailable()

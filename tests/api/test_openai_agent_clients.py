@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from deepinfer_server.protocol.reasoning_seal import ReasoningSeal
-from deepinfer_server.protocol.responses_reasoning import conversation_digest
+from deepinfer_server.protocol.core.reasoning_seal import ReasoningSeal
+from deepinfer_server.protocol.responses.reasoning import conversation_digest
 from tests.api.agent_harness import events, last_prompt
 from tests.api.harness import MODEL, Script, run, serve
 

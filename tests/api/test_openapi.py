@@ -22,13 +22,13 @@ from starlette.routing import Route
 
 from deepinfer_server.api.app import build_app
 from deepinfer_server.errors import ApiError, ContextLengthError
+from deepinfer_server.model.tokenizer import embedded_tokenizer_json
 from deepinfer_server.openapi import OPERATIONS, openapi_document
-from deepinfer_server.protocol.anthropic_messages import count_message_tokens, prepare_messages
-from deepinfer_server.protocol.chat_request import prepare_chat
-from deepinfer_server.protocol.completions import prepare_completion
-from deepinfer_server.protocol.recipe import RecipeContext
-from deepinfer_server.protocol.responses import prepare_responses
-from deepinfer_server.tokenizer import embedded_tokenizer_json
+from deepinfer_server.protocol.chat.request import prepare_chat
+from deepinfer_server.protocol.completions.request import prepare_completion
+from deepinfer_server.protocol.core.recipe import RecipeContext
+from deepinfer_server.protocol.messages.request import count_message_tokens, prepare_messages
+from deepinfer_server.protocol.responses.request import prepare_responses
 from tests.api.harness import MODEL, run, serve
 
 Prepare = Callable[[dict[str, Any], RecipeContext], object]

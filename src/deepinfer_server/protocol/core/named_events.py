@@ -12,8 +12,8 @@ from typing import Any, Protocol
 from deepseek_recipe import ConversationRequest
 
 from deepinfer_server.ipc.messages import Images
-from deepinfer_server.protocol.recipe import RecipeContext
-from deepinfer_server.protocol.stream_output import RecipeOutput
+from deepinfer_server.protocol.core.recipe import RecipeContext
+from deepinfer_server.protocol.core.stream_output import RecipeOutput
 
 
 def named_event(name: str | None, data: str) -> str:

@@ -29,7 +29,7 @@ from deepinfer_server.grammar import (
     responses_constraint,
 )
 from deepinfer_server.ipc.messages import StructuredOutput
-from deepinfer_server.protocol.recipe import recipe_errors
+from deepinfer_server.protocol.core.recipe import recipe_errors
 
 T = TypeVar("T")
 

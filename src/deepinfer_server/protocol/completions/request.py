@@ -13,11 +13,11 @@ from typing import Any
 
 from deepinfer_server.errors import BadRequestError, ContextLengthError, ErrorKind
 from deepinfer_server.ipc.messages import SamplingOptions
-from deepinfer_server.protocol.chat_request import StreamOptions, read_stream_options
-from deepinfer_server.protocol.choices import read_n, seeds_for, with_seed
-from deepinfer_server.protocol.recipe import RecipeContext
-from deepinfer_server.protocol.sampling import read_top_k, reject_unhonoured_sampling
-from deepinfer_server.protocol.validation import check_model, optional_bool, optional_uint
+from deepinfer_server.protocol.chat.request import StreamOptions, read_stream_options
+from deepinfer_server.protocol.core.choices import read_n, seeds_for, with_seed
+from deepinfer_server.protocol.core.recipe import RecipeContext
+from deepinfer_server.protocol.core.sampling import read_top_k, reject_unhonoured_sampling
+from deepinfer_server.protocol.core.validation import check_model, optional_bool, optional_uint
 
 BOS_TOKEN = "<｜begin▁of▁sentence｜>"
 #: OpenAI's and vLLM's default for completions.

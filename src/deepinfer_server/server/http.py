@@ -31,10 +31,10 @@ from deepinfer_server.coordinator.coordinator import Coordinator
 from deepinfer_server.engines.registry import get_backend
 from deepinfer_server.errors import ShuttingDownError, StartupError
 from deepinfer_server.metrics import ServerMetrics
-from deepinfer_server.protocol.images import ImageLimits
-from deepinfer_server.protocol.recipe import RecipeContext
-from deepinfer_server.protocol.structured import StructuredOutputs
-from deepinfer_server.tokenizer import prompt_id_bound
+from deepinfer_server.model.tokenizer import prompt_id_bound
+from deepinfer_server.protocol.core.images import ImageLimits
+from deepinfer_server.protocol.core.recipe import RecipeContext
+from deepinfer_server.protocol.core.structured import StructuredOutputs
 
 logger = logging.getLogger("deepinfer_server")
 

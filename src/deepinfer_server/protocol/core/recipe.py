@@ -21,10 +21,10 @@ from deepseek_recipe import (
     Tokenizer,
 )
 
-from deepinfer_server.checkpoint_images import ImagePolicy, recipe_image_policy
 from deepinfer_server.errors import ApiError, BadRequestError, ContextLengthError, ErrorKind
-from deepinfer_server.protocol.images import ImageLimits, new_resolver
-from deepinfer_server.protocol.reasoning_seal import ReasoningSeal, seal_key
+from deepinfer_server.model.images import ImagePolicy, recipe_image_policy
+from deepinfer_server.protocol.core.images import ImageLimits, new_resolver
+from deepinfer_server.protocol.core.reasoning_seal import ReasoningSeal, seal_key
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,9 @@ from deepseek_recipe import (
 )
 
 from deepinfer_server.ipc.messages import Finish, GeneratedTokens
-from deepinfer_server.protocol.completions import PreparedCompletion
-from deepinfer_server.protocol.recipe import RecipeContext
-from deepinfer_server.protocol.stream_output import (
+from deepinfer_server.protocol.completions.request import PreparedCompletion
+from deepinfer_server.protocol.core.recipe import RecipeContext
+from deepinfer_server.protocol.core.stream_output import (
     ends_inside_output,
     finish_parser,
     push_tokens,

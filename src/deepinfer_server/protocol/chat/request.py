@@ -10,17 +10,17 @@ from deepseek_recipe import ChatCompletionRequest, ConversationRequest
 from deepinfer_server.errors import BadRequestError
 from deepinfer_server.grammar import Constraint
 from deepinfer_server.ipc.messages import Images, SamplingOptions
-from deepinfer_server.protocol.chat_history import merge_assistant_runs
-from deepinfer_server.protocol.choices import read_n, seeds_for, with_seed
-from deepinfer_server.protocol.prepare import engine_input
-from deepinfer_server.protocol.recipe import RecipeContext
-from deepinfer_server.protocol.sampling import read_top_k, reject_unhonoured_sampling
-from deepinfer_server.protocol.structured import (
+from deepinfer_server.protocol.chat.history import merge_assistant_runs
+from deepinfer_server.protocol.core.choices import read_n, seeds_for, with_seed
+from deepinfer_server.protocol.core.prepare import engine_input
+from deepinfer_server.protocol.core.recipe import RecipeContext
+from deepinfer_server.protocol.core.sampling import read_top_k, reject_unhonoured_sampling
+from deepinfer_server.protocol.core.structured import (
     CHAT_CONSTRAINT,
     convert_honouring_tool_choice,
     read_constraint,
 )
-from deepinfer_server.protocol.validation import (
+from deepinfer_server.protocol.core.validation import (
     check_chat_fields,
     check_model,
     optional_bool,

@@ -15,21 +15,21 @@ from deepseek_recipe import (
 from deepinfer_server.errors import BadRequestError, ErrorKind
 from deepinfer_server.grammar import Constraint
 from deepinfer_server.ipc.messages import Images, SamplingOptions
-from deepinfer_server.protocol.choices import reject_n
-from deepinfer_server.protocol.named_events import NamedEventOutput, named_event
-from deepinfer_server.protocol.prepare import engine_input
-from deepinfer_server.protocol.recipe import RecipeContext
-from deepinfer_server.protocol.responses_reasoning import (
-    ReasoningItems,
-    ReasoningRequest,
-    restore_reasoning,
-)
-from deepinfer_server.protocol.structured import (
+from deepinfer_server.protocol.core.choices import reject_n
+from deepinfer_server.protocol.core.named_events import NamedEventOutput, named_event
+from deepinfer_server.protocol.core.prepare import engine_input
+from deepinfer_server.protocol.core.recipe import RecipeContext
+from deepinfer_server.protocol.core.structured import (
     RESPONSES_CONSTRAINT,
     convert_honouring_tool_choice,
     read_constraint,
 )
-from deepinfer_server.protocol.validation import check_model, optional_bool
+from deepinfer_server.protocol.core.validation import check_model, optional_bool
+from deepinfer_server.protocol.responses.reasoning import (
+    ReasoningItems,
+    ReasoningRequest,
+    restore_reasoning,
+)
 
 
 @dataclass(frozen=True)

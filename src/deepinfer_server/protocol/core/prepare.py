@@ -9,8 +9,8 @@ from deepseek_recipe import ConversationRequest
 
 from deepinfer_server.errors import ApiError, ContextLengthError
 from deepinfer_server.ipc.messages import Images, SamplingOptions
-from deepinfer_server.protocol.images import image_sources, place_images, resolve_images
-from deepinfer_server.protocol.recipe import RecipeContext, recipe_errors
+from deepinfer_server.protocol.core.images import image_sources, place_images, resolve_images
+from deepinfer_server.protocol.core.recipe import RecipeContext, recipe_errors
 
 
 @dataclass(frozen=True)

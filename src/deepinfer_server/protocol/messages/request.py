@@ -15,21 +15,21 @@ from deepseek_recipe import (
 from deepinfer_server.errors import BadRequestError
 from deepinfer_server.grammar import Constraint
 from deepinfer_server.ipc.messages import Images, SamplingOptions
-from deepinfer_server.protocol.anthropic_compat import (
-    anthropic_context_error,
-    normalize_messages_body,
-)
-from deepinfer_server.protocol.choices import reject_n
-from deepinfer_server.protocol.named_events import NamedEventOutput
-from deepinfer_server.protocol.prepare import engine_input
-from deepinfer_server.protocol.recipe import RecipeContext, recipe_errors
-from deepinfer_server.protocol.sampling import read_top_k
-from deepinfer_server.protocol.structured import (
+from deepinfer_server.protocol.core.choices import reject_n
+from deepinfer_server.protocol.core.named_events import NamedEventOutput
+from deepinfer_server.protocol.core.prepare import engine_input
+from deepinfer_server.protocol.core.recipe import RecipeContext, recipe_errors
+from deepinfer_server.protocol.core.sampling import read_top_k
+from deepinfer_server.protocol.core.structured import (
     MESSAGES_CONSTRAINT,
     convert_honouring_tool_choice,
     read_constraint,
 )
-from deepinfer_server.protocol.validation import check_model
+from deepinfer_server.protocol.core.validation import check_model
+from deepinfer_server.protocol.messages.compat import (
+    anthropic_context_error,
+    normalize_messages_body,
+)
 
 
 @dataclass(frozen=True)

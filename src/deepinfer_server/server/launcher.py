@@ -24,23 +24,23 @@ from deepinfer_server.coordinator.coordinator import Coordinator
 from deepinfer_server.coordinator.liveness import heartbeat_interval
 from deepinfer_server.coordinator.process import RankProcesses
 from deepinfer_server.engines.backend import EngineBackend, EngineSpec
+from deepinfer_server.engines.deepinfer.ports import choose_master_port
 from deepinfer_server.engines.registry import get_backend
 from deepinfer_server.errors import ConfigError
-from deepinfer_server.http_server import (
+from deepinfer_server.ipc.stop_agreement import StopAgreement
+from deepinfer_server.metrics import ServerMetrics
+from deepinfer_server.model.source import resolve_model
+from deepinfer_server.model.tokenizer import load_tokenizer_json
+from deepinfer_server.protocol.core.recipe import RecipeContext
+from deepinfer_server.rank.proc import run_rank
+from deepinfer_server.rank.spec import RankSpec
+from deepinfer_server.server.http import (
     build_server,
     create_recipe,
     log_serving,
     run_loop,
     wait_for_ranks,
 )
-from deepinfer_server.ipc.stop_agreement import StopAgreement
-from deepinfer_server.metrics import ServerMetrics
-from deepinfer_server.model_source import resolve_model
-from deepinfer_server.ports import choose_master_port
-from deepinfer_server.protocol.recipe import RecipeContext
-from deepinfer_server.rank.proc import run_rank
-from deepinfer_server.rank.spec import RankSpec
-from deepinfer_server.tokenizer import load_tokenizer_json
 
 logger = logging.getLogger("deepinfer_server")
 
@@ -153,7 +153,7 @@ async def _serve(config: ResolvedConfig) -> int:
     prepared = prepare(config)
     if config.api_server_count == 1:
         return await serve(config, prepared)
-    from deepinfer_server.supervisor import supervise
+    from deepinfer_server.server.supervisor import supervise
 
     return await supervise(config, prepared)
 

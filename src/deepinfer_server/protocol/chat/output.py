@@ -17,9 +17,9 @@ import orjson
 from deepseek_recipe import ChatCompletionRequest, ChatCompletionResponse
 
 from deepinfer_server.ipc.messages import Images
-from deepinfer_server.protocol.chat_request import PreparedChat
-from deepinfer_server.protocol.recipe import RecipeContext
-from deepinfer_server.protocol.stream_output import RecipeOutput
+from deepinfer_server.protocol.chat.request import PreparedChat
+from deepinfer_server.protocol.core.recipe import RecipeContext
+from deepinfer_server.protocol.core.stream_output import RecipeOutput
 
 _NULL_USAGE_SUFFIX = '"usage":null}'
 _NO_USAGE_SUFFIX = "]}"

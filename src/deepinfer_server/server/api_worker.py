@@ -24,7 +24,6 @@ from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.coordinator.admission import SharedAdmission
 from deepinfer_server.coordinator.channels import RankChannels
 from deepinfer_server.coordinator.coordinator import Coordinator
-from deepinfer_server.http_server import build_server, create_recipe, run_loop, wait_for_ranks
 from deepinfer_server.ipc.control import (
     ControlChannel,
     Drained,
@@ -39,8 +38,9 @@ from deepinfer_server.ipc.control import (
 )
 from deepinfer_server.metrics import ServerMetrics
 from deepinfer_server.metrics.aggregate import Snapshot, take_snapshot
+from deepinfer_server.model.tokenizer import load_tokenizer_json
 from deepinfer_server.rank.proc import die_with_parent
-from deepinfer_server.tokenizer import load_tokenizer_json
+from deepinfer_server.server.http import build_server, create_recipe, run_loop, wait_for_ranks
 
 logger = logging.getLogger("deepinfer_server")
 

@@ -23,13 +23,11 @@ import threading
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 
-from deepinfer_server.api_worker import WorkerSpec, run_api_worker
 from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.coordinator.admission import shared_slots
 from deepinfer_server.coordinator.channels import bind_rank_listener
 from deepinfer_server.coordinator.failure_cause import FailureCause
 from deepinfer_server.coordinator.process import REAP_TIMEOUT, RankProcesses, describe_exit
-from deepinfer_server.http_server import STOP_SIGNALS, log_serving
 from deepinfer_server.ipc.control import (
     ControlChannel,
     ControlMessage,
@@ -44,14 +42,16 @@ from deepinfer_server.ipc.control import (
     SnapshotRequest,
 )
 from deepinfer_server.ipc.stop_agreement import StopAgreement
-from deepinfer_server.launcher import (
+from deepinfer_server.protocol.core.reasoning_seal import seal_key
+from deepinfer_server.rank.proc import run_rank
+from deepinfer_server.server.api_worker import WorkerSpec, run_api_worker
+from deepinfer_server.server.http import STOP_SIGNALS, log_serving
+from deepinfer_server.server.launcher import (
     RANK_STOP_TIMEOUT,
     Prepared,
     api_address,
     rank_specs,
 )
-from deepinfer_server.protocol.reasoning_seal import seal_key
-from deepinfer_server.rank.proc import run_rank
 
 logger = logging.getLogger("deepinfer_server")
 

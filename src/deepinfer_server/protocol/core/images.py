@@ -36,11 +36,11 @@ from deepseek_recipe import (
     ReqwestImageFetcher,
 )
 
-from deepinfer_server.checkpoint_images import ImagePolicy
 from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.errors import BadRequestError, ErrorKind
 from deepinfer_server.ipc.messages import Images
-from deepinfer_server.protocol.image_fetch import AllowedOrigins, check_fetchable
+from deepinfer_server.model.images import ImagePolicy
+from deepinfer_server.protocol.core.image_fetch import AllowedOrigins, check_fetchable
 
 #: deepseek-recipe ImageError kinds that mean "too large" (413); the others are 400s.
 _TOO_LARGE = frozenset({"ImageTooLarge", "TotalSizeTooLarge", "ImageDimensionsTooLarge"})

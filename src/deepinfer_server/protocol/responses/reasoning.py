@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from deepinfer_server.protocol.reasoning_seal import ReasoningSeal
+from deepinfer_server.protocol.core.reasoning_seal import ReasoningSeal
 
 logger = logging.getLogger(__name__)
 
