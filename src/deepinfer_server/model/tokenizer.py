@@ -12,10 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-SYSTEM_TOKEN = "<｜System｜>"
-#: The last reserved slot before the named special tokens: `<｜place▁holder▁no▁799｜>` in V4.
-SYSTEM_TOKEN_ID = 128799
-EOS_TOKEN = "<｜end▁of▁sentence｜>"
+from deepinfer_server.model.tokens import SYSTEM_TOKEN, SYSTEM_TOKEN_ID
 
 
 def embedded_tokenizer_json() -> str:
