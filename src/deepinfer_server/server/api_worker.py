@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deepinfer_server.config import ResolvedConfig
+from deepinfer_server.config.logs import configure_logging
 from deepinfer_server.coordinator.admission import SharedAdmission
 from deepinfer_server.coordinator.channels import RankChannels
 from deepinfer_server.coordinator.coordinator import Coordinator
@@ -194,8 +195,5 @@ def run_api_worker(spec: WorkerSpec) -> None:
     """Spawn target of API server process `spec.index`."""
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(
-        level=spec.config.log_level.upper(),
-        format=f"%(asctime)s %(levelname)s [api {spec.index}] %(name)s: %(message)s",
-    )
+    configure_logging(spec.config.log_level, f"api {spec.index}")
     sys.exit(run_loop(_serve(spec)))

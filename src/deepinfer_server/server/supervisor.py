@@ -46,7 +46,7 @@ from deepinfer_server.protocol.core.reasoning_seal import seal_key
 from deepinfer_server.rank.proc import run_rank
 from deepinfer_server.server.api_worker import WorkerSpec, run_api_worker
 from deepinfer_server.server.http import STOP_SIGNALS, log_serving
-from deepinfer_server.server.launcher import (
+from deepinfer_server.server.startup import (
     RANK_STOP_TIMEOUT,
     Prepared,
     api_address,
