@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from tests.api.agent_harness import last_prompt
-from tests.api.harness import MODEL, run, serve
+from tests.http.agent_harness import last_prompt
+from tests.http.harness import MODEL, run, serve
 
 MESSAGES = "/v1/messages"
 COUNT = "/v1/messages/count_tokens"

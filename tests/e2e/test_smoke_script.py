@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
+from tests.paths import REPO
 from tests.server import LiveServer, free_port
 
-SMOKE = Path(__file__).resolve().parent.parent / "scripts" / "smoke.py"
+SMOKE = REPO / "scripts" / "smoke.py"
 
 
 def test_smoke_passes_against_the_live_server(shared_server: LiveServer) -> None:

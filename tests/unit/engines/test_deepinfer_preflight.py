@@ -17,9 +17,10 @@ from deepinfer_server.engines.deepinfer.preflight import (
 )
 from deepinfer_server.errors import ConfigError
 from tests.checkpoint import write_checkpoint
+from tests.paths import TESTS
 from tests.server import free_port
 
-STAND_IN = str(Path(__file__).resolve().parent / "fake_deepinfer")
+STAND_IN = str(TESTS / "fake_deepinfer")
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from deepinfer_server.model.tokenizer import embedded_tokenizer_json
-from tests.api.harness import FakeCoordinator
+from tests.http.harness import FakeCoordinator
 
 
 @cache

@@ -8,8 +8,8 @@ from typing import Any
 
 from deepinfer_server.protocol.core.reasoning_seal import ReasoningSeal
 from deepinfer_server.protocol.responses.reasoning import conversation_digest
-from tests.api.agent_harness import events, last_prompt
-from tests.api.harness import MODEL, Script, run, serve
+from tests.http.agent_harness import events, last_prompt
+from tests.http.harness import MODEL, Script, run, serve
 
 RESPONSES = "/v1/responses"
 CHAT = "/v1/chat/completions"

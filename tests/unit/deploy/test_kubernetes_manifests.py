@@ -17,7 +17,9 @@ import jsonschema
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.paths import REPO
+
+ROOT = REPO
 DEPLOY = ROOT / "deploy" / "kubernetes"
 SCHEMAS = ROOT / "tests" / "data" / "kubernetes" / "schemas"
 

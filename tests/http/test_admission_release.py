@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from deepinfer_server.api import endpoint
-from tests.api.harness import MODEL, run, serve
+from tests.http.harness import MODEL, run, serve
 
 CHAT = "/v1/chat/completions"
 #: The steps after admission of one choice's path and of several choices' path.

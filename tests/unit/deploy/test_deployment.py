@@ -20,9 +20,10 @@ import yaml
 
 from deepinfer_server.cli import parse_config
 from deepinfer_server.config import ResolvedConfig
+from tests.paths import REPO
 from tests.server import LiveServer, free_port
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 DOCKERFILE = ROOT / "Dockerfile"
 ENTRYPOINT = ROOT / "docker" / "entrypoint.sh"
 BACKEND_YAML = ROOT / "gpustack-deepinfer-server-backend.yaml"

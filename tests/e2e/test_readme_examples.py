@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.paths import REPO
 from tests.server import LiveServer
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = REPO / "README.md"
 _BLOCK = re.compile(
     r"(?:<!-- readme-test: (?P<marker>[^>]*) -->\n)?```(?P<lang>bash|python)\n(?P<code>.*?)```",
     re.S,

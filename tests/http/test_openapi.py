@@ -29,7 +29,7 @@ from deepinfer_server.protocol.completions.request import prepare_completion
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.protocol.messages.request import count_message_tokens, prepare_messages
 from deepinfer_server.protocol.responses.request import prepare_responses
-from tests.api.harness import MODEL, run, serve
+from tests.http.harness import MODEL, run, serve
 
 Prepare = Callable[[dict[str, Any], RecipeContext], object]
 

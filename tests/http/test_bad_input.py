@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from deepinfer_server.protocol.core.validation import MAX_JSON_DEPTH
-from tests.api.harness import MODEL, Harness, failures, run, serve
+from tests.http.harness import MODEL, Harness, failures, run, serve
 
 CHAT, RESPONSES, MESSAGES = "/v1/chat/completions", "/v1/responses", "/v1/messages"
 JSON = {"content-type": "application/json"}

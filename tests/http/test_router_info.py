@@ -10,7 +10,7 @@ import pytest
 
 from deepinfer_server.metrics import RankLoad, ServerMetrics
 from deepinfer_server.metrics.aggregate import Snapshot, take_snapshot
-from tests.api.harness import MODEL, Harness, Script, run, serve
+from tests.http.harness import MODEL, Harness, Script, run, serve
 
 CHAT = "/v1/chat/completions"
 

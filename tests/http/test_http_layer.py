@@ -9,7 +9,7 @@ import pytest
 
 from deepinfer_server.errors import EngineRequestError, ErrorKind, OverloadedError
 from deepinfer_server.ipc.messages import AbortReason, Finish
-from tests.api.harness import MODEL, Script, failures, run, serve
+from tests.http.harness import MODEL, Script, failures, run, serve
 
 CHAT = "/v1/chat/completions"
 

@@ -9,7 +9,6 @@ import inspect
 import sys
 import tarfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,9 +17,10 @@ from deepinfer_server.engines.backend import EngineSpec
 from deepinfer_server.engines.deepinfer.backend import DeepInferOptions
 from deepinfer_server.engines.deepinfer.engine import ENGINE_ARGS_FIELDS, engine_args_kwargs
 from deepinfer_server.engines.simulated.sampling_params import SamplingParams
+from tests.paths import REPO, TESTS
 
-STAND_IN = Path(__file__).resolve().parent / "fake_deepinfer"
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "deepinfer-0.1.0.tar.gz"
+STAND_IN = TESTS / "fake_deepinfer"
+REFERENCE = REPO.parent / "shared" / "reference" / "deepinfer-0.1.0.tar.gz"
 
 
 @pytest.fixture()

@@ -12,7 +12,7 @@ import pytest
 
 from deepinfer_server.api.preparation import PreparationGate
 from deepinfer_server.errors import OverloadedError
-from tests.api.harness import MODEL, Script, run, serve
+from tests.http.harness import MODEL, Script, run, serve
 
 CHAT = "/v1/chat/completions"
 

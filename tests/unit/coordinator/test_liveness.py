@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from deepinfer_server.coordinator.liveness import LivenessWatch, heartbeat_interval
 
 
@@ -64,6 +66,7 @@ def test_heartbeats_come_at_least_four_times_per_timeout() -> None:
     assert heartbeat_interval(0) == 1.0
 
 
+@pytest.mark.e2e
 def test_a_hung_step_fails_the_service_after_its_client_gave_up() -> None:
     """The issue's shape: the only request times out (its client gives up), so nothing is in
     flight, yet the rank is stuck in step(): /health must turn 503 all the same."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 
 from deepinfer_server.ipc.messages import AbortReason
-from tests.api.harness import MODEL, Script, failures, run, serve
+from tests.http.harness import MODEL, Script, failures, run, serve
 
 CHAT = "/v1/chat/completions"
 NO_THINKING = {"thinking": {"type": "disabled"}}
