@@ -10,8 +10,8 @@ import signal
 import httpx
 import psutil
 
+from tests.e2e.test_api_servers import _hold_one_on_each_api_server
 from tests.server import LiveServer
-from tests.test_api_servers_e2e import _hold_one_on_each_api_server
 
 
 def _api_server_pid(server: LiveServer, index: int) -> int:

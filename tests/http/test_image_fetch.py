@@ -23,8 +23,8 @@ from deepinfer_server.cli import parse_config
 from deepinfer_server.config.media_origins import parse_origin
 from deepinfer_server.errors import ConfigError
 from deepinfer_server.protocol.core.image_fetch import FETCH_FAILED, AllowedOrigins
+from tests.e2e.test_images import png
 from tests.http.harness import MODEL, run, serve
-from tests.test_images_e2e import png
 
 CHAT = "/v1/chat/completions"
 IMAGE = png(40, 30)

@@ -9,7 +9,7 @@ import numpy as np
 from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver
 from deepinfer_server.engines.simulated.kv_blocks import AllocStatus, KVBlocks, blocks_for
 from deepinfer_server.engines.simulated.outputs import RequestOutput
-from tests.test_simulated_engine import make_engine, prompt, run_to_end
+from tests.unit.engines.test_simulated_engine import make_engine, prompt, run_to_end
 
 
 @dataclass

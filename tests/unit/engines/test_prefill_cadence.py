@@ -8,7 +8,7 @@ import threading
 from deepinfer_server.engines.simulated.collectives import new_lockstep_group
 from deepinfer_server.engines.simulated.engine import LLMEngine, SimEngineArgs
 from deepinfer_server.engines.simulated.outputs import RequestOutput
-from tests.test_simulated_engine import _tokenizer_json, prompt
+from tests.unit.engines.test_simulated_engine import _tokenizer_json, prompt
 
 LONG = {"max_tokens": 1000, "ignore_eos": True}
 

@@ -16,7 +16,7 @@ from deepinfer_server.engines.simulated.sequence import FINISH_SO_FAILED
 from deepinfer_server.grammar import GrammarBounds, GrammarCompiler, GrammarError
 from deepinfer_server.grammar._xgr import Vocab
 from deepinfer_server.model.tokenizer import embedded_tokenizer_json
-from tests.test_simulated_engine import make_engine, prompt, read
+from tests.unit.engines.test_simulated_engine import make_engine, prompt, read
 
 TRIVIAL = {"schema_type": "regex", "schema": "(yes|no)"}
 #: Minutes to compile, and gigabytes (measured: 4 KiB of it takes 15 s and 145 MB of RSS).

@@ -18,7 +18,7 @@ from deepinfer_server.grammar._xgr import Vocab
 from deepinfer_server.grammar.matcher import PLAN_TRIALS, SimulatedMatcher
 from deepinfer_server.model.tokenizer import embedded_tokenizer_json
 from tests.grammar_abuse import CASES, ENDLESS, GrammarAbuseCase, describe
-from tests.test_simulated_engine import make_engine, prompt, read
+from tests.unit.engines.test_simulated_engine import make_engine, prompt, read
 
 #: Small bounds keep the expensive cases cheap: what matters is that they are bounded.
 TEST_BOUNDS = GrammarBounds(

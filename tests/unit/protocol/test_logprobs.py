@@ -10,7 +10,7 @@ from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver
 from deepinfer_server.engines.simulated.logprobs import CLAMPED, token_logprobs
 from deepinfer_server.engines.simulated.sampling_params import SamplingParams
 from deepinfer_server.ipc.messages import GeneratedTokens
-from tests.test_llm_engine_driver import PROMPT, add, make_adapter
+from tests.unit.engines.test_llm_engine_driver import PROMPT, add, make_adapter
 
 VOCAB = 129_280
 
