@@ -63,7 +63,7 @@ def test_admission_counts_n_slots_and_releases_them_on_refusal() -> None:
             h.coordinator.capacity = 2
             response = await h.client.post(CHAT, json=chat_body(n=3))
             assert response.status_code == 429
-            assert [closed[2] for closed in h.coordinator.closed] == [AbortReason.STOP] * 2
+            assert [closed[2] for closed in h.coordinator.closed] == [AbortReason.ROLLBACK] * 2
             assert h.coordinator.num_in_flight == 0
             assert failures(h.metrics) == {"429": 1.0}
 

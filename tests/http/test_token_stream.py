@@ -126,7 +126,7 @@ def test_an_error_in_the_sink_is_raised_in_the_request_task() -> None:
         h.deliver(7)  # must not raise in the reader
         with pytest.raises(RuntimeError, match="parser failure"):
             await task
-        assert h.closes == [(True, AbortReason.STOP)] and h.output.closed
+        assert h.closes == [(True, AbortReason.ERROR)] and h.output.closed
 
     asyncio.run(body())
 
