@@ -1,4 +1,5 @@
-"""RankProcesses: spawn the DP rank processes, watch them, and stop them without orphans.
+"""The DP rank processes of one server: spawn them, watch them, break their collectives when
+the service fails, and stop them without orphans.
 
 Shutdown follows one deadline: ask every rank to stop at an agreed iteration and close its
 engine together; after the deadline SIGKILL what is left. Each rank leads a process group of
@@ -15,9 +16,15 @@ import logging
 import multiprocessing
 import os
 import signal
+import threading
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 from typing import Any
+
+from deepinfer_server.engines.backend import SharedState
+from deepinfer_server.ipc.stop_agreement import StopAgreement
+from deepinfer_server.rank.proc import run_rank
+from deepinfer_server.rank.spec import RankSpec
 
 logger = logging.getLogger(__name__)
 
@@ -61,10 +68,6 @@ class RankProcesses:
         self._processes: list[BaseProcess] = []
         self._exited: list[asyncio.Future[None]] = []
         self._stopping = False
-
-    @property
-    def pids(self) -> list[int]:
-        return [p.pid for p in self._processes if p.pid is not None]
 
     def start(self) -> None:
         """Spawn one process per rank (the spawn method: no inherited engine or CUDA state)."""
@@ -122,3 +125,42 @@ class RankProcesses:
             await asyncio.wait(pending, timeout=5.0)
         for process in self._processes:
             process.join(0)
+
+
+class RankGroup:
+    """The ranks of one server, owned by the process that spawns them (the single API process,
+    or the supervisor of several): their processes, their agreed stop, and the break of their
+    collectives."""
+
+    def __init__(self, specs: list[RankSpec], shared: SharedState | None) -> None:
+        self._stop = StopAgreement()
+        self._processes = RankProcesses(run_rank, [(spec, self._stop, shared) for spec in specs])
+        self._abort = shared.abort if shared is not None else None
+
+    def start(self) -> None:
+        """Spawn every rank."""
+        self._processes.start()
+
+    def watch(self, on_exit: Callable[[int, str], None]) -> None:
+        """Call `on_exit(rank, reason)` when a rank exits unless it was asked to stop."""
+        self._processes.watch(
+            lambda rank, exitcode: on_exit(
+                rank, f"DP rank {rank} exited unexpectedly with {describe_exit(exitcode)}"
+            )
+        )
+
+    def break_collectives(self) -> None:
+        """Peers blocked in a collective with a failed rank would wait forever: break it. On a
+        thread, because a rank killed while holding a shared lock leaves that lock taken for
+        good, and the event loop must never wait on it."""
+        if self._abort is not None:
+            threading.Thread(target=self._abort, name="break-collectives", daemon=True).start()
+
+    def request_stop(self) -> None:
+        """Ask every rank to stop at an iteration they all agree on."""
+        self._stop.request_stop()
+
+    async def stop(self, timeout: float) -> None:
+        """The agreed stop; SIGKILL whatever is left after `timeout`."""
+        self._stop.request_stop()
+        await self._processes.stop(timeout)

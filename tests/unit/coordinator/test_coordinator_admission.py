@@ -141,9 +141,7 @@ async def _drive(ops: list[tuple[str | None, str]], faults: _Faults, socket_path
     channels = _FaultyChannels(socket_path, faults)
     metrics = ServerMetrics("m")
     config = parse_config(["--engine", "simulated", "--data-parallel-size", str(DP)])
-    coordinator = Coordinator(
-        config, None, channels, None, lambda: None, metrics, admission=admission
-    )
+    coordinator = Coordinator(config, channels, metrics, admission=admission)
     kept: list[RequestHandle] = []
     try:
         for number, (fault, ending) in enumerate(ops):
@@ -205,9 +203,7 @@ def test_a_token_id_beyond_int32_frees_its_slot(token_id: int, socket_dir: Path)
         admission = Admission(1, 16)
         channels = RankChannels(bind_rank_listener(str(socket_dir / "one.sock")), 1)
         config = parse_config(["--engine", "simulated"])
-        coordinator = Coordinator(
-            config, None, channels, None, lambda: None, ServerMetrics("m"), admission=admission
-        )
+        coordinator = Coordinator(config, channels, ServerMetrics("m"), admission=admission)
         try:
             for number in range(20):
                 with pytest.raises(OverflowError):
