@@ -348,3 +348,20 @@ def test_a_compressed_body_is_a_415_that_names_the_encoding(path: str) -> None:
             assert "UTF-8" not in response.text
 
     run(body)
+
+
+@pytest.mark.parametrize("path", [*PATHS, COMPLETIONS, "/v1/messages/count_tokens"])
+def test_every_post_route_refuses_a_body_not_declared_json(path: str) -> None:
+    """One body prologue: the 415 of a text/plain body holds on every POST route."""
+
+    async def body() -> None:
+        async with serve() as h:
+            request = VALID.get(path, {"model": MODEL, "prompt": "hi", **VALID[MESSAGES]})
+            response = await h.client.post(
+                path, content=orjson.dumps(request), headers={"content-type": "text/plain"}
+            )
+            assert response.status_code == 415, response.text
+            assert "Content-Type: application/json" in response.text
+            assert not h.coordinator.submitted
+
+    run(body)
