@@ -151,17 +151,34 @@ class Harness:
     state: AppState
 
 
+@cache
+def _recipe(
+    served_model_names: tuple[str, ...],
+    max_model_len: int,
+    reasoning_secret: str | None,
+    image_limits: ImageLimits,
+) -> RecipeContext:
+    """One recipe context per configuration, built once for the whole session: building one
+    loads the tokenizer twice and takes seconds (the context holds no per-request state)."""
+    return RecipeContext.create(
+        _tokenizer_json(),
+        served_model_names,
+        max_model_len,
+        default_thinking=True,
+        reasoning_secret=reasoning_secret,
+        image_limits=image_limits,
+    )
+
+
 @asynccontextmanager
 async def serve(*args: str, script: Script | None = None) -> AsyncIterator[Harness]:
     """The app for `deepinfer-server --engine simulated ARGS`, with a fake coordinator."""
     config = parse_config(["--engine", "simulated", "--max-model-len", "4096", *args])
-    recipe = RecipeContext.create(
-        _tokenizer_json(),
+    recipe = _recipe(
         config.served_model_names,
         config.max_model_len,
-        default_thinking=True,
-        reasoning_secret=config.reasoning_secret,
-        image_limits=ImageLimits.of(config),
+        config.reasoning_secret,
+        ImageLimits.of(config),
     )
     coordinator = FakeCoordinator(recipe, script or Script())
     metrics = ServerMetrics(config.served_model_name)
