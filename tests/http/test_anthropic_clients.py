@@ -85,7 +85,9 @@ def test_count_tokens_errors_are_anthropics() -> None:
             assert unknown.status_code == 404
             assert unknown.json()["type"] == "error"
             assert unknown.json()["error"]["type"] == "not_found_error"
-            bad = await h.client.post(COUNT, content=b"{")
+            bad = await h.client.post(
+                COUNT, content=b"{", headers={"content-type": "application/json"}
+            )
             assert bad.status_code == 400 and bad.json()["type"] == "error"
 
     run(body)
