@@ -9,6 +9,7 @@ import pytest
 
 from deepinfer_server.errors import EngineRequestError, ErrorKind, OverloadedError
 from deepinfer_server.ipc.messages import AbortReason, Finish
+from tests.dsml import WEATHER_TOOL, tool_calls_block
 from tests.http.harness import MODEL, Script, failures, run, serve
 
 CHAT = "/v1/chat/completions"
@@ -301,5 +302,72 @@ def test_the_access_log_escapes_what_could_forge_a_line(
             assert line.isprintable(), line
             assert line.split(" ")[1].startswith("/v1/models\\x") or forged == "%e2%80%a8"
             assert line.split(" ")[2] == "404" and "request_id=real-1" in line
+
+    run(body)
+
+
+_CALL = tool_calls_block("get_weather", city="Paris")
+_TOOLS_OPENAI = [WEATHER_TOOL]
+_TOOLS_ANTHROPIC = [
+    {
+        "name": "get_weather",
+        "description": "Current weather of a city",
+        "input_schema": WEATHER_TOOL["function"]["parameters"],  # type: ignore[index]
+    }
+]
+_RESPONSES_TOOLS = [
+    {"type": "function", "name": "get_weather", "parameters": {"type": "object"}},
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "request_body", "text", "finish", "logged"),
+    [
+        (CHAT, chat_body(tools=_TOOLS_OPENAI), _CALL, Finish.STOP, "tool_calls"),
+        (CHAT, chat_body(), "fine", Finish.LENGTH, "length"),
+        (CHAT, chat_body(stream=True, tools=_TOOLS_OPENAI), _CALL, Finish.STOP, "tool_calls"),
+        (
+            "/v1/messages",
+            {"model": MODEL, "max_tokens": 64, "tools": _TOOLS_ANTHROPIC,
+             "messages": [{"role": "user", "content": "hi"}]},
+            _CALL, Finish.STOP, "tool_use",
+        ),
+        (
+            "/v1/messages",
+            {"model": MODEL, "max_tokens": 64, "stream": True,
+             "messages": [{"role": "user", "content": "hi"}]},
+            "fine", Finish.STOP, "end_turn",
+        ),
+        ("/v1/responses", {"model": MODEL, "input": "hi"}, "fine", Finish.STOP, "completed"),
+        (
+            "/v1/responses",
+            {"model": MODEL, "input": "hi", "stream": True},
+            "fine", Finish.LENGTH, "max_output_tokens",
+        ),
+        (
+            "/v1/completions",
+            {"model": MODEL, "prompt": "hi"},
+            "fine", Finish.LENGTH, "length",
+        ),
+    ],
+)  # fmt: skip
+def test_the_access_log_records_the_finish_reason_the_client_saw(
+    path: str,
+    request_body: dict[str, object],
+    text: str,
+    finish: Finish,
+    logged: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def body() -> None:
+        async with serve(script=Script(text=text, finish=finish)) as h:
+            with caplog.at_level(logging.INFO, logger="deepinfer_server.access"):
+                response = await h.client.post(
+                    path, json=request_body, headers={"X-Request-Id": "fin-1"}
+                )
+            assert response.status_code == 200, response.text
+            assert logged in response.text  # what the client saw ...
+            (line,) = [r.getMessage() for r in caplog.records if r.name.endswith("access")]
+            assert f"finish_reason={logged} " in f"{line} "  # ... is what the log says
 
     run(body)

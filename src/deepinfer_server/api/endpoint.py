@@ -27,7 +27,7 @@ from deepinfer_server.api.fan_out import merge_streams, submit_all
 from deepinfer_server.api.image_urls import prepare_fetching_images
 from deepinfer_server.api.sse import FrameWriter, SSEResponse, complete, write_all
 from deepinfer_server.api.state import AppState
-from deepinfer_server.api.token_stream import ProtocolOutput, TokenStream, token_stream
+from deepinfer_server.api.token_stream import ProtocolOutput, TokenStream
 from deepinfer_server.coordinator.handle import RequestHandle
 from deepinfer_server.errors import ApiError, BadRequestError
 from deepinfer_server.grammar import Constraint
@@ -196,7 +196,7 @@ async def _serve_choices(
         [cast(Choice, choice).prompt_index for choice in choices],
     )
     streams = [
-        token_stream(handle, output, record, metrics)
+        TokenStream(handle, output, record, metrics).batches()
         for handle, output, record in zip(handles, outputs, records, strict=True)
     ]
     if choices[0].stream:
