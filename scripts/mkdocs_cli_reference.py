@@ -28,18 +28,20 @@ def _expanded_help(action: argparse.Action, prog: str) -> str:
 
 
 def _invocation(action: argparse.Action) -> str:
-    """`--flag, --alias VALUE`: the flags, then what follows them (choices, N, F or VALUE)."""
+    """`--flag`, `--alias` `VALUE`: each flag, then what follows them (choices, N, F or VALUE),
+    as separate code spans so that a narrow column breaks between them, never inside one."""
     if not action.option_strings:
-        return str(action.dest).upper()
+        return f"`{str(action.dest).upper()}`"
+    flags = ", ".join(f"`{flag}`" for flag in action.option_strings)
     if action.nargs == 0:
-        return ", ".join(action.option_strings)
+        return flags
     if action.choices is not None:
         value = "{" + ",".join(str(choice) for choice in action.choices) + "}"
     else:
         value = _VALUE_NAMES.get(action.type, "VALUE")  # type: ignore[call-overload]
     if action.nargs == "+":
         value = f"{value} [{value} ...]"
-    return ", ".join(action.option_strings) + " " + value
+    return f"{flags} `{value}`"
 
 
 def _default(action: argparse.Action, help_text: str) -> tuple[str, str]:
@@ -68,7 +70,7 @@ def _table(parser: argparse.ArgumentParser, actions: list[argparse.Action]) -> s
         if action.help == argparse.SUPPRESS:
             continue
         default, meaning = _default(action, _expanded_help(action, parser.prog))
-        rows.append(f"| `{_invocation(action)}` | {_escape(default)} | {_escape(meaning)} |")
+        rows.append(f"| {_invocation(action)} | {_escape(default)} | {_escape(meaning)} |")
     return "\n".join(rows)
 
 
@@ -83,7 +85,11 @@ def render_options(parser: argparse.ArgumentParser | None = None) -> str:
         heading = f"## {title[0].upper()}{title[1:]}"
         summary = group.description or ""
         description = f"\n\n{_escape(summary[:1].upper() + summary[1:])}." if summary else ""
-        sections.append(f"{heading}{description}\n\n{_table(parser, group._group_actions)}")
+        table = _table(parser, group._group_actions)
+        # md_in_html renders the table inside the div; the class keeps each option on one line.
+        sections.append(
+            f'{heading}{description}\n\n<div class="cli-options" markdown>\n\n{table}\n\n</div>'
+        )
     return "\n\n".join(sections)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 from types import ModuleType
 
@@ -23,14 +24,16 @@ def _hook() -> ModuleType:
 
 def test_the_reference_lists_every_option_with_its_expanded_help() -> None:
     rendered = _hook().render_options()
-    first_cells = [row.split("`")[1] for row in rendered.splitlines() if row.startswith("| `")]
-    listed = {part.split()[0] for cell in first_cells for part in cell.split(", ")}
+    first_cells = [row.split(" | ")[0] for row in rendered.splitlines() if row.startswith("| `")]
+    spans = {span for cell in first_cells for span in re.findall(r"`([^`]+)`", cell)}
+    listed = {span for span in spans if span.startswith("-") or span == "MODEL"}
     flags = {flag for action in build_parser()._actions for flag in action.option_strings}
     assert listed == flags | {"MODEL"}
     assert "%(" not in rendered  # argparse's placeholders are expanded, as `--help` does
-    assert "| `--port N` | 8000 | HTTP port |" in rendered
-    assert "| `--engine {deepinfer,simulated}` | deepinfer |" in rendered
-    assert "## --engine simulated" in rendered and "`--sim-itl-ms F` | 10.0 |" in rendered
+    assert "| `--port` `N` | 8000 | HTTP port |" in rendered
+    assert "| `--expert-parallel-size`, `--ep` `N` | DP\\*CP |" in rendered
+    assert "| `--engine` `{deepinfer,simulated}` | deepinfer |" in rendered
+    assert "## --engine simulated" in rendered and "`--sim-itl-ms` `F` | 10.0 |" in rendered
 
 
 def test_the_command_line_page_gets_the_generated_tables() -> None:
@@ -39,5 +42,5 @@ def test_the_command_line_page_gets_the_generated_tables() -> None:
     assert page.count(hook.MARKER) == 1
     built = hook.on_page_markdown(page)
     assert hook.MARKER not in built
-    assert "`--max-num-seqs N` | 16 |" in built
+    assert "`--max-num-seqs` `N` | 16 |" in built
     assert hook.on_page_markdown("# Another page\n") == "# Another page\n"
