@@ -33,10 +33,10 @@ from deepinfer_server.errors import ApiError, BadRequestError
 from deepinfer_server.grammar import Constraint
 from deepinfer_server.ipc.messages import AbortReason, Images, SamplingOptions
 from deepinfer_server.metrics import RequestRecord, ServerMetrics
-from deepinfer_server.protocol.choices import ChoiceMerger
-from deepinfer_server.protocol.images import mentions_images
-from deepinfer_server.protocol.recipe import RecipeContext
-from deepinfer_server.protocol.validation import decode_json
+from deepinfer_server.protocol.core.choices import ChoiceMerger
+from deepinfer_server.protocol.core.images import mentions_images
+from deepinfer_server.protocol.core.recipe import RecipeContext
+from deepinfer_server.protocol.core.validation import decode_json
 
 logger = logging.getLogger(__name__)
 

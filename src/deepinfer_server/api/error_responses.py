@@ -3,7 +3,7 @@
 This is the HTTP side of the one error boundary: `as_api_error` turns anything into an ApiError
 (unexpected exceptions become an InternalError, logged with the request ID), and
 `error_response` renders it with the status from `errors.ERROR_TABLE` and the envelope of the
-protocol the path speaks (`protocol/error_shapes.py`).
+protocol the path speaks (`protocol/core/error_shapes.py`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from starlette.responses import Response
 from starlette.types import Scope
 
 from deepinfer_server.errors import ApiError, ClientDisconnected, ErrorKind, InternalError
-from deepinfer_server.protocol.error_shapes import anthropic_error_body, openai_error_body
+from deepinfer_server.protocol.core.error_shapes import anthropic_error_body, openai_error_body
 
 logger = logging.getLogger(__name__)
 

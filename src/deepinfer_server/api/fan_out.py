@@ -23,7 +23,7 @@ def submit_all(submit: Callable[[int], RequestHandle], count: int) -> list[Reque
             handles.append(submit(index))
     except BaseException:
         for handle in handles:
-            handle.close(AbortReason.STOP)
+            handle.close(AbortReason.ROLLBACK)
         raise
     return handles
 

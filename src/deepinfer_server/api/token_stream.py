@@ -52,6 +52,8 @@ class ProtocolOutput(Protocol):
 
 def _abort_reason(error: BaseException | None) -> AbortReason:
     """Why an engine request still running was cut short (no error: a stop sequence)."""
+    if error is None:
+        return AbortReason.STOP
     if isinstance(error, RequestTimeoutError):
         return AbortReason.TIMEOUT
     if isinstance(error, ShuttingDownError):
@@ -60,7 +62,7 @@ def _abort_reason(error: BaseException | None) -> AbortReason:
         return AbortReason.RANK_FAILURE
     if isinstance(error, asyncio.CancelledError | GeneratorExit):
         return AbortReason.DISCONNECT
-    return AbortReason.STOP
+    return AbortReason.ERROR
 
 
 def _no_write(payloads: list[str]) -> None:

@@ -11,8 +11,8 @@ from starlette.responses import JSONResponse, Response
 
 from deepinfer_server.api.body import read_body
 from deepinfer_server.api.state import AppState
-from deepinfer_server.protocol.anthropic_messages import count_message_tokens
-from deepinfer_server.protocol.validation import decode_json
+from deepinfer_server.protocol.core.validation import decode_json
+from deepinfer_server.protocol.messages.request import count_message_tokens
 
 
 async def count_tokens(request: Request) -> Response:

@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response
 
 from deepinfer_server.api.error_responses import ANTHROPIC_VERSION_HEADER
 from deepinfer_server.api.state import AppState
-from deepinfer_server.protocol.validation import check_model
+from deepinfer_server.protocol.core.validation import check_model
 
 
 def wants_anthropic_shape(request: Request) -> bool:
