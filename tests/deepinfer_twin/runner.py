@@ -6,7 +6,8 @@ the prelude below builds one DP rank's `LLMEngine` exactly as the server's rank 
 helpers to add requests and iterate; `body` assigns `RESULT`, which comes back as JSON.
 `engine` options change what is built: `prefix_cache` (the server's `PrefixCacheSettings`
 fields: the engine is the server's prefix-caching subclass), `max_num_seqs`, `max_model_len`,
-`context_parallel_size`. `run_in_twin_ranks` runs one such process per DP rank at once.
+`context_parallel_size`; `build: False` builds nothing (the body builds the engine and assigns
+ENGINE). `run_in_twin_ranks` runs one such process per DP rank at once.
 """
 
 from __future__ import annotations
@@ -43,14 +44,15 @@ if OPTIONS.get("prefix_cache") is not None:
     )
     ENGINE_CLASS = prefix_caching_engine(LLMEngine, PrefixCacheSettings(**OPTIONS["prefix_cache"]))
 CP = OPTIONS.get("context_parallel_size", 1)
-ENGINE = ENGINE_CLASS.from_engine_args(EngineArgs(
-    model=CHECKPOINT, max_model_len=OPTIONS.get("max_model_len", 4096),
-    max_num_seqs=OPTIONS.get("max_num_seqs", 8),
-    data_parallel_size=OPTIONS.get("data_parallel_size", 1),
-    engine_rank=OPTIONS.get("engine_rank", 0), context_parallel_size=CP,
-    stop_preempted_request=False,
-))
-DRIVER = LLMEngineDriver(ENGINE, RequestOutput)
+if OPTIONS.get("build", True):
+    ENGINE = ENGINE_CLASS.from_engine_args(EngineArgs(
+        model=CHECKPOINT, max_model_len=OPTIONS.get("max_model_len", 4096),
+        max_num_seqs=OPTIONS.get("max_num_seqs", 8),
+        data_parallel_size=OPTIONS.get("data_parallel_size", 1),
+        engine_rank=OPTIONS.get("engine_rank", 0), context_parallel_size=CP,
+        stop_preempted_request=False,
+    ))
+    DRIVER = LLMEngineDriver(ENGINE, RequestOutput)
 
 def prompt(text):
     rendered = f"<｜begin▁of▁sentence｜><｜User｜>{text}<｜Assistant｜></think>"

@@ -38,6 +38,41 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_checkpoint(tmp_path_factory.mktemp("twin-prefix") / "DeepSeek-V4.1-Flash")
 
 
+RANK_BUILD = """
+from deepinfer_server.engines.backend import EngineSpec
+from deepinfer_server.engines.deepinfer.backend import DeepInferOptions
+from deepinfer_server.engines.deepinfer.engine import build
+
+spec = EngineSpec(
+    rank=0, model=CHECKPOINT, served_model_name="flash", data_parallel_size=1,
+    context_parallel_size=1, expert_parallel_size=1, max_model_len=4096, max_num_seqs=8,
+    max_num_batched_tokens=None, options=DeepInferOptions(),
+)
+# The field arrives with the --enable-prefix-caching flag; set it either way.
+object.__setattr__(spec, "enable_prefix_caching", {enabled})
+built = build(spec, None)
+ENGINE = built.core._engine
+RESULT = {{
+    "class": type(ENGINE).__name__,
+    "stats": hasattr(ENGINE, "prefix_cache_stats"),
+    "driver_stats": getattr(ENGINE, "prefix_cache_stats", lambda: None)(),
+}}
+"""
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_a_rank_builds_the_cache_when_its_spec_enables_it(checkpoint: Path, enabled: bool) -> None:
+    result = run_in_twin(checkpoint, RANK_BUILD.format(enabled=enabled), engine={"build": False})
+    if enabled:
+        assert result == {
+            "class": "PrefixCachingLLMEngine",
+            "stats": True,
+            "driver_stats": [0, 0, 0],
+        }
+    else:
+        assert result == {"class": "LLMEngine", "stats": False, "driver_stats": None}
+
+
 TWO_TURNS = """
 import sys
 sys.path.insert(0, {repo!r})
