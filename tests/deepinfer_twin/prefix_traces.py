@@ -4,7 +4,9 @@ Imported inside a twin process (`run_in_twin`) that built the engine with the ca
 a list of actions at iterations of the server's engine driver: turns of a few conversations
 (a fresh conversation over a shared system prompt; an extension of the last turn, a byte
 prefix; a thinking-mode turn, which shares all but the last token of the earlier prompt; a
-branch from an older turn; an identical retry) and aborts of live requests. Checked:
+branch from an older turn; an identical retry; a sibling, which continues another
+conversation's last turn, so that several forks of one entry run at once) and aborts of live
+requests. Checked:
 
 - after every iteration: the twin worker's KV check (each scheduled sequence's blocks and
   state slot hold exactly its own token prefix) and the reference-count ledger (each block's
@@ -28,7 +30,7 @@ from deepinfer_server.engines.simulated.script import ScriptWriter
 from deepinfer_server.ipc.codec import pack_token_ids
 from deepinfer_server.ipc.messages import AddRequest, SamplingOptions
 
-SHAPES = ("fresh", "extend", "thinking", "branch", "retry")
+SHAPES = ("fresh", "extend", "thinking", "branch", "retry", "sibling")
 #: Agents mostly extend their conversation: most turns can hit.
 WEIGHTED_SHAPES = ("extend", "extend", "extend", "thinking", "thinking", *SHAPES)
 _SPOKEN = (
@@ -64,6 +66,8 @@ class Turn:
     finish: str | None = None
     aborted: bool = False
     reused: int = 0
+    #: When it ended (a count over the trace), 0 while live.
+    ended: int = 0
 
 
 @dataclass
@@ -76,6 +80,8 @@ class Report:
     evictions: int = 0
     preempted: int = 0
     aborted: int = 0
+    #: The most forks of one entry alive at once.
+    concurrent_forks: int = 0
 
 
 def random_actions(rng: random.Random, count: int, conversations: int = 3) -> list[Action]:
@@ -137,6 +143,21 @@ def action_strategy(conversations: int = 3) -> Any:
         return actions
 
     return steps.map(absolute)
+
+
+#: Traces every run plays first (hypothesis `example`s): what random traces reach rarely.
+EXPLICIT_TRACES = (
+    # Two forks of one entry at once (a conversation's next turn and a sibling), one aborted
+    # before its prefill, the other while decoding.
+    [
+        Action(0, "turn", 0, "fresh", 20, 8),
+        Action(30, "turn", 0, "extend", 20, 80, ignore_eos=True),
+        Action(30, "turn", 1, "sibling", 20, 80, ignore_eos=True),
+        Action(30, "abort", victim=0),
+        Action(40, "abort", victim=0),
+        Action(41, "turn", 2, "thinking", 10, 2),
+    ],
+)
 
 
 def _fields(action: Action) -> tuple[Any, ...]:
@@ -222,12 +243,17 @@ class TraceRunner:
                 self.driver.abort([request_id])
                 report.aborted += 1
                 # The driver forgets an aborted request at once: nothing more comes for it.
-                turn = live.pop(request_id)
-                history.setdefault(turn.conversation, []).append(turn)
+                self._end(live.pop(request_id), history)
             return True
         if any(turn.conversation == action.conversation for turn in live.values()):
             return False
-        prompt = self._prompt(action, history.get(action.conversation, []), rng)
+        turns = history.get(action.conversation, [])
+        if action.shape == "sibling":
+            # Continue the turn that ended last, in another conversation: with that
+            # conversation's own next turn, two forks of one entry run at once.
+            others = [t for c, ts in history.items() if c != action.conversation for t in ts]
+            turns = [max(others, key=lambda turn: turn.ended)] if others else turns
+        prompt = self._prompt(action, turns, rng)
         if len(prompt) + action.max_tokens > self.engine.prefix_cache._prompt_limit:
             # The server refuses such a request before the engine; a new conversation instead.
             history.pop(action.conversation, None)
@@ -255,6 +281,8 @@ class TraceRunner:
         if turn.reused:
             report.hits += 1
             report.reused_tokens += turn.reused
+            forks = max(entry.live_forks for entry in self.engine.prefix_cache.index)
+            report.concurrent_forks = max(report.concurrent_forks, forks)
         live[turn.request_id] = turn
         return True
 
@@ -281,12 +309,16 @@ class TraceRunner:
             turn.tokens.extend(delta.tokens.token_ids)
             if delta.finish is not None:
                 turn.finish = delta.finish.name
-                del live[delta.request_id]
-                history.setdefault(turn.conversation, []).append(turn)
+                self._end(live.pop(delta.request_id), history)
         problems = list(self.engine.driver_worker.cache_engine.violations)
         problems += ledger_problems(self.engine)
         assert not problems, "\n".join(problems)
         return bool(unfinished)
+
+    def _end(self, turn: Turn, history: dict[int, list[Turn]]) -> None:
+        self.serial += 1
+        turn.ended = self.serial
+        history.setdefault(turn.conversation, []).append(turn)
 
     def _check_answer(self, turn: Turn) -> None:
         script = self.script.answer_tokens(turn.prompt)

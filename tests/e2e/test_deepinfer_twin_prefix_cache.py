@@ -296,12 +296,12 @@ def test_a_fork_aborted_before_its_prefill_frees_what_it_holds(checkpoint: Path)
 PROPERTY = """
 import sys
 sys.path.insert(0, {repo!r})
-from hypothesis import HealthCheck, Phase, given, settings
-from tests.deepinfer_twin.prefix_traces import TraceRunner, action_strategy
+from hypothesis import HealthCheck, Phase, example, given, settings
+from tests.deepinfer_twin.prefix_traces import EXPLICIT_TRACES, TraceRunner, action_strategy
 
 runner = TraceRunner(ENGINE, DRIVER, TOKENIZER, system_words={system_words})
 totals = {{"examples": 0, "requests": 0, "hits": 0, "reused_tokens": 0, "evictions": 0,
-           "preempted": 0, "aborted": 0}}
+           "preempted": 0, "aborted": 0, "concurrent_forks": 0}}
 
 # One engine serves every example: shrinking would start from whatever a failure left, so the
 # first failing trace is reported as it was generated.
@@ -314,8 +314,10 @@ def trace(actions):
     assert not problems, problems
     totals["examples"] += 1
     for key, value in vars(report).items():
-        totals[key] += value
+        totals[key] = max(totals[key], value) if key == "concurrent_forks" else totals[key] + value
 
+for explicit in EXPLICIT_TRACES:
+    trace = example(actions=explicit)(trace)
 trace()
 RESULT = {{**totals, "violations": ENGINE._run_workers("twin_kv_report")}}
 """
@@ -366,10 +368,11 @@ def test_random_agent_traces_keep_every_prefix_exact(checkpoint: Path, name: str
         timeout=900,
     )
     assert result["violations"] == []
-    assert result["examples"] == lane.examples
+    assert result["examples"] == lane.examples + 1  # and the explicit trace
     # The traces did exercise the cache: hits, aborts, and in the tiny pool evictions and
     # preemption.
     assert result["hits"] > 0 and result["reused_tokens"] > 0 and result["aborted"] > 0
+    assert result["concurrent_forks"] >= 2
     if name == "tiny-pool":
         assert result["evictions"] > 0 and result["preempted"] > 0
 
