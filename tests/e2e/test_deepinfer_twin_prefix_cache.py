@@ -7,7 +7,7 @@ at the right position (tests/deepinfer_twin/site/deepinfer_twin/kv.py); the trac
 after every iteration and that all return to their baseline. The property tests play random
 agent traces (hypothesis, inside one twin process per configuration) against DeepInfer's real
 C++ scheduler: hits, misses, aborts at every stage, preemption and eviction in a tiny pool, zero
-overhead scheduling on and off, two CP workers, two DP ranks.
+overhead scheduling on and off, MTP drafts, two CP workers, two DP ranks.
 """
 
 from __future__ import annotations
@@ -335,19 +335,26 @@ class Lane:
 
 
 LANES = {
-    "zos": Lane({"max_num_seqs": 4}, {"DEEPINFER_ZERO_OVERHEAD_SCHEDULING": "1"}, 25),
+    "zos": Lane({"max_num_seqs": 4}, {"DEEPINFER_ZERO_OVERHEAD_SCHEDULING": "1"}, 20),
     # Three state slots for three sequences: every snapshot evicts.
-    "no-zos": Lane({"max_num_seqs": 3}, {"DEEPINFER_ZERO_OVERHEAD_SCHEDULING": "0"}, 20),
+    "no-zos": Lane({"max_num_seqs": 3}, {"DEEPINFER_ZERO_OVERHEAD_SCHEDULING": "0"}, 15),
     # 12 KV blocks (11 usable) for five conversations of up to 1024 tokens: decode steps
     # preempt (recompute) and every prefill evicts.
     "tiny-pool": Lane(
         {"max_num_seqs": 4, "max_model_len": 1024},
         {"DEEPINFER_TWIN_KV_BLOCKS": "12", "DEEPINFER_ZERO_OVERHEAD_SCHEDULING": "1"},
-        25,
+        20,
         conversations=5,
         system_words=300,
     ),
-    "two-cp-workers": Lane({"max_num_seqs": 4, "context_parallel_size": 2}, {}, 8),
+    "two-cp-workers": Lane({"max_num_seqs": 4, "context_parallel_size": 2}, {}, 6),
+    # Two MTP drafts per step, never accepted by the twin: every decode step rolls the state
+    # back two tokens (within DEEPINFER_MAX_BACKTRACKING_TOKENS = 3), forks or not.
+    "mtp": Lane(
+        {"max_num_seqs": 4},
+        {"DEEPINFER_USE_NEXTN_DECODE": "2", "DEEPINFER_ZERO_OVERHEAD_SCHEDULING": "0"},
+        10,
+    ),
 }
 
 
