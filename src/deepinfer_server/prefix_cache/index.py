@@ -8,15 +8,19 @@ reuse an entry only at a fork point F with `P - max_rollback <= F <= P` and the 
 equal. A full prefix match gives F = P; a thinking-mode user turn, whose rendering drops the
 `<think>` that ended the earlier prompt, shares P - 1 tokens and gives F = P - 1.
 
-Lookup is "hash, then compare": every entry is filed under the chained hash of its first
-`128 * d` tokens, d = (P - max_rollback) // 128 (the blocks any acceptable fork point covers), so
-a prompt probes one dictionary key per depth; candidates are then compared token by token.
+Lookup is "hash, then compare": every entry is filed under the hash of its first `128 * d`
+tokens, d = (P - max_rollback) // 128 (the blocks any acceptable fork point covers), so a prompt
+probes one dictionary key per depth; candidates are then compared token by token, so a hash
+collision costs a compare, never a wrong fork. The hash of a prefix is the sum of
+`token[p] * weight[p]` modulo 2**64 with random odd weights drawn once per index: one vectorised
+pass gives every depth's hash (tens of microseconds for 14k tokens, where chaining blake2b over
+the blocks took over half a millisecond).
 """
 
 from __future__ import annotations
 
-import hashlib
 import itertools
+import secrets
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,26 +31,33 @@ import numpy.typing as npt
 
 #: DeepInfer's KV block size (tokens per block), the unit hashes are chained over.
 BLOCK_SIZE = 128
-_DIGEST_BYTES = 16
 
 T = TypeVar("T")
 
 
-def chain_hashes(
-    tokens: npt.NDArray[np.int32], num_blocks: int, block_size: int = BLOCK_SIZE
-) -> list[bytes]:
-    """`h_i = blake2b(h_(i-1) || block i)` over the first `num_blocks` full blocks of `tokens`."""
-    count = min(num_blocks, len(tokens) // block_size)
-    data = np.ascontiguousarray(tokens[: count * block_size], dtype="<i4").tobytes()
-    stride = block_size * 4
-    hashes: list[bytes] = []
-    previous = b""
-    for offset in range(0, count * stride, stride):
-        previous = hashlib.blake2b(
-            previous + data[offset : offset + stride], digest_size=_DIGEST_BYTES
-        ).digest()
-        hashes.append(previous)
-    return hashes
+class PrefixHasher:
+    """Hashes of a token list's block-aligned prefixes: `sum(token[p] * weight[p]) mod 2**64`."""
+
+    def __init__(self, block_size: int = BLOCK_SIZE) -> None:
+        self.block_size = block_size
+        self._generator = np.random.default_rng(secrets.randbits(128))
+        self._weights = np.empty(0, dtype=np.uint64)
+
+    def __call__(self, tokens: npt.NDArray[np.int32], num_blocks: int) -> list[int]:
+        """The hashes of the first 1, 2, ... `num_blocks` full blocks of `tokens`."""
+        count = min(num_blocks, len(tokens) // self.block_size)
+        if count <= 0:
+            return []
+        length = count * self.block_size
+        if len(self._weights) < length:
+            more = self._generator.integers(
+                0, 2**64, size=length - len(self._weights), dtype=np.uint64, endpoint=False
+            )
+            self._weights = np.concatenate([self._weights, more | np.uint64(1)])
+        # Unsigned products and sums wrap modulo 2**64.
+        products = tokens[:length].astype(np.uint64) * self._weights[:length]
+        blocks = products.reshape(count, self.block_size).sum(axis=1, dtype=np.uint64)
+        return [int(value) for value in np.cumsum(blocks, dtype=np.uint64)]
 
 
 _stamps = itertools.count(1)
@@ -58,7 +69,7 @@ class CacheEntry(Generic[T]):
 
     value: T
     tokens: npt.NDArray[np.int32]
-    key: tuple[int, bytes]
+    key: tuple[int, int]
     #: Forks made from this entry that have not ended; eviction prefers entries without any.
     live_forks: int = 0
     #: When it was last added or forked from (larger is more recent).
@@ -88,7 +99,10 @@ class PrefixIndex(Generic[T]):
         assert max_rollback >= 0, "a fork point can never be past the snapshot"
         self.max_rollback = max_rollback
         self.block_size = block_size
-        self._by_key: dict[tuple[int, bytes], list[CacheEntry[T]]] = {}
+        self.hashes = PrefixHasher(block_size)
+        self._by_key: dict[tuple[int, int], list[CacheEntry[T]]] = {}
+        #: How many entries are filed at each depth (only those depths are probed).
+        self._depths: dict[int, int] = {}
         #: Every entry, least recently used first.
         self._lru: OrderedDict[CacheEntry[T], None] = OrderedDict()
 
@@ -105,10 +119,11 @@ class PrefixIndex(Generic[T]):
     def add(self, value: T, tokens: npt.NDArray[np.int32]) -> CacheEntry[T]:
         """File a cached sequence whose state was snapshotted after `tokens`."""
         depth = self.key_depth(len(tokens))
-        hashes = chain_hashes(tokens, depth, self.block_size)
-        key = (depth, hashes[-1] if hashes else b"")
+        hashes = self.hashes(tokens, depth)
+        key = (depth, hashes[-1] if hashes else 0)
         entry = CacheEntry(value, np.array(tokens, dtype=np.int32), key)
         self._by_key.setdefault(key, []).append(entry)
+        self._depths[depth] = self._depths.get(depth, 0) + 1
         self._lru[entry] = None
         return entry
 
@@ -119,6 +134,10 @@ class PrefixIndex(Generic[T]):
         bucket.remove(entry)
         if not bucket:
             del self._by_key[entry.key]
+        depth = entry.key[0]
+        self._depths[depth] -= 1
+        if not self._depths[depth]:
+            del self._depths[depth]
 
     def touch(self, entry: CacheEntry[T]) -> None:
         """Mark an entry as just used."""
@@ -143,9 +162,11 @@ class PrefixIndex(Generic[T]):
             return None
         limit = min(limit, len(prompt))
         max_depth = limit // self.block_size
-        hashes = chain_hashes(prompt, max_depth, self.block_size)
-        for depth in range(len(hashes), -1, -1):
-            bucket = self._by_key.get((depth, hashes[depth - 1] if depth else b""))
+        hashes = self.hashes(prompt, max_depth)
+        for depth in sorted(self._depths, reverse=True):
+            if depth > len(hashes):
+                continue
+            bucket = self._by_key.get((depth, hashes[depth - 1] if depth else 0))
             if not bucket:
                 continue
             best: Match[T] | None = None

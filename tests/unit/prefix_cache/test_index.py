@@ -9,7 +9,7 @@ import numpy.typing as npt
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deepinfer_server.prefix_cache.index import BLOCK_SIZE, PrefixIndex, chain_hashes
+from deepinfer_server.prefix_cache.index import BLOCK_SIZE, PrefixIndex
 
 
 def tokens(*parts: Iterable[int]) -> npt.NDArray[np.int32]:
@@ -69,13 +69,21 @@ def test_a_hash_collision_never_forks_from_other_tokens() -> None:
     entry = index.add("turn1", tokens(range(1000)))
     other = tokens([9] * 1000, range(5000, 5100))
     # Forge the collision: file the entry under the other prompt's hash at its depth.
-    index.remove(entry)
-    forged = index.add("turn1", tokens(range(1000)))
     index._by_key.clear()
-    depth = forged.key[0]
-    forged.key = (depth, chain_hashes(other, depth)[-1])
-    index._by_key[forged.key] = [forged]
+    depth = entry.key[0]
+    entry.key = (depth, index.hashes(other, depth)[-1])
+    index._by_key[entry.key] = [entry]
     assert index.match(other, limit=len(other) - 2) is None
+
+
+def test_prefix_hashes_depend_on_the_prefix_only() -> None:
+    index: PrefixIndex[str] = PrefixIndex()
+    short = index.hashes(tokens(range(300)), 2)
+    # Hashing a longer list grows the weights; the earlier prefixes keep their hashes.
+    longer = index.hashes(tokens(range(256), [1] * 2000), 15)
+    assert len(short) == 2 and longer[:2] == short and len(longer) == 15
+    assert index.hashes(tokens([7], range(1, 256)), 2)[1] != short[1]
+    assert index.hashes(tokens(range(100)), 3) == []
 
 
 def test_the_longest_reuse_wins_then_the_most_recent() -> None:
