@@ -29,7 +29,7 @@ from typing import Generic, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-#: DeepInfer's KV block size (tokens per block), the unit hashes are chained over.
+#: DeepInfer's KV block size (tokens per block): prefixes are hashed block by block.
 BLOCK_SIZE = 128
 
 T = TypeVar("T")
@@ -90,7 +90,7 @@ class Match(Generic[T]):
 
 
 class PrefixIndex(Generic[T]):
-    """The cached sequences of one engine, by chained block hash and by last use.
+    """The cached sequences of one engine, by block-prefix hash and by last use.
 
     Not thread-safe: the engine's loop thread owns it.
     """
