@@ -19,7 +19,7 @@ import yaml
 from tests.routers.fleet import wait_for
 from tests.server import free_port
 
-INSTALL_HINT = "scripts/install-prometheus.sh (Debian's `prometheus` package)"
+INSTALL_HINT = "Debian's `prometheus` package: scripts/install-prometheus.sh"
 
 
 def binary(name: str) -> str:

@@ -2,9 +2,10 @@
 alerting rules, read from the files as Grafana and Prometheus read them.
 
 `NOT_YET_EXPORTED` is the one list of metric names the dashboard may use before the server
-exports them: a query that mentions one of them may come back empty in the Prometheus lane, every
-other query must return data, and the names check fails as soon as the server exports one of
-them (so the entry is removed the day the metric exists).
+exports them: in the Prometheus lane a query may come back empty only when the metrics it reads
+that Prometheus has no series of are all on the list; every other query must return data. The
+names check fails as soon as the server exports one of them (so the entry is removed the day the
+metric exists).
 """
 
 from __future__ import annotations
@@ -177,10 +178,6 @@ def grouping_labels(expr: str) -> set[str]:
         for label in group.split(",")
         if label.strip()
     }
-
-
-def mentions_not_yet_exported(expr: str) -> bool:
-    return bool(metric_names(expr) & NOT_YET_EXPORTED.keys())
 
 
 _COMPARISON = re.compile(r"==|!=|>=|<=|>|<")

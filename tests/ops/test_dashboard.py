@@ -67,7 +67,7 @@ def test_every_selected_and_grouped_label_is_on_its_metrics() -> None:
     labels = {**exposition_labels(), **NOT_YET_EXPORTED}
     wrong = []
     for where, expr in every_query():
-        names = queries.metric_names(expr)
+        names = queries.metric_names(expr) & labels.keys()  # the others fail the names test
         for name, selected in queries.selector_labels(expr).items():
             if name in names:
                 wrong += [
