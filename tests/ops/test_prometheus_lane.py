@@ -1,8 +1,10 @@
 """The Prometheus lane (marker `prometheus`): deploy/'s dashboard and alerts on a real Prometheus.
 
-A simulated DP=2 server runs under load (successes on two endpoints, 429 refusals, 400s and
-404s, disconnects, then a killed rank and 503s); Debian's Prometheus scrapes it every second
-with the job of deploy/prometheus/prometheus.yml and loads deploy/prometheus/alerts.yml. Then:
+promtool checks the rules and the sample configuration and runs the alerts' unit tests
+(tests/ops/data/alerts_test.yml: each alert fires past its threshold, and only there). Then a
+simulated DP=2 server runs under load (successes on two endpoints, 429 refusals, 400s and 404s,
+disconnects, then a killed rank and 503s); Debian's Prometheus scrapes it every second with the
+job of deploy/prometheus/prometheus.yml and loads deploy/prometheus/alerts.yml, and:
 
 - every panel query of the Grafana dashboard (its variables set to "All", `$__rate_interval`
   to two minutes) evaluates without error to finite values, with the labels its legend shows, and
@@ -14,8 +16,7 @@ with the job of deploy/prometheus/prometheus.yml and loads deploy/prometheus/ale
 "Returns data" is required of every query, except that one may be empty when every metric it
 reads that Prometheus has no series of is in `queries.NOT_YET_EXPORTED` (the prefix cache's).
 Synchronisation is by polling Prometheus with a deadline for the samples the load must have
-produced.
-Install Prometheus with scripts/install-prometheus.sh; without it the lane skips.
+produced. Install Prometheus with scripts/install-prometheus.sh; without it the lane skips.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ SERVER_ARGS = (
 CAPACITY = 4
 REFUSED_PER_BURST = 3
 SCRAPE_TIMEOUT = 30.0
+ALERT_TESTS = Path(__file__).parent / "data" / "alerts_test.yml"
 
 
 def run_promtool(*args: str) -> subprocess.CompletedProcess[str]:
@@ -68,6 +70,20 @@ def test_promtool_check_config_passes_on_the_sample_config() -> None:
     result = run_promtool("check", "config", str(queries.PROMETHEUS_CONFIG))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS: 1 rule files found" in result.stdout
+
+
+def test_promtool_alert_tests_pass_and_cover_every_alert() -> None:
+    """tests/ops/data/alerts_test.yml: every alert fires on synthetic series past its threshold,
+    with its labels and rendered annotations, and not on a server below it."""
+    result = run_promtool("test", "rules", str(ALERT_TESTS))
+    assert result.returncode == 0, result.stdout + result.stderr
+    fired = {
+        case["alertname"]
+        for test in yaml.safe_load(ALERT_TESTS.read_text())["tests"]
+        for case in test["alert_rule_test"]
+        if case["exp_alerts"]
+    }
+    assert fired == {rule.name for rule in queries.alert_rules()}
 
 
 def lane_config(server: LiveServer) -> dict[str, Any]:
