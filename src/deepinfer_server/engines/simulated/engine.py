@@ -63,7 +63,7 @@ from deepinfer_server.grammar import (
     Vocab,
 )
 from deepinfer_server.grammar.compiler import compile_timeout_s
-from deepinfer_server.tokenizer import EOS_TOKEN
+from deepinfer_server.model.tokens import EOS_TOKEN
 
 logger = logging.getLogger(__name__)
 
