@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs Prometheus and promtool for the Prometheus lane of the tests (tests/ops, marker
-# `prometheus`) from Debian's `prometheus` package (Prometheus 2.42 on bookworm).
+# Installs Prometheus and promtool for the Prometheus lane of the tests (tests/prometheus,
+# marker `prometheus`) from Debian's `prometheus` package (Prometheus 2.42 on bookworm).
 # Idempotent: does nothing when `prometheus` and `promtool` are already on PATH.
 # The package's own service is not started (policy-rc.d denies it while installing): the lane
 # runs its own Prometheus on a free loopback port. On a host with systemd the package still

@@ -13,7 +13,7 @@ from tests.server import LiveServer
 
 #: Folders whose tests run real server processes: marker `e2e` (`pytest -m "not e2e"` is the
 #: fast lane).
-_E2E_FOLDERS = frozenset({"e2e", "clients", "routers", "fuzz"})
+_E2E_FOLDERS = frozenset({"e2e", "clients", "routers", "fuzz", "prometheus"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -14,16 +14,16 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-DASHBOARD = ROOT / "deploy" / "grafana" / "deepinfer-server.json"
-ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"
-PROMETHEUS_CONFIG = ROOT / "deploy" / "prometheus" / "prometheus.yml"
+from tests.paths import REPO
+
+DASHBOARD = REPO / "deploy" / "grafana" / "deepinfer-server.json"
+ALERTS = REPO / "deploy" / "prometheus" / "alerts.yml"
+PROMETHEUS_CONFIG = REPO / "deploy" / "prometheus" / "prometheus.yml"
 #: The scrape job alerts.yml selects `up` by.
 JOB = "deepinfer-server"
 

@@ -1,7 +1,7 @@
 """The Prometheus lane (marker `prometheus`): deploy/'s dashboard and alerts on a real Prometheus.
 
 promtool checks the rules and the sample configuration and runs the alerts' unit tests
-(tests/ops/data/alerts_test.yml: each alert fires past its threshold, and only there). Then a
+(tests/prometheus/data/alerts_test.yml: each alert fires past its threshold, and only there). Then a
 simulated DP=2 server runs under load (successes on two endpoints, 429 refusals, 400s and 404s,
 disconnects, then a killed rank and 503s); Debian's Prometheus scrapes it every second with the
 job of deploy/prometheus/prometheus.yml and loads deploy/prometheus/alerts.yml, and:
@@ -14,7 +14,7 @@ job of deploy/prometheus/prometheus.yml and loads deploy/prometheus/alerts.yml, 
   the server is gone.
 
 "Returns data" is required of every query, except that one may be empty when every metric it
-reads that Prometheus has no series of is in `queries.NOT_YET_EXPORTED` (the prefix cache's).
+reads that Prometheus has no series of is in `deploy_queries.NOT_YET_EXPORTED` (the prefix cache's).
 Synchronisation is by polling Prometheus with a deadline for the samples the load must have
 produced. Install Prometheus with scripts/install-prometheus.sh; without it the lane skips.
 """
@@ -34,9 +34,9 @@ import yaml
 from openai import Stream
 from openai.types.chat import ChatCompletionChunk
 
+from tests import deploy_queries
 from tests.conftest import MODEL, NO_THINKING
-from tests.ops import queries
-from tests.ops.prometheus import LivePrometheus, QueryError, binary
+from tests.prometheus.live import LivePrometheus, QueryError, binary
 from tests.routers.fleet import wait_for
 from tests.server import LiveServer
 
@@ -60,21 +60,21 @@ def run_promtool(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_promtool_check_rules_passes() -> None:
-    result = run_promtool("check", "rules", str(queries.ALERTS))
+    result = run_promtool("check", "rules", str(deploy_queries.ALERTS))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert f"SUCCESS: {len(queries.alert_rules())} rules found" in result.stdout
+    assert f"SUCCESS: {len(deploy_queries.alert_rules())} rules found" in result.stdout
 
 
 def test_promtool_check_config_passes_on_the_sample_config() -> None:
     """The sample configuration, with the rule file it names (alerts.yml beside it)."""
-    result = run_promtool("check", "config", str(queries.PROMETHEUS_CONFIG))
+    result = run_promtool("check", "config", str(deploy_queries.PROMETHEUS_CONFIG))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS: 1 rule files found" in result.stdout
 
 
 def test_promtool_alert_tests_pass_and_cover_every_alert() -> None:
-    """tests/ops/data/alerts_test.yml: every alert fires on synthetic series past its threshold,
-    with its labels and rendered annotations, and not on a server below it."""
+    """data/alerts_test.yml: every alert fires on synthetic series past its threshold, with its
+    labels and rendered annotations, and not on a server below it."""
     result = run_promtool("test", "rules", str(ALERT_TESTS))
     assert result.returncode == 0, result.stdout + result.stderr
     fired = {
@@ -83,13 +83,13 @@ def test_promtool_alert_tests_pass_and_cover_every_alert() -> None:
         for case in test["alert_rule_test"]
         if case["exp_alerts"]
     }
-    assert fired == {rule.name for rule in queries.alert_rules()}
+    assert fired == {rule.name for rule in deploy_queries.alert_rules()}
 
 
 def lane_config(server: LiveServer) -> dict[str, Any]:
     """The sample configuration's job, aimed at `server` every second, with the alerts."""
-    sample = yaml.safe_load(queries.PROMETHEUS_CONFIG.read_text())
-    (job,) = [job for job in sample["scrape_configs"] if job["job_name"] == queries.JOB]
+    sample = yaml.safe_load(deploy_queries.PROMETHEUS_CONFIG.read_text())
+    (job,) = [job for job in sample["scrape_configs"] if job["job_name"] == deploy_queries.JOB]
     job = {
         **job,
         "scrape_interval": "1s",
@@ -98,7 +98,7 @@ def lane_config(server: LiveServer) -> dict[str, Any]:
     }
     return {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(queries.ALERTS)],
+        "rule_files": [str(deploy_queries.ALERTS)],
         "scrape_configs": [job],
     }
 
@@ -189,10 +189,10 @@ def problems_with(prometheus: LivePrometheus, where: str, expr: str, labels: set
     if not result:
         unscraped = {
             name
-            for name in queries.metric_names(expr)
+            for name in deploy_queries.metric_names(expr)
             if not prometheus.query(f'count({{__name__="{name}"}})')
         }
-        if unscraped and unscraped <= queries.NOT_YET_EXPORTED.keys():
+        if unscraped and unscraped <= deploy_queries.NOT_YET_EXPORTED.keys():
             return []  # empty only for want of metrics the server does not export yet
         return [f"{where}: no data (no series of {sorted(unscraped)})\n    {expr}"]
     found = []
@@ -206,14 +206,14 @@ def problems_with(prometheus: LivePrometheus, where: str, expr: str, labels: set
 
 
 def dashboard_problems(prometheus: LivePrometheus) -> list[str]:
-    variables = queries.dashboard_variable_names()
+    variables = deploy_queries.dashboard_variable_names()
     found = []
-    for panel in queries.panel_queries():
-        expr = queries.substitute(panel.expr, variables)
+    for panel in deploy_queries.panel_queries():
+        expr = deploy_queries.substitute(panel.expr, variables)
         where = f"panel {panel.panel!r} {panel.ref_id}"
         found += problems_with(prometheus, where, expr, panel.legend_labels)
-    for variable in queries.variable_queries():
-        selector = queries.substitute(variable.selector, variables)
+    for variable in deploy_queries.variable_queries():
+        selector = deploy_queries.substitute(variable.selector, variables)
         values = prometheus.api(f"label/{variable.label}/values", **{"match[]": selector})
         if not values:
             found.append(f"variable {variable.name}: no values of {variable.label} in {selector}")
@@ -222,8 +222,8 @@ def dashboard_problems(prometheus: LivePrometheus) -> list[str]:
 
 def rule_problems(prometheus: LivePrometheus) -> list[str]:
     found = []
-    for rule in queries.alert_rules():
-        for index, operand in enumerate(queries.operands(rule.expr)):
+    for rule in deploy_queries.alert_rules():
+        for index, operand in enumerate(deploy_queries.operands(rule.expr)):
             # The alert's labels are those of its first operand.
             labels = rule.template_labels if index == 0 else set()
             found += problems_with(prometheus, f"alert {rule.name}", operand, labels)
@@ -237,7 +237,7 @@ def evaluated_rules(prometheus: LivePrometheus) -> list[dict[str, Any]] | None:
 
 
 def firing(prometheus: LivePrometheus, alert: str) -> list[dict[str, Any]]:
-    (rule,) = [rule for rule in queries.alert_rules() if rule.name == alert]
+    (rule,) = [rule for rule in deploy_queries.alert_rules() if rule.name == alert]
     return prometheus.query(rule.expr)
 
 
@@ -247,7 +247,7 @@ def test_every_panel_and_rule_returns_data_from_a_server_under_load(tmp_path: Pa
         LiveServer(*SERVER_ARGS) as server,
         LivePrometheus(lane_config(server), tmp_path) as prometheus,
     ):
-        up = f'up{{job="{queries.JOB}"}}'
+        up = f'up{{job="{deploy_queries.JOB}"}}'
         wait_for(lambda: prometheus.value(up) == 1, "Prometheus scraping the server", 30)
         load = Load(server)
         # Two bursts with a scrape between them: every counter and histogram series exists at an
@@ -282,7 +282,7 @@ def test_every_panel_and_rule_returns_data_from_a_server_under_load(tmp_path: Pa
         assert rules is not None
         unhealthy = [f"{r['name']}: {r.get('lastError')}" for r in rules if r["health"] != "ok"]
         assert not unhealthy, "rules Prometheus cannot evaluate:\n" + "\n".join(unhealthy)
-        assert len(rules) == len(queries.alert_rules())
+        assert len(rules) == len(deploy_queries.alert_rules())
         problems = rule_problems(prometheus)
         assert not problems, "alerting rules:\n" + "\n".join(problems)
         for alert in ("DeepinferServerFailed", "DeepinferRankFailure"):

@@ -12,8 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from deepinfer_server.ipc.messages import AbortReason
 from deepinfer_server.metrics import RankLoad, RequestRecord, ServerMetrics
-from tests.ops import queries
-from tests.ops.queries import NOT_YET_EXPORTED
+from tests import deploy_queries
+from tests.deploy_queries import NOT_YET_EXPORTED
 
 #: Labels Prometheus attaches to every scraped series.
 TARGET_LABELS = {"job", "instance"}
@@ -46,9 +46,9 @@ def exposition_labels() -> dict[str, set[str]]:
 def every_query() -> list[tuple[str, str]]:
     """(where, PromQL) of every panel target, variable query and alerting rule."""
     return [
-        *((f"panel {q.panel!r} {q.ref_id}", q.expr) for q in queries.panel_queries()),
-        *((f"variable {v.name}", v.selector) for v in queries.variable_queries()),
-        *((f"alert {rule.name}", rule.expr) for rule in queries.alert_rules()),
+        *((f"panel {q.panel!r} {q.ref_id}", q.expr) for q in deploy_queries.panel_queries()),
+        *((f"variable {v.name}", v.selector) for v in deploy_queries.variable_queries()),
+        *((f"alert {rule.name}", rule.expr) for rule in deploy_queries.alert_rules()),
     ]
 
 
@@ -57,7 +57,7 @@ def test_every_metric_name_is_in_the_exposition() -> None:
     missing = [
         f"{where}: {name}"
         for where, expr in every_query()
-        for name in sorted(queries.metric_names(expr))
+        for name in sorted(deploy_queries.metric_names(expr))
         if name not in exported and name not in NOT_YET_EXPORTED
     ]
     assert not missing, "not in /metrics:\n" + "\n".join(missing)
@@ -67,15 +67,16 @@ def test_every_selected_and_grouped_label_is_on_its_metrics() -> None:
     labels = {**exposition_labels(), **NOT_YET_EXPORTED}
     wrong = []
     for where, expr in every_query():
-        names = queries.metric_names(expr) & labels.keys()  # the others fail the names test
-        for name, selected in queries.selector_labels(expr).items():
+        names = deploy_queries.metric_names(expr) & labels.keys()  # the others fail the names test
+        for name, selected in deploy_queries.selector_labels(expr).items():
             if name in names:
                 wrong += [
                     f"{where}: {name}{{{label}}}"
                     for label in selected - labels[name] - TARGET_LABELS
                 ]
         available = TARGET_LABELS.union(*(labels[name] for name in names))
-        wrong += [f"{where}: by {label}" for label in queries.grouping_labels(expr) - available]
+        grouped = deploy_queries.grouping_labels(expr)
+        wrong += [f"{where}: by {label}" for label in grouped - available]
     assert not wrong, "labels the metrics do not have:\n" + "\n".join(wrong)
 
 
@@ -83,16 +84,16 @@ def test_not_yet_exported_names_are_still_missing_and_used() -> None:
     """The allowance ends the day the server exports the metric: then remove it from the list."""
     exported = exposition_labels()
     assert not NOT_YET_EXPORTED.keys() & exported.keys(), "exported now: remove it from the list"
-    used = set().union(*(queries.metric_names(expr) for _, expr in every_query()))
+    used = set().union(*(deploy_queries.metric_names(expr) for _, expr in every_query()))
     assert used >= NOT_YET_EXPORTED.keys(), "no longer on the dashboard: remove it from the list"
 
 
 def test_every_panel_reads_the_datasource_variable() -> None:
     (datasource,) = [
-        v for v in queries.dashboard()["templating"]["list"] if v["name"] == "datasource"
+        v for v in deploy_queries.dashboard()["templating"]["list"] if v["name"] == "datasource"
     ]
     assert (datasource["type"], datasource["query"]) == ("datasource", "prometheus")
-    panels = queries.panels()
+    panels = deploy_queries.panels()
     ids = [panel["id"] for panel in panels]
     assert len(ids) == len(set(ids)), "panel ids are unique"
     for panel in panels:
@@ -110,7 +111,7 @@ def test_every_panel_reads_the_datasource_variable() -> None:
 
 def test_the_dashboard_covers_the_operators_questions() -> None:
     """Each of these must stay on the dashboard (issue 26's list)."""
-    exprs = " ".join(q.expr for q in queries.panel_queries())
+    exprs = " ".join(q.expr for q in deploy_queries.panel_queries())
     for name in [
         "deepinfer:request_success_total",
         "deepinfer:request_failure_total",
@@ -143,4 +144,4 @@ def test_the_dashboard_covers_the_operators_questions() -> None:
     ],
 )  # fmt: skip
 def test_operands_split_only_top_level_comparisons(expr: str, expected: list[str]) -> None:
-    assert queries.operands(expr) == expected
+    assert deploy_queries.operands(expr) == expected
