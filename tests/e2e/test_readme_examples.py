@@ -1,6 +1,8 @@
-"""Every shell and Python example in README.md runs as written against a simulated server.
+"""Every shell and Python example in README.md and the documentation site's pages runs as written
+against a simulated server.
 
-Blocks that cannot run here carry a marker line just above them:
+The pages are docs/**/*.md except docs/design/, whose code blocks are design sketches. Blocks that
+cannot run here carry a marker line just above them:
 `<!-- readme-test: skip (reason) -->`, or `<!-- readme-test: needs MODULE -->` for a block that
 runs only when an optional package is installed. `localhost:8000` in a block becomes the test
 server's address; everything else runs unchanged.
@@ -23,6 +25,10 @@ from tests.paths import REPO
 from tests.server import LiveServer
 
 README = REPO / "README.md"
+PAGES = [
+    README,
+    *sorted(p for p in (REPO / "docs").rglob("*.md") if p.relative_to(REPO).parts[1] != "design"),
+]
 _BLOCK = re.compile(
     r"(?:<!-- readme-test: (?P<marker>[^>]*) -->\n)?```(?P<lang>bash|python)\n(?P<code>.*?)```",
     re.S,
@@ -31,6 +37,7 @@ _BLOCK = re.compile(
 
 @dataclass(frozen=True)
 class Example:
+    page: str
     line: int
     lang: str
     code: str
@@ -38,18 +45,19 @@ class Example:
 
     @property
     def id(self) -> str:
-        return f"{self.lang}-line{self.line}"
+        return f"{self.page}:{self.line}-{self.lang}"
 
 
-def _examples() -> list[Example]:
-    text = README.read_text(encoding="utf-8")
+def _examples(page: Path) -> list[Example]:
+    text = page.read_text(encoding="utf-8")
+    name = page.relative_to(REPO).as_posix()
     return [
-        Example(text.count("\n", 0, m.start()) + 1, m["lang"], m["code"], m["marker"] or "")
+        Example(name, text.count("\n", 0, m.start()) + 1, m["lang"], m["code"], m["marker"] or "")
         for m in _BLOCK.finditer(text)
     ]
 
 
-EXAMPLES = _examples()
+EXAMPLES = [example for page in PAGES for example in _examples(page)]
 _ERROR_BODY = re.compile(r'"error"\s*:\s*\{')
 
 
@@ -59,10 +67,22 @@ def readme_server() -> Iterator[LiveServer]:
         yield server
 
 
-def test_the_readme_has_runnable_examples_of_each_kind() -> None:
+def test_the_readme_and_the_docs_have_runnable_examples_of_each_kind() -> None:
     runnable = [e for e in EXAMPLES if not e.marker.startswith("skip")]
     assert {e.lang for e in runnable} == {"bash", "python"}
-    assert len(runnable) >= 5
+    assert {e.lang for e in runnable if e.page == "README.md"} == {"bash", "python"}
+    assert len(runnable) >= 15
+    assert len({e.page for e in runnable}) >= 8
+
+
+def test_the_readme_is_a_landing_page_with_the_fresh_machine_commands_first() -> None:
+    first_two = [e.code.strip() for e in EXAMPLES if e.page == "README.md"][:2]
+    assert first_two == [
+        "python3 -m venv .venv && .venv/bin/pip install . && .venv/bin/deepinfer-server "
+        "--engine simulated",
+        "python3 -m venv .venv && .venv/bin/pip install '.[test]' && .venv/bin/python -m pytest",
+    ]
+    assert README.read_text(encoding="utf-8").count("\n") <= 200
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[e.id for e in EXAMPLES])
@@ -83,9 +103,8 @@ def test_readme_example_runs(example: Example, readme_server: LiveServer) -> Non
     command = ["bash", "-euo", "pipefail", "-c", code]
     if example.lang == "python":
         command = [sys.executable, "-c", code]
-    result = subprocess.run(
-        command, cwd=README.parent, env=env, capture_output=True, text=True, timeout=120
-    )
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     output = result.stdout + result.stderr
-    assert result.returncode == 0, f"README line {example.line} failed:\n{output}"
-    assert not _ERROR_BODY.search(result.stdout), f"README line {example.line}: an error:\n{output}"
+    where = f"{example.page} line {example.line}"
+    assert result.returncode == 0, f"{where} failed:\n{output}"
+    assert not _ERROR_BODY.search(result.stdout), f"{where}: an error:\n{output}"

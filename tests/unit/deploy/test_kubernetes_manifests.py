@@ -35,7 +35,8 @@ SCHEMA_FILES = {
     ("inference.networking.k8s.io/v1", "InferencePool"): "inferencepool-inference-v1.json",
 }
 
-# Options of the server (README "Command line") the StatefulSet passes; a typo would crash-loop.
+# Options of the server (docs/operations/command-line.md) the StatefulSet passes; a typo would
+# crash-loop.
 SERVER_OPTIONS = {
     "--served-model-name", "--trust-remote-code", "--host", "--port", "--expert-parallel-size",
     "--max-model-len", "--max-num-seqs", "--gpu-memory-utilization", "--startup-timeout",
