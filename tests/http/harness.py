@@ -152,6 +152,13 @@ class Harness:
 
 
 @cache
+def _structured() -> StructuredOutputs:
+    """One grammar compiler for the session: each starts its compile worker processes on first
+    use, seconds on a loaded machine, and every test of grammars would start its own."""
+    return StructuredOutputs(_tokenizer_json())
+
+
+@cache
 def _recipe(
     served_model_names: tuple[str, ...],
     max_model_len: int,
@@ -171,8 +178,11 @@ def _recipe(
 
 
 @asynccontextmanager
-async def serve(*args: str, script: Script | None = None) -> AsyncIterator[Harness]:
-    """The app for `deepinfer-server --engine simulated ARGS`, with a fake coordinator."""
+async def serve(
+    *args: str, script: Script | None = None, structured: StructuredOutputs | None = None
+) -> AsyncIterator[Harness]:
+    """The app for `deepinfer-server --engine simulated ARGS`, with a fake coordinator and the
+    session's grammar compiler (or `structured`)."""
     config = parse_config(["--engine", "simulated", "--max-model-len", "4096", *args])
     recipe = _recipe(
         config.served_model_names,
@@ -188,7 +198,7 @@ async def serve(*args: str, script: Script | None = None) -> AsyncIterator[Harne
         recipe=recipe,
         coordinator=cast(Coordinator, coordinator),
         metrics=metrics,
-        structured=StructuredOutputs(_tokenizer_json()),
+        structured=structured or _structured(),
     )
     transport = httpx.ASGITransport(app=build_app(state))
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:

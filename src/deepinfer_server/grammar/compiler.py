@@ -34,7 +34,8 @@ ENGINE_CACHE_LIMIT_BYTES = 512 * 1024**2
 
 @dataclass(frozen=True)
 class GrammarBounds:
-    """What a grammar may cost; the README's "Limits" states the defaults and what they mean."""
+    """What a grammar may cost; the docs (API, structured output: "Limits on grammars") state the
+    defaults and what they mean."""
 
     #: The grammar text (schema, regex or EBNF) in UTF-8 bytes.
     max_grammar_bytes: int = 64 * 1024
