@@ -14,6 +14,7 @@ Every write is one short transaction. Database failures surface as `StoreUnavail
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import secrets
@@ -139,7 +140,6 @@ class ResponseStore:
     async def open(self) -> None:
         """Connect and create the schema (raises StoreUnavailableError when it cannot)."""
         async with self._failures("open"):
-            await self._db.open()
             await self._prepare()
 
     async def close(self) -> None:
@@ -329,6 +329,14 @@ class ResponseStore:
             logger.info("response store: evicted %d response(s)", deleted)
         return deleted
 
+    async def evict_periodically(self, interval: float) -> None:
+        """`evict()` now and then every `interval` seconds, until cancelled (a failure is
+        logged and tried again next time)."""
+        while True:
+            with contextlib.suppress(StoreUnavailableError):
+                await self.evict()
+            await asyncio.sleep(interval)
+
     async def _delete_before(self, created_at: float, last: str | None) -> int:
         """Delete responses older than `created_at` (and, with `last`, those created at that
         time whose ID sorts up to `last`)."""
@@ -350,6 +358,7 @@ class ResponseStore:
     async def _prepare(self) -> None:
         if self._ready:
             return
+        await self._db.open()
         await self._db.create_schema(SCHEMA)
         await self._db.write(
             [
