@@ -303,6 +303,10 @@ RESPONSES: Schema = obj(
                 "description": "Continue a stored response (its whole conversation comes first)",
             }
         ),
+        "conversation": {
+            "type": "null",
+            "description": "Not supported: the Conversations API is not served",
+        },
         "metadata": nullable(_ANY_OBJECT),
         "user": string(),
     },
