@@ -171,6 +171,8 @@ def responses_output(
 
 #: The stream's last event, which carries the whole response.
 _TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+#: Every event that carries the response object (the token deltas do not: they pass as made).
+_RESPONSE_OBJECT_EVENTS = _TERMINAL_EVENTS | {"response.created", "response.in_progress"}
 
 
 @dataclass(frozen=True)
@@ -214,7 +216,8 @@ class ResponsesOutput(NamedEventOutput):
         payloads = []
         for chunk in chunks:
             name = self._event_name(chunk)
-            if self._echo is None and not self._items.wants_event(name):
+            echoes = self._echo is not None and name in _RESPONSE_OBJECT_EVENTS
+            if not echoes and not self._items.wants_event(name):
                 payloads.append(named_event(name, chunk.to_json()))
                 continue
             for event in self._items.event(name, orjson.loads(chunk.to_json())):
