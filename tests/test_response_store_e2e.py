@@ -1,12 +1,14 @@
-"""The embedded Responses store with real processes: one SQLite file shared by two API server
-processes, surviving a restart of the server."""
+"""The Responses store with real processes: one SQLite file shared by two API server processes,
+surviving a restart of the server; one PostgreSQL database shared by two replicas."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import openai
+import pytest
 
+from tests.postgres import PostgresServer
 from tests.server import LiveServer
 
 MODEL = "deepseek-flash"
@@ -43,3 +45,27 @@ def test_the_store_is_shared_by_api_processes_and_survives_a_restart(tmp_path: P
         # Each turn's prompt holds the whole history before it.
         assert first.usage is not None and second.usage is not None and third.usage is not None
         assert third.usage.input_tokens > second.usage.input_tokens > first.usage.input_tokens
+
+
+@pytest.mark.postgres
+def test_replicas_share_a_postgres_store() -> None:
+    """Two servers (replicas behind a router) on one PostgreSQL database: a conversation started
+    on one continues on the other."""
+    database = PostgresServer()
+    try:
+        store = ("--response-store", database.new_database())
+        with (
+            LiveServer(*FAST, *store) as one,
+            LiveServer(*FAST, *store) as two,
+            _client(one) as first_client,
+            _client(two) as second_client,
+        ):
+            first = first_client.responses.create(model=MODEL, input="Remember HERON")
+            second = second_client.responses.create(
+                model=MODEL, input="And EGRET", previous_response_id=first.id
+            )
+            assert second.previous_response_id == first.id
+            assert first_client.responses.retrieve(second.id).output_text == second.output_text
+            assert "Responses store: postgresql://" in one.log
+    finally:
+        database.close()
