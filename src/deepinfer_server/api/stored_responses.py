@@ -31,14 +31,13 @@ from deepinfer_server.api.state import AppState
 from deepinfer_server.errors import BadRequestError
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.protocol.core.validation import optional_bool
-from deepinfer_server.protocol.responses.reasoning import restore_reasoning
-from deepinfer_server.protocol.responses.request import (
-    PreparedResponses,
+from deepinfer_server.protocol.responses.output import (
     ResponsesOutput,
     StoredEcho,
-    prepare_responses,
     responses_output,
 )
+from deepinfer_server.protocol.responses.reasoning import restore_reasoning
+from deepinfer_server.protocol.responses.request import PreparedResponses, prepare_responses
 from deepinfer_server.protocol.responses.stored import (
     check_previous_response_id,
     input_list,
