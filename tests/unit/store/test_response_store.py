@@ -15,7 +15,7 @@ import pytest
 from deepinfer_server.config.response_store import parse_duration, store_url
 from deepinfer_server.errors import ConfigError, StoreUnavailableError
 from deepinfer_server.store import BrokenHistory, ResponseStore
-from deepinfer_server.store.location import open_store
+from deepinfer_server.store.location import check_store, open_store
 from deepinfer_server.store.records import NewResponse
 from tests.postgres import PostgresServer
 
@@ -322,3 +322,13 @@ def test_store_urls_and_durations(tmp_path: Path) -> None:
     for bad in ("0", "-1h", "soon"):
         with pytest.raises(ConfigError):
             parse_duration("--ttl", bad)
+
+
+def test_an_unwritable_sqlite_store_stops_the_start_with_a_clear_error(tmp_path: Path) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a directory")
+    with pytest.raises(ConfigError) as refused:
+        check_store(f"sqlite://{blocked / 'responses.sqlite3'}")
+    assert "--state-dir" in str(refused.value) and "--response-store none" in str(refused.value)
+    check_store(f"sqlite://{tmp_path / 'state' / 'responses.sqlite3'}")  # creates it
+    assert (tmp_path / "state" / "responses.sqlite3").exists()
