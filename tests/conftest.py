@@ -23,7 +23,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     e2e = pytest.mark.e2e
     for item in items:
         parts = item.path.relative_to(TESTS).parts
-        if parts and parts[0] in _E2E_FOLDERS:
+        uses_a_server = "shared_server" in getattr(item, "fixturenames", ())
+        if (parts and parts[0] in _E2E_FOLDERS) or uses_a_server:
             item.add_marker(e2e)
     if runs_on_twin():
         return

@@ -23,6 +23,7 @@ class _Output:
     def __init__(self, fail_on: int | None = None) -> None:
         self.finished = False
         self.closed = False
+        self.client_finish_reason: str | None = None
         self._fail_on = fail_on
 
     def start(self) -> list[str]:

@@ -165,7 +165,7 @@ class TokenStream:
                 await self._send(
                     self.advance(batch.tokens, batch.finish, batch.arrived_at, batch.step_seconds)
                 )
-        except (ApiError, asyncio.CancelledError, GeneratorExit) as exc:
+        except BaseException as exc:  # its kind says why the engine request is aborted
             ended_by = exc
             raise
         finally:
@@ -190,7 +190,7 @@ class TokenStream:
                 )
                 if payloads or self.done:
                     yield payloads
-        except (ApiError, asyncio.CancelledError, GeneratorExit) as exc:
+        except BaseException as exc:  # its kind says why the engine request is aborted
             ended_by = exc
             raise
         finally:
