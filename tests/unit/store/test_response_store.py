@@ -19,7 +19,8 @@ from deepinfer_server.store.location import check_store, open_store
 from deepinfer_server.store.records import NewResponse
 from tests.postgres import PostgresServer
 
-BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+#: The PostgreSQL cases start a real server: lane `postgres`, and e2e (not the fast lane).
+BACKENDS = ["sqlite", pytest.param("postgres", marks=[pytest.mark.postgres, pytest.mark.e2e])]
 MIB = 1024 * 1024
 
 
@@ -289,6 +290,7 @@ def test_an_unreachable_store_is_a_503_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.postgres
+@pytest.mark.e2e
 def test_a_postgres_outage_fails_calls_until_it_is_back(postgres_server: PostgresServer) -> None:
     url = postgres_server.new_database()
 
