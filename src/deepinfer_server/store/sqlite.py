@@ -39,7 +39,9 @@ class SqliteDatabase:
     async def open(self) -> None:
         if self._connection is not None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # Opened once on a worker thread first: a file that cannot be opened fails here, before
+        # aiosqlite starts a thread that would outlive the failure.
+        await asyncio.to_thread(_probe, self.path)
         connection = await aiosqlite.connect(self.path, isolation_level=None)
         try:
             await connection.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
@@ -86,3 +88,9 @@ class SqliteDatabase:
         connection, self._connection = self._connection, None
         if connection is not None:
             await connection.close()
+
+
+def _probe(path: Path) -> None:
+    """Create the file's directory and open the file once (raises where SQLite cannot)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sqlite3.connect(path).close()
