@@ -70,9 +70,13 @@ class TokenGenerator:
         return sequence.ignored_output(FINISH_SO_FAILED)
 
     def _next_token(self, sequence: Sequence) -> int:
-        token = sequence.scripted_token(self.eos_id)
-        if sequence.matcher is not None:
-            # The grammar decides: the scripted token when it is allowed, else the matcher's
-            # deterministic choice that completes the value within max_tokens.
-            token = sequence.matcher.choose(token)
+        scripted = sequence.scripted_token(self.eos_id)
+        if sequence.matcher is None:
+            return scripted
+        # The grammar decides: the scripted token when it is allowed, else the matcher's
+        # deterministic choice that completes the value within max_tokens. A token the
+        # grammar forced is inserted: the script's token is still to be said.
+        token = sequence.matcher.choose(scripted)
+        if token != scripted:
+            sequence.inserted += 1
         return token
