@@ -12,7 +12,7 @@ from deepinfer_server.grammar import chat_constraint
 from deepinfer_server.grammar._xgr import Vocab
 from deepinfer_server.grammar.compiler import GrammarCompiler
 from deepinfer_server.grammar.matcher import SimulatedMatcher
-from deepinfer_server.tokenizer import embedded_tokenizer_json
+from deepinfer_server.model.tokenizer import embedded_tokenizer_json
 
 PERSON = {
     "type": "object",

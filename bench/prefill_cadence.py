@@ -31,7 +31,7 @@ import numpy as np
 from deepinfer_server.engines.simulated.collectives import new_lockstep_group
 from deepinfer_server.engines.simulated.engine import LLMEngine, SimEngineArgs
 from deepinfer_server.engines.simulated.outputs import RequestOutput
-from deepinfer_server.tokenizer import embedded_tokenizer_json
+from deepinfer_server.model.tokenizer import embedded_tokenizer_json
 
 PROMPT = np.asarray([0, 128803, 19923, 128804, 128822], dtype=np.int32)
 

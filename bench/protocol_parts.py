@@ -20,10 +20,10 @@ from typing import Any
 from deepseek_recipe import ChatCompletionRequest, InferenceChunk, PromptUsage, StreamProcessor
 
 from deepinfer_server.ipc.messages import Finish, GeneratedTokens
-from deepinfer_server.protocol.chat_output import ChatOutput
-from deepinfer_server.protocol.chat_request import PreparedChat, prepare_chat
-from deepinfer_server.protocol.recipe import RecipeContext
-from deepinfer_server.tokenizer import embedded_tokenizer_json
+from deepinfer_server.model.tokenizer import embedded_tokenizer_json
+from deepinfer_server.protocol.chat.output import ChatOutput
+from deepinfer_server.protocol.chat.request import PreparedChat, prepare_chat
+from deepinfer_server.protocol.core.recipe import RecipeContext
 
 TOKENS = 200
 PROMPT = " ".join(["again"] * (TOKENS + 50))

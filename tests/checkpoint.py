@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from deepinfer_server.tokenizer import embedded_tokenizer_json
+from deepinfer_server.model.tokenizer import embedded_tokenizer_json
 
 #: DeepInfer's image placeholder in the fake checkpoint, in a reserved V4 slot.
 IMAGE_PLACEHOLDER = "<｜deepseek_image｜>"

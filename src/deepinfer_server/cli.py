@@ -81,6 +81,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"deepinfer-server: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     withhold_server_secrets()  # the keys are in `config` now; no child inherits them
-    from deepinfer_server.launcher import run
+    from deepinfer_server.server.launcher import run
 
     return run(config)

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from deepinfer_server.protocol.reasoning_seal import ReasoningSeal
-from deepinfer_server.protocol.responses_reasoning import conversation_digest
+from deepinfer_server.protocol.core.reasoning_seal import ReasoningSeal
+from deepinfer_server.protocol.responses.reasoning import conversation_digest
 from tests.clients.conftest import (
     MODEL,
     REASONING_SECRET,

@@ -71,10 +71,10 @@ def text_of(tokens):
 RESULT = None
 '''
 
-EPILOGUE = '''
+EPILOGUE = """
 print("RESULT=" + json.dumps(RESULT))
 ENGINE.close()
-'''
+"""
 
 
 def run_in_twin(

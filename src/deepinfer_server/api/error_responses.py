@@ -3,7 +3,7 @@
 This is the HTTP side of the one error boundary: `as_api_error` turns anything into an ApiError
 (unexpected exceptions become an InternalError, logged with the request ID), and
 `error_response` renders it with the status from `errors.ERROR_TABLE` and the envelope of the
-protocol the path speaks (`protocol/error_shapes.py`).
+protocol the path speaks (`protocol/core/error_shapes.py`).
 """
 
 from __future__ import annotations
@@ -19,15 +19,14 @@ from starlette.responses import Response
 from starlette.types import Scope
 
 from deepinfer_server.errors import ApiError, ClientDisconnected, ErrorKind, InternalError
-from deepinfer_server.protocol.error_shapes import anthropic_error_body, openai_error_body
+from deepinfer_server.protocol.core.error_shapes import anthropic_error_body, openai_error_body
 
 logger = logging.getLogger(__name__)
 
 ANTHROPIC_PATH_PREFIX = "/v1/messages"
 # Paths both protocols share; Anthropic's clients are told apart by their `anthropic-version`.
 SHARED_PATH_PREFIX = "/v1/models"
-ANTHROPIC_VERSION_HEADER = "anthropic-version"
-_ANTHROPIC_VERSION = ANTHROPIC_VERSION_HEADER.encode()
+_ANTHROPIC_VERSION = b"anthropic-version"
 
 _HTTP_STATUS_KINDS = {
     404: ErrorKind.NOT_FOUND,
@@ -37,7 +36,9 @@ _HTTP_STATUS_KINDS = {
 
 
 def speaks_anthropic(scope: Scope) -> bool:
-    """True for /v1/messages, and for /v1/models asked with an `anthropic-version` header."""
+    """True for /v1/messages, and for /v1/models asked with an `anthropic-version` header: the
+    one test of whether a client speaks Anthropic's API (for error envelopes and model
+    lists alike)."""
     path: str = scope["path"]
     if path.startswith(ANTHROPIC_PATH_PREFIX):
         return True

@@ -13,8 +13,8 @@ from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.coordinator.coordinator import Coordinator
 from deepinfer_server.metrics import RankLoad, ServerMetrics
 from deepinfer_server.metrics.aggregate import Snapshot, merge_loads, merged_exposition
-from deepinfer_server.protocol.recipe import RecipeContext
-from deepinfer_server.protocol.structured import StructuredOutputs
+from deepinfer_server.protocol.core.recipe import RecipeContext
+from deepinfer_server.protocol.core.structured import StructuredOutputs
 
 # Bodies larger than this are prepared on a worker thread, keeping the event loop responsive.
 LARGE_BODY_BYTES = 64 * 1024

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
-from deepinfer_server.checkpoint_images import ImagePolicy, recipe_image_policy
 from deepinfer_server.config.resolved import (
     DEFAULT_PREFILL_ANY_ATTEMPT_INTERVAL,
     DEFAULT_PREFILL_ATTEMPT_INTERVAL,
 )
+from deepinfer_server.model.images import ImagePolicy, recipe_image_policy
 
 if TYPE_CHECKING:
     from deepinfer_server.config import ResolvedConfig

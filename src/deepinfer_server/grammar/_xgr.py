@@ -10,8 +10,8 @@ from types import ModuleType
 from typing import Any
 
 from deepinfer_server.grammar.errors import GrammarUnavailable
+from deepinfer_server.model.tokens import EOS_TOKEN
 
-EOS_TOKEN = "<｜end▁of▁sentence｜>"
 THINK_END = "</think>"
 _CPP_PREFIX = re.compile(r"^\[[0-9:.]+\] \S+?:\d+: (Check failed: \(.*?\) is false: )?")
 

@@ -24,10 +24,10 @@ from deepinfer_server.openapi.schema import (
     ref,
     string,
 )
-from deepinfer_server.protocol.choices import MAX_N
-from deepinfer_server.protocol.completions import MAX_LOGPROBS, MAX_STOP_SEQUENCES
-from deepinfer_server.protocol.responses import INPUT_ITEM_TYPES
-from deepinfer_server.protocol.validation import UINT32_MAX
+from deepinfer_server.protocol.completions.request import MAX_LOGPROBS, MAX_STOP_SEQUENCES
+from deepinfer_server.protocol.core.choices import MAX_N
+from deepinfer_server.protocol.core.validation import UINT32_MAX
+from deepinfer_server.protocol.responses.request import INPUT_ITEM_TYPES
 
 #: deepseek-recipe's own bound on max_tokens (its 400: "the valid range of max_tokens is [1, N]").
 RECIPE_MAX_TOKENS = 393216

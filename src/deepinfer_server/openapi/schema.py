@@ -34,9 +34,7 @@ def number(
     return _bounded("number", minimum, maximum, description)
 
 
-def _bounded(
-    kind: str, minimum: float | None, maximum: float | None, description: str
-) -> Schema:
+def _bounded(kind: str, minimum: float | None, maximum: float | None, description: str) -> Schema:
     schema: Schema = {"type": kind}
     if minimum is not None:
         schema["minimum"] = minimum

@@ -20,6 +20,7 @@ import traceback
 from collections.abc import Callable
 from typing import NoReturn
 
+from deepinfer_server.config.logs import configure_logging
 from deepinfer_server.engines.backend import BuiltEngine, EngineSpec, SharedState
 from deepinfer_server.ipc.messages import RankFailed, RankReady
 from deepinfer_server.ipc.stop_agreement import StopAgreement
@@ -124,10 +125,7 @@ def run_rank(spec: RankSpec, stop: StopAgreement, shared: SharedState | None) ->
     # (nothing here ignores one); forked ones also get a parent-death signal.
     os.register_at_fork(after_in_child=_engine_child_setup(os.getpid()))
     os.environ.update(spec.engine.environment)
-    logging.basicConfig(
-        level=spec.log_level.upper(),
-        format=f"%(asctime)s %(levelname)s [rank {spec.rank}] %(name)s: %(message)s",
-    )
+    configure_logging(spec.log_level, f"rank {spec.rank}")
     try:
         logger.info("[startup] constructing the %s engine", spec.backend_name)
         built = build_engine(spec, shared)

@@ -13,17 +13,19 @@ from starlette.responses import Response
 
 from deepinfer_server.api.endpoint import GenerationProtocol, json_frame, serve_generation
 from deepinfer_server.api.sse import DONE_FRAME, data_frames
-from deepinfer_server.protocol.anthropic_messages import messages_output, prepare_messages
-from deepinfer_server.protocol.chat_output import ChatOutput
-from deepinfer_server.protocol.chat_request import prepare_chat
-from deepinfer_server.protocol.completions import prepare_completion
-from deepinfer_server.protocol.completions_output import CompletionOutput
-from deepinfer_server.protocol.error_shapes import (
+from deepinfer_server.protocol.chat.output import ChatOutput
+from deepinfer_server.protocol.chat.request import prepare_chat
+from deepinfer_server.protocol.completions.output import CompletionOutput
+from deepinfer_server.protocol.completions.request import prepare_completion
+from deepinfer_server.protocol.core.error_shapes import (
     anthropic_error_body,
     openai_error_body,
     responses_error_event,
 )
-from deepinfer_server.protocol.responses import prepare_responses, responses_output
+from deepinfer_server.protocol.messages.output import messages_output
+from deepinfer_server.protocol.messages.request import prepare_messages
+from deepinfer_server.protocol.responses.output import responses_output
+from deepinfer_server.protocol.responses.request import prepare_responses
 
 
 def _joined(payloads: list[str]) -> bytes:

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 
 import psutil
 
-from deepinfer_server.checkpoint_images import ImagePolicy, deepinfer_image_policy
 from deepinfer_server.config.options import option
 from deepinfer_server.engines.backend import EngineBackend
 from deepinfer_server.engines.deepinfer.environment import (
@@ -25,6 +24,7 @@ from deepinfer_server.engines.deepinfer.environment import (
 )
 from deepinfer_server.engines.deepinfer.preflight import run_preflight
 from deepinfer_server.errors import ConfigError
+from deepinfer_server.model.images import ImagePolicy, deepinfer_image_policy
 
 if TYPE_CHECKING:
     from deepinfer_server.config import ResolvedConfig

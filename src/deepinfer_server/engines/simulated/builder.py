@@ -8,7 +8,7 @@ from deepinfer_server.engines.simulated.backend import SimulatedOptions
 from deepinfer_server.engines.simulated.collectives import LockstepGroup
 from deepinfer_server.engines.simulated.engine import LLMEngine, SimEngineArgs
 from deepinfer_server.engines.simulated.outputs import RequestOutput
-from deepinfer_server.tokenizer import load_tokenizer_json
+from deepinfer_server.model.tokenizer import load_tokenizer_json
 
 
 def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:

@@ -47,7 +47,7 @@ from deepinfer_server.engines.simulated.script import ScriptWriter
 from deepinfer_server.engines.simulated.sequence import FINISH_ABORT, Sequence
 from deepinfer_server.engines.simulated.step_clock import StepClock
 from deepinfer_server.engines.simulated.token_generator import TokenGenerator
-from deepinfer_server.tokenizer import EOS_TOKEN
+from deepinfer_server.model.tokens import EOS_TOKEN
 
 logger = logging.getLogger(__name__)
 

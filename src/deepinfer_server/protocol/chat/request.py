@@ -1,0 +1,109 @@
+"""Chat Completions request preparation: validate, convert, encode, resolve max_tokens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from deepseek_recipe import ChatCompletionRequest, ConversationRequest
+
+from deepinfer_server.errors import BadRequestError
+from deepinfer_server.grammar import Constraint
+from deepinfer_server.ipc.messages import Images, SamplingOptions
+from deepinfer_server.protocol.chat.history import merge_assistant_runs
+from deepinfer_server.protocol.core.choices import read_n, seeds_for, with_seed
+from deepinfer_server.protocol.core.prepare import engine_input
+from deepinfer_server.protocol.core.recipe import RecipeContext
+from deepinfer_server.protocol.core.sampling import read_top_k, reject_unhonoured_sampling
+from deepinfer_server.protocol.core.structured import (
+    CHAT_CONSTRAINT,
+    convert_honouring_tool_choice,
+    read_constraint,
+)
+from deepinfer_server.protocol.core.validation import (
+    check_chat_fields,
+    check_model,
+    optional_bool,
+    optional_uint,
+)
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    """What a streamed response reports about usage."""
+
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+@dataclass(frozen=True)
+class PreparedChat:
+    """A validated Chat Completions request, ready for the engine."""
+
+    request: ConversationRequest
+    prompt_token_ids: list[int]
+    sampling: SamplingOptions
+    stream: bool
+    stream_options: StreamOptions
+    constraint: Constraint | None
+    images: Images | None = None
+    #: The choice this engine request produces (n > 1 makes one PreparedChat per choice).
+    index: int = 0
+    prompt_index: int = 0
+
+
+def read_stream_options(body: dict[str, Any]) -> StreamOptions:
+    """`stream_options` (chat and completions)."""
+    options = body.get("stream_options")
+    if options is None:
+        return StreamOptions()
+    if not isinstance(options, dict):
+        raise BadRequestError("'stream_options' must be an object", param="stream_options")
+    return StreamOptions(
+        include_usage=optional_bool(options, "include_usage"),
+        continuous_usage_stats=optional_bool(options, "continuous_usage_stats"),
+    )
+
+
+def prepare_chat(body: dict[str, Any], recipe: RecipeContext) -> PreparedChat | list[PreparedChat]:
+    """Turn a decoded Chat Completions body into prompt token IDs and sampling options.
+
+    With n > 1, one PreparedChat per choice, each with its own seed (derived from `seed`).
+    Raises BadRequestError (400) or ModelNotFoundError (404); never anything else on bad input.
+    """
+    check_chat_fields(body)
+    body["messages"] = merge_assistant_runs(body["messages"])
+    n = read_n(body)
+    body.pop("n", None)  # the recipe accepts only n = 1; the choices are the server's
+    reject_unhonoured_sampling(body)
+    top_k = read_top_k(body)
+    ignore_eos = optional_bool(body, "ignore_eos")
+    stream_options = read_stream_options(body)
+    optional_uint(body, "max_tokens")  # here, so that the 400 names the param
+    max_completion_tokens = optional_uint(body, "max_completion_tokens")
+    if max_completion_tokens is not None:
+        # The OpenAI client's current name wins over the deprecated max_tokens, as in vLLM.
+        body["max_tokens"] = max_completion_tokens
+    check_model(body, recipe.served_model_names)
+    read_constraint(CHAT_CONSTRAINT, body, thinking=False)
+    converted = convert_honouring_tool_choice(
+        lambda b: ChatCompletionRequest(b).convert(recipe.options), body, "auto", "response_format"
+    )
+    constraint = read_constraint(CHAT_CONSTRAINT, body, converted.conversation.thinking_mode)
+    engine = engine_input(converted, recipe, ignore_eos, top_k=top_k)
+    prepared = PreparedChat(
+        converted,
+        engine.prompt_token_ids,
+        engine.sampling,
+        converted.stream,
+        stream_options,
+        constraint,
+        images=engine.images,
+    )
+    if n == 1:
+        return prepared
+    seeds = seeds_for(engine.sampling.seed, n)
+    return [
+        replace(prepared, sampling=with_seed(engine.sampling, seed), index=index)
+        for index, seed in enumerate(seeds)
+    ]

@@ -1,0 +1,1 @@
+"""Legacy Completions (`POST /v1/completions`), as vLLM serves it."""

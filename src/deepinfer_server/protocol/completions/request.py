@@ -1,0 +1,207 @@
+"""Legacy Completions (`POST /v1/completions`) request preparation, as vLLM serves it.
+
+No chat template: a string prompt is tokenized as given, with the BOS token the tokenizer's
+configuration adds; a token-ID prompt goes to the engine unchanged. A list of prompts, or
+`n > 1`, makes one engine request per choice (`branches()`), in OpenAI's order: choice
+`prompt_index * n + i`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from deepinfer_server.errors import BadRequestError, ContextLengthError, ErrorKind
+from deepinfer_server.ipc.messages import SamplingOptions
+from deepinfer_server.protocol.chat.request import StreamOptions, read_stream_options
+from deepinfer_server.protocol.core.choices import read_n, seeds_for, with_seed
+from deepinfer_server.protocol.core.recipe import RecipeContext
+from deepinfer_server.protocol.core.sampling import read_top_k, reject_unhonoured_sampling
+from deepinfer_server.protocol.core.validation import check_model, optional_bool, optional_uint
+
+BOS_TOKEN = "<｜begin▁of▁sentence｜>"
+#: OpenAI's and vLLM's default for completions.
+DEFAULT_MAX_TOKENS = 16
+MAX_LOGPROBS = 20
+MAX_STOP_SEQUENCES = 16
+
+
+@dataclass(frozen=True)
+class PreparedCompletion:
+    """One choice of a validated Completions request, ready for the engine."""
+
+    prompt_token_ids: list[int]
+    sampling: SamplingOptions
+    stream: bool
+    stream_options: StreamOptions
+    #: The prompt as text (what `echo` prepends).
+    prompt_text: str
+    echo: bool
+    #: `logprobs: k`: report the top k alternatives of each token (None: no logprobs).
+    logprobs: int | None
+    stop: tuple[str, ...]
+    #: `max_tokens: 0` with echo scores the prompt without generating (lm-eval).
+    generate: bool
+    index: int = 0
+    #: Distinct prompts of the whole request (for usage: each prompt counts once).
+    prompt_index: int = 0
+
+    @property
+    def constraint(self) -> None:
+        """Completions has no structured output."""
+        return None
+
+    @property
+    def images(self) -> None:
+        """Completions takes text or token IDs only."""
+        return None
+
+
+def _number(body: dict[str, Any], name: str, low: float, high: float) -> float | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise BadRequestError(f"'{name}' must be a number between {low:g} and {high:g}", param=name)
+    return float(value)
+
+
+def _prompts(body: dict[str, Any], recipe: RecipeContext) -> list[tuple[list[int], str]]:
+    """Each prompt as (token IDs, text)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return [_text_prompt(prompt, recipe)]
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(item, str) for item in prompt):
+            return [_text_prompt(item, recipe) for item in prompt]
+        if _is_ids(prompt):
+            return [_ids_prompt(prompt, recipe)]
+        if all(isinstance(item, list) and item and _is_ids(item) for item in prompt):
+            return [_ids_prompt(ids, recipe) for ids in prompt]
+    raise BadRequestError(
+        "'prompt' must be a string, an array of strings, an array of token IDs or an array of "
+        "token-ID arrays, and must not be empty",
+        param="prompt",
+    )
+
+
+def _is_ids(items: list[Any]) -> bool:
+    return all(isinstance(i, int) and not isinstance(i, bool) for i in items)
+
+
+def _ids_prompt(ids: list[int], recipe: RecipeContext) -> tuple[list[int], str]:
+    bound = recipe.prompt_id_bound
+    low, high = min(ids), max(ids)
+    if low < 0 or high >= bound:
+        # The engine would drop the request (DeepInfer's add_request checks the same range);
+        # beyond int32 it could not even be sent.
+        raise BadRequestError(
+            f"'prompt' holds token ID {low if low < 0 else high}, outside this model's "
+            f"vocabulary: token IDs must be in [0, {bound})",
+            param="prompt",
+        )
+    # The text `echo` prepends: every token of the prompt, special ones included.
+    return list(ids), recipe.decoder.decode(ids, skip_special_tokens=False)
+
+
+def _text_prompt(text: str, recipe: RecipeContext) -> tuple[list[int], str]:
+    ids = list(recipe.tokenizer.encode(text))
+    bos = recipe.tokenizer.encode(BOS_TOKEN)
+    if ids[: len(bos)] != bos:
+        ids = [*bos, *ids]
+    return ids, text
+
+
+def _stop(body: dict[str, Any]) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = [stop]
+    if (
+        not isinstance(stop, list)
+        or len(stop) > MAX_STOP_SEQUENCES
+        or not all(isinstance(s, str) and s for s in stop)
+    ):
+        raise BadRequestError(
+            f"'stop' must be a non-empty string or up to {MAX_STOP_SEQUENCES} of them",
+            param="stop",
+        )
+    return tuple(stop)
+
+
+def _reject_unsupported(body: dict[str, Any], n: int) -> None:
+    if body.get("suffix") not in (None, ""):
+        raise BadRequestError(
+            "'suffix' is not supported", param="suffix", kind=ErrorKind.UNSUPPORTED
+        )
+    best_of = body.get("best_of")
+    if best_of is not None and best_of != n:
+        raise BadRequestError(
+            "'best_of' is supported only equal to n", param="best_of", kind=ErrorKind.UNSUPPORTED
+        )
+
+
+def prepare_completion(body: dict[str, Any], recipe: RecipeContext) -> list[PreparedCompletion]:
+    """Validate a Completions body: one prepared choice per (prompt, i < n)."""
+    if not isinstance(body.get("model"), str):
+        raise BadRequestError("'model' is required and must be a string", param="model")
+    check_model(body, recipe.served_model_names)
+    n = read_n(body)
+    _reject_unsupported(body, n)
+    reject_unhonoured_sampling(body)
+    stream = optional_bool(body, "stream")
+    if body.get("stream_options") is not None and not stream:
+        raise BadRequestError("'stream_options' needs 'stream': true", param="stream_options")
+    stream_options = read_stream_options(body)
+    echo = optional_bool(body, "echo")
+    logprobs = optional_uint(body, "logprobs", maximum=MAX_LOGPROBS)
+    if echo and logprobs is not None and recipe.prompt_logprobs_unavailable:
+        raise BadRequestError(
+            f"'echo' with 'logprobs' needs prompt logprobs, and "
+            f"{recipe.prompt_logprobs_unavailable}",
+            param="echo",
+            kind=ErrorKind.UNSUPPORTED,
+        )
+    max_tokens = optional_uint(body, "max_tokens")
+    if max_tokens is None:
+        max_tokens = DEFAULT_MAX_TOKENS
+    if max_tokens == 0 and not echo:
+        raise BadRequestError("'max_tokens' must be at least 1 without echo", param="max_tokens")
+    seed = optional_uint(body, "seed", maximum=2**63 - 1)
+    sampling = SamplingOptions(
+        max_tokens=max(max_tokens, 1),  # DeepInfer generates at least one token
+        temperature=_number(body, "temperature", 0.0, 2.0),
+        top_p=_number(body, "top_p", 1e-9, 1.0),
+        ignore_eos=optional_bool(body, "ignore_eos"),
+        top_k=read_top_k(body),
+        logprobs=logprobs is not None,
+        top_logprobs=logprobs or 0,
+        prompt_logprobs=echo and logprobs is not None,
+    )
+    stop = _stop(body)
+    prepared: list[PreparedCompletion] = []
+    for prompt_index, (ids, text) in enumerate(_prompts(body, recipe)):
+        if len(ids) + max_tokens > recipe.context_limit:
+            raise ContextLengthError(
+                f"This model's maximum context length is {recipe.context_limit} tokens; the "
+                f"prompt has {len(ids)} tokens and max_tokens is {max_tokens}",
+                param="prompt",
+            )
+        for i, choice_seed in enumerate(seeds_for(seed, n)):
+            prepared.append(
+                PreparedCompletion(
+                    ids,
+                    with_seed(sampling, choice_seed),
+                    stream,
+                    stream_options,
+                    text,
+                    echo,
+                    logprobs,
+                    stop,
+                    max_tokens > 0,
+                    index=prompt_index * n + i,
+                    prompt_index=prompt_index,
+                )
+            )
+    return prepared

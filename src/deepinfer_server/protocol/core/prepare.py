@@ -1,0 +1,98 @@
+"""The protocol-independent half of request preparation: encode, check, resolve max_tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from deepseek_recipe import ConversationRequest
+
+from deepinfer_server.errors import ApiError, ContextLengthError
+from deepinfer_server.ipc.messages import Images, SamplingOptions
+from deepinfer_server.protocol.core.images import image_sources, place_images, resolve_images
+from deepinfer_server.protocol.core.recipe import RecipeContext, recipe_errors
+
+
+@dataclass(frozen=True)
+class EngineInput:
+    """What the engine needs from a converted request."""
+
+    prompt_token_ids: list[int]
+    sampling: SamplingOptions
+    images: Images | None = None
+
+
+#: Builds a protocol's own context-overflow error: (prompt tokens, max_tokens, context limit).
+ContextOverflow = Callable[[int, int | None, int], ApiError]
+
+
+def _reject_provably_too_long(
+    converted: ConversationRequest, recipe: RecipeContext, overflow: ContextOverflow | None
+) -> None:
+    """400 before tokenizing a prompt whose text alone has more bytes than the context can hold.
+
+    Rendering is cheap (tens of ms for megabytes); tokenizing a multi-megabyte prompt takes
+    seconds of CPU, which an oversized request must not get.
+    """
+    size = len(recipe.encoding.render_conversation(converted.conversation).prompt.encode())
+    at_least = -(-size // recipe.max_token_bytes)
+    if at_least > recipe.context_limit:
+        if overflow is not None:
+            limit = recipe.context_limit
+            raise overflow(at_least, converted.inference_options.max_tokens, limit)
+        raise ContextLengthError(
+            f"This model's maximum context length is {recipe.context_limit} tokens. However, "
+            f"your messages resulted in at least {at_least} tokens ({size} bytes of text). "
+            "Please reduce the length of the messages.",
+            param="messages",
+        )
+
+
+def engine_input(
+    converted: ConversationRequest,
+    recipe: RecipeContext,
+    ignore_eos: bool,
+    overflow: ContextOverflow | None = None,
+    *,
+    top_k: int = -1,
+    logprobs: bool = False,
+) -> EngineInput:
+    """Encode the conversation (V4.1) and resolve max_tokens against the context.
+
+    `logprobs` asks for them even when the converted request does not (Responses `include`).
+    Images are decoded and checked here (a 400 or 413 for bad ones); each counts at its image
+    token count against the context. A prompt that does not fit is a ContextLengthError, or
+    `overflow`'s error when the protocol words it its own way.
+    """
+    with recipe_errors():
+        # Before any image is fetched or decoded: a prompt that cannot fit costs nothing more.
+        _reject_provably_too_long(converted, recipe, overflow)
+        sources = image_sources(converted)
+        images = None
+        if sources:
+            images = resolve_images(sources, recipe.image_limits, recipe.image_resolver)
+        prompt_token_ids = recipe.encoding.encode(converted.conversation)
+    if images is not None and recipe.image_policy is not None:
+        prompt_token_ids, images = place_images(prompt_token_ids, images, recipe.image_policy)
+    prompt_tokens = Images.prompt_tokens(prompt_token_ids, images)
+    try:
+        with recipe_errors():
+            max_tokens = converted.resolve_max_tokens(prompt_tokens, recipe.context_limit)
+    except ContextLengthError as exc:
+        if overflow is None:
+            raise
+        requested = converted.inference_options.max_tokens
+        raise overflow(prompt_tokens, requested, recipe.context_limit) from exc
+    inference = converted.inference_options
+    logprobs = logprobs or inference.logprobs
+    sampling = SamplingOptions(
+        max_tokens=max_tokens,
+        temperature=inference.temperature,
+        top_p=inference.top_p,
+        ignore_eos=ignore_eos,
+        seed=inference.seed,
+        top_k=top_k,
+        logprobs=logprobs,
+        top_logprobs=(inference.top_logprobs or 0) if logprobs else 0,
+    )
+    return EngineInput(prompt_token_ids, sampling, images)

@@ -1,0 +1,188 @@
+"""Structured outputs and forced tool calls: request options → the engine's grammar (so_args).
+
+Reading what a request asks (`Constraint`) is cheap and done while preparing it. Compiling is
+not (xgrammar; from milliseconds to seconds): `StructuredOutputs.compile` runs on a worker thread
+with the same compiler and version the engine uses, so a bad schema, regex or grammar is a 400
+naming the field before the engine sees the request. xgrammar is the optional [grammar] extra:
+without it an answer format or a forced tool call in thinking mode is a 400 that says so, while
+`strict` tools and forced tool calls outside thinking mode are served as deepseek-recipe renders
+them, unconstrained (logged once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, TypeVar
+
+from deepinfer_server.errors import BadRequestError, ErrorKind
+from deepinfer_server.grammar import (
+    Constraint,
+    GrammarCompiler,
+    GrammarError,
+    GrammarUnavailable,
+    Vocab,
+    chat_constraint,
+    messages_constraint,
+    responses_constraint,
+)
+from deepinfer_server.ipc.messages import StructuredOutput
+from deepinfer_server.protocol.core.recipe import recipe_errors
+
+T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
+
+#: How each protocol's body names its structured-output options.
+ConstraintReader = Callable[[Mapping[str, Any], bool], Constraint | None]
+CHAT_CONSTRAINT: ConstraintReader = chat_constraint
+RESPONSES_CONSTRAINT: ConstraintReader = responses_constraint
+MESSAGES_CONSTRAINT: ConstraintReader = messages_constraint
+
+_FORCED_TOOL_CHOICES = ("required", "named")
+
+
+def _without_strict(tools: Any) -> Any:
+    """The tools with their `strict` flags removed (the grammar enforces their schemas)."""
+    if not isinstance(tools, list):
+        return tools
+    relaxed = []
+    for tool in tools:
+        if isinstance(tool, dict):
+            tool = {k: v for k, v in tool.items() if k != "strict"}
+            function = tool.get("function")
+            if isinstance(function, dict):
+                tool["function"] = {k: v for k, v in function.items() if k != "strict"}
+        relaxed.append(tool)
+    return relaxed
+
+
+#: What deepseek-recipe refuses that the grammar honours, and how to convert the request instead:
+#: a forced tool_choice in thinking mode (DeepSeek's hosted API refuses it too) is converted as
+#: `auto` and the grammar forces the call after `</think>`; strict tools with an answer format
+#: are converted without `strict` and one grammar allows a valid call or valid JSON.
+_RELAXATIONS: dict[str, Callable[[dict[str, Any], object], dict[str, Any]]] = {
+    "Thinking mode does not support this tool_choice": lambda body, auto: {
+        **body,
+        "tool_choice": auto,
+    },
+    "response_format should not be used with tools": lambda body, auto: {
+        **body,
+        "tools": _without_strict(body.get("tools")),
+    },
+}
+
+
+_INVALID_SCHEMA = "Invalid json schema"
+
+
+def convert_honouring_tool_choice(
+    convert: Callable[[dict[str, Any]], T],
+    body: dict[str, Any],
+    auto_choice: object,
+    format_param: str,
+) -> T:
+    """Convert a request with the recipe, relaxing what the recipe refuses but the grammar
+    (read from the original body) enforces; `auto_choice` is the protocol's `auto` tool_choice
+    and `format_param` the field that holds its answer format (named when the recipe rejects a
+    schema without saying where)."""
+    relaxed = body
+    for _ in range(len(_RELAXATIONS) + 1):
+        try:
+            with recipe_errors():
+                return convert(relaxed)
+        except BadRequestError as exc:
+            if exc.message.startswith(_INVALID_SCHEMA) and exc.param is None:
+                exc.param = format_param
+                raise
+            relax = next((f for m, f in _RELAXATIONS.items() if m in exc.message), None)
+            if relax is None:
+                raise
+            relaxed = relax(relaxed, auto_choice)
+    with recipe_errors():
+        return convert(relaxed)
+
+
+@contextlib.contextmanager
+def grammar_errors() -> Iterator[None]:
+    """GrammarError → 400 naming the field; a missing xgrammar → 400 saying how to install it."""
+    try:
+        yield
+    except GrammarUnavailable as exc:
+        raise BadRequestError(exc.message, param=exc.param, kind=ErrorKind.UNSUPPORTED) from exc
+    except GrammarError as exc:
+        raise BadRequestError(exc.message, param=exc.param) from exc
+
+
+def read_constraint(
+    reader: ConstraintReader, body: Mapping[str, Any], thinking: bool
+) -> Constraint | None:
+    """What the request asks to constrain (no compilation); 400 for malformed options.
+
+    Call it once before the recipe converts the request (thinking unknown yet, so that malformed
+    options are a 400 naming their field rather than the recipe's unnamed one), and once after.
+    """
+    with grammar_errors():
+        return reader(body, thinking)
+
+
+def is_forced_tool_call(constraint: Constraint | None) -> bool:
+    """True when the whole answer must be a tool call (tool_choice required or named)."""
+    return (
+        constraint is not None
+        and constraint.tools is not None
+        and constraint.tools.mode in _FORCED_TOOL_CHOICES
+    )
+
+
+class StructuredOutputs:
+    """The API process's grammar compiler, created on the first structured request."""
+
+    def __init__(self, tokenizer_json: str, vocab_size: int | None = None) -> None:
+        self._tokenizer_json = tokenizer_json
+        self._vocab_size = vocab_size
+        self._compiler: GrammarCompiler | None = None
+        self._lock = threading.Lock()
+        self._warned_unconstrained = False
+
+    def compile(self, constraint: Constraint) -> StructuredOutput | None:
+        """The so_args for `constraint`, compiled once to validate them (call off the loop).
+
+        None when the constraint is only `strict` tools under auto and xgrammar is missing.
+        """
+        with grammar_errors():
+            try:
+                compiler = self._get_compiler()
+            except GrammarUnavailable:
+                # Without a grammar engine, tools are served as deepseek-recipe renders them:
+                # strict ones unconstrained, and a forced call outside thinking mode through the
+                # prompt (it ends by opening the tool-call block). Thinking mode cannot be forced.
+                forced_in_thinking = is_forced_tool_call(constraint) and constraint.thinking
+                if constraint.kind is None and not forced_in_thinking:
+                    self._warn_unconstrained()
+                    return None
+                raise
+            so_args = compiler.so_args_for(constraint)
+        trigger = so_args.get("trigger_token_ids")
+        return StructuredOutput(
+            schema_type=str(so_args["schema_type"]),
+            schema=str(so_args["schema"]),
+            trigger_token_ids=list(trigger) if trigger else None,
+        )
+
+    def _get_compiler(self) -> GrammarCompiler:
+        with self._lock:
+            if self._compiler is None:
+                vocab = Vocab.from_tokenizer_json(self._tokenizer_json, self._vocab_size)
+                self._compiler = GrammarCompiler(vocab)
+            return self._compiler
+
+    def _warn_unconstrained(self) -> None:
+        if not self._warned_unconstrained:
+            self._warned_unconstrained = True
+            logger.warning(
+                "tool calls are served without grammar constraints: install the [grammar] "
+                "extra (xgrammar) to enforce their schemas"
+            )

@@ -1,0 +1,139 @@
+"""Checks that deepseek-recipe 0.2.0 leaves to the server: the body is one bounded JSON object,
+the model is served, and fields the recipe passes through unchecked have their types."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from deepinfer_server.errors import BadRequestError, ErrorKind, ModelNotFoundError
+
+UINT32_MAX = 2**32 - 1
+#: The deepest nesting of arrays and objects accepted anywhere in a request body. Real requests
+#: (tool schemas included) stay far below it; deepseek-recipe recurses per level.
+MAX_JSON_DEPTH = 64
+
+
+def parse_object(body: Any) -> dict[str, Any]:
+    """The decoded body, which must be a JSON object."""
+    if not isinstance(body, dict):
+        raise BadRequestError("the request body must be a JSON object")
+    return body
+
+
+def decode_json(body: bytes) -> dict[str, Any]:
+    """Decode a request body; 400 for malformed JSON, invalid UTF-8, lone surrogates, or
+    nesting deeper than MAX_JSON_DEPTH."""
+    try:
+        decoded = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequestError(f"the request body is not valid JSON: {exc}") from exc
+    check_depth(decoded)
+    return parse_object(decoded)
+
+
+def check_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> None:
+    """400 if arrays and objects nest deeper than `limit` levels anywhere in `value`."""
+    level: list[Any] = [value]
+    for depth in range(limit + 1):
+        children: list[Any] = []
+        for item in level:
+            if isinstance(item, dict):
+                children.extend(item.values())
+            elif isinstance(item, list):
+                children.extend(item)
+        if not children:
+            return
+        level = [c for c in children if isinstance(c, dict | list)]
+        if not level:
+            return
+        if depth == limit - 1:
+            raise BadRequestError(
+                f"the request body nests arrays and objects more than {limit} levels deep"
+            )
+
+
+def optional_bool(body: dict[str, Any], name: str, default: bool = False) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise BadRequestError(f"'{name}' must be a boolean", param=name)
+    return value
+
+
+def optional_uint(body: dict[str, Any], name: str, maximum: int = UINT32_MAX) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequestError(f"'{name}' must be an integer", param=name)
+    if not 0 <= value <= maximum:
+        raise BadRequestError(f"'{name}' must be between 0 and {maximum}", param=name)
+    return value
+
+
+def check_model(body: dict[str, Any], served_model_names: tuple[str, ...]) -> None:
+    """404 model_not_found for a model this server does not serve."""
+    model = body.get("model")
+    if isinstance(model, str) and model not in served_model_names:
+        names = ", ".join(served_model_names)
+        raise ModelNotFoundError(
+            f"The model '{model}' does not exist; this server serves: {names}", param="model"
+        )
+
+
+def reject_file_parts(message: dict[str, Any], index: int) -> None:
+    """400 naming what is unsupported: documents (`file` parts), whatever they carry."""
+    content = message.get("content")
+    if not isinstance(content, list):
+        return
+    for part_index, part in enumerate(content):
+        if isinstance(part, dict) and part.get("type") == "file":
+            raise BadRequestError(
+                "file content (documents such as PDFs) is not supported by this server; send "
+                "the document's text instead",
+                param=f"messages[{index}].content[{part_index}]",
+                kind=ErrorKind.UNSUPPORTED,
+                code="unsupported_content",
+            )
+
+
+_CHAT_ROLES = frozenset({"system", "user", "assistant", "tool", "function", "latest_reminder"})
+_NUMBERS = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
+
+
+def check_chat_fields(body: dict[str, Any]) -> None:
+    """Type and range checks of Chat Completions fields, so that each 400 names its field.
+
+    deepseek-recipe checks these too, but its messages do not say which field was wrong.
+    `developer` messages become `system` messages, as OpenAI treats them for these models.
+    """
+    if not isinstance(body.get("model"), str):
+        raise BadRequestError("'model' is required and must be a string", param="model")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequestError("'messages' must be a non-empty array", param="messages")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise BadRequestError("each message must be an object", param=f"messages[{index}]")
+        role = message.get("role")
+        if role == "developer":
+            message["role"] = "system"
+        elif not isinstance(role, str) or role not in _CHAT_ROLES:
+            raise BadRequestError(
+                f"unknown role {role!r}: expected one of {', '.join(sorted(_CHAT_ROLES))} "
+                "or developer",
+                param=f"messages[{index}].role",
+            )
+        reject_file_parts(message, index)
+    for name in _NUMBERS:
+        value = body.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise BadRequestError(f"'{name}' must be a number", param=name)
+    optional_uint(body, "seed", maximum=2**64 - 1)
+    optional_bool(body, "logprobs")
+    optional_uint(body, "top_logprobs", maximum=20)
+    if body.get("stream_options") is not None and not body.get("stream"):
+        raise BadRequestError("'stream_options' needs 'stream': true", param="stream_options")

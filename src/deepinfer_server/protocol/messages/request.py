@@ -1,0 +1,85 @@
+"""Anthropic Messages API (`POST /v1/messages`, `/v1/messages/count_tokens`): request
+preparation and token counting."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from deepseek_recipe import ConversationRequest, MessagesRequest
+
+from deepinfer_server.errors import BadRequestError
+from deepinfer_server.grammar import Constraint
+from deepinfer_server.ipc.messages import Images, SamplingOptions
+from deepinfer_server.protocol.core.choices import reject_n
+from deepinfer_server.protocol.core.prepare import engine_input
+from deepinfer_server.protocol.core.recipe import RecipeContext, recipe_errors
+from deepinfer_server.protocol.core.sampling import read_top_k
+from deepinfer_server.protocol.core.structured import (
+    MESSAGES_CONSTRAINT,
+    convert_honouring_tool_choice,
+    read_constraint,
+)
+from deepinfer_server.protocol.core.validation import check_model
+from deepinfer_server.protocol.messages.compat import (
+    anthropic_context_error,
+    normalize_messages_body,
+)
+
+
+@dataclass(frozen=True)
+class PreparedMessages:
+    """A validated Messages request, ready for the engine."""
+
+    request: ConversationRequest
+    prompt_token_ids: list[int]
+    sampling: SamplingOptions
+    stream: bool
+    constraint: Constraint | None
+    images: Images | None = None
+
+
+def _convert(body: dict[str, Any], recipe: RecipeContext) -> ConversationRequest:
+    if body.get("max_tokens") is None:  # Anthropic's API requires it; the recipe would not
+        raise BadRequestError("max_tokens: Field required", param="max_tokens")
+    check_model(body, recipe.served_model_names)
+    reject_n(body, "the Messages API")
+    read_top_k(body)
+    read_constraint(MESSAGES_CONSTRAINT, body, thinking=False)
+    return convert_honouring_tool_choice(
+        lambda b: MessagesRequest(b).convert(recipe.options),
+        normalize_messages_body(body),
+        {"type": "auto"},
+        "output_config.format",
+    )
+
+
+def prepare_messages(body: dict[str, Any], recipe: RecipeContext) -> PreparedMessages:
+    """Turn a decoded Messages body into prompt token IDs and sampling options."""
+    converted = _convert(body, recipe)
+    constraint = read_constraint(MESSAGES_CONSTRAINT, body, converted.conversation.thinking_mode)
+    engine = engine_input(
+        converted,
+        recipe,
+        ignore_eos=False,
+        overflow=anthropic_context_error,
+        top_k=read_top_k(body),
+    )
+    return PreparedMessages(
+        converted,
+        engine.prompt_token_ids,
+        engine.sampling,
+        converted.stream,
+        constraint,
+        images=engine.images,
+    )
+
+
+def count_message_tokens(body: dict[str, Any], recipe: RecipeContext) -> int:
+    """The prompt tokens `/v1/messages` would encode for this body (system, tools, thinking).
+
+    A count_tokens body has no `max_tokens`; any value converts the same prompt.
+    """
+    converted = _convert({**body, "max_tokens": 1, "stream": False}, recipe)
+    with recipe_errors():
+        return len(recipe.encoding.encode(converted.conversation))

@@ -1,0 +1,1 @@
+"""OpenAI Responses (`POST /v1/responses`)."""

@@ -1,0 +1,140 @@
+"""OpenAI Responses API (`POST /v1/responses`): request preparation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from deepseek_recipe import ConversationRequest, ResponsesRequest
+
+from deepinfer_server.errors import BadRequestError, ErrorKind
+from deepinfer_server.grammar import Constraint
+from deepinfer_server.ipc.messages import Images, SamplingOptions
+from deepinfer_server.protocol.core.choices import reject_n
+from deepinfer_server.protocol.core.prepare import engine_input
+from deepinfer_server.protocol.core.recipe import RecipeContext
+from deepinfer_server.protocol.core.structured import (
+    RESPONSES_CONSTRAINT,
+    convert_honouring_tool_choice,
+    read_constraint,
+)
+from deepinfer_server.protocol.core.validation import check_model, optional_bool
+from deepinfer_server.protocol.responses.reasoning import (
+    ReasoningRequest,
+    restore_reasoning,
+)
+
+
+@dataclass(frozen=True)
+class PreparedResponses:
+    """A validated Responses request, ready for the engine."""
+
+    request: ConversationRequest
+    prompt_token_ids: list[int]
+    sampling: SamplingOptions
+    stream: bool
+    echo: Any
+    namespace_tool_map: dict[str, tuple[str, str]]
+    constraint: Constraint | None
+    reasoning: ReasoningRequest = field(default_factory=ReasoningRequest)
+    images: Images | None = None
+
+
+def _reject_stateful_options(body: dict[str, Any]) -> None:
+    """This server keeps no conversation state: previous responses cannot be referenced."""
+    if body.get("previous_response_id") is not None:
+        raise BadRequestError(
+            "previous_response_id is not supported: this server stores no responses; send the "
+            "whole conversation in `input`",
+            param="previous_response_id",
+        )
+    if optional_bool(body, "store"):
+        raise BadRequestError(
+            "store: true is not supported: this server stores no responses; omit `store` or "
+            "set it to false",
+            param="store",
+        )
+    if optional_bool(body, "background"):
+        raise BadRequestError("background responses are not supported", param="background")
+
+
+#: The `input` item types deepseek-recipe converts (an item without `type` is a message); the
+#: recipe silently drops any other type, so this server rejects them.
+INPUT_ITEM_TYPES = frozenset(
+    {
+        "message",
+        "reasoning",
+        "function_call",
+        "function_call_output",
+        "custom_tool_call",
+        "custom_tool_call_output",
+        "tool_search_call",
+        "tool_search_output",
+    }
+)
+
+
+def _check_input_items(body: dict[str, Any]) -> None:
+    """400 naming the first `input` item whose type the conversion would drop."""
+    items = body.get("input")
+    if not isinstance(items, list):
+        return
+    for index, item in enumerate(items):
+        if not isinstance(item, dict) or "type" not in item:
+            continue  # the recipe rejects non-objects and reads typeless items as messages
+        kind = item["type"]
+        if not isinstance(kind, str) or kind not in INPUT_ITEM_TYPES:
+            raise BadRequestError(
+                f"input[{index}]: input item type {kind!r} is not supported; supported: "
+                + ", ".join(sorted(INPUT_ITEM_TYPES)),
+                param=f"input[{index}].type",
+                kind=ErrorKind.UNSUPPORTED,
+            )
+
+
+_LOGPROBS_INCLUDE = "message.output_text.logprobs"
+
+
+def _wants_logprobs(body: dict[str, Any]) -> bool:
+    """`include: ["message.output_text.logprobs"]` asks for the output text's logprobs."""
+    include = body.get("include")
+    if include is None:
+        return False
+    if not isinstance(include, list) or not all(isinstance(item, str) for item in include):
+        raise BadRequestError("'include' must be an array of strings", param="include")
+    return _LOGPROBS_INCLUDE in include
+
+
+def prepare_responses(body: dict[str, Any], recipe: RecipeContext) -> PreparedResponses:
+    """Turn a decoded Responses body into prompt token IDs and sampling options."""
+    _reject_stateful_options(body)
+    _check_input_items(body)
+    reject_n(body, "the Responses API")
+    check_model(body, recipe.served_model_names)
+    read_constraint(RESPONSES_CONSTRAINT, body, thinking=False)
+    body, conversation = restore_reasoning(body, recipe.reasoning_seal)
+
+    def convert(
+        body: dict[str, Any],
+    ) -> tuple[ConversationRequest, Any, dict[str, tuple[str, str]]]:
+        request = ResponsesRequest(body)
+        namespace_tool_map = request.namespace_tool_map(recipe.options)
+        echo = request.echo()  # before convert(), which consumes the request
+        return request.convert(recipe.options), echo, namespace_tool_map
+
+    converted, echo, namespace_tool_map = convert_honouring_tool_choice(
+        convert, body, "auto", "text.format"
+    )
+    constraint = read_constraint(RESPONSES_CONSTRAINT, body, converted.conversation.thinking_mode)
+    engine = engine_input(converted, recipe, ignore_eos=False, logprobs=_wants_logprobs(body))
+    return PreparedResponses(
+        converted,
+        engine.prompt_token_ids,
+        engine.sampling,
+        converted.stream,
+        echo,
+        namespace_tool_map,
+        constraint,
+        ReasoningRequest.of(body, conversation),
+        images=engine.images,
+    )

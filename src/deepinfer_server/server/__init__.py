@@ -1,0 +1,1 @@
+"""The server's processes and their lifecycle: start-up, serving, shutdown, failure."""

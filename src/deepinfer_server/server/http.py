@@ -1,0 +1,220 @@
+"""The HTTP side of one API server process: uvicorn with a drain before its shutdown.
+
+Shared by the single-process server (`launcher`) and each API server process of
+`--api-server-count` (`api_worker`). On SIGTERM (or SIGINT): /health turns 503 and new requests
+get 503, in-flight requests may finish for --shutdown-timeout seconds (a second signal ends the
+wait), the rest end with a 503 error, then uvicorn shuts down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+from collections.abc import Callable, Coroutine, Generator, Sequence
+from types import FrameType
+from typing import Any
+
+import uvicorn
+
+from deepinfer_server.api.app import build_app
+from deepinfer_server.api.connection import (
+    ConnectionLimits,
+    fit_to_file_limit,
+    guarded_protocol,
+)
+from deepinfer_server.api.state import AppState, Peers
+from deepinfer_server.concurrency import first_of
+from deepinfer_server.config import ResolvedConfig
+from deepinfer_server.coordinator.coordinator import Coordinator
+from deepinfer_server.engines.registry import get_backend
+from deepinfer_server.errors import ShuttingDownError, StartupError
+from deepinfer_server.metrics import ServerMetrics
+from deepinfer_server.model.tokenizer import prompt_id_bound
+from deepinfer_server.protocol.core.images import ImageLimits
+from deepinfer_server.protocol.core.recipe import RecipeContext
+from deepinfer_server.protocol.core.structured import StructuredOutputs
+
+logger = logging.getLogger("deepinfer_server")
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class HttpServer(uvicorn.Server):
+    """uvicorn's server with a drain before its shutdown, and signals that stay handled."""
+
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        state: AppState,
+        *,
+        signals: Sequence[signal.Signals] = STOP_SIGNALS,
+        on_started: Callable[[], None] | None = None,
+    ) -> None:
+        """`signals`: those that drain; with only SIGTERM (an API server process of
+        --api-server-count, whose supervisor forwards signals), a second SIGTERM ends the
+        drain, as a second SIGINT does otherwise."""
+        super().__init__(config)
+        self._state = state
+        self._signals = tuple(signals)
+        self._on_started = on_started
+        self._forced = asyncio.Event()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        # uvicorn re-raises captured signals after serving, which would kill this process
+        # before the ranks are stopped; record them only.
+        original = {s: signal.signal(s, self.handle_exit) for s in self._signals}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._state.coordinator.draining = True  # /health and new requests: 503 from now on
+        repeated = self.should_exit
+        super().handle_exit(sig, frame)
+        if repeated and signal.SIGINT not in self._signals:
+            self.force_exit = True
+        if self.force_exit:  # a second signal: stop draining now
+            asyncio.get_event_loop().call_soon_threadsafe(self._forced.set)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self._on_started is not None:
+            self._on_started()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        coordinator = self._state.coordinator
+        coordinator.draining = True
+        grace = self._state.config.shutdown_timeout
+        if grace > 0 and coordinator.num_in_flight:
+            logger.info(
+                "[shutdown] draining %d request(s) for up to %gs (Ctrl-C again to stop now)",
+                coordinator.num_in_flight,
+                grace,
+            )
+            await first_of(self._forced.wait(), coordinator.wait_idle(grace))
+        coordinator.fail_all(ShuttingDownError())
+        await super().shutdown(sockets)
+
+
+def create_recipe(
+    config: ResolvedConfig,
+    tokenizer_json: str,
+    checkpoint: str | None = None,
+    reasoning_key: bytes | None = None,
+) -> RecipeContext:
+    """The recipe context of the served model (raises OSError, ValueError or RuntimeError when
+    the tokenizer cannot be loaded). `reasoning_key` is the seal's key every API server process
+    shares (default: one from `--reasoning-secret`, random without it)."""
+    backend = get_backend(config.engine)
+    return RecipeContext.create(
+        tokenizer_json,
+        config.served_model_names,
+        config.max_model_len,
+        default_thinking=config.default_thinking == "enabled",
+        reasoning_secret=config.reasoning_secret,
+        image_limits=ImageLimits.of(config),
+        reasoning_key=reasoning_key,
+        prompt_id_bound=prompt_id_bound(checkpoint, tokenizer_json),
+        prompt_logprobs_unavailable=backend.prompt_logprobs_unavailable(),
+        image_policy=backend.image_policy(checkpoint, tokenizer_json),
+    )
+
+
+def build_server(
+    config: ResolvedConfig,
+    recipe: RecipeContext,
+    tokenizer_json: str,
+    coordinator: Coordinator,
+    metrics: ServerMetrics,
+    *,
+    peers: Peers | None = None,
+    signals: Sequence[signal.Signals] = STOP_SIGNALS,
+    on_started: Callable[[], None] | None = None,
+) -> HttpServer:
+    """The app and its uvicorn server for one API server process (ranks already ready)."""
+    state = AppState(
+        config=config,
+        recipe=recipe,
+        coordinator=coordinator,
+        metrics=metrics,
+        structured=StructuredOutputs(tokenizer_json),
+        peers=peers,
+    )
+    return HttpServer(
+        uvicorn.Config(
+            build_app(state),
+            host=config.host,
+            port=config.port,
+            log_level=config.log_level,
+            lifespan="off",
+            timeout_graceful_shutdown=5,
+            access_log=False,
+            http=guarded_protocol(
+                ConnectionLimits(
+                    header_timeout=config.header_timeout,
+                    write_timeout=config.write_timeout,
+                    max_connections=fit_to_file_limit(config.max_connections),
+                )
+            ),
+        ),
+        state,
+        signals=signals,
+        on_started=on_started,
+    )
+
+
+async def wait_for_ranks(
+    coordinator: Coordinator, timeout: float, signals: Sequence[signal.Signals] = STOP_SIGNALS
+) -> int | None:
+    """Wait until every rank is ready; None then, else the exit code: 0 when one of `signals`
+    interrupted start-up, 1 when it failed (logged). uvicorn takes the signals over afterwards.
+    """
+    startup = asyncio.ensure_future(coordinator.wait_ready(timeout))
+    loop = asyncio.get_running_loop()
+    for sig in signals:
+        loop.add_signal_handler(sig, startup.cancel)
+    try:
+        await startup
+    except asyncio.CancelledError:
+        logger.info("[startup] interrupted")
+        return 0
+    except StartupError as exc:
+        logger.error("[startup] failed: %s", exc)
+        return 1
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+    return None
+
+
+def log_serving(config: ResolvedConfig, master_port: int) -> None:
+    """The start-up line that says every rank is ready and what is served where."""
+    logger.info(
+        "[startup] %d DP rank(s) ready (EP=%d, CP=%d, MASTER_PORT=%d); serving %s on %s:%d%s",
+        config.data_parallel_size,
+        config.expert_parallel_size,
+        config.context_parallel_size,
+        master_port,
+        ", ".join(config.served_model_names),
+        config.host,
+        config.port,
+        f" with {config.api_server_count} API server processes"
+        if config.api_server_count > 1
+        else "",
+    )
+
+
+def run_loop(main: Coroutine[Any, Any, int]) -> int:
+    """Run `main` in a fresh event loop (uvloop when installed); returns its exit code."""
+    runner: Callable[[Coroutine[Any, Any, int]], int] = asyncio.run
+    with contextlib.suppress(ImportError):  # uvloop comes with uvicorn[standard]
+        import uvloop
+
+        runner = uvloop.run
+    return int(runner(main))

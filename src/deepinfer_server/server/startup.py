@@ -1,0 +1,87 @@
+"""What start-up settles before any process is spawned, and the rank processes' specs.
+
+Both ways of serving (one API process, or `--api-server-count N` under the supervisor) start
+from `prepare()` and spawn the ranks from `rank_specs()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from deepinfer_server.config import ResolvedConfig
+from deepinfer_server.coordinator.liveness import heartbeat_interval
+from deepinfer_server.engines.backend import EngineBackend, EngineSpec
+from deepinfer_server.engines.deepinfer.ports import choose_master_port
+from deepinfer_server.engines.registry import get_backend
+from deepinfer_server.errors import ConfigError
+from deepinfer_server.model.source import resolve_model
+from deepinfer_server.model.tokenizer import load_tokenizer_json
+from deepinfer_server.protocol.core.recipe import RecipeContext
+from deepinfer_server.rank.spec import RankSpec
+from deepinfer_server.server.http import create_recipe
+
+#: Seconds the ranks get to stop at an agreed iteration before they are killed.
+RANK_STOP_TIMEOUT = 15.0
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What start-up settles before any process is spawned."""
+
+    backend: EngineBackend
+    checkpoint: str | None
+    master_port: int
+    tokenizer_json: str
+    recipe: RecipeContext
+
+
+def prepare(config: ResolvedConfig) -> Prepared:
+    """Check the engine, resolve the model, load the tokenizer (ConfigError when it cannot)."""
+    backend = get_backend(config.engine)
+    backend.check_installed()
+    checkpoint = resolve_model(config.model, backend)
+    backend.preflight(config, checkpoint)
+    master_port = choose_master_port(config.port)
+    tokenizer_json = load_tokenizer_json(checkpoint)
+    try:
+        recipe = create_recipe(config, tokenizer_json, checkpoint)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise ConfigError(f"cannot load the tokenizer: {exc}") from exc
+    return Prepared(backend, checkpoint, master_port, tokenizer_json, recipe)
+
+
+def api_address(workdir: str, api_server: int) -> str:
+    """The socket API server process `api_server` listens on for the ranks."""
+    return f"{workdir}/api{api_server}.sock"
+
+
+def rank_specs(config: ResolvedConfig, prepared: Prepared, workdir: str) -> list[RankSpec]:
+    """One spec per DP rank, wired to every API server process."""
+    backend = prepared.backend
+    environments = backend.rank_environments(config, prepared.master_port)
+    servers = range(config.api_server_count)
+    return [
+        RankSpec(
+            engine=EngineSpec(
+                rank=rank,
+                model=prepared.checkpoint,
+                served_model_name=config.served_model_name,
+                data_parallel_size=config.data_parallel_size,
+                context_parallel_size=config.context_parallel_size,
+                expert_parallel_size=config.expert_parallel_size,
+                max_model_len=config.max_model_len,
+                max_num_seqs=config.max_num_seqs,
+                max_num_batched_tokens=config.max_num_batched_tokens,
+                options=config.engine_options,
+                environment=environments[rank],
+                prefill_attempt_interval=config.prefill_attempt_interval,
+                prefill_any_attempt_interval=config.prefill_any_attempt_interval,
+            ),
+            builder=backend.builder,
+            backend_name=backend.name,
+            api_addresses=tuple(api_address(workdir, i) for i in servers),
+            log_level=config.log_level,
+            heartbeat_seconds=heartbeat_interval(config.step_timeout),
+        )
+        for rank in range(config.data_parallel_size)
+    ]

@@ -1,0 +1,348 @@
+"""The supervisor of `--api-server-count N` (N > 1): ranks, N API server processes, one port.
+
+It spawns the DP ranks, binds the listening socket once and spawns N API server processes
+(`api_worker`) that share it, each wired to every rank. It owns what exists once: the rank
+processes and their stop, the collectives' break, the service's failure (a rank exit it sees,
+a failure an API server process reports, or an API server process that dies fails the service
+in every process, with the same reason) and the order of shutdown: on SIGTERM/SIGINT every API
+server process drains; once all have, the ranks stop at an agreed iteration; then the API server
+processes close and exit. Every child dies with the supervisor (parent-death signal).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import tempfile
+from collections.abc import Callable
+from multiprocessing.process import BaseProcess
+
+from deepinfer_server.concurrency import first_of
+from deepinfer_server.config import ResolvedConfig
+from deepinfer_server.coordinator.admission import shared_slots
+from deepinfer_server.coordinator.channels import bind_rank_listener
+from deepinfer_server.coordinator.failure_cause import FailureCause
+from deepinfer_server.ipc.control import (
+    ControlChannel,
+    ControlMessage,
+    Drained,
+    Exit,
+    Failed,
+    Ping,
+    Pong,
+    RankReport,
+    Serving,
+    SnapshotReply,
+    SnapshotRequest,
+)
+from deepinfer_server.protocol.core.reasoning_seal import seal_key
+from deepinfer_server.server.api_worker import WorkerSpec, run_api_worker
+from deepinfer_server.server.http import STOP_SIGNALS, log_serving
+from deepinfer_server.server.ranks import REAP_TIMEOUT, RankGroup, describe_exit
+from deepinfer_server.server.startup import (
+    RANK_STOP_TIMEOUT,
+    Prepared,
+    api_address,
+    rank_specs,
+)
+
+logger = logging.getLogger("deepinfer_server")
+
+#: Seconds API server processes get to close after the ranks stopped, before they are killed.
+_WORKER_EXIT_TIMEOUT = 10.0
+#: Seconds beyond --shutdown-timeout that draining may take (uvicorn's own graceful shutdown).
+_DRAIN_SLACK = 30.0
+#: Seconds between the supervisor's pings to each serving API server process.
+_PING_INTERVAL = 1.0
+#: Seconds a serving API server process may leave the pings unanswered: past that it is stuck
+#: (stopped, or its event loop blocked), and it is killed and the service fails, naming it.
+#: Shorter than the ranks' bound on an unread link (`rank.links.LINK_STALL_SECONDS`).
+API_SERVER_TIMEOUT = 10.0
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """The server's TCP socket, bound but not listening: connections are refused until an API
+    server process serves (it listens)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class _Worker:
+    """The supervisor's handle on one API server process."""
+
+    def __init__(self, index: int, process: BaseProcess, control: ControlChannel) -> None:
+        self.index = index
+        self.process = process
+        self.control = control
+        self.serving = False
+        self.drained = False
+        self.exited = asyncio.Event()
+        self.signals_sent = 0
+        #: Event-loop time of its last Serving or Pong.
+        self.answered_at = 0.0
+        self.stuck = False
+
+    def terminate(self) -> None:
+        """SIGTERM: drain (start-up: stop waiting); a second one ends the drain (the API
+        server process ignores SIGINT: Ctrl-C reaches the whole process group)."""
+        self.signals_sent += 1
+        if not self.exited.is_set() and self.process.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.process.pid, signal.SIGTERM)
+
+
+class Supervisor:
+    """Runs the ranks and the API server processes of one server until told to stop."""
+
+    def __init__(
+        self,
+        config: ResolvedConfig,
+        master_port: int,
+        ranks: RankGroup,
+    ) -> None:
+        self._config = config
+        self._master_port = master_port
+        self._ranks = ranks
+        self._workers: list[_Worker] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = asyncio.Event()
+        self._changed = asyncio.Event()  # a worker is serving, drained or exited
+        self._failure: str | None = None
+        #: Rank exits (seen here) and rank reports (forwarded by the API server processes):
+        #: the cause the service fails for.
+        self._causes = FailureCause(self._fail)
+        self._signals = 0
+
+    async def start_workers(self, specs: list[WorkerSpec], ends: list[socket.socket]) -> None:
+        """Spawn every API server process and watch it (its control channel and its exit)."""
+        context = multiprocessing.get_context("spawn")
+        loop = asyncio.get_running_loop()
+        for spec, end in zip(specs, ends, strict=True):
+            process = context.Process(
+                target=run_api_worker, args=(spec,), name=f"deepinfer-api-{spec.index}"
+            )
+            process.start()
+            spec.control.close()  # the child holds its own end now
+            worker = _Worker(spec.index, process, await ControlChannel.open(end))
+            self._workers.append(worker)
+            logger.info(
+                "[startup] API server process %d started as pid %s", spec.index, process.pid
+            )
+            self._tasks.append(loop.create_task(self._listen(worker)))
+            loop.add_reader(process.sentinel, self._on_worker_exit, worker)
+        self._tasks.append(loop.create_task(self._watch_workers()))
+        self._forward_signals()  # any that arrived while they were being spawned
+
+    async def run(self) -> int:
+        """Start-up, serve, shut down; the exit code."""
+        code = await self._startup()
+        if code is None:
+            await self._stopping.wait()
+            code = 0
+        await self._until(lambda w: w.drained or w.exited.is_set(), self._drain_timeout())
+        logger.info("[shutdown] stopping DP ranks")
+        await self._ranks.stop(RANK_STOP_TIMEOUT)
+        for worker in self._workers:
+            worker.control.send(Exit())
+        if not await self._until(lambda w: w.exited.is_set(), _WORKER_EXIT_TIMEOUT):
+            for worker in self._workers:
+                if not worker.exited.is_set():
+                    logger.warning("[shutdown] killing API server process %d", worker.index)
+                    worker.process.kill()
+            await self._until(lambda w: w.exited.is_set(), 5.0)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for worker in self._workers:
+            worker.control.close()
+        logger.info("[shutdown] done")
+        return code
+
+    def on_signal(self, sig: signal.Signals = signal.SIGTERM) -> None:
+        """SIGTERM/SIGINT: every API server process drains; then SIGINT (a second Ctrl-C)
+        ends the drains, as it does for one process (a second SIGTERM does not)."""
+        if self._signals == 0 or sig == signal.SIGINT:
+            self._signals += 1
+        self._stopping.set()
+        self._forward_signals()
+
+    def _forward_signals(self) -> None:
+        for worker in self._workers:
+            while worker.signals_sent < self._signals:
+                worker.terminate()
+
+    def on_rank_exit(self, rank: int, reason: str) -> None:
+        self._causes.exit(rank, reason)
+
+    async def _startup(self) -> int | None:
+        """None once every API server process serves; else the exit code (1: a process ended
+        during start-up, 0: stopped by a signal)."""
+        while True:
+            if self._stopping.is_set():
+                logger.info("[startup] interrupted")
+                return 0
+            if any(w.exited.is_set() for w in self._workers):
+                logger.error("[startup] failed: an API server process could not start")
+                self.on_signal()  # stops the others' start-up
+                return 1
+            if all(w.serving for w in self._workers):
+                return None
+            await first_of(self._changed.wait(), self._stopping.wait())
+            self._changed.clear()
+
+    def _drain_timeout(self) -> float:
+        return self._config.shutdown_timeout + _DRAIN_SLACK
+
+    async def _until(self, done: Callable[[_Worker], bool], timeout: float) -> bool:
+        """Wait until `done` holds for every API server process; False after `timeout`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not all(done(w) for w in self._workers):
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                return False
+        return True
+
+    async def _listen(self, worker: _Worker) -> None:
+        while (message := await worker.control.receive()) is not None:
+            self._on_message(worker, message)
+
+    def _on_message(self, worker: _Worker, message: ControlMessage) -> None:
+        if isinstance(message, SnapshotRequest):
+            for other in self._workers:
+                if other is not worker and not other.exited.is_set():
+                    other.control.send(message)
+        elif isinstance(message, SnapshotReply):
+            self._workers[message.requester].control.send(message)
+        elif isinstance(message, Failed):
+            self._fail(message.reason)
+        elif isinstance(message, RankReport):
+            self._causes.report(message.rank, message.reason)
+        elif isinstance(message, Pong):
+            worker.answered_at = asyncio.get_running_loop().time()
+        elif isinstance(message, Serving):
+            worker.serving = True
+            worker.answered_at = asyncio.get_running_loop().time()
+            self._changed.set()
+            if all(w.serving for w in self._workers):
+                log_serving(self._config, self._master_port)
+        elif isinstance(message, Drained):
+            worker.drained = True
+            self._changed.set()
+
+    async def _watch_workers(self) -> None:
+        """Ping every serving API server process; one that stops answering is stuck."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(_PING_INTERVAL)
+            now = loop.time()
+            for worker in self._workers:
+                if not worker.serving or worker.stuck or worker.exited.is_set():
+                    continue
+                if self._stopping.is_set():  # a drain that hangs has its own bound
+                    continue
+                if now - worker.answered_at > API_SERVER_TIMEOUT:
+                    self._on_stuck(worker)
+                else:
+                    worker.control.send(Ping())
+
+    def _on_stuck(self, worker: _Worker) -> None:
+        """Kill a stuck API server process (its clients' connections close) and fail the
+        service: its requests are lost, and the ranks' links to it are gone."""
+        worker.stuck = True
+        reason = (
+            f"API server process {worker.index} (pid {worker.process.pid}) answered the "
+            f"supervisor's pings for none of {API_SERVER_TIMEOUT:g}s (stopped, or its event "
+            "loop is blocked); it was killed"
+        )
+        logger.error("%s", reason)
+        self._fail(reason, break_collectives=False)
+        worker.process.kill()
+
+    def _on_worker_exit(self, worker: _Worker) -> None:
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(worker.process.sentinel)
+        # The sentinel closes while the process exits, a moment before it can be reaped.
+        worker.process.join(REAP_TIMEOUT)
+        worker.exited.set()
+        self._changed.set()
+        if not self._stopping.is_set() and all(w.serving for w in self._workers):
+            self._fail(
+                f"API server process {worker.index} exited unexpectedly with "
+                f"{describe_exit(worker.process.exitcode)}",
+                break_collectives=False,
+            )
+
+    def _fail(self, reason: str, break_collectives: bool = True) -> None:
+        """Fail the service in every API server process (the first reason wins)."""
+        if self._failure is not None:
+            return
+        self._failure = reason
+        for worker in self._workers:
+            worker.control.send(Failed(reason))
+        if break_collectives:
+            self._ranks.break_collectives()
+
+
+async def supervise(config: ResolvedConfig, prepared: Prepared) -> int:
+    """Run the server with `config.api_server_count` API server processes; the exit code."""
+    loop = asyncio.get_running_loop()
+    try:
+        listener = bind_listener(config.host, config.port)
+    except OSError as exc:
+        logger.error("cannot listen on %s:%d: %s", config.host, config.port, exc)
+        return 1
+    with tempfile.TemporaryDirectory(prefix="deepinfer-server-") as workdir, listener:
+        ranks = RankGroup(
+            rank_specs(config, prepared, workdir), prepared.backend.shared_state(config)
+        )
+        supervisor = Supervisor(config, prepared.master_port, ranks)
+        slots = shared_slots(config.data_parallel_size)
+        # Bound before any rank starts: a rank connects to every API process as soon as its
+        # engine is built.
+        rank_listeners = [
+            bind_rank_listener(api_address(workdir, index))
+            for index in range(config.api_server_count)
+        ]
+        pairs = [socket.socketpair() for _ in range(config.api_server_count)]
+        reasoning_key = seal_key(config.reasoning_secret)
+        worker_specs = [
+            WorkerSpec(
+                config=config,
+                index=index,
+                checkpoint=prepared.checkpoint,
+                rank_listener=rank_listeners[index],
+                listener=listener,
+                control=pairs[index][1],
+                slots=slots,
+                reasoning_key=reasoning_key,
+            )
+            for index in range(config.api_server_count)
+        ]
+        for sig in STOP_SIGNALS:
+            loop.add_signal_handler(sig, supervisor.on_signal, sig)
+        try:
+            ranks.start()
+            ranks.watch(supervisor.on_rank_exit)
+            await supervisor.start_workers(worker_specs, [end for end, _ in pairs])
+            listener.close()  # every API server process holds its own copy
+            for rank_listener in rank_listeners:
+                rank_listener.close()
+            return await supervisor.run()
+        finally:
+            for sig in STOP_SIGNALS:
+                loop.remove_signal_handler(sig)
