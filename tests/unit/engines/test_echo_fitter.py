@@ -115,6 +115,13 @@ def test_a_dsml_call_in_the_echo_is_the_forced_call(compiler: GrammarCompiler) -
     assert text == "</think>\n\n" + tool_calls_block("get_weather", city="Rome")
 
 
+def test_text_beside_a_call_that_does_not_fit_stays(compiler: GrammarCompiler) -> None:
+    strict = {"type": "function", "function": {**WEATHER_TOOL["function"], "strict": True}}
+    echo = "</think>Sure." + tool_calls_block("no_such_tool", x="1")
+    text, plan = _fit(compiler, {"tools": [strict]}, echo, thinking=True)
+    assert (text, plan is not None) == ("</think>Sure.", True)
+
+
 def test_a_forced_call_takes_a_tool_the_conversation_did_not_call(
     compiler: GrammarCompiler,
 ) -> None:

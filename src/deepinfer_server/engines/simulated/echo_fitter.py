@@ -8,11 +8,11 @@ thinking mode) is a complete text the grammar accepts. The first that fits, of:
 1. the echo as it is;
 2. the DSML tool-call block the echo holds: as written, after "\\n\\n" (a forced call after
    `</think>`), or without its opening line (a forced call's prompt already ends with it);
-3. a minimal valid completion (the matcher's own planner) with the echo's plain text (tool
-   results unwrapped, tool-call markup left out) in its first string field, a JSON string or a
-   raw DSML parameter, else that minimal completion alone. A forced call calls the first tool
-   the conversation has not called yet (an agent whose answer is a tool, such as pydantic-ai's
-   `final_result`, then ends), else the first tool.
+3. the echo's plain text (tool results unwrapped, tool-call markup left out);
+4. a minimal valid completion (the matcher's own planner) with that plain text in its first
+   string field, a JSON string or a raw DSML parameter, else that minimal completion alone.
+   A forced call calls the first tool the conversation has not called yet (an agent whose
+   answer is a tool, such as pydantic-ai's `final_result`, then ends), else the first tool.
 
 Each candidate is checked token by token against the grammar and must end, EOS included,
 within max_tokens; if none does, the script stays as it was. The fitted script only proposes:
@@ -115,6 +115,8 @@ class EchoFitter:
             if call.startswith(BLOCK_OPEN):
                 yield call[len(BLOCK_OPEN) :]
         plain = _plain_text(text)
+        if plain:
+            yield plain  # free text beside a call that does not fit
         minimal = self._complete("", budget)
         if minimal is None:
             return
