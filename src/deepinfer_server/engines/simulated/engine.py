@@ -1,6 +1,6 @@
 """LLMEngine: a CPU implementation of DeepInfer 0.1.0's engine contract.
 
-What it reproduces (deepinfer-contract.md §9): the `add_request` input rules and its `None`
+What it reproduces of `deepinfer/engine/llm_engine.py`: the `add_request` input rules and its `None`
 return for out-of-vocabulary IDs; uint64 output handles released by the next `step()`;
 zero-overhead scheduling (decode tokens come back one `step()` late, first tokens at once,
 `flush_inflight_reqs()` drains); several tokens per decode step (speculative decoding);
