@@ -55,6 +55,7 @@ class ErrorKind(enum.StrEnum):
     TOO_MANY_CONNECTIONS = "too_many_connections"
     CLIENT_DISCONNECTED = "client_disconnected"
     INTERNAL = "internal"
+    THREAD_UNSUPPORTED = "thread_unsupported"
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +66,8 @@ class ErrorSpec:
     openai_type: str
     openai_code: str | None
     anthropic_type: str
+    #: Anthropic's `error.details.error_code`, for the errors its SDK branches on.
+    anthropic_code: str | None = None
 
 
 #: The one table from error kind to HTTP status and each protocol's error type and code.
@@ -121,6 +124,15 @@ ERROR_TABLE: dict[ErrorKind, ErrorSpec] = {
         499, "invalid_request_error", "client_closed_request", "invalid_request_error"
     ),
     ErrorKind.INTERNAL: ErrorSpec(500, "server_error", "internal_error", "api_error"),
+    # Anthropic's message threads (a `thread` field): the anthropic SDK's tool runner resends
+    # the whole conversation without one on this code.
+    ErrorKind.THREAD_UNSUPPORTED: ErrorSpec(
+        400,
+        "invalid_request_error",
+        "unsupported_parameter",
+        "invalid_request_error",
+        anthropic_code="thread_unsupported_request",
+    ),
 }
 
 
