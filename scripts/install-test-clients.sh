@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Installs the real clients that the client test lane (tests/clients, marker `clients`) drives:
-#   - npm: Claude Code and Codex CLI, into a project-local prefix (default .test-clients/);
-#   - pip: LiteLLM and LangChain's OpenAI integration, into the current Python environment.
+#   - npm: Claude Code, Codex CLI and the Vercel AI SDK (ai, @ai-sdk/openai-compatible, zod),
+#     into a project-local prefix (default .test-clients/);
+#   - pip: LiteLLM and LangChain's OpenAI integration, into the current Python environment;
+#     GuideLLM into a virtual environment of its own under the prefix (guidellm/: its
+#     dependencies, transformers 5 among them, clash with the `grammar` extra's pins).
 # Idempotent: a client already installed at the pinned version is skipped.
 # Usage: scripts/install-test-clients.sh [--npm-only | --pip-only]
 # Environment: TEST_CLIENTS_PREFIX (npm prefix), PYTHON (interpreter whose environment gets the
@@ -10,6 +13,9 @@ set -euo pipefail
 
 CLAUDE_CODE_VERSION=2.1.332
 CODEX_VERSION=0.171.0
+# The AI SDK 6 line: AI SDK 7 needs Node 22, Debian's nodejs is 20.
+AI_SDK_SPECS=("ai@6.0.325" "@ai-sdk/openai-compatible@2.0.92" "zod@4.6.7")
+GUIDELLM_VERSION=0.8.1
 PIP_REQUIREMENTS=(
     "litellm>=1.110,<1.111"
     "langchain-openai>=1.7.4,<1.8"
@@ -38,7 +44,8 @@ if (( do_npm )); then
     command -v npm >/dev/null || { echo "npm is not installed: apt-get install -y nodejs npm" >&2; exit 1; }
     mkdir -p "$prefix"
     wanted=()
-    for spec in "@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION" "@openai/codex@$CODEX_VERSION"; do
+    for spec in "@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION" "@openai/codex@$CODEX_VERSION" \
+        "${AI_SDK_SPECS[@]}"; do
         name="${spec%@*}"
         version="${spec##*@}"
         if [[ "$(installed_npm_version "$name")" == "$version" ]]; then
@@ -84,5 +91,17 @@ from importlib.metadata import version
 for name in ("litellm", "langchain-openai", "langchain-core", "openai", "anthropic"):
     print(f"installed: {name} {version(name)}")
 PY
+    guidellm="$prefix/guidellm"
+    if [[ "$("$guidellm/bin/guidellm" --version 2>/dev/null)" == *"$GUIDELLM_VERSION"* ]]; then
+        echo "pip: guidellm $GUIDELLM_VERSION already installed in $guidellm"
+    else
+        echo "pip: installing guidellm $GUIDELLM_VERSION into $guidellm"
+        mkdir -p "$prefix"
+        "$python" -m venv --clear "$guidellm"
+        # torch pinned as in pyproject.toml: the CPU build at hand, not the newest.
+        "$guidellm/bin/pip" install --quiet --disable-pip-version-check \
+            "guidellm==$GUIDELLM_VERSION" "torch==2.13.0"
+    fi
+    echo "installed: guidellm -> $("$guidellm/bin/guidellm" --version)"
 fi
 echo "done in $((SECONDS - start)) s"

@@ -34,6 +34,8 @@ def one_slot_server(request: pytest.FixtureRequest) -> Iterator[LiveServer]:
     with LiveServer(
         "--max-num-seqs",
         "1",
+        "--max-queued-requests",
+        "0",
         "--sim-itl-ms",
         "20",
         "--sim-ttft-ms",
@@ -134,6 +136,31 @@ def test_request_timeout() -> None:
         assert isinstance(error, dict) and error["error"]["code"] == "request_timeout"  # type: ignore[index]
         follow_up = httpx.post(url, json={**ENDLESS, "max_tokens": 3}, timeout=20)
         assert follow_up.status_code == 200
+
+
+def test_queue_timeout_is_429_and_leaves_the_engine() -> None:
+    """A request queued behind the one running sequence past --queue-timeout ends with 429
+    queue_timeout (an error event once its stream started); the engine drops it."""
+    args = ("--max-num-seqs", "1", "--queue-timeout", "1", "--sim-itl-ms", "20")
+    with LiveServer(*args) as server:
+        url = server.base_url + "/v1/chat/completions"
+        with httpx.stream("POST", url, json={**ENDLESS, "stream": True}, timeout=30) as holding:
+            running = sse_events(holding)
+            next(running)  # the role chunk
+            next(running)  # a token: this one started within the queue timeout
+            queued = httpx.post(url, json={**ENDLESS, "max_tokens": 5}, timeout=30)
+            assert queued.status_code == 429, queued.text
+            assert queued.json()["error"]["code"] == "queue_timeout"
+            assert int(queued.headers["retry-after"]) >= 1
+            body = {**ENDLESS, "max_tokens": 5, "stream": True}
+            with httpx.stream("POST", url, json=body, timeout=30) as stream:
+                events = list(sse_events(stream))
+            assert events[-1] == "[DONE]"
+            assert events[-2]["error"]["code"] == "queue_timeout"  # type: ignore[index]
+            assert isinstance(next(running), dict)  # the running request goes on
+        # The queued requests left the engine: the next one runs at once, alone.
+        follow_up = httpx.post(url, json={**ENDLESS, "max_tokens": 3}, timeout=20)
+        assert follow_up.status_code == 200, follow_up.text
 
 
 @pytest.mark.parametrize("api_servers", API_SERVER_COUNTS)

@@ -12,6 +12,7 @@
         ├── RequestTimeoutError   408 (request or body timeout)
         ├── RequestTooLargeError  413
         ├── OverloadedError       429 with Retry-After
+        │   └── QueueTimeoutError no first token within --queue-timeout
         ├── EngineRequestError    the engine refused or ended one request (kind says how)
         ├── ServiceUnavailableError 503
         │   ├── ShuttingDownError the server is draining or stopping
@@ -56,6 +57,7 @@ class ErrorKind(enum.StrEnum):
     CLIENT_DISCONNECTED = "client_disconnected"
     INTERNAL = "internal"
     THREAD_UNSUPPORTED = "thread_unsupported"
+    QUEUE_TIMEOUT = "queue_timeout"
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +134,9 @@ ERROR_TABLE: dict[ErrorKind, ErrorSpec] = {
         "unsupported_parameter",
         "invalid_request_error",
         anthropic_code="thread_unsupported_request",
+    ),
+    ErrorKind.QUEUE_TIMEOUT: ErrorSpec(
+        429, "rate_limit_exceeded", "queue_timeout", "rate_limit_error"
     ),
 }
 
@@ -237,6 +242,12 @@ class OverloadedError(ApiError):
 
     def headers(self) -> dict[str, str]:
         return {"Retry-After": str(self.retry_after_seconds)}
+
+
+class QueueTimeoutError(OverloadedError):
+    """The request waited longer than `--queue-timeout` for its first token."""
+
+    kind = ErrorKind.QUEUE_TIMEOUT
 
 
 class EngineRequestError(ApiError):

@@ -126,7 +126,7 @@ def test_more_choices_than_the_server_ever_admits_is_a_400_not_a_429() -> None:
     retry forever: a request that can never be admitted is a 400 saying why."""
 
     async def body() -> None:
-        async with serve("--max-num-seqs", "4") as h:
+        async with serve("--max-num-seqs", "4", "--max-queued-requests", "0") as h:
             assert h.state.config.admission_capacity == 4
             too_many = [
                 (CHAT, chat_body(n=5)),

@@ -66,6 +66,7 @@ class ResolvedConfig:
     get_load_format: Literal["vllm", "sglang"] = "vllm"
     api_server_count: int = 1
     stream_interval: int = 1
+    queue_timeout: float = 300.0
 
     @property
     def served_model_name(self) -> str:
@@ -141,6 +142,7 @@ def _check_ranges(config: ServerConfig, max_model_len: int) -> None:
     non_negative: dict[str, float] = {
         "--max-queued-requests": config.max_queued_requests,
         "--request-timeout": config.request_timeout,
+        "--queue-timeout": config.queue_timeout,
         "--step-timeout": config.step_timeout,
         "--startup-timeout": config.startup_timeout,
         "--shutdown-timeout": config.shutdown_timeout,
@@ -253,6 +255,7 @@ def resolve(
         get_load_format=config.get_load_format,
         api_server_count=config.api_server_count,
         stream_interval=config.stream_interval,
+        queue_timeout=config.queue_timeout,
     )
 
 
