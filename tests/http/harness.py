@@ -157,6 +157,7 @@ def _recipe(
     max_model_len: int,
     reasoning_secret: str | None,
     image_limits: ImageLimits,
+    clamp_max_tokens: bool = False,
 ) -> RecipeContext:
     """One recipe context per configuration, built once for the whole session: building one
     loads the tokenizer twice and takes seconds (the context holds no per-request state)."""
@@ -167,6 +168,7 @@ def _recipe(
         default_thinking=True,
         reasoning_secret=reasoning_secret,
         image_limits=image_limits,
+        clamp_max_tokens=clamp_max_tokens,
     )
 
 
@@ -179,6 +181,7 @@ async def serve(*args: str, script: Script | None = None) -> AsyncIterator[Harne
         config.max_model_len,
         config.reasoning_secret,
         ImageLimits.of(config),
+        config.clamp_max_tokens,
     )
     coordinator = FakeCoordinator(recipe, script or Script())
     metrics = ServerMetrics(config.served_model_name)

@@ -67,6 +67,7 @@ class ResolvedConfig:
     api_server_count: int = 1
     stream_interval: int = 1
     queue_timeout: float = 300.0
+    clamp_max_tokens: bool = False
 
     @property
     def served_model_name(self) -> str:
@@ -256,6 +257,7 @@ def resolve(
         api_server_count=config.api_server_count,
         stream_interval=config.stream_interval,
         queue_timeout=config.queue_timeout,
+        clamp_max_tokens=config.clamp_max_tokens,
     )
 
 
