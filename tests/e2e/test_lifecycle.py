@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 
 import httpx
@@ -61,7 +62,10 @@ def test_over_capacity_is_429_with_retry_after(one_slot_server: LiveServer) -> N
 
 def test_stream_disconnect_aborts_the_engine_request(one_slot_server: LiveServer) -> None:
     url = one_slot_server.base_url + "/v1/chat/completions"
-    with httpx.stream("POST", url, json={**ENDLESS, "stream": True}, timeout=30) as stream:
+    request_id = f"left-{uuid.uuid4().hex[:8]}"
+    body = {**ENDLESS, "stream": True}
+    headers = {"x-request-id": request_id}
+    with httpx.stream("POST", url, json=body, headers=headers, timeout=30) as stream:
         events = sse_events(stream)
         next(events)
         next(events)
@@ -70,6 +74,9 @@ def test_stream_disconnect_aborts_the_engine_request(one_slot_server: LiveServer
     follow_up = httpx.post(url, json={**ENDLESS, "max_tokens": 3}, timeout=20)
     assert follow_up.status_code == 200, follow_up.text
     assert follow_up.json()["usage"]["completion_tokens"] == 3
+    # The access log says the client left (its stream had started with a 200).
+    access = one_slot_server.wait_for_line(f"request_id={request_id}", 10)
+    assert "POST /v1/chat/completions 499 " in access, access
 
 
 def test_non_streaming_disconnect_aborts_the_engine_request(one_slot_server: LiveServer) -> None:

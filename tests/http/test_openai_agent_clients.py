@@ -15,6 +15,7 @@ import pytest
 from deepinfer_server.api.app import build_app
 from deepinfer_server.protocol.core.reasoning_seal import ReasoningSeal
 from deepinfer_server.protocol.responses.reasoning import conversation_digest
+from tests.dsml import WEATHER_TOOL, tool_calls_block
 from tests.http.agent_harness import events, last_prompt
 from tests.http.harness import MODEL, Harness, Script, run, serve
 
@@ -254,3 +255,32 @@ def test_json_object_without_the_word_json_is_accepted(caplog: pytest.LogCapture
             assert h.coordinator.submitted[-1][2].structured is not None
 
     run(body, timeout=120)
+
+
+def test_a_tool_call_message_has_null_content_as_openai_sends_it() -> None:
+    """The recipe wrote `"content": ""` next to tool calls; OpenAI sends null, and clients that
+    add the stream's deltas up must end with null too."""
+
+    async def body() -> None:
+        script = Script(text=tool_calls_block("get_weather", city="Paris"))
+        async with serve(script=script) as h, _openai_client(h) as client:
+            ask: dict[str, Any] = {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "Weather in Paris?"}],
+                "tools": [WEATHER_TOOL],
+            }
+            answer = await client.chat.completions.create(**ask)
+            message = answer.choices[0].message
+            assert message.tool_calls and message.tool_calls[0].function.name == "get_weather"
+            assert message.content is None
+            async with client.chat.completions.stream(**ask) as stream:
+                async for _ in stream:
+                    pass
+                streamed = (await stream.get_final_completion()).choices[0].message
+            assert streamed.tool_calls and streamed.content is None
+            # A text answer keeps its text.
+            h.coordinator.script = Script(text="Sunny.")
+            text = await client.chat.completions.create(**ask)
+            assert text.choices[0].message.content == "Sunny."
+
+    run(body)
