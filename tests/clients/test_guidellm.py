@@ -88,16 +88,17 @@ def run_sweep(target: str, work: Path) -> dict[str, Any]:
 
 def test_guidellm_default_sweep_has_no_errors(tmp_path: Path) -> None:
     if not GUIDELLM.exists():
-        pytest.skip(f"GuideLLM is not installed at {GUIDELLM} (run scripts/install-test-clients.sh)")
+        pytest.skip(f"GuideLLM is not at {GUIDELLM} (run scripts/install-test-clients.sh)")
     with live_server("--sim-itl-ms", "1", "--sim-ttft-ms", "5") as server:
         report = run_sweep(server.base_url, tmp_path)
         refused = value(scrape(server.base_url), "deepinfer:request_failure_total", status="429")
     benchmarks = report["benchmarks"]
     kinds = [benchmark["config"]["strategy"]["type_"] for benchmark in benchmarks]
     assert kinds == ["synchronous", "throughput", *["constant"] * (SWEEP_SIZE - 2)]
+    states = [benchmark["scheduler_state"] for benchmark in benchmarks]
     outcomes = [
-        (kind, b["scheduler_state"]["successful_requests"], b["scheduler_state"]["errored_requests"])
-        for kind, b in zip(kinds, benchmarks, strict=True)
+        (kind, state["successful_requests"], state["errored_requests"])
+        for kind, state in zip(kinds, states, strict=True)
     ]
     assert all(ok > 0 and errored == 0 for _, ok, errored in outcomes), outcomes
     assert refused == 0

@@ -13,7 +13,6 @@ from tests.http.harness import MODEL, Script, run, serve
 
 CONTEXT = 4096  # the harness's --max-model-len
 USER = [{"role": "user", "content": "Write a long story."}]
-NO_THINKING = {"thinking": {"type": "disabled"}}
 
 #: path, body asking 64000 output tokens, how the answer reports a length finish.
 CASES: list[tuple[str, dict[str, Any], Any]] = [
@@ -30,8 +29,10 @@ CASES: list[tuple[str, dict[str, Any], Any]] = [
     (
         "/v1/responses",
         {"input": "Write a long story.", "max_output_tokens": 64000, "store": False},
-        lambda r: r["status"] == "incomplete"
-        and r["incomplete_details"] == {"reason": "max_output_tokens"},
+        lambda r: (
+            r["status"] == "incomplete"
+            and r["incomplete_details"] == {"reason": "max_output_tokens"}
+        ),
     ),
     (
         "/v1/messages",

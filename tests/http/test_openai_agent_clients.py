@@ -239,7 +239,7 @@ def test_json_object_without_the_word_json_is_accepted(caplog: pytest.LogCapture
                 )
             assert json.loads(chat.choices[0].message.content or "") == {"city": "Paris"}
             assert h.coordinator.submitted[-1][2].structured is not None  # the grammar is on
-            assert '## Response Format' in last_prompt(h.coordinator)
+            assert "## Response Format" in last_prompt(h.coordinator)
             assert '{"type": "object"}' in last_prompt(h.coordinator)
             assert "without the word 'json'" in caplog.text
 

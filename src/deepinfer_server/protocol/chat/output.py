@@ -76,8 +76,8 @@ class ChatOutput(RecipeOutput):
             return [orjson.dumps(chunk).decode()]
         chunk["usage"] = final_usage if self._continuous_usage else None
         for choice in chunk["choices"]:
-            delta = choice.get("delta")
-            if _ends_in_tool_calls(choice) and isinstance(delta, dict) and delta.get("content") == "":
+            delta = choice.get("delta") or {}
+            if choice.get("finish_reason") == "tool_calls" and delta.get("content") == "":
                 del delta["content"]
         payloads = [orjson.dumps(chunk).decode()]
         if self._include_usage:
@@ -110,7 +110,3 @@ class ChatOutput(RecipeOutput):
             "completion_tokens": self._completion_tokens,
             "total_tokens": self._prompt_tokens + self._completion_tokens,
         }
-
-
-def _ends_in_tool_calls(choice: dict[str, Any]) -> bool:
-    return choice.get("finish_reason") == "tool_calls"

@@ -77,14 +77,15 @@ def engine_input(
         prompt_token_ids, images = place_images(prompt_token_ids, images, recipe.image_policy)
     prompt_tokens = Images.prompt_tokens(prompt_token_ids, images)
     requested = converted.inference_options.max_tokens
-    clamped = recipe.room_for(prompt_tokens, requested)
+    limit = recipe.context_limit
     try:
         with recipe_errors():
-            max_tokens = clamped or converted.resolve_max_tokens(prompt_tokens, recipe.context_limit)
+            clamped = recipe.room_for(prompt_tokens, requested)
+            max_tokens = clamped or converted.resolve_max_tokens(prompt_tokens, limit)
     except ContextLengthError as exc:
         if overflow is None:
             raise
-        raise overflow(prompt_tokens, requested, recipe.context_limit) from exc
+        raise overflow(prompt_tokens, requested, limit) from exc
     inference = converted.inference_options
     logprobs = logprobs or inference.logprobs
     sampling = SamplingOptions(

@@ -79,7 +79,8 @@ def _json_object_as_schema(body: dict[str, Any], where: str) -> dict[str, Any]:
     if where == "response_format":
         schema = {"name": "json_object", "schema": _ANY_OBJECT_SCHEMA}
         return {**body, "response_format": {"type": "json_schema", "json_schema": schema}}
-    text = body.get("text") if isinstance(body.get("text"), dict) else {}
+    given = body.get("text")
+    text: dict[str, Any] = given if isinstance(given, dict) else {}
     as_schema = {"type": "json_schema", "name": "json_object", "schema": _ANY_OBJECT_SCHEMA}
     return {**body, "text": {**text, "format": as_schema}}
 
