@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the real clients that the client test lane (tests/clients, marker `clients`) drives:
-#   - npm: Claude Code, Codex CLI and the Vercel AI SDK (ai, @ai-sdk/openai-compatible, zod),
-#     into a project-local prefix (default .test-clients/);
+#   - npm: Claude Code, Codex CLI and the Vercel AI SDK (ai, @ai-sdk/openai,
+#     @ai-sdk/openai-compatible, zod), into a project-local prefix (default .test-clients/);
 #   - pip: LiteLLM and LangChain's OpenAI integration, into the current Python environment;
 #     GuideLLM into a virtual environment of its own under the prefix (guidellm/: its
 #     dependencies, transformers 5 among them, clash with the `grammar` extra's pins).
@@ -13,8 +13,11 @@ set -euo pipefail
 
 CLAUDE_CODE_VERSION=2.1.332
 CODEX_VERSION=0.171.0
-# The AI SDK 6 line: AI SDK 7 needs Node 22, Debian's nodejs is 20.
-AI_SDK_SPECS=("ai@6.0.325" "@ai-sdk/openai-compatible@2.0.92" "zod@4.6.7")
+# The AI SDK 6 line (AI SDK 7 needs Node 22; Debian's nodejs is 20): its default provider
+# (createOpenAI: the Responses API with store: true) and createOpenAICompatible.
+AI_SDK_PACKAGES=(
+    "ai@6.0.325" "@ai-sdk/openai@3.0.141" "@ai-sdk/openai-compatible@2.0.92" "zod@4.6.7"
+)
 GUIDELLM_VERSION=0.8.1
 PIP_REQUIREMENTS=(
     "litellm>=1.110,<1.111"
@@ -45,7 +48,7 @@ if (( do_npm )); then
     mkdir -p "$prefix"
     wanted=()
     for spec in "@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION" "@openai/codex@$CODEX_VERSION" \
-        "${AI_SDK_SPECS[@]}"; do
+        "${AI_SDK_PACKAGES[@]}"; do
         name="${spec%@*}"
         version="${spec##*@}"
         if [[ "$(installed_npm_version "$name")" == "$version" ]]; then
@@ -60,6 +63,9 @@ if (( do_npm )); then
         npm install --prefix "$prefix" --no-audit --no-fund --loglevel=error \
             --foreground-scripts "${wanted[@]}"
     fi
+    for package in "${AI_SDK_PACKAGES[@]}"; do
+        echo "installed: ${package%@*} $(installed_npm_version "${package%@*}")"
+    done
     for bin in claude codex; do
         "$prefix/node_modules/.bin/$bin" --version </dev/null 2>/dev/null | tail -n 1 \
             | sed "s|^|installed: $bin -> |" \

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import openai
 import pytest
@@ -31,6 +32,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "deepinfer_twin" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The servers the tests start keep their state (the Responses store) in a temporary
+    directory, never in the user's."""
+    path = tmp_path_factory.mktemp("state")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DEEPINFER_STATE_DIR", str(path))
+        yield path
 
 
 MODEL = "deepseek-flash"

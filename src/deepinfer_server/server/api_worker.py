@@ -26,6 +26,7 @@ from deepinfer_server.coordinator.admission import SharedAdmission
 from deepinfer_server.coordinator.channels import RankChannels
 from deepinfer_server.coordinator.coordinator import Coordinator
 from deepinfer_server.ipc.control import (
+    AllServing,
     ControlChannel,
     Drained,
     Exit,
@@ -41,7 +42,14 @@ from deepinfer_server.metrics import ServerMetrics
 from deepinfer_server.metrics.aggregate import Snapshot, take_snapshot
 from deepinfer_server.model.tokenizer import load_tokenizer_json
 from deepinfer_server.rank.proc import die_with_parent
-from deepinfer_server.server.http import build_server, create_recipe, run_loop, wait_for_ranks
+from deepinfer_server.server.http import (
+    WRITES_AT_SHUTDOWN,
+    build_server,
+    create_recipe,
+    response_store,
+    run_loop,
+    wait_for_ranks,
+)
 
 logger = logging.getLogger("deepinfer_server")
 
@@ -82,6 +90,7 @@ class ControlPeers:
         metrics: ServerMetrics,
     ) -> None:
         self.index = index
+        self.all_serving = False
         self._others = count - 1
         self._control = control
         self._coordinator = coordinator
@@ -114,6 +123,8 @@ class ControlPeers:
         while (message := await self._control.receive()) is not None:
             if isinstance(message, Ping):
                 self._control.send(Pong())
+            elif isinstance(message, AllServing):
+                self.all_serving = True
             elif isinstance(message, Failed):
                 self._coordinator.fail_service(message.reason)
             elif isinstance(message, SnapshotRequest):
@@ -164,17 +175,20 @@ async def _serve(spec: WorkerSpec) -> int:
         failed = await wait_for_ranks(coordinator, config.startup_timeout, [signal.SIGTERM])
         if failed is not None:
             return failed
-        server = build_server(
-            config,
-            recipe,
-            tokenizer_json,
-            coordinator,
-            metrics,
-            peers=peers,
-            signals=[signal.SIGTERM],
-            on_started=lambda: control.send(Serving()),
-        )
-        await server.serve(sockets=[spec.listener])
+        async with response_store(config, evicts=spec.index == 0) as store:
+            server = build_server(
+                config,
+                recipe,
+                tokenizer_json,
+                coordinator,
+                metrics,
+                peers=peers,
+                signals=[signal.SIGTERM],
+                on_started=lambda: control.send(Serving()),
+                store=store,
+            )
+            await server.serve(sockets=[spec.listener])
+            await server.state.wait_background(WRITES_AT_SHUTDOWN)
         if not server.started:
             return 1
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the supervisor says when to exit

@@ -18,37 +18,13 @@ from tests.clients.conftest import MODEL, NPM_PREFIX, Recorder, clean_env, marke
 pytestmark = [pytest.mark.clients, pytest.mark.timeout(300)]
 
 NODE_MODULES = NPM_PREFIX / "node_modules"
-
-#: argv: base URL, model, prompt, supportsStructuredOutputs ("true"/"false"). Prints the object.
-GENERATE_OBJECT = """\
-const { generateObject } = require("ai");
-const { createOpenAICompatible } = require("@ai-sdk/openai-compatible");
-const { z } = require("zod");
-const [baseURL, model, prompt, structured] = process.argv.slice(2);
-const provider = createOpenAICompatible({
-  name: "deepinfer",
-  baseURL,
-  apiKey: "dummy-key",
-  supportsStructuredOutputs: structured === "true",
-});
-generateObject({
-  model: provider(model),
-  schema: z.object({ city: z.string() }),
-  prompt,
-  maxRetries: 0,
-}).then(
-  (result) => console.log(JSON.stringify(result.object)),
-  (error) => { console.error(String(error)); process.exit(1); },
-);
-"""
+SCRIPT = Path(__file__).with_name("ai_sdk_generate_object.cjs")
 
 
 def generate_object(recorder: Recorder, tmp_path: Path, prompt: str, structured: bool) -> object:
-    if not (NODE_MODULES / "ai").exists():
+    if not (NODE_MODULES / "@ai-sdk" / "openai-compatible").exists():
         pytest.skip(f"the AI SDK is not in {NODE_MODULES} (run scripts/install-test-clients.sh)")
-    script = tmp_path / "generate_object.cjs"
-    script.write_text(GENERATE_OBJECT)
-    args = ["node", str(script), f"{recorder.base_url}/v1", MODEL, prompt, str(structured).lower()]
+    args = ["node", str(SCRIPT), f"{recorder.base_url}/v1", MODEL, prompt, str(structured).lower()]
     env = clean_env(tmp_path / "home", NODE_PATH=str(NODE_MODULES))
     run = run_client(args, env, tmp_path, timeout=240)
     assert run.returncode == 0, run.describe(recorder)
