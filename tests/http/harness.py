@@ -182,6 +182,7 @@ def _recipe(
     max_model_len: int,
     reasoning_secret: str | None,
     image_limits: ImageLimits,
+    clamp_max_tokens: bool = False,
 ) -> RecipeContext:
     """One recipe context per configuration, built once for the whole session: building one
     loads the tokenizer twice and takes seconds (the context holds no per-request state)."""
@@ -192,6 +193,7 @@ def _recipe(
         default_thinking=True,
         reasoning_secret=reasoning_secret,
         image_limits=image_limits,
+        clamp_max_tokens=clamp_max_tokens,
     )
 
 
@@ -211,6 +213,7 @@ async def serve(
         config.max_model_len,
         config.reasoning_secret,
         ImageLimits.of(config),
+        config.clamp_max_tokens,
     )
     coordinator = FakeCoordinator(recipe, script or Script())
     metrics = ServerMetrics(config.served_model_name)

@@ -171,9 +171,15 @@ class Coordinator:
             raise ShuttingDownError()
         assert request_id not in self._handles, f"request {request_id} is already in flight"
         rank = self._admission.admit()
+        queue_timeout = self._config.queue_timeout
         try:
             handle = RequestHandle(
-                request_id, rank, self._on_handle_closed, deadline, self._config.stream_interval
+                request_id,
+                rank,
+                self._on_handle_closed,
+                deadline,
+                self._config.stream_interval,
+                asyncio.get_running_loop().time() + queue_timeout if queue_timeout else None,
             )
         except BaseException:
             self._admission.release(rank)
