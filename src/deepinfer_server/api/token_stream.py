@@ -9,6 +9,10 @@ handle as a sink, so that the reader task advances the parser and starts the wri
 engine step directly, in one pass over the step's output; the request's own task sleeps until
 the request ends or a write has to wait for a slow client.
 `token_stream()` is the same loop as an async iterator, for requests whose choices are merged.
+The output's opening goes out with the request's first output from the engine (the delta that
+says the engine took it, or its first tokens): its usage carries the prompt tokens the engine
+reused from its prefix cache, which only the engine knows. A request that fails before then
+still sends its opening before the error.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ class ProtocolOutput(Protocol):
     @property
     def finished(self) -> bool: ...
 
-    def start(self) -> list[str]: ...
+    def start(self, cached_tokens: int = 0) -> list[str]: ...
 
     def push(self, tokens: GeneratedTokens) -> list[str]: ...
 
@@ -83,14 +87,18 @@ class TokenStream:
         self._metrics = metrics
         #: True once the request ended normally (the last payloads were returned).
         self.done = False
+        self._opened = False
         self._closed = False
         self._write: PayloadWriter = _no_write
         self._waiting_write: Coroutine[Any, Any, None] | None = None
         self._sink_error: Exception | None = None
 
     def opening(self) -> list[str]:
-        """The output's opening payloads."""
-        return self._output.start()
+        """The output's opening payloads, once (then []), with the engine's cached tokens."""
+        if self._opened:
+            return []
+        self._opened = True
+        return self._output.start(self._handle.cached_tokens or 0)
 
     def advance(
         self, tokens: GeneratedTokens, finish: Finish | None, arrived_at: float, step_seconds: float
@@ -99,9 +107,13 @@ class TokenStream:
         engine or the parser ended the request."""
         output = self._output
         record = self._record
+        opening = None if self._opened else self.opening()
         if not output.finished:
             record.on_tokens(arrived_at, len(tokens), step_seconds)
         payloads = output.push(tokens)
+        if opening is not None:
+            opening.extend(payloads)
+            payloads = opening
         if output.finished:
             # The parser ended the answer (EOS or a stop sequence); closing the handle aborts
             # the engine request if it is still running.
@@ -141,7 +153,8 @@ class TokenStream:
         self._write = write
         ended_by: BaseException | None = None
         try:
-            await self._send(self.opening())
+            if self._handle.cached_tokens is not None:  # the engine has taken it already
+                await self._send(self.opening())
             while not self.done:
                 if self._handle.attach(self._on_step):
                     await self._handle.wait_detached()
@@ -156,7 +169,11 @@ class TokenStream:
                 await self._send(
                     self.advance(batch.tokens, batch.finish, batch.arrived_at, batch.step_seconds)
                 )
-        except (ApiError, asyncio.CancelledError, GeneratorExit) as exc:
+        except ApiError as exc:
+            ended_by = exc
+            await self._send(self.opening())  # the error the caller writes comes after it
+            raise
+        except (asyncio.CancelledError, GeneratorExit) as exc:
             ended_by = exc
             raise
         finally:
@@ -196,7 +213,6 @@ async def token_stream(
     stream = TokenStream(handle, output, record, metrics)
     ended_by: BaseException | None = None
     try:
-        yield stream.opening()
         while not stream.done:
             batch = await handle.next_batch()
             payloads = stream.advance(
@@ -204,7 +220,13 @@ async def token_stream(
             )
             if payloads or stream.done:
                 yield payloads
-    except (ApiError, asyncio.CancelledError, GeneratorExit) as exc:
+    except ApiError as exc:
+        ended_by = exc
+        opening = stream.opening()
+        if opening:
+            yield opening
+        raise
+    except (asyncio.CancelledError, GeneratorExit) as exc:
         ended_by = exc
         raise
     finally:

@@ -37,6 +37,7 @@ from deepinfer_server.ipc.messages import (
     AbortReason,
     FromRank,
     Images,
+    PrefixCacheStats,
     RankAlive,
     RankFailed,
     RankReady,
@@ -81,6 +82,7 @@ class Coordinator:
         #: Handles whose sinks are due once the messages that arrived together are delivered.
         self._to_flush: list[RequestHandle] = []
         self._kv_usage: list[float | None] = [None] * config.data_parallel_size
+        self._prefix_cache: list[PrefixCacheStats | None] = [None] * config.data_parallel_size
         self._ready: set[int] = set()
         self._all_ready = asyncio.Event()
         self._failure: str | None = None
@@ -320,7 +322,14 @@ class Coordinator:
                 waiting[handle.rank] += 1
             tokens[handle.rank] += handle.context_tokens
         return [
-            RankLoad(rank, running[rank], waiting[rank], tokens[rank], self._kv_usage[rank])
+            RankLoad(
+                rank,
+                running[rank],
+                waiting[rank],
+                tokens[rank],
+                self._kv_usage[rank],
+                self._prefix_cache[rank],
+            )
             for rank in range(size)
         ]
 
@@ -330,6 +339,9 @@ class Coordinator:
         now = time.perf_counter()
         self._metrics.observe_step(message.rank, message.step_seconds)
         self._kv_usage[message.rank] = message.kv_cache_usage
+        cache = message.prefix_cache
+        if cache is not None:
+            self._prefix_cache[message.rank] = cache
         handles = self._handles
         to_flush = self._to_flush
         step_seconds = message.step_seconds
@@ -337,6 +349,8 @@ class Coordinator:
             handle = handles.get(delta.request_id)
             if handle is None:
                 continue
+            if delta.cached_tokens is not None:
+                handle.started(delta.cached_tokens)
             finish = delta.finish
             if finish is None or finish.is_normal:
                 if handle.deliver(delta.tokens, finish, now, step_seconds):

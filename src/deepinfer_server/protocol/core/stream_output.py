@@ -99,9 +99,12 @@ class RecipeOutput:
         """True once the parser ended the answer (EOS, stop sequence, end of a forced tool call)."""
         return self._finished
 
-    def start(self) -> list[str]:
-        """The opening payloads (role, created events)."""
-        usage = PromptUsage(prompt_tokens=self._prompt_tokens)
+    def start(self, cached_tokens: int = 0) -> list[str]:
+        """The opening payloads (role, created events); `cached_tokens` is how many prompt
+        tokens the engine reused from its prefix cache (each protocol's usage reports them)."""
+        usage = PromptUsage(
+            prompt_tokens=self._prompt_tokens, prompt_cache_hit_tokens=cached_tokens
+        )
         chunks = self._processor.push(InferenceChunk.ready(prompt_usage=usage))
         self._finished = bool(self._processor.finished)
         return self._emit(chunks)
