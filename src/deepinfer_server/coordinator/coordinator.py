@@ -1,9 +1,11 @@
 """Coordinator: what the HTTP layer uses to run requests on the DP ranks.
 
-It admits requests (429 beyond capacity), starts each on the least-loaded rank, fans every
-rank's step outputs out to the live RequestHandles, and owns the service's health: a failed or
-hung rank fails the whole service (every handle ends with a 503, new requests get 503, and
-`/health` reports the reason until the server is restarted).
+It admits requests (429 beyond capacity), starts each on the least-loaded rank (with
+`--enable-prefix-caching` and DP > 1, on the rank that holds the prompt's longest cached
+prefix unless that one is much more loaded: `prefix_directory.py`, `prefix_routing.py`), fans
+every rank's step outputs out to the live RequestHandles, and owns the service's health: a
+failed or hung rank fails the whole service (every handle ends with a 503, new requests get
+503, and `/health` reports the reason until the server is restarted).
 
 With several API server processes (`--api-server-count`) each has a Coordinator of its own over
 the same ranks: admission is shared (`SharedAdmission`), the supervisor process owns the rank
@@ -26,6 +28,8 @@ from deepinfer_server.coordinator.failure_cause import FailureCause
 from deepinfer_server.coordinator.handle import RequestHandle
 from deepinfer_server.coordinator.liveness import LivenessWatch
 from deepinfer_server.coordinator.outcomes import error_for_finish, error_for_rejection
+from deepinfer_server.coordinator.prefix_directory import PrefixDirectory
+from deepinfer_server.coordinator.prefix_routing import PrefixHint, PrefixRouting
 from deepinfer_server.coordinator.process import RankProcesses, describe_exit
 from deepinfer_server.errors import (
     ApiError,
@@ -33,6 +37,7 @@ from deepinfer_server.errors import (
     ShuttingDownError,
     StartupError,
 )
+from deepinfer_server.ipc.codec import pack_token_ids
 from deepinfer_server.ipc.messages import (
     AbortReason,
     FromRank,
@@ -83,6 +88,13 @@ class Coordinator:
         self._to_flush: list[RequestHandle] = []
         self._kv_usage: list[float | None] = [None] * config.data_parallel_size
         self._prefix_cache: list[PrefixCacheStats | None] = [None] * config.data_parallel_size
+        #: Where prompts' prefixes are cached: only with a choice of ranks to make.
+        self._directory: PrefixDirectory | None = None
+        self._routing = PrefixRouting.for_ranks_of(config.max_num_seqs)
+        if config.enable_prefix_caching and config.data_parallel_size > 1:
+            self._directory = PrefixDirectory(
+                config.data_parallel_size, config.max_model_len, config.max_num_seqs
+            )
         self._ready: set[int] = set()
         self._all_ready = asyncio.Event()
         self._failure: str | None = None
@@ -179,7 +191,8 @@ class Coordinator:
         deadline: float | None,
         images: Images | None = None,
     ) -> RequestHandle:
-        """Admit a request and start it on the least-loaded rank (429/503 when it cannot).
+        """Admit a request and start it on the least-loaded rank, or the rank holding its
+        prompt's cached prefix (429/503 when it cannot).
 
         The returned handle owns the request's admission slot and its place among the requests
         in flight: closing it frees both, once. If starting fails, at any step, what was taken
@@ -190,7 +203,14 @@ class Coordinator:
         if self.draining:
             raise ShuttingDownError()
         assert request_id not in self._handles, f"request {request_id} is already in flight"
-        rank = self._admission.admit()
+        packed = pack_token_ids(prompt_token_ids)  # OverflowError for an ID outside int32
+        hashes: list[int] = []
+        hint = None
+        directory = self._directory
+        if directory is not None and len(prompt_token_ids) >= self._routing.min_tokens:
+            hashes = directory.block_hashes(packed)
+            hint = PrefixHint(directory.held_tokens(hashes), len(prompt_token_ids), self._routing)
+        rank = self._admission.admit(hint)
         try:
             handle = RequestHandle(
                 request_id, rank, self._on_handle_closed, deadline, self._config.stream_interval
@@ -205,9 +225,11 @@ class Coordinator:
         sent = False
         try:
             handle.context_tokens = len(prompt_token_ids)
-            framed = self._channels.frame_add(request_id, prompt_token_ids, sampling, images)
+            framed = self._channels.frame_add(request_id, packed, sampling, images)
             sent = True
             self._channels.send_framed_add(rank, framed)
+            if directory is not None:
+                directory.record(rank, request_id, hashes)
             logger.debug(
                 "request %s: %d prompt tokens to DP rank %d (%d in flight)",
                 request_id,
@@ -340,8 +362,10 @@ class Coordinator:
         self._metrics.observe_step(message.rank, message.step_seconds)
         self._kv_usage[message.rank] = message.kv_cache_usage
         cache = message.prefix_cache
-        if cache is not None:
+        if cache is not None and cache != self._prefix_cache[message.rank]:
             self._prefix_cache[message.rank] = cache
+            if self._directory is not None:
+                self._directory.rank_holds(message.rank, cache.sequences)
         handles = self._handles
         to_flush = self._to_flush
         step_seconds = message.step_seconds
