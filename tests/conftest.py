@@ -8,11 +8,22 @@ import openai
 import pytest
 
 from tests.deepinfer_twin import NOT_BUILT, runs_on_twin
+from tests.paths import TESTS
 from tests.server import LiveServer
+
+#: Folders whose tests run real server processes: marker `e2e` (`pytest -m "not e2e"` is the
+#: fast lane).
+_E2E_FOLDERS = frozenset({"e2e", "clients", "routers", "fuzz", "prometheus"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests of DeepInfer's own code skip, saying why, where the CPU twin is not built."""
+    """Tests in the end-to-end folders get the `e2e` marker; tests of DeepInfer's own code
+    skip, saying why, where the CPU twin is not built."""
+    e2e = pytest.mark.e2e
+    for item in items:
+        parts = item.path.relative_to(TESTS).parts
+        if parts and parts[0] in _E2E_FOLDERS:
+            item.add_marker(e2e)
     if runs_on_twin():
         return
     skip = pytest.mark.skip(reason=NOT_BUILT)

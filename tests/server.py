@@ -19,7 +19,6 @@ from typing import Any
 import httpx
 import psutil
 
-READY_LINE = "Uvicorn running on"
 #: Test parameter: one API server process (no supervisor), or two under a supervisor.
 API_SERVER_COUNTS = [1, 2]
 _API_PREFIX = re.compile(r"\[api (\d+)\]")
@@ -87,7 +86,7 @@ class LiveServer:
         self._pump_thread = threading.Thread(target=self._pump, daemon=True)
         self._pump_thread.start()
         try:
-            self.wait_for_line(READY_LINE, startup_timeout)
+            self.wait_until_healthy(startup_timeout)
         except BaseException:
             self.kill_tree()
             raise
@@ -98,6 +97,26 @@ class LiveServer:
             self.lines.append(line)
             self._lines.put(line)
         self._lines.put(None)
+
+    def wait_until_healthy(self, timeout: float) -> None:
+        """Block until `/health` answers 200 (every rank is ready and HTTP is served), as a
+        load balancer's readiness probe would; raise if the server exits first."""
+        deadline = time.monotonic() + timeout
+        with httpx.Client(base_url=self.base_url, timeout=2.0) as probe:
+            while True:
+                if self.process.poll() is not None:
+                    self._pump_thread.join(5)
+                    raise RuntimeError(f"server exited ({self.process.poll()}); log:\n{self.log}")
+                try:
+                    if probe.get("/health").status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass  # not listening yet
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"/health never answered 200; log:\n{self.log}")
+                # Wake on the next log line (start-up progress), at the latest after 50 ms.
+                with contextlib.suppress(queue.Empty):
+                    self._lines.get(timeout=0.05)
 
     def wait_for_line(self, text: str, timeout: float) -> str:
         """Block until a log line containing `text` appears (an event, not a sleep)."""

@@ -41,7 +41,6 @@ class ErrorKind(enum.StrEnum):
     MODEL_NOT_FOUND = "model_not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
     REQUEST_TIMEOUT = "request_timeout"
-    BODY_TIMEOUT = "body_timeout"
     REQUEST_TOO_LARGE = "request_too_large"
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     OVERLOADED = "overloaded"
@@ -87,7 +86,6 @@ ERROR_TABLE: dict[ErrorKind, ErrorSpec] = {
         405, "invalid_request_error", "method_not_allowed", "invalid_request_error"
     ),
     ErrorKind.REQUEST_TIMEOUT: ErrorSpec(408, "timeout_error", "request_timeout", "timeout_error"),
-    ErrorKind.BODY_TIMEOUT: ErrorSpec(408, "timeout_error", "body_timeout", "timeout_error"),
     ErrorKind.REQUEST_TOO_LARGE: ErrorSpec(
         413, "invalid_request_error", "request_too_large", "request_too_large"
     ),

@@ -1,18 +1,45 @@
 """Request bodies: a JSON content type, a size bound (413 without buffering an oversized body),
-and a time bound."""
+and a time bound; `read_json_body` is every POST route's prologue."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
 
 from starlette.requests import Request
 
+from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.errors import (
     BadRequestError,
     ErrorKind,
     RequestTimeoutError,
     RequestTooLargeError,
 )
+from deepinfer_server.protocol.core.validation import decode_json
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class JsonBody:
+    """A POST route's body: its bytes, and the JSON object they hold."""
+
+    raw: bytes
+    value: dict[str, Any]
+
+
+async def read_json_body(request: Request, config: ResolvedConfig) -> JsonBody:
+    """The prologue of every POST route: a JSON content type (415), the body within
+    `--max-request-bytes` (413) and `--body-read-timeout` (408), logged with `--log-requests`,
+    decoded as one bounded JSON object (400)."""
+    require_json_content_type(request)
+    raw = await read_body(request, config.max_request_bytes, config.body_read_timeout)
+    if config.log_requests:
+        request_id = getattr(request.state, "request_id", "-")
+        logger.info("request %s body: %s", request_id, raw[:65536].decode(errors="replace"))
+    return JsonBody(raw, decode_json(raw))
 
 
 def require_json_content_type(request: Request) -> None:

@@ -20,14 +20,14 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from deepinfer_server.api.body import read_body, require_json_content_type
+from deepinfer_server.api.body import read_json_body
 from deepinfer_server.api.disconnect import until_disconnect
 from deepinfer_server.api.error_responses import as_api_error
 from deepinfer_server.api.fan_out import merge_streams, submit_all
 from deepinfer_server.api.image_urls import prepare_fetching_images
 from deepinfer_server.api.sse import FrameWriter, SSEResponse, complete, write_all
 from deepinfer_server.api.state import AppState
-from deepinfer_server.api.token_stream import ProtocolOutput, TokenStream, token_stream
+from deepinfer_server.api.token_stream import ProtocolOutput, TokenStream
 from deepinfer_server.coordinator.handle import RequestHandle
 from deepinfer_server.errors import ApiError, BadRequestError
 from deepinfer_server.grammar import Constraint
@@ -36,7 +36,6 @@ from deepinfer_server.metrics import RequestRecord, ServerMetrics
 from deepinfer_server.protocol.core.choices import ChoiceMerger
 from deepinfer_server.protocol.core.images import mentions_images
 from deepinfer_server.protocol.core.recipe import RecipeContext
-from deepinfer_server.protocol.core.validation import decode_json
 
 logger = logging.getLogger(__name__)
 
@@ -92,11 +91,8 @@ async def serve_generation(request: Request, protocol: GenerationProtocol) -> Re
     config = state.config
     request_id: str = request.state.request_id
     arrival = time.perf_counter()
-    require_json_content_type(request)
-    raw = await read_body(request, config.max_request_bytes, config.body_read_timeout)
-    if config.log_requests:
-        logger.info("request %s body: %s", request_id, raw[:65536].decode(errors="replace"))
-    body = decode_json(raw)
+    received = await read_json_body(request, config)
+    raw, body = received.raw, received.value
     # Images are decoded and resized while preparing: never on the event loop. Image URLs are
     # fetched on it, never on a preparation worker.
     on_thread = mentions_images(raw)
@@ -200,7 +196,7 @@ async def _serve_choices(
         [cast(Choice, choice).prompt_index for choice in choices],
     )
     streams = [
-        token_stream(handle, output, record, metrics)
+        TokenStream(handle, output, record, metrics).batches()
         for handle, output, record in zip(handles, outputs, records, strict=True)
     ]
     if choices[0].stream:

@@ -26,8 +26,7 @@ logger = logging.getLogger(__name__)
 ANTHROPIC_PATH_PREFIX = "/v1/messages"
 # Paths both protocols share; Anthropic's clients are told apart by their `anthropic-version`.
 SHARED_PATH_PREFIX = "/v1/models"
-ANTHROPIC_VERSION_HEADER = "anthropic-version"
-_ANTHROPIC_VERSION = ANTHROPIC_VERSION_HEADER.encode()
+_ANTHROPIC_VERSION = b"anthropic-version"
 
 _HTTP_STATUS_KINDS = {
     404: ErrorKind.NOT_FOUND,
@@ -37,7 +36,9 @@ _HTTP_STATUS_KINDS = {
 
 
 def speaks_anthropic(scope: Scope) -> bool:
-    """True for /v1/messages, and for /v1/models asked with an `anthropic-version` header."""
+    """True for /v1/messages, and for /v1/models asked with an `anthropic-version` header: the
+    one test of whether a client speaks Anthropic's API (for error envelopes and model
+    lists alike)."""
     path: str = scope["path"]
     if path.startswith(ANTHROPIC_PATH_PREFIX):
         return True

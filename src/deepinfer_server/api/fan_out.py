@@ -1,9 +1,9 @@
 """Several engine requests behind one HTTP request (`n > 1`, several completion prompts).
 
-Each choice is an ordinary engine request with its own handle, output and `token_stream()`;
+Each choice is an ordinary engine request with its own handle, output and `TokenStream.batches()`;
 this module runs them together. Admission takes one slot per choice; if a later one is refused
 the earlier ones are released. When one choice fails, or the client leaves, the others are
-cancelled, which aborts their engine requests (their `token_stream()` closes each handle).
+cancelled, which aborts their engine requests (their `TokenStream.batches()` closes each handle).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def submit_all(submit: Callable[[int], RequestHandle], count: int) -> list[Reque
             handles.append(submit(index))
     except BaseException:
         for handle in handles:
-            handle.close(AbortReason.STOP)
+            handle.close(AbortReason.ROLLBACK)
         raise
     return handles
 

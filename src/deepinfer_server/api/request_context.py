@@ -124,10 +124,11 @@ class RequestContextMiddleware:
         details = ""
         if record is not None:
             ttft = "-" if record.ttft is None else f"{record.ttft * 1000:.1f}"
+            finish = record.client_finish_reason or record.finish_reason or "-"
             details = (
                 f" prompt_tokens={record.prompt_tokens}"
                 f" completion_tokens={record.generation_tokens}"
-                f" ttft_ms={ttft} finish_reason={record.finish_reason or '-'}"
+                f" ttft_ms={ttft} finish_reason={finish}"
             )
             if record.error_kind is not None:
                 details += f" error={record.error_kind}"

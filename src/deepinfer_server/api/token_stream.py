@@ -1,14 +1,16 @@
-"""TokenStream: the one loop over a request's token batches, shared by every protocol.
+"""TokenStream: one request's token batches through its protocol output, for every protocol.
 
-Whatever ends it (normal finish, the parser ending the answer early, an error, the client
-leaving) it closes the handle, which aborts the engine request if the engine may still run it,
-closes the output's parser, and accounts for the request in the metrics exactly once.
+Each batch goes through `TokenStream.advance()`, the one step that turns engine output into
+payloads and ends the request. Whatever ends it (normal finish, the parser ending the answer
+early, an error, the client leaving) `close()` closes the handle, which aborts the engine
+request if the engine may still run it, closes the output's parser, and accounts for the
+request in the metrics exactly once.
 
-`TokenStream.run()` is the hot path of a single-choice request: it attaches itself to the
-handle as a sink, so that the reader task advances the parser and starts the write for each
-engine step directly, in one pass over the step's output; the request's own task sleeps until
-the request ends or a write has to wait for a slow client.
-`token_stream()` is the same loop as an async iterator, for requests whose choices are merged.
+Two ways drive it. `run()` pushes, and is the hot path of a single-choice request: it attaches
+the stream to the handle as a sink, so that the reader task advances the parser and starts the
+write for each engine step directly, in one pass over the step's output; the request's own task
+sleeps until the request ends or a write has to wait for a slow client. `batches()` is pulled
+by its caller, for requests whose choices are merged into one response (`fan_out`).
 The output's opening goes out with the request's first output from the engine (the delta that
 says the engine took it, or its first tokens): its usage carries the prompt tokens the engine
 reused from its prefix cache, which only the engine knows. A request that fails before then
@@ -43,6 +45,9 @@ class ProtocolOutput(Protocol):
     @property
     def finished(self) -> bool: ...
 
+    @property
+    def client_finish_reason(self) -> str | None: ...
+
     def start(self, cached_tokens: int = 0) -> list[str]: ...
 
     def push(self, tokens: GeneratedTokens) -> list[str]: ...
@@ -56,6 +61,8 @@ class ProtocolOutput(Protocol):
 
 def _abort_reason(error: BaseException | None) -> AbortReason:
     """Why an engine request still running was cut short (no error: a stop sequence)."""
+    if error is None:
+        return AbortReason.STOP
     if isinstance(error, RequestTimeoutError):
         return AbortReason.TIMEOUT
     if isinstance(error, ShuttingDownError):
@@ -64,7 +71,7 @@ def _abort_reason(error: BaseException | None) -> AbortReason:
         return AbortReason.RANK_FAILURE
     if isinstance(error, asyncio.CancelledError | GeneratorExit):
         return AbortReason.DISCONNECT
-    return AbortReason.STOP
+    return AbortReason.ERROR
 
 
 def _no_write(payloads: list[str]) -> None:
@@ -124,6 +131,8 @@ class TokenStream:
             record.finish_reason = finish.name.lower()
             payloads.extend(output.finish(finish))
             self.done = True
+        if self.done:
+            record.client_finish_reason = output.client_finish_reason
         return payloads
 
     def abandon(self) -> None:
@@ -182,6 +191,33 @@ class TokenStream:
                 self._waiting_write.close()
             self.close(ended_by)
 
+    async def batches(self) -> AsyncIterator[list[str]]:
+        """Yield the output's payloads batch by batch until the request ends (pulled by the
+        caller: for choices merged into one response).
+
+        Raises the request's ApiError; the handle and the output are released in every case.
+        """
+        ended_by: BaseException | None = None
+        try:
+            while not self.done:
+                batch = await self._handle.next_batch()
+                payloads = self.advance(
+                    batch.tokens, batch.finish, batch.arrived_at, batch.step_seconds
+                )
+                if payloads or self.done:
+                    yield payloads
+        except ApiError as exc:
+            ended_by = exc
+            opening = self.opening()
+            if opening:
+                yield opening  # the error the caller writes comes after it
+            raise
+        except (asyncio.CancelledError, GeneratorExit) as exc:
+            ended_by = exc
+            raise
+        finally:
+            self.close(ended_by)
+
     def _on_step(
         self, tokens: GeneratedTokens, finish: Finish | None, arrived_at: float, step_seconds: float
     ) -> bool:
@@ -200,34 +236,3 @@ class TokenStream:
             waiting = self._write(payloads)
             if waiting is not None:
                 await waiting
-
-
-async def token_stream(
-    handle: RequestHandle, output: ProtocolOutput, record: RequestRecord, metrics: ServerMetrics
-) -> AsyncIterator[list[str]]:
-    """Yield the output's payloads batch by batch until the request ends (the same loop as
-    `TokenStream.run()`, pulled by the caller: for choices merged into one response).
-
-    Raises the request's ApiError; the handle and the output are released in every case.
-    """
-    stream = TokenStream(handle, output, record, metrics)
-    ended_by: BaseException | None = None
-    try:
-        while not stream.done:
-            batch = await handle.next_batch()
-            payloads = stream.advance(
-                batch.tokens, batch.finish, batch.arrived_at, batch.step_seconds
-            )
-            if payloads or stream.done:
-                yield payloads
-    except ApiError as exc:
-        ended_by = exc
-        opening = stream.opening()
-        if opening:
-            yield opening
-        raise
-    except (asyncio.CancelledError, GeneratorExit) as exc:
-        ended_by = exc
-        raise
-    finally:
-        stream.close(ended_by)

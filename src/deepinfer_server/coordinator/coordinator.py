@@ -7,20 +7,21 @@ every rank's step outputs out to the live RequestHandles, and owns the service's
 failed or hung rank fails the whole service (every handle ends with a 503, new requests get
 503, and `/health` reports the reason until the server is restarted).
 
-With several API server processes (`--api-server-count`) each has a Coordinator of its own over
-the same ranks: admission is shared (`SharedAdmission`), the supervisor process owns the rank
-processes (`processes` and `stop` are None here), and a failure seen by one process reaches the
-others through `on_failure` and `fail_service`.
+It owns no process: whoever spawned the ranks (`server.ranks.RankGroup`) reports their exits
+(`rank_exited`) and learns of the service's failure through `on_failure` (to break the ranks'
+collectives). With several API server processes (`--api-server-count`) each has a Coordinator
+of its own over the same ranks: admission is shared (`SharedAdmission`), and a failure seen by
+one process reaches the others through `on_failure` and `fail_service`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections.abc import Callable
 
+from deepinfer_server.concurrency import first_of
 from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.coordinator.admission import Admission, SharedAdmission
 from deepinfer_server.coordinator.channels import RankChannels
@@ -30,7 +31,6 @@ from deepinfer_server.coordinator.liveness import LivenessWatch
 from deepinfer_server.coordinator.outcomes import error_for_finish, error_for_rejection
 from deepinfer_server.coordinator.prefix_directory import PrefixDirectory
 from deepinfer_server.coordinator.prefix_routing import PrefixHint, PrefixRouting
-from deepinfer_server.coordinator.process import RankProcesses, describe_exit
 from deepinfer_server.errors import (
     ApiError,
     ServiceFailedError,
@@ -50,7 +50,6 @@ from deepinfer_server.ipc.messages import (
     SamplingOptions,
     StepOutputs,
 )
-from deepinfer_server.ipc.stop_agreement import StopAgreement
 from deepinfer_server.metrics import RankLoad, ServerMetrics
 
 logger = logging.getLogger(__name__)
@@ -62,10 +61,7 @@ class Coordinator:
     def __init__(
         self,
         config: ResolvedConfig,
-        processes: RankProcesses | None,
         channels: RankChannels,
-        stop: StopAgreement | None,
-        break_collectives: Callable[[], None],
         metrics: ServerMetrics,
         *,
         admission: Admission | SharedAdmission | None = None,
@@ -75,10 +71,7 @@ class Coordinator:
         self._config = config
         self._metrics = metrics
         metrics.watch_ranks(self.rank_loads, lambda: self._failure is None)
-        self._processes = processes
         self._channels = channels
-        self._stop = stop
-        self._break_collectives = break_collectives
         self._on_failure = on_failure
         self._admission = admission or Admission(
             config.data_parallel_size, config.admission_capacity
@@ -118,42 +111,31 @@ class Coordinator:
     # Lifecycle
 
     def start(self) -> None:
-        """Start the reader task and the process watch (ranks must already be spawned)."""
+        """Start reading from the ranks and watching their loops."""
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._channels.read(self._on_messages)))
         if self._config.step_timeout > 0:
             self._tasks.append(loop.create_task(self._liveness.run()))
-        if self._processes is not None:
-            self._processes.watch(self._on_rank_exit)
 
     async def wait_ready(self, timeout: float) -> None:
         """Return once every rank reported ready; raise StartupError on failure or timeout."""
-        ready = asyncio.ensure_future(self._all_ready.wait())
-        failed = asyncio.ensure_future(self._failed.wait())
-        try:
-            done, _ = await asyncio.wait(
-                {ready, failed}, timeout=timeout or None, return_when=asyncio.FIRST_COMPLETED
-            )
-        finally:
-            ready.cancel()
-            failed.cancel()
+        settled = await first_of(
+            self._all_ready.wait(), self._failed.wait(), timeout=timeout or None
+        )
         if self._failure is not None:
             raise StartupError(self._failure)
-        if not done:
+        if not settled:
             waiting = sorted(set(range(self._config.data_parallel_size)) - self._ready)
             raise StartupError(
                 f"DP ranks {waiting} were not ready within --startup-timeout {timeout:g}s"
             )
 
-    async def close(self, timeout: float) -> None:
-        """Stop every rank (agreed stop; SIGKILL after `timeout`) and release the sockets."""
-        assert self._processes is not None and self._stop is not None, "the ranks are not ours"
+    def begin_shutdown(self) -> None:
+        """The ranks are being stopped: end every request with a 503 and wake idle ranks, so
+        they reach their agreed stop promptly."""
         self.stop_watching()
         self.fail_all(ShuttingDownError())
-        self._stop.request_stop()
         self._channels.send_shutdown()
-        await self._processes.stop(timeout)
-        await self.release()
 
     def stop_watching(self) -> None:
         """The ranks are about to leave their loops: their silence from now on is no hang."""
@@ -239,7 +221,7 @@ class Coordinator:
             )
         except BaseException:
             if sent:  # the rank may have it: abort it there too
-                handle.close(AbortReason.STOP)
+                handle.close(AbortReason.ROLLBACK)
             else:
                 handle.withdraw()
             raise
@@ -273,9 +255,9 @@ class Coordinator:
                 "request %s: aborted on DP rank %d (%s)", handle.request_id, handle.rank, reason
             )
 
-    def _on_rank_exit(self, rank: int, exitcode: int | None) -> None:
-        how = describe_exit(exitcode)
-        self._causes.exit(rank, f"DP rank {rank} exited unexpectedly with {how}")
+    def rank_exited(self, rank: int, reason: str) -> None:
+        """Rank `rank` exited unexpectedly (seen by the process that spawned it)."""
+        self._causes.exit(rank, reason)
 
     def fail_service(self, reason: str) -> None:
         """Fail the service for `reason` (seen elsewhere: by the supervisor or another API
@@ -290,12 +272,6 @@ class Coordinator:
         self._failed.set()
         if self._on_failure is not None:
             self._on_failure(reason)
-        # Peers blocked in a collective with the failed rank would wait forever: break it. On a
-        # thread, because a rank killed while holding a shared lock leaves that lock taken for
-        # good, and the event loop must never wait on it.
-        threading.Thread(
-            target=self._break_collectives, name="break-collectives", daemon=True
-        ).start()
         error = ServiceFailedError(f"the service has failed: {reason}")
         for handle in list(self._handles.values()):
             if not handle.engine_finished:

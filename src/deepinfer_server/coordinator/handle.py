@@ -223,7 +223,7 @@ class RequestHandle:
         """Release a request that never reached the engine (starting it failed): frees its
         slot like `close()`, with no abort."""
         self._engine_finished = True
-        self.close(AbortReason.STOP)
+        self.close(AbortReason.ROLLBACK)
 
     def _due(self) -> bool:
         """Whether the waiting output is handed on now (always, with a stream interval of 1)."""

@@ -151,8 +151,9 @@ class LLMEngineDriver:
             params["so_args"] = sampling.structured.as_so_args()
         prompt = unpack_token_ids(request.prompt_token_ids)
         try:
-            # Text requests pass no multi_modal_data: any dict, even empty, holds the sequence
-            # back until a later step's fetch (engine-fidelity.md §E).
+            # Text requests pass no multi_modal_data: any dict, even empty, goes to DeepInfer's
+            # multimodal processor and holds the sequence back until a later step's fetch
+            # (`LLMEngine.add_request` and `multi_modal_fetch` in engine/llm_engine.py).
             multi_modal_data = request.images.as_multi_modal_data() if request.images else None
             sequence = self._engine.add_request(
                 "0", request.request_id, params, prompt, multi_modal_data=multi_modal_data

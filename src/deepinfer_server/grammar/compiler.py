@@ -29,13 +29,13 @@ from deepinfer_server.grammar.so_args import SCHEMA_TYPES, build_so_args
 TIMEOUT_ENV = "DEEPINFER_XGRAMMAR_TIMEOUT"
 CACHE_LIMIT_ENV = "DEEPINFER_XGRAMMAR_CACHE_LIMIT_BYTES"
 DEEPINFER_DEFAULT_TIMEOUT_S = 20
-DEEPINFER_DEFAULT_CACHE_LIMIT_BYTES = 10 * 1024**3
 ENGINE_CACHE_LIMIT_BYTES = 512 * 1024**2
 
 
 @dataclass(frozen=True)
 class GrammarBounds:
-    """What a grammar may cost; the README's "Limits" states the defaults and what they mean."""
+    """What a grammar may cost; the docs (API, structured output: "Limits on grammars") state the
+    defaults and what they mean."""
 
     #: The grammar text (schema, regex or EBNF) in UTF-8 bytes.
     max_grammar_bytes: int = 64 * 1024

@@ -5,7 +5,7 @@ and shutdown steps, failures (a failure seen anywhere fails the service everywhe
 supervisor's liveness pings (an API process that stops answering them is declared stuck), and
 the metrics snapshots that make /metrics and /get_load one view. The supervisor relays snapshot
 requests and replies between the API server processes. Messages are pickled (both ends are
-this package), length-prefixed, and sending never blocks the event loop.
+this package) in the rank links' frames (`framing`), and sending never blocks the event loop.
 """
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ from __future__ import annotations
 import asyncio
 import pickle
 import socket
-import struct
 from dataclasses import dataclass
 
-_HEADER = struct.Struct("!I")
+from deepinfer_server.ipc.framing import frame, read_frame
 
 
 @dataclass(frozen=True)
@@ -102,13 +101,12 @@ class ControlChannel:
         if self._writer.is_closing():
             return
         payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        self._writer.write(_HEADER.pack(len(payload)) + payload)
+        self._writer.write(frame(payload))
 
     async def receive(self) -> ControlMessage | None:
         """The next message, or None once the other end has closed (or died)."""
         try:
-            header = await self._reader.readexactly(_HEADER.size)
-            payload = await self._reader.readexactly(_HEADER.unpack(header)[0])
+            payload = await read_frame(self._reader)
         except (asyncio.IncompleteReadError, ConnectionError):
             return None
         message: ControlMessage = pickle.loads(payload)

@@ -37,7 +37,12 @@ class AbortReason(enum.StrEnum):
 
     DISCONNECT = "disconnect"
     TIMEOUT = "timeout"
+    #: The server found a stop sequence the engine does not know.
     STOP = "stop"
+    #: Submitting failed part-way (a later choice was refused): the admitted ones are undone.
+    ROLLBACK = "rollback"
+    #: An unexpected error in the server while the request ran.
+    ERROR = "error"
     RANK_FAILURE = "rank_failure"
     SHUTDOWN = "shutdown"
 

@@ -17,7 +17,10 @@ class RequestRecord:
     last_token_at: float | None = None
     generation_tokens: int = 0
     inter_token_latencies: list[float] = field(default_factory=list)
+    #: How the engine ended it (`Finish`, lower case: "stop", "length"): the metrics' label.
     finish_reason: str | None = None
+    #: How the client was told it ended, in its protocol's words: the access log's.
+    client_finish_reason: str | None = None
     #: The error kind when the request failed after it was admitted (for example mid-stream).
     error_kind: str | None = None
 

@@ -148,10 +148,7 @@ async def _serve(spec: WorkerSpec) -> int:
     channels = RankChannels(spec.rank_listener, config.data_parallel_size, client=spec.index)
     coordinator = Coordinator(
         config,
-        None,
         channels,
-        None,
-        lambda: None,  # the supervisor breaks the collectives, once
         metrics,
         admission=SharedAdmission(config.admission_capacity, spec.slots),
         on_failure=lambda reason: control.send(Failed(reason)),

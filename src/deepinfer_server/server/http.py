@@ -26,6 +26,7 @@ from deepinfer_server.api.connection import (
     guarded_protocol,
 )
 from deepinfer_server.api.state import AppState, Peers
+from deepinfer_server.concurrency import first_of
 from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.coordinator.coordinator import Coordinator
 from deepinfer_server.engines.registry import get_backend
@@ -96,11 +97,7 @@ class HttpServer(uvicorn.Server):
                 coordinator.num_in_flight,
                 grace,
             )
-            forced = asyncio.ensure_future(self._forced.wait())
-            idle = asyncio.ensure_future(coordinator.wait_idle(grace))
-            await asyncio.wait({forced, idle}, return_when=asyncio.FIRST_COMPLETED)
-            forced.cancel()
-            idle.cancel()
+            await first_of(self._forced.wait(), coordinator.wait_idle(grace))
         coordinator.fail_all(ShuttingDownError())
         await super().shutdown(sockets)
 

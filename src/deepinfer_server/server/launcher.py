@@ -21,17 +21,15 @@ from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.config.logs import configure_logging
 from deepinfer_server.coordinator.channels import RankChannels, bind_rank_listener
 from deepinfer_server.coordinator.coordinator import Coordinator
-from deepinfer_server.coordinator.process import RankProcesses
 from deepinfer_server.errors import ConfigError
-from deepinfer_server.ipc.stop_agreement import StopAgreement
 from deepinfer_server.metrics import ServerMetrics
-from deepinfer_server.rank.proc import run_rank
 from deepinfer_server.server.http import (
     build_server,
     log_serving,
     run_loop,
     wait_for_ranks,
 )
+from deepinfer_server.server.ranks import RankGroup
 from deepinfer_server.server.startup import (
     RANK_STOP_TIMEOUT,
     Prepared,
@@ -46,24 +44,19 @@ logger = logging.getLogger("deepinfer_server")
 async def serve(config: ResolvedConfig, prepared: Prepared) -> int:
     """Run the single-process server until it is told to stop; returns the exit code."""
     with tempfile.TemporaryDirectory(prefix="deepinfer-server-") as workdir:
-        specs = rank_specs(config, prepared, workdir)
-        stop = StopAgreement()
-        shared = prepared.backend.shared_state(config)
-        processes = RankProcesses(run_rank, [(spec, stop, shared) for spec in specs])
+        ranks = RankGroup(
+            rank_specs(config, prepared, workdir), prepared.backend.shared_state(config)
+        )
         metrics = ServerMetrics(config.served_model_name)
         channels = RankChannels(
             bind_rank_listener(api_address(workdir, 0)), config.data_parallel_size
         )
         coordinator = Coordinator(
-            config,
-            processes,
-            channels,
-            stop,
-            shared.abort if shared is not None else lambda: None,
-            metrics,
+            config, channels, metrics, on_failure=lambda _reason: ranks.break_collectives()
         )
         try:
-            processes.start()
+            ranks.start()
+            ranks.watch(coordinator.rank_exited)
             coordinator.start()
             failed = await wait_for_ranks(coordinator, config.startup_timeout)
             if failed is not None:
@@ -78,7 +71,10 @@ async def serve(config: ResolvedConfig, prepared: Prepared) -> int:
             return 0
         finally:
             logger.info("[shutdown] stopping DP ranks")
-            await coordinator.close(RANK_STOP_TIMEOUT)
+            ranks.request_stop()
+            coordinator.begin_shutdown()
+            await ranks.stop(RANK_STOP_TIMEOUT)
+            await coordinator.release()
             logger.info("[shutdown] done")
 
 

@@ -19,15 +19,14 @@ import os
 import signal
 import socket
 import tempfile
-import threading
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 
+from deepinfer_server.concurrency import first_of
 from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.coordinator.admission import shared_slots
 from deepinfer_server.coordinator.channels import bind_rank_listener
 from deepinfer_server.coordinator.failure_cause import FailureCause
-from deepinfer_server.coordinator.process import REAP_TIMEOUT, RankProcesses, describe_exit
 from deepinfer_server.ipc.control import (
     ControlChannel,
     ControlMessage,
@@ -41,11 +40,10 @@ from deepinfer_server.ipc.control import (
     SnapshotReply,
     SnapshotRequest,
 )
-from deepinfer_server.ipc.stop_agreement import StopAgreement
 from deepinfer_server.protocol.core.reasoning_seal import seal_key
-from deepinfer_server.rank.proc import run_rank
 from deepinfer_server.server.api_worker import WorkerSpec, run_api_worker
 from deepinfer_server.server.http import STOP_SIGNALS, log_serving
+from deepinfer_server.server.ranks import REAP_TIMEOUT, RankGroup, describe_exit
 from deepinfer_server.server.startup import (
     RANK_STOP_TIMEOUT,
     Prepared,
@@ -112,15 +110,11 @@ class Supervisor:
         self,
         config: ResolvedConfig,
         master_port: int,
-        processes: RankProcesses,
-        stop: StopAgreement,
-        break_collectives: Callable[[], None],
+        ranks: RankGroup,
     ) -> None:
         self._config = config
         self._master_port = master_port
-        self._processes = processes
-        self._stop = stop
-        self._break_collectives = break_collectives
+        self._ranks = ranks
         self._workers: list[_Worker] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
@@ -155,18 +149,11 @@ class Supervisor:
         """Start-up, serve, shut down; the exit code."""
         code = await self._startup()
         if code is None:
-            host = self._config.host
-            logger.info(
-                "Uvicorn running on http://%s:%d (Press CTRL+C to quit)",
-                f"[{host}]" if ":" in host else host,
-                self._config.port,
-            )
             await self._stopping.wait()
             code = 0
         await self._until(lambda w: w.drained or w.exited.is_set(), self._drain_timeout())
         logger.info("[shutdown] stopping DP ranks")
-        self._stop.request_stop()
-        await self._processes.stop(RANK_STOP_TIMEOUT)
+        await self._ranks.stop(RANK_STOP_TIMEOUT)
         for worker in self._workers:
             worker.control.send(Exit())
         if not await self._until(lambda w: w.exited.is_set(), _WORKER_EXIT_TIMEOUT):
@@ -196,9 +183,8 @@ class Supervisor:
             while worker.signals_sent < self._signals:
                 worker.terminate()
 
-    def on_rank_exit(self, rank: int, exitcode: int | None) -> None:
-        how = describe_exit(exitcode)
-        self._causes.exit(rank, f"DP rank {rank} exited unexpectedly with {how}")
+    def on_rank_exit(self, rank: int, reason: str) -> None:
+        self._causes.exit(rank, reason)
 
     async def _startup(self) -> int | None:
         """None once every API server process serves; else the exit code (1: a process ended
@@ -213,11 +199,7 @@ class Supervisor:
                 return 1
             if all(w.serving for w in self._workers):
                 return None
-            changed = asyncio.ensure_future(self._changed.wait())
-            stopping = asyncio.ensure_future(self._stopping.wait())
-            await asyncio.wait({changed, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            changed.cancel()
-            stopping.cancel()
+            await first_of(self._changed.wait(), self._stopping.wait())
             self._changed.clear()
 
     def _drain_timeout(self) -> float:
@@ -313,11 +295,7 @@ class Supervisor:
         for worker in self._workers:
             worker.control.send(Failed(reason))
         if break_collectives:
-            # Ranks blocked in a collective with a failed rank would wait forever. On a
-            # thread: a rank killed while holding a shared lock leaves it taken for good.
-            threading.Thread(
-                target=self._break_collectives, name="break-collectives", daemon=True
-            ).start()
+            self._ranks.break_collectives()
 
 
 async def supervise(config: ResolvedConfig, prepared: Prepared) -> int:
@@ -329,17 +307,10 @@ async def supervise(config: ResolvedConfig, prepared: Prepared) -> int:
         logger.error("cannot listen on %s:%d: %s", config.host, config.port, exc)
         return 1
     with tempfile.TemporaryDirectory(prefix="deepinfer-server-") as workdir, listener:
-        specs = rank_specs(config, prepared, workdir)
-        stop = StopAgreement()
-        shared = prepared.backend.shared_state(config)
-        processes = RankProcesses(run_rank, [(spec, stop, shared) for spec in specs])
-        supervisor = Supervisor(
-            config,
-            prepared.master_port,
-            processes,
-            stop,
-            shared.abort if shared is not None else lambda: None,
+        ranks = RankGroup(
+            rank_specs(config, prepared, workdir), prepared.backend.shared_state(config)
         )
+        supervisor = Supervisor(config, prepared.master_port, ranks)
         slots = shared_slots(config.data_parallel_size)
         # Bound before any rank starts: a rank connects to every API process as soon as its
         # engine is built.
@@ -365,8 +336,8 @@ async def supervise(config: ResolvedConfig, prepared: Prepared) -> int:
         for sig in STOP_SIGNALS:
             loop.add_signal_handler(sig, supervisor.on_signal, sig)
         try:
-            processes.start()
-            processes.watch(supervisor.on_rank_exit)
+            ranks.start()
+            ranks.watch(supervisor.on_rank_exit)
             await supervisor.start_workers(worker_specs, [end for end, _ in pairs])
             listener.close()  # every API server process holds its own copy
             for rank_listener in rank_listeners:

@@ -9,16 +9,13 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from deepinfer_server.api.body import read_body
+from deepinfer_server.api.body import read_json_body
 from deepinfer_server.api.state import AppState
-from deepinfer_server.protocol.core.validation import decode_json
 from deepinfer_server.protocol.messages.request import count_message_tokens
 
 
 async def count_tokens(request: Request) -> Response:
     state: AppState = request.app.state.server
-    config = state.config
-    raw = await read_body(request, config.max_request_bytes, config.body_read_timeout)
-    body = decode_json(raw)
-    tokens = await state.prepare_body(count_message_tokens, body, len(raw))
+    received = await read_json_body(request, state.config)
+    tokens = await state.prepare_body(count_message_tokens, received.value, len(received.raw))
     return JSONResponse({"input_tokens": tokens})

@@ -22,8 +22,10 @@ from deepinfer_server.protocol.core.error_shapes import (
     openai_error_body,
     responses_error_event,
 )
-from deepinfer_server.protocol.messages.request import messages_output, prepare_messages
-from deepinfer_server.protocol.responses.request import prepare_responses, responses_output
+from deepinfer_server.protocol.messages.output import messages_output
+from deepinfer_server.protocol.messages.request import prepare_messages
+from deepinfer_server.protocol.responses.output import responses_output
+from deepinfer_server.protocol.responses.request import prepare_responses
 
 
 def _joined(payloads: list[str]) -> bytes:

@@ -14,14 +14,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from deepinfer_server.api.error_responses import ANTHROPIC_VERSION_HEADER
+from deepinfer_server.api.error_responses import speaks_anthropic
 from deepinfer_server.api.state import AppState
 from deepinfer_server.protocol.core.validation import check_model
-
-
-def wants_anthropic_shape(request: Request) -> bool:
-    """True when the client speaks Anthropic's API (it sends `anthropic-version`)."""
-    return ANTHROPIC_VERSION_HEADER in request.headers
 
 
 def _openai_model(state: AppState, name: str) -> dict[str, Any]:
@@ -45,7 +40,7 @@ def _anthropic_model(state: AppState, name: str) -> dict[str, Any]:
 async def list_models(request: Request) -> Response:
     state: AppState = request.app.state.server
     names = state.config.served_model_names
-    if wants_anthropic_shape(request):
+    if speaks_anthropic(request.scope):
         data = [_anthropic_model(state, name) for name in names]
         return JSONResponse(
             {"data": data, "has_more": False, "first_id": names[0], "last_id": names[-1]}
@@ -57,6 +52,6 @@ async def retrieve_model(request: Request) -> Response:
     state: AppState = request.app.state.server
     name: str = request.path_params["model_id"]
     check_model({"model": name}, state.config.served_model_names)
-    if wants_anthropic_shape(request):
+    if speaks_anthropic(request.scope):
         return JSONResponse(_anthropic_model(state, name))
     return JSONResponse(_openai_model(state, name))

@@ -113,6 +113,11 @@ class CompletionOutput:
         self._scored = False  # max_tokens 0: the prompt is echoed, nothing is generated
 
     @property
+    def client_finish_reason(self) -> str | None:
+        """The finish_reason the client was sent, once the answer ended normally."""
+        return self._finish_reason
+
+    @property
     def finished(self) -> bool:
         """True once the answer is complete (EOS, stop sequence, or an echo-only request)."""
         return self._scored or bool(self._processor.finished)

@@ -59,6 +59,21 @@ class NamedEventOutput(RecipeOutput):
         super().__init__(generator, options, recipe.tokenizer, response, prompt_tokens)
         self._event_name = response_type.sse_event_name
 
+    def _finish_of(self, chunk: dict[str, Any]) -> str | None:
+        """Messages: the `message_delta`'s stop_reason; Responses: the final response's
+        status, or why it is incomplete."""
+        kind = chunk.get("type")
+        if kind == "message_delta":
+            reason = (chunk.get("delta") or {}).get("stop_reason")
+            return reason if isinstance(reason, str) else None
+        if kind in ("response.completed", "response.incomplete"):
+            response = chunk.get("response") or {}
+            reason = (response.get("incomplete_details") or {}).get("reason")
+            status = response.get("status")
+            found = reason or status
+            return found if isinstance(found, str) else None
+        return None
+
     def _stream_payloads(self, chunks: list[Any]) -> list[str]:
         name_of = self._event_name
         return [named_event(name_of(chunk), chunk.to_json()) for chunk in chunks]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+import orjson
 from deepseek_recipe import (
     InferenceChunk,
     InferenceFinishReason,
@@ -19,6 +20,10 @@ from deepseek_recipe import (
 )
 
 from deepinfer_server.ipc.messages import Finish, GeneratedTokens
+
+#: How many of the last batch's chunks may carry its finish reason (the finish chunk, then
+#: usage or closing events).
+_FINAL_CHUNKS = 4
 
 _FINISH_REASONS = {
     Finish.STOP: InferenceFinishReason.Stop,
@@ -93,11 +98,25 @@ class RecipeOutput:
         self._completion_tokens = 0
         # The parser's state, read once per push: it changes only when the parser is pushed.
         self._finished = False
+        self._client_finish_reason: str | None = None
 
     @property
     def finished(self) -> bool:
         """True once the parser ended the answer (EOS, stop sequence, end of a forced tool call)."""
         return self._finished
+
+    @property
+    def client_finish_reason(self) -> str | None:
+        """How the client was told the answer ended, in its protocol's words (`tool_calls`,
+        `end_turn`, `max_output_tokens`, ...), once it ended normally."""
+        return self._client_finish_reason
+
+    def _finish_of(self, chunk: dict[str, Any]) -> str | None:
+        """The finish reason one chunk tells the client, if it tells one (Chat Completions;
+        the named-event protocols override it)."""
+        choices = chunk.get("choices") or ()
+        reason = choices[0].get("finish_reason") if choices else None
+        return reason if isinstance(reason, str) else None
 
     def start(self, cached_tokens: int = 0) -> list[str]:
         """The opening payloads (role, created events); `cached_tokens` is how many prompt
@@ -145,6 +164,13 @@ class RecipeOutput:
         return self._response.to_json().encode()
 
     def _emit(self, chunks: list[Any]) -> list[str]:
+        if self._finished and self._client_finish_reason is None:
+            # The end is in the last few chunks of the last batch: read only those.
+            for chunk in reversed(chunks[-_FINAL_CHUNKS:]):
+                reason = self._finish_of(orjson.loads(chunk.to_json()))
+                if reason is not None:
+                    self._client_finish_reason = reason
+                    break
         if self._response is not None:
             for chunk in chunks:
                 self._response.accumulate(chunk)

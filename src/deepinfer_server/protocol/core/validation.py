@@ -1,4 +1,5 @@
-"""Checks of request fields that deepseek-recipe leaves to the server (recipe-notes.md)."""
+"""Checks that deepseek-recipe 0.2.0 leaves to the server: the body is one bounded JSON object,
+the model is served, and fields the recipe passes through unchecked have their types."""
 
 from __future__ import annotations
 

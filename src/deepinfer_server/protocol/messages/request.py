@@ -1,22 +1,17 @@
 """Anthropic Messages API (`POST /v1/messages`, `/v1/messages/count_tokens`): request
-preparation, token counting and output."""
+preparation and token counting."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from deepseek_recipe import (
-    ConversationRequest,
-    MessagesRequest,
-    MessagesResponse,
-)
+from deepseek_recipe import ConversationRequest, MessagesRequest
 
 from deepinfer_server.errors import BadRequestError
 from deepinfer_server.grammar import Constraint
 from deepinfer_server.ipc.messages import Images, SamplingOptions
 from deepinfer_server.protocol.core.choices import reject_n
-from deepinfer_server.protocol.core.named_events import NamedEventOutput
 from deepinfer_server.protocol.core.prepare import engine_input
 from deepinfer_server.protocol.core.recipe import RecipeContext, recipe_errors
 from deepinfer_server.protocol.core.sampling import read_top_k
@@ -88,10 +83,3 @@ def count_message_tokens(body: dict[str, Any], recipe: RecipeContext) -> int:
     converted = _convert({**body, "max_tokens": 1, "stream": False}, recipe)
     with recipe_errors():
         return len(recipe.encoding.encode(converted.conversation))
-
-
-def messages_output(
-    prepared: PreparedMessages, message_id: str, recipe: RecipeContext
-) -> NamedEventOutput:
-    generator = MessagesRequest.chunk_generator(prepared.request, message_id, recipe.model_name)
-    return NamedEventOutput(generator, MessagesResponse, message_id, prepared, recipe)

@@ -1,22 +1,16 @@
-"""OpenAI Responses API (`POST /v1/responses`): request preparation and output."""
+"""OpenAI Responses API (`POST /v1/responses`): request preparation."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-from deepseek_recipe import (
-    ConversationRequest,
-    ResponsesRequest,
-    ResponsesResponse,
-)
+from deepseek_recipe import ConversationRequest, ResponsesRequest
 
 from deepinfer_server.errors import BadRequestError, ErrorKind
 from deepinfer_server.grammar import Constraint
 from deepinfer_server.ipc.messages import Images, SamplingOptions
 from deepinfer_server.protocol.core.choices import reject_n
-from deepinfer_server.protocol.core.named_events import NamedEventOutput, named_event
 from deepinfer_server.protocol.core.prepare import engine_input
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.protocol.core.structured import (
@@ -26,7 +20,6 @@ from deepinfer_server.protocol.core.structured import (
 )
 from deepinfer_server.protocol.core.validation import check_model, optional_bool
 from deepinfer_server.protocol.responses.reasoning import (
-    ReasoningItems,
     ReasoningRequest,
     restore_reasoning,
 )
@@ -145,43 +138,3 @@ def prepare_responses(body: dict[str, Any], recipe: RecipeContext) -> PreparedRe
         ReasoningRequest.of(body, conversation),
         images=engine.images,
     )
-
-
-def responses_output(
-    prepared: PreparedResponses, response_id: str, recipe: RecipeContext
-) -> NamedEventOutput:
-    generator = ResponsesRequest.chunk_generator(prepared.request, response_id, recipe.model_name)
-    if prepared.namespace_tool_map:
-        generator = generator.with_namespace_tool_map(prepared.namespace_tool_map)
-    generator = generator.with_echo(prepared.echo)
-    items = ReasoningItems(prepared.reasoning, recipe.reasoning_seal)
-    return ResponsesOutput(generator, response_id, prepared, recipe, items)
-
-
-class ResponsesOutput(NamedEventOutput):
-    """Responses events, with reasoning items finished as the request asked (`ReasoningItems`)."""
-
-    def __init__(
-        self,
-        generator: Any,
-        response_id: str,
-        prepared: PreparedResponses,
-        recipe: RecipeContext,
-        items: ReasoningItems,
-    ) -> None:
-        super().__init__(generator, ResponsesResponse, response_id, prepared, recipe)
-        self._items = items
-
-    def _stream_payloads(self, chunks: list[Any]) -> list[str]:
-        payloads = []
-        for chunk in chunks:
-            name = self._event_name(chunk)
-            if not self._items.wants_event(name):
-                payloads.append(named_event(name, chunk.to_json()))
-                continue
-            for event in self._items.event(name, orjson.loads(chunk.to_json())):
-                payloads.append(named_event(event["type"], orjson.dumps(event).decode()))
-        return payloads
-
-    def response_json(self) -> bytes:
-        return orjson.dumps(self._items.response(orjson.loads(super().response_json())))

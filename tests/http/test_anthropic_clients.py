@@ -1,0 +1,182 @@
+"""What Anthropic clients (Claude Code, the SDK, LiteLLM's anthropic/ route) need of
+/v1/messages, /v1/messages/count_tokens and /v1/models (issue 13)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.http.agent_harness import last_prompt
+from tests.http.harness import MODEL, run, serve
+
+MESSAGES = "/v1/messages"
+COUNT = "/v1/messages/count_tokens"
+ANTHROPIC = {"anthropic-version": "2023-06-01"}
+WEATHER = {
+    "name": "get_weather",
+    "description": "Current weather of a city",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+
+
+def messages_body(**extra: Any) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "max_tokens": 64,
+        "messages": [{"role": "user", "content": "hi"}],
+        **extra,
+    }
+
+
+def test_context_overflow_speaks_anthropics_words() -> None:
+    """Claude Code retries with a smaller max_tokens only on Anthropic's wording."""
+
+    async def body() -> None:
+        async with serve() as h:  # 4096-token context
+            response = await h.client.post(MESSAGES, json=messages_body(max_tokens=4090))
+            assert response.status_code == 400
+            error = response.json()["error"]
+            assert error["type"] == "invalid_request_error"
+            prompt = error["message"].split(": ", 1)[1].split(" + ")[0]
+            assert error["message"] == (
+                f"input length and `max_tokens` exceed context limit: {prompt} + 4090 > 4096, "
+                "decrease input length or `max_tokens` and try again"
+            )
+            long = messages_body(messages=[{"role": "user", "content": "word " * 5000}])
+            response = await h.client.post(MESSAGES, json=long)
+            assert response.status_code == 400
+            assert response.json()["error"]["message"].startswith("prompt is too long: ")
+            assert response.json()["error"]["message"].endswith(" tokens > 4096 maximum")
+            assert not h.coordinator.submitted
+
+    run(body)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"system": [{"type": "text", "text": "You are terse."}], "tools": [WEATHER]},
+        {"thinking": {"type": "disabled"}},
+        {"thinking": {"type": "adaptive"}, "output_config": {"effort": "high"}},
+    ],
+    ids=["bare", "system-and-tools", "no-thinking", "adaptive"],
+)
+def test_count_tokens_counts_what_messages_encodes(extra: dict[str, Any]) -> None:
+    async def body() -> None:
+        async with serve() as h:
+            request = messages_body(**extra)
+            answer = await h.client.post(MESSAGES, json=request)
+            assert answer.status_code == 200, answer.text
+            del request["max_tokens"]  # count_tokens bodies have none
+            counted = await h.client.post(f"{COUNT}?beta=true", json=request, headers=ANTHROPIC)
+            assert counted.status_code == 200, counted.text
+            assert counted.json() == {"input_tokens": len(h.coordinator.submitted[-1][1])}
+            assert len(h.coordinator.submitted) == 1  # counting runs nothing
+
+    run(body)
+
+
+def test_count_tokens_errors_are_anthropics() -> None:
+    async def body() -> None:
+        async with serve() as h:
+            unknown = await h.client.post(COUNT, json={**messages_body(), "model": "nope"})
+            assert unknown.status_code == 404
+            assert unknown.json()["type"] == "error"
+            assert unknown.json()["error"]["type"] == "not_found_error"
+            bad = await h.client.post(
+                COUNT, content=b"{", headers={"content-type": "application/json"}
+            )
+            assert bad.status_code == 400 and bad.json()["type"] == "error"
+
+    run(body)
+
+
+def test_model_retrieve_in_each_protocols_shape() -> None:
+    async def body() -> None:
+        async with serve("--served-model-name", MODEL, "other/name") as h:
+            openai = (await h.client.get(f"/v1/models/{MODEL}")).json()
+            assert openai["id"] == MODEL and openai["object"] == "model"
+            assert (await h.client.get("/v1/models/other/name")).json()["id"] == "other/name"
+            claude = (await h.client.get(f"/v1/models/{MODEL}", headers=ANTHROPIC)).json()
+            assert claude.keys() == {"type", "id", "display_name", "created_at"}
+            assert claude["type"] == "model" and claude["id"] == MODEL
+            assert claude["created_at"].endswith("Z")
+            listed = (await h.client.get("/v1/models", headers=ANTHROPIC)).json()
+            assert [m["id"] for m in listed["data"]] == [MODEL, "other/name"]
+            assert listed["has_more"] is False
+            assert (listed["first_id"], listed["last_id"]) == (MODEL, "other/name")
+
+            missing = await h.client.get("/v1/models/nope")
+            assert missing.status_code == 404
+            assert missing.json()["error"]["code"] == "model_not_found"
+            missing = await h.client.get("/v1/models/nope", headers=ANTHROPIC)
+            assert missing.status_code == 404
+            assert missing.json()["error"]["type"] == "not_found_error"
+
+    run(body)
+
+
+@pytest.mark.parametrize(
+    ("tool", "name", "in_prompt"),
+    [
+        ({**WEATHER, "type": "custom"}, "get_weather", '"city"'),
+        ({"type": "bash_20250124", "name": "bash"}, "bash", '"restart"'),
+        (
+            {"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"},
+            "str_replace_based_edit_tool",
+            '"old_str"',
+        ),
+    ],
+    ids=["custom", "bash", "text-editor"],
+)
+def test_client_tool_types_become_function_tools(
+    tool: dict[str, Any], name: str, in_prompt: str
+) -> None:
+    async def body() -> None:
+        async with serve() as h:
+            response = await h.client.post(MESSAGES, json=messages_body(tools=[tool]))
+            assert response.status_code == 200, response.text
+            prompt = last_prompt(h.coordinator)
+            assert f'"name": "{name}"' in prompt and in_prompt in prompt
+
+    run(body)
+
+
+def test_server_tools_stay_rejected() -> None:
+    async def body() -> None:
+        async with serve() as h:
+            tool = {"type": "web_search_20250305", "name": "web_search"}
+            response = await h.client.post(MESSAGES, json=messages_body(tools=[tool]))
+            assert response.status_code == 400
+            assert "server tools" in response.json()["error"]["message"]
+
+    run(body)
+
+
+def test_redacted_thinking_is_dropped() -> None:
+    async def body() -> None:
+        async with serve() as h:
+            history = [
+                {"role": "user", "content": "hi"},
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "redacted_thinking", "data": "SECRETBLOB"},
+                        {"type": "text", "text": "earlier answer"},
+                    ],
+                },
+                {"role": "user", "content": "again"},
+            ]
+            response = await h.client.post(MESSAGES, json=messages_body(messages=history))
+            assert response.status_code == 200, response.text
+            prompt = last_prompt(h.coordinator)
+            assert "earlier answer" in prompt and "SECRETBLOB" not in prompt
+
+            history[1]["content"] = [{"type": "redacted_thinking", "data": "SECRETBLOB"}]
+            response = await h.client.post(MESSAGES, json=messages_body(messages=history))
+            assert response.status_code == 200, response.text
+            assert "SECRETBLOB" not in last_prompt(h.coordinator)
+
+    run(body)

@@ -1,0 +1,97 @@
+"""LivenessWatch times each rank's loop: a rank that stops coming back is hung whether or not
+requests are in flight (issue 24: clients that gave up kept resetting the old clock)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from deepinfer_server.coordinator.liveness import LivenessWatch, heartbeat_interval
+
+
+def test_an_idle_rank_whose_loop_stops_is_hung() -> None:
+    async def body() -> list[str]:
+        hangs: list[str] = []
+        watch = LivenessWatch(2, 0.2, hangs.append)
+        loop = asyncio.get_running_loop()
+        watch.reported(0, loop.time())  # both ranks ready, nothing ever in flight
+        watch.reported(1, loop.time())
+        task = asyncio.ensure_future(watch.run())
+        while not task.done():  # rank 1 keeps coming back, rank 0 went silent
+            watch.reported(1, loop.time())
+            await asyncio.sleep(0.02)
+        return hangs
+
+    hangs = asyncio.run(asyncio.wait_for(body(), 10))
+    assert len(hangs) == 1
+    assert hangs[0].startswith("DP rank 0 completed no engine step or loop iteration for 0.2s")
+
+
+def test_ranks_that_keep_reporting_and_ranks_not_started_are_not_hung() -> None:
+    async def body() -> list[str]:
+        hangs: list[str] = []
+        watch = LivenessWatch(2, 0.2, hangs.append)  # rank 1 never reports: still starting
+        loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(watch.run())
+        for _ in range(40):  # 0.8 s: four timeouts
+            watch.reported(0, loop.time())
+            await asyncio.sleep(0.02)
+        task.cancel()
+        return hangs
+
+    assert asyncio.run(body()) == []
+
+
+def test_nothing_is_hung_while_the_watch_is_told_not_to_watch() -> None:
+    async def body() -> list[str]:
+        hangs: list[str] = []
+        watching = [False]
+        watch = LivenessWatch(1, 0.2, hangs.append, watching=lambda: watching[0])
+        watch.reported(0, asyncio.get_running_loop().time())
+        task = asyncio.ensure_future(watch.run())
+        await asyncio.sleep(0.6)  # silent for three timeouts while stopping
+        assert hangs == []
+        watching[0] = True
+        await asyncio.wait_for(task, 5)
+        return hangs
+
+    assert len(asyncio.run(body())) == 1
+
+
+def test_heartbeats_come_at_least_four_times_per_timeout() -> None:
+    assert heartbeat_interval(300) == 1.0
+    assert heartbeat_interval(0.4) == 0.1
+    assert heartbeat_interval(0) == 1.0
+
+
+@pytest.mark.e2e
+def test_a_hung_step_fails_the_service_after_its_client_gave_up() -> None:
+    """The issue's shape: the only request times out (its client gives up), so nothing is in
+    flight, yet the rank is stuck in step(): /health must turn 503 all the same."""
+    import httpx
+
+    from tests.server import LiveServer
+
+    args = (
+        "--sim-fault", "step-hang", "--sim-fault-after-steps", "2",
+        "--step-timeout", "1", "--request-timeout", "1",
+    )  # fmt: skip
+    with LiveServer(*args) as server:
+        body = {
+            "model": "deepseek-flash",
+            "messages": [{"role": "user", "content": "x " * 50}],
+            "max_tokens": 40,
+            "ignore_eos": True,
+        }
+        response = httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=30)
+        assert response.status_code == 408  # the request timed out: nothing is in flight
+        health = httpx.get(server.base_url + "/health", timeout=5)
+        for _ in range(100):
+            if health.status_code == 503:
+                break
+            time.sleep(0.1)
+            health = httpx.get(server.base_url + "/health", timeout=5)
+        assert health.status_code == 503
+        assert "completed no engine step or loop iteration" in health.json()["reason"]

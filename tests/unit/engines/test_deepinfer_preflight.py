@@ -1,0 +1,109 @@
+"""Preflight checks that mirror DeepInfer 0.1.0's own start-up checks (before any rank starts)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from deepinfer_server.engines.deepinfer.preflight import (
+    check_batch_limits,
+    check_checkpoint,
+    run_preflight,
+)
+from deepinfer_server.errors import ConfigError
+from tests.checkpoint import write_checkpoint
+from tests.paths import TESTS
+from tests.server import free_port
+
+STAND_IN = str(TESTS / "fake_deepinfer")
+
+
+@pytest.mark.parametrize(
+    ("max_model_len", "seqs", "batched", "env", "flag"),
+    [
+        # config.py:209-212: without chunked prefill a prompt must fit in one step
+        (32768, 16, 16384, {}, "--max-model-len 32768"),
+        # config.py:224-226: room for every running sequence and its draft tokens
+        (4096, 1025, 4096, {"DEEPINFER_USE_NEXTN_DECODE": "3"}, "--max-num-seqs 1025"),
+        # scheduler.hpp:116: at least one KV block per step
+        (64, 4, 100, {}, "at least 128"),
+        # scheduler.hpp:120-121
+        (8192, 16, None, {"DEEPINFER_PREFILL_MAX_SUM_SEQLEN_K": "4096"}, "SUM_SEQLEN_K=4096"),
+    ],
+)
+def test_batch_limits_the_engine_rejects_are_refused(
+    max_model_len: int, seqs: int, batched: int | None, env: dict[str, str], flag: str
+) -> None:
+    with pytest.raises(ConfigError, match=flag):
+        check_batch_limits(max_model_len, seqs, batched, env)
+
+
+def test_batch_limits_the_engine_accepts_pass() -> None:
+    check_batch_limits(32768, 16, None, {})  # DeepInfer's default: max(len, 4096, seqs*(1+n))
+    check_batch_limits(16384, 16, 16384, {"DEEPINFER_USE_NEXTN_DECODE": "5"})
+    check_batch_limits(32768, 256, 32768, {"DEEPINFER_USE_NEXTN_DECODE": "0"})
+
+
+def test_a_complete_checkpoint_passes(tmp_path: Path) -> None:
+    run_preflight(32768, 16, None, str(write_checkpoint(tmp_path / "ckpt")), environ={})
+
+
+def test_a_checkpoint_without_the_safetensors_index_is_refused(tmp_path: Path) -> None:
+    checkpoint = write_checkpoint(tmp_path / "ckpt")
+    (checkpoint / "model.safetensors.index.json").unlink()
+    with pytest.raises(ConfigError, match=r"no model\.safetensors\.index\.json"):
+        check_checkpoint(checkpoint)
+
+
+def test_a_missing_shard_is_refused(tmp_path: Path) -> None:
+    checkpoint = write_checkpoint(tmp_path / "ckpt")
+    (checkpoint / "model-00001-of-00001.safetensors").unlink()
+    with pytest.raises(ConfigError, match=r"missing shards.*model-00001-of-00001"):
+        check_checkpoint(checkpoint)
+
+
+def test_another_architecture_is_refused(tmp_path: Path) -> None:
+    checkpoint = write_checkpoint(tmp_path / "ckpt")
+    (checkpoint / "config.json").write_text(
+        json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"})
+    )
+    with pytest.raises(ConfigError, match="DeepseekV41ForCausalLM"):
+        check_checkpoint(checkpoint)
+
+
+def test_the_cli_refuses_before_any_rank_starts(tmp_path: Path) -> None:
+    checkpoint = write_checkpoint(tmp_path / "ckpt")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [STAND_IN, os.environ.get("PYTHONPATH")])),
+        "CUDA_VISIBLE_DEVICES": "0",
+    }
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "deepinfer_server", str(checkpoint)),
+            *("--port", str(free_port()), "--max-model-len", "8192"),
+            *("--max-num-batched-tokens", "4096"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("deepinfer-server: error: --max-num-batched-tokens 4096")
+    assert "rank" not in result.stderr.lower()
+
+
+def test_a_transformers_release_that_breaks_deepinfers_tokenizer_is_refused() -> None:
+    from deepinfer_server.engines.deepinfer.preflight import check_transformers
+
+    check_transformers("4.50.0")
+    check_transformers(None)  # not installed: DeepInfer's own import will say so
+    with pytest.raises(ConfigError, match=r"transformers 4\.50\.0.*with transformers 5\.24\.0"):
+        check_transformers("5.24.0")
