@@ -17,7 +17,7 @@ from tests.http.harness import MODEL, run, serve
 
 CHAT = "/v1/chat/completions"
 #: The steps after admission of one choice's path and of several choices' path.
-STEPS = [(1, "RequestRecord"), (1, "TokenStream"), (3, "RequestRecord"), (3, "token_stream")]
+STEPS = [(1, "RequestRecord"), (1, "TokenStream"), (3, "RequestRecord"), (3, "TokenStream")]
 STEPS.append((3, "ChoiceMerger"))
 
 

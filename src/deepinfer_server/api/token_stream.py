@@ -178,11 +178,11 @@ class TokenStream:
                 await self._send(
                     self.advance(batch.tokens, batch.finish, batch.arrived_at, batch.step_seconds)
                 )
-        except ApiError as exc:
+        except Exception as exc:
             ended_by = exc
             await self._send(self.opening())  # the error the caller writes comes after it
             raise
-        except (asyncio.CancelledError, GeneratorExit) as exc:
+        except BaseException as exc:  # its kind says why the engine request is aborted
             ended_by = exc
             raise
         finally:
@@ -206,13 +206,13 @@ class TokenStream:
                 )
                 if payloads or self.done:
                     yield payloads
-        except ApiError as exc:
+        except Exception as exc:
             ended_by = exc
             opening = self.opening()
             if opening:
                 yield opening  # the error the caller writes comes after it
             raise
-        except (asyncio.CancelledError, GeneratorExit) as exc:
+        except BaseException as exc:  # its kind says why the engine request is aborted
             ended_by = exc
             raise
         finally:
