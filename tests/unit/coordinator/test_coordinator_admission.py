@@ -24,8 +24,8 @@ from deepinfer_server.coordinator import coordinator as coordinator_module
 from deepinfer_server.coordinator.admission import Admission
 from deepinfer_server.coordinator.channels import RankChannels, bind_rank_listener
 from deepinfer_server.coordinator.coordinator import Coordinator
-from deepinfer_server.coordinator.prefix_routing import PrefixHint
 from deepinfer_server.coordinator.handle import RequestHandle
+from deepinfer_server.coordinator.prefix_routing import PrefixHint
 from deepinfer_server.errors import ApiError, OverloadedError, RequestTimeoutError
 from deepinfer_server.ipc.messages import AbortReason, Finish, GeneratedTokens, SamplingOptions
 from deepinfer_server.metrics import ServerMetrics
