@@ -98,13 +98,15 @@ COPY --from=build /opt/venv /opt/venv
 COPY --from=build /opt/DeepInfer /opt/DeepInfer
 COPY docker/entrypoint.sh /usr/local/bin/deepinfer-entrypoint
 
-# /cache is the one volume: Hugging Face downloads and remote code, and the kernel JIT cache.
+# /cache is the one volume: Hugging Face downloads and remote code, the kernel JIT cache, and
+# the server's state (the Responses store's SQLite file), which outlives the container there.
 ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:${PATH} \
     PYTHONPATH=/opt/DeepInfer \
     DEEPINFER_ACCELERATOR=nvidia \
     HF_HOME=/cache/huggingface \
-    DEEPINFER_JIT_CACHE_DIR=/cache/jit
+    DEEPINFER_JIT_CACHE_DIR=/cache/jit \
+    DEEPINFER_STATE_DIR=/cache/state
 VOLUME ["/cache"]
 
 # No HEALTHCHECK: a cold start (weights, JIT) can take up to the one-hour start-up timeout;

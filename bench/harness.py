@@ -142,6 +142,7 @@ def run_client(
     timing: bool = False,
     requests: int | None = None,
     frame_gaps: bool = False,
+    path: str = "/v1/chat/completions",
 ) -> dict[str, Any]:
     """Run bench/loadgen.py in its own process; returns its JSON result."""
     command = [
@@ -149,6 +150,8 @@ def run_client(
         str(HERE / "loadgen.py"),
         "--port",
         str(port),
+        "--path",
+        path,
         "--body",
         json.dumps(body),
         "--concurrency",

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the real clients that the client test lane (tests/clients, marker `clients`) drives:
-#   - npm: Claude Code and Codex CLI, into a project-local prefix (default .test-clients/);
+#   - npm: Claude Code, Codex CLI and the Vercel AI SDK (ai, @ai-sdk/openai, zod), into a
+#     project-local prefix (default .test-clients/);
 #   - pip: LiteLLM and LangChain's OpenAI integration, into the current Python environment.
 # Idempotent: a client already installed at the pinned version is skipped.
 # Usage: scripts/install-test-clients.sh [--npm-only | --pip-only]
@@ -10,6 +11,8 @@ set -euo pipefail
 
 CLAUDE_CODE_VERSION=2.1.332
 CODEX_VERSION=0.171.0
+# The AI SDK's default provider (createOpenAI: the Responses API with store: true).
+AI_SDK_PACKAGES=("ai@6.0.325" "@ai-sdk/openai@3.0.141" "zod@4.6.7")
 PIP_REQUIREMENTS=(
     "litellm>=1.110,<1.111"
     "langchain-openai>=1.7.4,<1.8"
@@ -38,7 +41,8 @@ if (( do_npm )); then
     command -v npm >/dev/null || { echo "npm is not installed: apt-get install -y nodejs npm" >&2; exit 1; }
     mkdir -p "$prefix"
     wanted=()
-    for spec in "@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION" "@openai/codex@$CODEX_VERSION"; do
+    for spec in "@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION" "@openai/codex@$CODEX_VERSION" \
+        "${AI_SDK_PACKAGES[@]}"; do
         name="${spec%@*}"
         version="${spec##*@}"
         if [[ "$(installed_npm_version "$name")" == "$version" ]]; then
@@ -53,6 +57,9 @@ if (( do_npm )); then
         npm install --prefix "$prefix" --no-audit --no-fund --loglevel=error \
             --foreground-scripts "${wanted[@]}"
     fi
+    for package in "${AI_SDK_PACKAGES[@]}"; do
+        echo "installed: ${package%@*} $(installed_npm_version "${package%@*}")"
+    done
     for bin in claude codex; do
         "$prefix/node_modules/.bin/$bin" --version </dev/null 2>/dev/null | tail -n 1 \
             | sed "s|^|installed: $bin -> |" \

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import openai
 import pytest
@@ -22,7 +23,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     e2e = pytest.mark.e2e
     for item in items:
         parts = item.path.relative_to(TESTS).parts
-        if parts and parts[0] in _E2E_FOLDERS:
+        uses_a_server = "shared_server" in getattr(item, "fixturenames", ())
+        if (parts and parts[0] in _E2E_FOLDERS) or uses_a_server:
             item.add_marker(e2e)
     if runs_on_twin():
         return
@@ -30,6 +32,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "deepinfer_twin" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The servers the tests start keep their state (the Responses store) in a temporary
+    directory, never in the user's."""
+    path = tmp_path_factory.mktemp("state")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DEEPINFER_STATE_DIR", str(path))
+        yield path
 
 
 MODEL = "deepseek-flash"

@@ -9,6 +9,7 @@
         ├── ContextLengthError    400 context_length_exceeded
         ├── AuthenticationError   401
         ├── ModelNotFoundError    404
+        ├── StoredObjectNotFound  404 a stored response or item (or 400: a previous response)
         ├── RequestTimeoutError   408 (request or body timeout)
         ├── RequestTooLargeError  413
         ├── OverloadedError       429 with Retry-After
@@ -16,6 +17,7 @@
         ├── ServiceUnavailableError 503
         │   ├── ShuttingDownError the server is draining or stopping
         │   └── ServiceFailedError a rank failed; the service needs a restart
+        ├── StoreUnavailableError 503 the Responses store cannot be read or written
         ├── ClientDisconnected    the client left (never sent; counted as 499)
         └── InternalError         a bug: 500, logged with its traceback and request ID
 
@@ -39,6 +41,9 @@ class ErrorKind(enum.StrEnum):
     AUTHENTICATION = "authentication"
     NOT_FOUND = "not_found"
     MODEL_NOT_FOUND = "model_not_found"
+    RESPONSE_NOT_FOUND = "response_not_found"
+    PREVIOUS_RESPONSE_NOT_FOUND = "previous_response_not_found"
+    ITEM_NOT_FOUND = "item_not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
     REQUEST_TIMEOUT = "request_timeout"
     REQUEST_TOO_LARGE = "request_too_large"
@@ -52,6 +57,7 @@ class ErrorKind(enum.StrEnum):
     SHUTTING_DOWN = "shutting_down"
     SERVICE_FAILED = "service_failed"
     TOO_MANY_CONNECTIONS = "too_many_connections"
+    STORE_UNAVAILABLE = "store_unavailable"
     CLIENT_DISCONNECTED = "client_disconnected"
     INTERNAL = "internal"
 
@@ -81,6 +87,16 @@ ERROR_TABLE: dict[ErrorKind, ErrorSpec] = {
     ErrorKind.NOT_FOUND: ErrorSpec(404, "not_found_error", "not_found", "not_found_error"),
     ErrorKind.MODEL_NOT_FOUND: ErrorSpec(
         404, "invalid_request_error", "model_not_found", "not_found_error"
+    ),
+    ErrorKind.RESPONSE_NOT_FOUND: ErrorSpec(
+        404, "not_found_error", "response_not_found", "not_found_error"
+    ),
+    # OpenAI answers an unknown `previous_response_id` with a 400 naming the parameter.
+    ErrorKind.PREVIOUS_RESPONSE_NOT_FOUND: ErrorSpec(
+        400, "invalid_request_error", "previous_response_not_found", "invalid_request_error"
+    ),
+    ErrorKind.ITEM_NOT_FOUND: ErrorSpec(
+        404, "not_found_error", "item_not_found", "not_found_error"
     ),
     ErrorKind.METHOD_NOT_ALLOWED: ErrorSpec(
         405, "invalid_request_error", "method_not_allowed", "invalid_request_error"
@@ -114,6 +130,9 @@ ERROR_TABLE: dict[ErrorKind, ErrorSpec] = {
     ),
     ErrorKind.TOO_MANY_CONNECTIONS: ErrorSpec(
         503, "service_unavailable", "too_many_connections", "overloaded_error"
+    ),
+    ErrorKind.STORE_UNAVAILABLE: ErrorSpec(
+        503, "service_unavailable", "response_store_unavailable", "overloaded_error"
     ),
     ErrorKind.CLIENT_DISCONNECTED: ErrorSpec(
         499, "invalid_request_error", "client_closed_request", "invalid_request_error"
@@ -200,6 +219,13 @@ class ModelNotFoundError(ApiError):
     kind = ErrorKind.MODEL_NOT_FOUND
 
 
+class StoredObjectNotFound(ApiError):
+    """A stored response or item that does not exist, expired, or belongs to another API key's
+    scope (all three look the same to the client)."""
+
+    kind = ErrorKind.RESPONSE_NOT_FOUND
+
+
 class RequestTimeoutError(ApiError):
     """The request ran longer than `--request-timeout` (or its body took too long)."""
 
@@ -250,6 +276,16 @@ class ServiceFailedError(ServiceUnavailableError):
     """A rank failed or hung; every request fails until the server is restarted."""
 
     kind = ErrorKind.SERVICE_FAILED
+
+
+class StoreUnavailableError(ApiError):
+    """The Responses store failed (its database is unreachable, locked or broken): only the
+    requests that need it fail."""
+
+    kind = ErrorKind.STORE_UNAVAILABLE
+
+    def __init__(self, message: str = "the response store is unavailable; retry later") -> None:
+        super().__init__(message)
 
 
 class ClientDisconnected(ApiError):

@@ -15,6 +15,12 @@ from functools import cache
 from typing import Any, cast
 
 import httpx
+import openai
+
+try:  # openai 3 talks through httpx2, earlier releases through httpx
+    import httpx2 as client_http
+except ImportError:  # pragma: no cover
+    client_http = httpx  # type: ignore[no-redef]
 
 from deepinfer_server.api.app import build_app
 from deepinfer_server.api.state import AppState
@@ -34,6 +40,7 @@ from deepinfer_server.model.tokenizer import embedded_tokenizer_json
 from deepinfer_server.protocol.core.images import ImageLimits
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.protocol.core.structured import StructuredOutputs
+from deepinfer_server.store import ResponseStore
 
 MODEL = "deepseek-flash"
 
@@ -153,6 +160,24 @@ class Harness:
     coordinator: FakeCoordinator
     metrics: ServerMetrics
     state: AppState
+    app: Any = None
+
+    def openai(self, api_key: str = "unused") -> openai.AsyncOpenAI:
+        """The official openai client, talking to the app in-process."""
+        transport = client_http.ASGITransport(app=self.app)
+        return openai.AsyncOpenAI(
+            base_url="http://test/v1",
+            api_key=api_key,
+            max_retries=0,
+            http_client=openai.DefaultAsyncHttpxClient(transport=transport),
+        )
+
+
+@cache
+def _structured() -> StructuredOutputs:
+    """One grammar compiler for the session: each starts its compile worker processes on first
+    use, seconds on a loaded machine, and every test of grammars would start its own."""
+    return StructuredOutputs(_tokenizer_json())
 
 
 @cache
@@ -175,8 +200,15 @@ def _recipe(
 
 
 @asynccontextmanager
-async def serve(*args: str, script: Script | None = None) -> AsyncIterator[Harness]:
-    """The app for `deepinfer-server --engine simulated ARGS`, with a fake coordinator."""
+async def serve(
+    *args: str,
+    script: Script | None = None,
+    structured: StructuredOutputs | None = None,
+    store: ResponseStore | None = None,
+) -> AsyncIterator[Harness]:
+    """The app for `deepinfer-server --engine simulated ARGS`, with a fake coordinator, the
+    session's grammar compiler (or `structured`) and `store` as its Responses store (none by
+    default)."""
     config = parse_config(["--engine", "simulated", "--max-model-len", "4096", *args])
     recipe = _recipe(
         config.served_model_names,
@@ -192,11 +224,13 @@ async def serve(*args: str, script: Script | None = None) -> AsyncIterator[Harne
         recipe=recipe,
         coordinator=cast(Coordinator, coordinator),
         metrics=metrics,
-        structured=StructuredOutputs(_tokenizer_json()),
+        structured=structured or _structured(),
+        store=store,
     )
-    transport = httpx.ASGITransport(app=build_app(state))
+    app = build_app(state)
+    transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-        yield Harness(client, coordinator, metrics, state)
+        yield Harness(client, coordinator, metrics, state, app)
 
 
 def run(test: Callable[[], Any], timeout: float = 30.0) -> Any:

@@ -9,6 +9,7 @@ import pytest
 
 from deepinfer_server.errors import EngineRequestError, ErrorKind, OverloadedError
 from deepinfer_server.ipc.messages import AbortReason, Finish
+from deepinfer_server.model.tokenizer import embedded_tokenizer_json
 from tests.dsml import WEATHER_TOOL, tool_calls_block
 from tests.http.harness import MODEL, Script, failures, run, serve
 
@@ -236,7 +237,8 @@ def test_structured_output_without_xgrammar_is_a_clear_400_but_strict_tools_stil
     monkeypatch.setattr(structured.Vocab, "from_tokenizer_json", unavailable)
 
     async def body() -> None:
-        async with serve() as h:
+        tokenizer_json = embedded_tokenizer_json()
+        async with serve(structured=structured.StructuredOutputs(tokenizer_json)) as h:
             response = await h.client.post(
                 CHAT,
                 json=chat_body(

@@ -23,6 +23,11 @@ from deepinfer_server.api.routes.meta import health, metrics, server_version
 from deepinfer_server.api.routes.models import list_models, retrieve_model
 from deepinfer_server.api.routes.openapi import openapi_json
 from deepinfer_server.api.routes.router_info import get_load, model_info, server_info
+from deepinfer_server.api.routes.stored_responses import (
+    delete_response,
+    list_input_items,
+    retrieve_response,
+)
 from deepinfer_server.api.sse import keep_server_send
 from deepinfer_server.api.state import AppState
 from deepinfer_server.errors import ApiError
@@ -66,6 +71,9 @@ def build_app(state: AppState) -> Starlette:
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/responses", responses, methods=["POST"]),
+        Route("/v1/responses/{response_id}", retrieve_response, methods=["GET"]),
+        Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
+        Route("/v1/responses/{response_id}/input_items", list_input_items, methods=["GET"]),
         Route("/v1/messages", messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),

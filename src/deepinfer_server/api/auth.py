@@ -47,7 +47,10 @@ class ApiKeyMiddleware:
         if scope["type"] != "http" or not scope["path"].startswith(PROTECTED_PREFIX):
             await self.app(scope, receive, send)
             return
-        if self._accepts(_presented_key(scope)):
+        presented = _presented_key(scope)
+        if self._accepts(presented):
+            # The Responses store's scope is the key (`api.stored_responses.request_scope`).
+            scope.setdefault("state", {})["api_key"] = presented
             await self.app(scope, receive, send)
             return
         # Each protocol's clients send the key their own way: say it their way.

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -69,6 +69,22 @@ class Choice(Protocol):
     def prompt_index(self) -> int: ...
 
 
+class Session(Protocol):
+    """A request that a protocol serves with state (the Responses store): its own preparation
+    and output, and what it does once the output is complete."""
+
+    @property
+    def response_id(self) -> str: ...
+
+    def prepare(self, body: dict[str, Any], recipe: RecipeContext) -> Any: ...
+
+    def make_output(self, prepared: Any, response_id: str, recipe: RecipeContext) -> Any: ...
+
+    async def finished(self) -> list[str]:
+        """After the request ended normally: the closing payloads its output held back."""
+        ...
+
+
 @dataclass(frozen=True)
 class GenerationProtocol:
     """How one client protocol prepares requests, frames its stream and shapes its errors."""
@@ -80,6 +96,9 @@ class GenerationProtocol:
     done_frame: bytes
     #: The stream's last message when the request fails after the stream started.
     error_frame: Callable[[ApiError], bytes]
+    #: A protocol with state: the session of a request that needs it (None: the stateless
+    #: path, exactly as for a protocol without state).
+    open_session: Callable[[Request, dict[str, Any]], Awaitable[Session | None]] | None = None
 
 
 async def serve_generation(request: Request, protocol: GenerationProtocol) -> Response:
@@ -93,11 +112,13 @@ async def serve_generation(request: Request, protocol: GenerationProtocol) -> Re
     arrival = time.perf_counter()
     received = await read_json_body(request, config)
     raw, body = received.raw, received.value
+    session = None if protocol.open_session is None else await protocol.open_session(request, body)
+    prepare = protocol.prepare if session is None else session.prepare
     # Images are decoded and resized while preparing: never on the event loop. Image URLs are
     # fetched on it, never on a preparation worker.
     on_thread = mentions_images(raw)
     prepared_any = await prepare_fetching_images(
-        lambda: state.prepare_body(protocol.prepare, body, len(raw), on_thread=on_thread),
+        lambda: state.prepare_body(prepare, body, len(raw), on_thread=on_thread),
         state.recipe.image_limits,
         request.receive,
     )
@@ -115,7 +136,7 @@ async def serve_generation(request: Request, protocol: GenerationProtocol) -> Re
     if choices[0].constraint is not None:
         # Compiling can take seconds: never on the event loop.
         structured = await asyncio.to_thread(state.structured.compile, choices[0].constraint)
-    response_id = f"{protocol.id_prefix}{request_id}"
+    response_id = f"{protocol.id_prefix}{request_id}" if session is None else session.response_id
 
     def submit(index: int) -> RequestHandle:
         sampling = choices[index].sampling
@@ -134,7 +155,9 @@ async def serve_generation(request: Request, protocol: GenerationProtocol) -> Re
     # `abandon` releases them however it ends); on every other exit, whatever is still open
     # is released here, so no path can keep a slot.
     try:
-        response = await _respond(request, protocol, choices, handles, response_id, arrival)
+        response = await _respond(
+            request, protocol, choices, handles, response_id, arrival, session
+        )
     except BaseException:
         _release(handles)
         raise
@@ -156,6 +179,7 @@ async def _respond(
     handles: list[RequestHandle],
     response_id: str,
     arrival: float,
+    session: Session | None,
 ) -> Response | SSEResponse:
     state: AppState = request.app.state.server
     records = [RequestRecord(arrival=arrival) for _ in choices]
@@ -163,21 +187,25 @@ async def _respond(
         record.prompt_tokens = Images.prompt_tokens(choice.prompt_token_ids, choice.images)
         record.admitted_at = time.perf_counter()
     request.state.record = records[0]
-    outputs = [protocol.make_output(choice, response_id, state.recipe) for choice in choices]
+    make_output = protocol.make_output if session is None else session.make_output
+    outputs = [make_output(choice, response_id, state.recipe) for choice in choices]
     if len(choices) > 1:
+        assert session is None, "a session serves a request of one choice"
         return await _serve_choices(request, protocol, choices, handles, outputs, records)
     stream = TokenStream(handles[0], outputs[0], records[0], state.metrics)
     if choices[0].stream:
         request_id: str = request.state.request_id
 
         async def write_body(write: FrameWriter) -> None:
-            await _stream(protocol, stream, write, state.metrics, request_id, records[0])
+            await _stream(protocol, stream, write, state.metrics, request_id, records[0], session)
 
         return SSEResponse(write_body, abandon=stream.abandon)
     try:
         await until_disconnect(request.receive, stream.run())
     finally:
         stream.abandon()
+    if session is not None:
+        await session.finished()
     return Response(outputs[0].response_json(), media_type="application/json")
 
 
@@ -246,10 +274,15 @@ async def _stream(
     metrics: ServerMetrics,
     request_id: str,
     record: RequestRecord,
+    session: Session | None = None,
 ) -> None:
     frames = protocol.frames
     try:
         await stream.run(lambda payloads: write(frames(payloads)))
+        if session is not None:  # the closing payloads wait for the session's work
+            closing = await session.finished()
+            if closing:
+                await complete(write(frames(closing)))
     except Exception as exc:
         await complete(write(_failed_stream_frame(protocol, exc, metrics, request_id, record)))
     if protocol.done_frame:

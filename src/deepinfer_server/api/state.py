@@ -15,6 +15,7 @@ from deepinfer_server.metrics import RankLoad, ServerMetrics
 from deepinfer_server.metrics.aggregate import Snapshot, merge_loads, merged_exposition
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.protocol.core.structured import StructuredOutputs
+from deepinfer_server.store import ResponseStore
 
 # Bodies larger than this are prepared on a worker thread, keeping the event loop responsive.
 LARGE_BODY_BYTES = 64 * 1024
@@ -46,7 +47,11 @@ class AppState:
     started_at: int = field(default_factory=lambda: int(time.time()))
     preparation: PreparationGate = field(default_factory=PreparationGate)
     peers: Peers | None = None
+    #: The Responses store (None: `--response-store none`).
+    store: ResponseStore | None = None
     _engine_requests: int = 0
+    #: Work that outlives its request (store writes still running), kept until done.
+    _background: set[asyncio.Future[Any]] = field(default_factory=set)
 
     async def prepare_body(
         self,
@@ -66,6 +71,19 @@ class AppState:
             self.config.admission_capacity,
             lambda: prepare(body, self.recipe),
         )
+
+    def background(
+        self, work: asyncio.Future[T], on_done: Callable[[asyncio.Future[T]], None]
+    ) -> None:
+        """Keep `work` alive until it is done, then call `on_done` with it."""
+        self._background.add(work)
+        work.add_done_callback(self._background.discard)
+        work.add_done_callback(on_done)
+
+    async def wait_background(self, timeout: float) -> None:
+        """Wait up to `timeout` seconds for the work still running (at shutdown)."""
+        if self._background:
+            await asyncio.wait(set(self._background), timeout=timeout)
 
     def next_engine_request_id(self, completion_id: str) -> str:
         """A request ID unique among live engine requests, even if clients reuse X-Request-Id."""

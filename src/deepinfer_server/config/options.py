@@ -160,6 +160,36 @@ class ServerConfig:
         "random key per start)",
         secret=True,
     )
+    state_dir: str | None = option(
+        None,
+        "--state-dir",
+        help="directory of the server's state: the embedded Responses store lives here "
+        "(default: $DEEPINFER_STATE_DIR, else $XDG_STATE_HOME/deepinfer-server, else "
+        "~/.local/state/deepinfer-server)",
+    )
+    response_store: str = option(
+        "sqlite",
+        "--response-store",
+        help="where the Responses API stores responses (`store`, `previous_response_id`, "
+        "`item_reference`, GET/DELETE /v1/responses/{id}): 'sqlite' (a file in --state-dir, "
+        "shared by every --api-server-count process), 'sqlite:///PATH', "
+        "'postgresql://USER:PASSWORD@HOST/DB' (shared by replicas; the store-postgres extra) "
+        "or 'none' (stateless, as with store: false) (default: %(default)s)",
+        secret=True,
+    )
+    response_store_ttl: str = option(
+        "30d",
+        "--response-store-ttl",
+        help="how long stored responses are kept, in seconds or with a unit: 3600, 12h, 30d "
+        "(default: %(default)s, as OpenAI keeps them)",
+    )
+    response_store_max_mb: int = option(
+        1024,
+        "--response-store-max-mb",
+        help="size cap of the stored responses (their JSON) in MiB; past it the oldest are "
+        "deleted (default: %(default)s)",
+        type=int,
+    )
     allowed_origins: tuple[str, ...] = option(
         (),
         "--allowed-origins",

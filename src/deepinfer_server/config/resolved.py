@@ -10,10 +10,16 @@ from __future__ import annotations
 import os
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 from deepinfer_server.config.media_origins import parse_origin
 from deepinfer_server.config.options import ServerConfig
+from deepinfer_server.config.response_store import (
+    default_state_dir,
+    parse_duration,
+    store_url,
+)
 from deepinfer_server.errors import ConfigError
 
 DEFAULT_SERVED_MODEL_NAME = "deepseek-flash"
@@ -67,6 +73,11 @@ class ResolvedConfig:
     get_load_format: Literal["vllm", "sglang"] = "vllm"
     api_server_count: int = 1
     stream_interval: int = 1
+    state_dir: str = ""
+    #: The Responses store (`store.location.store_url`), None when disabled.
+    response_store: str | None = field(default=None, repr=False)
+    response_store_ttl: float = 30 * 86400.0
+    response_store_max_bytes: int = 1024 * 1024 * 1024
 
     @property
     def served_model_name(self) -> str:
@@ -174,6 +185,10 @@ def _check_ranges(config: ServerConfig, max_model_len: int) -> None:
         raise ConfigError(f"--api-server-count must be at least 1, got {config.api_server_count}")
     if config.max_connections < 1:
         raise ConfigError(f"--max-connections must be at least 1, got {config.max_connections}")
+    if config.response_store_max_mb < 1:
+        raise ConfigError(
+            f"--response-store-max-mb must be at least 1, got {config.response_store_max_mb}"
+        )
 
 
 def resolve(
@@ -204,6 +219,9 @@ def resolve(
     )
     if any(not key for key in api_keys):
         raise ConfigError("--api-key must not be empty")
+    state_dir = (
+        Path(config.state_dir).expanduser().absolute() if config.state_dir else default_state_dir()
+    )
     return ResolvedConfig(
         engine=config.engine,
         engine_options=engine_options,
@@ -260,6 +278,10 @@ def resolve(
         get_load_format=config.get_load_format,
         api_server_count=config.api_server_count,
         stream_interval=config.stream_interval,
+        state_dir=str(state_dir),
+        response_store=store_url(config.response_store, state_dir),
+        response_store_ttl=parse_duration("--response-store-ttl", config.response_store_ttl),
+        response_store_max_bytes=config.response_store_max_mb * 1024 * 1024,
     )
 
 

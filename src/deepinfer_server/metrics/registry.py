@@ -265,6 +265,13 @@ class ServerMetrics:
         self.aborts = counter("request_abort", "Engine requests cut short, by reason.", ["reason"])
         for reason in AbortReason:
             self.aborts.labels(model_name, reason.value)
+        self.store_writes = counter(
+            "response_store_writes",
+            "Responses written to the Responses store, by result (stored, failed).",
+            ["result"],
+        )
+        for result in ("stored", "failed"):
+            self.store_writes.labels(model_name, result)
 
     def watch_ranks(
         self, rank_loads: Callable[[], Iterable[RankLoad]], healthy: Callable[[], bool]
@@ -280,6 +287,9 @@ class ServerMetrics:
 
     def observe_abort(self, reason: AbortReason) -> None:
         self.aborts.labels(self.model_name, reason.value).inc()
+
+    def observe_store_write(self, failed: bool) -> None:
+        self.store_writes.labels(self.model_name, "failed" if failed else "stored").inc()
 
     def observe_engine_request(self, record: RequestRecord) -> None:
         """Token counters and latency histograms of a request that reached the engine."""

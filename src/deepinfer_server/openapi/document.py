@@ -53,6 +53,28 @@ def _get(summary: str, content: dict[str, Any] | None = None, *, protected: bool
 
 
 _MODEL_ID = {"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}
+_RESPONSE_ID = {"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}
+_INCLUDE = {
+    "name": "include",
+    "in": "query",
+    "required": False,
+    "schema": {"type": "array", "items": {"type": "string"}},
+}
+_PAGE = [
+    {"name": "after", "in": "query", "required": False, "schema": {"type": "string"}},
+    {
+        "name": "limit",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "integer", "minimum": 1, "maximum": 100},
+    },
+    {
+        "name": "order",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "string", "enum": ["asc", "desc"]},
+    },
+]
 _LOAD_FORMAT = {
     "name": "format",
     "in": "query",
@@ -69,8 +91,20 @@ OPERATIONS: dict[tuple[str, str], Schema] = {
         "OpenAI legacy completions, as vLLM serves them", "CompletionRequest", "OpenAIError"
     ),
     ("post", "/v1/responses"): _generation(
-        "OpenAI Responses (stateless)", "ResponsesRequest", "OpenAIError"
+        "OpenAI Responses (stored unless store: false)", "ResponsesRequest", "OpenAIError"
     ),
+    ("get", "/v1/responses/{response_id}"): {
+        **_get("A stored response; 404 in another API key's scope", protected=True),
+        "parameters": [_RESPONSE_ID, _INCLUDE],
+    },
+    ("delete", "/v1/responses/{response_id}"): {
+        **_get("Delete a stored response", protected=True),
+        "parameters": [_RESPONSE_ID],
+    },
+    ("get", "/v1/responses/{response_id}/input_items"): {
+        **_get("A stored response's input items, a page at a time", protected=True),
+        "parameters": [_RESPONSE_ID, _INCLUDE, *_PAGE],
+    },
     ("post", "/v1/messages"): _generation(
         "Anthropic Messages", "MessagesRequest", "AnthropicError"
     ),

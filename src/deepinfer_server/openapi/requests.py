@@ -289,9 +289,24 @@ RESPONSES: Schema = obj(
         ),
         "include": nullable(array(string())),
         "n": nullable(integer(1, 1, "The Responses API has no n")),
-        "store": nullable(boolean_false("this server stores no responses")),
+        "store": nullable(
+            {
+                "type": "boolean",
+                "description": "Store the response (default true, as OpenAI); true is a 400 "
+                "on a server without a store (--response-store none)",
+            }
+        ),
         "background": nullable(boolean_false("background responses are not supported")),
-        "previous_response_id": {"type": "null", "description": "Not supported (no store)"},
+        "previous_response_id": nullable(
+            {
+                "type": "string",
+                "description": "Continue a stored response (its whole conversation comes first)",
+            }
+        ),
+        "conversation": {
+            "type": "null",
+            "description": "Not supported: the Conversations API is not served",
+        },
         "metadata": nullable(_ANY_OBJECT),
         "user": string(),
     },

@@ -41,7 +41,14 @@ from deepinfer_server.metrics import ServerMetrics
 from deepinfer_server.metrics.aggregate import Snapshot, take_snapshot
 from deepinfer_server.model.tokenizer import load_tokenizer_json
 from deepinfer_server.rank.proc import die_with_parent
-from deepinfer_server.server.http import build_server, create_recipe, run_loop, wait_for_ranks
+from deepinfer_server.server.http import (
+    WRITES_AT_SHUTDOWN,
+    build_server,
+    create_recipe,
+    response_store,
+    run_loop,
+    wait_for_ranks,
+)
 
 logger = logging.getLogger("deepinfer_server")
 
@@ -164,17 +171,20 @@ async def _serve(spec: WorkerSpec) -> int:
         failed = await wait_for_ranks(coordinator, config.startup_timeout, [signal.SIGTERM])
         if failed is not None:
             return failed
-        server = build_server(
-            config,
-            recipe,
-            tokenizer_json,
-            coordinator,
-            metrics,
-            peers=peers,
-            signals=[signal.SIGTERM],
-            on_started=lambda: control.send(Serving()),
-        )
-        await server.serve(sockets=[spec.listener])
+        async with response_store(config, evicts=spec.index == 0) as store:
+            server = build_server(
+                config,
+                recipe,
+                tokenizer_json,
+                coordinator,
+                metrics,
+                peers=peers,
+                signals=[signal.SIGTERM],
+                on_started=lambda: control.send(Serving()),
+                store=store,
+            )
+            await server.serve(sockets=[spec.listener])
+            await server.state.wait_background(WRITES_AT_SHUTDOWN)
         if not server.started:
             return 1
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the supervisor says when to exit

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import signal
 import socket
-from collections.abc import Callable, Coroutine, Generator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Sequence
 from types import FrameType
 from typing import Any
 
@@ -30,16 +30,22 @@ from deepinfer_server.concurrency import first_of
 from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.coordinator.coordinator import Coordinator
 from deepinfer_server.engines.registry import get_backend
-from deepinfer_server.errors import ShuttingDownError, StartupError
+from deepinfer_server.errors import ShuttingDownError, StartupError, StoreUnavailableError
 from deepinfer_server.metrics import ServerMetrics
 from deepinfer_server.model.tokenizer import prompt_id_bound
 from deepinfer_server.protocol.core.images import ImageLimits
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.protocol.core.structured import StructuredOutputs
+from deepinfer_server.store import ResponseStore
+from deepinfer_server.store.location import open_store
 
 logger = logging.getLogger("deepinfer_server")
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: Seconds between two evictions of expired (and over-cap) responses from the store.
+EVICT_INTERVAL = 60.0
+#: Seconds store writes still running at shutdown may take.
+WRITES_AT_SHUTDOWN = 5.0
 
 
 class HttpServer(uvicorn.Server):
@@ -82,6 +88,10 @@ class HttpServer(uvicorn.Server):
         if self.force_exit:  # a second signal: stop draining now
             asyncio.get_event_loop().call_soon_threadsafe(self._forced.set)
 
+    @property
+    def state(self) -> AppState:
+        return self._state
+
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         if self.started and self._on_started is not None:
@@ -100,6 +110,34 @@ class HttpServer(uvicorn.Server):
             await first_of(self._forced.wait(), coordinator.wait_idle(grace))
         coordinator.fail_all(ShuttingDownError())
         await super().shutdown(sockets)
+
+
+@contextlib.asynccontextmanager
+async def response_store(
+    config: ResolvedConfig, *, evicts: bool
+) -> AsyncIterator[ResponseStore | None]:
+    """This process's connection to the Responses store (None without one), evicting old
+    responses now and then when `evicts` (one API server process of several does)."""
+    if config.response_store is None:
+        yield None
+        return
+    store = open_store(
+        config.response_store,
+        ttl=config.response_store_ttl,
+        max_bytes=config.response_store_max_bytes,
+    )
+    with contextlib.suppress(StoreUnavailableError):  # logged; the requests that need it: 503
+        await store.open()
+    logger.info("[startup] Responses store: %s", store.description)
+    eviction = asyncio.ensure_future(store.evict_periodically(EVICT_INTERVAL)) if evicts else None
+    try:
+        yield store
+    finally:
+        if eviction is not None:
+            eviction.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await eviction
+        await store.close()
 
 
 def create_recipe(
@@ -136,6 +174,7 @@ def build_server(
     peers: Peers | None = None,
     signals: Sequence[signal.Signals] = STOP_SIGNALS,
     on_started: Callable[[], None] | None = None,
+    store: ResponseStore | None = None,
 ) -> HttpServer:
     """The app and its uvicorn server for one API server process (ranks already ready)."""
     state = AppState(
@@ -145,6 +184,7 @@ def build_server(
         metrics=metrics,
         structured=StructuredOutputs(tokenizer_json),
         peers=peers,
+        store=store,
     )
     return HttpServer(
         uvicorn.Config(

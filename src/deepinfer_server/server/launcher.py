@@ -24,8 +24,10 @@ from deepinfer_server.coordinator.coordinator import Coordinator
 from deepinfer_server.errors import ConfigError
 from deepinfer_server.metrics import ServerMetrics
 from deepinfer_server.server.http import (
+    WRITES_AT_SHUTDOWN,
     build_server,
     log_serving,
+    response_store,
     run_loop,
     wait_for_ranks,
 )
@@ -62,10 +64,17 @@ async def serve(config: ResolvedConfig, prepared: Prepared) -> int:
             if failed is not None:
                 return failed
             log_serving(config, prepared.master_port)
-            server = build_server(
-                config, prepared.recipe, prepared.tokenizer_json, coordinator, metrics
-            )
-            await server.serve()
+            async with response_store(config, evicts=True) as store:
+                server = build_server(
+                    config,
+                    prepared.recipe,
+                    prepared.tokenizer_json,
+                    coordinator,
+                    metrics,
+                    store=store,
+                )
+                await server.serve()
+                await server.state.wait_background(WRITES_AT_SHUTDOWN)
             if not server.started:
                 return 1
             return 0

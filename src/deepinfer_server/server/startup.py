@@ -19,6 +19,7 @@ from deepinfer_server.model.tokenizer import load_tokenizer_json
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.rank.spec import RankSpec
 from deepinfer_server.server.http import create_recipe
+from deepinfer_server.store.location import check_store
 
 #: Seconds the ranks get to stop at an agreed iteration before they are killed.
 RANK_STOP_TIMEOUT = 15.0
@@ -41,6 +42,8 @@ def prepare(config: ResolvedConfig) -> Prepared:
     backend.check_installed()
     checkpoint = resolve_model(config.model, backend)
     backend.preflight(config, checkpoint)
+    if config.response_store is not None:
+        check_store(config.response_store)
     master_port = choose_master_port(config.port)
     tokenizer_json = load_tokenizer_json(checkpoint)
     try:

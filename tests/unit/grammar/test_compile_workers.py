@@ -18,6 +18,9 @@ from deepinfer_server.grammar._xgr import Vocab
 from deepinfer_server.model.tokenizer import embedded_tokenizer_json
 from tests.unit.engines.test_simulated_engine import make_engine, prompt, read
 
+#: Real compile worker processes, killed at their time and memory bounds: seconds per test.
+pytestmark = pytest.mark.e2e
+
 TRIVIAL = {"schema_type": "regex", "schema": "(yes|no)"}
 #: Minutes to compile, and gigabytes (measured: 4 KiB of it takes 15 s and 145 MB of RSS).
 SLOW = {"schema_type": "regex", "schema": "\\w{1,5}-" * 2048}

@@ -65,6 +65,7 @@ def _run(engine: LLMEngine, ids: set[str]) -> dict[str, str]:
     return finished
 
 
+@pytest.mark.e2e  # the simulated engine with real compile workers, each case to its bound
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_each_case_ends_alone_and_the_engine_keeps_serving(
     case: GrammarAbuseCase, api_compiler: GrammarCompiler, engine: LLMEngine

@@ -153,7 +153,8 @@ def restore_reasoning(body: dict[str, Any], seal: ReasoningSeal) -> tuple[dict[s
     return {**body, "input": restored}, conversation.digest
 
 
-def _reasoning_text(item: dict[str, Any]) -> str:
+def reasoning_text(item: dict[str, Any]) -> str:
+    """The text of a reasoning item's `reasoning_text` parts."""
     parts = item.get("content") or []
     return "".join(p.get("text", "") for p in parts if p.get("type") == "reasoning_text")
 
@@ -173,7 +174,7 @@ class ReasoningItems:
     ) -> dict[str, Any]:
         """The item as sent (reasoning sealed after `conversation`), which it then joins."""
         if item.get("type") == "reasoning":
-            text = _reasoning_text(item)
+            text = reasoning_text(item)
             item = dict(item)
             if self._asked.summary and text:
                 item["summary"] = [{"type": "summary_text", "text": text}]

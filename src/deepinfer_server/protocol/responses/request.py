@@ -41,18 +41,26 @@ class PreparedResponses:
 
 
 def _reject_stateful_options(body: dict[str, Any]) -> None:
-    """This server keeps no conversation state: previous responses cannot be referenced."""
+    """What only the store serves (it takes these fields out of the bodies it prepares), and
+    what this server serves in no case."""
     if body.get("previous_response_id") is not None:
         raise BadRequestError(
-            "previous_response_id is not supported: this server stores no responses; send the "
-            "whole conversation in `input`",
+            "previous_response_id is not supported: this server stores no responses "
+            "(--response-store none); send the whole conversation in `input`",
             param="previous_response_id",
         )
     if optional_bool(body, "store"):
         raise BadRequestError(
-            "store: true is not supported: this server stores no responses; omit `store` or "
-            "set it to false",
+            "store: true is not supported: this server stores no responses "
+            "(--response-store none); omit `store` or set it to false",
             param="store",
+        )
+    if body.get("conversation") is not None:
+        raise BadRequestError(
+            "the Conversations API is not served: continue a conversation with "
+            "`previous_response_id`, or send it whole in `input`",
+            param="conversation",
+            kind=ErrorKind.UNSUPPORTED,
         )
     if optional_bool(body, "background"):
         raise BadRequestError("background responses are not supported", param="background")

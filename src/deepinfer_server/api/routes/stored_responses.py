@@ -1,0 +1,131 @@
+"""GET and DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items: the Responses store.
+
+Every read is in the request's scope (`api.stored_responses.request_scope`): a response stored
+under another API key is a 404, word for word as one that never existed. A store outage is a
+503 (`StoreUnavailableError`); without a store (`--response-store none`) every ID is a 404.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from deepinfer_server.api.state import AppState
+from deepinfer_server.api.stored_responses import request_scope
+from deepinfer_server.errors import BadRequestError, ErrorKind
+from deepinfer_server.protocol.responses.reasoning import (
+    ENCRYPTED_CONTENT,
+    ReasoningItems,
+    ReasoningRequest,
+    conversation_digest,
+)
+from deepinfer_server.protocol.responses.stored import response_not_found
+from deepinfer_server.store import BrokenHistory, ResponseStore
+
+#: The most input items one page lists (OpenAI's bound), and a page's default.
+MAX_PAGE = 100
+DEFAULT_PAGE = 20
+_NO_STORE_HINT = " This server stores no responses (--response-store none)."
+
+
+def _json(body: dict[str, Any]) -> Response:
+    return Response(orjson.dumps(body), media_type="application/json")
+
+
+def _store(request: Request, response_id: str) -> ResponseStore:
+    state: AppState = request.app.state.server
+    if state.store is None:
+        raise response_not_found(response_id, _NO_STORE_HINT)
+    return state.store
+
+
+def _include(request: Request) -> list[str]:
+    params = request.query_params
+    return [*params.getlist("include"), *params.getlist("include[]")]
+
+
+async def retrieve_response(request: Request) -> Response:
+    """The stored response; `include=reasoning.encrypted_content` seals its reasoning for the
+    conversation as stored."""
+    response_id: str = request.path_params["response_id"]
+    store = _store(request, response_id)
+    if request.query_params.get("stream", "false").lower() == "true":
+        raise BadRequestError(
+            "replaying a stored response as a stream is not supported; omit `stream`",
+            param="stream",
+            kind=ErrorKind.UNSUPPORTED,
+        )
+    scope = await request_scope(request, store)
+    stored = await store.response(scope, response_id)
+    if stored is None:
+        raise response_not_found(response_id)
+    body = stored.body
+    if ENCRYPTED_CONTENT in _include(request):
+        try:
+            history = await store.history(scope, response_id) or []
+        except BrokenHistory:  # sealed after what is left of the conversation
+            history = []
+        inputs = history[: len(history) - len(stored.output_items)]
+        asked = ReasoningRequest(encrypted=True, conversation=conversation_digest(inputs))
+        state: AppState = request.app.state.server
+        body = ReasoningItems(asked, state.recipe.reasoning_seal).response(body)
+    return _json(body)
+
+
+async def delete_response(request: Request) -> Response:
+    response_id: str = request.path_params["response_id"]
+    store = _store(request, response_id)
+    if not await store.delete(await request_scope(request, store), response_id):
+        raise response_not_found(response_id)
+    return _json({"id": response_id, "object": "response", "deleted": True})
+
+
+def _limit(request: Request) -> int:
+    raw = request.query_params.get("limit")
+    if raw is None:
+        return DEFAULT_PAGE
+    try:
+        limit = int(raw)
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= MAX_PAGE:
+        raise BadRequestError(f"'limit' must be an integer from 1 to {MAX_PAGE}", param="limit")
+    return limit
+
+
+def _order(request: Request) -> Literal["asc", "desc"]:
+    order = request.query_params.get("order", "desc")
+    if order == "asc":
+        return "asc"
+    if order == "desc":
+        return "desc"
+    raise BadRequestError("'order' must be 'asc' or 'desc'", param="order")
+
+
+async def list_input_items(request: Request) -> Response:
+    """The response's own input items (item references resolved), a page at a time."""
+    response_id: str = request.path_params["response_id"]
+    store = _store(request, response_id)
+    limit, order = _limit(request), _order(request)
+    page = await store.input_items(
+        await request_scope(request, store),
+        response_id,
+        after=request.query_params.get("after"),
+        limit=limit,
+        order=order,
+    )
+    if page is None:
+        raise response_not_found(response_id)
+    ids = [item.get("id") for item in page.items]
+    return _json(
+        {
+            "object": "list",
+            "data": page.items,
+            "first_id": ids[0] if ids else None,
+            "last_id": ids[-1] if ids else None,
+            "has_more": page.has_more,
+        }
+    )

@@ -1,0 +1,196 @@
+"""The Responses store around one `POST /v1/responses`: what is read before, written after.
+
+`open_session` decides: a request that neither stores (`store: false`) nor continues stored
+state (`previous_response_id`, item references) takes the stateless path unchanged. Otherwise
+its session expands the input from the store before preparation (a store outage: 503, before
+anything reaches the engine), and after generation writes the response with the request's own
+input items. The write waits for nothing on the token path: a stored stream's deltas go out as
+they come, and only its terminal event (or the JSON body) waits for the write, bounded by
+`WRITE_WAIT`, so that a client that sends its next turn at once finds this one stored, whichever
+API server process or replica answers it. A write that fails is logged and counted
+(`response_store_writes{result="failed"}`); the client gets its answer all the same.
+
+Scope: the API key the request authenticated with, as an HMAC under the store's salt (the key is
+never stored), or "none" on a server without `--api-key`. A stored object read in another scope
+is a 404, exactly as if it did not exist.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import time
+import uuid
+from typing import Any
+
+from starlette.requests import Request
+
+from deepinfer_server.api.state import AppState
+from deepinfer_server.errors import BadRequestError
+from deepinfer_server.protocol.core.recipe import RecipeContext
+from deepinfer_server.protocol.core.validation import optional_bool
+from deepinfer_server.protocol.responses.output import (
+    ResponsesOutput,
+    StoredEcho,
+    responses_output,
+)
+from deepinfer_server.protocol.responses.reasoning import restore_reasoning
+from deepinfer_server.protocol.responses.request import PreparedResponses, prepare_responses
+from deepinfer_server.protocol.responses.stored import (
+    check_previous_response_id,
+    input_list,
+    previous_not_found,
+    referenced_ids,
+    resolve_references,
+    seal_stored_reasoning,
+    storable_response,
+    with_id,
+)
+from deepinfer_server.store import BrokenHistory, ResponseStore
+from deepinfer_server.store.records import NewResponse
+
+logger = logging.getLogger(__name__)
+
+#: Seconds a response's last event (or body) waits for its write; a write still running then
+#: finishes in the background.
+WRITE_WAIT = 2.0
+#: Fields of the body the session serves itself (the preparation rejects them otherwise).
+_STORE_FIELDS = ("store", "previous_response_id")
+_STORED_STATUSES = frozenset({"completed", "incomplete"})
+#: The scope of every request on a server without API keys.
+NO_AUTH_SCOPE = "none"
+
+
+async def request_scope(request: Request, store: ResponseStore) -> str:
+    """Who may read what this request stores: its API key as a keyed hash, or "none"."""
+    key: bytes | None = getattr(request.state, "api_key", None)
+    if key is None:
+        return NO_AUTH_SCOPE
+    return hmac.new(await store.scope_salt(), key, hashlib.sha256).hexdigest()
+
+
+def _client_chose_request_id(request: Request) -> bool:
+    return "x-request-id" in request.headers
+
+
+class StoredSession:
+    """One Responses request the store serves (see the module docstring)."""
+
+    def __init__(
+        self,
+        state: AppState,
+        store: ResponseStore,
+        scope: str,
+        response_id: str,
+        stored: bool,
+        previous_response_id: str | None,
+    ) -> None:
+        self._state = state
+        self._store = store
+        self._scope = scope
+        self.response_id = response_id
+        self._stored = stored
+        self._previous = previous_response_id
+        self._body: dict[str, Any] = {}
+        self._own_input: list[Any] = []
+        self._output: ResponsesOutput | None = None
+
+    async def expand(self, body: dict[str, Any]) -> None:
+        """Read what the request continues from the store: the body to prepare, and the
+        request's own input items as they will be stored."""
+        history: list[Any] = []
+        if self._previous is not None:
+            try:
+                found = await self._store.history(self._scope, self._previous)
+            except BrokenHistory as broken:
+                raise previous_not_found(broken.missing) from None
+            if found is None:
+                raise previous_not_found(self._previous)
+            history = found
+        own = [with_id(item) for item in input_list(body)]
+        wanted = referenced_ids(own)
+        found_items = await self._store.items(self._scope, wanted) if wanted else {}
+        own, from_store = resolve_references(own, found_items)
+        trusted = set(range(len(history))) | {len(history) + index for index in from_store}
+        expanded = seal_stored_reasoning(
+            [*history, *own], trusted, self._state.recipe.reasoning_seal
+        )
+        restored, _ = restore_reasoning({"input": expanded}, self._state.recipe.reasoning_seal)
+        self._own_input = restored["input"][len(history) :]
+        self._body = {k: v for k, v in body.items() if k not in _STORE_FIELDS}
+        self._body["input"] = expanded
+
+    def prepare(self, body: dict[str, Any], recipe: RecipeContext) -> PreparedResponses:
+        """`prepare_responses` on the expanded body (the one passed in is the client's)."""
+        return prepare_responses(self._body, recipe)
+
+    def make_output(
+        self, prepared: PreparedResponses, response_id: str, recipe: RecipeContext
+    ) -> ResponsesOutput:
+        self._output = responses_output(
+            prepared, response_id, recipe, StoredEcho(self._stored, self._previous)
+        )
+        return self._output
+
+    async def finished(self) -> list[str]:
+        """Store the finished response (when asked to); the held closing payloads."""
+        output = self._output
+        assert output is not None, "finished() before make_output()"
+        if not self._stored:
+            return []
+        response = output.final if output.final is not None else output.response()
+        if response.get("status") in _STORED_STATUSES:
+            await self._write(response)
+        return output.held
+
+    async def _write(self, response: dict[str, Any]) -> None:
+        record = NewResponse(
+            self.response_id,
+            self._scope,
+            time.time(),
+            storable_response(response),
+            self._own_input,
+            self._previous,
+        )
+        write = asyncio.ensure_future(self._store.save(record))
+        self._state.background(write, self._on_written)
+        done, _ = await asyncio.wait({write}, timeout=WRITE_WAIT)
+        if not done:
+            logger.warning(
+                "response store: storing %s takes more than %gs; answering without waiting",
+                self.response_id,
+                WRITE_WAIT,
+            )
+
+    def _on_written(self, write: asyncio.Future[None]) -> None:
+        failed = write.cancelled() or write.exception() is not None
+        self._state.metrics.observe_store_write(failed)
+        if failed:
+            logger.warning(
+                "response store: %s was not stored; its answer was sent", self.response_id
+            )
+
+
+async def open_session(request: Request, body: dict[str, Any]) -> StoredSession | None:
+    """The session of a Responses request the store serves, or None (the stateless path)."""
+    state: AppState = request.app.state.server
+    store = state.store
+    if store is None:
+        return None  # the preparation refuses what needs a store, as without one
+    stored = optional_bool(body, "store", default=True)
+    previous = check_previous_response_id(body)
+    references = referenced_ids(input_list(body), reasoning=False)
+    if not stored and previous is None and not references:
+        return None
+    if optional_bool(body, "background"):
+        raise BadRequestError("background responses are not supported", param="background")
+    request_id: str = request.state.request_id
+    # Stored IDs must be unique: a client's X-Request-Id may repeat.
+    unique = uuid.uuid4().hex if stored and _client_chose_request_id(request) else request_id
+    session = StoredSession(
+        state, store, await request_scope(request, store), f"resp_{unique}", stored, previous
+    )
+    await session.expand(body)
+    return session

@@ -1,0 +1,11 @@
+"""The Responses store: stored responses and their items, on SQLite or PostgreSQL.
+
+Persistence only: this package knows rows, scopes and expiry, never the Responses protocol
+(the API layer decides what is stored and how it is resolved). Every call is async and never
+blocks the event loop (aiosqlite runs SQLite on a thread of its own; psycopg is asynchronous).
+"""
+
+from deepinfer_server.store.records import ItemPage, StoredResponse
+from deepinfer_server.store.sql import BrokenHistory, ResponseStore
+
+__all__ = ["BrokenHistory", "ItemPage", "ResponseStore", "StoredResponse"]

@@ -1,0 +1,43 @@
+"""open_store: the Responses store at a `--response-store` URL (`config.response_store`), and
+the start-up check of an SQLite file."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from deepinfer_server.errors import ConfigError
+from deepinfer_server.store.sql import SCHEMA, ResponseStore
+from deepinfer_server.store.sqlite import SqliteDatabase
+
+
+def open_store(url: str, *, ttl: float, max_bytes: int) -> ResponseStore:
+    """The store at `url` (not connected yet: `await store.open()`)."""
+    if url.startswith("sqlite://"):
+        return ResponseStore(
+            SqliteDatabase(Path(url.removeprefix("sqlite://"))), ttl=ttl, max_bytes=max_bytes
+        )
+    from deepinfer_server.store.postgres import PostgresDatabase  # the optional extra
+
+    return ResponseStore(PostgresDatabase(url), ttl=ttl, max_bytes=max_bytes)
+
+
+def check_store(url: str) -> None:
+    """Before anything starts: an SQLite store's file can be created and written (ConfigError
+    saying what to change otherwise). A PostgreSQL store is not checked: a database that is down
+    fails only the requests that need it, until it is back."""
+    if not url.startswith("sqlite://"):
+        return
+    path = Path(url.removeprefix("sqlite://"))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with sqlite3.connect(path, timeout=5) as connection:
+            connection.execute("PRAGMA journal_mode = WAL")
+            for statement in SCHEMA:
+                connection.execute(statement)
+        connection.close()
+    except (OSError, sqlite3.Error) as exc:
+        raise ConfigError(
+            f"cannot open the response store {path}: {exc} (choose a writable --state-dir, "
+            "another --response-store, or --response-store none)"
+        ) from exc

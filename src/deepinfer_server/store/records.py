@@ -1,0 +1,46 @@
+"""What the Responses store holds and hands back: responses, their items, pages of items."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+#: A Responses item (input or output) as JSON: `{"type": ..., "id": ..., ...}`.
+Item = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class NewResponse:
+    """A finished response to store, with the request's own input items (each with an `id`)."""
+
+    id: str
+    #: Who may read it back (`api.store_scope`): a keyed hash of the API key, or "none".
+    scope: str
+    created_at: float
+    #: The response object as the client received it (its `output` included).
+    body: dict[str, Any]
+    input_items: list[Item]
+    previous_response_id: str | None = None
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    """A stored response read back."""
+
+    id: str
+    created_at: float
+    body: dict[str, Any]
+    previous_response_id: str | None = None
+
+    @property
+    def output_items(self) -> list[Item]:
+        output = self.body.get("output")
+        return output if isinstance(output, list) else []
+
+
+@dataclass(frozen=True)
+class ItemPage:
+    """One page of a response's input items, in the order asked."""
+
+    items: list[Item] = field(default_factory=list)
+    has_more: bool = False

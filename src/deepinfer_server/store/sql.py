@@ -1,0 +1,409 @@
+"""ResponseStore: the Responses store's schema and queries, the same on SQLite and PostgreSQL.
+
+Two tables: `responses` (one row per stored response: its scope, creation time, the response
+object, the response it continues) and `items` (every input and output item of a response, by
+position: inputs first, then outputs), plus `store_meta` (the schema version and the salt of the
+scope hashes). A conversation continued with `previous_response_id` is a chain of responses;
+its items are read back by walking the chain (a recursive query), so no response repeats its
+ancestors' items. Rows older than the time to live are never read and are deleted by `evict()`,
+which also deletes the oldest responses while the stored bytes exceed the size cap.
+
+Every write is one short transaction. Database failures surface as `StoreUnavailableError`
+(503) for the request that needed the store, and nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+import orjson
+
+from deepinfer_server.errors import StoreUnavailableError
+from deepinfer_server.store.records import Item, ItemPage, NewResponse, StoredResponse
+
+logger = logging.getLogger(__name__)
+
+SCHEMA_VERSION = "1"
+#: The deepest `previous_response_id` chain read back (a guard; chains are acyclic).
+MAX_CHAIN = 100_000
+
+SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS store_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    """CREATE TABLE IF NOT EXISTS responses (
+        id TEXT PRIMARY KEY,
+        scope TEXT NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL,
+        previous_response_id TEXT,
+        input_count INTEGER NOT NULL,
+        bytes BIGINT NOT NULL,
+        body TEXT NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS responses_by_age ON responses (created_at, id)",
+    """CREATE TABLE IF NOT EXISTS items (
+        response_id TEXT NOT NULL,
+        position INTEGER NOT NULL,
+        item_id TEXT NOT NULL,
+        scope TEXT NOT NULL,
+        body TEXT NOT NULL,
+        PRIMARY KEY (response_id, position)
+    )""",
+    "CREATE INDEX IF NOT EXISTS items_by_id ON items (scope, item_id)",
+)
+
+_CHAIN = """
+WITH RECURSIVE chain(id, previous_response_id, depth) AS (
+    SELECT id, previous_response_id, 0 FROM responses
+        WHERE id = ? AND scope = ? AND created_at >= ?
+    UNION ALL
+    SELECT r.id, r.previous_response_id, chain.depth + 1
+        FROM responses r JOIN chain ON r.id = chain.previous_response_id
+        WHERE r.scope = ? AND r.created_at >= ? AND chain.depth < ?
+)
+SELECT id, previous_response_id, depth FROM chain ORDER BY depth DESC
+"""
+
+#: The newest response past which the stored bytes exceed the cap (it and older ones go).
+_SIZE_CUTOFF = """
+SELECT created_at, id FROM (
+    SELECT created_at, id, SUM(bytes) OVER (ORDER BY created_at DESC, id DESC) AS newer
+    FROM responses
+) AS ranked WHERE newer > ? ORDER BY created_at DESC, id DESC LIMIT 1
+"""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One statement of a write transaction; `many`: `params` is a list of parameter rows."""
+
+    sql: str
+    params: Sequence[Any] = ()
+    many: bool = False
+
+
+class Database(Protocol):
+    """One SQL database (`sqlite.SqliteDatabase`, `postgres.PostgresDatabase`): `?`
+    placeholders, every call asynchronous."""
+
+    #: What the database raises when it fails (unreachable, locked, full, broken).
+    errors: tuple[type[BaseException], ...]
+    #: For log lines: the database without its credentials.
+    description: str
+
+    async def open(self) -> None: ...
+
+    async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
+
+    async def write(self, steps: Sequence[Step]) -> list[int]:
+        """Run the steps in one transaction; the rows each changed."""
+        ...
+
+    async def create_schema(self, statements: Sequence[str]) -> None:
+        """Run the schema statements once (safe when several processes start together)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class BrokenHistory(Exception):
+    """A response of the chain is stored but one it continues expired or was deleted."""
+
+    def __init__(self, missing: str) -> None:
+        super().__init__(missing)
+        self.missing = missing
+
+
+class ResponseStore:
+    """The stored responses of every API server process (and replica) that shares `database`.
+
+    `ttl` (seconds): responses older than this are neither read nor kept; `max_bytes`: past
+    this many stored bytes (response objects and items as JSON), `evict()` deletes the oldest.
+    """
+
+    def __init__(self, database: Database, *, ttl: float, max_bytes: int) -> None:
+        self._db = database
+        self.ttl = ttl
+        self.max_bytes = max_bytes
+        self._ready = False
+        self._salt: bytes | None = None
+
+    @property
+    def description(self) -> str:
+        return self._db.description
+
+    async def open(self) -> None:
+        """Connect and create the schema (raises StoreUnavailableError when it cannot)."""
+        async with self._failures("open"):
+            await self._prepare()
+
+    async def close(self) -> None:
+        with contextlib.suppress(*self._db.errors):
+            await self._db.close()
+
+    async def scope_salt(self) -> bytes:
+        """The salt of this store's scope hashes, made once per store (shared by replicas)."""
+        if self._salt is None:
+            async with self._failures("read the scope salt"):
+                await self._prepare()
+                self._salt = await self._read_salt()
+        return self._salt
+
+    async def save(self, response: NewResponse) -> None:
+        """Store a finished response and its items (one transaction)."""
+        body = orjson.dumps(response.body).decode()
+        inputs = [orjson.dumps(item).decode() for item in response.input_items]
+        outputs = [orjson.dumps(item).decode() for item in _output_items(response.body)]
+        rows = [
+            (response.id, position, str(item.get("id", "")), response.scope, text)
+            for position, (item, text) in enumerate(
+                zip(
+                    [*response.input_items, *_output_items(response.body)],
+                    [*inputs, *outputs],
+                    strict=True,
+                )
+            )
+        ]
+        size = len(body) + sum(len(text) for text in inputs) + sum(len(text) for text in outputs)
+        steps = [
+            Step(
+                "INSERT INTO responses (id, scope, created_at, previous_response_id, "
+                "input_count, bytes, body) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    response.id,
+                    response.scope,
+                    response.created_at,
+                    response.previous_response_id,
+                    len(inputs),
+                    size,
+                    body,
+                ),
+            )
+        ]
+        if rows:
+            steps.append(
+                Step(
+                    "INSERT INTO items (response_id, position, item_id, scope, body) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    rows,
+                    many=True,
+                )
+            )
+        async with self._failures("store a response"):
+            await self._prepare()
+            await self._db.write(steps)
+
+    async def response(self, scope: str, response_id: str) -> StoredResponse | None:
+        """The response, or None when it is not stored for this scope (or expired)."""
+        async with self._failures("read a response"):
+            await self._prepare()
+            rows = await self._db.fetch(
+                "SELECT id, created_at, previous_response_id, body FROM responses "
+                "WHERE id = ? AND scope = ? AND created_at >= ?",
+                (response_id, scope, self._oldest()),
+            )
+        if not rows:
+            return None
+        found, created_at, previous, body = rows[0]
+        return StoredResponse(found, float(created_at), orjson.loads(body), previous)
+
+    async def history(self, scope: str, response_id: str) -> list[Item] | None:
+        """Every item of the conversation up to and including the response's output, oldest
+        first: each response of its `previous_response_id` chain contributes its input items,
+        then its output items. None when the response is not stored for this scope; raises
+        BrokenHistory when a response it continues is gone."""
+        oldest = self._oldest()
+        async with self._failures("read a conversation"):
+            await self._prepare()
+            chain = await self._db.fetch(
+                _CHAIN, (response_id, scope, oldest, scope, oldest, MAX_CHAIN)
+            )
+            if not chain:
+                return None
+            first_previous = chain[0][1]
+            if first_previous is not None:
+                raise BrokenHistory(first_previous)
+            ids = [row[0] for row in chain]
+            rows = await self._db.fetch(
+                "SELECT response_id, position, body FROM items WHERE response_id IN ("
+                + ", ".join("?" * len(ids))
+                + ") ORDER BY response_id, position",
+                ids,
+            )
+        order = {found: index for index, found in enumerate(ids)}
+        rows.sort(key=lambda row: (order[row[0]], row[1]))
+        return [orjson.loads(row[2]) for row in rows]
+
+    async def items(self, scope: str, item_ids: Sequence[str]) -> dict[str, Item]:
+        """The stored items with these IDs (inputs or outputs of unexpired responses of this
+        scope), by ID; IDs not found are left out."""
+        wanted = sorted(set(item_ids))
+        if not wanted:
+            return {}
+        async with self._failures("read items"):
+            await self._prepare()
+            rows = await self._db.fetch(
+                "SELECT i.item_id, i.body FROM items i JOIN responses r ON r.id = i.response_id "
+                "WHERE i.scope = ? AND r.created_at >= ? AND i.item_id IN ("
+                + ", ".join("?" * len(wanted))
+                + ") ORDER BY r.created_at, i.position",
+                (scope, self._oldest(), *wanted),
+            )
+        return {item_id: orjson.loads(body) for item_id, body in rows}
+
+    async def input_items(
+        self,
+        scope: str,
+        response_id: str,
+        *,
+        after: str | None = None,
+        limit: int = 20,
+        order: Literal["asc", "desc"] = "desc",
+    ) -> ItemPage | None:
+        """One page of the response's own input items; None when the response is not stored
+        for this scope. `after`: an item ID of the previous page (pages continue past it)."""
+        async with self._failures("list input items"):
+            await self._prepare()
+            found = await self._db.fetch(
+                "SELECT input_count FROM responses WHERE id = ? AND scope = ? AND created_at >= ?",
+                (response_id, scope, self._oldest()),
+            )
+            if not found:
+                return None
+            count = int(found[0][0])
+            low, high = 0, count
+            if after is not None:
+                cursor = await self._db.fetch(
+                    "SELECT MIN(position) FROM items WHERE response_id = ? AND item_id = ? "
+                    "AND position < ?",
+                    (response_id, after, count),
+                )
+                position = cursor[0][0] if cursor else None
+                if position is None:
+                    return ItemPage()
+                low, high = (position + 1, count) if order == "asc" else (0, position)
+            direction = "ASC" if order == "asc" else "DESC"
+            rows = await self._db.fetch(
+                "SELECT body FROM items WHERE response_id = ? AND position >= ? AND position < ? "
+                f"ORDER BY position {direction} LIMIT ?",
+                (response_id, low, high, limit + 1),
+            )
+        items = [orjson.loads(row[0]) for row in rows[:limit]]
+        return ItemPage(items, has_more=len(rows) > limit)
+
+    async def delete(self, scope: str, response_id: str) -> bool:
+        """Delete the response and its items; False when it is not stored for this scope."""
+        async with self._failures("delete a response"):
+            await self._prepare()
+            changed = await self._db.write(
+                [
+                    Step(
+                        "DELETE FROM items WHERE response_id IN (SELECT id FROM responses "
+                        "WHERE id = ? AND scope = ? AND created_at >= ?)",
+                        (response_id, scope, self._oldest()),
+                    ),
+                    Step(
+                        "DELETE FROM responses WHERE id = ? AND scope = ? AND created_at >= ?",
+                        (response_id, scope, self._oldest()),
+                    ),
+                ]
+            )
+        return changed[-1] > 0
+
+    async def evict(self) -> int:
+        """Delete expired responses, then the oldest while the store exceeds its size cap;
+        the number of responses deleted."""
+        async with self._failures("evict old responses"):
+            await self._prepare()
+            deleted = await self._delete_before(self._oldest(), None)
+            cutoff = await self._db.fetch(_SIZE_CUTOFF, (self.max_bytes,))
+            if cutoff:
+                created_at, last = cutoff[0]
+                deleted += await self._delete_before(float(created_at), str(last))
+        if deleted:
+            logger.info("response store: evicted %d response(s)", deleted)
+        return deleted
+
+    async def evict_periodically(self, interval: float) -> None:
+        """`evict()` now and then every `interval` seconds, until cancelled (a failure is
+        logged and tried again next time)."""
+        while True:
+            with contextlib.suppress(StoreUnavailableError):
+                await self.evict()
+            await asyncio.sleep(interval)
+
+    async def _delete_before(self, created_at: float, last: str | None) -> int:
+        """Delete responses older than `created_at` (and, with `last`, those created at that
+        time whose ID sorts up to `last`)."""
+        where = "created_at < ?"
+        params: tuple[Any, ...] = (created_at,)
+        if last is not None:
+            where += " OR (created_at = ? AND id <= ?)"
+            params = (created_at, created_at, last)
+        items = f"DELETE FROM items WHERE response_id IN (SELECT id FROM responses WHERE {where})"
+        changed = await self._db.write(
+            [Step(items, params), Step(f"DELETE FROM responses WHERE {where}", params)]
+        )
+        return changed[-1]
+
+    def _oldest(self) -> float:
+        """The creation time of the oldest response still alive."""
+        return time.time() - self.ttl
+
+    async def _prepare(self) -> None:
+        if self._ready:
+            return
+        await self._db.open()
+        await self._db.create_schema(SCHEMA)
+        await self._db.write(
+            [
+                Step(
+                    "INSERT INTO store_meta (name, value) VALUES (?, ?) ON CONFLICT (name) "
+                    "DO NOTHING",
+                    ("schema_version", SCHEMA_VERSION),
+                ),
+                Step(
+                    "INSERT INTO store_meta (name, value) VALUES (?, ?) ON CONFLICT (name) "
+                    "DO NOTHING",
+                    ("scope_salt", secrets.token_hex(32)),
+                ),
+            ]
+        )
+        version = await self._db.fetch(
+            "SELECT value FROM store_meta WHERE name = ?", ("schema_version",)
+        )
+        if version[0][0] != SCHEMA_VERSION:
+            raise StoreUnavailableError(
+                f"the response store {self._db.description} has schema version "
+                f"{version[0][0]}; this server reads version {SCHEMA_VERSION}"
+            )
+        self._ready = True
+
+    async def _read_salt(self) -> bytes:
+        rows = await self._db.fetch("SELECT value FROM store_meta WHERE name = ?", ("scope_salt",))
+        return bytes.fromhex(rows[0][0])
+
+    @contextlib.asynccontextmanager
+    async def _failures(self, doing: str) -> AsyncIterator[None]:
+        """Database failures as StoreUnavailableError (logged once here)."""
+        try:
+            yield
+        except self._db.errors as exc:
+            logger.warning(
+                "response store %s: cannot %s: %s: %s",
+                self._db.description,
+                doing,
+                type(exc).__name__,
+                exc,
+            )
+            raise StoreUnavailableError() from exc
+
+
+def _output_items(body: dict[str, Any]) -> list[Item]:
+    output = body.get("output")
+    return [item for item in output if isinstance(item, dict)] if isinstance(output, list) else []
