@@ -28,6 +28,7 @@ class _Output:
         self.client_finish_reason: str | None = None
         self._fail_on = fail_on
         self.cached_tokens: int | None = None
+        self.pushed: list[list[int]] = []
 
     def start(self, cached_tokens: int = 0) -> list[str]:
         assert self.cached_tokens is None, "started twice"
@@ -35,6 +36,7 @@ class _Output:
         return ["start"]
 
     def push(self, tokens: GeneratedTokens) -> list[str]:
+        self.pushed.append(list(tokens.token_ids))
         if self._fail_on in tokens.token_ids:
             raise RuntimeError("parser failure")
         return [str(token) for token in tokens.token_ids]
@@ -316,6 +318,9 @@ def test_the_opening_waits_for_the_engine_and_carries_its_cached_tokens() -> Non
         task = asyncio.ensure_future(h.stream.run(h.write))
         await h.begin(cached_tokens=1408)
         assert h.output.cached_tokens == 1408
+        # Nothing is pushed for the engine's first delta (a completions echo waits for the
+        # prompt logprobs that come with the first token).
+        assert h.output.pushed == []
         h.deliver(1, finish=Finish.STOP)
         await asyncio.wait_for(task, 5)
         assert h.written == [["start"], ["1", "end:STOP"]]

@@ -114,7 +114,11 @@ class TokenStream:
         engine or the parser ended the request."""
         output = self._output
         record = self._record
-        opening = None if self._opened else self.opening()
+        opening = None
+        if not self._opened:
+            opening = self.opening()
+            if not (len(tokens) or tokens.prompt_logprobs is not None or finish is not None):
+                return opening  # the engine took the request; the output has nothing yet
         if not output.finished:
             record.on_tokens(arrived_at, len(tokens), step_seconds)
         payloads = output.push(tokens)
