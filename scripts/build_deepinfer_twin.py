@@ -10,6 +10,10 @@ installed CPU torch. Two gaps are filled at build time, outside DeepInfer's sour
   placed first maps `std::format` and `std::format_string` onto {fmt}, header-only (the copy
   torch ships in its include directory, so no system package is needed).
 
+The module's init (`MODULE_INIT`, the build's own file) also adds `_C.twin_probe`, read-only
+accessors for what DeepInfer keeps in C++ and binds to no Python name: a sequence's block table
+and the block managers' reference counts (the prefix-cache property tests check them).
+
 DeepInfer declares Python >= 3.12, and two of its class headers use PEP 695's `class X[T]:`;
 on Python 3.11 those two lines are rewritten to `class X(Generic[T]):` (the only 3.12 syntax in
 the release: `REWRITES_FOR_PY311`). Nothing else in its sources changes.
@@ -101,7 +105,9 @@ void pymodule_init(pybind11::module &m) {
 MODULE_INIT = """\
 #include <torch/extension.h>
 #include "cuda_utils.hpp"
+#include "engine/block_manager.hpp"
 #include "engine/pybind.hpp"
+#include "engine/sequence.hpp"
 
 PYBIND11_MODULE(_C, m) {
     pybind11::module cuda_utils = m.def_submodule("cuda_utils", "DeepInfer cuda utils (CPU build)");
@@ -112,6 +118,16 @@ PYBIND11_MODULE(_C, m) {
     // build gets them from its package layout, this one from its init.
     pybind11::module::import("sys").attr("modules")["deepinfer._C.engine"] = engine;
     pybind11::module::import("sys").attr("modules")["deepinfer._C.cuda_utils"] = cuda_utils;
+    // The twin's probe (tests only): what DeepInfer keeps in C++ and binds to no Python name.
+    pybind11::module probe = m.def_submodule("twin_probe", "the CPU twin's read-only probe");
+    probe.def("block_table", [](Sequence &seq) { return seq.cache.block_table; }, py::arg("seq"));
+    probe.def("ref_counts", [](BlockManager &manager) {
+        std::vector<int> counts;
+        counts.reserve(manager.blocks._blocks.size());
+        for (auto &block : manager.blocks._blocks) counts.push_back(block.ref_count);
+        return counts;
+    }, py::arg("manager"));
+    pybind11::module::import("sys").attr("modules")["deepinfer._C.twin_probe"] = probe;
 }
 """
 

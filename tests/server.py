@@ -177,8 +177,10 @@ class LiveServer:
         for _ in range(attempts):
             request_id = f"probe-{next(_probes)}"
             headers = {"X-Request-Id": request_id, **extra_headers}
+            # A process's first request with tools waits for its grammar compiler's first
+            # compile: tens of seconds on a loaded 2-core machine.
             response = httpx.request(
-                method, self.base_url + path, headers=headers, timeout=30, **kwargs
+                method, self.base_url + path, headers=headers, timeout=120, **kwargs
             )
             answers.setdefault(self.answered_by(request_id), response)
             if len(answers) == self.api_servers:

@@ -4,6 +4,10 @@
 the prelude below builds one DP rank's `LLMEngine` exactly as the server's rank does
 (`engines/deepinfer/engine.py`), wraps it in the server's `LLMEngineDriver`, and gives `body`
 helpers to add requests and iterate; `body` assigns `RESULT`, which comes back as JSON.
+`engine` options change what is built: `prefix_cache` (the server's `PrefixCacheSettings`
+fields: the engine is the server's prefix-caching subclass), `max_num_seqs`, `max_model_len`,
+`context_parallel_size`; `build: False` builds nothing (the body builds the engine and assigns
+ENGINE). `run_in_twin_ranks` runs one such process per DP rank at once.
 """
 
 from __future__ import annotations
@@ -31,12 +35,24 @@ from deepinfer_server.ipc.messages import AddRequest, SamplingOptions, Structure
 from tokenizers import Tokenizer
 
 CHECKPOINT = sys.argv[1]
+OPTIONS = json.loads(sys.argv[2])
 TOKENIZER = Tokenizer.from_file(os.path.join(CHECKPOINT, "tokenizer.json"))
-ENGINE = LLMEngine.from_engine_args(EngineArgs(
-    model=CHECKPOINT, max_model_len=4096, max_num_seqs=8, data_parallel_size=1,
-    stop_preempted_request=False,
-))
-DRIVER = LLMEngineDriver(ENGINE, RequestOutput)
+ENGINE_CLASS = LLMEngine
+if OPTIONS.get("prefix_cache") is not None:
+    from deepinfer_server.engines.deepinfer.prefix_cache import (
+        PrefixCacheSettings, prefix_caching_engine,
+    )
+    ENGINE_CLASS = prefix_caching_engine(LLMEngine, PrefixCacheSettings(**OPTIONS["prefix_cache"]))
+CP = OPTIONS.get("context_parallel_size", 1)
+if OPTIONS.get("build", True):
+    ENGINE = ENGINE_CLASS.from_engine_args(EngineArgs(
+        model=CHECKPOINT, max_model_len=OPTIONS.get("max_model_len", 4096),
+        max_num_seqs=OPTIONS.get("max_num_seqs", 8),
+        data_parallel_size=OPTIONS.get("data_parallel_size", 1),
+        engine_rank=OPTIONS.get("engine_rank", 0), context_parallel_size=CP,
+        stop_preempted_request=False,
+    ))
+    DRIVER = LLMEngineDriver(ENGINE, RequestOutput)
 
 def prompt(text):
     rendered = f"<｜begin▁of▁sentence｜><｜User｜>{text}<｜Assistant｜></think>"
@@ -77,18 +93,14 @@ ENGINE.close()
 """
 
 
-def run_in_twin(
-    checkpoint: Path, body: str, env: dict[str, str] | None = None, timeout: float = 240
-) -> Any:
-    """Run `body` after the prelude in a twin process; what it put in RESULT."""
-    script = PRELUDE + textwrap.dedent(body) + EPILOGUE
-    environment = {
+def _environment(env: dict[str, str] | None, gpus: str, master_port: int) -> dict[str, str]:
+    return {
         **os.environ,
         "PYTHONPATH": engine_pythonpath(),
-        "CUDA_VISIBLE_DEVICES": "0",
+        "CUDA_VISIBLE_DEVICES": gpus,
         "MASTER_ADDR": "127.0.0.1",
         # DeepInfer's rendezvous is MASTER_PORT - 50.
-        "MASTER_PORT": str(free_port() + 50),
+        "MASTER_PORT": str(master_port),
         "DEEPINFER_USE_NEXTN_DECODE": "0",
         "DEEPINFER_USE_MULTIMODAL_POOL": "0",
         "DEEPINFER_PREFILL_ATTEMPT_INTERVAL": "1",
@@ -96,16 +108,68 @@ def run_in_twin(
         "TOKENIZERS_PARALLELISM": "false",
         **(env or {}),
     }
+
+
+def _result(returncode: int, stdout: str, stderr: str) -> Any:
+    for line in reversed(stdout.splitlines()):
+        if line.startswith("RESULT="):
+            return json.loads(line[len("RESULT=") :])
+    raise AssertionError(f"the twin script failed ({returncode}):\n{stderr[-6000:]}")
+
+
+def run_in_twin(
+    checkpoint: Path,
+    body: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 240,
+    engine: dict[str, Any] | None = None,
+) -> Any:
+    """Run `body` after the prelude in a twin process; what it put in RESULT."""
+    script = PRELUDE + textwrap.dedent(body) + EPILOGUE
+    options = engine or {}
+    gpus = ",".join(str(gpu) for gpu in range(options.get("context_parallel_size", 1)))
     completed = subprocess.run(
-        [sys.executable, "-c", script, str(checkpoint)],
+        [sys.executable, "-c", script, str(checkpoint), json.dumps(options)],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=environment,
+        env=_environment(env, gpus, free_port() + 50),
     )
-    for line in reversed(completed.stdout.splitlines()):
-        if line.startswith("RESULT="):
-            return json.loads(line[len("RESULT=") :])
-    raise AssertionError(
-        f"the twin script failed ({completed.returncode}):\n{completed.stderr[-4000:]}"
-    )
+    return _result(completed.returncode, completed.stdout, completed.stderr)
+
+
+def run_in_twin_ranks(
+    checkpoint: Path,
+    body: str,
+    ranks: int,
+    env: dict[str, str] | None = None,
+    timeout: float = 240,
+    engine: dict[str, Any] | None = None,
+) -> list[Any]:
+    """`run_in_twin` on `ranks` DP ranks of one engine group at once (one process each, as the
+    server's ranks); each rank's RESULT. `body` must iterate in lockstep on every rank."""
+    script = PRELUDE + textwrap.dedent(body) + EPILOGUE
+    master_port = free_port() + 50
+    processes = []
+    for rank in range(ranks):
+        options = {**(engine or {}), "data_parallel_size": ranks, "engine_rank": rank}
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, "-c", script, str(checkpoint), json.dumps(options)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=_environment(env, str(rank), master_port),
+            )
+        )
+    results = []
+    try:
+        for process in processes:
+            stdout, stderr = process.communicate(timeout=timeout)
+            results.append(_result(process.returncode, stdout, stderr))
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+    return results

@@ -28,6 +28,8 @@ class Peers(Protocol):
 
     #: This process's number (0-based) among the API server processes.
     index: int
+    #: Whether every API server process serves (the supervisor says so once they all do).
+    all_serving: bool
 
     async def snapshots(self, metrics: bool = True) -> list[Snapshot]:
         """Every other process's rank loads, and its metrics unless `metrics` is False (those

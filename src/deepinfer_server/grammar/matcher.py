@@ -120,6 +120,8 @@ class SimulatedMatcher:
         self._raw = [*(text for text in literals if text.startswith("</")), *_CANDIDATES["raw"]]
         self._text = b""
         self._plan: list[int] | None = None
+        #: The plan came from `follow()`: once it runs out, plan again.
+        self._followed = False
         #: False once a search found no completion within the bounds: no more planning.
         self._planning = True
 
@@ -136,6 +138,15 @@ class SimulatedMatcher:
     def constrained(self) -> bool:
         """True once the grammar applies (trigger seen, or forced after the bound token)."""
         return self.bound_fired or self.progress >= len(self.trigger)
+
+    def follow(self, tokens: Sequence[int]) -> None:
+        """Take `tokens` as the start of the plan: ids the caller checked that the grammar
+        takes in a row from where the constraint starts (a whole completion ends in EOS).
+        Call it before the first constrained token. Preferred tokens that match them are
+        emitted without planning (each still checked against the bitmask); once they run
+        out the matcher plans the rest itself."""
+        self._plan = list(tokens)
+        self._followed = True
 
     def choose(self, preferred: int) -> int:
         """The token to emit instead of `preferred`; the matcher advances past it.
@@ -161,8 +172,9 @@ class SimulatedMatcher:
         self._matcher.fill_next_token_bitmask(self._bitmask)
         self.stats.mask_seconds += time.perf_counter() - started
         self.stats.masked_tokens += 1
-        if self._plan is None:
+        if self._plan is None or (self._followed and not self._plan):
             # Best effort when nothing fits: a valid prefix, cut by max_tokens ("length").
+            self._followed = False
             self._plan = self._complete(self._matcher, self._text, self.remaining) or []
         token = self._pick(preferred)
         if not self._allowed(token):  # a plan token the grammar does not take here

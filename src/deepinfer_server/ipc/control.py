@@ -24,6 +24,12 @@ class Serving:
 
 
 @dataclass(frozen=True)
+class AllServing:
+    """Supervisor -> API server process: every API server process serves; until then /health
+    says the server is still starting (a readiness probe must not route to half a server)."""
+
+
+@dataclass(frozen=True)
 class Failed:
     """Both ways: the service has failed for `reason` (the first reason wins everywhere)."""
 
@@ -79,7 +85,16 @@ class Pong:
 
 
 ControlMessage = (
-    Serving | Failed | RankReport | Drained | Exit | SnapshotRequest | SnapshotReply | Ping | Pong
+    Serving
+    | AllServing
+    | Failed
+    | RankReport
+    | Drained
+    | Exit
+    | SnapshotRequest
+    | SnapshotReply
+    | Ping
+    | Pong
 )
 
 

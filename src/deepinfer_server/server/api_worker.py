@@ -26,6 +26,7 @@ from deepinfer_server.coordinator.admission import SharedAdmission
 from deepinfer_server.coordinator.channels import RankChannels
 from deepinfer_server.coordinator.coordinator import Coordinator
 from deepinfer_server.ipc.control import (
+    AllServing,
     ControlChannel,
     Drained,
     Exit,
@@ -89,6 +90,7 @@ class ControlPeers:
         metrics: ServerMetrics,
     ) -> None:
         self.index = index
+        self.all_serving = False
         self._others = count - 1
         self._control = control
         self._coordinator = coordinator
@@ -121,6 +123,8 @@ class ControlPeers:
         while (message := await self._control.receive()) is not None:
             if isinstance(message, Ping):
                 self._control.send(Pong())
+            elif isinstance(message, AllServing):
+                self.all_serving = True
             elif isinstance(message, Failed):
                 self._coordinator.fail_service(message.reason)
             elif isinstance(message, SnapshotRequest):

@@ -28,6 +28,7 @@ from deepinfer_server.coordinator.admission import shared_slots
 from deepinfer_server.coordinator.channels import bind_rank_listener
 from deepinfer_server.coordinator.failure_cause import FailureCause
 from deepinfer_server.ipc.control import (
+    AllServing,
     ControlChannel,
     ControlMessage,
     Drained,
@@ -240,6 +241,8 @@ class Supervisor:
             self._changed.set()
             if all(w.serving for w in self._workers):
                 log_serving(self._config, self._master_port)
+                for other in self._workers:
+                    other.control.send(AllServing())
         elif isinstance(message, Drained):
             worker.drained = True
             self._changed.set()

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from deepinfer_server.errors import ConfigError
-from deepinfer_server.store.sql import Step
+from deepinfer_server.store.database import Step
 
 STATEMENT_TIMEOUT_MS = 5000
 CONNECT_TIMEOUT = 5.0

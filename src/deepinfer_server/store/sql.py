@@ -20,12 +20,12 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import orjson
 
 from deepinfer_server.errors import StoreUnavailableError
+from deepinfer_server.store.database import Database, Step
 from deepinfer_server.store.records import Item, ItemPage, NewResponse, StoredResponse
 
 logger = logging.getLogger(__name__)
@@ -76,39 +76,6 @@ SELECT created_at, id FROM (
     FROM responses
 ) AS ranked WHERE newer > ? ORDER BY created_at DESC, id DESC LIMIT 1
 """
-
-
-@dataclass(frozen=True)
-class Step:
-    """One statement of a write transaction; `many`: `params` is a list of parameter rows."""
-
-    sql: str
-    params: Sequence[Any] = ()
-    many: bool = False
-
-
-class Database(Protocol):
-    """One SQL database (`sqlite.SqliteDatabase`, `postgres.PostgresDatabase`): `?`
-    placeholders, every call asynchronous."""
-
-    #: What the database raises when it fails (unreachable, locked, full, broken).
-    errors: tuple[type[BaseException], ...]
-    #: For log lines: the database without its credentials.
-    description: str
-
-    async def open(self) -> None: ...
-
-    async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
-
-    async def write(self, steps: Sequence[Step]) -> list[int]:
-        """Run the steps in one transaction; the rows each changed."""
-        ...
-
-    async def create_schema(self, statements: Sequence[str]) -> None:
-        """Run the schema statements once (safe when several processes start together)."""
-        ...
-
-    async def close(self) -> None: ...
 
 
 class BrokenHistory(Exception):

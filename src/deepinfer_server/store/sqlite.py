@@ -19,7 +19,7 @@ from typing import Any
 
 import aiosqlite
 
-from deepinfer_server.store.sql import Step
+from deepinfer_server.store.database import Step
 
 BUSY_TIMEOUT_MS = 5000
 

@@ -279,3 +279,25 @@ def test_a_recomputed_sequence_longer_than_one_step_budget_still_runs() -> None:
         finished.update({rid: reason for rid, _, reason in read(engine.step()) if reason})
     finished.update({rid: r for rid, _, r in read(engine.flush_inflight_reqs()) if r})
     assert set(finished) == {"A", "B"}
+
+
+class _ForcingMatcher:
+    """Stands in for a grammar that forces `forced` first and then allows anything."""
+
+    def __init__(self, forced: list[int]) -> None:
+        self.forced = forced
+
+    def choose(self, preferred: int) -> int:
+        return self.forced.pop(0) if self.forced else preferred
+
+
+def test_the_script_goes_on_aligned_after_tokens_a_grammar_forced() -> None:
+    engine = make_engine()
+    sequence = engine.add_request("0", "r1", {"max_tokens": 100}, prompt("Hello there"))
+    assert sequence is not None
+    forced = _tokenizer().encode("{forced}", add_special_tokens=False).ids
+    sequence.matcher = _ForcingMatcher(list(forced))  # type: ignore[assignment]
+    tokens = [t for batch in run_to_end(engine) for _, t, _ in batch]
+    assert tokens[-1] == EOS
+    # Not shifted by the forced tokens: the whole echo follows them.
+    assert _tokenizer().decode(tokens[:-1]) == "{forced}Hello there"

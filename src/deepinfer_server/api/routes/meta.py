@@ -22,6 +22,11 @@ async def health(request: Request) -> Response:
         return JSONResponse(
             {"status": "draining", "reason": "the server is shutting down"}, status_code=503
         )
+    if state.peers is not None and not state.peers.all_serving:
+        return JSONResponse(
+            {"status": "starting", "reason": "not every API server process serves yet"},
+            status_code=503,
+        )
     return JSONResponse({"status": "ok"})
 
 

@@ -105,6 +105,13 @@ def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:
     from deepinfer.engine.arg_utils import EngineArgs
     from deepinfer.engine.llm_engine import LLMEngine
 
+    engine_class = LLMEngine
+    # EngineSpec.enable_prefix_caching comes with the --enable-prefix-caching flag (issue 27's
+    # plumbing); until a spec carries it, the cache stays off.
+    if getattr(spec, "enable_prefix_caching", False):
+        from deepinfer_server.engines.deepinfer.prefix_cache import prefix_caching_engine
+
+        engine_class = prefix_caching_engine(LLMEngine)
     args = EngineArgs(**engine_args_kwargs(spec))
     logger.info(
         "[startup] rank %d: constructing LLMEngine (weights, JIT kernels, warm-up; the first "
@@ -114,7 +121,7 @@ def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:
     done = threading.Event()
     threading.Thread(target=_report_progress, args=(spec.rank, done), daemon=True).start()
     try:
-        engine = LLMEngine.from_engine_args(args)
+        engine = engine_class.from_engine_args(args)
     finally:
         done.set()
     children = engine_children()

@@ -18,10 +18,9 @@ from typing import Any
 
 from deepinfer_server.errors import LockstepViolation
 
-_OP_NAMES = {1: "has_unfinished_requests", 2: "step", 3: "close", 4: "a prefill vote"}
+_OP_NAMES = {1: "has_unfinished_requests", 2: "step", 4: "a prefill vote"}
 OP_ALL_REDUCE = 1
 OP_STEP = 2
-OP_CLOSE = 3
 OP_ALL_REDUCE_MIN = 4
 
 

@@ -1,9 +1,10 @@
 """KVBlocks: the simulated engine's paged KV cache, shaped like DeepInfer 0.1.0's block manager.
 
-What it reproduces (engine-fidelity.md §G): blocks of 128 tokens; block 0 is never allocatable;
-a sequence holds `ceil(tokens / 128)` blocks, all allocated at its prefill; a prefill is refused
-for now (LATER) when the blocks are not free or usage is above the 90% watermark, and for good
-(NEVER, the request ends "ignored") when it needs at least the whole pool; a decode step grows
+What it reproduces of DeepInfer's `csrc/engine/block_manager.hpp` and scheduler: blocks of 128
+tokens; block 0 is never allocatable; a sequence holds `ceil(tokens / 128)` blocks, all
+allocated at its prefill; a prefill is refused for now (LATER) when the blocks are not free or
+usage is above the 90% watermark, and for good (NEVER, the request ends "ignored") when it
+needs at least the whole pool; a decode step grows
 each running sequence, and while no block is free it preempts from the longest-output end.
 
 It also exposes DeepInfer's read-out API, so the engine driver reads KV usage the same way on

@@ -1,7 +1,7 @@
 """Deterministic, plausible logprobs for the simulated engine's RequestOutput fields.
 
 DeepInfer reports natural logs of the processed distribution: logits ×1/temperature, then top-p
-and top-k, then log_softmax; filtered values are clamped to -9999 (engine-fidelity.md §E). This
+and top-k, then log_softmax; filtered values are clamped to -9999 (`csrc/engine/outputs.hpp`). This
 model builds such a distribution per generated token from a hash of (request context, position,
 token): a support of `top_k` candidates (32 without top_k) with descending logits, the sampled
 token at a small rank (always rank 0 when greedy), top-p applied to the sorted probabilities.

@@ -32,6 +32,9 @@ class Sequence:
     finish_reason: str = ""
     matcher: SimulatedMatcher | None = None
     grammar_failed: bool = False
+    #: Tokens the grammar put in place of the script's: the script goes on after them where
+    #: it was, not shifted by them.
+    inserted: int = 0
 
     @property
     def length(self) -> int:
@@ -39,7 +42,7 @@ class Sequence:
 
     def scripted_token(self, eos_id: int) -> int:
         """The model's next token: the script, then EOS."""
-        position = len(self.output)
+        position = len(self.output) - self.inserted
         script = self.script
         if self.params.ignore_eos:
             # DeepInfer skips only the EOS check: the model still generates EOS where it

@@ -8,8 +8,13 @@ sample, `pre_sampler_sync`, then post-process at once (prompt steps, ZOS off) or
 next step (ZOS decode steps). Post-processing is the engine's own `post_process` (scheduler
 `process_outputs`, `build_request_outputs`). Distributed set-up is DeepInfer's own
 (`_init_distributed_environment`: a gloo world, every group on gloo through the twin's
-platform). The KV cache and state slots are small CPU tensors of the sizes DeepInfer computes
-for the checkpoint's layout (block counts from the twin's `DEEPINFER_TWIN_KV_BLOCKS`).
+platform). The KV cache and state slots (`kv.py`) hold, per position, the token a forward wrote
+there, in as many blocks and slots as DeepInfer computes for the checkpoint's layout (block
+counts from the twin's `DEEPINFER_TWIN_KV_BLOCKS`): before each forward the worker checks that
+every scheduled sequence sees exactly its own token prefix and a state at the right position
+(`DEEPINFER_TWIN_CHECK_KV`: "1", the default, raises on a violation in the driver; "0" only
+records it; every CP worker records its own, read with `twin_kv_report`). CP workers receive
+the step's reads and writes from the driver, as DeepInfer's receive the model inputs.
 """
 
 from __future__ import annotations
@@ -37,14 +42,17 @@ from deepinfer.worker.base import _init_distributed_environment, set_pdeathsig
 from deepinfer.worker.cache_engine import CacheEngine
 from deepinfer.worker.zos_status import WorkerStepState
 
+from deepinfer_twin.kv import Access, TwinKV
 from deepinfer_twin.model import TwinModel
 
-logger = init_logger(__name__)
+try:
+    from deepinfer._C import twin_probe
+except ImportError as exc:  # a twin built before the probe existed
+    raise ImportError(
+        "this DeepInfer twin has no twin_probe: rebuild it with scripts/build_deepinfer_twin.py"
+    ) from exc
 
-#: Bytes the twin keeps per KV block and per state slot (the sizes DeepInfer computes are GPU
-#: bytes; only the counts matter on a CPU).
-_TWIN_BLOCK_BYTES = 64
-_TWIN_STATE_BYTES = 64
+logger = init_logger(__name__)
 
 
 @dataclass
@@ -53,14 +61,6 @@ class EngineCallbacks:
 
     post_process_fn: Callable[[WorkerStepState], np.ndarray] | None = None
     pre_sampler_sync_fn: Callable[[SchedulerOutputs], None] | None = None
-
-
-class _TwinCacheEngine:
-    """The `cache_engine` attributes the engine and clone path read: blocks and state slots."""
-
-    def __init__(self, num_gpu_blocks: int, num_state_seqs: int) -> None:
-        self.gpu_blocks = torch.zeros((num_gpu_blocks, _TWIN_BLOCK_BYTES), dtype=torch.uint8)
-        self.gpu_states = torch.zeros((num_state_seqs, _TWIN_STATE_BYTES), dtype=torch.uint8)
 
 
 class Worker:
@@ -95,7 +95,8 @@ class Worker:
         self.nextn = envs.DEEPINFER_USE_NEXTN_DECODE
         self.prev_step_state: WorkerStepState | None = None
         self.decode_perf_curve: list[tuple[int, float]] = []
-        self.cache_engine: _TwinCacheEngine | None = None
+        self.cache_engine: TwinKV | None = None
+        self.raise_on_violation = os.environ.get("DEEPINFER_TWIN_CHECK_KV", "1") != "0"
         self.model: TwinModel | None = None
         _init_distributed_environment(parallel_config, cp_rank, distributed_init_method)
         if not is_driver_worker:
@@ -144,10 +145,15 @@ class Worker:
             self.model_config.model_cfg.gpt, self.model_config.max_num_seqs
         )
         num_state_seqs = int(state_shape[0])
-        self.cache_engine = _TwinCacheEngine(self.cache_config.num_gpu_blocks, num_state_seqs)
+        self.cache_engine = TwinKV(
+            self.cache_config.num_gpu_blocks,
+            num_state_seqs,
+            self.cache_config.block_size,
+            envs.DEEPINFER_MAX_BACKTRACKING_TOKENS,
+        )
         self.cache_config.num_state_seqs = num_state_seqs
-        self.cache_config.bytes_of_state_per_seqs = _TWIN_STATE_BYTES
-        self.cache_config.bytes_per_block = _TWIN_BLOCK_BYTES
+        self.cache_config.bytes_of_state_per_seqs = self.cache_engine.gpu_states[0].nbytes
+        self.cache_config.bytes_per_block = self.cache_engine.gpu_blocks[0].nbytes
 
     def warm_up_model(self, *, capture_max_graph_only: bool = False) -> None:
         del capture_max_graph_only
@@ -167,6 +173,22 @@ class Worker:
             clone_blocks,
             zero_states,
         )
+
+    def twin_kv_run(self, accesses: list[Access]) -> list[str]:
+        """Check and write one step's KV and state accesses on this worker's cache."""
+        assert self.cache_engine is not None
+        return self.cache_engine.run(accesses)
+
+    def twin_kv_report(self) -> list[str]:
+        """Every CP worker's violations so far (collective over the CP group)."""
+        assert self.cache_engine is not None
+        own = [f"cp{self.cp_rank}: {problem}" for problem in self.cache_engine.violations]
+        cp_group = PG.cpu_cp_group
+        if not cp_group or cp_group.size() == 1:
+            return own
+        gathered: list[list[str] | None] = [None] * cp_group.size()
+        dist.all_gather_object(gathered, own, group=cp_group)
+        return [problem for part in gathered for problem in part or []]
 
     def stop(self) -> None:
         """WorkerBase.stop: two world barriers, the broadcast queue, then the group."""
@@ -201,10 +223,13 @@ class Worker:
                 scheduler_outputs.update_metadata_for_sampling_zos(
                     metadata, seqlens_q_cpu, remap_cpu, self.nextn
                 )
+        seqs = list(scheduler_outputs.scheduled_seqs)
+        if not is_placeholder:
+            self._forward_kv(metadata, seqs)
         sampler_output = (
             SamplerOutput(post_funcs=[])
             if is_placeholder
-            else self._sample(metadata, list(scheduler_outputs.scheduled_seqs), is_prompt)
+            else self._sample(metadata, seqs, is_prompt)
         )
         self.engine_callbacks.pre_sampler_sync_fn(scheduler_outputs)
         for seq in scheduler_outputs.finished_seqs:
@@ -231,6 +256,28 @@ class Worker:
         request_outputs = self._post_process_step(self.prev_step_state)
         self.prev_step_state = None
         return request_outputs
+
+    def _forward_kv(self, metadata: list[Any], seqs: list[Any]) -> None:
+        """What the forward reads (checked) and writes, on every CP worker."""
+        accesses = [
+            Access(
+                request_id=seq.request_id,
+                state_id=int(seq.state_id),
+                block_table=list(twin_probe.block_table(seq)),
+                start=int(meta.seqlen_k) - int(meta.seqlen_q),
+                end=int(meta.seqlen_k),
+                tokens=list(seq.data.get_token_ids()),
+            )
+            for meta, seq in zip(metadata, seqs, strict=True)
+        ]
+        if not accesses:
+            return
+        cp_group = PG.cpu_cp_group
+        if cp_group and cp_group.size() > 1:
+            cp_broadcast_object(("twin_kv_run", {"accesses": accesses}))
+        found = self.twin_kv_run(accesses)
+        if found and self.raise_on_violation:
+            raise AssertionError("the twin's KV check failed: " + "; ".join(found))
 
     def _sample(self, metadata: list[Any], seqs: list[Any], is_prompt: bool) -> SamplerOutput:
         assert self.model is not None

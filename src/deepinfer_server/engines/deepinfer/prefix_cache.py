@@ -1,0 +1,476 @@
+"""Cross-request prefix caching on DeepInfer 0.1.0's LLMEngine (issue 27).
+
+Design: docs/design/prefix-caching.md (every claim there checked against DeepInfer's source).
+DeepInfer already has the mechanism, a forked prompt (`Scheduler.fork_seq` and the `_` branch of
+its prefill: keep the parent's full blocks, copy the partial one, clone the state slot, prefill
+only the rest); this module supplies the policy, through the engine's own hooks:
+
+- `post_schedule`: a sequence whose prompt was just computed gets its state slot copied to a
+  spare slot on its first decode step, before that step's forward (the snapshot at P). The copy
+  goes through `_run_workers`, so every CP worker copies its own state.
+- `finalize_seq`: a finished sequence with a snapshot is kept (its blocks and the snapshot slot)
+  as a cache entry instead of being freed.
+- `add_request`: a text prompt that starts with an entry's P tokens (P - 1 with a thinking-mode
+  turn) is forked from it with `fork_seq`; anything the fork path cannot serve (prompt logprobs,
+  images, a grammar, chunk checkpoints, a too-long prompt) takes DeepInfer's ordinary path, never
+  an error. The fork's `num_cached_tokens` is the count of reused tokens.
+- `step`: before the scheduler runs, least-recently-used entries are evicted until the waiting
+  prompts fit under the 90% prefill watermark, running sequences have a block each for their
+  next token, and waiting prompts have state slots; without demand the cache stays.
+- `abort_request`: a fork aborted while still waiting would keep its pins (DeepInfer frees
+  aborted waiting sequences never), so it is freed here.
+
+Everything runs on the rank loop's thread, as the engine does.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from deepinfer_server.prefix_cache.index import BLOCK_SIZE, CacheEntry, Match, PrefixIndex
+
+logger = logging.getLogger(__name__)
+
+#: The branch name forks get; DeepInfer's prefill takes the forked path for a leading "_".
+FORK_BRANCH = "_prefix_cache"
+
+
+@dataclass(frozen=True)
+class PrefixCacheSettings:
+    """What the cache reuses."""
+
+    #: Prompts shorter than this are neither cached nor looked up.
+    min_tokens: int = 256
+    #: How far before its snapshot an entry may be forked (bounded by DeepInfer's rollback room,
+    #: DEEPINFER_MAX_BACKTRACKING_TOKENS); 1 serves a thinking-mode user turn.
+    max_rollback: int = 1
+
+
+class PrefixCache:
+    """The cache of one rank's engine: its entries, snapshots, live forks and counters."""
+
+    def __init__(self, engine: Any, settings: PrefixCacheSettings) -> None:
+        from deepinfer import envs
+        from deepinfer._C.engine import SequenceStatus
+
+        self._engine = engine
+        self._scheduler = engine.scheduler
+        self._states = engine.state_manager
+        self._status = SequenceStatus
+        self._keepable = {
+            SequenceStatus.FINISHED_STOPPED,
+            SequenceStatus.FINISHED_LENGTH_CAPPED,
+            SequenceStatus.FINISHED_ABORTED,
+        }
+        self.settings = settings
+        rollback = min(settings.max_rollback, int(envs.DEEPINFER_MAX_BACKTRACKING_TOKENS))
+        self.index: PrefixIndex[Any] = PrefixIndex(max_rollback=rollback)
+        config = engine.scheduler_config
+        self._max_num_seqs = int(config.max_num_seqs)
+        self._max_batched_blocks = int(config.max_num_batched_tokens) // BLOCK_SIZE
+        limit = int(config.max_model_len)
+        if not config.chunked_prefill:
+            limit = min(limit, int(config.max_num_batched_tokens))
+        self._prompt_limit = limit
+        self._total_blocks = int(engine.cache_config.num_gpu_blocks)
+        #: Live sequences whose last prompt chunk ran: snapshotted on their first decode step.
+        self._pending: dict[int, Any] = {}
+        #: Live sequences -> (sequence, the slot holding their state at the prompt's end).
+        self._snapshots: dict[int, tuple[Any, int]] = {}
+        #: Forks not yet scheduled for their prefill (they still hold the fork's pins).
+        self._waiting_forks: dict[int, Any] = {}
+        #: Every fork not yet ended -> (fork, the entry it came from).
+        self._forks: dict[int, tuple[Any, CacheEntry[Any]]] = {}
+        self._preempted_seen = int(self._scheduler.get_num_preempted_seqs())
+        self.query_tokens = 0
+        self.hit_tokens = 0
+        self.evictions = 0
+        self.snapshots_skipped = 0
+        self.disabled = disabled_reason(engine)
+        if self.disabled is None:
+            _copy_clone_unpins(engine.deferred_release)
+
+    # Counters
+
+    def stats(self) -> tuple[int, int, int]:
+        """(prompt tokens looked up, prompt tokens reused, entries now)."""
+        return self.query_tokens, self.hit_tokens, len(self.index)
+
+    # F: add_request
+
+    def add_request(self, add: Callable[..., Any], *args: Any) -> Any:
+        """`LLMEngine.add_request(*args)` (all nine arguments, positionally), or a fork."""
+        (_user, _request, params, prompt, images, arrival, extra, enqueue, checkpoints) = args
+        if self.disabled is not None:
+            return add(*args)
+        prompt = np.asarray(prompt)
+        self.query_tokens += int(prompt.size)
+        if not (enqueue and images is None and not extra and checkpoints is None):
+            return add(*args)
+        if not self._forkable(params, prompt):
+            return add(*args)
+        match = self.index.match(prompt, limit=len(prompt) - 2)
+        if match is None:
+            return add(*args)
+        # DeepInfer builds and validates the sequence (token range, compressed encoding, the
+        # normalised SamplingParams); it is never enqueued: the fork takes its place.
+        user_id, request_id = args[0], args[1]
+        seq = add(user_id, request_id, params, prompt, None, arrival, extra, False, None)
+        if seq is None:
+            return None
+        try:
+            return self._fork(match, seq)
+        except Exception:
+            logger.exception("forking request %s failed: full prefill", request_id)
+            self.evict(match.entry)
+            self._scheduler.add_sequence(seq)
+            return seq
+
+    def _forkable(self, params: Any, prompt: npt.NDArray[Any]) -> bool:
+        def field(name: str) -> Any:
+            return params.get(name) if isinstance(params, dict) else getattr(params, name, None)
+
+        if field("prompt_logprobs") or field("so_args") is not None or field("golden_token_ids"):
+            return False
+        return self.settings.min_tokens <= prompt.size <= self._prompt_limit
+
+    def _fork(self, match: Match[Any], seq: Any) -> Any:
+        entry, fork_point = match.entry, match.fork_point
+        parent = entry.value
+        # fork_seq copies these from the parent at the call: make them the new request's.
+        parent.data = seq.data
+        parent.compressed_data = seq.compressed_data
+        parent.request_id = seq.request_id
+        parent.user_id = seq.user_id
+        parent.num_cached_tokens = fork_point
+        fork = self._scheduler.fork_seq(
+            parent,
+            None,  # the parent's whole table, pinned; the prefill drops what it does not keep
+            FORK_BRANCH,
+            seq.sampling_params,
+            None,
+            -1,
+            -1,
+            seq.seq_id,
+            time.time() * 1000.0,  # milliseconds, as add_sequence stamps
+        )
+        fork.cached_hit_tokens = fork_point
+        entry.live_forks += 1
+        self.index.touch(entry)
+        self._waiting_forks[fork.seq_id] = fork
+        self._forks[fork.seq_id] = (fork, entry)
+        self.hit_tokens += fork_point
+        return fork
+
+    # G: aborts
+
+    def aborted(self, request_ids: Iterable[str]) -> None:
+        """Free the forks these aborts hit while they wait (after `abort_request` marked them)."""
+        if not self._waiting_forks:
+            return
+        ids = set(request_ids)
+        for seq_id, fork in list(self._waiting_forks.items()):
+            if fork.request_id in ids and fork.status == self._status.FINISHED_ABORTED:
+                self._scheduler.free_seq(fork)
+                del self._waiting_forks[seq_id]
+                self._fork_ended(seq_id)
+
+    # A: eviction
+
+    def evict_for_demand(self) -> None:
+        """Evict entries (least recently used first) while they stand in the way of waiting
+        prompts (KV watermark, state slots) or of the next decode step's blocks."""
+        if not self.index:
+            return
+        scheduler = self._scheduler
+        waiting, waiting_tokens = scheduler.get_sum_prompt_len_waiting()
+        running, _ = scheduler.get_sum_prompt_len_running()
+        want_blocks = want_slots = 0
+        if waiting:
+            reused = sum(
+                int(fork.num_cached_tokens) // BLOCK_SIZE
+                for fork in self._waiting_forks.values()
+                if fork.branch_id.startswith("_")
+            )
+            needed = -(-waiting_tokens // BLOCK_SIZE) + waiting - reused
+            want_blocks = min(needed, self._max_batched_blocks + waiting)
+            want_slots = min(waiting, max(0, self._max_num_seqs - running))
+
+        def satisfied() -> bool:
+            free = int(scheduler.get_num_free_gpu_blocks())
+            slots = int(self._states.get_num_free_blocks())
+            fits = (self._total_blocks - free + want_blocks) <= 0.9 * self._total_blocks
+            return fits and free >= running and slots >= want_slots
+
+        if satisfied():
+            return
+        for entry in self.index.eviction_order():
+            self.evict(entry)
+            if satisfied():
+                return
+
+    def evict(self, entry: CacheEntry[Any]) -> None:
+        """Drop one entry and free its blocks and snapshot (what no fork still pins)."""
+        self.index.remove(entry)
+        self._scheduler.free_seq(entry.value)
+        self.evictions += 1
+
+    def clear(self) -> None:
+        """Evict every entry."""
+        for entry in list(self.index):
+            self.evict(entry)
+
+    # C: snapshots
+
+    def post_schedule(self, outputs: Any) -> None:
+        """Note the prompts this step completes; on a decode step, snapshot their states."""
+        if self.disabled is not None:
+            return
+        if outputs.prompt_run:
+            for seq in outputs.scheduled_seqs:
+                if seq.chunked_rest_len == 0:
+                    self._waiting_forks.pop(seq.seq_id, None)
+                    if self._cacheable(seq):
+                        self._pending[seq.seq_id] = seq
+        if self._waiting_forks:
+            self._drop_ignored_forks()
+        if outputs.prompt_run:
+            return
+        preempted = int(self._scheduler.get_num_preempted_seqs())
+        if preempted != self._preempted_seen:
+            self._preempted_seen = preempted
+            self._drop_preempted()
+        if self._pending:
+            self._snapshot(outputs)
+
+    def _cacheable(self, seq: Any) -> bool:
+        # A recomputed (preempted) sequence's prefill ends past its prompt: no snapshot at P.
+        # Image prompts are never cached: their placeholder tokens do not name the image.
+        length = seq.get_prompt_len()
+        return (
+            seq.get_len() == length
+            and length >= self.settings.min_tokens
+            and seq.multi_modal_data is None
+        )
+
+    def _snapshot(self, outputs: Any) -> None:
+        scheduled = {seq.seq_id for seq in outputs.scheduled_seqs}
+        finishing: set[int] | None = None
+        pairs: list[tuple[int, int]] = []
+        running_status = self._status.RUNNING
+        for seq_id, seq in list(self._pending.items()):
+            if seq.status != running_status and seq.status != self._status.WAITING:
+                # Finished before decoding: finalize_seq keeps its live slot, if it runs.
+                if finishing is None:
+                    finishing = {s.seq_id for s in outputs.finished_seqs}
+                if seq_id not in finishing:
+                    del self._pending[seq_id]
+                continue
+            at_prompt_end = (
+                seq.status == running_status and seq.num_cached_tokens == seq.get_prompt_len()
+            )
+            if seq_id not in scheduled:
+                if not at_prompt_end:
+                    del self._pending[seq_id]
+                continue
+            del self._pending[seq_id]
+            if not at_prompt_end:
+                continue
+            slot = self._spare_state_slot(len(scheduled))
+            if slot is None:
+                self.snapshots_skipped += 1
+                continue
+            pairs.append((int(seq.state_id), slot))
+            self._snapshots[seq_id] = (seq, slot)
+        if pairs:
+            # Before this step's forward writes the live slot (stream order, as DeepInfer's own
+            # fork clones); on every CP worker. The returned "to release" arrays are the clone
+            # sources, which are live: never unpinned.
+            self._engine._run_workers(
+                "clone_and_zero_states_and_blocks_on_default_stream",
+                clone_states=np.array(pairs, dtype=np.int32),
+                clone_blocks=np.empty((0, 2), dtype=np.int32),
+                zero_states=np.empty(0, dtype=np.int32),
+            )
+
+    def _spare_state_slot(self, running: int) -> int | None:
+        """A state slot for a snapshot, leaving the waiting prompts theirs; the least recently
+        used idle entry is evicted to make one (a newer prefix is the likelier one reused)."""
+        waiting, _ = self._scheduler.get_sum_prompt_len_waiting()
+        reserve = min(waiting, max(0, self._max_num_seqs - running))
+        while self._states.get_num_free_blocks() - reserve < 1:
+            idle = [entry for entry in self.index.eviction_order() if entry.live_forks == 0]
+            if not idle:
+                return None
+            self.evict(idle[0])
+        self._states.lock()
+        try:
+            (slot,) = self._states.allocate_nolock(1)
+        finally:
+            self._states.unlock()
+        return int(slot)
+
+    def _drop_preempted(self) -> None:
+        """A preempted sequence lost its blocks: its snapshot and fork bookkeeping go."""
+        gone = (self._status.WAITING, self._status.FINISHED_PREEMPTED)
+        for seq_id, (seq, slot) in list(self._snapshots.items()):
+            if seq.status in gone:
+                self._states.unpin_blocks(np.array([slot], dtype=np.int32))
+                del self._snapshots[seq_id]
+        for seq_id, (fork, _entry) in list(self._forks.items()):
+            if seq_id not in self._waiting_forks and fork.status in gone:
+                self._fork_ended(seq_id)
+        for seq_id, seq in list(self._pending.items()):
+            if seq.status in gone:
+                del self._pending[seq_id]
+
+    def _drop_ignored_forks(self) -> None:
+        """Forks the prefill refused (too long) were freed by DeepInfer; aborted ones by us."""
+        alive = (self._status.WAITING, self._status.RUNNING, self._status.FINISHED_ABORTED)
+        for seq_id, fork in list(self._waiting_forks.items()):
+            if fork.status not in alive:
+                del self._waiting_forks[seq_id]
+                self._fork_ended(seq_id)
+
+    def _fork_ended(self, seq_id: int) -> None:
+        ended = self._forks.pop(seq_id, None)
+        if ended is not None:
+            ended[1].live_forks -= 1
+
+    # D: keeping finished sequences
+
+    def finalize(self, seq: Any) -> None:
+        """`finalize_seq`: keep a finished sequence with a state at P as an entry, else free."""
+        seq_id = seq.seq_id
+        self._fork_ended(seq_id)
+        self._waiting_forks.pop(seq_id, None)
+        snapshot = self._snapshots.pop(seq_id, None)
+        slot = snapshot[1] if snapshot is not None else None
+        prompt_len = seq.get_prompt_len()
+        # Finished (or aborted) before its first decode step: its live slot is still at P.
+        at_prompt_end = (
+            self._pending.pop(seq_id, None) is not None and seq.num_cached_tokens == prompt_len
+        )
+        if (slot is None and not at_prompt_end) or seq.status not in self._keepable:
+            if slot is not None:
+                self._states.unpin_blocks(np.array([slot], dtype=np.int32))
+            self._scheduler.free_seq(seq)
+            return
+        if slot is not None:
+            self._states.unpin_blocks(np.array([seq.state_id], dtype=np.int32))
+            seq.state_id = slot
+        tokens = np.array(seq.data.get_token_ids()[:prompt_len], dtype=np.int32)
+        self.index.add(seq, tokens)
+
+
+def disabled_reason(engine: Any) -> str | None:
+    """Why the cache cannot run on this engine, or None."""
+    from deepinfer.engine.engine_type import EngineType
+
+    if engine.engine_type != EngineType.NORMAL:
+        return f"the engine type is {engine.engine_type.name}, not NORMAL"
+    if engine.state_manager is None:
+        return "the model keeps no per-sequence state"
+    if engine.yoco_prefill_truncation_mode != "off":
+        # The truncated prefill skips the consumer layers' KV for all but the last tokens: a
+        # prefix computed that way cannot be attended to by a later suffix.
+        return f"YoCo prefill truncation is on ({engine.yoco_prefill_truncation_mode})"
+    return None
+
+
+def _copy_clone_unpins(deferred_release: Any) -> None:
+    """Make DeepInfer's deferred release keep copies of the clone "to release" arrays.
+
+    They borrow process-static C++ vectors that the next clone call overwrites; a snapshot
+    clone in the same step would otherwise make the step's release unpin the snapshot's
+    source (a running sequence's live slot) instead of the fork's parent slot.
+    """
+    collect = deferred_release.collect_clone_unpins
+
+    def collect_copies(states: Any, blocks: Any) -> None:
+        collect(np.array(states, dtype=np.int32), np.array(blocks, dtype=np.int32))
+
+    deferred_release.collect_clone_unpins = collect_copies
+
+
+def prefix_caching_engine(
+    base: type[Any], settings: PrefixCacheSettings | None = None
+) -> type[Any]:
+    """A subclass of DeepInfer's `LLMEngine` class `base` with the prefix cache."""
+    chosen = settings or PrefixCacheSettings()
+
+    class PrefixCachingLLMEngine(base):  # type: ignore[misc]
+        """DeepInfer's LLMEngine keeping finished prompts for later requests to fork from."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.prefix_cache = PrefixCache(self, chosen)
+            if self.prefix_cache.disabled is not None:
+                logger.warning("[startup] prefix cache off: %s", self.prefix_cache.disabled)
+                return
+            logger.info(
+                "[startup] prefix cache on: %d KV blocks, %d state slots (one per running "
+                "request, one per snapshot or cached prompt; DEEPINFER_NUM_STATE_SLOTS_RATIO "
+                "sets them), prompts of %d tokens or more",
+                self.cache_config.num_gpu_blocks - 1,
+                self.cache_config.num_state_seqs - 1,
+                chosen.min_tokens,
+            )
+
+        def add_request(
+            self,
+            user_id: str,
+            request_id: str,
+            sampling_params: Any,
+            prompt_token_ids: Any,
+            multi_modal_data: Any = None,
+            arrival_time: float | None = None,
+            extra: Any = None,
+            enqueue: bool = True,
+            chunk_checkpoints: Any = None,
+        ) -> Any:
+            return self.prefix_cache.add_request(
+                super().add_request,
+                user_id,
+                request_id,
+                sampling_params,
+                prompt_token_ids,
+                multi_modal_data,
+                arrival_time,
+                extra,
+                enqueue,
+                chunk_checkpoints,
+            )
+
+        def abort_request(self, request_id: Any) -> tuple[int, int]:
+            ids = [request_id] if isinstance(request_id, str) else list(request_id)
+            result: tuple[int, int] = super().abort_request(ids)
+            self.prefix_cache.aborted(ids)
+            return result
+
+        def step(self) -> Any:
+            self.prefix_cache.evict_for_demand()
+            return super().step()
+
+        def post_schedule(self, scheduler_outputs: Any) -> None:
+            self.prefix_cache.post_schedule(scheduler_outputs)
+
+        def finalize_seq(self, seq: Any) -> None:
+            self.prefix_cache.finalize(seq)
+
+        def prefix_cache_stats(self) -> tuple[int, int, int]:
+            """(prompt tokens looked up, prompt tokens reused, cached sequences now)."""
+            return self.prefix_cache.stats()
+
+        def clear_prefix_cache(self) -> None:
+            """Evict every cached sequence."""
+            self.prefix_cache.clear()
+
+    return PrefixCachingLLMEngine

@@ -1,0 +1,138 @@
+"""MatcherBuilds: the simulated engine's structured-output builder (DeepInfer's SOMatcherBuilder).
+
+A request's grammar compiles off the loop (in a killable worker process, waited for on a
+builder thread) while the request waits outside the scheduler; each step picks up the
+requests whose matcher is ready, in arrival order. A grammar that fails to compile or times
+out marks its request, which then ends at its prefill with "xgrammar runtime errors or
+timeout". The builder thread also fits the request's echo to its grammar (`echo_fitter`), so
+that this work stays off the loop as well. Everything but the builder threads' own work runs
+on the engine's thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Collection
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, NamedTuple
+
+from deepinfer_server.engines.simulated.echo_fitter import EchoFitter
+from deepinfer_server.engines.simulated.sequence import Sequence
+from deepinfer_server.grammar import (
+    GrammarBounds,
+    GrammarCompiler,
+    GrammarError,
+    SimulatedMatcher,
+    Vocab,
+)
+from deepinfer_server.grammar.compiler import compile_timeout_s
+
+logger = logging.getLogger(__name__)
+
+
+class BuiltMatcher(NamedTuple):
+    """A request's matcher and its script, fitted to the grammar (`echo_fitter`)."""
+
+    matcher: SimulatedMatcher
+    script: list[int]
+
+
+class MatcherBuilds:
+    """The requests whose matcher is being built, and the compiler that builds them."""
+
+    def __init__(self, tokenizer_json: str, vocab_size: int) -> None:
+        self._tokenizer_json = tokenizer_json
+        self._vocab_size = vocab_size
+        self._grammar: GrammarCompiler | None = None
+        self._threads: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        #: Requests whose grammar is compiling (DeepInfer's SOMatcherBuilder pending list).
+        self._pending: list[tuple[Sequence, Future[BuiltMatcher]]] = []
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def submit(self, sequence: Sequence) -> None:
+        """Start building the sequence's matcher; `pump()` hands it back once built."""
+        self._pending.append((sequence, self._build(sequence)))
+
+    def build_now(self, sequence: Sequence) -> None:
+        """Build the sequence's matcher and wait for it (DeepInfer's `enqueue=False` path)."""
+        self._attach(sequence, self._build(sequence))
+
+    def pump(self) -> list[Sequence]:
+        """The pending requests whose matcher is built (or failed), in arrival order."""
+        if not self._pending:
+            return []
+        ready: list[Sequence] = []
+        still: list[tuple[Sequence, Future[BuiltMatcher]]] = []
+        for sequence, future in self._pending:
+            if future.done():
+                self._attach(sequence, future)
+                ready.append(sequence)
+            else:
+                still.append((sequence, future))
+        self._pending = still
+        return ready
+
+    def abort(self, request_ids: Collection[str]) -> list[Sequence]:
+        """Drop the pending requests among `request_ids`; returns them."""
+        dropped = [s for s, _ in self._pending if s.request_id in request_ids]
+        self._pending = [(s, f) for s, f in self._pending if s.request_id not in request_ids]
+        return dropped
+
+    def close(self) -> None:
+        """Stop the builder threads (without waiting) and the compiler's workers."""
+        if self._threads is not None:
+            self._threads.shutdown(wait=False, cancel_futures=True)
+        if self._grammar is not None:
+            self._grammar.close()
+
+    def _build(self, sequence: Sequence) -> Future[BuiltMatcher]:
+        """Start building the sequence's matcher off the loop (compiled in a worker process)."""
+        so_args = sequence.params.so_args
+        assert so_args is not None
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(2, thread_name_prefix="grammar-build")
+        return self._threads.submit(
+            self._matcher_for,
+            dict(so_args),
+            sequence.params.max_tokens,
+            list(sequence.script),
+            list(sequence.prompt),
+        )
+
+    def _matcher_for(
+        self, so_args: dict[str, Any], max_tokens: int, script: list[int], prompt: list[int]
+    ) -> BuiltMatcher:
+        """(On a builder thread.) DeepInfer's compile, bounded by DEEPINFER_XGRAMMAR_TIMEOUT;
+        then the script fitted to the grammar."""
+        with self._lock:
+            if self._grammar is None:
+                vocab = Vocab.from_tokenizer_json(self._tokenizer_json, self._vocab_size)
+                bounds = GrammarBounds(compile_timeout_s=compile_timeout_s())
+                self._grammar = GrammarCompiler(vocab, bounds=bounds, workers=1)
+            grammar = self._grammar
+        matcher = SimulatedMatcher.from_so_args(so_args, grammar, max_tokens)
+        try:
+            fitter = EchoFitter(grammar.compile(so_args), grammar.vocab, so_args)
+            fitted = fitter.fit(script, prompt, max_tokens)
+        except Exception:  # the echo as it was: the matcher decides every token anyway
+            logger.exception("fitting the echo to its grammar failed")
+            return BuiltMatcher(matcher, script)
+        if fitted.plan is not None:
+            matcher.follow(fitted.plan)
+        return BuiltMatcher(matcher, fitted.script)
+
+    def _attach(self, sequence: Sequence, future: Future[BuiltMatcher]) -> None:
+        """Give the sequence its matcher; a grammar that did not compile ends the request with
+        DeepInfer's structured-output failure (at its prefill)."""
+        try:
+            sequence.matcher, sequence.script = future.result()
+        except GrammarError as exc:
+            logger.warning("request %s: grammar failed: %s", sequence.request_id, exc.message)
+            sequence.grammar_failed = True
+        except Exception:
+            logger.exception("request %s: building its grammar failed", sequence.request_id)
+            sequence.grammar_failed = True

@@ -1,0 +1,58 @@
+"""The request fields every POST API shares, with the bounds the server or deepseek-recipe
+draws (see `requests.py`)."""
+
+from __future__ import annotations
+
+from deepinfer_server.openapi.schema import (
+    Schema,
+    array,
+    boolean,
+    integer,
+    neutral,
+    number,
+    obj,
+    one_of,
+    ref,
+    string,
+)
+from deepinfer_server.protocol.completions.request import MAX_STOP_SEQUENCES
+
+#: deepseek-recipe's own bound on max_tokens (its 400: "the valid range of max_tokens is [1, N]").
+RECIPE_MAX_TOKENS = 393216
+#: deepseek-recipe's bound on top_k is the server's (sampling.read_top_k): a signed 32-bit int.
+TOP_K_MAX = 2**31 - 1
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function", "latest_reminder")
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "ultra", "max")
+THINKING_TYPES = ("adaptive", "enabled", "disabled")
+
+#: The served names (`--served-model-name`), a component the document fills in; another is a 404.
+MODEL = ref("ModelName")
+TEMPERATURE = number(0, 2)
+#: deepseek-recipe's range is (0, 1] in 32-bit floats (a 64-bit denormal rounds to 0).
+TOP_P = number(1e-9, 1)
+TOP_K = integer(-1, TOP_K_MAX, "-1 or 0 disable it (vLLM's extension)")
+#: deepseek-recipe's range (the server's own check allows up to 2^64 - 1).
+SEED = integer(0, 2**63 - 1)
+STREAM = boolean()
+ANY_OBJECT: Schema = {"type": "object"}
+JSON_SCHEMA: Schema = {
+    "anyOf": [{"type": "object"}, {"type": "boolean"}, {"type": "string"}],
+    "description": "A JSON Schema (an object, a boolean, or its JSON text)",
+}
+STOP = one_of(
+    string(minLength=1), array(string(minLength=1), 1, MAX_STOP_SEQUENCES), {"type": "null"}
+)
+THINKING = obj({"type": string(enum=list(THINKING_TYPES)), "budget_tokens": integer(0)})
+
+#: Parameters the engine cannot apply, accepted at their neutral value only (sampling.py).
+NEUTRAL_SAMPLING: dict[str, Schema] = {
+    "presence_penalty": neutral(0.0, "Accepted only as 0: the engine has no penalties"),
+    "frequency_penalty": neutral(0.0, "Accepted only as 0: the engine has no penalties"),
+    "repetition_penalty": neutral(1.0, "Accepted only as 1: the engine has no penalties"),
+    "min_p": neutral(0.0, "Accepted only as 0: the engine has no min_p"),
+    "logit_bias": {
+        "type": "object",
+        "additionalProperties": {"type": "number", "const": 0},
+        "description": "Accepted only empty or with every bias 0: the engine has no logit bias",
+    },
+}
