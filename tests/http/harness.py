@@ -58,6 +58,8 @@ class Script:
     finish: Finish | None = Finish.STOP
     error: ApiError | None = None
     hold: bool = False  # deliver nothing: the request stays in flight
+    #: The prompt tokens the engine says it reused from its prefix cache (its first delta).
+    cached_tokens: int = 0
 
 
 @dataclass
@@ -126,7 +128,9 @@ class FakeCoordinator:
             text = "Thinking.</think>" + text
         ids = list(self.recipe.tokenizer.encode(text))
         now = time.perf_counter()
-        # One "arrival" of two steps, as the reader task takes them: deliver, then flush.
+        # One "arrival" of two steps, as the reader task takes them: deliver, then flush. The
+        # first delta says the engine took the request and what its prefix cache reused.
+        handle.started(script.cached_tokens)
         due = handle.deliver(_with_logprobs(ids, prompt, sampling), None, now, 0.001)
         if script.error is not None:
             handle.fail(script.error, engine_finished=True)

@@ -1,5 +1,7 @@
 """TokenStream's sink path in-process: writes from the reader's pass, a send that has to wait,
-errors raised in the sink, failures and cancellation while attached, the stream interval."""
+errors raised in the sink, failures and cancellation while attached, the stream interval, and
+the opening, which waits for the engine to take the request (its first delta carries the
+prompt tokens the prefix cache reused)."""
 
 from __future__ import annotations
 
@@ -25,11 +27,16 @@ class _Output:
         self.closed = False
         self.client_finish_reason: str | None = None
         self._fail_on = fail_on
+        self.cached_tokens: int | None = None
+        self.pushed: list[list[int]] = []
 
-    def start(self) -> list[str]:
+    def start(self, cached_tokens: int = 0) -> list[str]:
+        assert self.cached_tokens is None, "started twice"
+        self.cached_tokens = cached_tokens
         return ["start"]
 
     def push(self, tokens: GeneratedTokens) -> list[str]:
+        self.pushed.append(list(tokens.token_ids))
         if self._fail_on in tokens.token_ids:
             raise RuntimeError("parser failure")
         return [str(token) for token in tokens.token_ids]
@@ -65,6 +72,19 @@ class _Harness:
     def write(self, payloads: list[str]) -> Any:
         return send_now(self._send, {"payloads": payloads})  # type: ignore[arg-type]
 
+    def started(self, cached_tokens: int = 0) -> None:
+        """The engine's first delta: it took the request, reusing `cached_tokens` (no token)."""
+        self.handle.started(cached_tokens)
+        if self.handle.deliver(GeneratedTokens(), None, time.perf_counter(), 0.01):
+            self.handle.flush()
+
+    async def begin(self, cached_tokens: int = 0) -> None:
+        """Once the stream is attached, the engine's first delta; the opening is written."""
+        await _until(lambda: self.handle._sink is not None)
+        assert self.written == []  # nothing before the engine took the request
+        self.started(cached_tokens)
+        assert self.written == [["start"]]  # written during the flush, before any task ran
+
     def deliver(self, *token_ids: int, finish: Finish | None = None) -> None:
         """One step arriving alone, as the reader task hands it over: deliver, then flush."""
         tokens = GeneratedTokens(list(token_ids))
@@ -84,7 +104,7 @@ def test_steps_are_written_from_the_reader_pass() -> None:
     async def body() -> None:
         h = _Harness()
         task = asyncio.ensure_future(h.stream.run(h.write))
-        await _until(lambda: h.written == [["start"]])
+        await h.begin()
         h.deliver(1)
         assert h.written[-1] == ["1"]  # written during the flush, before any task ran
         h.deliver(2, finish=Finish.LENGTH)
@@ -100,7 +120,7 @@ def test_a_send_that_waits_hands_over_to_the_task_and_nothing_is_lost() -> None:
     async def body() -> None:
         h = _Harness()
         task = asyncio.ensure_future(h.stream.run(h.write))
-        await _until(lambda: h.written == [["start"]])
+        await h.begin()
         h.gate = asyncio.Event()
         h.deliver(1)  # its send waits: the sink detaches
         h.deliver(2)  # buffered in the handle
@@ -123,7 +143,7 @@ def test_an_error_in_the_sink_is_raised_in_the_request_task() -> None:
     async def body() -> None:
         h = _Harness(fail_on=7)
         task = asyncio.ensure_future(h.stream.run(h.write))
-        await _until(lambda: h.written == [["start"]])
+        await h.begin()
         h.deliver(7)  # must not raise in the reader
         with pytest.raises(RuntimeError, match="parser failure"):
             await task
@@ -136,7 +156,7 @@ def test_a_failure_while_attached_ends_the_stream_with_it() -> None:
     async def body() -> None:
         h = _Harness()
         task = asyncio.ensure_future(h.stream.run(h.write))
-        await _until(lambda: h.written == [["start"]])
+        await h.begin()
         h.deliver(1)
         h.handle.fail(ServiceFailedError("rank 0 died"), engine_finished=True)
         with pytest.raises(ServiceFailedError):
@@ -151,7 +171,7 @@ def test_steps_that_arrive_together_make_one_write() -> None:
     async def body() -> None:
         h = _Harness()
         task = asyncio.ensure_future(h.stream.run(h.write))
-        await _until(lambda: h.written == [["start"]])
+        await h.begin()
         now = time.perf_counter()
         assert h.handle.deliver(GeneratedTokens([1]), None, now, 0.01)
         assert not h.handle.deliver(GeneratedTokens([2]), None, now, 0.01)  # one flush due
@@ -181,7 +201,7 @@ def test_cancelling_a_stream_with_a_waiting_write_aborts_it() -> None:
     async def body() -> None:
         h = _Harness()
         task = asyncio.ensure_future(h.stream.run(h.write))
-        await _until(lambda: h.written == [["start"]])
+        await h.begin()
         h.gate = asyncio.Event()
         h.deliver(1)
         await _until(lambda: h.handle._sink is None)
@@ -199,7 +219,7 @@ def test_a_stream_interval_sends_the_first_token_then_every_n_then_the_rest() ->
     async def body() -> None:
         h = _Harness(stream_interval=3)
         task = asyncio.ensure_future(h.stream.run(h.write))
-        await _until(lambda: h.written == [["start"]])
+        await h.begin()
         h.deliver(1)
         assert h.written[-1] == ["1"]  # the first token at once
         h.deliver(2)
@@ -222,7 +242,7 @@ def test_a_failure_hands_over_the_tokens_a_stream_interval_held() -> None:
     async def body() -> None:
         h = _Harness(stream_interval=4)
         task = asyncio.ensure_future(h.stream.run(h.write))
-        await _until(lambda: h.written == [["start"]])
+        await h.begin()
         h.deliver(1)
         h.deliver(2)
         assert h.written == [["start"], ["1"]]  # 2 is held
@@ -275,7 +295,7 @@ def test_a_sink_attaches_over_tokens_the_stream_interval_holds() -> None:
     async def body() -> None:
         h = _Harness(stream_interval=3)
         task = asyncio.ensure_future(h.stream.run(h.write))
-        await _until(lambda: h.written == [["start"]])
+        await h.begin()
         h.gate = asyncio.Event()
         h.deliver(1)  # its send waits: the sink detaches
         h.deliver(2)  # held while the write waits
@@ -288,5 +308,62 @@ def test_a_sink_attaches_over_tokens_the_stream_interval_holds() -> None:
         assert h.written[-1] == ["2", "3", "4"]  # one chunk when three are waiting
         h.deliver(finish=Finish.STOP)
         await asyncio.wait_for(task, 5)
+
+    asyncio.run(body())
+
+
+def test_the_opening_waits_for_the_engine_and_carries_its_cached_tokens() -> None:
+    async def body() -> None:
+        h = _Harness(stream_interval=4)  # the opening is due even though no token waits
+        task = asyncio.ensure_future(h.stream.run(h.write))
+        await h.begin(cached_tokens=1408)
+        assert h.output.cached_tokens == 1408
+        # Nothing is pushed for the engine's first delta (a completions echo waits for the
+        # prompt logprobs that come with the first token).
+        assert h.output.pushed == []
+        h.deliver(1, finish=Finish.STOP)
+        await asyncio.wait_for(task, 5)
+        assert h.written == [["start"], ["1", "end:STOP"]]
+
+    asyncio.run(body())
+
+
+def test_a_request_the_engine_took_before_the_stream_attached_opens_at_once() -> None:
+    async def body() -> None:
+        h = _Harness()
+        h.started(cached_tokens=256)  # no sink yet: the handle keeps it
+        task = asyncio.ensure_future(h.stream.run(h.write))
+        await _until(lambda: h.written == [["start"]])
+        assert h.output.cached_tokens == 256
+        h.deliver(1, finish=Finish.STOP)
+        await asyncio.wait_for(task, 5)
+        assert h.written == [["start"], ["1", "end:STOP"]]
+
+    asyncio.run(body())
+
+
+def test_a_first_delta_with_tokens_opens_and_pushes_in_one_write() -> None:
+    async def body() -> None:
+        h = _Harness()
+        task = asyncio.ensure_future(h.stream.run(h.write))
+        await _until(lambda: h.handle._sink is not None)
+        h.handle.started(0)
+        h.deliver(1, 2)
+        assert h.written == [["start", "1", "2"]] and h.output.cached_tokens == 0
+        h.deliver(finish=Finish.STOP)
+        await asyncio.wait_for(task, 5)
+
+    asyncio.run(body())
+
+
+def test_a_request_that_fails_before_the_engine_took_it_still_opens_before_the_error() -> None:
+    async def body() -> None:
+        h = _Harness()
+        task = asyncio.ensure_future(h.stream.run(h.write))
+        await _until(lambda: h.handle._sink is not None)
+        h.handle.fail(ServiceFailedError("rank 0 died"), engine_finished=True)
+        with pytest.raises(ServiceFailedError):
+            await asyncio.wait_for(task, 5)
+        assert h.written == [["start"]] and h.output.cached_tokens == 0
 
     asyncio.run(body())

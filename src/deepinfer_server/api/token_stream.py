@@ -11,6 +11,10 @@ the stream to the handle as a sink, so that the reader task advances the parser 
 write for each engine step directly, in one pass over the step's output; the request's own task
 sleeps until the request ends or a write has to wait for a slow client. `batches()` is pulled
 by its caller, for requests whose choices are merged into one response (`fan_out`).
+The output's opening goes out with the request's first output from the engine (the delta that
+says the engine took it, or its first tokens): its usage carries the prompt tokens the engine
+reused from its prefix cache, which only the engine knows. A request that fails before then
+still sends its opening before the error.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ class ProtocolOutput(Protocol):
     @property
     def client_finish_reason(self) -> str | None: ...
 
-    def start(self) -> list[str]: ...
+    def start(self, cached_tokens: int = 0) -> list[str]: ...
 
     def push(self, tokens: GeneratedTokens) -> list[str]: ...
 
@@ -90,14 +94,18 @@ class TokenStream:
         self._metrics = metrics
         #: True once the request ended normally (the last payloads were returned).
         self.done = False
+        self._opened = False
         self._closed = False
         self._write: PayloadWriter = _no_write
         self._waiting_write: Coroutine[Any, Any, None] | None = None
         self._sink_error: Exception | None = None
 
     def opening(self) -> list[str]:
-        """The output's opening payloads."""
-        return self._output.start()
+        """The output's opening payloads, once (then []), with the engine's cached tokens."""
+        if self._opened:
+            return []
+        self._opened = True
+        return self._output.start(self._handle.cached_tokens or 0)
 
     def advance(
         self, tokens: GeneratedTokens, finish: Finish | None, arrived_at: float, step_seconds: float
@@ -106,9 +114,17 @@ class TokenStream:
         engine or the parser ended the request."""
         output = self._output
         record = self._record
+        opening = None
+        if not self._opened:
+            opening = self.opening()
+            if not (len(tokens) or tokens.prompt_logprobs is not None or finish is not None):
+                return opening  # the engine took the request; the output has nothing yet
         if not output.finished:
             record.on_tokens(arrived_at, len(tokens), step_seconds)
         payloads = output.push(tokens)
+        if opening is not None:
+            opening.extend(payloads)
+            payloads = opening
         if output.finished:
             # The parser ended the answer (EOS or a stop sequence); closing the handle aborts
             # the engine request if it is still running.
@@ -150,7 +166,8 @@ class TokenStream:
         self._write = write
         ended_by: BaseException | None = None
         try:
-            await self._send(self.opening())
+            if self._handle.cached_tokens is not None:  # the engine has taken it already
+                await self._send(self.opening())
             while not self.done:
                 if self._handle.attach(self._on_step):
                     await self._handle.wait_detached()
@@ -165,6 +182,10 @@ class TokenStream:
                 await self._send(
                     self.advance(batch.tokens, batch.finish, batch.arrived_at, batch.step_seconds)
                 )
+        except Exception as exc:
+            ended_by = exc
+            await self._send(self.opening())  # the error the caller writes comes after it
+            raise
         except BaseException as exc:  # its kind says why the engine request is aborted
             ended_by = exc
             raise
@@ -182,7 +203,6 @@ class TokenStream:
         """
         ended_by: BaseException | None = None
         try:
-            yield self.opening()
             while not self.done:
                 batch = await self._handle.next_batch()
                 payloads = self.advance(
@@ -190,6 +210,12 @@ class TokenStream:
                 )
                 if payloads or self.done:
                     yield payloads
+        except Exception as exc:
+            ended_by = exc
+            opening = self.opening()
+            if opening:
+                yield opening  # the error the caller writes comes after it
+            raise
         except BaseException as exc:  # its kind says why the engine request is aborted
             ended_by = exc
             raise

@@ -8,6 +8,7 @@ into a `ResolvedConfig`, the only configuration the running server reads.
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -123,6 +124,16 @@ class ServerConfig:
         "has one waiting (DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL; default: that variable, else "
         "DeepInfer's 100)",
         type=int,
+    )
+    enable_prefix_caching: bool | None = option(
+        None,
+        "--enable-prefix-caching",
+        help="reuse the KV cache and state of earlier requests' prompts for a new request that "
+        "starts with the same tokens (agent turns resend the whole conversation), and route "
+        "such requests to the DP rank that holds their prefix; --no-enable-prefix-caching "
+        "turns it off (default: on for --engine simulated, off for --engine deepinfer until it "
+        "is validated on GPUs)",
+        action=argparse.BooleanOptionalAction,
     )
     step_timeout: float = option(
         300.0,

@@ -47,6 +47,7 @@ class ResolvedConfig:
     max_num_batched_tokens: int | None
     prefill_attempt_interval: int
     prefill_any_attempt_interval: int
+    enable_prefix_caching: bool
     step_timeout: float
     request_timeout: float
     startup_timeout: float
@@ -199,11 +200,12 @@ def resolve(
     *,
     model_required: bool,
     default_max_model_len: int,
+    default_prefix_caching: bool = False,
 ) -> ResolvedConfig:
     """Validate the options as given and fill every derived default.
 
     `engine_options` is the chosen backend's option group (already validated by the backend);
-    `model_required` and `default_max_model_len` are that backend's.
+    `model_required`, `default_max_model_len` and `default_prefix_caching` are that backend's.
     """
     if config.model is None and model_required:
         raise ConfigError(f"MODEL is required with --engine {config.engine}")
@@ -248,6 +250,11 @@ def resolve(
             config.prefill_any_attempt_interval,
             "DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL",
             DEFAULT_PREFILL_ANY_ATTEMPT_INTERVAL,
+        ),
+        enable_prefix_caching=(
+            default_prefix_caching
+            if config.enable_prefix_caching is None
+            else config.enable_prefix_caching
         ),
         step_timeout=config.step_timeout,
         request_timeout=config.request_timeout,

@@ -1,4 +1,9 @@
-"""Admission: how many requests may be in flight, and on which rank each one runs."""
+"""Admission: how many requests may be in flight, and on which rank each one runs.
+
+A request goes to the least-loaded rank, or, with a `PrefixHint`, to the rank that holds its
+prompt's longest cached prefix unless that one is much more loaded (`prefix_routing.py`); the
+choice reads the counts under the same lock that takes the slot.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +12,14 @@ import multiprocessing
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from deepinfer_server.coordinator.prefix_routing import PrefixHint
 from deepinfer_server.errors import OverloadedError, ServiceFailedError
 
 
-def choose_rank(in_flight: Sequence[int]) -> int:
-    """The least-loaded rank; ties go to the lowest rank number."""
-    return min(range(len(in_flight)), key=in_flight.__getitem__)
+def choose_rank(in_flight: Sequence[int], hint: PrefixHint | None = None) -> int:
+    """The least-loaded rank (ties go to the lowest rank number), or the hint's choice."""
+    least = min(range(len(in_flight)), key=in_flight.__getitem__)
+    return least if hint is None else hint.choose(in_flight, least)
 
 
 class Admission:
@@ -26,13 +33,13 @@ class Admission:
     def total(self) -> int:
         return sum(self.in_flight)
 
-    def admit(self) -> int:
-        """Take a slot on the least-loaded rank and return that rank (429 when full)."""
+    def admit(self, hint: PrefixHint | None = None) -> int:
+        """Take a slot on the chosen rank and return that rank (429 when full)."""
         if self.total >= self.capacity:
             raise OverloadedError(
                 f"the server is at capacity ({self.capacity} requests in flight); retry later"
             )
-        rank = choose_rank(self.in_flight)
+        rank = choose_rank(self.in_flight, hint)
         self.in_flight[rank] += 1
         return rank
 
@@ -53,8 +60,7 @@ def shared_slots(data_parallel_size: int) -> Any:
 
 class SharedAdmission:
     """`Admission` across every API server process (`--api-server-count`): the per-rank counts
-    live in shared memory, so capacity and the least-loaded choice see every process's
-    requests."""
+    live in shared memory, so capacity and the rank choice see every process's requests."""
 
     def __init__(self, capacity: int, slots: Any) -> None:
         self.capacity = capacity
@@ -69,15 +75,15 @@ class SharedAdmission:
     def total(self) -> int:
         return sum(self.in_flight)
 
-    def admit(self) -> int:
-        """Take a slot on the least-loaded rank and return that rank (429 when full)."""
+    def admit(self, hint: PrefixHint | None = None) -> int:
+        """Take a slot on the chosen rank and return that rank (429 when full)."""
         with self._locked():
             counts = self._slots.get_obj()
             if sum(counts) >= self.capacity:
                 raise OverloadedError(
                     f"the server is at capacity ({self.capacity} requests in flight); retry later"
                 )
-            rank = choose_rank(counts)
+            rank = choose_rank(counts, hint)
             counts[rank] += 1
             return rank
 

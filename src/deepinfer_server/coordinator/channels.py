@@ -129,20 +129,19 @@ class RankChannels:
         images: Images | None = None,
     ) -> None:
         """Start a request on `rank`, and wake the other ranks into the same lockstep round."""
-        self.send_framed_add(rank, self.frame_add(request_id, prompt_token_ids, sampling, images))
+        framed = self.frame_add(request_id, pack_token_ids(prompt_token_ids), sampling, images)
+        self.send_framed_add(rank, framed)
 
     def frame_add(
         self,
         request_id: str,
-        prompt_token_ids: list[int],
+        packed_prompt: bytes,
         sampling: SamplingOptions,
         images: Images | None = None,
     ) -> bytes:
-        """The framed `AddRequest` for `send_framed_add` (sends nothing; raises OverflowError
-        for a token ID outside int32)."""
-        message = AddRequest(
-            request_id, pack_token_ids(prompt_token_ids), sampling, images, self._client
-        )
+        """The framed `AddRequest` for `send_framed_add` (sends nothing); the prompt is packed
+        by `ipc.codec.pack_token_ids`."""
+        message = AddRequest(request_id, packed_prompt, sampling, images, self._client)
         return frame(to_rank_encoder.encode(message))
 
     def send_framed_add(self, rank: int, framed: bytes) -> None:

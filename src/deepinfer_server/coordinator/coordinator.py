@@ -1,9 +1,11 @@
 """Coordinator: what the HTTP layer uses to run requests on the DP ranks.
 
-It admits requests (429 beyond capacity), starts each on the least-loaded rank, fans every
-rank's step outputs out to the live RequestHandles, and owns the service's health: a failed or
-hung rank fails the whole service (every handle ends with a 503, new requests get 503, and
-`/health` reports the reason until the server is restarted).
+It admits requests (429 beyond capacity), starts each on the least-loaded rank (with
+`--enable-prefix-caching` and DP > 1, on the rank that holds the prompt's longest cached
+prefix unless that one is much more loaded: `prefix_directory.py`, `prefix_routing.py`), fans
+every rank's step outputs out to the live RequestHandles, and owns the service's health: a
+failed or hung rank fails the whole service (every handle ends with a 503, new requests get
+503, and `/health` reports the reason until the server is restarted).
 
 It owns no process: whoever spawned the ranks (`server.ranks.RankGroup`) reports their exits
 (`rank_exited`) and learns of the service's failure through `on_failure` (to break the ranks'
@@ -27,16 +29,20 @@ from deepinfer_server.coordinator.failure_cause import FailureCause
 from deepinfer_server.coordinator.handle import RequestHandle
 from deepinfer_server.coordinator.liveness import LivenessWatch
 from deepinfer_server.coordinator.outcomes import error_for_finish, error_for_rejection
+from deepinfer_server.coordinator.prefix_directory import PrefixDirectory
+from deepinfer_server.coordinator.prefix_routing import PrefixHint, PrefixRouting
 from deepinfer_server.errors import (
     ApiError,
     ServiceFailedError,
     ShuttingDownError,
     StartupError,
 )
+from deepinfer_server.ipc.codec import pack_token_ids
 from deepinfer_server.ipc.messages import (
     AbortReason,
     FromRank,
     Images,
+    PrefixCacheStats,
     RankAlive,
     RankFailed,
     RankReady,
@@ -74,6 +80,14 @@ class Coordinator:
         #: Handles whose sinks are due once the messages that arrived together are delivered.
         self._to_flush: list[RequestHandle] = []
         self._kv_usage: list[float | None] = [None] * config.data_parallel_size
+        self._prefix_cache: list[PrefixCacheStats | None] = [None] * config.data_parallel_size
+        #: Where prompts' prefixes are cached: only with a choice of ranks to make.
+        self._directory: PrefixDirectory | None = None
+        self._routing = PrefixRouting.for_ranks_of(config.max_num_seqs)
+        if config.enable_prefix_caching and config.data_parallel_size > 1:
+            self._directory = PrefixDirectory(
+                config.data_parallel_size, config.max_model_len, config.max_num_seqs
+            )
         self._ready: set[int] = set()
         self._all_ready = asyncio.Event()
         self._failure: str | None = None
@@ -159,7 +173,8 @@ class Coordinator:
         deadline: float | None,
         images: Images | None = None,
     ) -> RequestHandle:
-        """Admit a request and start it on the least-loaded rank (429/503 when it cannot).
+        """Admit a request and start it on the least-loaded rank, or the rank holding its
+        prompt's cached prefix (429/503 when it cannot).
 
         The returned handle owns the request's admission slot and its place among the requests
         in flight: closing it frees both, once. If starting fails, at any step, what was taken
@@ -170,7 +185,14 @@ class Coordinator:
         if self.draining:
             raise ShuttingDownError()
         assert request_id not in self._handles, f"request {request_id} is already in flight"
-        rank = self._admission.admit()
+        packed = pack_token_ids(prompt_token_ids)  # OverflowError for an ID outside int32
+        hashes: list[int] = []
+        hint = None
+        directory = self._directory
+        if directory is not None and len(prompt_token_ids) >= self._routing.min_tokens:
+            hashes = directory.block_hashes(packed)
+            hint = PrefixHint(directory.held_tokens(hashes), len(prompt_token_ids), self._routing)
+        rank = self._admission.admit(hint)
         queue_timeout = self._config.queue_timeout
         try:
             handle = RequestHandle(
@@ -191,9 +213,11 @@ class Coordinator:
         sent = False
         try:
             handle.context_tokens = len(prompt_token_ids)
-            framed = self._channels.frame_add(request_id, prompt_token_ids, sampling, images)
+            framed = self._channels.frame_add(request_id, packed, sampling, images)
             sent = True
             self._channels.send_framed_add(rank, framed)
+            if directory is not None:
+                directory.record(rank, request_id, hashes)
             logger.debug(
                 "request %s: %d prompt tokens to DP rank %d (%d in flight)",
                 request_id,
@@ -302,7 +326,14 @@ class Coordinator:
                 waiting[handle.rank] += 1
             tokens[handle.rank] += handle.context_tokens
         return [
-            RankLoad(rank, running[rank], waiting[rank], tokens[rank], self._kv_usage[rank])
+            RankLoad(
+                rank,
+                running[rank],
+                waiting[rank],
+                tokens[rank],
+                self._kv_usage[rank],
+                self._prefix_cache[rank],
+            )
             for rank in range(size)
         ]
 
@@ -312,6 +343,11 @@ class Coordinator:
         now = time.perf_counter()
         self._metrics.observe_step(message.rank, message.step_seconds)
         self._kv_usage[message.rank] = message.kv_cache_usage
+        cache = message.prefix_cache
+        if cache is not None and cache != self._prefix_cache[message.rank]:
+            self._prefix_cache[message.rank] = cache
+            if self._directory is not None:
+                self._directory.rank_holds(message.rank, cache.sequences)
         handles = self._handles
         to_flush = self._to_flush
         step_seconds = message.step_seconds
@@ -319,6 +355,8 @@ class Coordinator:
             handle = handles.get(delta.request_id)
             if handle is None:
                 continue
+            if delta.cached_tokens is not None:
+                handle.started(delta.cached_tokens)
             finish = delta.finish
             if finish is None or finish.is_normal:
                 if handle.deliver(delta.tokens, finish, now, step_seconds):

@@ -85,6 +85,9 @@ class RequestHandle:
         self.has_first_token = False
         #: Prompt plus generated tokens: what the request holds in the engine's KV cache.
         self.context_tokens = 0
+        #: The prompt tokens the engine reused from its prefix cache; None until the engine
+        #: has taken the request (its first delta says).
+        self.cached_tokens: int | None = None
         self._finish: Finish | None = None
         self._error: ApiError | None = None
         self._event = asyncio.Event()
@@ -146,6 +149,12 @@ class RequestHandle:
             return first
         self._event.set()
         return False
+
+    def started(self, cached_tokens: int) -> None:
+        """The engine took the request, reusing `cached_tokens` prompt tokens: the output's
+        opening (whose usage carries them) is due, even without a token."""
+        self.cached_tokens = cached_tokens
+        self._first_waiting = True
 
     def flush(self) -> None:
         """Hand what was delivered since the last flush to the attached sink."""

@@ -22,7 +22,12 @@ from deepinfer_server.model.images import ImagePolicy, recipe_image_policy
 
 if TYPE_CHECKING:
     from deepinfer_server.config import ResolvedConfig
-    from deepinfer_server.ipc.messages import AddRequest, RequestDelta, RequestRejected
+    from deepinfer_server.ipc.messages import (
+        AddRequest,
+        PrefixCacheStats,
+        RequestDelta,
+        RequestRejected,
+    )
 
 
 class EngineCore(Protocol):
@@ -39,6 +44,9 @@ class EngineCore(Protocol):
 
     def kv_cache_usage(self) -> float | None:
         """The share (0-1) of the KV cache in use now, or None when the engine cannot tell."""
+
+    def prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """The prefix cache's counters now, or None when the engine has no prefix cache."""
 
     def close(self) -> None:
         """Release the engine (collective across the DP ranks where the engine says so)."""
@@ -70,6 +78,8 @@ class EngineSpec:
     #: DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL): prompts are scheduled only every so many steps.
     prefill_attempt_interval: int = DEFAULT_PREFILL_ATTEMPT_INTERVAL
     prefill_any_attempt_interval: int = DEFAULT_PREFILL_ANY_ATTEMPT_INTERVAL
+    #: `--enable-prefix-caching`: reuse the KV cache and state of earlier requests' prompts.
+    enable_prefix_caching: bool = False
 
 
 @dataclass
@@ -100,6 +110,8 @@ class EngineBackend(abc.ABC):
     model_required: ClassVar[bool] = True
     #: --max-model-len when not given.
     default_max_model_len: ClassVar[int] = 32768
+    #: --enable-prefix-caching when neither it nor --no-enable-prefix-caching is given.
+    default_prefix_caching: ClassVar[bool] = False
 
     def validate_options(self, options: object, data_parallel_size: int) -> None:
         """Raise ConfigError for option values this engine cannot use."""

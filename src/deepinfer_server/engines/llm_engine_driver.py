@@ -13,6 +13,11 @@ An EOS generated under `ignore_eos` is real output that is never rendered: it is
 DeepInfer cannot place (a grammar still compiling: the sequence is in no queue until the
 builder enqueues it, and `abort_request` returns (0, 0)) is sent again every iteration until
 the engine finds the request or the request ends.
+Right after `add_request` it reads the returned sequence's `num_cached_tokens` (the prompt
+tokens a prefix cache reused; DeepInfer's Sequence has the attribute, 0 without a hit) and sends
+it in the request's first delta, in the next iteration, whether or not that has tokens. An
+engine with a prefix cache exposes `prefix_cache_stats()` -> (query tokens, hit tokens, cached
+sequences); the driver passes those on.
 DeepInfer's finish strings become `Finish` values here and nowhere else.
 """
 
@@ -30,6 +35,7 @@ from deepinfer_server.ipc.messages import (
     AddRequest,
     Finish,
     GeneratedTokens,
+    PrefixCacheStats,
     RequestDelta,
     RequestRejected,
     SamplingOptions,
@@ -116,6 +122,11 @@ class LLMEngineDriver:
         self._prompt_logprobs_sent: set[str] = set()
         #: Aborted requests the engine did not find yet (their grammar was still compiling).
         self._unplaced_aborts: set[str] = set()
+        #: Requests added since the last read, with the prompt tokens the engine reused.
+        self._started: dict[str, int] = {}
+        #: The engine's `prefix_cache_stats()`, when it has a prefix cache.
+        self._cache_stats = getattr(engine, "prefix_cache_stats", None)
+        self._last_stats: PrefixCacheStats | None = None
 
     @property
     def num_live(self) -> int:
@@ -169,6 +180,7 @@ class LLMEngineDriver:
                 "the prompt holds token IDs outside the model's vocabulary",
             )
         self._live[request.request_id] = sampling
+        self._started[request.request_id] = int(getattr(sequence, "num_cached_tokens", 0))
         return None
 
     def abort(self, request_ids: list[str]) -> None:
@@ -179,6 +191,7 @@ class LLMEngineDriver:
         for request_id in live:
             del self._live[request_id]
             self._prompt_logprobs_sent.discard(request_id)
+            self._started.pop(request_id, None)
             self._abort_one(request_id)
 
     def _abort_one(self, request_id: str) -> None:
@@ -211,6 +224,16 @@ class LLMEngineDriver:
             return None
         usable = total - 1
         return min(1.0, max(0.0, (usable - int(free_blocks())) / usable))
+
+    def prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """The engine's prefix-cache counters, or None when it has no prefix cache."""
+        if self._cache_stats is None:
+            return None
+        queries, hits, sequences = self._cache_stats()
+        last = self._last_stats
+        if last is None or (last.queries, last.hits, last.sequences) != (queries, hits, sequences):
+            last = self._last_stats = PrefixCacheStats(int(queries), int(hits), int(sequences))
+        return last
 
     def close(self) -> None:
         self._engine.close()
@@ -252,7 +275,22 @@ class LLMEngineDriver:
                 delta.finish = finish
                 del self._live[request_id]
                 self._prompt_logprobs_sent.discard(request_id)
+        if self._started:
+            self._report_started(by_request)
         return list(by_request.values())
+
+    def _report_started(self, by_request: dict[str, RequestDelta]) -> None:
+        """Give every request added since the last read its first delta, with its cached
+        tokens (a delta of its own when this step produced nothing for it)."""
+        for request_id, cached in self._started.items():
+            delta = by_request.get(request_id)
+            if delta is None:
+                sampling = self._live.get(request_id)
+                if sampling is None:  # it ended without output: nothing more to say
+                    continue
+                delta = by_request[request_id] = RequestDelta(request_id, _empty_tokens(sampling))
+            delta.cached_tokens = cached
+        self._started.clear()
 
     def _read_logprobs(self, tokens: GeneratedTokens, handle: int) -> None:
         """The logprob of the token just appended, and its alternatives if asked for."""

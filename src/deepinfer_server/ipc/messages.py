@@ -216,12 +216,27 @@ def _aligned(
     return mine
 
 
-class RequestDelta(msgspec.Struct, array_like=True, gc=False):
-    """What one request produced in one engine iteration; `finish` is set when it ended."""
+class RequestDelta(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """What one request produced in one engine iteration; `finish` is set when it ended.
+
+    A request's first delta, sent in the first iteration after the engine took it (with or
+    without tokens), carries `cached_tokens`: the prompt tokens the engine reused from its
+    prefix cache (0 on a miss or without a cache); later deltas leave it None.
+    """
 
     request_id: str
     tokens: GeneratedTokens
     finish: Finish | None = None
+    cached_tokens: int | None = None
+
+
+class PrefixCacheStats(msgspec.Struct, array_like=True, gc=False):
+    """A rank's prefix-cache counters: prompt tokens looked up and found in the cache since
+    the rank started (as vLLM counts them), and the sequences the cache holds now."""
+
+    queries: int
+    hits: int
+    sequences: int
 
 
 class StepOutputs(_Message):
@@ -232,6 +247,8 @@ class StepOutputs(_Message):
     step_seconds: float
     #: The rank's KV-cache usage (0-1) after the iteration; None when the engine cannot tell.
     kv_cache_usage: float | None = None
+    #: The rank's prefix-cache counters after the iteration; None without a prefix cache.
+    prefix_cache: PrefixCacheStats | None = None
 
 
 class RequestRejected(_Message):

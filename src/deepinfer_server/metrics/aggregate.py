@@ -4,7 +4,8 @@ Each API server process observes the requests it serves; on a scrape, the proces
 asks the others for a `Snapshot` and sums it into its own samples, so every request is counted
 once whichever process answers. What every process sees alike is taken from the answering one
 alone: every rank sends its step reports to every process, so the step histogram, the KV-cache
-usage and health are the same everywhere (summing them would count them N times).
+usage, the prefix-cache counters and health are the same everywhere (summing them would count
+them N times).
 """
 
 from __future__ import annotations
@@ -20,7 +21,15 @@ from deepinfer_server.metrics.registry import PREFIX, RankLoad, ServerMetrics
 
 #: Families every process holds in full: taken from the answering process, never summed.
 SEEN_BY_EVERY_PROCESS = frozenset(
-    PREFIX + name for name in ("engine_step_seconds", "kv_cache_usage_perc", "healthy")
+    PREFIX + name
+    for name in (
+        "engine_step_seconds",
+        "kv_cache_usage_perc",
+        "prefix_cache_queries",
+        "prefix_cache_hits",
+        "prefix_cache_sequences",
+        "healthy",
+    )
 )
 
 SampleKey = tuple[str, tuple[tuple[str, str], ...]]
@@ -48,7 +57,8 @@ def take_snapshot(metrics: ServerMetrics, rank_loads: list[RankLoad]) -> Snapsho
 
 
 def merge_loads(own: Sequence[RankLoad], others: Iterable[Snapshot]) -> list[RankLoad]:
-    """Requests and tokens summed over the processes; KV-cache usage from `own`."""
+    """Requests and tokens summed over the processes; KV-cache usage and prefix-cache
+    counters from `own`."""
     merged = list(own)
     for snapshot in others:
         for load in snapshot.rank_loads:

@@ -13,10 +13,10 @@ from typing import NamedTuple
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from deepinfer_server.ipc.messages import AbortReason
+from deepinfer_server.ipc.messages import AbortReason, PrefixCacheStats
 from deepinfer_server.metrics.histogram import FastHistogram
 from deepinfer_server.metrics.records import RequestRecord
 
@@ -120,7 +120,7 @@ class RankLoad(NamedTuple):
     (no first token), `running` those producing tokens, `tokens` the prompt and generated
     tokens of both; `kv_cache_usage` is the share (0-1)
     of the rank's KV cache in use at its last step report (None before one, or when the
-    engine cannot tell).
+    engine cannot tell), `prefix_cache` its prefix-cache counters then (None without a cache).
     """
 
     rank: int
@@ -128,6 +128,7 @@ class RankLoad(NamedTuple):
     waiting: int
     tokens: int
     kv_cache_usage: float | None
+    prefix_cache: PrefixCacheStats | None = None
 
 
 class _RankGauges(Collector):
@@ -159,11 +160,38 @@ class _RankGauges(Collector):
             "KV-cache usage of each DP rank (1 = full), at its last engine step.",
             labels=["model_name", "dp_rank"],
         )
+        # The prefix-cache counters are tokens, as vLLM's `prefix_cache_queries` and
+        # `prefix_cache_hits` count them: summed over the ranks, each rank's as of its last
+        # step report (every API process hears every rank, so they are never summed over
+        # processes).
+        queries = CounterMetricFamily(
+            PREFIX + "prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache, over every DP rank.",
+            labels=["model_name"],
+        )
+        hits = CounterMetricFamily(
+            PREFIX + "prefix_cache_hits",
+            "Prompt tokens found in the prefix cache (not computed again), over every DP rank.",
+            labels=["model_name"],
+        )
+        sequences = GaugeMetricFamily(
+            PREFIX + "prefix_cache_sequences",
+            "Sequences held in each DP rank's prefix cache, at its last engine step.",
+            labels=["model_name", "dp_rank"],
+        )
+        total_queries = total_hits = 0
         for load in self._rank_loads():
             labels = [self._model_name, str(load.rank)]
             running.add_metric(labels, load.running)
             waiting.add_metric(labels, load.waiting)
             kv_usage.add_metric(labels, load.kv_cache_usage or 0.0)
+            cache = load.prefix_cache
+            sequences.add_metric(labels, cache.sequences if cache is not None else 0)
+            if cache is not None:
+                total_queries += cache.queries
+                total_hits += cache.hits
+        queries.add_metric([self._model_name], total_queries)
+        hits.add_metric([self._model_name], total_hits)
         healthy = GaugeMetricFamily(
             PREFIX + "healthy",
             "1 while every DP rank is alive and stepping, else 0.",
@@ -173,6 +201,9 @@ class _RankGauges(Collector):
         yield running
         yield waiting
         yield kv_usage
+        yield queries
+        yield hits
+        yield sequences
         yield healthy
 
 

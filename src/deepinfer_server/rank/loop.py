@@ -7,7 +7,8 @@ Each iteration, on every rank:
   3. `EngineCore.iterate()`: for DeepInfer-contract engines `has_unfinished_requests()` (a
      collective over the DP ranks), then `step()` if any rank has work, else
      `flush_inflight_reqs()`;
-  4. send one StepOutputs message with every request's new tokens; with several API server
+  4. send one StepOutputs message with every request's new tokens (and the KV usage and
+     prefix-cache counters after the iteration); with several API server
      processes (`--api-server-count`), one to each, carrying the deltas of the requests it sent
      (every process sees every step report: its liveness watch and step metrics need them);
      when there was nothing to report for `heartbeat` seconds, a RankAlive to every process
@@ -25,6 +26,7 @@ from deepinfer_server.engines.backend import EngineCore
 from deepinfer_server.ipc.messages import (
     AbortRequests,
     AddRequest,
+    PrefixCacheStats,
     RankAlive,
     RequestDelta,
     StepOutputs,
@@ -66,6 +68,7 @@ class RankLoop:
         idle = True
         summary = _StepSummary(self._rank)
         reported_usage: float | None = None
+        reported_cache: PrefixCacheStats | None = None
         last_sent = time.perf_counter()
         while not self._stop.should_stop(iteration):
             self._take_messages(wait=idle)
@@ -75,10 +78,13 @@ class RankLoop:
             if unfinished:
                 summary.add(elapsed, started)
             usage = self._core.kv_cache_usage()
-            # An abort while idle frees KV blocks without a step: report that too.
-            if deltas or unfinished or usage != reported_usage:
-                self._publish(deltas, elapsed, usage)
+            cache = self._core.prefix_cache_stats()
+            # An abort while idle frees KV blocks without a step: report that too (and a
+            # cache that changed in a flush).
+            if deltas or unfinished or usage != reported_usage or cache != reported_cache:
+                self._publish(deltas, elapsed, usage, cache)
                 reported_usage = usage
+                reported_cache = cache
                 last_sent = started + elapsed
             elif started + elapsed - last_sent >= self._heartbeat:
                 self._links.send_all(RankAlive(self._rank))
@@ -86,10 +92,16 @@ class RankLoop:
             idle = not unfinished
             iteration += 1
 
-    def _publish(self, deltas: list[RequestDelta], elapsed: float, usage: float | None) -> None:
+    def _publish(
+        self,
+        deltas: list[RequestDelta],
+        elapsed: float,
+        usage: float | None,
+        cache: PrefixCacheStats | None,
+    ) -> None:
         clients = self._clients
         if clients is None:
-            self._links.send(0, StepOutputs(self._rank, deltas, elapsed, usage))
+            self._links.send(0, StepOutputs(self._rank, deltas, elapsed, usage, cache))
             return
         routed: list[list[RequestDelta]] = [[] for _ in range(self._links.count)]
         for delta in deltas:
@@ -100,7 +112,7 @@ class RankLoop:
                 del clients[delta.request_id]
             routed[client].append(delta)
         for client, client_deltas in enumerate(routed):
-            self._links.send(client, StepOutputs(self._rank, client_deltas, elapsed, usage))
+            self._links.send(client, StepOutputs(self._rank, client_deltas, elapsed, usage, cache))
 
     def _take_messages(self, wait: bool) -> None:
         if wait and not self._links.wait(self._idle_wait_ms):

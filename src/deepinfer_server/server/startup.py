@@ -79,6 +79,7 @@ def rank_specs(config: ResolvedConfig, prepared: Prepared, workdir: str) -> list
                 environment=environments[rank],
                 prefill_attempt_interval=config.prefill_attempt_interval,
                 prefill_any_attempt_interval=config.prefill_any_attempt_interval,
+                enable_prefix_caching=config.enable_prefix_caching,
             ),
             builder=backend.builder,
             backend_name=backend.name,

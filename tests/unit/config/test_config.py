@@ -5,14 +5,18 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 from deepinfer_server.cli import build_parser, parse_config
 from deepinfer_server.config import ResolvedConfig, derive_parallelism
 from deepinfer_server.engines.deepinfer.backend import DeepInferBackend, DeepInferOptions
+from deepinfer_server.engines.registry import get_backend
 from deepinfer_server.engines.simulated.backend import SimulatedOptions
 from deepinfer_server.errors import ConfigError
+from deepinfer_server.protocol.core.recipe import RecipeContext
+from deepinfer_server.server.startup import Prepared, rank_specs
 from tests.checkpoint import write_checkpoint
 
 
@@ -122,6 +126,8 @@ def test_help_documents_every_option() -> None:
         "--get-load-format",
         "--api-server-count",
         "--stream-interval",
+        "--enable-prefix-caching",
+        "--no-enable-prefix-caching",
     ]:
         assert flag in help_text
 
@@ -264,3 +270,16 @@ def test_deepinfer_ranks_get_the_prefill_intervals(monkeypatch: pytest.MonkeyPat
     for environment in DeepInferBackend().rank_environments(config, 29500):
         assert environment["DEEPINFER_PREFILL_ATTEMPT_INTERVAL"] == "5"
         assert environment["DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL"] == "100"
+
+
+def test_prefix_caching_is_off_for_deepinfer_by_default_and_the_flags_reach_every_rank() -> None:
+    deepinfer = parse_config(["/models/ckpt", "--engine", "deepinfer", "--dp", "2"])
+    assert deepinfer.enable_prefix_caching is False
+    on = parse_config(["/models/ckpt", "--engine", "deepinfer", "--enable-prefix-caching"])
+    assert on.enable_prefix_caching is True
+    off = parse_config(["--engine", "simulated", "--no-enable-prefix-caching"])
+    assert off.enable_prefix_caching is False
+    config = parse_config(["--engine", "simulated", "--dp", "2", "--enable-prefix-caching"])
+    prepared = Prepared(get_backend("simulated"), None, 29500, "", cast(RecipeContext, None))
+    specs = rank_specs(config, prepared, "/tmp/unused")
+    assert [spec.engine.enable_prefix_caching for spec in specs] == [True, True]

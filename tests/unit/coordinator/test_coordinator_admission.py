@@ -25,6 +25,7 @@ from deepinfer_server.coordinator.admission import Admission
 from deepinfer_server.coordinator.channels import RankChannels, bind_rank_listener
 from deepinfer_server.coordinator.coordinator import Coordinator
 from deepinfer_server.coordinator.handle import RequestHandle
+from deepinfer_server.coordinator.prefix_routing import PrefixHint
 from deepinfer_server.errors import ApiError, OverloadedError, RequestTimeoutError
 from deepinfer_server.ipc.messages import AbortReason, Finish, GeneratedTokens, SamplingOptions
 from deepinfer_server.metrics import ServerMetrics
@@ -56,9 +57,9 @@ class _FaultyAdmission(Admission):
         super().__init__(DP, CAPACITY)
         self._faults = faults
 
-    def admit(self) -> int:
+    def admit(self, hint: PrefixHint | None = None) -> int:
         self._faults.check("admit")
-        return super().admit()
+        return super().admit(hint)
 
 
 class _FaultyChannels(RankChannels):

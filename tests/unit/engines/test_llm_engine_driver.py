@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from functools import cache
+from types import SimpleNamespace
+from typing import Any
 
 from tokenizers import Tokenizer
 
@@ -12,7 +15,13 @@ from deepinfer_server.engines.simulated.engine import LLMEngine, SimEngineArgs
 from deepinfer_server.engines.simulated.outputs import RequestOutput
 from deepinfer_server.errors import ErrorKind
 from deepinfer_server.ipc.codec import pack_token_ids
-from deepinfer_server.ipc.messages import AddRequest, Finish, Images, SamplingOptions
+from deepinfer_server.ipc.messages import (
+    AddRequest,
+    Finish,
+    Images,
+    PrefixCacheStats,
+    SamplingOptions,
+)
 from deepinfer_server.model.tokenizer import embedded_tokenizer_json
 
 
@@ -139,3 +148,81 @@ def test_eos_under_ignore_eos_counts_but_is_never_rendered() -> None:
     assert finish is Finish.LENGTH
     assert rendered == [19923, 19923, 19923]
     assert hidden == 2
+
+
+class _CachingEngine:
+    """The simulated engine as a prefix-caching one looks to the driver: each sequence
+    `add_request` returns says how many prompt tokens it reused, and the engine has counters."""
+
+    def __init__(self, cached: int, **overrides: object) -> None:
+        args = SimEngineArgs(
+            tokenizer_json=_tokenizer_json(), lockstep=new_lockstep_group(1, 5.0), itl_ms=0
+        )
+        for key, value in overrides.items():
+            setattr(args, key, value)
+        self._engine = LLMEngine.from_engine_args(args)
+        self.eos_id = self._engine.eos_id
+        self.cached = cached
+        self.stats = (0, 0, 0)
+
+    def add_request(self, *args: Any, **kwargs: Any) -> object | None:
+        sequence = self._engine.add_request(*args, **kwargs)
+        return None if sequence is None else SimpleNamespace(num_cached_tokens=self.cached)
+
+    def prefix_cache_stats(self) -> tuple[int, int, int]:
+        return self.stats
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+
+def test_the_first_delta_says_how_many_prompt_tokens_the_engine_reused() -> None:
+    engine = _CachingEngine(cached=640, ttft_ms=50)
+    driver = LLMEngineDriver(engine, RequestOutput)
+    add(driver, "r1", PROMPT)
+    unfinished, outputs = driver.iterate()
+    # No token yet (the first comes after 50 ms): a delta of its own says the engine took it.
+    assert unfinished
+    assert [(o.request_id, o.tokens.token_ids, o.cached_tokens) for o in outputs] == [
+        ("r1", [], 640)
+    ]
+    tokens: list[int] = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        _, outputs = driver.iterate()
+        assert all(o.cached_tokens is None for o in outputs)  # said once
+        tokens += [t for o in outputs for t in o.tokens.token_ids]
+        if any(o.finish is not None for o in outputs):
+            break
+    assert tokens == [19923]
+
+
+def test_later_deltas_carry_no_cached_tokens_and_a_plain_engine_reports_zero() -> None:
+    driver = make_adapter(ttft_ms=0)
+    add(driver, "r1", PROMPT)
+    seen: list[int | None] = []
+    for _ in range(1000):
+        unfinished, outputs = driver.iterate()
+        seen += [o.cached_tokens for o in outputs]
+        if not unfinished and not outputs:
+            break
+    assert seen[0] == 0 and all(value is None for value in seen[1:]) and len(seen) > 1
+
+
+def test_a_request_aborted_before_its_first_iteration_reports_nothing() -> None:
+    driver = LLMEngineDriver(_CachingEngine(cached=128, ttft_ms=50), RequestOutput)
+    add(driver, "r1", PROMPT)
+    driver.abort(["r1"])
+    assert driver.iterate()[1] == []
+
+
+def test_prefix_cache_counters_pass_through_and_stay_one_object_while_unchanged() -> None:
+    engine = _CachingEngine(cached=0)
+    driver = LLMEngineDriver(engine, RequestOutput)
+    engine.stats = (1000, 900, 2)
+    first = driver.prefix_cache_stats()
+    assert first == PrefixCacheStats(1000, 900, 2)
+    assert driver.prefix_cache_stats() is first
+    engine.stats = (1200, 900, 3)
+    assert driver.prefix_cache_stats() == PrefixCacheStats(1200, 900, 3)
+    assert make_adapter().prefix_cache_stats() is None  # no cache, no counters

@@ -1,5 +1,6 @@
 """RankLoop with several API server processes: each gets its own requests' outputs, and every
-one gets every step report (its liveness watch needs them). Real Unix sockets, as in a server."""
+one gets every step report (its liveness watch needs them), the prefix-cache counters included.
+Real Unix sockets, as in a server."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from deepinfer_server.ipc.messages import (
     FromRank,
     GeneratedTokens,
     LinkHello,
+    PrefixCacheStats,
     RankAlive,
     RequestDelta,
     RequestRejected,
@@ -55,6 +57,9 @@ class _Core:
 
     def kv_cache_usage(self) -> float | None:
         return 0.5
+
+    def prefix_cache_stats(self) -> PrefixCacheStats | None:
+        return None
 
     def close(self) -> None:
         pass
@@ -147,3 +152,31 @@ def test_an_idle_loop_says_it_came_back_every_heartbeat(tmp_path: Path) -> None:
             # report, is a heartbeat (the interval is 0 here).
             assert sum(isinstance(m, StepOutputs) for m in received) == 1
             assert sum(isinstance(m, RankAlive) for m in received) == 29
+
+
+class _CachingCore(_IdleCore):
+    """An idle engine whose prefix cache changes once, at its third iteration (a flush)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.iterations = 0
+
+    def iterate(self) -> tuple[bool, list[RequestDelta]]:
+        self.iterations += 1
+        return False, []
+
+    def prefix_cache_stats(self) -> PrefixCacheStats | None:
+        return PrefixCacheStats(100, 90, 1 if self.iterations >= 3 else 0)
+
+
+def test_prefix_cache_counters_reach_every_api_process_when_they_change(tmp_path: Path) -> None:
+    with _two_api_processes(tmp_path) as (links, api_ends):
+        loop = RankLoop(0, _CachingCore(), links, _StopAfter(6), idle_wait=0.01, heartbeat=60)
+        loop.run()  # type: ignore[arg-type]
+        for api_end in api_ends:
+            steps = [m for m in _received(api_end) if isinstance(m, StepOutputs)]
+            # The first report, then the change seen while idle; nothing when nothing changed.
+            assert [m.prefix_cache for m in steps] == [
+                PrefixCacheStats(100, 90, 0),
+                PrefixCacheStats(100, 90, 1),
+            ]

@@ -109,6 +109,7 @@ class CompletionOutput:
         self._logprobs = _Logprobs() if prepared.logprobs is not None else None
         self._finish_reason: str | None = None
         self._completion_tokens = 0
+        self._cached_tokens = 0
         self._scored = False  # max_tokens 0: the prompt is echoed, nothing is generated
 
     @property
@@ -121,8 +122,12 @@ class CompletionOutput:
         """True once the answer is complete (EOS, stop sequence, or an echo-only request)."""
         return self._scored or bool(self._processor.finished)
 
-    def start(self) -> list[str]:
-        usage = PromptUsage(prompt_tokens=len(self._prepared.prompt_token_ids))
+    def start(self, cached_tokens: int = 0) -> list[str]:
+        self._cached_tokens = cached_tokens
+        usage = PromptUsage(
+            prompt_tokens=len(self._prepared.prompt_token_ids),
+            prompt_cache_hit_tokens=cached_tokens,
+        )
         self._processor.push(InferenceChunk.ready(prompt_usage=usage))
         return []
 
@@ -151,9 +156,8 @@ class CompletionOutput:
         pieces.append(("", None))
         payloads = self._emit(pieces, final=True)
         if self._prepared.stream and self._prepared.stream_options.include_usage:
-            payloads.append(
-                orjson.dumps({**self._header, "choices": [], "usage": self._usage()}).decode()
-            )
+            usage = self._usage(details=True)
+            payloads.append(orjson.dumps({**self._header, "choices": [], "usage": usage}).decode())
         return payloads
 
     def close(self) -> None:
@@ -167,7 +171,7 @@ class CompletionOutput:
             "logprobs": self._logprobs.as_json() if self._logprobs is not None else None,
             "finish_reason": self._finish_reason,
         }
-        body = {**self._header, "choices": [choice], "usage": self._usage()}
+        body = {**self._header, "choices": [choice], "usage": self._usage(details=True)}
         return orjson.dumps({**body, "system_fingerprint": None})
 
     # Internals
@@ -241,10 +245,15 @@ class CompletionOutput:
             payloads.append(orjson.dumps(chunk).decode())
         return payloads
 
-    def _usage(self) -> dict[str, int]:
+    def _usage(self, details: bool = False) -> dict[str, Any]:
+        """The usage object; the final one (`details`) also says how many prompt tokens came
+        from the prefix cache, as vLLM and the chat usage do (`prompt_tokens_details`)."""
         prompt_tokens = len(self._prepared.prompt_token_ids)
-        return {
+        usage: dict[str, Any] = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": self._completion_tokens,
             "total_tokens": prompt_tokens + self._completion_tokens,
         }
+        if details:
+            usage["prompt_tokens_details"] = {"cached_tokens": self._cached_tokens}
+        return usage

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from deepseek_recipe import ConversationRequest
+from deepseek_recipe import ConversationRequest, RenderedPrompt
 
 from deepinfer_server.errors import ApiError, ContextLengthError
 from deepinfer_server.ipc.messages import Images, SamplingOptions
@@ -27,14 +27,17 @@ ContextOverflow = Callable[[int, int | None, int], ApiError]
 
 
 def _reject_provably_too_long(
-    converted: ConversationRequest, recipe: RecipeContext, overflow: ContextOverflow | None
+    converted: ConversationRequest,
+    recipe: RecipeContext,
+    overflow: ContextOverflow | None,
+    rendered: RenderedPrompt,
 ) -> None:
     """400 before tokenizing a prompt whose text alone has more bytes than the context can hold.
 
     Rendering is cheap (tens of ms for megabytes); tokenizing a multi-megabyte prompt takes
     seconds of CPU, which an oversized request must not get.
     """
-    size = len(recipe.encoding.render_conversation(converted.conversation).prompt.encode())
+    size = len(rendered.prompt.encode())
     at_least = -(-size // recipe.max_token_bytes)
     if at_least > recipe.context_limit:
         if overflow is not None:
@@ -66,13 +69,14 @@ def engine_input(
     `overflow`'s error when the protocol words it its own way.
     """
     with recipe_errors():
+        rendered = recipe.encoding.render_conversation(converted.conversation)
         # Before any image is fetched or decoded: a prompt that cannot fit costs nothing more.
-        _reject_provably_too_long(converted, recipe, overflow)
+        _reject_provably_too_long(converted, recipe, overflow, rendered)
         sources = image_sources(converted)
         images = None
         if sources:
             images = resolve_images(sources, recipe.image_limits, recipe.image_resolver)
-        prompt_token_ids = recipe.encoding.encode(converted.conversation)
+        prompt_token_ids = recipe.encode(converted.conversation, rendered)
     if images is not None and recipe.image_policy is not None:
         prompt_token_ids, images = place_images(prompt_token_ids, images, recipe.image_policy)
     prompt_tokens = Images.prompt_tokens(prompt_token_ids, images)

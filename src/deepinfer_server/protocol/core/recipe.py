@@ -13,17 +13,20 @@ from dataclasses import dataclass
 import orjson
 import tokenizers
 from deepseek_recipe import (
+    Conversation,
     ConversionError,
     ConversionOptions,
     DeepseekV41Encoding,
     ImageResolver,
     ModelVersion,
+    RenderedPrompt,
     Tokenizer,
 )
 
 from deepinfer_server.errors import ApiError, BadRequestError, ContextLengthError, ErrorKind
 from deepinfer_server.model.images import ImagePolicy, recipe_image_policy
 from deepinfer_server.protocol.core.images import ImageLimits, new_resolver
+from deepinfer_server.protocol.core.prompt_encoder import PromptEncoder
 from deepinfer_server.protocol.core.reasoning_seal import ReasoningSeal, seal_key
 
 
@@ -54,6 +57,8 @@ class RecipeContext:
     image_policy: ImagePolicy | None = None
     #: `--clamp-max-tokens`: a max_tokens beyond the room the prompt leaves is lowered to it.
     clamp_max_tokens: bool = False
+    #: `encoding.encode`, reusing the tokens of an earlier prompt that the new one extends.
+    prompt_encoder: PromptEncoder | None = None
 
     @classmethod
     def create(
@@ -99,6 +104,7 @@ class RecipeContext:
             prompt_logprobs_unavailable,
             image_policy or recipe_image_policy(tokenizer_json),
             clamp_max_tokens,
+            PromptEncoder(tokenizers.Tokenizer.from_str(tokenizer_json)),
         )
 
     @property
@@ -114,6 +120,16 @@ class RecipeContext:
         if not self.clamp_max_tokens or requested is None or room < 1 or requested <= room:
             return None
         return room
+
+    def encode(
+        self, conversation: Conversation, rendered: RenderedPrompt | None = None
+    ) -> list[int]:
+        """The conversation's prompt token IDs (V4.1), reusing an earlier prompt's where the
+        prompt encoder can; `rendered` is the conversation's rendering, if at hand."""
+        if self.prompt_encoder is None:
+            tokens: list[int] = self.encoding.encode(conversation)
+            return tokens
+        return self.prompt_encoder.encode(self.encoding, conversation, rendered)
 
 
 def max_token_bytes(tokenizer_json: str) -> int:

@@ -118,9 +118,12 @@ class RecipeOutput:
         reason = choices[0].get("finish_reason") if choices else None
         return reason if isinstance(reason, str) else None
 
-    def start(self) -> list[str]:
-        """The opening payloads (role, created events)."""
-        usage = PromptUsage(prompt_tokens=self._prompt_tokens)
+    def start(self, cached_tokens: int = 0) -> list[str]:
+        """The opening payloads (role, created events); `cached_tokens` is how many prompt
+        tokens the engine reused from its prefix cache (each protocol's usage reports them)."""
+        usage = PromptUsage(
+            prompt_tokens=self._prompt_tokens, prompt_cache_hit_tokens=cached_tokens
+        )
         chunks = self._processor.push(InferenceChunk.ready(prompt_usage=usage))
         self._finished = bool(self._processor.finished)
         return self._emit(chunks)

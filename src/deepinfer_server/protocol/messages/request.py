@@ -84,4 +84,4 @@ def count_message_tokens(body: dict[str, Any], recipe: RecipeContext) -> int:
     """
     converted = _convert({**body, "max_tokens": 1, "stream": False}, recipe)
     with recipe_errors():
-        return len(recipe.encoding.encode(converted.conversation))
+        return len(recipe.encode(converted.conversation))

@@ -1,0 +1,119 @@
+"""The coordinator with --enable-prefix-caching and DP 2: a conversation's next turn goes to
+the rank that holds its prefix, a new one to the least-loaded rank; a rank's first delta gives
+the handle its cached tokens; the ranks' counters become the prefix-cache metrics.
+
+A real Coordinator over real RankChannels whose ranks have not connected (every message waits
+in memory); the ranks' step reports are handed to it as its reader task would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from deepinfer_server.cli import parse_config
+from deepinfer_server.coordinator.channels import RankChannels, bind_rank_listener
+from deepinfer_server.coordinator.coordinator import Coordinator
+from deepinfer_server.ipc.messages import (
+    AbortReason,
+    GeneratedTokens,
+    PrefixCacheStats,
+    RequestDelta,
+    SamplingOptions,
+    StepOutputs,
+)
+from deepinfer_server.metrics import ServerMetrics
+from tests.metrics_scrape import parse_metrics, value
+
+
+def _prompt(length: int, seed: int) -> list[int]:
+    generator = random.Random(seed)
+    return [generator.randrange(129_280) for _ in range(length)]
+
+
+@asynccontextmanager
+async def _coordinator(tmp_path: Path, *flags: str) -> AsyncIterator[Coordinator]:
+    config = parse_config(["--engine", "simulated", "--dp", "2", *flags])
+    channels = RankChannels(bind_rank_listener(str(tmp_path / "ranks.sock")), 2)
+    coordinator = Coordinator(config, channels, ServerMetrics("m"))
+    try:
+        yield coordinator
+    finally:
+        channels.close()
+
+
+def _report(
+    coordinator: Coordinator, rank: int, stats: PrefixCacheStats | None, *deltas: RequestDelta
+) -> None:
+    coordinator._on_messages([StepOutputs(rank, list(deltas), 0.01, 0.1, stats)])
+
+
+def test_a_next_turn_goes_to_the_rank_holding_its_prefix(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with _coordinator(tmp_path, "--enable-prefix-caching") as coordinator:
+            for rank in (0, 1):
+                _report(coordinator, rank, PrefixCacheStats(0, 0, 0))
+            busy = coordinator.submit("busy", [1, 2, 3], SamplingOptions(8), None)
+            assert busy.rank == 0
+            turn_1 = _prompt(2000, seed=1)
+            first = coordinator.submit("turn-1", turn_1, SamplingOptions(8), None)
+            assert first.rank == 1  # the least-loaded rank
+            first.close(AbortReason.STOP)
+            turn_2 = [*turn_1, *_prompt(300, seed=2)]
+            others = [
+                coordinator.submit(f"o{n}", _prompt(2000, seed=10 + n), SamplingOptions(8), None)
+                for n in range(3)
+            ]
+            # New conversations: the least-loaded rank each time.
+            assert [handle.rank for handle in others] == [1, 0, 1]
+            busy.close(AbortReason.STOP)  # now rank 0 runs 1 request, rank 1 runs 2
+            second = coordinator.submit("turn-2", turn_2, SamplingOptions(8), None)
+            assert second.rank == 1  # it holds turn 1's prompt
+            for handle in (*others, second):
+                handle.close(AbortReason.STOP)
+
+    asyncio.run(body())
+
+
+def test_without_prefix_caching_every_request_goes_to_the_least_loaded_rank(
+    tmp_path: Path,
+) -> None:
+    async def body() -> None:
+        async with _coordinator(tmp_path, "--no-enable-prefix-caching") as coordinator:
+            turn_1 = _prompt(2000, seed=1)
+            first = coordinator.submit("turn-1", turn_1, SamplingOptions(8), None)
+            second = coordinator.submit("turn-2", [*turn_1, 7], SamplingOptions(8), None)
+            assert (first.rank, second.rank) == (0, 1)
+            first.close(AbortReason.STOP)
+            second.close(AbortReason.STOP)
+
+    asyncio.run(body())
+
+
+def test_the_first_delta_gives_the_handle_its_cached_tokens_and_counters_become_metrics(
+    tmp_path: Path,
+) -> None:
+    async def body() -> None:
+        async with _coordinator(tmp_path, "--enable-prefix-caching") as coordinator:
+            handle = coordinator.submit("r", _prompt(1000, seed=4), SamplingOptions(8), None)
+            assert handle.cached_tokens is None
+            stats = PrefixCacheStats(queries=3000, hits=2560, sequences=2)
+            _report(
+                coordinator, handle.rank, stats, RequestDelta("r", GeneratedTokens(), None, 896)
+            )
+            assert handle.cached_tokens == 896
+            _report(coordinator, 1 - handle.rank, PrefixCacheStats(1000, 0, 1))
+            handle.close(AbortReason.STOP)
+            samples = parse_metrics(coordinator._metrics.exposition().decode())
+            assert value(samples, "deepinfer:prefix_cache_queries_total", model_name="m") == 4000
+            assert value(samples, "deepinfer:prefix_cache_hits_total", model_name="m") == 2560
+            for rank, sequences in ((handle.rank, 2), (1 - handle.rank, 1)):
+                gauge = value(
+                    samples, "deepinfer:prefix_cache_sequences", model_name="m", dp_rank=str(rank)
+                )
+                assert gauge == sequences
+
+    asyncio.run(body())
