@@ -4,6 +4,9 @@ cache on and off, in one run.
 
     python bench/agent_replay.py [--turns 20] [--concurrency 1,16] [--prefill-tokens-per-s N]
 
+Not runnable yet: it needs the simulated engine's prefix cache and its prefill cost
+(`--sim-prefill-tokens-per-s`), which are not on main (issue 27).
+
 Replays agent conversations (`bench/agent_conversation.py`: a ~14k-token system prompt, then
 200-400 tokens more per turn, half of them tool calls with their results, tools declared)
 against two servers on the simulated engine, one with `--enable-prefix-caching` and one with
