@@ -193,7 +193,14 @@ class CompileWorkers:
         self._spawner.shutdown(wait=False)
 
     def _start_worker(self) -> None:
-        worker = self._spawner.submit(self._spawn).result()
+        try:
+            worker = self._spawner.submit(self._spawn).result()
+        except RuntimeError:
+            with self._lock:
+                closed = self._closed
+            if closed:  # the pool was closed meanwhile (its spawner shut down): no new worker
+                return
+            raise
         with self._lock:
             self._starting += 1
             if worker.process.pid is not None:
