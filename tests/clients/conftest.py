@@ -7,6 +7,7 @@ A test skips only when its client is not installed.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -15,6 +16,7 @@ import shutil
 import subprocess
 import threading
 import uuid
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +53,27 @@ def pytest_configure(config: pytest.Config) -> None:
 def marker() -> str:
     """A unique word the echo engine must hand back."""
     return f"MARK{uuid.uuid4().hex[:10].upper()}"
+
+
+@pytest.fixture(autouse=True)
+def close_leftover_event_loop() -> Iterator[None]:
+    """Close the event loop a synchronous client library left behind.
+
+    LiteLLM's synchronous `completion()` calls `asyncio.get_event_loop()` for its service
+    logger, which creates a loop, sets it as the thread's current loop and never closes it. Left
+    open, that loop is garbage-collected at some later point of the session and its
+    ResourceWarning (an error here) fails whichever test happens to run then."""
+    yield
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        policy = asyncio.get_event_loop_policy()
+        try:
+            loop = policy.get_event_loop()
+        except RuntimeError:  # no current loop, and none may be created here
+            return
+    if not loop.is_running():
+        loop.close()
+        policy.set_event_loop(None)
 
 
 @pytest.fixture(scope="session")
