@@ -27,16 +27,9 @@ PROMETHEUS_CONFIG = REPO / "deploy" / "prometheus" / "prometheus.yml"
 #: The scrape job alerts.yml selects `up` by.
 JOB = "deepinfer-server"
 
-#: The prefix cache's metrics (docs/design/prefix-caching.md), shown on the dashboard before the
-#: server exports them, with the labels they are to have. Keep this short: remove a name the day
-#: the server exports it.
-NOT_YET_EXPORTED: Mapping[str, frozenset[str]] = MappingProxyType(
-    {
-        "deepinfer:prefix_cache_queries_total": frozenset({"model_name"}),
-        "deepinfer:prefix_cache_hits_total": frozenset({"model_name"}),
-        "deepinfer:prefix_cache_entries": frozenset({"model_name", "dp_rank"}),
-    }
-)
+#: Metrics shown on the dashboard before the server exports them, with the labels they are to
+#: have. Keep this short: remove a name the day the server exports it.
+NOT_YET_EXPORTED: Mapping[str, frozenset[str]] = MappingProxyType({})
 
 #: What Grafana puts in place of its own variables, for a dashboard showing the last few minutes
 #: of a Prometheus that scrapes every second. `$__rate_interval` must span the lane's load (it
