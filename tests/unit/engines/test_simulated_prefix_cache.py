@@ -14,6 +14,7 @@ from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver
 from deepinfer_server.engines.simulated.engine import LLMEngine
 from deepinfer_server.engines.simulated.kv_blocks import blocks_for
 from deepinfer_server.engines.simulated.outputs import RequestOutput
+from deepinfer_server.engines.simulated.state_slots import StateSlots
 from tests.unit.engines.test_simulated_engine import _tokenizer, make_engine, run_to_end
 
 SYSTEM = " ".join(f"Rule {n}: answer briefly and run the tests." for n in range(120))
@@ -211,3 +212,20 @@ def test_without_the_cache_the_engine_has_no_counters_and_forks_nothing() -> Non
     assert not hasattr(engine, "prefix_cache_stats")
     _cached(engine, "one", _turn("Hello."))
     assert _cached(engine, "two", _turn("Hello.", "Run the tests.")) == 0
+
+
+def test_the_state_slots_follow_deepinfers_ratio_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert StateSlots.for_running(16).free_count == 19  # int(16 * 1.2) + 1 slots, slot 0 unused
+    monkeypatch.setenv("DEEPINFER_NUM_STATE_SLOTS_RATIO", "3")
+    assert StateSlots.for_running(16).free_count == 48
+
+
+def test_a_snapshot_evicts_an_idle_entry_rather_than_go_without() -> None:
+    # 2 allocatable slots (int(2 * 1.2) + 1, slot 0 unused): one for the running sequence,
+    # one for a snapshot or an entry.
+    engine = make_engine(enable_prefix_caching=True, max_num_seqs=2)
+    assert engine._cache.slots.free_count == 2
+    _cached(engine, "one", _turn("One."))
+    _cached(engine, "two", _turn("Two."))  # its snapshot takes the slot of "one"'s entry
+    assert [entry.value.owner for entry in engine._cache.index] == ["prefix-cache:2"]
+    assert _cached(engine, "three", _turn("Two.", "More.")) == len(_turn("Two."))

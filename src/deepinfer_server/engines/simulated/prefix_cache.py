@@ -10,8 +10,9 @@ docs/design/prefix-caching.md) on the simulated block model, and shares its inde
   to the front of the queue (DeepInfer's `fork_seq`); every prompt counts as queried.
 - `start` (its prefill): a fork keeps `F // 128` whole blocks, drops its other pins once its
   state is cloned into a slot of its own, and computes only its last `len - F` tokens; a
-  prompt that can be cached takes a snapshot slot when one is spare (DeepInfer snapshots on
-  the first decode step; here the prefill ends at P).
+  prompt that can be cached takes a snapshot slot when one is spare, evicting entries without
+  live forks to make one (DeepInfer snapshots on the first decode step; here the prefill ends
+  at P).
 - `finish`: a sequence with a snapshot (stopped, capped or aborted after its prefill) stays as
   an entry with its whole block table and the snapshot; anything else frees what it held.
 - `evict_for_demand`, before each step: least-recently-used entries go while waiting prompts
@@ -121,10 +122,20 @@ class PrefixCache:
         sequence.fork_point = 0
         at_prompt_end = sequence.length == len(sequence.prompt)
         if self.enabled and sequence.prompt_ids is not None and at_prompt_end:
-            reserve = min(waiting, self._max_num_seqs - running - 1) + 1
-            if self.slots.free_count - reserve >= 1:
-                sequence.snapshot_slot = self.slots.take()
+            sequence.snapshot_slot = self._spare_slot(waiting, running + 1)
         return computed
+
+    def _spare_slot(self, waiting: int, running: int) -> int:
+        """A state slot for a snapshot, leaving the waiting prompts theirs; the least recently
+        used entry without live forks is evicted to make one (a newer prefix is the likelier
+        one reused); 0 when none can be had."""
+        reserve = min(waiting, max(0, self._max_num_seqs - running))
+        while self.slots.free_count - reserve < 1:
+            idle = [entry for entry in self.index.eviction_order() if entry.live_forks == 0]
+            if not idle:
+                return 0
+            self.evict(idle[0])
+        return self.slots.take()
 
     # The end of a sequence
 

@@ -1,7 +1,7 @@
 """StateSlots: DeepSeek-V4.1's per-sequence state (sliding-window and compressed-attention
-rings) as DeepInfer 0.1.0 pools it: `int(max_num_seqs * 1.2) + 1` slots
-(`DEEPINFER_NUM_STATE_SLOTS_RATIO`, `worker/cache_engine.py`), slot 0 never allocatable, with
-reference counts like the KV blocks (`csrc/engine/block_manager.hpp`).
+rings) as DeepInfer 0.1.0 pools it: `int(max_num_seqs * ratio) + 1` slots, the ratio being
+`DEEPINFER_NUM_STATE_SLOTS_RATIO` (default 1.2; `worker/cache_engine.py`), slot 0 never
+allocatable, with reference counts like the KV blocks (`csrc/engine/block_manager.hpp`).
 
 A running sequence holds one slot from its prefill; a prefix-cache entry holds the snapshot of
 its state at the end of its prompt, and a fork pins its parent's snapshot until its own prefill
@@ -9,6 +9,8 @@ has cloned it. Without the cache, running sequences never exhaust the pool.
 """
 
 from __future__ import annotations
+
+import os
 
 #: DeepInfer's DEEPINFER_NUM_STATE_SLOTS_RATIO default (`deepinfer/environ.py`).
 STATE_SLOTS_RATIO = 1.2
@@ -24,8 +26,11 @@ class StateSlots:
         self._refs = [0] * count
 
     @classmethod
-    def for_running(cls, max_num_seqs: int, ratio: float = STATE_SLOTS_RATIO) -> StateSlots:
-        """DeepInfer's pool for `max_num_seqs` running sequences."""
+    def for_running(cls, max_num_seqs: int, ratio: float | None = None) -> StateSlots:
+        """DeepInfer's pool for `max_num_seqs` running sequences: `ratio` slots per sequence,
+        by default `$DEEPINFER_NUM_STATE_SLOTS_RATIO` or DeepInfer's 1.2, as on DeepInfer."""
+        if ratio is None:
+            ratio = float(os.environ.get("DEEPINFER_NUM_STATE_SLOTS_RATIO") or STATE_SLOTS_RATIO)
         return cls(int(max_num_seqs * ratio) + 1)
 
     @property
