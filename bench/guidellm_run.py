@@ -61,7 +61,10 @@ def errors_in(report: dict[str, object]) -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--guidellm", default=shutil.which("guidellm") or "guidellm")
+    # The client lane's installation (scripts/install-test-clients.sh), else the one on PATH.
+    lane = Path(__file__).resolve().parents[1] / ".test-clients" / "guidellm" / "bin" / "guidellm"
+    default = str(lane) if lane.exists() else shutil.which("guidellm") or "guidellm"
+    parser.add_argument("--guidellm", default=default)
     parser.add_argument("--seconds", type=float, default=8.0, help="duration of each sweep step")
     parser.add_argument("--out", type=Path, default=Path("bench/guidellm-out"))
     args = parser.parse_args()
@@ -75,8 +78,6 @@ def main() -> int:
             "5",
             "--max-num-seqs",
             "64",
-            "--max-queued-requests",
-            "1024",
         ) as server,
     ):
         tokenizer = Path(scratch) / "tokenizer"

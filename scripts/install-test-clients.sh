@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs the real clients that the client test lane (tests/clients, marker `clients`) drives:
-#   - npm: Claude Code, Codex CLI and the Vercel AI SDK (ai, @ai-sdk/openai, zod), into a
-#     project-local prefix (default .test-clients/);
-#   - pip: LiteLLM and LangChain's OpenAI integration, into the current Python environment.
+#   - npm: Claude Code, Codex CLI and the Vercel AI SDK (ai, @ai-sdk/openai,
+#     @ai-sdk/openai-compatible, zod), into a project-local prefix (default .test-clients/);
+#   - pip: LiteLLM and LangChain's OpenAI integration, into the current Python environment;
+#     GuideLLM into a virtual environment of its own under the prefix (guidellm/: its
+#     dependencies, transformers 5 among them, clash with the `grammar` extra's pins).
 # Idempotent: a client already installed at the pinned version is skipped.
 # Usage: scripts/install-test-clients.sh [--npm-only | --pip-only]
 # Environment: TEST_CLIENTS_PREFIX (npm prefix), PYTHON (interpreter whose environment gets the
@@ -11,8 +13,12 @@ set -euo pipefail
 
 CLAUDE_CODE_VERSION=2.1.332
 CODEX_VERSION=0.171.0
-# The AI SDK's default provider (createOpenAI: the Responses API with store: true).
-AI_SDK_PACKAGES=("ai@6.0.325" "@ai-sdk/openai@3.0.141" "zod@4.6.7")
+# The AI SDK 6 line (AI SDK 7 needs Node 22; Debian's nodejs is 20): its default provider
+# (createOpenAI: the Responses API with store: true) and createOpenAICompatible.
+AI_SDK_PACKAGES=(
+    "ai@6.0.325" "@ai-sdk/openai@3.0.141" "@ai-sdk/openai-compatible@2.0.92" "zod@4.6.7"
+)
+GUIDELLM_VERSION=0.8.1
 PIP_REQUIREMENTS=(
     "litellm>=1.110,<1.111"
     "langchain-openai>=1.7.4,<1.8"
@@ -91,5 +97,17 @@ from importlib.metadata import version
 for name in ("litellm", "langchain-openai", "langchain-core", "openai", "anthropic"):
     print(f"installed: {name} {version(name)}")
 PY
+    guidellm="$prefix/guidellm"
+    if [[ "$("$guidellm/bin/guidellm" --version 2>/dev/null)" == *"$GUIDELLM_VERSION"* ]]; then
+        echo "pip: guidellm $GUIDELLM_VERSION already installed in $guidellm"
+    else
+        echo "pip: installing guidellm $GUIDELLM_VERSION into $guidellm"
+        mkdir -p "$prefix"
+        "$python" -m venv --clear "$guidellm"
+        # torch pinned as in pyproject.toml: the CPU build at hand, not the newest.
+        "$guidellm/bin/pip" install --quiet --disable-pip-version-check \
+            "guidellm==$GUIDELLM_VERSION" "torch==2.13.0"
+    fi
+    echo "installed: guidellm -> $("$guidellm/bin/guidellm" --version)"
 fi
 echo "done in $((SECONDS - start)) s"

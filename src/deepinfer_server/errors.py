@@ -13,6 +13,7 @@
         ├── RequestTimeoutError   408 (request or body timeout)
         ├── RequestTooLargeError  413
         ├── OverloadedError       429 with Retry-After
+        │   └── QueueTimeoutError no first token within --queue-timeout
         ├── EngineRequestError    the engine refused or ended one request (kind says how)
         ├── ServiceUnavailableError 503
         │   ├── ShuttingDownError the server is draining or stopping
@@ -60,6 +61,8 @@ class ErrorKind(enum.StrEnum):
     STORE_UNAVAILABLE = "store_unavailable"
     CLIENT_DISCONNECTED = "client_disconnected"
     INTERNAL = "internal"
+    THREAD_UNSUPPORTED = "thread_unsupported"
+    QUEUE_TIMEOUT = "queue_timeout"
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +73,8 @@ class ErrorSpec:
     openai_type: str
     openai_code: str | None
     anthropic_type: str
+    #: Anthropic's `error.details.error_code`, for the errors its SDK branches on.
+    anthropic_code: str | None = None
 
 
 #: The one table from error kind to HTTP status and each protocol's error type and code.
@@ -138,6 +143,18 @@ ERROR_TABLE: dict[ErrorKind, ErrorSpec] = {
         499, "invalid_request_error", "client_closed_request", "invalid_request_error"
     ),
     ErrorKind.INTERNAL: ErrorSpec(500, "server_error", "internal_error", "api_error"),
+    # Anthropic's message threads (a `thread` field): the anthropic SDK's tool runner resends
+    # the whole conversation without one on this code.
+    ErrorKind.THREAD_UNSUPPORTED: ErrorSpec(
+        400,
+        "invalid_request_error",
+        "unsupported_parameter",
+        "invalid_request_error",
+        anthropic_code="thread_unsupported_request",
+    ),
+    ErrorKind.QUEUE_TIMEOUT: ErrorSpec(
+        429, "rate_limit_exceeded", "queue_timeout", "rate_limit_error"
+    ),
 }
 
 
@@ -249,6 +266,12 @@ class OverloadedError(ApiError):
 
     def headers(self) -> dict[str, str]:
         return {"Retry-After": str(self.retry_after_seconds)}
+
+
+class QueueTimeoutError(OverloadedError):
+    """The request waited longer than `--queue-timeout` for its first token."""
+
+    kind = ErrorKind.QUEUE_TIMEOUT
 
 
 class EngineRequestError(ApiError):

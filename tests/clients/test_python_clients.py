@@ -1,5 +1,6 @@
 """Python clients and SDK calls: LiteLLM (openai/ and anthropic/ routes), LangChain's ChatOpenAI,
-the Anthropic SDK's count_tokens and models.retrieve, the openai SDK's models.retrieve."""
+the Anthropic SDK's tool runner, count_tokens and models.retrieve, the openai SDK's
+models.retrieve."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any, TypeVar
 import anthropic
 import openai
 import pytest
+from anthropic.lib.tools import beta_tool
 
 from tests.clients.conftest import MAX_MODEL_LEN, MODEL, Recorder, live_server, marker
 from tests.dsml import WEATHER_TOOL, tool_calls_block
@@ -188,6 +190,34 @@ def test_langchain_context_overflow(recorder: Recorder) -> None:
 
 
 # --- SDK calls beyond generation -------------------------------------------------------------
+
+
+def test_anthropic_tool_runner(recorder: Recorder, anthropic_client: anthropic.Anthropic) -> None:
+    """`beta.messages.tool_runner` with its default arguments completes a tool loop: it asks for
+    a message thread, is refused with `thread_unsupported_request`, and goes on without one."""
+    word = marker()
+    calls: list[str] = []
+
+    @beta_tool
+    def get_weather(city: str) -> str:
+        """Current weather of a city."""
+        calls.append(city)
+        return f"sunny in {city}"
+
+    runner = anthropic_client.beta.messages.tool_runner(
+        model=MODEL,
+        max_tokens=256,
+        messages=[{"role": "user", "content": weather_call(word)}],
+        tools=[get_weather],
+    )
+    final = checked(recorder, runner.until_done)
+    assert calls == [word], recorder.report()
+    # The echo engine repeats the last user turn: the tool result.
+    assert f"sunny in {word}" in "".join(b.text for b in final.content if b.type == "text")
+    turns = recorder.to("/v1/messages")
+    assert [turn.status for turn in turns] == [400, 200, 200], recorder.report()
+    assert turns[0].json()["thread"] == {"type": "create"}
+    assert [len(turn.json()["messages"]) for turn in turns[1:]] == [1, 3]
 
 
 def test_anthropic_count_tokens(recorder: Recorder, anthropic_client: anthropic.Anthropic) -> None:

@@ -32,6 +32,8 @@ def two_api_servers() -> Iterator[LiveServer]:
         "2",
         "--max-num-seqs",
         "1",
+        "--max-queued-requests",
+        "0",
         "--sim-itl-ms",
         "5",
         "--sim-ttft-ms",

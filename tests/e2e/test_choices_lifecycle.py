@@ -16,8 +16,9 @@ from tests.sse import sse_events
 def two_slot_server() -> Iterator[LiveServer]:
     """One rank, two running sequences, no queue: capacity 2, slow steps."""
     with LiveServer(
-        "--max-num-seqs", "2", "--sim-itl-ms", "20", "--sim-ttft-ms", "5", "--max-model-len", "8192"
-    ) as server:
+        "--max-num-seqs", "2", "--max-queued-requests", "0",
+        "--sim-itl-ms", "20", "--sim-ttft-ms", "5", "--max-model-len", "8192",
+    ) as server:  # fmt: skip
         yield server
 
 

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 
 import httpx
@@ -34,6 +35,8 @@ def one_slot_server(request: pytest.FixtureRequest) -> Iterator[LiveServer]:
     with LiveServer(
         "--max-num-seqs",
         "1",
+        "--max-queued-requests",
+        "0",
         "--sim-itl-ms",
         "20",
         "--sim-ttft-ms",
@@ -59,7 +62,10 @@ def test_over_capacity_is_429_with_retry_after(one_slot_server: LiveServer) -> N
 
 def test_stream_disconnect_aborts_the_engine_request(one_slot_server: LiveServer) -> None:
     url = one_slot_server.base_url + "/v1/chat/completions"
-    with httpx.stream("POST", url, json={**ENDLESS, "stream": True}, timeout=30) as stream:
+    request_id = f"left-{uuid.uuid4().hex[:8]}"
+    body = {**ENDLESS, "stream": True}
+    headers = {"x-request-id": request_id}
+    with httpx.stream("POST", url, json=body, headers=headers, timeout=30) as stream:
         events = sse_events(stream)
         next(events)
         next(events)
@@ -68,6 +74,9 @@ def test_stream_disconnect_aborts_the_engine_request(one_slot_server: LiveServer
     follow_up = httpx.post(url, json={**ENDLESS, "max_tokens": 3}, timeout=20)
     assert follow_up.status_code == 200, follow_up.text
     assert follow_up.json()["usage"]["completion_tokens"] == 3
+    # The access log says the client left (its stream had started with a 200).
+    access = one_slot_server.wait_for_line(f"request_id={request_id}", 10)
+    assert "POST /v1/chat/completions 499 " in access, access
 
 
 def test_non_streaming_disconnect_aborts_the_engine_request(one_slot_server: LiveServer) -> None:
@@ -134,6 +143,31 @@ def test_request_timeout() -> None:
         assert isinstance(error, dict) and error["error"]["code"] == "request_timeout"  # type: ignore[index]
         follow_up = httpx.post(url, json={**ENDLESS, "max_tokens": 3}, timeout=20)
         assert follow_up.status_code == 200
+
+
+def test_queue_timeout_is_429_and_leaves_the_engine() -> None:
+    """A request queued behind the one running sequence past --queue-timeout ends with 429
+    queue_timeout (an error event once its stream started); the engine drops it."""
+    args = ("--max-num-seqs", "1", "--queue-timeout", "1", "--sim-itl-ms", "20")
+    with LiveServer(*args) as server:
+        url = server.base_url + "/v1/chat/completions"
+        with httpx.stream("POST", url, json={**ENDLESS, "stream": True}, timeout=30) as holding:
+            running = sse_events(holding)
+            next(running)  # the role chunk
+            next(running)  # a token: this one started within the queue timeout
+            queued = httpx.post(url, json={**ENDLESS, "max_tokens": 5}, timeout=30)
+            assert queued.status_code == 429, queued.text
+            assert queued.json()["error"]["code"] == "queue_timeout"
+            assert int(queued.headers["retry-after"]) >= 1
+            body = {**ENDLESS, "max_tokens": 5, "stream": True}
+            with httpx.stream("POST", url, json=body, timeout=30) as stream:
+                events = list(sse_events(stream))
+            assert events[-1] == "[DONE]"
+            assert events[-2]["error"]["code"] == "queue_timeout"  # type: ignore[index]
+            assert isinstance(next(running), dict)  # the running request goes on
+        # The queued requests left the engine: the next one runs at once, alone.
+        follow_up = httpx.post(url, json={**ENDLESS, "max_tokens": 3}, timeout=20)
+        assert follow_up.status_code == 200, follow_up.text
 
 
 @pytest.mark.parametrize("api_servers", API_SERVER_COUNTS)
@@ -238,7 +272,8 @@ def test_rank_that_fails_to_start_ends_the_server(api_servers: int) -> None:
     )
     assert result.returncode == 1
     assert "start-up failure" in result.stderr
-    assert "Uvicorn running" not in result.stderr
+    assert "Uvicorn running" not in result.stderr  # one API process: uvicorn never served
+    assert "ready (EP=" not in result.stderr  # the start-up line of a server that serves
 
 
 @pytest.mark.parametrize("api_servers", API_SERVER_COUNTS)

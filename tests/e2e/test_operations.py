@@ -41,6 +41,8 @@ def metered(request: pytest.FixtureRequest) -> Iterator[LiveServer]:
         "2",
         "--max-num-seqs",
         "1",
+        "--max-queued-requests",
+        "0",
         "--request-timeout",
         "2",
         "--sim-itl-ms",

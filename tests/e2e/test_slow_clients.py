@@ -90,7 +90,8 @@ def readers() -> Iterator[list[socket.socket]]:
 def test_the_write_timeout_frees_the_slots_of_clients_that_stop_reading(
     readers: list[socket.socket],
 ) -> None:
-    args = ("--max-num-seqs", "2", "--sim-itl-ms", "1", "--write-timeout", "2")
+    args = ("--max-num-seqs", "2", "--max-queued-requests", "0", "--sim-itl-ms", "1")
+    args += ("--write-timeout", "2")
     with LiveServer(*args) as server:
         readers.extend(never_reading_stream(server.port) for _ in range(2))
         wait_until(lambda: running(server) == 2, 20, "both streams running")

@@ -186,6 +186,7 @@ def _recipe(
     max_model_len: int,
     reasoning_secret: str | None,
     image_limits: ImageLimits,
+    clamp_max_tokens: bool = False,
 ) -> RecipeContext:
     """One recipe context per configuration, built once for the whole session: building one
     loads the tokenizer twice and takes seconds (the context holds no per-request state)."""
@@ -196,6 +197,7 @@ def _recipe(
         default_thinking=True,
         reasoning_secret=reasoning_secret,
         image_limits=image_limits,
+        clamp_max_tokens=clamp_max_tokens,
     )
 
 
@@ -215,6 +217,7 @@ async def serve(
         config.max_model_len,
         config.reasoning_secret,
         ImageLimits.of(config),
+        config.clamp_max_tokens,
     )
     coordinator = FakeCoordinator(recipe, script or Script())
     metrics = ServerMetrics(config.served_model_name)

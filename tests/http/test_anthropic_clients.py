@@ -3,12 +3,18 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import anthropic
+import httpx2
 import pytest
+from anthropic.lib.tools import beta_async_tool
 
+from deepinfer_server.api.app import build_app
+from tests.dsml import tool_calls_block
 from tests.http.agent_harness import last_prompt
-from tests.http.harness import MODEL, run, serve
+from tests.http.harness import MODEL, Harness, Script, run, serve
 
 MESSAGES = "/v1/messages"
 COUNT = "/v1/messages/count_tokens"
@@ -178,5 +184,77 @@ def test_redacted_thinking_is_dropped() -> None:
             response = await h.client.post(MESSAGES, json=messages_body(messages=history))
             assert response.status_code == 200, response.text
             assert "SECRETBLOB" not in last_prompt(h.coordinator)
+
+    run(body)
+
+
+def _sdk_client(h: Harness, sent: list[tuple[dict[str, Any], int, dict[str, Any]]]) -> Any:
+    """The anthropic SDK on the in-process app; `sent` gets (request body, status, answer)."""
+
+    async def record(response: httpx2.Response) -> None:
+        await response.aread()
+        answer = json.loads(response.text) if response.status_code != 200 else {}
+        sent.append((json.loads(response.request.content), response.status_code, answer))
+
+    transport = httpx2.ASGITransport(app=build_app(h.state))
+    http = httpx2.AsyncClient(transport=transport, event_hooks={"response": [record]})
+    return anthropic.AsyncAnthropic(
+        base_url="http://test", api_key="unused", http_client=http, max_retries=0
+    )
+
+
+def test_the_sdks_tool_runner_falls_back_from_threads_and_completes_the_loop() -> None:
+    """`beta.messages.tool_runner` threads by default (turn 2 would send only the tool result);
+    a `thread` is refused with the code on which it resends the whole conversation."""
+    calls: list[str] = []
+
+    async def body() -> None:
+        async with serve(script=Script(text=tool_calls_block("get_weather", city="Paris"))) as h:
+
+            @beta_async_tool
+            async def get_weather(city: str) -> str:
+                """Current weather of a city."""
+                calls.append(city)
+                h.coordinator.script = Script(text="It is sunny in Paris.")
+                return "sunny"
+
+            sent: list[tuple[dict[str, Any], int, dict[str, Any]]] = []
+            async with _sdk_client(h, sent) as client:
+                runner = client.beta.messages.tool_runner(
+                    model=MODEL,
+                    max_tokens=256,
+                    messages=[{"role": "user", "content": "Weather in Paris?"}],
+                    tools=[get_weather],
+                )
+                final = await runner.until_done()
+            assert calls == ["Paris"]
+            assert [b.text for b in final.content if b.type == "text"] == ["It is sunny in Paris."]
+            (refused, status, answer), *rest = sent
+            assert refused["thread"] == {"type": "create"} and status == 400
+            assert answer["error"]["type"] == "invalid_request_error"
+            assert answer["error"]["details"] == {"error_code": "thread_unsupported_request"}
+            # Then unthreaded: turn 1 again, turn 2 with the whole conversation.
+            assert [(len(b["messages"]), "thread" in b, s) for b, s, _ in rest] == [
+                (1, False, 200),
+                (3, False, 200),
+            ]
+            assert not h.coordinator.handles
+
+    run(body)
+
+
+def test_any_thread_is_refused_with_the_sdks_code() -> None:
+    async def body() -> None:
+        async with serve() as h:
+            thread = {"type": "continue", "previous_message_id": "msg_1"}
+            for path in (MESSAGES, COUNT):
+                response = await h.client.post(path, json=messages_body(thread=thread))
+                assert response.status_code == 400, response.text
+                error = response.json()["error"]
+                assert error["details"] == {"error_code": "thread_unsupported_request"}
+                assert "thread" in error["message"]
+            unthreaded = await h.client.post(MESSAGES, json=messages_body(thread=None))
+            assert unthreaded.status_code == 200, unthreaded.text
+            assert len(h.coordinator.submitted) == 1
 
     run(body)

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+import re
+from typing import Any
+
 import orjson
+import pytest
 
 from deepinfer_server.ipc.messages import AbortReason
 from tests.http.harness import MODEL, Script, failures, run, serve
@@ -126,7 +131,7 @@ def test_more_choices_than_the_server_ever_admits_is_a_400_not_a_429() -> None:
     retry forever: a request that can never be admitted is a 400 saying why."""
 
     async def body() -> None:
-        async with serve("--max-num-seqs", "4") as h:
+        async with serve("--max-num-seqs", "4", "--max-queued-requests", "0") as h:
             assert h.state.config.admission_capacity == 4
             too_many = [
                 (CHAT, chat_body(n=5)),
@@ -141,5 +146,32 @@ def test_more_choices_than_the_server_ever_admits_is_a_400_not_a_429() -> None:
             assert not h.coordinator.submitted
             fits = await h.client.post(CHAT, json=chat_body(n=4))
             assert fits.status_code == 200, fits.text
+
+    run(body)
+
+
+@pytest.mark.parametrize(
+    ("path", "request_body"),
+    [
+        (CHAT, chat_body(n=3)),
+        ("/v1/completions", {"model": MODEL, "prompt": ["a b", "c d e f"], "n": 2}),
+    ],
+    ids=["chat-n3", "completions-2-prompts-n2"],
+)
+def test_the_access_log_counts_every_choice_as_usage_does(
+    path: str, request_body: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    async def body() -> None:
+        async with serve() as h:
+            with caplog.at_level(logging.INFO, logger="deepinfer_server.access"):
+                response = await h.client.post(path, json=request_body)
+            assert response.status_code == 200, response.text
+            usage = response.json()["usage"]
+            (line,) = [r.getMessage() for r in caplog.records if r.name.endswith("access")]
+            logged = dict(re.findall(r"(prompt_tokens|completion_tokens)=(\d+)", line))
+            assert logged == {
+                "prompt_tokens": str(usage["prompt_tokens"]),
+                "completion_tokens": str(usage["completion_tokens"]),
+            }, line
 
     run(body)

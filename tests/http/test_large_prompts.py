@@ -56,7 +56,8 @@ def test_a_prompt_provably_over_the_context_is_rejected_without_tokenizing() -> 
 
 def test_large_bodies_count_under_admission() -> None:
     async def body() -> None:
-        async with serve("--max-num-seqs", "1", script=Script(hold=True)) as h:
+        no_queue = ("--max-num-seqs", "1", "--max-queued-requests", "0")
+        async with serve(*no_queue, script=Script(hold=True)) as h:
             held = asyncio.ensure_future(h.client.post(CHAT, json=chat("hi")))
             while not h.coordinator.handles:
                 await asyncio.sleep(0.01)

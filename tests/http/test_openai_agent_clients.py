@@ -4,12 +4,20 @@ and the chat histories such clients send."""
 
 from __future__ import annotations
 
+import json
+import logging
 from typing import Any
 
+import httpx2
+import openai
+import pytest
+
+from deepinfer_server.api.app import build_app
 from deepinfer_server.protocol.core.reasoning_seal import ReasoningSeal
 from deepinfer_server.protocol.responses.reasoning import conversation_digest
+from tests.dsml import WEATHER_TOOL, tool_calls_block
 from tests.http.agent_harness import events, last_prompt
-from tests.http.harness import MODEL, Script, run, serve
+from tests.http.harness import MODEL, Harness, Script, run, serve
 
 RESPONSES = "/v1/responses"
 CHAT = "/v1/chat/completions"
@@ -203,5 +211,76 @@ def test_assistant_turns_without_reasoning_content_are_accepted_in_thinking_mode
             response = await h.client.post(CHAT, json=request)
             assert response.status_code == 200, response.text
             assert "<think></think>" in last_prompt(h.coordinator)
+
+    run(body)
+
+
+def _openai_client(h: Harness) -> openai.AsyncOpenAI:
+    """The openai SDK on the in-process app."""
+    http = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=build_app(h.state)))
+    return openai.AsyncOpenAI(
+        base_url="http://test/v1", api_key="unused", http_client=http, max_retries=0
+    )
+
+
+def test_json_object_without_the_word_json_is_accepted(caplog: pytest.LogCaptureFixture) -> None:
+    """OpenAI refuses json_object unless the messages say "json"; the AI SDK's
+    createOpenAICompatible sends exactly that for generateObject. The grammar enforces JSON: the
+    request is served, with the answer format stated in the prompt, and OpenAI's rule is only
+    logged."""
+
+    async def body() -> None:
+        async with serve(script=Script(text='{"city": "Paris"}')) as h, _openai_client(h) as client:
+            with caplog.at_level(logging.WARNING):
+                chat = await client.chat.completions.create(
+                    model=MODEL,
+                    messages=[{"role": "user", "content": "Name a city."}],
+                    response_format={"type": "json_object"},
+                )
+            assert json.loads(chat.choices[0].message.content or "") == {"city": "Paris"}
+            assert h.coordinator.submitted[-1][2].structured is not None  # the grammar is on
+            assert "## Response Format" in last_prompt(h.coordinator)
+            assert '{"type": "object"}' in last_prompt(h.coordinator)
+            assert "without the word 'json'" in caplog.text
+
+            answer = await client.responses.create(
+                model=MODEL,
+                input="Name a city.",
+                text={"format": {"type": "json_object"}},
+                store=False,
+            )
+            assert json.loads(answer.output_text) == {"city": "Paris"}
+            assert answer.text is not None and answer.text.format is not None
+            assert answer.text.format.type == "json_object"  # echoed as the client sent it
+            assert h.coordinator.submitted[-1][2].structured is not None
+
+    run(body, timeout=120)
+
+
+def test_a_tool_call_message_has_null_content_as_openai_sends_it() -> None:
+    """The recipe wrote `"content": ""` next to tool calls; OpenAI sends null, and clients that
+    add the stream's deltas up must end with null too."""
+
+    async def body() -> None:
+        script = Script(text=tool_calls_block("get_weather", city="Paris"))
+        async with serve(script=script) as h, _openai_client(h) as client:
+            ask: dict[str, Any] = {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "Weather in Paris?"}],
+                "tools": [WEATHER_TOOL],
+            }
+            answer = await client.chat.completions.create(**ask)
+            message = answer.choices[0].message
+            assert message.tool_calls and message.tool_calls[0].function.name == "get_weather"
+            assert message.content is None
+            async with client.chat.completions.stream(**ask) as stream:
+                async for _ in stream:
+                    pass
+                streamed = (await stream.get_final_completion()).choices[0].message
+            assert streamed.tool_calls and streamed.content is None
+            # A text answer keeps its text.
+            h.coordinator.script = Script(text="Sunny.")
+            text = await client.chat.completions.create(**ask)
+            assert text.choices[0].message.content == "Sunny."
 
     run(body)

@@ -127,6 +127,7 @@ class _OtherProcess:
     """`Peers` of API server process 1, whose one peer holds two requests on rank 0."""
 
     index = 1
+    all_serving = True
 
     def __init__(self) -> None:
         self.loads = [RankLoad(0, 1, 1, 50, 0.5)]

@@ -13,6 +13,10 @@ from deepinfer_server.errors import ClientDisconnected
 
 T = TypeVar("T")
 
+#: Set in `scope["state"]` when the client left after the response started (its status, 200,
+#: is sent by then): the access log reports such a request as 499.
+CLIENT_LEFT = "client_left"
+
 
 async def wait_for_disconnect(receive: Receive) -> None:
     """Return once the client has disconnected (the request body must be consumed already)."""

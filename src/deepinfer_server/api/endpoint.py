@@ -32,7 +32,7 @@ from deepinfer_server.coordinator.handle import RequestHandle
 from deepinfer_server.errors import ApiError, BadRequestError
 from deepinfer_server.grammar import Constraint
 from deepinfer_server.ipc.messages import AbortReason, Images, SamplingOptions
-from deepinfer_server.metrics import RequestRecord, ServerMetrics
+from deepinfer_server.metrics import ChoiceRecords, RequestRecord, ServerMetrics
 from deepinfer_server.protocol.core.choices import ChoiceMerger
 from deepinfer_server.protocol.core.images import mentions_images
 from deepinfer_server.protocol.core.recipe import RecipeContext
@@ -191,6 +191,8 @@ async def _respond(
     outputs = [make_output(choice, response_id, state.recipe) for choice in choices]
     if len(choices) > 1:
         assert session is None, "a session serves a request of one choice"
+        prompts = [cast(Choice, choice).prompt_index for choice in choices]
+        request.state.record = ChoiceRecords(records, prompts)
         return await _serve_choices(request, protocol, choices, handles, outputs, records)
     stream = TokenStream(handles[0], outputs[0], records[0], state.metrics)
     if choices[0].stream:

@@ -20,9 +20,10 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from deepinfer_server.api.disconnect import CLIENT_LEFT
 from deepinfer_server.api.error_responses import as_api_error, error_response
 from deepinfer_server.errors import ERROR_TABLE, ErrorKind
-from deepinfer_server.metrics import RequestRecord
+from deepinfer_server.metrics import ChoiceRecords, RequestRecord
 
 access_logger = logging.getLogger("deepinfer_server.access")
 
@@ -114,11 +115,18 @@ class RequestContextMiddleware:
                 self._on_failure(status)
         finally:
             if self.access_log:
-                self._log(scope, status, request_id, started, state.get("record"))
+                # A client that left mid-stream got a 200 start line; the log says it left.
+                left = ERROR_TABLE[ErrorKind.CLIENT_DISCONNECTED].status
+                logged = left if state.get(CLIENT_LEFT) else status
+                self._log(scope, logged, request_id, started, state.get("record"))
 
     @staticmethod
     def _log(
-        scope: Scope, status: int, request_id: str, started: float, record: RequestRecord | None
+        scope: Scope,
+        status: int,
+        request_id: str,
+        started: float,
+        record: RequestRecord | ChoiceRecords | None,
     ) -> None:
         duration_ms = (time.perf_counter() - started) * 1000
         details = ""

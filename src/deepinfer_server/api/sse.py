@@ -19,7 +19,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from deepinfer_server.api.connection import chunk_writer
-from deepinfer_server.api.disconnect import until_disconnect
+from deepinfer_server.api.disconnect import CLIENT_LEFT, until_disconnect
 from deepinfer_server.errors import ClientDisconnected
 
 DONE_FRAME = b"data: [DONE]\n\n"
@@ -136,6 +136,7 @@ class SSEResponse:
             await send({"type": "http.response.start", "status": 200, "headers": _HEADERS})
             await until_disconnect(receive, self._stream(write, send))
         except ClientDisconnected:
+            scope.setdefault("state", {})[CLIENT_LEFT] = True
             return
         finally:
             if self._abandon is not None:

@@ -81,10 +81,27 @@ class ServerConfig:
         type=int,
     )
     max_queued_requests: int = option(
-        0,
+        512,
         "--max-queued-requests",
-        help="requests admitted beyond running capacity before 429 (default: %(default)s)",
+        help="requests admitted beyond running capacity, waiting in the engine for a slot, "
+        "before 429 (default: %(default)s)",
         type=int,
+    )
+    queue_timeout: float = option(
+        300.0,
+        "--queue-timeout",
+        help="seconds an admitted request may wait for its first token (in the queue, then "
+        "prefill) before it ends with 429 queue_timeout; 0 disables (default: %(default)s)",
+        type=float,
+    )
+    clamp_max_tokens: bool = option(
+        False,
+        "--clamp-max-tokens",
+        help="lower a max_tokens (max_completion_tokens, max_output_tokens, Anthropic's "
+        "max_tokens) that does not fit after the prompt to the room --max-model-len leaves, "
+        "instead of refusing the request with 400; the answer then ends with a length finish "
+        "if it fills that room",
+        action="store_true",
     )
     max_num_batched_tokens: int | None = option(
         None,

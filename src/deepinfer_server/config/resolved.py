@@ -73,6 +73,8 @@ class ResolvedConfig:
     get_load_format: Literal["vllm", "sglang"] = "vllm"
     api_server_count: int = 1
     stream_interval: int = 1
+    queue_timeout: float = 300.0
+    clamp_max_tokens: bool = False
     state_dir: str = ""
     #: The Responses store (`store.location.store_url`), None when disabled.
     response_store: str | None = field(default=None, repr=False)
@@ -153,6 +155,7 @@ def _check_ranges(config: ServerConfig, max_model_len: int) -> None:
     non_negative: dict[str, float] = {
         "--max-queued-requests": config.max_queued_requests,
         "--request-timeout": config.request_timeout,
+        "--queue-timeout": config.queue_timeout,
         "--step-timeout": config.step_timeout,
         "--startup-timeout": config.startup_timeout,
         "--shutdown-timeout": config.shutdown_timeout,
@@ -278,6 +281,8 @@ def resolve(
         get_load_format=config.get_load_format,
         api_server_count=config.api_server_count,
         stream_interval=config.stream_interval,
+        queue_timeout=config.queue_timeout,
+        clamp_max_tokens=config.clamp_max_tokens,
         state_dir=str(state_dir),
         response_store=store_url(config.response_store, state_dir),
         response_store_ttl=parse_duration("--response-store-ttl", config.response_store_ttl),

@@ -193,9 +193,15 @@ class Coordinator:
             hashes = directory.block_hashes(packed)
             hint = PrefixHint(directory.held_tokens(hashes), len(prompt_token_ids), self._routing)
         rank = self._admission.admit(hint)
+        queue_timeout = self._config.queue_timeout
         try:
             handle = RequestHandle(
-                request_id, rank, self._on_handle_closed, deadline, self._config.stream_interval
+                request_id,
+                rank,
+                self._on_handle_closed,
+                deadline,
+                self._config.stream_interval,
+                asyncio.get_running_loop().time() + queue_timeout if queue_timeout else None,
             )
         except BaseException:
             self._admission.release(rank)

@@ -10,7 +10,8 @@ waking a task per stream, and steps that arrived together still make one write.
 Closing the handle, for any reason, aborts the engine request if the engine may still run it and
 frees the admission slot, exactly once. A request that times out is closed by its own timer at
 once, without waiting for its consumer (which may be blocked writing to a client that stopped
-reading).
+reading). One timer serves both timeouts: it fires first at the queue deadline (no first token by
+then: 429 queue_timeout), then, re-armed, at the request deadline.
 
 With a stream interval N (`--stream-interval`, vLLM's and SGLang's meaning), output is handed on
 at the first token, then once N tokens are waiting, and at the end or on a failure: fewer,
@@ -23,7 +24,12 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from deepinfer_server.errors import ApiError, ClientDisconnected, RequestTimeoutError
+from deepinfer_server.errors import (
+    ApiError,
+    ClientDisconnected,
+    QueueTimeoutError,
+    RequestTimeoutError,
+)
 from deepinfer_server.ipc.messages import AbortReason, Finish, GeneratedTokens
 
 
@@ -60,7 +66,10 @@ class RequestHandle:
         on_close: CloseCallback,
         deadline: float | None,
         stream_interval: int = 1,
+        queue_deadline: float | None = None,
     ) -> None:
+        """`deadline` and `queue_deadline` are event-loop times: the request's end, and the
+        time by which its first token must have arrived."""
         self.request_id = request_id
         self.rank = rank
         self._on_close = on_close
@@ -86,8 +95,12 @@ class RequestHandle:
         self._engine_finished = False
         self._timer: asyncio.TimerHandle | None = None
         self._sink: TokenSink | None = None
-        if deadline is not None:
-            self._timer = asyncio.get_running_loop().call_at(deadline, self._expire)
+        self._deadline = deadline
+        loop = asyncio.get_running_loop()
+        if queue_deadline is not None and (deadline is None or queue_deadline < deadline):
+            self._timer = loop.call_at(queue_deadline, self._queue_expired)
+        elif deadline is not None:
+            self._timer = loop.call_at(deadline, self._expire)
 
     @property
     def engine_finished(self) -> bool:
@@ -242,6 +255,19 @@ class RequestHandle:
         self._waiting_tokens = 0
         self._first_waiting = False
         return tokens
+
+    def _queue_expired(self) -> None:
+        self._timer = None
+        if not self.has_first_token and not self.ended:
+            self.fail(
+                QueueTimeoutError(
+                    "the request got no first token within the server's --queue-timeout: the "
+                    "server is overloaded; retry later"
+                )
+            )
+            self.close(AbortReason.TIMEOUT)
+        elif self._deadline is not None:
+            self._timer = asyncio.get_running_loop().call_at(self._deadline, self._expire)
 
     def _expire(self) -> None:
         self._timer = None

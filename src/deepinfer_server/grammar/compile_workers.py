@@ -22,6 +22,7 @@ import signal
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -133,6 +134,10 @@ class CompileWorkers:
         self._starting = 0
         self._count = count
         self._started = False
+        # Workers die with the thread that started them (the parent-death signal follows the
+        # thread, not the process): start every one from this thread, which lives as long as
+        # the pool, never from a request's short-lived worker thread.
+        self._spawner = ThreadPoolExecutor(1, thread_name_prefix="grammar-spawner")
         #: How many grammars the workers compiled (for tests and logs).
         self.compiles = 0
 
@@ -185,8 +190,27 @@ class CompileWorkers:
             workers = list(self._live.values())
         for worker in workers:
             self._stop(worker, kill=True)
+        self._spawner.shutdown(wait=False)
 
     def _start_worker(self) -> None:
+        try:
+            worker = self._spawner.submit(self._spawn).result()
+        except RuntimeError:
+            with self._lock:
+                closed = self._closed
+            if closed:  # the pool was closed meanwhile (its spawner shut down): no new worker
+                return
+            raise
+        with self._lock:
+            self._starting += 1
+            if worker.process.pid is not None:
+                self._live[worker.process.pid] = worker
+        threading.Thread(
+            target=self._await_ready, args=(worker,), name="grammar-worker-start", daemon=True
+        ).start()
+
+    def _spawn(self) -> _Worker:
+        """Start one worker process (on the spawner thread)."""
         parent_end, child_end = self._context.Pipe()
         process = self._context.Process(
             target=_worker_main,
@@ -196,14 +220,7 @@ class CompileWorkers:
         )
         process.start()
         child_end.close()
-        worker = _Worker(process, parent_end)
-        with self._lock:
-            self._starting += 1
-            if process.pid is not None:
-                self._live[process.pid] = worker
-        threading.Thread(
-            target=self._await_ready, args=(worker,), name="grammar-worker-start", daemon=True
-        ).start()
+        return _Worker(process, parent_end)
 
     def _await_ready(self, worker: _Worker) -> None:
         try:

@@ -1,4 +1,5 @@
-"""RequestRecord: timing and token counts of one request, filled in as it runs."""
+"""RequestRecord: timing and token counts of one request, filled in as it runs; ChoiceRecords:
+those of a request's several choices, read as one for the access log."""
 
 from __future__ import annotations
 
@@ -47,3 +48,41 @@ class RequestRecord:
     @property
     def ttft(self) -> float | None:
         return None if self.first_token_at is None else self.first_token_at - self.arrival
+
+
+@dataclass(frozen=True)
+class ChoiceRecords:
+    """The records of a request's engine requests (`n` > 1, several prompts), read as one
+    request's for the access log: every choice's tokens, each prompt's tokens once (as `usage`
+    counts them), the first token of any choice, the first choice's finish, any choice's error.
+    """
+
+    records: list[RequestRecord]
+    #: The prompt each record's choice answers.
+    prompt_indexes: list[int]
+
+    @property
+    def prompt_tokens(self) -> int:
+        per_prompt = dict(zip(self.prompt_indexes, self.records, strict=True))
+        return sum(record.prompt_tokens for record in per_prompt.values())
+
+    @property
+    def generation_tokens(self) -> int:
+        return sum(record.generation_tokens for record in self.records)
+
+    @property
+    def ttft(self) -> float | None:
+        times = [record.ttft for record in self.records if record.ttft is not None]
+        return min(times) if times else None
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.records[0].finish_reason
+
+    @property
+    def client_finish_reason(self) -> str | None:
+        return self.records[0].client_finish_reason
+
+    @property
+    def error_kind(self) -> str | None:
+        return next((r.error_kind for r in self.records if r.error_kind is not None), None)

@@ -8,6 +8,11 @@ from deepinfer_server.openapi.schema import Schema, nullable, obj, ref, string
 #: Never sent: the client has left by then.
 _NOT_SENT = frozenset({ErrorKind.CLIENT_DISCONNECTED})
 
+
+def _anthropic_codes() -> list[str]:
+    return sorted({spec.anthropic_code for spec in ERROR_TABLE.values() if spec.anthropic_code})
+
+
 OPENAI_ERROR: Schema = obj(
     {
         "error": obj(
@@ -31,6 +36,11 @@ ANTHROPIC_ERROR: Schema = obj(
             {
                 "type": string(enum=sorted({spec.anthropic_type for spec in ERROR_TABLE.values()})),
                 "message": string(),
+                "details": obj(
+                    {"error_code": string(enum=_anthropic_codes())},
+                    ("error_code",),
+                    "Only for the errors Anthropic's SDK tells apart by their code",
+                ),
             },
             ("type", "message"),
         ),

@@ -99,6 +99,12 @@ _MESSAGES_INPUT: dict[str, Schema] = {
     "output_format": _ANTHROPIC_FORMAT,
     "top_k": TOP_K,
     "n": integer(1, 1, "The Messages API has no n"),
+    "thread": {
+        "type": "null",
+        "description": "Anthropic's message threads are not kept: any other value is a 400 "
+        "whose error.details.error_code is thread_unsupported_request (the anthropic SDK then "
+        "sends the whole conversation)",
+    },
 }
 
 MESSAGES: Schema = obj(

@@ -61,7 +61,7 @@ def _engine_child_setup(rank_pid: int) -> Callable[[], None]:
 
 def _own_process_group() -> None:
     """Make the rank the leader of a new session: its engine children join its process group,
-    which the API process kills whole (`coordinator.process`), and signals sent to the API
+    which the API process kills whole (`server.ranks`), and signals sent to the API
     process's group (Ctrl-C, `kill -TERM -PGID`) no longer reach it: the API process stops
     the ranks in order itself."""
     with contextlib.suppress(PermissionError):  # already a leader (never for a spawned rank)

@@ -161,6 +161,7 @@ def create_recipe(
         prompt_id_bound=prompt_id_bound(checkpoint, tokenizer_json),
         prompt_logprobs_unavailable=backend.prompt_logprobs_unavailable(),
         image_policy=backend.image_policy(checkpoint, tokenizer_json),
+        clamp_max_tokens=config.clamp_max_tokens,
     )
 
 

@@ -239,7 +239,8 @@ class Supervisor:
             worker.serving = True
             worker.answered_at = asyncio.get_running_loop().time()
             self._changed.set()
-            if all(w.serving for w in self._workers):
+            every = len(self._workers) == self._config.api_server_count
+            if every and all(w.serving for w in self._workers):
                 log_serving(self._config, self._master_port)
                 for other in self._workers:
                     other.control.send(AllServing())

@@ -63,10 +63,11 @@ def test_simulated_defaults() -> None:
     assert config.max_model_len == 32768
     assert parallelism(config) == (1, 1, 1)
     assert config.max_num_seqs == 16
-    assert config.max_queued_requests == 0
+    assert config.max_queued_requests == 512
+    assert config.queue_timeout == 300
     assert config.request_timeout == 600
     assert config.startup_timeout == 3600
-    assert config.admission_capacity == 16
+    assert config.admission_capacity == 16 + 512
     assert config.api_server_count == 1
     assert config.stream_interval == 1
     options = config.engine_options
@@ -112,6 +113,7 @@ def test_help_documents_every_option() -> None:
         "--max-model-len",
         "--max-num-seqs",
         "--max-queued-requests",
+        "--queue-timeout",
         "--request-timeout",
         "--startup-timeout",
         "--gpu-memory-utilization",

@@ -124,3 +124,16 @@ def test_the_engine_steps_other_requests_while_a_grammar_compiles(
         assert dict(order)["slow"] == FINISH_SO_FAILED
     finally:
         engine.close()
+
+
+def test_workers_started_by_a_thread_that_ended_still_compile(compiler: GrammarCompiler) -> None:
+    """The workers' parent-death signal follows the thread that started them: a request's
+    worker thread that starts them and ends must not take them along."""
+    first = threading.Thread(target=compiler.check, args=(TRIVIAL,))
+    first.start()
+    first.join()
+    started = compiler.workers.pids
+    assert len(started) == 2
+    assert all(_alive(pid) for pid in started)
+    compiler.check({"schema_type": "regex", "schema": "(maybe|perhaps)"})  # not "died"
+    assert compiler.workers.pids == started

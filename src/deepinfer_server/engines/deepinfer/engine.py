@@ -109,7 +109,7 @@ def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:
     # EngineSpec.enable_prefix_caching comes with the --enable-prefix-caching flag (issue 27's
     # plumbing); until a spec carries it, the cache stays off.
     if getattr(spec, "enable_prefix_caching", False):
-        from deepinfer_server.engines.deepinfer.prefix_cache import prefix_caching_engine
+        from deepinfer_server.engines.deepinfer.prefix_engine import prefix_caching_engine
 
         engine_class = prefix_caching_engine(LLMEngine)
     args = EngineArgs(**engine_args_kwargs(spec))

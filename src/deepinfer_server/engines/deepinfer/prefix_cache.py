@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from deepinfer_server.engines.deepinfer.engine_checks import copy_clone_unpins, disabled_reason
 from deepinfer_server.prefix_cache.index import BLOCK_SIZE, CacheEntry, Match, PrefixIndex
 
 logger = logging.getLogger(__name__)
@@ -95,7 +96,7 @@ class PrefixCache:
         self.snapshots_skipped = 0
         self.disabled = disabled_reason(engine)
         if self.disabled is None:
-            _copy_clone_unpins(engine.deferred_release)
+            copy_clone_unpins(engine.deferred_release)
 
     # Counters
 
@@ -368,109 +369,3 @@ class PrefixCache:
             seq.state_id = slot
         tokens = np.array(seq.data.get_token_ids()[:prompt_len], dtype=np.int32)
         self.index.add(seq, tokens)
-
-
-def disabled_reason(engine: Any) -> str | None:
-    """Why the cache cannot run on this engine, or None."""
-    from deepinfer.engine.engine_type import EngineType
-
-    if engine.engine_type != EngineType.NORMAL:
-        return f"the engine type is {engine.engine_type.name}, not NORMAL"
-    if engine.state_manager is None:
-        return "the model keeps no per-sequence state"
-    if engine.yoco_prefill_truncation_mode != "off":
-        # The truncated prefill skips the consumer layers' KV for all but the last tokens: a
-        # prefix computed that way cannot be attended to by a later suffix.
-        return f"YoCo prefill truncation is on ({engine.yoco_prefill_truncation_mode})"
-    return None
-
-
-def _copy_clone_unpins(deferred_release: Any) -> None:
-    """Make DeepInfer's deferred release keep copies of the clone "to release" arrays.
-
-    They borrow process-static C++ vectors that the next clone call overwrites; a snapshot
-    clone in the same step would otherwise make the step's release unpin the snapshot's
-    source (a running sequence's live slot) instead of the fork's parent slot.
-    """
-    collect = deferred_release.collect_clone_unpins
-
-    def collect_copies(states: Any, blocks: Any) -> None:
-        collect(np.array(states, dtype=np.int32), np.array(blocks, dtype=np.int32))
-
-    deferred_release.collect_clone_unpins = collect_copies
-
-
-def prefix_caching_engine(
-    base: type[Any], settings: PrefixCacheSettings | None = None
-) -> type[Any]:
-    """A subclass of DeepInfer's `LLMEngine` class `base` with the prefix cache."""
-    chosen = settings or PrefixCacheSettings()
-
-    class PrefixCachingLLMEngine(base):  # type: ignore[misc]
-        """DeepInfer's LLMEngine keeping finished prompts for later requests to fork from."""
-
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self.prefix_cache = PrefixCache(self, chosen)
-            if self.prefix_cache.disabled is not None:
-                logger.warning("[startup] prefix cache off: %s", self.prefix_cache.disabled)
-                return
-            logger.info(
-                "[startup] prefix cache on: %d KV blocks, %d state slots (one per running "
-                "request, one per snapshot or cached prompt; DEEPINFER_NUM_STATE_SLOTS_RATIO "
-                "sets them), prompts of %d tokens or more",
-                self.cache_config.num_gpu_blocks - 1,
-                self.cache_config.num_state_seqs - 1,
-                chosen.min_tokens,
-            )
-
-        def add_request(
-            self,
-            user_id: str,
-            request_id: str,
-            sampling_params: Any,
-            prompt_token_ids: Any,
-            multi_modal_data: Any = None,
-            arrival_time: float | None = None,
-            extra: Any = None,
-            enqueue: bool = True,
-            chunk_checkpoints: Any = None,
-        ) -> Any:
-            return self.prefix_cache.add_request(
-                super().add_request,
-                user_id,
-                request_id,
-                sampling_params,
-                prompt_token_ids,
-                multi_modal_data,
-                arrival_time,
-                extra,
-                enqueue,
-                chunk_checkpoints,
-            )
-
-        def abort_request(self, request_id: Any) -> tuple[int, int]:
-            ids = [request_id] if isinstance(request_id, str) else list(request_id)
-            result: tuple[int, int] = super().abort_request(ids)
-            self.prefix_cache.aborted(ids)
-            return result
-
-        def step(self) -> Any:
-            self.prefix_cache.evict_for_demand()
-            return super().step()
-
-        def post_schedule(self, scheduler_outputs: Any) -> None:
-            self.prefix_cache.post_schedule(scheduler_outputs)
-
-        def finalize_seq(self, seq: Any) -> None:
-            self.prefix_cache.finalize(seq)
-
-        def prefix_cache_stats(self) -> tuple[int, int, int]:
-            """(prompt tokens looked up, prompt tokens reused, cached sequences now)."""
-            return self.prefix_cache.stats()
-
-        def clear_prefix_cache(self) -> None:
-            """Evict every cached sequence."""
-            self.prefix_cache.clear()
-
-    return PrefixCachingLLMEngine

@@ -6,6 +6,10 @@ elsewhere unless include_usage is set); this class reshapes it to what OpenAI se
 `"usage": null` on every chunk, plus, only with `include_usage`, one extra last chunk with
 `"choices": []` and the usage. `continuous_usage_stats` (a vLLM extension GuideLLM uses) puts
 the cumulative usage on every chunk instead of null.
+
+A message that is only tool calls has `"content": null`, as OpenAI sends it (the recipe writes
+""); streamed, its finishing chunk carries no `content` either, so that clients that add the
+deltas up end with null as well.
 """
 
 from __future__ import annotations
@@ -71,6 +75,10 @@ class ChatOutput(RecipeOutput):
             chunk["usage"] = self._running_usage() if self._continuous_usage else None
             return [orjson.dumps(chunk).decode()]
         chunk["usage"] = final_usage if self._continuous_usage else None
+        for choice in chunk["choices"]:
+            delta = choice.get("delta") or {}
+            if choice.get("finish_reason") == "tool_calls" and delta.get("content") == "":
+                del delta["content"]
         payloads = [orjson.dumps(chunk).decode()]
         if self._include_usage:
             usage_chunk = {
@@ -84,6 +92,17 @@ class ChatOutput(RecipeOutput):
             }
             payloads.append(orjson.dumps(usage_chunk).decode())
         return payloads
+
+    def response_json(self) -> bytes:
+        body = super().response_json()
+        if b'"tool_calls":[' not in body:  # no tool call: nothing to change
+            return body
+        response = orjson.loads(body)
+        for choice in response["choices"]:
+            message = choice.get("message")
+            if message and message.get("tool_calls") and message.get("content") == "":
+                message["content"] = None
+        return orjson.dumps(response)
 
     def _running_usage(self) -> dict[str, int]:
         return {

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from deepinfer_server.errors import BadRequestError, ContextLengthError, ErrorKind
 from deepinfer_server.ipc.messages import SamplingOptions
 from deepinfer_server.protocol.chat.request import StreamOptions, read_stream_options
@@ -182,7 +184,11 @@ def prepare_completion(body: dict[str, Any], recipe: RecipeContext) -> list[Prep
     stop = _stop(body)
     prepared: list[PreparedCompletion] = []
     for prompt_index, (ids, text) in enumerate(_prompts(body, recipe)):
-        if len(ids) + max_tokens > recipe.context_limit:
+        room = recipe.room_for(len(ids), max_tokens)
+        prompt_sampling = sampling
+        if room is not None:  # --clamp-max-tokens
+            prompt_sampling = msgspec.structs.replace(sampling, max_tokens=room)
+        if room is None and len(ids) + max_tokens > recipe.context_limit:
             raise ContextLengthError(
                 f"This model's maximum context length is {recipe.context_limit} tokens; the "
                 f"prompt has {len(ids)} tokens and max_tokens is {max_tokens}",
@@ -192,7 +198,7 @@ def prepare_completion(body: dict[str, Any], recipe: RecipeContext) -> list[Prep
             prepared.append(
                 PreparedCompletion(
                     ids,
-                    with_seed(sampling, choice_seed),
+                    with_seed(prompt_sampling, choice_seed),
                     stream,
                     stream_options,
                     text,

@@ -1,7 +1,8 @@
 """Each protocol's error envelope, built from the one table in `errors.ERROR_TABLE`.
 
 OpenAI (Chat Completions, and Responses before its stream starts): `{"error": {message, type,
-param, code}}`. Anthropic: `{"type": "error", "error": {type, message}}`. A Responses stream
+param, code}}`. Anthropic: `{"type": "error", "error": {type, message}}`, plus
+`details.error_code` for the errors Anthropic's SDK tells apart by it. A Responses stream
 that fails mid-way ends with an `error` event: `{type, code, message, param, sequence_number}`.
 """
 
@@ -26,7 +27,10 @@ def openai_error_body(error: ApiError) -> dict[str, Any]:
 
 def anthropic_error_body(error: ApiError) -> dict[str, Any]:
     """Anthropic's error shape."""
-    return {"type": "error", "error": {"type": error.spec.anthropic_type, "message": error.message}}
+    body: dict[str, Any] = {"type": error.spec.anthropic_type, "message": error.message}
+    if error.spec.anthropic_code is not None:
+        body["details"] = {"error_code": error.spec.anthropic_code}
+    return {"type": "error", "error": body}
 
 
 def responses_error_event(error: ApiError) -> dict[str, Any]:

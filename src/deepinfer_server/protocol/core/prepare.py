@@ -60,7 +60,8 @@ def engine_input(
     top_k: int = -1,
     logprobs: bool = False,
 ) -> EngineInput:
-    """Encode the conversation (V4.1) and resolve max_tokens against the context.
+    """Encode the conversation (V4.1) and resolve max_tokens against the context (lowered to
+    the room left with `--clamp-max-tokens`, where the recipe would refuse it).
 
     `logprobs` asks for them even when the converted request does not (Responses `include`).
     Images are decoded and checked here (a 400 or 413 for bad ones); each counts at its image
@@ -79,14 +80,16 @@ def engine_input(
     if images is not None and recipe.image_policy is not None:
         prompt_token_ids, images = place_images(prompt_token_ids, images, recipe.image_policy)
     prompt_tokens = Images.prompt_tokens(prompt_token_ids, images)
+    requested = converted.inference_options.max_tokens
+    limit = recipe.context_limit
     try:
         with recipe_errors():
-            max_tokens = converted.resolve_max_tokens(prompt_tokens, recipe.context_limit)
+            clamped = recipe.room_for(prompt_tokens, requested)
+            max_tokens = clamped or converted.resolve_max_tokens(prompt_tokens, limit)
     except ContextLengthError as exc:
         if overflow is None:
             raise
-        requested = converted.inference_options.max_tokens
-        raise overflow(prompt_tokens, requested, recipe.context_limit) from exc
+        raise overflow(prompt_tokens, requested, limit) from exc
     inference = converted.inference_options
     logprobs = logprobs or inference.logprobs
     sampling = SamplingOptions(

@@ -55,6 +55,8 @@ class RecipeContext:
     prompt_logprobs_unavailable: str | None = None
     #: The image placeholder the engine expands and how it counts image tokens.
     image_policy: ImagePolicy | None = None
+    #: `--clamp-max-tokens`: a max_tokens beyond the room the prompt leaves is lowered to it.
+    clamp_max_tokens: bool = False
     #: `encoding.encode`, reusing the tokens of an earlier prompt that the new one extends.
     prompt_encoder: PromptEncoder | None = None
 
@@ -72,6 +74,7 @@ class RecipeContext:
         prompt_id_bound: int | None = None,
         prompt_logprobs_unavailable: str | None = None,
         image_policy: ImagePolicy | None = None,
+        clamp_max_tokens: bool = False,
     ) -> RecipeContext:
         """`reasoning_key` (a `reasoning_seal.seal_key`) shared by every API server process
         takes precedence over `reasoning_secret`; `prompt_id_bound` defaults to the
@@ -100,6 +103,7 @@ class RecipeContext:
             prompt_id_bound or decoder.get_vocab_size(with_added_tokens=True),
             prompt_logprobs_unavailable,
             image_policy or recipe_image_policy(tokenizer_json),
+            clamp_max_tokens,
             PromptEncoder(tokenizers.Tokenizer.from_str(tokenizer_json)),
         )
 
@@ -107,6 +111,15 @@ class RecipeContext:
     def model_name(self) -> str:
         """The name responses report."""
         return self.served_model_names[0]
+
+    def room_for(self, prompt_tokens: int, requested: int | None) -> int | None:
+        """With `--clamp-max-tokens`, the output tokens a request that asked for `requested`
+        gets when prompt plus request would not fit (the room the prompt leaves); None when
+        nothing is to be lowered (the option is off, nothing was asked, or no room is left)."""
+        room = self.context_limit - prompt_tokens
+        if not self.clamp_max_tokens or requested is None or room < 1 or requested <= room:
+            return None
+        return room
 
     def encode(
         self, conversation: Conversation, rendered: RenderedPrompt | None = None

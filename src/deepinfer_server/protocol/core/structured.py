@@ -59,11 +59,47 @@ def _without_strict(tools: Any) -> Any:
     return relaxed
 
 
+#: `json_object` as the JSON schema it stands for, in the grammar and in the prompt alike.
+_ANY_OBJECT_SCHEMA = {"type": "object"}
+
+
+def _json_object_as_schema(body: dict[str, Any], where: str) -> dict[str, Any]:
+    """`json_object` without the word "json" in the messages: OpenAI's rule, which the recipe
+    keeps and vLLM and Ollama do not (the AI SDK's `createOpenAICompatible` sends exactly this
+    for `generateObject`). The grammar enforces JSON anyway: the request is converted with the
+    equivalent schema, which the prompt states as the recipe states json_object's."""
+    global _warned_json_object
+    log = logger.debug if _warned_json_object else logger.warning
+    _warned_json_object = True
+    log(
+        "%s json_object without the word 'json' in the messages (OpenAI refuses it): accepted, "
+        "the grammar enforces JSON (logged once at warning level)",
+        where,
+    )
+    if where == "response_format":
+        schema = {"name": "json_object", "schema": _ANY_OBJECT_SCHEMA}
+        return {**body, "response_format": {"type": "json_schema", "json_schema": schema}}
+    given = body.get("text")
+    text: dict[str, Any] = given if isinstance(given, dict) else {}
+    as_schema = {"type": "json_schema", "name": "json_object", "schema": _ANY_OBJECT_SCHEMA}
+    return {**body, "text": {**text, "format": as_schema}}
+
+
+_warned_json_object = False
+
 #: What deepseek-recipe refuses that the grammar honours, and how to convert the request instead:
 #: a forced tool_choice in thinking mode (DeepSeek's hosted API refuses it too) is converted as
 #: `auto` and the grammar forces the call after `</think>`; strict tools with an answer format
-#: are converted without `strict` and one grammar allows a valid call or valid JSON.
+#: are converted without `strict` and one grammar allows a valid call or valid JSON; json_object
+#: without the word "json" is converted as the schema `{"type": "object"}` (the grammar reads
+#: json_object from the body as given, the same schema).
 _RELAXATIONS: dict[str, Callable[[dict[str, Any], object], dict[str, Any]]] = {
+    "to use 'response_format' of type 'json_object'": lambda body, auto: _json_object_as_schema(
+        body, "response_format"
+    ),
+    "to use 'text.format' of type 'json_object'": lambda body, auto: _json_object_as_schema(
+        body, "text.format"
+    ),
     "Thinking mode does not support this tool_choice": lambda body, auto: {
         **body,
         "tool_choice": auto,

@@ -9,13 +9,16 @@
   encrypted by Anthropic, unreadable here: they are dropped.
 - Context overflow is reported in Anthropic's words, which Claude Code recognises and recovers
   from by retrying with a smaller `max_tokens`.
+- Message threads (`thread`: the server keeps the conversation between turns) are not kept
+  here: any `thread` is refused with the `error.details.error_code` on which the anthropic SDK
+  (its tool runner threads by default) sends the whole conversation without one.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from deepinfer_server.errors import ContextLengthError
+from deepinfer_server.errors import BadRequestError, ContextLengthError, ErrorKind
 
 _BASH_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -93,6 +96,17 @@ def normalize_messages_body(body: dict[str, Any]) -> dict[str, Any]:
     if isinstance(messages, list):
         normalized["messages"] = [_without_redacted_thinking(m) for m in messages]
     return normalized
+
+
+def reject_thread(body: dict[str, Any]) -> None:
+    """A 400 `thread_unsupported_request` for a body with a `thread` (null is no thread)."""
+    if body.get("thread") is not None:
+        raise BadRequestError(
+            "message threads are not supported by this server: send the whole conversation "
+            "without `thread`",
+            param="thread",
+            kind=ErrorKind.THREAD_UNSUPPORTED,
+        )
 
 
 def anthropic_context_error(

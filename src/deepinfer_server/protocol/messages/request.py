@@ -24,6 +24,7 @@ from deepinfer_server.protocol.core.validation import check_model
 from deepinfer_server.protocol.messages.compat import (
     anthropic_context_error,
     normalize_messages_body,
+    reject_thread,
 )
 
 
@@ -43,6 +44,7 @@ def _convert(body: dict[str, Any], recipe: RecipeContext) -> ConversationRequest
     if body.get("max_tokens") is None:  # Anthropic's API requires it; the recipe would not
         raise BadRequestError("max_tokens: Field required", param="max_tokens")
     check_model(body, recipe.served_model_names)
+    reject_thread(body)
     reject_n(body, "the Messages API")
     read_top_k(body)
     read_constraint(MESSAGES_CONSTRAINT, body, thinking=False)

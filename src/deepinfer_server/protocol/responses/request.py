@@ -123,11 +123,13 @@ def prepare_responses(body: dict[str, Any], recipe: RecipeContext) -> PreparedRe
     body, conversation = restore_reasoning(body, recipe.reasoning_seal)
 
     def convert(
-        body: dict[str, Any],
+        relaxed: dict[str, Any],
     ) -> tuple[ConversationRequest, Any, dict[str, tuple[str, str]]]:
-        request = ResponsesRequest(body)
+        request = ResponsesRequest(relaxed)
         namespace_tool_map = request.namespace_tool_map(recipe.options)
-        echo = request.echo()  # before convert(), which consumes the request
+        # Before convert(), which consumes the request; a relaxed body (a json_object format
+        # converted as its schema) still echoes what the client sent.
+        echo = request.echo() if relaxed is body else ResponsesRequest(body).echo()
         return request.convert(recipe.options), echo, namespace_tool_map
 
     converted, echo, namespace_tool_map = convert_honouring_tool_choice(

@@ -1,0 +1,86 @@
+"""PrefixCachingLLMEngine: DeepInfer's LLMEngine with the prefix cache on its hooks."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from deepinfer_server.engines.deepinfer.prefix_cache import PrefixCache, PrefixCacheSettings
+
+logger = logging.getLogger(__name__)
+
+
+def prefix_caching_engine(
+    base: type[Any], settings: PrefixCacheSettings | None = None
+) -> type[Any]:
+    """A subclass of DeepInfer's `LLMEngine` class `base` with the prefix cache."""
+    chosen = settings or PrefixCacheSettings()
+
+    class PrefixCachingLLMEngine(base):  # type: ignore[misc]
+        """DeepInfer's LLMEngine keeping finished prompts for later requests to fork from."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.prefix_cache = PrefixCache(self, chosen)
+            if self.prefix_cache.disabled is not None:
+                logger.warning("[startup] prefix cache off: %s", self.prefix_cache.disabled)
+                return
+            logger.info(
+                "[startup] prefix cache on: %d KV blocks, %d state slots (one per running "
+                "request, one per snapshot or cached prompt; DEEPINFER_NUM_STATE_SLOTS_RATIO "
+                "sets them), prompts of %d tokens or more",
+                self.cache_config.num_gpu_blocks - 1,
+                self.cache_config.num_state_seqs - 1,
+                chosen.min_tokens,
+            )
+
+        def add_request(
+            self,
+            user_id: str,
+            request_id: str,
+            sampling_params: Any,
+            prompt_token_ids: Any,
+            multi_modal_data: Any = None,
+            arrival_time: float | None = None,
+            extra: Any = None,
+            enqueue: bool = True,
+            chunk_checkpoints: Any = None,
+        ) -> Any:
+            return self.prefix_cache.add_request(
+                super().add_request,
+                user_id,
+                request_id,
+                sampling_params,
+                prompt_token_ids,
+                multi_modal_data,
+                arrival_time,
+                extra,
+                enqueue,
+                chunk_checkpoints,
+            )
+
+        def abort_request(self, request_id: Any) -> tuple[int, int]:
+            ids = [request_id] if isinstance(request_id, str) else list(request_id)
+            result: tuple[int, int] = super().abort_request(ids)
+            self.prefix_cache.aborted(ids)
+            return result
+
+        def step(self) -> Any:
+            self.prefix_cache.evict_for_demand()
+            return super().step()
+
+        def post_schedule(self, scheduler_outputs: Any) -> None:
+            self.prefix_cache.post_schedule(scheduler_outputs)
+
+        def finalize_seq(self, seq: Any) -> None:
+            self.prefix_cache.finalize(seq)
+
+        def prefix_cache_stats(self) -> tuple[int, int, int]:
+            """(prompt tokens looked up, prompt tokens reused, cached sequences now)."""
+            return self.prefix_cache.stats()
+
+        def clear_prefix_cache(self) -> None:
+            """Evict every cached sequence."""
+            self.prefix_cache.clear()
+
+    return PrefixCachingLLMEngine
