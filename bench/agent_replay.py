@@ -3,9 +3,7 @@
 cache on and off, in one run.
 
     python bench/agent_replay.py [--turns 20] [--concurrency 1,16] [--prefill-tokens-per-s N]
-
-Not runnable yet: it needs the simulated engine's prefix cache and its prefill cost
-(`--sim-prefill-tokens-per-s`), which are not on main (issue 27).
+                                 [--state-slots-ratio R]
 
 Replays agent conversations (`bench/agent_conversation.py`: a ~14k-token system prompt, then
 200-400 tokens more per turn, half of them tool calls with their results, tools declared)
@@ -18,12 +16,16 @@ conversations run at once, each sending its next turn when the last one's answer
 (streamed, 16 tokens). Per turn it reports the prompt tokens, the tokens computed (the prompt
 less `usage.prompt_tokens_details.cached_tokens`) and TTFT p50 (first content or reasoning
 chunk) with and without the cache, and their ratios, then the same over turns 2 to N.
+`--state-slots-ratio` sets both servers' DEEPINFER_NUM_STATE_SLOTS_RATIO (state slots per
+running request; DeepInfer's default 1.2): each running conversation needs a slot, a snapshot
+of its prompt and its last turn's entry.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import time
@@ -115,7 +117,11 @@ def main() -> int:
         help="the simulated prefill rate of both servers (a faster one shortens the run; the "
         "ratios hold)",
     )
+    parser.add_argument("--state-slots-ratio", type=float, help="DEEPINFER_NUM_STATE_SLOTS_RATIO")
     args = parser.parse_args()
+    if args.state_slots_ratio is not None:
+        os.environ["DEEPINFER_NUM_STATE_SLOTS_RATIO"] = str(args.state_slots_ratio)
+    slots = os.environ.get("DEEPINFER_NUM_STATE_SLOTS_RATIO", "1.2")
     for number, concurrency in enumerate(int(c) for c in args.concurrency.split(",")):
         measured = {}
         for caching in (True, False):
@@ -127,7 +133,7 @@ def main() -> int:
                 )
         print(
             f"\nc={concurrency}, {args.turns} turns, prefill {args.prefill_tokens_per_s:g} "
-            "tokens/s, TTFT p50 in ms\n"
+            f"tokens/s, state slots {slots} per running request, TTFT p50 in ms\n"
             "| turn | prompt | computed (cache on) | computed (off) | ratio | TTFT on | TTFT off "
             "| ratio |\n|---:|---:|---:|---:|---:|---:|---:|---:|"
         )

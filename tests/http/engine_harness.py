@@ -70,6 +70,8 @@ class EngineCoordinator(FakeCoordinator):
             due = False
             for delta in deltas:
                 generated.extend(delta.tokens.token_ids)
+                if delta.cached_tokens is not None:  # as the coordinator's dispatch does
+                    handle.started(delta.cached_tokens)
                 due = handle.deliver(delta.tokens, delta.finish, 0.0, 0.0) or due
             if due:
                 handle.flush()
@@ -92,7 +94,9 @@ class SimulatedEngine:
     structured: StructuredOutputs
 
     @classmethod
-    def start(cls, max_model_len: int = 4096) -> SimulatedEngine:
+    def start(
+        cls, max_model_len: int = 4096, enable_prefix_caching: bool = False
+    ) -> SimulatedEngine:
         engine = LLMEngine.from_engine_args(
             SimEngineArgs(
                 tokenizer_json=_tokenizer_json(),
@@ -100,6 +104,7 @@ class SimulatedEngine:
                 max_model_len=max_model_len,
                 ttft_ms=0.0,
                 itl_ms=0.0,
+                enable_prefix_caching=enable_prefix_caching,
             )
         )
         structured = StructuredOutputs(_tokenizer_json())

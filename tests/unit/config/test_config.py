@@ -272,9 +272,10 @@ def test_deepinfer_ranks_get_the_prefill_intervals(monkeypatch: pytest.MonkeyPat
         assert environment["DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL"] == "100"
 
 
-def test_prefix_caching_is_off_for_deepinfer_by_default_and_the_flags_reach_every_rank() -> None:
+def test_prefix_caching_defaults_per_engine_and_the_flags_reach_every_rank() -> None:
     deepinfer = parse_config(["/models/ckpt", "--engine", "deepinfer", "--dp", "2"])
-    assert deepinfer.enable_prefix_caching is False
+    assert deepinfer.enable_prefix_caching is False  # until validated on GPUs
+    assert parse_config(["--engine", "simulated"]).enable_prefix_caching is True
     on = parse_config(["/models/ckpt", "--engine", "deepinfer", "--enable-prefix-caching"])
     assert on.enable_prefix_caching is True
     off = parse_config(["--engine", "simulated", "--no-enable-prefix-caching"])

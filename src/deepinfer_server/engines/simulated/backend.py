@@ -72,6 +72,17 @@ class SimulatedOptions:
         "--max-model-len tokens)",
         type=int,
     )
+    sim_prefill_tokens_per_s: float = option(
+        20_000.0,
+        "--sim-prefill-tokens-per-s",
+        help="simulated engine: prompt tokens one GPU computes per second; a prompt step lasts "
+        "the prompt tokens it computes (a prefix-cache hit computes only the rest) over this "
+        "rate times the rank's CP GPUs, and at least one step. The default is an assumption: "
+        "about one B200 prefilling DeepSeek-V4.1-Flash (DeepSeek's V3 service computed some 4k "
+        "prompt tokens/s per H800 GPU; a B200 is about twice as fast and V4.1-Flash smaller). "
+        "0: a prompt step lasts one step (default: %(default)s)",
+        type=float,
+    )
     sim_collective_timeout: float = option(
         60.0,
         "--sim-collective-timeout",
@@ -91,6 +102,7 @@ class SimulatedBackend(EngineBackend):
     required_files = ("tokenizer.json",)
     download_patterns: ClassVar[list[str] | None] = ["*.json", "*.py", "*.model", "*.txt"]
     model_required = False
+    default_prefix_caching = True
 
     def validate_options(self, options: object, data_parallel_size: int) -> None:
         assert isinstance(options, SimulatedOptions)
@@ -102,6 +114,7 @@ class SimulatedBackend(EngineBackend):
             ("--sim-ttft-ms", options.sim_ttft_ms),
             ("--sim-itl-ms", options.sim_itl_ms),
             ("--sim-fault-after-steps", options.sim_fault_after_steps),
+            ("--sim-prefill-tokens-per-s", options.sim_prefill_tokens_per_s),
         ):
             if amount < 0:
                 raise ConfigError(f"{flag} must not be negative, got {amount}")

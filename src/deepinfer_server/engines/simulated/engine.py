@@ -12,9 +12,11 @@ structured outputs (`matcher_builds.MatcherBuilds`).
 
 This module is the contract's face and the order of one step; the parts live beside it: the
 queues (`request_table`), prompt steps (`prompt_scheduler`), decode preemption (`preemption`),
-the tokens (`token_generator`), grammar builds (`matcher_builds`) and the timing
-(`step_clock`: every step lasts `itl_ms` while there is work; a request is schedulable
-`ttft_ms` after `add_request`).
+the tokens (`token_generator`), grammar builds (`matcher_builds`), the prefix cache and state
+slots (`prefix_cache`, `state_slots`; DeepInfer's with the server's `--enable-prefix-caching`)
+and the timing (`step_clock`: every step lasts `itl_ms` while there is work, a prompt step at
+least its computed tokens over `prefill_tokens_per_s`; a request is schedulable `ttft_ms`
+after `add_request`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from deepinfer_server.engines.simulated.kv_blocks import KVBlocks, default_pool
 from deepinfer_server.engines.simulated.matcher_builds import MatcherBuilds
 from deepinfer_server.engines.simulated.outputs import POOL, OutputRecord, RequestOutput
 from deepinfer_server.engines.simulated.preemption import schedule_decode
+from deepinfer_server.engines.simulated.prefix_cache import PrefixCache
 from deepinfer_server.engines.simulated.prompt_scheduler import PromptScheduler
 from deepinfer_server.engines.simulated.request_table import RequestTable
 from deepinfer_server.engines.simulated.sampling_params import SamplingParams
@@ -45,6 +48,7 @@ from deepinfer_server.engines.simulated.scheduler import (
 )
 from deepinfer_server.engines.simulated.script import ScriptWriter
 from deepinfer_server.engines.simulated.sequence import FINISH_ABORT, Sequence
+from deepinfer_server.engines.simulated.state_slots import StateSlots
 from deepinfer_server.engines.simulated.step_clock import StepClock
 from deepinfer_server.engines.simulated.token_generator import TokenGenerator
 from deepinfer_server.model.tokens import EOS_TOKEN
@@ -75,6 +79,10 @@ class SimEngineArgs:
     fault: str | None = None
     fault_after_steps: int = 0
     kv_blocks: int | None = None
+    #: Keep finished prompts' KV and state and fork new prompts from them (DeepInfer's cache).
+    enable_prefix_caching: bool = False
+    #: Prompt tokens a prompt step computes per second; 0: a prompt step lasts one period.
+    prefill_tokens_per_s: float = 0.0
 
 
 class LLMEngine:
@@ -101,7 +109,24 @@ class LLMEngine:
         self._kv = KVBlocks(args.kv_blocks or default_pool(args.max_num_seqs, args.max_model_len))
         self.scheduler = self._kv
         self.cache_config = self._kv.cache_config
-        self._table = RequestTable(self._kv)
+        # DeepInfer's default max_num_batched_tokens (config.py:219-228); without chunked
+        # prefill it bounds both the prompt length and the prompt tokens of one step.
+        batched_tokens = args.max_num_batched_tokens or max(
+            args.max_model_len, 4096, args.max_num_seqs * args.tokens_per_step
+        )
+        prompt_limit = min(args.max_model_len, batched_tokens)
+        self._cache = PrefixCache(
+            self._kv,
+            StateSlots.for_running(args.max_num_seqs),
+            enabled=args.enable_prefix_caching,
+            max_num_seqs=args.max_num_seqs,
+            batched_tokens=batched_tokens,
+            prompt_limit=prompt_limit,
+        )
+        if args.enable_prefix_caching:
+            # What the engine driver reads (absent without a cache, as on DeepInfer).
+            self.prefix_cache_stats = self._cache.stats
+        self._table = RequestTable(self._kv, self._cache)
         self._generator = TokenGenerator(
             self._table,
             self.eos_id,
@@ -109,11 +134,6 @@ class LLMEngine:
             args.max_model_len,
             args.tokens_per_step,
             args.max_num_batched_tokens or 0,
-        )
-        # DeepInfer's default max_num_batched_tokens (config.py:219-228); without chunked
-        # prefill it bounds both the prompt length and the prompt tokens of one step.
-        batched_tokens = args.max_num_batched_tokens or max(
-            args.max_model_len, 4096, args.max_num_seqs * args.tokens_per_step
         )
         cadence = PrefillCadence(
             args.lockstep,
@@ -128,7 +148,7 @@ class LLMEngine:
             args.max_model_len,
             args.max_num_seqs,
             batched_tokens,
-            min(args.max_model_len, batched_tokens),
+            prompt_limit,
         )
 
     @classmethod
@@ -175,10 +195,16 @@ class LLMEngine:
             script=self._script.answer_tokens(prompt, multi_modal_data),
             ready_at=arrived + self._args.ttft_ms / 1000.0,
         )
+        cacheable = (
+            multi_modal_data is None and not sampling_params.prompt_logprobs and enqueue
+        ) and not sampling_params.so_args
+        forked = self._cache.add(sequence, prompt_token_ids, cacheable)
         if sampling_params.so_args and enqueue:
             self._builds.submit(sequence)
         elif sampling_params.so_args:  # DeepInfer builds synchronously here too
             self._builds.build_now(sequence)
+        elif forked:  # DeepInfer's fork_seq queues a fork first
+            self._table.waiting.insert(0, sequence)
         elif enqueue:
             self._table.waiting.append(sequence)
         return sequence
@@ -225,15 +251,18 @@ class LLMEngine:
         step_end = self._clock.step_end(started, first_ready)
 
         terminal, self._pending_terminal = self._pending_terminal, []
+        self._cache.evict_for_demand(table.waiting, len(table.running))
         prompt_outputs: list[OutputRecord] = []
         prompt_step = self._prompts.schedule(prompt_outputs, step_end)
+        rate = self._args.prefill_tokens_per_s
+        if prompt_step and rate > 0:
+            # Across DP ranks the next step's barrier makes the slowest prompt step the group's.
+            step_end = max(step_end, started + self._prompts.computed_tokens / rate)
         deferred, self._deferred = self._deferred, []
         decoded: list[OutputRecord] = []
         if not prompt_step:
             # Before the deferred outputs leave: a preempted sequence's in-flight tokens go.
-            scheduled, deferred = schedule_decode(
-                self._kv, table.running, table.waiting, deferred, self._args.tokens_per_step
-            )
+            scheduled, deferred = schedule_decode(table, deferred, self._args.tokens_per_step)
             for sequence in scheduled:
                 decoded.extend(self._generator.generate(sequence))
         returned = deferred + terminal + prompt_outputs

@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 import time
 
-from deepinfer_server.engines.simulated.kv_blocks import KVBlocks
 from deepinfer_server.engines.simulated.outputs import OutputRecord
+from deepinfer_server.engines.simulated.request_table import RequestTable
 from deepinfer_server.engines.simulated.sequence import Sequence
 
 logger = logging.getLogger(__name__)
@@ -21,18 +21,15 @@ FINISH_PREEMPTED = "insufficient_system_resource"
 
 
 def schedule_decode(
-    kv: KVBlocks,
-    running: list[Sequence],
-    waiting: list[Sequence],
-    deferred: list[OutputRecord],
-    tokens_per_step: int,
+    table: RequestTable, deferred: list[OutputRecord], tokens_per_step: int
 ) -> tuple[list[Sequence], list[OutputRecord]]:
     """(the sequences that step, in running order; `deferred` without the victims' outputs).
 
-    Victims leave `running`; recomputable ones go to the front of `waiting`, the others get
-    their terminal output appended to the returned records.
+    Victims leave `running` (with their state); recomputable ones go to the front of
+    `waiting`, the others get their terminal output appended to the returned records.
     """
-    scheduled, preempted = kv.plan_decode(
+    running = table.running
+    scheduled, preempted = table.kv.plan_decode(
         running,
         lambda s: s.request_id,
         lambda s: len(s.output),
@@ -40,7 +37,7 @@ def schedule_decode(
     )
     for victim in preempted:
         logger.info("request %s preempted: no free KV block", victim.request_id)
-        running.remove(victim)
+        table.preempted(victim)
         inflight = sum(r.request_id == victim.request_id for r in deferred)
         deferred = [r for r in deferred if r.request_id != victim.request_id]
         del victim.output[len(victim.output) - inflight :]
@@ -48,6 +45,6 @@ def schedule_decode(
             deferred.append(victim.ignored_output(FINISH_PREEMPTED))
         else:
             victim.ready_at = time.monotonic()
-            waiting.insert(0, victim)
+            table.waiting.insert(0, victim)
     chosen = {id(s) for s in scheduled}
     return [s for s in running if id(s) in chosen], deferred

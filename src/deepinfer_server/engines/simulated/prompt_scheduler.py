@@ -1,10 +1,11 @@
 """PromptScheduler: which waiting requests a step prefills (DeepInfer 0.1.0, chunked prefill off).
 
 Prompts are scheduled only at the prefill cadence's attempt points (`scheduler.PrefillCadence`),
-from the head of the queue in order, while they fit: the running cap, the KV blocks and the
-step's prompt-token budget (`max_num_batched_tokens`). A prompt longer than the context, or a
-request whose grammar failed, ends "ignored" at its turn; each prefilled request generates its
-first token in the prompt step.
+from the head of the queue in order, while they fit: the running cap, the KV blocks and a state
+slot, and the step's prompt-token budget (`max_num_batched_tokens`, counting the tokens a
+prompt computes: a prefix-cache fork computes only its last ones). A prompt longer than the
+context, or a request whose grammar failed, ends "ignored" at its turn; each prefilled request
+generates its first token in the prompt step.
 """
 
 from __future__ import annotations
@@ -31,11 +32,15 @@ class PromptScheduler:
     #: Prompt tokens one step may take; without chunked prefill it also bounds a prompt.
     batched_tokens: int
     prompt_limit: int
+    #: The prompt tokens the last prompt step computed (a fork's reused ones excluded).
+    computed_tokens: int = 0
 
     def schedule(self, returned: list[OutputRecord], now: float) -> bool:
         """DeepInfer's prefill cadence (scheduler.PrefillCadence): True for a prompt step,
-        whose outputs (first tokens, ignored requests) are appended to `returned`; `now` is
-        the step's end, as of which requests are ready."""
+        whose outputs (first tokens, ignored requests) are appended to `returned` and whose
+        prompt tokens computed are `computed_tokens`; `now` is the step's end, as of which
+        requests are ready."""
+        self.computed_tokens = 0
         waiting = self.table.waiting
         head_ready = bool(waiting) and waiting[0].ready_at <= now
         want = self.table.kv_usage() <= KV_WATERMARK and head_ready
@@ -58,23 +63,25 @@ class PromptScheduler:
             if sequence.ready_at > now:
                 break
             # A preempted sequence is recomputed: prompt and output so far are prefilled again.
-            allocation = table.kv.can_prefill(sequence.length + 1)
+            allocation = table.can_prefill(sequence)
             too_long = len(sequence.prompt) > self.prompt_limit
             if too_long or sequence.length > self.max_model_len:
                 too_long = True
             if too_long or allocation is AllocStatus.NEVER:
-                table.waiting.pop(0)
+                table.drop_head(sequence)
                 outputs.append(sequence.ignored_output(FINISH_PROMPT_TOO_LONG))
                 continue
             if sequence.grammar_failed:
-                table.waiting.pop(0)
+                table.drop_head(sequence)
                 outputs.append(sequence.ignored_output(FINISH_SO_FAILED))
                 continue
             if allocation is AllocStatus.LATER or len(table.running) >= self.max_num_seqs:
                 break
-            if tokens and tokens + sequence.length > self.batched_tokens:
+            # The step's budget counts the tokens it computes (a fork's last ones only).
+            computes = sequence.length - sequence.fork_point
+            if tokens and tokens + computes > self.batched_tokens:
                 break  # the next prompt step takes it (alone, if it must)
-            tokens += sequence.length
-            table.start(sequence)
+            tokens += computes
+            self.computed_tokens += table.start(sequence)
             outputs.extend(self.generator.generate(sequence, budget=1))
         return outputs

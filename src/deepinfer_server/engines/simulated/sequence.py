@@ -7,10 +7,15 @@ The scripted answer stands in for the model; the stop rules are DeepInfer 0.1.0'
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from deepinfer_server.engines.simulated.outputs import OutputRecord
 from deepinfer_server.engines.simulated.sampling_params import SamplingParams
 from deepinfer_server.grammar import SimulatedMatcher
+from deepinfer_server.prefix_cache.index import CacheEntry
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
@@ -35,6 +40,19 @@ class Sequence:
     #: Tokens the grammar put in place of the script's: the script goes on after them where
     #: it was, not shifted by them.
     inserted: int = 0
+    #: The prompt as `add_request` got it, for the prefix cache (None: it cannot be cached).
+    prompt_ids: npt.NDArray[np.int32] | None = None
+    #: Prompt tokens reused from a cached sequence, as DeepInfer's Sequence reports them after
+    #: `add_request`: what usage shows, even when a preemption recomputes them later.
+    num_cached_tokens: int = 0
+    #: Prompt tokens the next prefill skips: the fork point (0 once a preemption dropped it).
+    fork_point: int = 0
+    #: The cache entry it was forked from, until it ends.
+    fork_of: CacheEntry[Any] | None = None
+    #: Its state slot while running, and the snapshot of its state at the prompt's end
+    #: (`state_slots.StateSlots`; 0: none).
+    state_slot: int = 0
+    snapshot_slot: int = 0
 
     @property
     def length(self) -> int:

@@ -1,0 +1,213 @@
+"""PrefixCache: the simulated engine's cross-request prefix cache, with DeepInfer's semantics.
+
+It mirrors the server's cache on DeepInfer (`engines/deepinfer/prefix_cache.py`; design:
+docs/design/prefix-caching.md) on the simulated block model, and shares its index
+(`prefix_cache.index.PrefixIndex`: block-prefix hashes, then an exact token compare):
+
+- `add`: a text prompt of at least `min_tokens` whose first P tokens (P - 1 after a
+  thinking-mode turn dropped `<think>`) are a cached sequence's prompt becomes a fork: it pins
+  the parent's whole block table and state snapshot, reports `num_cached_tokens = F` and goes
+  to the front of the queue (DeepInfer's `fork_seq`); every prompt counts as queried.
+- `start` (its prefill): a fork keeps `F // 128` whole blocks, drops its other pins once its
+  state is cloned into a slot of its own, and computes only its last `len - F` tokens; a
+  prompt that can be cached takes a snapshot slot when one is spare, evicting entries without
+  live forks to make one (DeepInfer snapshots on the first decode step; here the prefill ends
+  at P).
+- `finish`: a sequence with a snapshot (stopped, capped or aborted after its prefill) stays as
+  an entry with its whole block table and the snapshot; anything else frees what it held.
+- `evict_for_demand`, before each step: least-recently-used entries go while waiting prompts
+  would not fit under the 90% prefill watermark, running sequences lack a block each for their
+  next token, or waiting prompts lack state slots. Without demand nothing is evicted.
+
+Requests it cannot serve (prompt logprobs, images, grammars) are prefilled in full. With the
+cache off it only hands out the state slots (which running sequences never exhaust).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from deepinfer_server.engines.simulated.kv_blocks import BLOCK_SIZE, PREFILL_WATERMARK, KVBlocks
+from deepinfer_server.engines.simulated.sequence import Sequence
+from deepinfer_server.engines.simulated.state_slots import StateSlots
+from deepinfer_server.prefix_cache.index import CacheEntry, PrefixIndex
+
+#: Prompts shorter than this are neither cached nor looked up (as on DeepInfer).
+MIN_TOKENS = 256
+#: How far before its snapshot an entry may be forked: 1 serves a thinking-mode user turn.
+MAX_ROLLBACK = 1
+
+
+@dataclass(frozen=True, slots=True)
+class _Cached:
+    """What a cache entry holds: a block table (under `owner`) and a state snapshot slot."""
+
+    owner: str
+    slot: int
+
+
+class PrefixCache:
+    """The prefix cache and state slots of one simulated rank (its loop's thread owns it)."""
+
+    def __init__(
+        self,
+        kv: KVBlocks,
+        slots: StateSlots,
+        *,
+        enabled: bool,
+        max_num_seqs: int,
+        batched_tokens: int,
+        prompt_limit: int,
+    ) -> None:
+        self.kv = kv
+        self.slots = slots
+        self.enabled = enabled
+        self.index: PrefixIndex[_Cached] = PrefixIndex(max_rollback=MAX_ROLLBACK)
+        self._max_num_seqs = max_num_seqs
+        self._batched_blocks = batched_tokens // BLOCK_SIZE
+        self._prompt_limit = prompt_limit
+        self._entries = 0
+        self.query_tokens = 0
+        self.hit_tokens = 0
+
+    def stats(self) -> tuple[int, int, int]:
+        """(prompt tokens looked up, prompt tokens reused, cached sequences now)."""
+        return self.query_tokens, self.hit_tokens, len(self.index)
+
+    # add_request
+
+    def add(self, sequence: Sequence, prompt: npt.NDArray[np.int32], cacheable: bool) -> bool:
+        """Count the prompt and fork it from the entry with the longest match; True for a fork
+        (the caller queues it first). `cacheable`: no images, prompt logprobs or grammar."""
+        if not self.enabled:
+            return False
+        self.query_tokens += int(prompt.size)
+        if not (cacheable and MIN_TOKENS <= prompt.size <= self._prompt_limit):
+            return False
+        sequence.prompt_ids = prompt
+        match = self.index.match(prompt, limit=int(prompt.size) - 2)
+        if match is None:
+            return False
+        entry, fork_point = match.entry, match.fork_point
+        self.kv.share(sequence.request_id, self.kv.table(entry.value.owner))
+        self.slots.pin(entry.value.slot)
+        entry.live_forks += 1
+        self.index.touch(entry)
+        sequence.fork_of = entry
+        sequence.fork_point = sequence.num_cached_tokens = fork_point
+        self.hit_tokens += fork_point
+        return True
+
+    # Prefill
+
+    def kept_blocks(self, sequence: Sequence) -> int:
+        """The blocks a waiting sequence's prefill keeps from its parent (a fork's)."""
+        return sequence.fork_point // BLOCK_SIZE
+
+    def start(self, sequence: Sequence, waiting: int, running: int) -> int:
+        """The prefill of `sequence` (its blocks are allocated next): its state slot, a fork's
+        kept blocks and a snapshot if one is spare; returns the tokens it computes. `waiting`
+        and `running` count the other sequences."""
+        sequence.state_slot = self.slots.take()
+        entry = sequence.fork_of
+        if sequence.fork_point and entry is not None:
+            self.kv.keep_first(sequence.request_id, self.kept_blocks(sequence))
+            self.slots.release(entry.value.slot)  # cloned into the sequence's own slot
+        computed = sequence.length - sequence.fork_point
+        sequence.fork_point = 0
+        at_prompt_end = sequence.length == len(sequence.prompt)
+        if self.enabled and sequence.prompt_ids is not None and at_prompt_end:
+            sequence.snapshot_slot = self._spare_slot(waiting, running + 1)
+        return computed
+
+    def _spare_slot(self, waiting: int, running: int) -> int:
+        """A state slot for a snapshot, leaving the waiting prompts theirs; the least recently
+        used entry without live forks is evicted to make one (a newer prefix is the likelier
+        one reused); 0 when none can be had."""
+        reserve = min(waiting, max(0, self._max_num_seqs - running))
+        while self.slots.free_count - reserve < 1:
+            idle = [entry for entry in self.index.eviction_order() if entry.live_forks == 0]
+            if not idle:
+                return 0
+            self.evict(idle[0])
+        return self.slots.take()
+
+    # The end of a sequence
+
+    def finish(self, sequence: Sequence) -> None:
+        """A running sequence ended: kept as an entry if it has a snapshot, else freed."""
+        self._fork_ended(sequence)
+        if sequence.state_slot:
+            self.slots.release(sequence.state_slot)
+            sequence.state_slot = 0
+        snapshot, sequence.snapshot_slot = sequence.snapshot_slot, 0
+        if not snapshot or sequence.prompt_ids is None:
+            self.kv.free(sequence.request_id)
+            return
+        self._entries += 1
+        owner = f"prefix-cache:{self._entries}"
+        self.kv.rename(sequence.request_id, owner)
+        self.index.add(_Cached(owner, snapshot), sequence.prompt_ids)
+
+    def abort_waiting(self, sequence: Sequence) -> None:
+        """A waiting sequence was aborted: a fork drops its pins."""
+        entry = sequence.fork_of
+        if sequence.fork_point and entry is not None:
+            self.kv.free(sequence.request_id)
+            self.slots.release(entry.value.slot)
+            sequence.fork_point = 0
+        self._fork_ended(sequence)
+
+    def preempted(self, sequence: Sequence) -> None:
+        """A running sequence lost its blocks (freed by the decode plan): its state and
+        snapshot go too; it will be recomputed in full."""
+        if sequence.state_slot:
+            self.slots.release(sequence.state_slot)
+            sequence.state_slot = 0
+        if sequence.snapshot_slot:
+            self.slots.release(sequence.snapshot_slot)
+            sequence.snapshot_slot = 0
+
+    def _fork_ended(self, sequence: Sequence) -> None:
+        entry, sequence.fork_of = sequence.fork_of, None
+        if entry is not None:
+            entry.live_forks -= 1
+
+    # Eviction
+
+    def evict_for_demand(self, waiting: Seq[Sequence], running: int) -> None:
+        """Evict entries, least recently used first, while they stand in the way of waiting
+        prompts (the prefill watermark, state slots) or of the next decode step's blocks."""
+        if not self.index:
+            return
+        want_blocks = want_slots = 0
+        if waiting:
+            tokens = sum(sequence.length for sequence in waiting)
+            reused = sum(sequence.fork_point // BLOCK_SIZE for sequence in waiting)
+            needed = -(-tokens // BLOCK_SIZE) + len(waiting) - reused
+            want_blocks = min(needed, self._batched_blocks + len(waiting))
+            want_slots = min(len(waiting), max(0, self._max_num_seqs - running))
+        total = self.kv.cache_config.num_gpu_blocks
+
+        def satisfied() -> bool:
+            free = self.kv.get_num_free_gpu_blocks()
+            fits = total - free + want_blocks <= PREFILL_WATERMARK * total
+            return fits and free >= running and self.slots.free_count >= want_slots
+
+        if satisfied():
+            return
+        for entry in self.index.eviction_order():
+            self.evict(entry)
+            if satisfied():
+                return
+
+    def evict(self, entry: CacheEntry[Any]) -> None:
+        """Drop one entry: its blocks and snapshot, except what forks still pin."""
+        self.index.remove(entry)
+        self.kv.free(entry.value.owner)
+        self.slots.release(entry.value.slot)

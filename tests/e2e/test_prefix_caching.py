@@ -1,0 +1,117 @@
+"""Prefix caching end to end on the simulated engine: a second turn that extends the first
+reuses at least 90% of the first turn's prompt, the official clients read it from usage,
+/metrics counts it once whichever API server process answers, and with two DP ranks the next
+turn goes to the rank that holds the first."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+
+from tests.conftest import MODEL
+from tests.metrics_scrape import scrape, value
+from tests.server import LiveServer
+
+#: A system prompt of about 2,500 tokens: twenty 128-token blocks.
+SYSTEM = " ".join(f"Rule {n}: keep the answer short and check the tests." for n in range(220))
+QUERIES = "deepinfer:prefix_cache_queries_total"
+HITS = "deepinfer:prefix_cache_hits_total"
+SEQUENCES = "deepinfer:prefix_cache_sequences"
+
+
+def _counters(base_url: str) -> tuple[float, float, float]:
+    samples = scrape(base_url)
+    sequences = sum(value(samples, SEQUENCES, dp_rank=rank) for rank in ("0", "1"))
+    return value(samples, QUERIES), value(samples, HITS), sequences
+
+
+def _turns(thinking: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    first = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hello there."}]
+    second = [
+        *first,
+        {"role": "assistant", "content": "Hello there."},
+        {"role": "user", "content": "Now run the tests, please."},
+    ]
+    return first, second
+
+
+def test_a_second_turn_reuses_the_first_turns_prompt_and_the_counters_move() -> None:
+    with LiveServer("--dp", "2", "--api-server-count", "2", "--sim-itl-ms", "2") as server:
+        client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused")
+        for thinking in ("enabled", "disabled"):
+            first, second = _turns(thinking)
+            extra = {"thinking": {"type": thinking}}
+            one = client.chat.completions.create(model=MODEL, messages=first, extra_body=extra)
+            assert one.usage is not None and one.usage.prompt_tokens_details is not None
+            assert one.usage.prompt_tokens_details.cached_tokens == 0  # nothing before it
+            queries, hits, sequences = _counters(server.base_url)
+            assert sequences >= 1  # the first turn's prompt is kept
+            two = client.chat.completions.create(model=MODEL, messages=second, extra_body=extra)
+            assert two.usage is not None and two.usage.prompt_tokens_details is not None
+            cached = two.usage.prompt_tokens_details.cached_tokens
+            # Thinking mode drops the first prompt's closing <think>: one token less is reused.
+            assert cached >= 0.9 * one.usage.prompt_tokens, (thinking, cached)
+            assert cached >= one.usage.prompt_tokens - 1
+            after = _counters(server.base_url)
+            assert after[0] - queries == two.usage.prompt_tokens
+            assert after[1] - hits == cached
+            # Every API server process reports the ranks' counters alike (never summed twice).
+            assert _counters(server.base_url)[:2] == after[:2]
+
+
+def test_anthropic_clients_read_the_cached_tokens_of_a_resent_conversation() -> None:
+    with LiveServer("--sim-itl-ms", "2") as server:
+        client = anthropic.Anthropic(base_url=server.base_url, api_key="unused")
+        system: Any = [{"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}]
+        first: Any = [{"role": "user", "content": "Hello there."}]
+        one = client.messages.create(model=MODEL, max_tokens=64, system=system, messages=first)
+        prompt = one.usage.input_tokens
+        assert one.usage.cache_read_input_tokens == 0
+        second: Any = [
+            *first,
+            {"role": "assistant", "content": one.content},
+            {"role": "user", "content": "Now run the tests, please."},
+        ]
+        with client.messages.stream(
+            model=MODEL, max_tokens=64, system=system, messages=second
+        ) as stream:
+            events = list(stream)
+        start = next(event for event in events if event.type == "message_start")
+        cached = start.message.usage.cache_read_input_tokens or 0
+        assert cached >= 0.9 * prompt
+        assert start.message.usage.input_tokens + cached > prompt  # the rest is counted as input
+
+
+def test_the_next_turn_goes_to_the_rank_that_holds_the_first() -> None:
+    with LiveServer("--dp", "2", "--sim-itl-ms", "2") as server:
+        client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused")
+        first, second = _turns("disabled")
+        extra = {"thinking": {"type": "disabled"}}
+        busy = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "busy"}],
+            "max_tokens": 5000,
+            "ignore_eos": True,
+            "stream": True,
+            "thinking": {"type": "disabled"},
+        }
+        # A long request holds rank 0, so the first turn goes to rank 1 (the least loaded).
+        with httpx.stream("POST", f"{server.base_url}/v1/chat/completions", json=busy) as held:
+            lines = held.iter_lines()  # kept: a discarded iterator would close the stream
+            next(lines)
+            assert httpx.get(f"{server.base_url}/get_load").json() == {"load": 1}
+            client.chat.completions.create(model=MODEL, messages=first, extra_body=extra)
+        # Closing the stream aborted it: both ranks are idle, rank 0 would be the least loaded.
+        deadline = time.monotonic() + 20
+        while httpx.get(f"{server.base_url}/get_load").json() != {"load": 0}:
+            assert time.monotonic() < deadline, "the aborted request still counts"
+            time.sleep(0.05)
+        two = client.chat.completions.create(model=MODEL, messages=second, extra_body=extra)
+        assert two.usage is not None and two.usage.prompt_tokens_details is not None
+        assert two.usage.prompt_tokens_details.cached_tokens > 0  # it reached rank 1
+        samples = scrape(server.base_url)
+        assert value(samples, SEQUENCES, dp_rank="1") >= 1
