@@ -13,6 +13,7 @@ pytest.importorskip("xgrammar")
 from deepinfer_server.engines.simulated import echo_fitter
 from deepinfer_server.engines.simulated.echo_fitter import MAX_FILL_TOKENS, EchoFitter
 from deepinfer_server.grammar import GrammarCompiler, SimulatedMatcher, Vocab, chat_constraint
+from deepinfer_server.grammar.compiler import GrammarBounds
 from deepinfer_server.model.tokenizer import embedded_tokenizer_json
 from tests.dsml import WEATHER_TOOL, tool_calls_block
 
@@ -41,7 +42,10 @@ def _answer_format(**string_schema: Any) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def compiler() -> Iterator[GrammarCompiler]:
-    built = GrammarCompiler(Vocab.from_tokenizer_json(embedded_tokenizer_json()), workers=1)
+    # Not a test of the compile bound: a loaded machine must not turn a compile into a refusal.
+    bounds = GrammarBounds(compile_timeout_s=120.0)
+    vocab = Vocab.from_tokenizer_json(embedded_tokenizer_json())
+    built = GrammarCompiler(vocab, bounds=bounds, workers=1)
     yield built
     built.close()
 

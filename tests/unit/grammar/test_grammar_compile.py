@@ -26,7 +26,9 @@ def _strict(tool: Any) -> Any:
 
 @pytest.fixture(scope="module")
 def compiler() -> Iterator[GrammarCompiler]:
-    compiler = GrammarCompiler(Vocab.from_tokenizer_json(embedded_tokenizer_json()))
+    # Not a test of the compile bound: a loaded machine must not turn a compile into a refusal.
+    bounds = GrammarBounds(compile_timeout_s=120.0)
+    compiler = GrammarCompiler(Vocab.from_tokenizer_json(embedded_tokenizer_json()), bounds=bounds)
     yield compiler
     compiler.close()
 

@@ -25,7 +25,7 @@ from deepseek_recipe import (
 
 from deepinfer_server.grammar import Constraint, chat_constraint
 from deepinfer_server.grammar._xgr import Vocab
-from deepinfer_server.grammar.compiler import GrammarCompiler
+from deepinfer_server.grammar.compiler import GrammarBounds, GrammarCompiler
 from deepinfer_server.grammar.matcher import SimulatedMatcher
 from deepinfer_server.model.tokenizer import embedded_tokenizer_json
 from tests.dsml import WEATHER_TOOL, tool_calls_block
@@ -77,7 +77,9 @@ def _strict(tool: Any) -> Any:
 
 @pytest.fixture(scope="module")
 def compiler() -> Iterator[GrammarCompiler]:
-    compiler = GrammarCompiler(Vocab.from_tokenizer_json(embedded_tokenizer_json()))
+    # Not a test of the compile bound: a loaded machine must not turn a compile into a refusal.
+    bounds = GrammarBounds(compile_timeout_s=120.0)
+    compiler = GrammarCompiler(Vocab.from_tokenizer_json(embedded_tokenizer_json()), bounds=bounds)
     yield compiler
     compiler.close()
 
