@@ -46,10 +46,9 @@ from deepinfer_server.engines.deepinfer.engine import build
 spec = EngineSpec(
     rank=0, model=CHECKPOINT, served_model_name="flash", data_parallel_size=1,
     context_parallel_size=1, expert_parallel_size=1, max_model_len=4096, max_num_seqs=8,
-    max_num_batched_tokens=None, options=DeepInferOptions(),
+    max_num_batched_tokens=None, engine_options=DeepInferOptions(),
+    enable_prefix_caching={enabled},
 )
-# The field arrives with the --enable-prefix-caching flag; set it either way.
-object.__setattr__(spec, "enable_prefix_caching", {enabled})
 built = build(spec, None)
 ENGINE = built.core._engine
 RESULT = {{

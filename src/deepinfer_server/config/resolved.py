@@ -1,17 +1,18 @@
 """ResolvedConfig: the one immutable configuration the running server reads.
 
-`resolve()` validates the options as given, derives DP/CP from EP, fills every default (the
-engine's context length, the served names, API keys from the environment) and attaches the
-engine backend's own option group, passed whole to the rank processes.
+`resolve()` validates the options as given, copies those that pass through unchanged in one
+step, derives the rest (DP/CP from EP, the engine's context length, the served names, API keys
+from the environment, ...) and attaches the engine backend's own option group, passed whole to
+the rank processes.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import MutableMapping
-from dataclasses import dataclass, field
+from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from deepinfer_server.config.media_origins import parse_origin
 from deepinfer_server.config.options import ServerConfig
@@ -28,30 +29,48 @@ DEFAULT_PREFILL_ATTEMPT_INTERVAL = 70
 DEFAULT_PREFILL_ANY_ATTEMPT_INTERVAL = 100
 
 
+#: Metadata of a ResolvedConfig field `resolve()` computes; any other field is its ServerConfig
+#: namesake, copied as given.
+DERIVED = {"derived": True}
+
+
+def is_derived(f: Field[Any]) -> bool:
+    """Whether `resolve()` computes this ResolvedConfig field rather than copying it."""
+    return bool(f.metadata.get("derived"))
+
+
 @dataclass(frozen=True)
 class ResolvedConfig:
-    """Every setting of one server, with nothing left to derive."""
+    """Every setting of one server, with nothing left to derive.
+
+    A field without `DERIVED` metadata holds its ServerConfig namesake's value unchanged
+    (`resolve()` copies those in one step); no field has a default, so one `resolve()` forgets
+    is an error rather than a silent default.
+    """
 
     engine: str
-    engine_options: object
+    #: The chosen backend's option group, passed whole to the rank processes.
+    engine_options: object = field(metadata=DERIVED)
     model: str | None
-    served_model_names: tuple[str, ...]
+    served_model_names: tuple[str, ...] = field(metadata=DERIVED)
     host: str
     port: int
-    expert_parallel_size: int
-    data_parallel_size: int
-    context_parallel_size: int
-    max_model_len: int
+    expert_parallel_size: int = field(metadata=DERIVED)
+    data_parallel_size: int = field(metadata=DERIVED)
+    context_parallel_size: int = field(metadata=DERIVED)
+    max_model_len: int = field(metadata=DERIVED)
     max_num_seqs: int
     max_queued_requests: int
     max_num_batched_tokens: int | None
-    prefill_attempt_interval: int
-    prefill_any_attempt_interval: int
-    enable_prefix_caching: bool
+    prefill_attempt_interval: int = field(metadata=DERIVED)
+    prefill_any_attempt_interval: int = field(metadata=DERIVED)
+    enable_prefix_caching: bool = field(metadata=DERIVED)
     step_timeout: float
     request_timeout: float
     startup_timeout: float
     shutdown_timeout: float
+    queue_timeout: float
+    clamp_max_tokens: bool
     default_thinking: Literal["enabled", "disabled"]
     allowed_origins: tuple[str, ...]
     allowed_methods: tuple[str, ...]
@@ -59,27 +78,25 @@ class ResolvedConfig:
     max_request_bytes: int
     max_images_per_request: int
     max_image_bytes: int
-    allowed_media_domains: tuple[str, ...]
+    allowed_media_domains: tuple[str, ...] = field(metadata=DERIVED)
     media_fetch_timeout: float
     body_read_timeout: float
     header_timeout: float
     write_timeout: float
     max_connections: int
-    access_log: bool
+    access_log: bool = field(metadata=DERIVED)
     log_requests: bool
     log_level: str
-    api_keys: tuple[str, ...] = field(default=(), repr=False)
-    reasoning_secret: str | None = field(default=None, repr=False)
-    get_load_format: Literal["vllm", "sglang"] = "vllm"
-    api_server_count: int = 1
-    stream_interval: int = 1
-    queue_timeout: float = 300.0
-    clamp_max_tokens: bool = False
-    state_dir: str = ""
+    api_keys: tuple[str, ...] = field(metadata=DERIVED, repr=False)
+    reasoning_secret: str | None = field(metadata=DERIVED, repr=False)
+    get_load_format: Literal["vllm", "sglang"]
+    api_server_count: int
+    stream_interval: int
+    state_dir: str = field(metadata=DERIVED)
     #: The Responses store (`store.location.store_url`), None when disabled.
-    response_store: str | None = field(default=None, repr=False)
-    response_store_ttl: float = 30 * 86400.0
-    response_store_max_bytes: int = 1024 * 1024 * 1024
+    response_store: str | None = field(metadata=DERIVED, repr=False)
+    response_store_ttl: float = field(metadata=DERIVED)
+    response_store_max_bytes: int = field(metadata=DERIVED)
 
     @property
     def served_model_name(self) -> str:
@@ -214,10 +231,10 @@ def resolve(
     )
     max_model_len = config.max_model_len or default_max_model_len
     _check_ranges(config, max_model_len)
-    served = tuple(config.served_model_name) or (config.model or DEFAULT_SERVED_MODEL_NAME,)
+    served = config.served_model_name or (config.model or DEFAULT_SERVED_MODEL_NAME,)
     if any(not name for name in served):
         raise ConfigError("--served-model-name must not be empty")
-    api_keys = tuple(config.api_key) or (
+    api_keys = config.api_key or (
         (os.environ["DEEPINFER_API_KEY"],) if os.environ.get("DEEPINFER_API_KEY") else ()
     )
     if any(not key for key in api_keys):
@@ -226,19 +243,13 @@ def resolve(
         Path(config.state_dir).expanduser().absolute() if config.state_dir else default_state_dir()
     )
     return ResolvedConfig(
-        engine=config.engine,
+        **_as_given(config),
         engine_options=engine_options,
-        model=config.model,
         served_model_names=tuple(dict.fromkeys(served)),
-        host=config.host,
-        port=config.port,
         expert_parallel_size=ep,
         data_parallel_size=dp,
         context_parallel_size=cp,
         max_model_len=max_model_len,
-        max_num_seqs=config.max_num_seqs,
-        max_queued_requests=config.max_queued_requests,
-        max_num_batched_tokens=config.max_num_batched_tokens,
         prefill_attempt_interval=_interval(
             "--prefill-attempt-interval",
             config.prefill_attempt_interval,
@@ -256,38 +267,20 @@ def resolve(
             if config.enable_prefix_caching is None
             else config.enable_prefix_caching
         ),
-        step_timeout=config.step_timeout,
-        request_timeout=config.request_timeout,
-        startup_timeout=config.startup_timeout,
-        shutdown_timeout=config.shutdown_timeout,
-        default_thinking=config.default_thinking,
+        allowed_media_domains=tuple(d.lower() for d in config.allowed_media_domains),
+        access_log=not config.disable_access_log,
         api_keys=api_keys,
         reasoning_secret=config.reasoning_secret or os.environ.get("DEEPINFER_REASONING_SECRET"),
-        allowed_origins=tuple(config.allowed_origins),
-        allowed_methods=tuple(config.allowed_methods),
-        allowed_headers=tuple(config.allowed_headers),
-        max_request_bytes=config.max_request_bytes,
-        max_images_per_request=config.max_images_per_request,
-        max_image_bytes=config.max_image_bytes,
-        allowed_media_domains=tuple(d.lower() for d in config.allowed_media_domains),
-        media_fetch_timeout=config.media_fetch_timeout,
-        body_read_timeout=config.body_read_timeout,
-        header_timeout=config.header_timeout,
-        write_timeout=config.write_timeout,
-        max_connections=config.max_connections,
-        access_log=not config.disable_access_log,
-        log_requests=config.log_requests,
-        log_level=config.log_level,
-        get_load_format=config.get_load_format,
-        api_server_count=config.api_server_count,
-        stream_interval=config.stream_interval,
-        queue_timeout=config.queue_timeout,
-        clamp_max_tokens=config.clamp_max_tokens,
         state_dir=str(state_dir),
         response_store=store_url(config.response_store, state_dir),
         response_store_ttl=parse_duration("--response-store-ttl", config.response_store_ttl),
         response_store_max_bytes=config.response_store_max_mb * 1024 * 1024,
     )
+
+
+def _as_given(config: ServerConfig) -> dict[str, Any]:
+    """The ResolvedConfig fields that are not DERIVED: their ServerConfig namesakes, as given."""
+    return {f.name: getattr(config, f.name) for f in fields(ResolvedConfig) if not is_derived(f)}
 
 
 #: Settings only the HTTP processes read: once resolved they leave the environment, so that no

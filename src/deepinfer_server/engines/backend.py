@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
@@ -59,12 +59,23 @@ class SharedState(Protocol):
         """Break anything peers may be blocked in: a rank has failed."""
 
 
+#: Metadata of an EngineSpec field each rank's spec is given; any other field is engine-wide, its
+#: ResolvedConfig namesake's value.
+OF_THE_RANK = {"of_the_rank": True}
+
+
 @dataclass(frozen=True)
 class EngineSpec:
-    """What one rank's engine is built from (picklable for the spawn start method)."""
+    """What one rank's engine is built from (picklable for the spawn start method).
 
-    rank: int
-    model: str | None
+    Built by `for_rank()`: an engine-wide setting is one field here named as in ResolvedConfig,
+    and nothing else. Server-only settings (API keys, the reasoning secret, the Responses
+    store) have no field, so they never reach a rank.
+    """
+
+    rank: int = field(metadata=OF_THE_RANK)
+    #: The local checkpoint directory (`model.source.resolve_model`), not MODEL as given.
+    model: str | None = field(metadata=OF_THE_RANK)
     served_model_name: str
     data_parallel_size: int
     context_parallel_size: int
@@ -72,14 +83,31 @@ class EngineSpec:
     max_model_len: int
     max_num_seqs: int
     max_num_batched_tokens: int | None
-    options: object
-    environment: dict[str, str] = field(default_factory=dict)
+    #: The backend's option group (`EngineBackend.options_type`).
+    engine_options: object
+    environment: dict[str, str] = field(default_factory=dict, metadata=OF_THE_RANK)
     #: DeepInfer's prefill attempt points (DEEPINFER_PREFILL_ATTEMPT_INTERVAL and
     #: DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL): prompts are scheduled only every so many steps.
     prefill_attempt_interval: int = DEFAULT_PREFILL_ATTEMPT_INTERVAL
     prefill_any_attempt_interval: int = DEFAULT_PREFILL_ANY_ATTEMPT_INTERVAL
     #: `--enable-prefix-caching`: reuse the KV cache and state of earlier requests' prompts.
     enable_prefix_caching: bool = False
+
+    @classmethod
+    def for_rank(
+        cls,
+        config: ResolvedConfig,
+        rank: int,
+        checkpoint: str | None,
+        environment: dict[str, str],
+    ) -> EngineSpec:
+        """The spec of DP rank `rank`: its own values, and every engine-wide field from `config`."""
+        engine_wide = {
+            f.name: getattr(config, f.name)
+            for f in fields(cls)
+            if not f.metadata.get("of_the_rank")
+        }
+        return cls(rank=rank, model=checkpoint, environment=environment, **engine_wide)
 
 
 @dataclass

@@ -65,22 +65,7 @@ def rank_specs(config: ResolvedConfig, prepared: Prepared, workdir: str) -> list
     servers = range(config.api_server_count)
     return [
         RankSpec(
-            engine=EngineSpec(
-                rank=rank,
-                model=prepared.checkpoint,
-                served_model_name=config.served_model_name,
-                data_parallel_size=config.data_parallel_size,
-                context_parallel_size=config.context_parallel_size,
-                expert_parallel_size=config.expert_parallel_size,
-                max_model_len=config.max_model_len,
-                max_num_seqs=config.max_num_seqs,
-                max_num_batched_tokens=config.max_num_batched_tokens,
-                options=config.engine_options,
-                environment=environments[rank],
-                prefill_attempt_interval=config.prefill_attempt_interval,
-                prefill_any_attempt_interval=config.prefill_any_attempt_interval,
-                enable_prefix_caching=config.enable_prefix_caching,
-            ),
+            engine=EngineSpec.for_rank(config, rank, prepared.checkpoint, environments[rank]),
             builder=backend.builder,
             backend_name=backend.name,
             api_addresses=tuple(api_address(workdir, i) for i in servers),

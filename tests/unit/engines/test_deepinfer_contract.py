@@ -45,7 +45,7 @@ def _spec() -> EngineSpec:
         max_model_len=32768,
         max_num_seqs=16,
         max_num_batched_tokens=8192,
-        options=DeepInferOptions(gpu_memory_utilization=0.85, trust_remote_code=True),
+        engine_options=DeepInferOptions(gpu_memory_utilization=0.85, trust_remote_code=True),
     )
 
 

@@ -49,7 +49,7 @@ _PROGRESS_INTERVAL_SECONDS = 60.0
 def engine_args_kwargs(spec: EngineSpec) -> dict[str, Any]:
     """The keyword arguments of `EngineArgs` for this rank."""
     assert spec.model is not None, "the deepinfer engine needs a local checkpoint directory"
-    options = spec.options
+    options = spec.engine_options
     assert isinstance(options, DeepInferOptions)
     return {
         "model": spec.model,
@@ -106,9 +106,7 @@ def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:
     from deepinfer.engine.llm_engine import LLMEngine
 
     engine_class = LLMEngine
-    # EngineSpec.enable_prefix_caching comes with the --enable-prefix-caching flag (issue 27's
-    # plumbing); until a spec carries it, the cache stays off.
-    if getattr(spec, "enable_prefix_caching", False):
+    if spec.enable_prefix_caching:
         from deepinfer_server.engines.deepinfer.prefix_engine import prefix_caching_engine
 
         engine_class = prefix_caching_engine(LLMEngine)

@@ -13,7 +13,7 @@ from deepinfer_server.model.tokenizer import load_tokenizer_json
 
 def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:
     """Construct the simulated engine of one rank (the backend's `builder`)."""
-    options = spec.options
+    options = spec.engine_options
     assert isinstance(options, SimulatedOptions)
     assert isinstance(shared, LockstepGroup), "the simulated backend shares a LockstepGroup"
     args = SimEngineArgs(

@@ -1,0 +1,187 @@
+"""Every option reaches ResolvedConfig (as given or by its documented derivation), and every
+engine-wide setting reaches each rank's EngineSpec, without a server secret."""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+from typing import Any, cast
+
+import pytest
+
+from deepinfer_server.cli import parse_config
+from deepinfer_server.config import ResolvedConfig, ServerConfig, resolve
+from deepinfer_server.config.resolved import is_derived
+from deepinfer_server.engines.backend import OF_THE_RANK
+from deepinfer_server.engines.registry import get_backend
+from deepinfer_server.engines.simulated.backend import SimulatedOptions
+from deepinfer_server.protocol.core.recipe import RecipeContext
+from deepinfer_server.rank.spec import RankSpec
+from deepinfer_server.server.startup import Prepared, rank_specs
+
+STATE_DIR = "/srv/deepinfer-state"
+STORE = "postgresql://responses:pw-789@db/responses"
+SECRETS = ("key-k1-123", "key-k2-456", "seal-789", "pw-789")
+
+#: Every ServerConfig option set to a value other than its default: (command line, as given).
+OPTIONS: dict[str, tuple[list[str], Any]] = {
+    "model": (["/models/ckpt"], "/models/ckpt"),
+    "engine": (["--engine", "simulated"], "simulated"),
+    "served_model_name": (
+        ["--served-model-name", "flash", "Flash-2", "flash"],
+        ("flash", "Flash-2", "flash"),
+    ),
+    "host": (["--host", "127.0.0.2"], "127.0.0.2"),
+    "port": (["--port", "9001"], 9001),
+    "expert_parallel_size": (["--ep", "8"], 8),
+    "data_parallel_size": (["--dp", "2"], 2),
+    "context_parallel_size": (["--cp", "4"], 4),
+    "max_model_len": (["--max-model-len", "4096"], 4096),
+    "max_num_seqs": (["--max-num-seqs", "3"], 3),
+    "max_queued_requests": (["--max-queued-requests", "7"], 7),
+    "queue_timeout": (["--queue-timeout", "12.5"], 12.5),
+    "clamp_max_tokens": (["--clamp-max-tokens"], True),
+    "max_num_batched_tokens": (["--max-num-batched-tokens", "2048"], 2048),
+    "prefill_attempt_interval": (["--prefill-attempt-interval", "5"], 5),
+    "prefill_any_attempt_interval": (["--prefill-any-attempt-interval", "6"], 6),
+    "enable_prefix_caching": (["--enable-prefix-caching"], True),
+    "step_timeout": (["--step-timeout", "11"], 11.0),
+    "request_timeout": (["--request-timeout", "13"], 13.0),
+    "startup_timeout": (["--startup-timeout", "14"], 14.0),
+    "default_thinking": (["--default-thinking", "disabled"], "disabled"),
+    "api_key": (["--api-key", "key-k1-123", "--api-key", "key-k2-456"], SECRETS[:2]),
+    "reasoning_secret": (["--reasoning-secret", "seal-789"], "seal-789"),
+    "state_dir": (["--state-dir", STATE_DIR], STATE_DIR),
+    "response_store": (["--response-store", STORE], STORE),
+    "response_store_ttl": (["--response-store-ttl", "12h"], "12h"),
+    "response_store_max_mb": (["--response-store-max-mb", "2"], 2),
+    "allowed_origins": (["--allowed-origins", "https://a"], ("https://a",)),
+    "allowed_methods": (["--allowed-methods", "POST"], ("POST",)),
+    "allowed_headers": (["--allowed-headers", "x-h"], ("x-h",)),
+    "max_request_bytes": (["--max-request-bytes", "4096"], 4096),
+    "max_images_per_request": (["--max-images-per-request", "2"], 2),
+    "max_image_bytes": (["--max-image-bytes", "2048"], 2048),
+    "allowed_media_domains": (
+        ["--allowed-media-domains", "Images.Example.com"],
+        ("Images.Example.com",),
+    ),
+    "media_fetch_timeout": (["--media-fetch-timeout", "3"], 3.0),
+    "body_read_timeout": (["--body-read-timeout", "4"], 4.0),
+    "header_timeout": (["--header-timeout", "5"], 5.0),
+    "write_timeout": (["--write-timeout", "6"], 6.0),
+    "max_connections": (["--max-connections", "50"], 50),
+    "disable_access_log": (["--disable-access-log"], True),
+    "log_requests": (["--log-requests"], True),
+    "log_level": (["--log-level", "debug"], "debug"),
+    "shutdown_timeout": (["--shutdown-timeout", "2"], 2.0),
+    "api_server_count": (["--api-server-count", "2"], 2),
+    "stream_interval": (["--stream-interval", "4"], 4),
+    "get_load_format": (["--get-load-format", "sglang"], "sglang"),
+}
+
+#: The DERIVED fields of the configuration OPTIONS give, and how `resolve()` derives each.
+DERIVED = {
+    "engine_options": SimulatedOptions(),  # the backend's group, passed whole
+    "served_model_names": ("flash", "Flash-2"),  # repeats dropped
+    "expert_parallel_size": 8,  # --dp * --cp must equal --ep
+    "data_parallel_size": 2,
+    "context_parallel_size": 4,
+    "max_model_len": 4096,  # else the engine's
+    "prefill_attempt_interval": 5,  # else DEEPINFER_PREFILL_ATTEMPT_INTERVAL, else 70
+    "prefill_any_attempt_interval": 6,  # else DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL, else 100
+    "enable_prefix_caching": True,  # else the engine's default
+    "allowed_media_domains": ("images.example.com",),  # lowercased
+    "access_log": False,  # not --disable-access-log
+    "api_keys": SECRETS[:2],  # else $DEEPINFER_API_KEY
+    "reasoning_secret": "seal-789",  # else $DEEPINFER_REASONING_SECRET
+    "state_dir": STATE_DIR,  # absolute, else default_state_dir()
+    "response_store": STORE,  # store_url(): sqlite paths made absolute, none -> None
+    "response_store_ttl": 12 * 3600.0,  # seconds
+    "response_store_max_bytes": 2 * 1024 * 1024,  # MiB
+}
+
+CLEARED_VARIABLES = (
+    "DEEPINFER_API_KEY",
+    "DEEPINFER_REASONING_SECRET",
+    "DEEPINFER_PREFILL_ATTEMPT_INTERVAL",
+    "DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL",
+    "DEEPINFER_STATE_DIR",
+)
+
+
+@pytest.fixture(autouse=True)
+def _no_fallback_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    for variable in CLEARED_VARIABLES:
+        monkeypatch.delenv(variable, raising=False)
+
+
+def _every_option_set() -> ResolvedConfig:
+    return parse_config([arg for argv, _ in OPTIONS.values() for arg in argv])
+
+
+def test_the_table_sets_every_option_to_a_value_other_than_its_default() -> None:
+    options = {f.name: f for f in dataclasses.fields(ServerConfig)}
+    assert sorted(OPTIONS) == sorted(options)
+    for name, (_, given) in OPTIONS.items():
+        assert given != options[name].default, name
+
+
+def test_every_resolved_field_is_its_option_as_given_or_its_documented_derivation() -> None:
+    config = _every_option_set()
+    resolved_fields = dataclasses.fields(ResolvedConfig)
+    assert sorted(f.name for f in resolved_fields if is_derived(f)) == sorted(DERIVED)
+    for f in resolved_fields:
+        expected = DERIVED[f.name] if is_derived(f) else OPTIONS[f.name][1]
+        value = getattr(config, f.name)
+        assert (value, type(value)) == (expected, type(expected)), f.name
+
+
+def test_every_option_reaches_the_resolved_configuration() -> None:
+    def resolved(server: ServerConfig) -> ResolvedConfig:
+        return resolve(
+            server, SimulatedOptions(), model_required=False, default_max_model_len=32768
+        )
+
+    defaults = resolved(ServerConfig())
+    for name, (_, given) in OPTIONS.items():
+        changed = resolved(ServerConfig(**{name: given}))
+        assert changed != defaults, f"--{name.replace('_', '-')} reaches no ResolvedConfig field"
+
+
+def test_an_option_copied_as_given_keeps_its_secrecy() -> None:
+    options = {f.name: f for f in dataclasses.fields(ServerConfig)}
+    for f in dataclasses.fields(ResolvedConfig):
+        if not is_derived(f):
+            assert f.repr == options[f.name].repr, f.name
+    shown = repr(_every_option_set())
+    assert not [secret for secret in SECRETS if secret in shown]
+
+
+def _specs(config: ResolvedConfig) -> list[RankSpec]:
+    prepared = Prepared(
+        get_backend(config.engine), "/cache/ckpt", 29500, "", cast(RecipeContext, None)
+    )
+    return rank_specs(config, prepared, "/tmp/unused")
+
+
+def test_every_engine_wide_spec_field_is_the_resolved_setting() -> None:
+    config = _every_option_set()
+    specs = [rank.engine for rank in _specs(config)]
+    assert [spec.rank for spec in specs] == [0, 1]
+    assert {spec.model for spec in specs} == {"/cache/ckpt"}  # the checkpoint, not MODEL
+    spec_fields = dataclasses.fields(specs[0])
+    own = [f.name for f in spec_fields if f.metadata == OF_THE_RANK]
+    assert own == ["rank", "model", "environment"]  # every other field is engine-wide
+    engine_wide = [f for f in spec_fields if f.name not in own]
+    for f in engine_wide:
+        expected = getattr(config, f.name)
+        # A spec default would hide a setting that never reached it.
+        assert expected != f.default, f"{f.name}: the configuration keeps the spec's default"
+        assert [getattr(spec, f.name) for spec in specs] == [expected] * 2, f.name
+
+
+def test_no_server_secret_reaches_a_rank() -> None:
+    for rank in _specs(_every_option_set()):
+        wire = pickle.dumps(rank)
+        assert pickle.loads(wire) == rank
+        assert not [secret for secret in SECRETS if secret.encode() in wire]
