@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
@@ -29,6 +29,19 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def wait_until(condition: Callable[[], object], timeout: float, what: str) -> None:
+    """Poll `condition` every 50 ms until it is true; fail naming `what` at the deadline.
+
+    Only for another process's state that no event reaches the test from (a gauge on /metrics,
+    /get_load, a process's exit): whatever can be awaited is awaited instead.
+    """
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(0.05)
 
 
 def _leads_session(process: psutil.Process) -> bool:
@@ -118,8 +131,27 @@ class LiveServer:
                 with contextlib.suppress(queue.Empty):
                     self._lines.get(timeout=0.05)
 
+    def wait_for_health(self, status: str, timeout: float) -> dict[str, Any]:
+        """Block until `/health` answers with `status` ("draining", "failed"): the state a load
+        balancer sees (503 from the moment a drain starts or the service fails); its JSON. No
+        event crosses the process boundary, so this polls with a deadline, waking on each log
+        line or after 50 ms."""
+        deadline = time.monotonic() + timeout
+        with httpx.Client(base_url=self.base_url, timeout=2.0) as probe:
+            while True:
+                with contextlib.suppress(httpx.TransportError):  # stopped listening: go on
+                    answer = probe.get("/health")
+                    if answer.json().get("status") == status:
+                        assert answer.status_code == 503, answer.text
+                        return dict(answer.json())
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"/health never said {status!r}; log:\n{self.log}")
+                with contextlib.suppress(queue.Empty):
+                    self._lines.get(timeout=0.05)
+
     def wait_for_line(self, text: str, timeout: float) -> str:
-        """Block until a log line containing `text` appears (an event, not a sleep)."""
+        """Block until a log line containing `text` appears (an event, not a sleep). For tests
+        whose feature is the line itself; a state change is awaited on /health or /metrics."""
         deadline = time.monotonic() + timeout
         for line in self.lines:
             if text in line:

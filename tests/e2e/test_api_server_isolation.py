@@ -15,6 +15,7 @@ from tests.server import LiveServer
 
 
 def _api_server_pid(server: LiveServer, index: int) -> int:
+    # Only the supervisor's start-up line maps a process number to its pid.
     line = server.wait_for_line(f"API server process {index} started as pid", timeout=10)
     return int(line.rsplit(" ", 1)[1])
 
@@ -29,7 +30,8 @@ def test_a_stopped_api_server_process_fails_alone() -> None:
         pid = _api_server_pid(server, stopped.api_server)
         os.kill(pid, signal.SIGSTOP)
         try:
-            # The rank's socket to the stopped process is full and the rank goes on ...
+            # The rank's socket to the stopped process is full and the rank goes on (only the
+            # rank's line tells: the service stays healthy until the supervisor acts) ...
             server.wait_for_line(
                 f"API server process {stopped.api_server} has read nothing", timeout=30
             )
@@ -37,6 +39,7 @@ def test_a_stopped_api_server_process_fails_alone() -> None:
             for _ in range(50):
                 event = next(healthy.events)
                 assert isinstance(event, dict) and "choices" in event, event
+            # The supervisor's verdict names the process and its pid: the line is checked.
             line = server.wait_for_line("answered the supervisor's pings", timeout=30)
             assert f"API server process {stopped.api_server} (pid {pid})" in line
             psutil.Process(pid).wait(10)  # killed (raises while it lives on)

@@ -87,6 +87,7 @@ def test_an_upload_aborted_mid_body_is_a_quiet_499(shared_server: LiveServer) ->
             b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
             b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n" + b'{"model": '
         )
+    # The log lines are the feature: an INFO line and a 499 in the access log, no error.
     line = shared_server.wait_for_line("disconnected while sending its body", 10)
     assert "INFO" in line
     access = shared_server.wait_for_line("POST /v1/chat/completions 499", 10)

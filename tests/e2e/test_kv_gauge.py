@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
-import time
-from typing import Any
-
 import httpx
 
 from tests.metrics_scrape import scrape, value
-from tests.server import LiveServer
+from tests.server import LiveServer, wait_until
 
 GAUGE = "deepinfer:kv_cache_usage_perc"
-
-
-def _poll(condition: Any, what: str, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out: {what}"
-        time.sleep(0.05)
 
 
 def test_kv_usage_rises_while_a_request_runs_and_falls_when_it_ends() -> None:
@@ -40,9 +30,13 @@ def test_kv_usage_rises_while_a_request_runs_and_falls_when_it_ends() -> None:
         with httpx.stream("POST", url, json=body, timeout=30) as response:
             lines = response.iter_lines()
             next(lines)
-            _poll(lambda: max(usage["0"](), usage["1"]()) > 0, "KV usage reported while running")
+            wait_until(
+                lambda: max(usage["0"](), usage["1"]()) > 0, 20, "KV usage reported while running"
+            )
             assert sorted([usage["0"](), usage["1"]()]) in ([0.0, 0.1], [0.0, 0.2])
             assert httpx.get(f"{server.base_url}/get_load").json() == {"load": 1}
         # Closing the stream aborts the request: its blocks are freed and reported.
-        _poll(lambda: usage["0"]() == usage["1"]() == 0.0, "KV usage back to 0 after the abort")
+        wait_until(
+            lambda: usage["0"]() == usage["1"]() == 0.0, 20, "KV usage back to 0 after the abort"
+        )
         assert httpx.get(f"{server.base_url}/get_load").json() == {"load": 0}

@@ -5,7 +5,6 @@ turn goes to the rank that holds the first."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import anthropic
@@ -14,7 +13,7 @@ import openai
 
 from tests.conftest import MODEL
 from tests.metrics_scrape import scrape, value
-from tests.server import LiveServer
+from tests.server import LiveServer, wait_until
 
 #: A system prompt of about 2,500 tokens: twenty 128-token blocks.
 SYSTEM = " ".join(f"Rule {n}: keep the answer short and check the tests." for n in range(220))
@@ -106,10 +105,11 @@ def test_the_next_turn_goes_to_the_rank_that_holds_the_first() -> None:
             assert httpx.get(f"{server.base_url}/get_load").json() == {"load": 1}
             client.chat.completions.create(model=MODEL, messages=first, extra_body=extra)
         # Closing the stream aborted it: both ranks are idle, rank 0 would be the least loaded.
-        deadline = time.monotonic() + 20
-        while httpx.get(f"{server.base_url}/get_load").json() != {"load": 0}:
-            assert time.monotonic() < deadline, "the aborted request still counts"
-            time.sleep(0.05)
+        wait_until(
+            lambda: httpx.get(f"{server.base_url}/get_load").json() == {"load": 0},
+            20,
+            "the aborted request no longer counts",
+        )
         two = client.chat.completions.create(model=MODEL, messages=second, extra_body=extra)
         assert two.usage is not None and two.usage.prompt_tokens_details is not None
         assert two.usage.prompt_tokens_details.cached_tokens > 0  # it reached rank 1

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from tests.metrics_scrape import scrape
-from tests.server import LiveServer
+from tests.server import LiveServer, wait_until
 
 MODEL = "deepseek-flash"
 NEVER_ENDING = {
@@ -52,14 +52,6 @@ def running(server: LiveServer) -> float:
     """Requests running on every DP rank."""
     samples = scrape(server.base_url)
     return sum(v for (name, _), v in samples.items() if name == "deepinfer:num_requests_running")
-
-
-def wait_until(condition: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what}")
-        time.sleep(0.1)
 
 
 def closed_by_server(sock: socket.socket, timeout: float) -> bool:
@@ -116,9 +108,10 @@ def test_a_stream_the_client_takes_nothing_of_is_ended_before_the_send_buffer_fi
         readers.append(sock)
         sock.sendall(raw_request(server.port, NEVER_ENDING))
         wait_until(lambda: running(server) == 1, 20, "the stream running")
-        # Never read: at 2 ms a token the send buffer alone would hold minutes of stream.
-        wait_until(lambda: "(--write-timeout)" in server.log, 30, "the stalled stream ended")
-        wait_until(lambda: running(server) == 0, 10, "its slot freed")
+        # Never read: at 2 ms a token the send buffer alone would hold minutes of stream (its
+        # 32000 tokens outlast this wait), so only the write timeout can end it in time.
+        wait_until(lambda: running(server) == 0, 30, "the stalled stream ended, its slot freed")
+        server.wait_for_line("(--write-timeout)", timeout=10)  # the log names the option
         assert closed_by_server(sock, 10)
         assert chat_status(server) == 200
 
@@ -137,6 +130,7 @@ def test_the_request_timeout_aborts_unread_streams_and_the_service_stays_healthy
         wait_until(lambda: running(server) == 0, 15, "gauges back to 0 at the request timeout")
         assert chat_status(server) == 200
         # The ranks are idle now: the liveness watchdog (1 s) must not call them hung.
+        # Not a wait: /health is sampled for three watchdog periods and must stay 200 throughout.
         until = time.monotonic() + 3
         while time.monotonic() < until:
             assert httpx.get(server.base_url + "/health", timeout=5).status_code == 200

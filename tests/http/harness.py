@@ -77,6 +77,13 @@ class FakeCoordinator:
     draining: bool = False
     kv_cache_usage: float | None = None
     capacity: int | None = None  # admission: 429 beyond this many requests in flight
+    _admission: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
+
+    async def wait_admitted(self, count: int = 1) -> None:
+        """Until `count` requests are in flight (each admission sets an event: no polling)."""
+        while len(self.handles) < count:
+            self._admission.clear()
+            await self._admission.wait()
 
     @property
     def num_in_flight(self) -> int:
@@ -110,6 +117,7 @@ class FakeCoordinator:
         handle = RequestHandle(request_id, 0, self._on_close, deadline)
         handle.context_tokens = len(prompt_token_ids)
         self.handles[request_id] = handle
+        self._admission.set()
         asyncio.get_running_loop().call_soon(self._play, handle)
         return handle
 

@@ -59,8 +59,7 @@ def test_large_bodies_count_under_admission() -> None:
         no_queue = ("--max-num-seqs", "1", "--max-queued-requests", "0")
         async with serve(*no_queue, script=Script(hold=True)) as h:
             held = asyncio.ensure_future(h.client.post(CHAT, json=chat("hi")))
-            while not h.coordinator.handles:
-                await asyncio.sleep(0.01)
+            await h.coordinator.wait_admitted()
             large = await h.client.post(CHAT, json=chat("word " * 20_000))  # over 64 KiB
             assert large.status_code == 429
             assert large.headers["retry-after"]
@@ -77,6 +76,7 @@ def test_preparation_runs_on_bounded_worker_threads() -> None:
         active = peak = 0
         loop_thread = threading.get_ident()
         threads: set[int] = set()
+        loop, working = asyncio.get_running_loop(), asyncio.Event()
 
         def work() -> int:
             nonlocal active, peak
@@ -84,14 +84,14 @@ def test_preparation_runs_on_bounded_worker_threads() -> None:
                 active += 1
                 peak = max(peak, active)
                 threads.add(threading.get_ident())
+            loop.call_soon_threadsafe(working.set)
             release.wait(10)
             with lock:
                 active -= 1
             return 1
 
         tasks = [asyncio.ensure_future(gate.run(0, 10, work)) for _ in range(3)]
-        while not active:
-            await asyncio.sleep(0.01)
+        await working.wait()  # the first preparation is on its worker thread
         assert gate.pending == 3
         with pytest.raises(OverloadedError):
             await gate.run(7, 10, work)  # 7 in flight + 3 being prepared fill 10

@@ -19,10 +19,8 @@ async def _held_request(h: Harness) -> asyncio.Task[object]:
     """A chat request the fake engine holds (admitted, no token yet)."""
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
     task = asyncio.create_task(h.client.post(CHAT, json=body))
-    deadline = asyncio.get_running_loop().time() + 10
-    while not h.coordinator.handles:
-        assert asyncio.get_running_loop().time() < deadline, "the request was never admitted"
-        await asyncio.sleep(0.01)
+    async with asyncio.timeout(10):  # a request that is never admitted fails here, not at 30 s
+        await h.coordinator.wait_admitted()
     return task
 
 

@@ -93,6 +93,7 @@ class _Harness:
 
 
 async def _until(condition: Any) -> None:
+    """Let the other tasks run (a yield, no time passes) until `condition` holds."""
     for _ in range(1000):
         if condition():
             return
@@ -271,7 +272,7 @@ def test_a_pulling_consumer_waits_for_the_stream_interval() -> None:
         handle = await _pulled_past_the_first_token(stream_interval=2)
         _deliver(handle, 2)
         pulling = asyncio.ensure_future(handle.next_batch())
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one yield: the pull runs up to its wait
         assert not pulling.done()  # one token waiting, the interval is two
         _deliver(handle, 3)
         assert (await asyncio.wait_for(pulling, 5)).tokens.token_ids == [2, 3]

@@ -20,7 +20,7 @@ async def _settled(*events: tuple[str, int, str]) -> list[str]:
         getattr(failure, kind)(rank, reason)
     await settled.wait()
     failure.report(3, "too late")  # after the cause is settled nothing changes
-    await asyncio.sleep(0.02)
+    await asyncio.sleep(0.02)  # not a wait: past the grace, a second cause would have come
     return causes
 
 
