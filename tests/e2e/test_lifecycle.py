@@ -8,6 +8,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import openai
@@ -15,7 +16,7 @@ import psutil
 import pytest
 
 from tests.conftest import ENDLESS, MODEL, NO_THINKING
-from tests.server import API_SERVER_COUNTS, LiveServer, wait_until
+from tests.server import API_SERVER_COUNTS, LiveServer, free_port, wait_until
 from tests.sse import sse_events
 
 
@@ -288,3 +289,44 @@ def test_engine_error_in_step_fails_the_service(api_servers: int) -> None:
         for health in server.on_every_api_server("GET", "/health").values():
             assert health.status_code == 503
             assert "simulated engine failure" in health.json()["reason"]
+
+
+def test_a_supervisor_whose_api_processes_fail_to_start_stops_its_ranks(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """With --api-server-count 2, the ranks start before the API server processes; when
+    spawning those fails, the ranks must go too, or they outlive the failed server."""
+    from deepinfer_server.cli import parse_config
+    from deepinfer_server.server.startup import prepare
+    from deepinfer_server.server.supervisor import Supervisor, supervise
+
+    port = str(free_port())
+    config = parse_config(
+        [
+            *("--engine", "simulated", "--api-server-count", "2", "--dp", "2"),
+            *("--host", "127.0.0.1", "--port", port, "--state-dir", str(tmp_path)),
+        ]
+    )
+
+    async def spawn_fails(self: Supervisor, *args: object) -> None:
+        raise OSError("cannot spawn an API server process")
+
+    monkeypatch.setattr(Supervisor, "start_workers", spawn_fails)
+    before = {child.pid for child in psutil.Process().children(recursive=True)}
+    try:
+        with pytest.raises(OSError, match="cannot spawn"):
+            asyncio.run(supervise(config, prepare(config)))
+        left = [
+            child
+            for child in psutil.Process().children(recursive=True)
+            if child.pid not in before
+            and child.is_running()
+            and child.status() != psutil.STATUS_ZOMBIE
+            # multiprocessing's resource tracker serves this test process, not the server.
+            and not any("resource_tracker" in part for part in child.cmdline())
+        ]
+        assert left == [], [child.cmdline() for child in left]
+    finally:
+        for child in psutil.Process().children(recursive=True):
+            if child.pid not in before and "resource_tracker" not in " ".join(child.cmdline()):
+                child.kill()

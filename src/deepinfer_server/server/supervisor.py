@@ -171,6 +171,19 @@ class Supervisor:
         logger.info("[shutdown] done")
         return code
 
+    async def abandon(self) -> None:
+        """Start-up broke off before `run()`: kill the API server processes spawned so far
+        and stop the ranks, which would otherwise outlive this process's failure."""
+        for worker in self._workers:
+            worker.process.kill()
+        await self._ranks.stop(RANK_STOP_TIMEOUT)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for worker in self._workers:
+            await asyncio.to_thread(worker.process.join, _WORKER_EXIT_TIMEOUT)
+            worker.control.close()
+
     def on_signal(self, sig: signal.Signals = signal.SIGTERM) -> None:
         """SIGTERM/SIGINT: every API server process drains; then SIGINT (a second Ctrl-C)
         ends the drains, as it does for one process (a second SIGTERM does not)."""
@@ -340,9 +353,13 @@ async def supervise(config: ResolvedConfig, prepared: Prepared) -> int:
         for sig in STOP_SIGNALS:
             loop.add_signal_handler(sig, supervisor.on_signal, sig)
         try:
-            ranks.start()
-            ranks.watch(supervisor.on_rank_exit)
-            await supervisor.start_workers(worker_specs, [end for end, _ in pairs])
+            try:
+                ranks.start()
+                ranks.watch(supervisor.on_rank_exit)
+                await supervisor.start_workers(worker_specs, [end for end, _ in pairs])
+            except BaseException:
+                await supervisor.abandon()
+                raise
             listener.close()  # every API server process holds its own copy
             for rank_listener in rank_listeners:
                 rank_listener.close()
