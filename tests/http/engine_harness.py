@@ -10,6 +10,7 @@ time; steps take no time (`ttft_ms = itl_ms = 0`).
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -110,10 +111,11 @@ class SimulatedEngine:
         structured = StructuredOutputs(_tokenizer_json())
         # The compile workers get SIGKILL when the thread that started them ends (their
         # parent-death signal), and each test's event loop ends its executor threads: start
-        # them here, on the thread that outlives the tests.
-        warm_up = chat_constraint({"response_format": {"type": "json_object"}}, False)
-        assert warm_up is not None
-        structured.compile(warm_up)
+        # them here, on the thread that outlives the tests (when the grammar extra is there).
+        if importlib.util.find_spec("xgrammar") is not None:
+            warm_up = chat_constraint({"response_format": {"type": "json_object"}}, False)
+            assert warm_up is not None
+            structured.compile(warm_up)
         return cls(LLMEngineDriver(engine, RequestOutput), structured)
 
     def close(self) -> None:
