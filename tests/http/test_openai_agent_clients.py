@@ -228,6 +228,7 @@ def test_json_object_without_the_word_json_is_accepted(caplog: pytest.LogCapture
     createOpenAICompatible sends exactly that for generateObject. The grammar enforces JSON: the
     request is served, with the answer format stated in the prompt, and OpenAI's rule is only
     logged."""
+    pytest.importorskip("xgrammar", reason="structured output needs the [grammar] extra")
 
     async def body() -> None:
         async with serve(script=Script(text='{"city": "Paris"}')) as h, _openai_client(h) as client:
