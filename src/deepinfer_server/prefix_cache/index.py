@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import secrets
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -150,6 +150,18 @@ class PrefixIndex(Generic[T]):
         idle = [entry for entry in self._lru if entry.live_forks == 0]
         busy = [entry for entry in self._lru if entry.live_forks > 0]
         return idle + busy
+
+    def evict_until(
+        self, satisfied: Callable[[], bool], evict: Callable[[CacheEntry[T]], None]
+    ) -> None:
+        """Hand entries to `evict` in `eviction_order()` until `satisfied()` holds (or none is
+        left); `evict` removes each from the index."""
+        if satisfied():
+            return
+        for entry in self.eviction_order():
+            evict(entry)
+            if satisfied():
+                return
 
     def match(self, prompt: npt.NDArray[np.int32], limit: int) -> Match[T] | None:
         """The entry that lets `prompt` reuse the most tokens, with a fork point <= `limit`.

@@ -210,12 +210,7 @@ class PrefixCache:
             fits = (self._total_blocks - free + want_blocks) <= 0.9 * self._total_blocks
             return fits and free >= running and slots >= want_slots
 
-        if satisfied():
-            return
-        for entry in self.index.eviction_order():
-            self.evict(entry)
-            if satisfied():
-                return
+        self.index.evict_until(satisfied, self.evict)
 
     def evict(self, entry: CacheEntry[Any]) -> None:
         """Drop one entry and free its blocks and snapshot (what no fork still pins)."""

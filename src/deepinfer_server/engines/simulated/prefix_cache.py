@@ -199,12 +199,7 @@ class PrefixCache:
             fits = total - free + want_blocks <= PREFILL_WATERMARK * total
             return fits and free >= running and self.slots.free_count >= want_slots
 
-        if satisfied():
-            return
-        for entry in self.index.eviction_order():
-            self.evict(entry)
-            if satisfied():
-                return
+        self.index.evict_until(satisfied, self.evict)
 
     def evict(self, entry: CacheEntry[Any]) -> None:
         """Drop one entry: its blocks and snapshot, except what forks still pin."""
