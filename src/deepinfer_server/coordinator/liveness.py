@@ -6,6 +6,10 @@ produced something (`StepOutputs`) and, when it has nothing to say, a `RankAlive
 least every `heartbeat_interval(step_timeout)` seconds; a rank that sent nothing for
 `step_timeout` seconds is hung. The clock measures the loop itself, so clients that give up
 (and requests that end) cannot reset it.
+
+The clocks start when the last rank has reported: in lockstep, a rank that is ready waits for
+its slower peers (still loading weights) in its first collective, silent but not hung; until
+then the start-up timeout is the bound.
 """
 
 from __future__ import annotations
@@ -43,7 +47,10 @@ class LivenessWatch:
 
     def reported(self, rank: int, now: float) -> None:
         """A message from `rank` (ready, step outputs, heartbeat) arrived at loop time `now`."""
+        starting = self._last_report[rank] is None
         self._last_report[rank] = now
+        if starting and None not in self._last_report:  # the last rank is up: clocks start
+            self._last_report = [now] * len(self._last_report)
 
     async def run(self) -> None:
         """Check every heartbeat interval until a hang is found."""
@@ -69,9 +76,9 @@ class LivenessWatch:
                 return
 
     def _stuck_rank(self, now: float) -> int | None:
-        reports = [(t, rank) for rank, t in enumerate(self._last_report) if t is not None]
-        if not reports:
+        if None in self._last_report:  # a rank is still starting
             return None
+        reports = [(t, rank) for rank, t in enumerate(self._last_report) if t is not None]
         # In lockstep, peers of a stuck rank block in its next collective shortly after it
         # stops: the rank whose last report is oldest is the one that stopped first.
         oldest, rank = min(reports)

@@ -43,6 +43,34 @@ def test_ranks_that_keep_reporting_and_ranks_not_started_are_not_hung() -> None:
     assert asyncio.run(body()) == []
 
 
+def test_a_ready_rank_waiting_for_a_slower_peer_to_start_is_not_hung() -> None:
+    """DP ranks load their weights at their own pace: one that is ready blocks in its first
+    collective until the last one is, silent for longer than --step-timeout. The clocks start
+    when the last rank reports; a rank that stops after that is still found."""
+
+    async def body() -> list[str]:
+        hangs: list[str] = []
+        watch = LivenessWatch(2, 0.2, hangs.append)
+        loop = asyncio.get_running_loop()
+        watch.reported(1, loop.time())  # rank 1 ready, then waiting in a collective
+        task = asyncio.ensure_future(watch.run())
+        await asyncio.sleep(0.8)  # the workload: rank 0 loads for four timeouts
+        assert hangs == []
+        watch.reported(0, loop.time())  # rank 0 ready: both loops run
+        for _ in range(20):
+            watch.reported(0, loop.time())
+            watch.reported(1, loop.time())
+            await asyncio.sleep(0.02)  # the workload: a loop every 20 ms
+        assert hangs == []
+        while not task.done():  # now rank 1 stops coming back
+            watch.reported(0, loop.time())
+            await asyncio.sleep(0.02)
+        return hangs
+
+    hangs = asyncio.run(asyncio.wait_for(body(), 10))
+    assert len(hangs) == 1 and hangs[0].startswith("DP rank 1 completed no engine step")
+
+
 def test_nothing_is_hung_while_the_watch_is_told_not_to_watch() -> None:
     async def body() -> list[str]:
         hangs: list[str] = []
