@@ -8,6 +8,7 @@ import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -143,6 +144,28 @@ def test_item_references_resolve_reasoning_and_messages(tmp_path: Path) -> None:
             assert "Oslo" in prompt and "sunny" in prompt
 
     run_stored(tmp_path, test, script=script)
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        {"type": [None, None], "role": "user", "content": "hi"},  # found by the fuzz lane
+        {"type": "message", "role": ["user"], "content": "hi"},
+    ],
+    ids=["type-a-list", "role-a-list"],
+)
+def test_an_input_item_of_no_known_shape_is_a_400_with_the_store_on(
+    tmp_path: Path, item: dict[str, Any]
+) -> None:
+    """Storing the input items reads their type and role before the request is validated:
+    a value that is not a string must reach validation (400), not fail the request (500)."""
+
+    async def test(h: Harness) -> None:
+        response = await h.client.post(RESPONSES, json={"model": MODEL, "input": [item]})
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["type"] == "invalid_request_error"
+
+    run_stored(tmp_path, test)
 
 
 def test_an_unknown_item_reference_is_a_404_naming_it(tmp_path: Path) -> None:

@@ -53,13 +53,15 @@ def with_id(item: Any) -> Any:
     if not isinstance(item, dict):
         return item
     kind = item.get("type") or "message"
+    if not isinstance(kind, str):
+        return item  # no item type: the request's validation answers it with a 400
     stored = {**item, "type": kind}
     if not isinstance(stored.get("id"), str) or not stored["id"]:
         stored["id"] = new_item_id(kind)
     if kind == "message":
         role = stored.get("role", "user")
         content = stored.get("content")
-        if isinstance(content, str):
+        if isinstance(content, str) and isinstance(role, str):
             stored["content"] = [{"type": _TEXT_PART.get(role, "input_text"), "text": content}]
         stored.setdefault("status", "completed")
     return stored
