@@ -28,7 +28,7 @@ def _counters(base_url: str) -> tuple[float, float, float]:
     return value(samples, QUERIES), value(samples, HITS), sequences
 
 
-def _turns(thinking: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _turns() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     first = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hello there."}]
     second = [
         *first,
@@ -42,7 +42,7 @@ def test_a_second_turn_reuses_the_first_turns_prompt_and_the_counters_move() -> 
     with LiveServer("--dp", "2", "--api-server-count", "2", "--sim-itl-ms", "2") as server:
         client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused")
         for thinking in ("enabled", "disabled"):
-            first, second = _turns(thinking)
+            first, second = _turns()
             extra = {"thinking": {"type": thinking}}
             one = client.chat.completions.create(model=MODEL, messages=first, extra_body=extra)
             assert one.usage is not None and one.usage.prompt_tokens_details is not None
@@ -88,7 +88,7 @@ def test_anthropic_clients_read_the_cached_tokens_of_a_resent_conversation() -> 
 def test_the_next_turn_goes_to_the_rank_that_holds_the_first() -> None:
     with LiveServer("--dp", "2", "--sim-itl-ms", "2") as server:
         client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused")
-        first, second = _turns("disabled")
+        first, second = _turns()
         extra = {"thinking": {"type": "disabled"}}
         busy = {
             "model": MODEL,
