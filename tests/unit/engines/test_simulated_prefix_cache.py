@@ -229,3 +229,28 @@ def test_a_snapshot_evicts_an_idle_entry_rather_than_go_without() -> None:
     _cached(engine, "two", _turn("Two."))  # its snapshot takes the slot of "one"'s entry
     assert [entry.value.owner for entry in engine._cache.index] == ["prefix-cache:2"]
     assert _cached(engine, "three", _turn("Two.", "More.")) == len(_turn("Two."))
+
+
+def test_a_fork_of_a_long_answer_runs_when_its_parent_is_evicted() -> None:
+    """A waiting fork pins only its parent's blocks up to the fork point. Had it pinned the
+    parent's whole table (the answer's blocks too), evicting the parent would free nothing,
+    and a fork needing the rest of the pool would wait forever with nothing running."""
+    engine = make_engine(
+        enable_prefix_caching=True, kv_blocks=40, max_num_seqs=2, max_model_len=8192
+    )
+    free, slots = _baseline(engine)
+    first = _turn("Hello.")
+    _cached(engine, "long", first, max_tokens=2000, ignore_eos=True)  # an entry of ~26 blocks
+    longer = np.concatenate([first, np.arange(1000, 3600, dtype=np.int32)])
+    assert blocks_for(len(longer) + 1) > free - blocks_for(len(first) + 2000)  # must evict
+    sequence = engine.add_request("0", "next", {"max_tokens": 4}, longer)
+    assert sequence is not None and sequence.num_cached_tokens == len(first)
+    for _ in range(100):
+        if not engine.has_unfinished_requests():
+            break
+        engine.step()
+    else:
+        pytest.fail("the fork never ran")
+    list(run_to_end(engine))
+    _clear(engine)
+    assert _baseline(engine) == (free, slots)

@@ -3,8 +3,8 @@
 What it reproduces (`csrc/engine/block_manager.hpp`, `scheduler.hpp`): blocks of 128 tokens
 with IDs 1..N-1 (block 0 is never allocatable), reference counts and a free list; a sequence's
 table holds `ceil(tokens / 128)` blocks, all allocated at its prefill; a fork of a cached
-sequence first pins the parent's whole table and keeps `fork_point // 128` of its blocks at
-its prefill (`share`, `keep_first`); a prefill is refused for now (LATER) when the blocks are
+sequence first pins the parent's blocks up to the fork point and keeps `fork_point // 128` of
+them at its prefill (`share`, `keep_first`); a prefill is refused for now (LATER) when the blocks are
 not free or usage is above the 90% watermark, and for good (NEVER, the request ends "ignored")
 when it needs at least the whole pool; a decode step grows each running sequence, and while no
 block is free it preempts from the longest-output end.

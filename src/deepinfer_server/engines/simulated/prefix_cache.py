@@ -6,7 +6,8 @@ docs/design/prefix-caching.md) on the simulated block model, and shares its inde
 
 - `add`: a text prompt of at least `min_tokens` whose first P tokens (P - 1 after a
   thinking-mode turn dropped `<think>`) are a cached sequence's prompt becomes a fork: it pins
-  the parent's whole block table and state snapshot, reports `num_cached_tokens = F` and goes
+  the parent's blocks up to F (those it keeps and the partial one it copies) and its state
+  snapshot, reports `num_cached_tokens = F` and goes
   to the front of the queue (DeepInfer's `fork_seq`); every prompt counts as queried.
 - `start` (its prefill): a fork keeps `F // 128` whole blocks, drops its other pins once its
   state is cloned into a slot of its own, and computes only its last `len - F` tokens; a
@@ -94,7 +95,11 @@ class PrefixCache:
         if match is None:
             return False
         entry, fork_point = match.entry, match.fork_point
-        self.kv.share(sequence.request_id, self.kv.table(entry.value.owner))
+        # Only the blocks up to the fork point: those it keeps and the partial one it copies
+        # (DeepInfer's fork_seq with explicit `blocks`). Pinning the parent's whole table would
+        # hold its output's blocks too, which no eviction could free while the fork waits.
+        pinned = -(-fork_point // BLOCK_SIZE)
+        self.kv.share(sequence.request_id, self.kv.table(entry.value.owner)[:pinned])
         self.slots.pin(entry.value.slot)
         entry.live_forks += 1
         self.index.touch(entry)
