@@ -150,9 +150,10 @@ def test_item_references_resolve_reasoning_and_messages(tmp_path: Path) -> None:
     "item",
     [
         {"type": [None, None], "role": "user", "content": "hi"},  # found by the fuzz lane
+        {"type": None, "role": "user", "content": "hi"},  # the stateless path's 400 too
         {"type": "message", "role": ["user"], "content": "hi"},
     ],
-    ids=["type-a-list", "role-a-list"],
+    ids=["type-a-list", "type-null", "role-a-list"],
 )
 def test_an_input_item_of_no_known_shape_is_a_400_with_the_store_on(
     tmp_path: Path, item: dict[str, Any]

@@ -52,7 +52,7 @@ def with_id(item: Any) -> Any:
     part (the shapes `input_items` lists); anything else unchanged."""
     if not isinstance(item, dict):
         return item
-    kind = item.get("type") or "message"
+    kind = item.get("type", "message")  # a message may leave out its type
     if not isinstance(kind, str):
         return item  # no item type: the request's validation answers it with a 400
     stored = {**item, "type": kind}
