@@ -286,7 +286,7 @@ def test_disconnect_aborts_the_engine_request(shared_server: LiveServer, path: s
 
 
 def test_api_key_via_x_api_key_for_messages() -> None:
-    with LiveServer("--api-key", "secret-1") as server:
+    with LiveServer("--api-key", "secret-1", "--log-level", "debug") as server:
         good = anthropic.Anthropic(base_url=server.base_url, api_key="secret-1", max_retries=0)
         reply = good.messages.create(
             model=MODEL, max_tokens=16, messages=[{"role": "user", "content": "keyed"}]
@@ -298,3 +298,5 @@ def test_api_key_via_x_api_key_for_messages() -> None:
                 model=MODEL, max_tokens=16, messages=[{"role": "user", "content": "x"}]
             )
         assert excinfo.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
+    # The key is in no line of the whole run, start-up, ranks and shutdown included.
+    assert "secret-1" not in server.log
