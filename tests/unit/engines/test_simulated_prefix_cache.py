@@ -254,3 +254,31 @@ def test_a_fork_of_a_long_answer_runs_when_its_parent_is_evicted() -> None:
     list(run_to_end(engine))
     _clear(engine)
     assert _baseline(engine) == (free, slots)
+
+
+def test_entries_stay_while_every_running_slot_is_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A waiting prompt cannot start while the running set is full, so it is no reason to
+    evict: the cache is not emptied under load. Once a slot frees, it evicts what it needs."""
+    monkeypatch.setenv("DEEPINFER_NUM_STATE_SLOTS_RATIO", "3")  # state slots to spare
+    engine = make_engine(
+        enable_prefix_caching=True,
+        kv_blocks=40,
+        max_num_seqs=1,
+        max_model_len=8192,
+        prefill_attempt_interval=1,
+    )
+    _cached(engine, "cached", _turn("Hello."))
+    assert len(engine._cache.index) == 1
+    engine.add_request("0", "busy", {"max_tokens": 30, "ignore_eos": True}, _turn("Busy."))
+    engine.has_unfinished_requests()
+    engine.step()  # "busy" runs and holds the only running slot
+    assert [sequence.request_id for sequence in engine._table.running] == ["busy"]
+    big = np.arange(1000, 4900, dtype=np.int32)  # a prompt past the watermark with the entry
+    engine.add_request("0", "big", {"max_tokens": 4}, big)
+    for _ in range(10):
+        engine.has_unfinished_requests()
+        engine.step()
+        assert len(engine._cache.index) >= 1, "evicted while no prompt could start"
+    outputs = [o for batch in run_to_end(engine) for o in batch]
+    finished = {request_id: finish for request_id, _, finish in outputs if finish}
+    assert finished["big"] in {"stop", "length"}  # it ran once the slot was free

@@ -194,7 +194,8 @@ class PrefixCache:
         waiting, waiting_tokens = scheduler.get_sum_prompt_len_waiting()
         running, _ = scheduler.get_sum_prompt_len_running()
         want_blocks = want_slots = 0
-        if waiting:
+        # With every running slot taken no prompt starts this step: waiting ones want nothing.
+        if waiting and running < self._max_num_seqs:
             reused = sum(
                 int(fork.num_cached_tokens) // BLOCK_SIZE
                 for fork in self._waiting_forks.values()

@@ -4,10 +4,10 @@ What it reproduces (`csrc/engine/block_manager.hpp`, `scheduler.hpp`): blocks of
 with IDs 1..N-1 (block 0 is never allocatable), reference counts and a free list; a sequence's
 table holds `ceil(tokens / 128)` blocks, all allocated at its prefill; a fork of a cached
 sequence first pins the parent's blocks up to the fork point and keeps `fork_point // 128` of
-them at its prefill (`share`, `keep_first`); a prefill is refused for now (LATER) when the blocks are
-not free or usage is above the 90% watermark, and for good (NEVER, the request ends "ignored")
-when it needs at least the whole pool; a decode step grows each running sequence, and while no
-block is free it preempts from the longest-output end.
+them at its prefill (`share`, `keep_first`); a prefill is refused for now (LATER) when the
+blocks are not free or usage is above the 90% watermark, and for good (NEVER, the request ends
+"ignored") when it needs at least the whole pool; a decode step grows each running sequence,
+and while no block is free it preempts from the longest-output end.
 
 It also exposes DeepInfer's read-out API, so the engine driver reads KV usage the same way on
 both engines: `get_num_free_gpu_blocks()` (the scheduler's) and `cache_config.num_gpu_blocks`.

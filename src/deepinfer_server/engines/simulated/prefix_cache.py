@@ -191,7 +191,8 @@ class PrefixCache:
         if not self.index:
             return
         want_blocks = want_slots = 0
-        if waiting:
+        # With every running slot taken no prompt starts this step: waiting ones want nothing.
+        if waiting and running < self._max_num_seqs:
             tokens = sum(sequence.length for sequence in waiting)
             reused = sum(sequence.fork_point // BLOCK_SIZE for sequence in waiting)
             needed = -(-tokens // BLOCK_SIZE) + len(waiting) - reused
