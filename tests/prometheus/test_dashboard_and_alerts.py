@@ -266,8 +266,17 @@ def test_every_panel_and_rule_returns_data_from_a_server_under_load(tmp_path: Pa
             with pytest.raises(openai.APIError):
                 for _ in stream:
                     pass
+        # The lost streams count as 503s too and may reach the same scrape as the first
+        # refusal: wait for each refusal's own increase, so the 5xx series has two samples.
+        refused = 'sum(deepinfer:request_failure_total{status="503"})'
         for _ in range(2):
+            before = prometheus.value(refused)
             load.refused_by_failed_service()
+            wait_for(
+                lambda before=before: prometheus.value(refused) > before,
+                f"Prometheus seeing the 503 after {before:g}",
+                30,
+            )
             wait_for(lambda: scraped(prometheus, load), f"Prometheus seeing {load.caused}", 30)
         wait_for(
             lambda: prometheus.value("min(deepinfer:healthy)") == 0 and evaluated_rules(prometheus),
