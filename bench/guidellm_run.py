@@ -24,24 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import Server
 
-from deepinfer_server.model.tokenizer import embedded_tokenizer_json
-
-
-def write_tokenizer(directory: Path) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "tokenizer.json").write_text(embedded_tokenizer_json(), encoding="utf-8")
-    (directory / "tokenizer_config.json").write_text(
-        json.dumps(
-            {
-                "tokenizer_class": "PreTrainedTokenizerFast",
-                "bos_token": "<｜begin▁of▁sentence｜>",
-                "eos_token": "<｜end▁of▁sentence｜>",
-                "add_bos_token": False,
-                "add_eos_token": False,
-                "model_max_length": 1048576,
-            }
-        )
-    )
+from deepinfer_server.model.tokenizer import write_embedded_tokenizer
 
 
 def errors_in(report: dict[str, object]) -> list[str]:
@@ -81,7 +64,7 @@ def main() -> int:
         ) as server,
     ):
         tokenizer = Path(scratch) / "tokenizer"
-        write_tokenizer(tokenizer)
+        write_embedded_tokenizer(tokenizer)
         report = args.out / "benchmarks.json"
         command = [
             args.guidellm,

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from deepinfer_server.model.tokenizer import embedded_tokenizer_json
+from deepinfer_server.model.tokenizer import write_embedded_tokenizer
 from tests.clients.conftest import NPM_PREFIX, live_server
 from tests.metrics_scrape import scrape, value
 
@@ -35,24 +35,9 @@ SWEEP_SIZE = 10
 RUNNING_CAPACITY = 16  # DP 1 x the default --max-num-seqs
 
 
-def write_tokenizer(directory: Path) -> None:
-    """The simulated engine's tokenizer, as GuideLLM's `huggingface_auto` loader reads it."""
-    directory.mkdir(parents=True)
-    (directory / "tokenizer.json").write_text(embedded_tokenizer_json(), encoding="utf-8")
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": "<｜begin▁of▁sentence｜>",
-        "eos_token": "<｜end▁of▁sentence｜>",
-        "add_bos_token": False,
-        "add_eos_token": False,
-        "model_max_length": 1048576,
-    }
-    (directory / "tokenizer_config.json").write_text(json.dumps(config))
-
-
 def run_sweep(target: str, work: Path) -> dict[str, Any]:
     tokenizer = work / "tokenizer"
-    write_tokenizer(tokenizer)
+    write_embedded_tokenizer(tokenizer)
     report = work / "benchmarks.json"
     command = [
         str(GUIDELLM),

@@ -32,6 +32,23 @@ def embedded_tokenizer_json() -> str:
     return json.dumps(data, ensure_ascii=False)
 
 
+def write_embedded_tokenizer(directory: Path) -> None:
+    """Write the embedded tokenizer as a Hugging Face tokenizer directory (`tokenizer.json`,
+    `tokenizer_config.json`), for clients that count tokens with one, such as GuideLLM's
+    `huggingface_auto` loader pointed at a simulated server."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "tokenizer.json").write_text(embedded_tokenizer_json(), encoding="utf-8")
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<｜begin▁of▁sentence｜>",
+        "eos_token": "<｜end▁of▁sentence｜>",
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "model_max_length": 1048576,
+    }
+    (directory / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+
+
 def load_tokenizer_json(model_dir: str | None) -> str:
     """The checkpoint's `tokenizer.json` when `model_dir` is a directory, else the default."""
     if model_dir is not None and Path(model_dir).is_dir():
