@@ -24,9 +24,13 @@ def test_a_stopped_api_server_process_fails_alone() -> None:
     """SIGSTOP one API process: the ranks' sends to it back up, and the other process's
     streams flow on regardless; then the supervisor kills the stopped one and fails the
     service, naming it (a lost process loses its requests: the service must be restarted)."""
-    # 3000 tokens at 10 ms: each stream outlasts the supervisor's bound by far.
-    with LiveServer("--sim-itl-ms", "10", "--log-level", "debug", api_servers=2) as server:
-        healthy, stopped = _hold_one_on_each_api_server(server)
+    # A rank sends the stopped process one message a step, and its socket is full after about
+    # 200 (the kernel counts each small message at about 1 KB): at 2 ms a step that is under
+    # half a second, where 10 ms steps on a loaded machine took most of the supervisor's 10 s,
+    # which then killed the process before the rank had anything waiting to log. 20000 tokens
+    # at 2 ms: each stream outlasts the supervisor's bound by far.
+    with LiveServer("--sim-itl-ms", "2", "--log-level", "debug", api_servers=2) as server:
+        healthy, stopped = _hold_one_on_each_api_server(server, {"max_tokens": 20000})
         pid = _api_server_pid(server, stopped.api_server)
         os.kill(pid, signal.SIGSTOP)
         try:

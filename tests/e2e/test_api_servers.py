@@ -48,12 +48,12 @@ def two_api_servers() -> Iterator[LiveServer]:
 class _Held:
     """A streaming request kept open on a connection of its own."""
 
-    def __init__(self, server: LiveServer, request_id: str) -> None:
+    def __init__(self, server: LiveServer, request_id: str, extra: dict[str, object]) -> None:
         self.client = httpx.Client(base_url=server.base_url, timeout=30)
         request = self.client.build_request(
             "POST",
             "/v1/chat/completions",
-            json={**ENDLESS, "stream": True},
+            json={**ENDLESS, "stream": True, **extra},
             headers={"X-Request-Id": request_id},
         )
         self.response = self.client.send(request, stream=True)
@@ -73,10 +73,14 @@ class _Held:
         self.client.close()
 
 
-def _hold_one_on_each_api_server(server: LiveServer) -> list[_Held]:
+def _hold_one_on_each_api_server(
+    server: LiveServer, extra: dict[str, object] | None = None
+) -> list[_Held]:
+    """One stream held open on each of the two API server processes (`extra` joins each
+    request's body)."""
     held: dict[int, _Held] = {}
     for attempt in range(30):
-        stream = _Held(server, f"hold-{attempt}")
+        stream = _Held(server, f"hold-{attempt}", extra or {})
         if stream.api_server in held:
             stream.close()  # the same process again: try another connection
         else:
