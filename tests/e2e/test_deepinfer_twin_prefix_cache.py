@@ -292,6 +292,70 @@ def test_a_fork_aborted_before_its_prefill_frees_what_it_holds(checkpoint: Path)
     assert result["baseline"] == []
 
 
+OVERSIZED_FORK = """
+import sys
+sys.path.insert(0, {repo!r})
+from tests.deepinfer_twin.prefix_traces import TraceRunner, ledger_problems
+
+traces = TraceRunner(ENGINE, DRIVER, TOKENIZER, system_words=60)
+cache = ENGINE.prefix_cache
+def words(text, count):
+    ids = TOKENIZER.encode(" ".join([text] * count), add_special_tokens=False).ids
+    return ids[:count]
+def start(request_id, prompt, **options):
+    request = AddRequest(request_id, pack_token_ids(prompt), SamplingOptions(**options))
+    assert DRIVER.add(request) is None
+first = [traces.bos, *traces.system, traces.user, *words("count", 40), traces.assistant,
+         traces.end_think]
+start("first", first, max_tokens={answer}, ignore_eos=True)
+run()
+# The first prompt again, with more after it instead of the first's answer (an edited
+# retry): the first's prompt is its prefix, the first's answer is not part of it.
+sibling = [*first, *words("other words", {extra}), traces.user, traces.assistant,
+           traces.end_think]
+hits = cache.hit_tokens
+start("sibling", sibling, max_tokens=8)
+done = run(max_iterations=300)
+RESULT = {{
+    "blocks": int(ENGINE.cache_config.num_gpu_blocks),
+    "first": len(first), "sibling": len(sibling),
+    "reused": cache.hit_tokens - hits,
+    "too_large": cache.forks_too_large,
+    "finish": done.get("sibling", {{}}).get("finish"),
+    "problems": ledger_problems(ENGINE),
+    "violations": ENGINE._run_workers("twin_kv_report"),
+    "baseline": traces.baseline_problems(),
+}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("answer", "extra", "forked"), [(700, 500, False), (100, 500, True)], ids=["long", "short"]
+)
+def test_a_fork_whose_pins_leave_its_prefill_no_room_prefills_in_full(
+    checkpoint: Path, answer: int, extra: int, forked: bool
+) -> None:
+    # 12 KV blocks of 128 tokens. A fork pins its parent's whole table (DeepInfer's bindings
+    # give no block IDs to pin less): after a 700-token answer that is 8 blocks, and the
+    # sibling question needs 5 more for the rest of its prompt; DeepInfer would never schedule
+    # that fork's prefill (and the prompts queued behind it). A full prefill needs 7 once the
+    # entry gives way. After a 100-token answer the fork fits and is taken.
+    result = run_in_twin(
+        checkpoint,
+        OVERSIZED_FORK.format(repo=str(REPO), answer=answer, extra=extra),
+        engine={**CACHE, "max_num_seqs": 2, "max_model_len": 1024},
+        env={"DEEPINFER_TWIN_KV_BLOCKS": "12", "DEEPINFER_NUM_STATE_SLOTS_RATIO": "3"},
+    )
+    assert result["blocks"] == 12, result
+    assert result["finish"] in ("STOP", "LENGTH"), result  # None: never scheduled
+    if forked:
+        assert result["reused"] > 0 and result["too_large"] == 0, result
+    else:
+        assert result["reused"] == 0 and result["too_large"] == 1, result
+    assert result["problems"] == [] and result["violations"] == [], result
+    assert result["baseline"] == [], result
+
+
 PROPERTY = """
 import sys
 sys.path.insert(0, {repo!r})

@@ -12,8 +12,9 @@ only the rest); this module supplies the policy, through the engine's own hooks:
   as a cache entry instead of being freed.
 - `add_request`: a text prompt that starts with an entry's P tokens (P - 1 with a thinking-mode
   turn) is forked from it with `fork_seq`; anything the fork path cannot serve (prompt logprobs,
-  images, a grammar, chunk checkpoints, a too-long prompt) takes DeepInfer's ordinary path, never
-  an error. The fork's `num_cached_tokens` is the count of reused tokens.
+  images, a grammar, chunk checkpoints, a too-long prompt, a fork whose pins leave its prefill
+  no room) takes DeepInfer's ordinary path, never an error. The fork's `num_cached_tokens` is
+  the count of reused tokens.
 - `step`: before the scheduler runs, least-recently-used entries are evicted until the waiting
   prompts fit under the 90% prefill watermark, running sequences have a block each for their
   next token, and waiting prompts have state slots; without demand the cache stays.
@@ -41,6 +42,8 @@ logger = logging.getLogger(__name__)
 
 #: The branch name forks get; DeepInfer's prefill takes the forked path for a leading "_".
 FORK_BRANCH = "_prefix_cache"
+#: KV use above which DeepInfer's scheduler starts no prefill (`GPU_CACHE_PREFILL_WATERMARK`).
+GPU_CACHE_PREFILL_WATERMARK = 0.9
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,10 @@ class PrefixCache:
         self._waiting_forks: dict[int, Any] = {}
         #: Every fork not yet ended -> (fork, the entry it came from).
         self._forks: dict[int, tuple[Any, CacheEntry[Any]]] = {}
+        #: Entries -> the KV blocks their table holds (at most): what a fork of them pins.
+        self._table_blocks: dict[int, int] = {}
+        #: Matches prefilled in full because their fork could never be scheduled.
+        self.forks_too_large = 0
         self._preempted_seen = int(self._scheduler.get_num_preempted_seqs())
         self.query_tokens = 0
         self.hit_tokens = 0
@@ -120,6 +127,9 @@ class PrefixCache:
         match = self.index.match(prompt, limit=len(prompt) - 2)
         if match is None:
             return add(*args)
+        if not self._fork_fits(match, int(prompt.size)):
+            self.forks_too_large += 1
+            return add(*args)
         # DeepInfer builds and validates the sequence (token range, compressed encoding, the
         # normalised SamplingParams); it is never enqueued: the fork takes its place.
         user_id, request_id = args[0], args[1]
@@ -141,6 +151,20 @@ class PrefixCache:
         if field("prompt_logprobs") or field("so_args") is not None or field("golden_token_ids"):
             return False
         return self.settings.min_tokens <= prompt.size <= self._prompt_limit
+
+    def _fork_fits(self, match: Match[Any], prompt_tokens: int) -> bool:
+        """Whether the fork's prefill can ever be scheduled, on an otherwise idle rank.
+
+        A fork pins its parent's whole block table, answer included (the bindings give no
+        block IDs to pin only the reused ones), until its prefill runs, and DeepInfer prefills
+        it only at or below 90% KV use and with the blocks for the rest of its prompt free
+        (`Scheduler`'s forked branch; more than the pool fails its TORCH_CHECK). A fork past
+        that would wait forever, holding up the prompts queued behind it: a full prefill needs
+        only the prompt's own blocks, once the entry is evicted."""
+        pinned = self._table_blocks[match.entry.value.seq_id]
+        needed = -(-prompt_tokens // BLOCK_SIZE) - match.fork_point // BLOCK_SIZE
+        total = self._total_blocks
+        return pinned <= GPU_CACHE_PREFILL_WATERMARK * total and pinned + needed < total
 
     def _fork(self, match: Match[Any], seq: Any) -> Any:
         entry, fork_point = match.entry, match.fork_point
@@ -205,10 +229,12 @@ class PrefixCache:
             want_blocks = min(needed, self._max_batched_blocks + waiting)
             want_slots = min(waiting, max(0, self._max_num_seqs - running))
 
+        watermark = GPU_CACHE_PREFILL_WATERMARK
+
         def satisfied() -> bool:
             free = int(scheduler.get_num_free_gpu_blocks())
             slots = int(self._states.get_num_free_blocks())
-            fits = (self._total_blocks - free + want_blocks) <= 0.9 * self._total_blocks
+            fits = self._total_blocks - free + want_blocks <= watermark * self._total_blocks
             return fits and free >= running and slots >= want_slots
 
         self.index.evict_until(satisfied, self.evict)
@@ -216,6 +242,7 @@ class PrefixCache:
     def evict(self, entry: CacheEntry[Any]) -> None:
         """Drop one entry and free its blocks and snapshot (what no fork still pins)."""
         self.index.remove(entry)
+        self._table_blocks.pop(entry.value.seq_id, None)
         self._scheduler.free_seq(entry.value)
         self.evictions += 1
 
@@ -364,4 +391,7 @@ class PrefixCache:
             self._states.unpin_blocks(np.array([seq.state_id], dtype=np.int32))
             seq.state_id = slot
         tokens = np.array(seq.data.get_token_ids()[:prompt_len], dtype=np.int32)
+        # Its table covers its tokens and at most one block more (MTP drafts, in flight); read
+        # now, since a fork sets the entry's data to the fork's prompt.
+        self._table_blocks[seq_id] = -(-int(seq.get_len()) // BLOCK_SIZE) + 1
         self.index.add(seq, tokens)
