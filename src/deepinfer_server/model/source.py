@@ -9,14 +9,26 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Protocol
 
-from deepinfer_server.engines.backend import EngineBackend
 from deepinfer_server.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
 
-def check_checkpoint(directory: Path, backend: EngineBackend) -> None:
+class CheckpointFiles(Protocol):
+    """What an engine backend (`engines.backend.EngineBackend`) declares of its checkpoint."""
+
+    #: Files the checkpoint directory must hold.
+    @property
+    def required_files(self) -> tuple[str, ...]: ...
+
+    #: The files a Hugging Face download fetches (None: the whole repository).
+    @property
+    def download_patterns(self) -> list[str] | None: ...
+
+
+def check_checkpoint(directory: Path, backend: CheckpointFiles) -> None:
     """Fail fast, with the names, when the directory lacks a file the engine needs."""
     missing = [name for name in backend.required_files if not (directory / name).is_file()]
     if missing:
@@ -28,7 +40,7 @@ def _looks_like_repo_id(model: str) -> bool:
     return len(parts) == 2 and all(parts) and not model.startswith((".", "~"))
 
 
-def download(repo_id: str, backend: EngineBackend) -> Path:
+def download(repo_id: str, backend: CheckpointFiles) -> Path:
     """Fetch a repository snapshot into the Hugging Face cache and return its directory."""
     try:
         from huggingface_hub import snapshot_download
@@ -44,7 +56,7 @@ def download(repo_id: str, backend: EngineBackend) -> Path:
     return Path(path)
 
 
-def resolve_model(model: str | None, backend: EngineBackend) -> str | None:
+def resolve_model(model: str | None, backend: CheckpointFiles) -> str | None:
     """The local checkpoint directory for MODEL (None when no MODEL was given)."""
     if model is None:
         return None
