@@ -289,15 +289,20 @@ def test_a_token_id_outside_the_vocabulary_is_a_400_before_admission(token_id: i
 
 
 def test_the_prompt_id_bound_is_the_checkpoints_vocab_size(tmp_path: Any) -> None:
-    """DeepInfer's bound is config.json's text_config.vocab_size, not the tokenizer's size."""
+    """DeepInfer's bound is config.json's text_config.vocab_size, not the tokenizer's size;
+    without it, the tokenizer's vocabulary with its added tokens."""
     from deepinfer_server.model.tokenizer import embedded_tokenizer_json, prompt_id_bound
+    from deepinfer_server.protocol.core.recipe import RecipeContext
 
-    tokenizer_json = embedded_tokenizer_json()
     (tmp_path / "config.json").write_text(json.dumps({"text_config": {"vocab_size": 1000}}))
-    assert prompt_id_bound(str(tmp_path), tokenizer_json) == 1000
+    assert prompt_id_bound(str(tmp_path)) == 1000
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["X"]}))
-    assert prompt_id_bound(str(tmp_path), tokenizer_json) == 129280  # the tokenizer's size
-    assert prompt_id_bound(None, tokenizer_json) == 129280
+    assert prompt_id_bound(str(tmp_path)) is None
+    assert prompt_id_bound(None) is None
+    recipe = RecipeContext.create(
+        embedded_tokenizer_json(), ("m",), 4096, default_thinking=True, prompt_id_bound=None
+    )
+    assert recipe.prompt_id_bound == 129280  # the tokenizer's size
 
 
 @pytest.mark.parametrize("role", [["user"], {"name": "user"}, 7, None])

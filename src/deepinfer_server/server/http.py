@@ -158,7 +158,7 @@ def create_recipe(
         reasoning_secret=config.reasoning_secret,
         image_limits=ImageLimits.of(config),
         reasoning_key=reasoning_key,
-        prompt_id_bound=prompt_id_bound(checkpoint, tokenizer_json),
+        prompt_id_bound=prompt_id_bound(checkpoint),
         prompt_logprobs_unavailable=backend.prompt_logprobs_unavailable(),
         image_policy=backend.image_policy(checkpoint, tokenizer_json),
         clamp_max_tokens=config.clamp_max_tokens,

@@ -104,7 +104,7 @@ class RecipeContext:
             prompt_logprobs_unavailable,
             image_policy or recipe_image_policy(tokenizer_json),
             clamp_max_tokens,
-            PromptEncoder(tokenizers.Tokenizer.from_str(tokenizer_json)),
+            PromptEncoder(decoder),  # read-only, as the decoder: one parse of the file
         )
 
     @property
