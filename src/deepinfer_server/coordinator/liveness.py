@@ -67,19 +67,34 @@ class LivenessWatch:
                 # the sockets), or nothing is watched now: the clocks start again.
                 self._last_report = [None if t is None else now for t in self._last_report]
                 continue
-            hang = self._stuck_rank(now)
-            if hang is not None:
-                self._on_hang(
-                    f"DP rank {hang} completed no engine step or loop iteration for "
-                    f"{self._step_timeout:g}s (--step-timeout); the engine is hung"
-                )
+            stuck = self._stuck_ranks(now)
+            if stuck:
+                self._on_hang(_hang_reason(stuck, self._step_timeout))
                 return
 
-    def _stuck_rank(self, now: float) -> int | None:
+    def _stuck_ranks(self, now: float) -> list[int]:
+        """Every rank silent for longer than the step timeout (none while one is starting)."""
         if None in self._last_report:  # a rank is still starting
-            return None
-        reports = [(t, rank) for rank, t in enumerate(self._last_report) if t is not None]
-        # In lockstep, peers of a stuck rank block in its next collective shortly after it
-        # stops: the rank whose last report is oldest is the one that stopped first.
-        oldest, rank = min(reports)
-        return rank if now - oldest > self._step_timeout else None
+            return []
+        return [
+            rank
+            for rank, t in enumerate(self._last_report)
+            if t is not None and now - t > self._step_timeout
+        ]
+
+
+def _hang_reason(stuck: list[int], step_timeout: float) -> str:
+    """The failure's reason. In lockstep the peers of a hung rank block in its next collective
+    a moment after it stops, so every rank goes silent, within milliseconds of each other;
+    which one hung is not known from here, and every silent rank is named."""
+    if len(stuck) == 1:
+        who = f"DP rank {stuck[0]}"
+    else:
+        who = f"DP ranks {', '.join(map(str, stuck[:-1]))} and {stuck[-1]}"
+    reason = (
+        f"{who} completed no engine step or loop iteration for {step_timeout:g}s "
+        "(--step-timeout); the engine is hung"
+    )
+    if len(stuck) > 1:
+        reason += " (in lockstep one hung rank holds up the others)"
+    return reason

@@ -28,6 +28,26 @@ def test_an_idle_rank_whose_loop_stops_is_hung() -> None:
     assert hangs[0].startswith("DP rank 0 completed no engine step or loop iteration for 0.2s")
 
 
+def test_ranks_silent_together_are_all_named() -> None:
+    """In lockstep a hung rank's peers block in its next collective: every rank goes silent,
+    and the hung one may well have reported last. None is singled out."""
+
+    async def body() -> list[str]:
+        hangs: list[str] = []
+        watch = LivenessWatch(3, 0.2, hangs.append)
+        loop = asyncio.get_running_loop()
+        for rank in (0, 2, 1):  # the hung rank (1) reported last
+            watch.reported(rank, loop.time())
+        await asyncio.wait_for(watch.run(), 10)
+        return hangs
+
+    hangs = asyncio.run(body())
+    assert hangs == [
+        "DP ranks 0, 1 and 2 completed no engine step or loop iteration for 0.2s "
+        "(--step-timeout); the engine is hung (in lockstep one hung rank holds up the others)"
+    ]
+
+
 def test_ranks_that_keep_reporting_and_ranks_not_started_are_not_hung() -> None:
     async def body() -> list[str]:
         hangs: list[str] = []
