@@ -335,18 +335,19 @@ RESULT = {{
 def test_a_fork_whose_pins_leave_its_prefill_no_room_prefills_in_full(
     checkpoint: Path, answer: int, extra: int, forked: bool
 ) -> None:
-    # 12 KV blocks of 128 tokens. A fork pins its parent's whole table (DeepInfer's bindings
-    # give no block IDs to pin less): after a 700-token answer that is 8 blocks, and the
-    # sibling question needs 5 more for the rest of its prompt; DeepInfer would never schedule
-    # that fork's prefill (and the prompts queued behind it). A full prefill needs 7 once the
-    # entry gives way. After a 100-token answer the fork fits and is taken.
+    # 12 KV blocks of 128 tokens (11 allocatable). A fork pins its parent's whole table
+    # (DeepInfer's bindings give no block IDs to pin less): a 147-token prompt with a 700-token
+    # answer holds 7 blocks, and the 650-token sibling needs 5 more beside the one it keeps;
+    # DeepInfer would never schedule that fork's prefill (nor the prompts queued behind it).
+    # A full prefill needs 6 once the entry gives way. After a 100-token answer the fork fits
+    # and is taken.
     result = run_in_twin(
         checkpoint,
         OVERSIZED_FORK.format(repo=str(REPO), answer=answer, extra=extra),
         engine={**CACHE, "max_num_seqs": 2, "max_model_len": 1024},
         env={"DEEPINFER_TWIN_KV_BLOCKS": "12", "DEEPINFER_NUM_STATE_SLOTS_RATIO": "3"},
     )
-    assert result["blocks"] == 12, result
+    assert (result["blocks"], result["first"], result["sibling"]) == (12, 147, 650), result
     assert result["finish"] in ("STOP", "LENGTH"), result  # None: never scheduled
     if forked:
         assert result["reused"] > 0 and result["too_large"] == 0, result
