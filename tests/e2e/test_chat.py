@@ -279,7 +279,12 @@ def test_stream_interval_sends_fewer_chunks_with_the_same_answer(client: openai.
         return text, counts
 
     expected_text, every_token = stream(client)
-    assert every_token == list(range(1, 10))
+    # A chunk a step with the default interval, each counting the tokens so far. Steps that
+    # reach the API process together share one write by design (coordinator/handle.py), which
+    # a loaded machine does now and then (CI saw 7 then 9).
+    assert every_token[0] == 1 and every_token[-1] == 9, every_token
+    assert every_token == sorted(set(every_token)), every_token
+    assert len(every_token) > 3, every_token  # more than --stream-interval 4 sends below
     with (
         LiveServer("--stream-interval", "4", "--sim-itl-ms", "2") as server,
         openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused") as batched,
