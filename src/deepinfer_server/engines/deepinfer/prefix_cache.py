@@ -229,12 +229,12 @@ class PrefixCache:
             want_blocks = min(needed, self._max_batched_blocks + waiting)
             want_slots = min(waiting, max(0, self._max_num_seqs - running))
 
-        watermark = GPU_CACHE_PREFILL_WATERMARK
+        limit = GPU_CACHE_PREFILL_WATERMARK * self._total_blocks
 
         def satisfied() -> bool:
             free = int(scheduler.get_num_free_gpu_blocks())
             slots = int(self._states.get_num_free_blocks())
-            fits = self._total_blocks - free + want_blocks <= watermark * self._total_blocks
+            fits = self._total_blocks - free + want_blocks <= limit
             return fits and free >= running and slots >= want_slots
 
         self.index.evict_until(satisfied, self.evict)
