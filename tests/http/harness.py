@@ -7,6 +7,7 @@ a script: the tokens of a text, delivered on the event loop, and a finish or an 
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -16,6 +17,7 @@ from typing import Any, cast
 
 import httpx
 import openai
+import uvicorn
 
 try:  # openai 3 talks through httpx2, earlier releases through httpx
     import httpx2 as client_http
@@ -40,6 +42,7 @@ from deepinfer_server.model.tokenizer import embedded_tokenizer_json
 from deepinfer_server.protocol.core.images import ImageLimits
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.protocol.core.structured import StructuredOutputs
+from deepinfer_server.server.http import http_config
 from deepinfer_server.store import ResponseStore
 
 MODEL = "deepseek-flash"
@@ -242,6 +245,24 @@ async def serve(
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
         yield Harness(client, coordinator, metrics, state, app)
+
+
+@asynccontextmanager
+async def listening(harness: Harness, protocol: type[asyncio.Protocol]) -> AsyncIterator[int]:
+    """The harness's app served by real uvicorn on a loopback port (yielded), as the server
+    configures it (connection guards included) on uvicorn's HTTP `protocol` class."""
+    config = http_config(harness.app, harness.state, protocol)
+    config.load()
+    server = uvicorn.Server(config)
+    server.lifespan = config.lifespan_class(config)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    await server.startup(sockets=[sock])
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        await server.shutdown(sockets=[sock])
+        sock.close()
 
 
 def run(test: Callable[[], Any], timeout: float = 30.0) -> Any:

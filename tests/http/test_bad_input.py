@@ -370,3 +370,54 @@ def test_every_post_route_refuses_a_body_not_declared_json(path: str) -> None:
             assert not h.coordinator.submitted
 
     run(body)
+
+
+SELF_REF: dict[str, Any] = {"$ref": "#"}
+
+
+@pytest.mark.parametrize(
+    ("path", "extra", "param"),
+    [
+        (
+            CHAT,
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": SELF_REF},
+                }
+            },
+            "response_format",
+        ),
+        (CHAT, {"structured_outputs": {"grammar": "root ::= root"}}, "structured_outputs.grammar"),
+        (
+            RESPONSES,
+            {"text": {"format": {"type": "json_schema", "name": "x", "schema": SELF_REF}}},
+            "text.format",
+        ),
+        (
+            MESSAGES,
+            {"output_config": {"format": {"type": "json_schema", "schema": SELF_REF}}},
+            "output_config.format",
+        ),
+    ],
+)
+def test_a_grammar_that_matches_no_text_is_a_400_naming_the_param(
+    path: str, extra: dict[str, Any], param: str
+) -> None:
+    """`{"$ref": "#"}` is `root ::= root`: no token can start it. It compiled, and the engine
+    then failed the request (500 `structured_output_failed`); the API's compile refuses it."""
+    pytest.importorskip("xgrammar", reason="structured output needs the [grammar] extra")
+
+    async def body() -> None:
+        async with serve() as h:
+            answer = await h.client.post(path, json={**VALID[path], **extra})
+            assert answer.status_code == 400, answer.text
+            error = answer.json()["error"]
+            assert "matches no text" in error["message"]
+            if path == MESSAGES:  # Anthropic's envelope has no param
+                assert error["type"] == "invalid_request_error"
+            else:
+                assert error["param"] == param
+            assert not h.coordinator.submitted
+
+    run(body, timeout=240)

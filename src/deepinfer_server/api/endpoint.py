@@ -110,7 +110,7 @@ async def serve_generation(request: Request, protocol: GenerationProtocol) -> Re
     config = state.config
     request_id: str = request.state.request_id
     arrival = time.perf_counter()
-    received = await read_json_body(request, config)
+    received = await read_json_body(request, config, state.receiving)
     raw, body = received.raw, received.value
     session = None if protocol.open_session is None else await protocol.open_session(request, body)
     prepare = protocol.prepare if session is None else session.prepare

@@ -285,6 +285,29 @@ class ServerConfig:
         "(default: %(default)s)",
         type=int,
     )
+    max_header_bytes: int = option(
+        64 * 1024,
+        "--max-header-bytes",
+        help="largest request head (request line and headers) accepted; larger ones get 431 "
+        "(default: %(default)s)",
+        type=int,
+    )
+    max_header_line_bytes: int = option(
+        8 * 1024,
+        "--max-header-line-bytes",
+        help="longest request line or header line accepted, its CRLF included, as nginx's "
+        "large_client_header_buffers; a longer header gets 431, a longer request line 414 "
+        "(default: %(default)s)",
+        type=int,
+    )
+    max_receive_buffer_mb: int = option(
+        256,
+        "--max-receive-buffer-mb",
+        help="memory in MiB the requests still being received (their headers and bodies) may "
+        "hold in each API server process; past it new ones get 503 with Retry-After "
+        "(default: %(default)s)",
+        type=int,
+    )
     disable_access_log: bool = option(
         False, "--disable-access-log", help="do not log one line per request", action="store_true"
     )

@@ -84,6 +84,9 @@ class ResolvedConfig:
     header_timeout: float
     write_timeout: float
     max_connections: int
+    max_header_bytes: int
+    max_header_line_bytes: int
+    max_receive_buffer_mb: int
     access_log: bool = field(metadata=DERIVED)
     log_requests: bool
     log_level: str
@@ -205,6 +208,18 @@ def _check_ranges(config: ServerConfig, max_model_len: int) -> None:
         raise ConfigError(f"--api-server-count must be at least 1, got {config.api_server_count}")
     if config.max_connections < 1:
         raise ConfigError(f"--max-connections must be at least 1, got {config.max_connections}")
+    if (
+        config.max_header_line_bytes < 1024
+        or config.max_header_bytes < config.max_header_line_bytes
+    ):
+        raise ConfigError(
+            "--max-header-line-bytes must be at least 1024 and --max-header-bytes at least as "
+            f"large (got {config.max_header_line_bytes} and {config.max_header_bytes})"
+        )
+    if config.max_receive_buffer_mb < 1:
+        raise ConfigError(
+            f"--max-receive-buffer-mb must be at least 1, got {config.max_receive_buffer_mb}"
+        )
     if config.response_store_max_mb < 1:
         raise ConfigError(
             f"--response-store-max-mb must be at least 1, got {config.response_store_max_mb}"

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import Literal
+from typing import Any, Literal
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +35,13 @@ STARTUP_TIMEOUT_S = 180.0
 _PR_SET_PDEATHSIG = 1
 
 Outcome = Literal["ok", "invalid", "memory", "timeout", "died"]
+
+
+#: Why a grammar that allows no text at all is invalid.
+NO_TEXT = (
+    "it matches no text: no token can start it (a rule that only refers to itself, "
+    'as {"$ref": "#"} is)'
+)
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,17 @@ def _status_kib(field: str) -> int:
     return 0
 
 
+def _admits_text(xgr: Any, compiled: Any) -> bool:
+    """Whether the grammar allows a first token (the stop token, for an empty text). One that
+    allows none, as `{"$ref": "#"}` (`root ::= root`), matches no text: an engine's sampler
+    would then draw from a mask of nothing, and DeepInfer ends the request when its matcher
+    rejects that token (or, in thinking mode, once the reasoning ends)."""
+    matcher = xgr.GrammarMatcher(compiled)
+    bitmask = xgr.allocate_token_bitmask(1, compiled.tokenizer_info.vocab_size)
+    matcher.fill_next_token_bitmask(bitmask)
+    return bool(bitmask.any())
+
+
 def _worker_main(
     connection: Connection, tokenizer_json: str, vocab_size: int | None, limits: WorkerLimits
 ) -> None:
@@ -96,8 +114,11 @@ def _worker_main(
                 compiled = compiler.compile_regex(schema)
             else:
                 compiled = compiler.compile_grammar(schema)
-            text = compiled.serialize_json() if serialize else None
-            outcome = CompileOutcome("ok", "", int(compiled.memory_size_bytes), text)
+            if not _admits_text(xgr, compiled):
+                outcome = CompileOutcome("invalid", NO_TEXT)
+            else:
+                text = compiled.serialize_json() if serialize else None
+                outcome = CompileOutcome("ok", "", int(compiled.memory_size_bytes), text)
             del compiled
         except MemoryError:
             outcome = CompileOutcome("memory")

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
 import prometheus_client
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -278,6 +278,16 @@ class ServerMetrics:
     ) -> None:
         """Expose the per-rank gauges and health from these callables."""
         self.registry.register(_RankGauges(self.model_name, rank_loads, healthy))
+
+    def watch_receive_buffer(self, used: Callable[[], float]) -> None:
+        """Expose the bytes held by requests still being received, read from `used`."""
+        gauge = Gauge(
+            PREFIX + "receive_buffer_bytes",
+            "Bytes held by requests still being received (heads and bodies).",
+            ["model_name"],
+            registry=self.registry,
+        )
+        gauge.labels(self.model_name).set_function(used)
 
     def observe_step(self, rank: int, seconds: float) -> None:
         self.step_seconds.labels(self.model_name, str(rank)).observe(seconds)
