@@ -7,19 +7,35 @@ import sqlite3
 from pathlib import Path
 
 from deepinfer_server.errors import ConfigError
+from deepinfer_server.store.database import Database
 from deepinfer_server.store.sql import SCHEMA, ResponseStore
 from deepinfer_server.store.sqlite import SqliteDatabase
 
 
-def open_store(url: str, *, ttl: float, max_bytes: int) -> ResponseStore:
-    """The store at `url` (not connected yet: `await store.open()`)."""
+def open_store(
+    url: str,
+    *,
+    ttl: float,
+    max_bytes: int,
+    scope_max_bytes: int | None = None,
+    response_max_bytes: int | None = None,
+) -> ResponseStore:
+    """The store at `url` (not connected yet: `await store.open()`); the limits as
+    `ResponseStore` takes them."""
+    database: Database
     if url.startswith("sqlite://"):
-        return ResponseStore(
-            SqliteDatabase(Path(url.removeprefix("sqlite://"))), ttl=ttl, max_bytes=max_bytes
-        )
-    from deepinfer_server.store.postgres import PostgresDatabase  # the optional extra
+        database = SqliteDatabase(Path(url.removeprefix("sqlite://")))
+    else:
+        from deepinfer_server.store.postgres import PostgresDatabase  # the optional extra
 
-    return ResponseStore(PostgresDatabase(url), ttl=ttl, max_bytes=max_bytes)
+        database = PostgresDatabase(url)
+    return ResponseStore(
+        database,
+        ttl=ttl,
+        max_bytes=max_bytes,
+        scope_max_bytes=scope_max_bytes,
+        response_max_bytes=response_max_bytes,
+    )
 
 
 def check_store(url: str) -> None:

@@ -5,8 +5,13 @@ object, the response it continues) and `items` (every input and output item of a
 position: inputs first, then outputs), plus `store_meta` (the schema version and the salt of the
 scope hashes). A conversation continued with `previous_response_id` is a chain of responses;
 its items are read back by walking the chain (a recursive query), so no response repeats its
-ancestors' items. Rows older than the time to live are never read and are deleted by `evict()`,
-which also deletes the oldest responses while the stored bytes exceed the size cap.
+ancestors' items. Rows older than the time to live are never read and are deleted by `evict()`.
+
+Sizes are kept per scope (one API key's responses): `evict()` deletes a scope's oldest responses
+while that scope holds more than its cap, so one key's traffic never evicts another's; the whole
+store's cap is a backstop that evicts fairly, from the scopes holding the most (each is cut down
+to one common level, the largest at which the store fits). `save()` refuses a response larger
+than the cap of one response (`ResponseTooLarge`) before it writes anything.
 
 Every write is one short transaction. Database failures surface as `StoreUnavailableError`
 (503) for the request that needed the store, and nothing else.
@@ -69,11 +74,12 @@ WITH RECURSIVE chain(id, previous_response_id, depth) AS (
 SELECT id, previous_response_id, depth FROM chain ORDER BY depth DESC
 """
 
-#: The newest response past which the stored bytes exceed the cap (it and older ones go).
+#: The newest response of a scope past which its stored bytes exceed a cap (it and older
+#: ones go).
 _SIZE_CUTOFF = """
 SELECT created_at, id FROM (
     SELECT created_at, id, SUM(bytes) OVER (ORDER BY created_at DESC, id DESC) AS newer
-    FROM responses
+    FROM responses WHERE scope = ?
 ) AS ranked WHERE newer > ? ORDER BY created_at DESC, id DESC LIMIT 1
 """
 
@@ -86,17 +92,41 @@ class BrokenHistory(Exception):
         self.missing = missing
 
 
+class ResponseTooLarge(Exception):
+    """A response (its object and items as JSON) larger than the store keeps for one."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"{size} bytes, over the limit of {limit}")
+        self.size = size
+        self.limit = limit
+
+
 class ResponseStore:
     """The stored responses of every API server process (and replica) that shares `database`.
 
-    `ttl` (seconds): responses older than this are neither read nor kept; `max_bytes`: past
-    this many stored bytes (response objects and items as JSON), `evict()` deletes the oldest.
+    Sizes count response objects and items as JSON. `ttl` (seconds): responses older than this
+    are neither read nor kept; `max_bytes`: the whole store's cap; `scope_max_bytes`: one
+    scope's cap (default: the whole store's); `response_max_bytes`: the largest response
+    stored (default: a scope's cap). Past a cap, `evict()` deletes the oldest (module
+    docstring).
     """
 
-    def __init__(self, database: Database, *, ttl: float, max_bytes: int) -> None:
+    def __init__(
+        self,
+        database: Database,
+        *,
+        ttl: float,
+        max_bytes: int,
+        scope_max_bytes: int | None = None,
+        response_max_bytes: int | None = None,
+    ) -> None:
         self._db = database
         self.ttl = ttl
         self.max_bytes = max_bytes
+        self.scope_max_bytes = max_bytes if scope_max_bytes is None else scope_max_bytes
+        self.response_max_bytes = (
+            self.scope_max_bytes if response_max_bytes is None else response_max_bytes
+        )
         self._ready = False
         self._salt: bytes | None = None
 
@@ -121,8 +151,14 @@ class ResponseStore:
                 self._salt = await self._read_salt()
         return self._salt
 
+    def check_size(self, size: int) -> None:
+        """Raise ResponseTooLarge when a response of `size` bytes would not be stored."""
+        if size > self.response_max_bytes:
+            raise ResponseTooLarge(size, self.response_max_bytes)
+
     async def save(self, response: NewResponse) -> None:
-        """Store a finished response and its items (one transaction)."""
+        """Store a finished response and its items (one transaction); ResponseTooLarge, with
+        nothing written, past the cap of one response."""
         body = orjson.dumps(response.body).decode()
         inputs = [orjson.dumps(item).decode() for item in response.input_items]
         outputs = [orjson.dumps(item).decode() for item in _output_items(response.body)]
@@ -137,6 +173,7 @@ class ResponseStore:
             )
         ]
         size = len(body) + sum(len(text) for text in inputs) + sum(len(text) for text in outputs)
+        self.check_size(size)
         steps = [
             Step(
                 "INSERT INTO responses (id, scope, created_at, previous_response_id, "
@@ -283,15 +320,22 @@ class ResponseStore:
         return changed[-1] > 0
 
     async def evict(self) -> int:
-        """Delete expired responses, then the oldest while the store exceeds its size cap;
-        the number of responses deleted."""
+        """Delete expired responses, then each scope's oldest while it exceeds its cap (the
+        scope's own, or the level the whole store's cap sets, `fair_level`); the number of
+        responses deleted."""
         async with self._failures("evict old responses"):
             await self._prepare()
             deleted = await self._delete_before(self._oldest(), None)
-            cutoff = await self._db.fetch(_SIZE_CUTOFF, (self.max_bytes,))
-            if cutoff:
-                created_at, last = cutoff[0]
-                deleted += await self._delete_before(float(created_at), str(last))
+            rows = await self._db.fetch(
+                "SELECT scope, SUM(bytes) FROM responses GROUP BY scope", ()
+            )
+            usage = {str(scope): int(size) for scope, size in rows}
+            level = min(self.scope_max_bytes, fair_level(usage, self.max_bytes))
+            for scope in sorted(scope for scope, size in usage.items() if size > level):
+                cutoff = await self._db.fetch(_SIZE_CUTOFF, (scope, level))
+                if cutoff:
+                    created_at, last = cutoff[0]
+                    deleted += await self._delete_before(float(created_at), str(last), scope)
         if deleted:
             logger.info("response store: evicted %d response(s)", deleted)
         return deleted
@@ -304,14 +348,19 @@ class ResponseStore:
                 await self.evict()
             await asyncio.sleep(interval)
 
-    async def _delete_before(self, created_at: float, last: str | None) -> int:
+    async def _delete_before(
+        self, created_at: float, last: str | None, scope: str | None = None
+    ) -> int:
         """Delete responses older than `created_at` (and, with `last`, those created at that
-        time whose ID sorts up to `last`)."""
+        time whose ID sorts up to `last`), of one scope or of all."""
         where = "created_at < ?"
         params: tuple[Any, ...] = (created_at,)
         if last is not None:
             where += " OR (created_at = ? AND id <= ?)"
             params = (created_at, created_at, last)
+        if scope is not None:
+            where = f"scope = ? AND ({where})"
+            params = (scope, *params)
         items = f"DELETE FROM items WHERE response_id IN (SELECT id FROM responses WHERE {where})"
         changed = await self._db.write(
             [Step(items, params), Step(f"DELETE FROM responses WHERE {where}", params)]
@@ -369,6 +418,20 @@ class ResponseStore:
                 exc,
             )
             raise StoreUnavailableError() from exc
+
+
+def fair_level(usage: dict[str, int], cap: int) -> int:
+    """The largest size each scope may keep so that the store fits in `cap` (scopes below it
+    keep everything; those above are cut down to it): the fair share of the backstop."""
+    if sum(usage.values()) <= cap:
+        return max(usage.values(), default=0)
+    remaining, sizes = cap, sorted(usage.values())
+    for index, size in enumerate(sizes):
+        share = remaining // (len(sizes) - index)
+        if size > share:
+            return share
+        remaining -= size
+    return sizes[-1]
 
 
 def _output_items(body: dict[str, Any]) -> list[Item]:
