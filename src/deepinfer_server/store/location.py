@@ -39,9 +39,10 @@ def open_store(
 
 
 def check_store(url: str) -> None:
-    """Before anything starts: an SQLite store's file can be created and written (ConfigError
-    saying what to change otherwise). A PostgreSQL store is not checked: a database that is down
-    fails only the requests that need it, until it is back."""
+    """Before anything starts: an SQLite store's file can be created and written, and is not
+    damaged (SQLite's `quick_check`); ConfigError saying what to change otherwise. A PostgreSQL
+    store is not checked: a database that is down fails only the requests that need it, until
+    it is back."""
     if not url.startswith("sqlite://"):
         return
     path = Path(url.removeprefix("sqlite://"))
@@ -49,11 +50,20 @@ def check_store(url: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         with sqlite3.connect(path, timeout=5) as connection:
             connection.execute("PRAGMA journal_mode = WAL")
+            problems = [row[0] for row in connection.execute("PRAGMA quick_check(5)")]
+            if problems != ["ok"]:
+                raise sqlite3.DatabaseError("; ".join(problems))
             for statement in SCHEMA:
                 connection.execute(statement)
         connection.close()
-    except (OSError, sqlite3.Error) as exc:
+    except (OSError, sqlite3.OperationalError) as exc:
         raise ConfigError(
             f"cannot open the response store {path}: {exc} (choose a writable --state-dir, "
             "another --response-store, or --response-store none)"
+        ) from exc
+    except sqlite3.Error as exc:  # what is left: a damaged file (CORRUPT, NOTADB)
+        raise ConfigError(
+            f"the response store {path} is damaged ({exc}): restore it from a backup, or "
+            "move it away to start with an empty store (or choose another --response-store, "
+            "or --response-store none)"
         ) from exc

@@ -129,14 +129,22 @@ class ResponseStore:
         )
         self._ready = False
         self._salt: bytes | None = None
+        #: The last failure of a read and of a write, until one of the same kind succeeds.
+        self._failing: dict[str, str] = {}
 
     @property
     def description(self) -> str:
         return self._db.description
 
+    @property
+    def failure(self) -> str | None:
+        """Why the store is degraded (its last read or write failed, and none of the same kind
+        has succeeded since), or None."""
+        return "; ".join(self._failing[kind] for kind in sorted(self._failing)) or None
+
     async def open(self) -> None:
         """Connect and create the schema (raises StoreUnavailableError when it cannot)."""
-        async with self._failures("open"):
+        async with self._failures("open", write=True):
             await self._prepare()
 
     async def close(self) -> None:
@@ -198,7 +206,7 @@ class ResponseStore:
                     many=True,
                 )
             )
-        async with self._failures("store a response"):
+        async with self._failures("store a response", write=True):
             await self._prepare()
             await self._db.write(steps)
 
@@ -302,10 +310,11 @@ class ResponseStore:
 
     async def delete(self, scope: str, response_id: str) -> bool:
         """Delete the response and its items; False when it is not stored for this scope."""
-        async with self._failures("delete a response"):
+        async with self._failures("delete a response", write=True):
             await self._prepare()
             changed = await self._db.write(
-                [
+                frees=True,
+                steps=[
                     Step(
                         "DELETE FROM items WHERE response_id IN (SELECT id FROM responses "
                         "WHERE id = ? AND scope = ? AND created_at >= ?)",
@@ -315,7 +324,7 @@ class ResponseStore:
                         "DELETE FROM responses WHERE id = ? AND scope = ? AND created_at >= ?",
                         (response_id, scope, self._oldest()),
                     ),
-                ]
+                ],
             )
         return changed[-1] > 0
 
@@ -323,7 +332,7 @@ class ResponseStore:
         """Delete expired responses, then each scope's oldest while it exceeds its cap (the
         scope's own, or the level the whole store's cap sets, `fair_level`); the number of
         responses deleted."""
-        async with self._failures("evict old responses"):
+        async with self._failures("evict old responses", write=True):
             await self._prepare()
             deleted = await self._delete_before(self._oldest(), None)
             rows = await self._db.fetch(
@@ -363,7 +372,8 @@ class ResponseStore:
             params = (scope, *params)
         items = f"DELETE FROM items WHERE response_id IN (SELECT id FROM responses WHERE {where})"
         changed = await self._db.write(
-            [Step(items, params), Step(f"DELETE FROM responses WHERE {where}", params)]
+            [Step(items, params), Step(f"DELETE FROM responses WHERE {where}", params)],
+            frees=True,
         )
         return changed[-1]
 
@@ -405,11 +415,15 @@ class ResponseStore:
         return bytes.fromhex(rows[0][0])
 
     @contextlib.asynccontextmanager
-    async def _failures(self, doing: str) -> AsyncIterator[None]:
-        """Database failures as StoreUnavailableError (logged once here)."""
+    async def _failures(self, doing: str, *, write: bool = False) -> AsyncIterator[None]:
+        """Database failures as StoreUnavailableError (logged once here), remembered as the
+        store's `failure` until a call of the same kind succeeds."""
+        kind = "write" if write else "read"
         try:
             yield
         except self._db.errors as exc:
+            # The exception's text goes to the log only: /health shows the reason to anyone.
+            self._failing[kind] = f"cannot {doing} ({type(exc).__name__})"
             logger.warning(
                 "response store %s: cannot %s: %s: %s",
                 self._db.description,
@@ -418,6 +432,7 @@ class ResponseStore:
                 exc,
             )
             raise StoreUnavailableError() from exc
+        self._failing.pop(kind, None)
 
 
 def fair_level(usage: dict[str, int], cap: int) -> int:
