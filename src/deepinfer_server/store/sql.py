@@ -24,18 +24,22 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from typing import Any, Literal
 
 import orjson
 
 from deepinfer_server.errors import StoreUnavailableError
+from deepinfer_server.store import blobs
 from deepinfer_server.store.database import Database, Step
 from deepinfer_server.store.records import Item, ItemPage, NewResponse, StoredResponse
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
+#: Versions this server opens and brings to SCHEMA_VERSION (2 added the image blobs: a version 1
+#: store has none, and its tables are unchanged).
+_UPGRADES = frozenset({"1"})
 #: The deepest `previous_response_id` chain read back (a guard; chains are acyclic).
 MAX_CHAIN = 100_000
 
@@ -60,6 +64,24 @@ SCHEMA = (
         PRIMARY KEY (response_id, position)
     )""",
     "CREATE INDEX IF NOT EXISTS items_by_id ON items (scope, item_id)",
+    """CREATE TABLE IF NOT EXISTS blobs (
+        scope TEXT NOT NULL,
+        hash TEXT NOT NULL,
+        data TEXT NOT NULL,
+        PRIMARY KEY (scope, hash)
+    )""",
+    """CREATE TABLE IF NOT EXISTS response_blobs (
+        response_id TEXT NOT NULL,
+        scope TEXT NOT NULL,
+        hash TEXT NOT NULL,
+        PRIMARY KEY (response_id, hash)
+    )""",
+    "CREATE INDEX IF NOT EXISTS response_blobs_by_hash ON response_blobs (scope, hash)",
+)
+#: Blobs no stored response refers to any more.
+_ORPHAN_BLOBS = (
+    "DELETE FROM blobs WHERE NOT EXISTS (SELECT 1 FROM response_blobs r "
+    "WHERE r.scope = blobs.scope AND r.hash = blobs.hash)"
 )
 
 _CHAIN = """
@@ -168,7 +190,10 @@ class ResponseStore:
         """Store a finished response and its items (one transaction); ResponseTooLarge, with
         nothing written, past the cap of one response."""
         body = orjson.dumps(response.body).decode()
-        inputs = [orjson.dumps(item).decode() for item in response.input_items]
+        images: dict[str, str] = {}
+        inputs = [
+            orjson.dumps(blobs.extract(item, images)).decode() for item in response.input_items
+        ]
         outputs = [orjson.dumps(item).decode() for item in _output_items(response.body)]
         rows = [
             (response.id, position, str(item.get("id", "")), response.scope, text)
@@ -181,7 +206,12 @@ class ResponseStore:
             )
         ]
         size = len(body) + sum(len(text) for text in inputs) + sum(len(text) for text in outputs)
-        self.check_size(size)
+        self.check_size(size + sum(len(data) for data in images.values()))
+        async with self._failures("store a response", write=True):
+            await self._prepare()
+            stored = await self._stored_blobs(response.scope, images)
+        # A blob counts once in its scope: in the response that stored it first.
+        size += sum(len(data) for digest, data in images.items() if digest not in stored)
         steps = [
             Step(
                 "INSERT INTO responses (id, scope, created_at, previous_response_id, "
@@ -206,9 +236,45 @@ class ResponseStore:
                     many=True,
                 )
             )
+        if images:
+            steps += [
+                Step(
+                    "INSERT INTO blobs (scope, hash, data) VALUES (?, ?, ?) "
+                    "ON CONFLICT (scope, hash) DO NOTHING",
+                    [(response.scope, digest, data) for digest, data in images.items()],
+                    many=True,
+                ),
+                Step(
+                    "INSERT INTO response_blobs (response_id, scope, hash) VALUES (?, ?, ?)",
+                    [(response.id, response.scope, digest) for digest in images],
+                    many=True,
+                ),
+            ]
         async with self._failures("store a response", write=True):
-            await self._prepare()
             await self._db.write(steps)
+
+    async def _stored_blobs(self, scope: str, wanted: Collection[str]) -> dict[str, str]:
+        """The blobs of this scope with these hashes that are stored (by hash)."""
+        if not wanted:
+            return {}
+        ordered = sorted(wanted)
+        rows = await self._db.fetch(
+            "SELECT hash, data FROM blobs WHERE scope = ? AND hash IN ("
+            + ", ".join("?" * len(ordered))
+            + ")",
+            (scope, *ordered),
+        )
+        return {str(digest): str(data) for digest, data in rows}
+
+    async def _inflated(self, scope: str, items: list[Item]) -> list[Item]:
+        """The items with their images' data URLs back in place of references."""
+        wanted: set[str] = set()
+        for item in items:
+            blobs.references(item, wanted)
+        if not wanted:
+            return items
+        found = await self._stored_blobs(scope, wanted)
+        return [blobs.inflate(item, found) for item in items]
 
     async def response(self, scope: str, response_id: str) -> StoredResponse | None:
         """The response, or None when it is not stored for this scope (or expired)."""
@@ -247,9 +313,9 @@ class ResponseStore:
                 + ") ORDER BY response_id, position",
                 ids,
             )
-        order = {found: index for index, found in enumerate(ids)}
-        rows.sort(key=lambda row: (order[row[0]], row[1]))
-        return [orjson.loads(row[2]) for row in rows]
+            order = {found: index for index, found in enumerate(ids)}
+            rows.sort(key=lambda row: (order[row[0]], row[1]))
+            return await self._inflated(scope, [orjson.loads(row[2]) for row in rows])
 
     async def items(self, scope: str, item_ids: Sequence[str]) -> dict[str, Item]:
         """The stored items with these IDs (inputs or outputs of unexpired responses of this
@@ -266,7 +332,9 @@ class ResponseStore:
                 + ") ORDER BY r.created_at, i.position",
                 (scope, self._oldest(), *wanted),
             )
-        return {item_id: orjson.loads(body) for item_id, body in rows}
+            found = {item_id: orjson.loads(body) for item_id, body in rows}
+            inflated = await self._inflated(scope, list(found.values()))
+        return dict(zip(found, inflated, strict=True))
 
     async def input_items(
         self,
@@ -305,7 +373,7 @@ class ResponseStore:
                 f"ORDER BY position {direction} LIMIT ?",
                 (response_id, low, high, limit + 1),
             )
-        items = [orjson.loads(row[0]) for row in rows[:limit]]
+            items = await self._inflated(scope, [orjson.loads(row[0]) for row in rows[:limit]])
         return ItemPage(items, has_more=len(rows) > limit)
 
     async def delete(self, scope: str, response_id: str) -> bool:
@@ -321,12 +389,18 @@ class ResponseStore:
                         (response_id, scope, self._oldest()),
                     ),
                     Step(
+                        "DELETE FROM response_blobs WHERE response_id IN (SELECT id FROM "
+                        "responses WHERE id = ? AND scope = ? AND created_at >= ?)",
+                        (response_id, scope, self._oldest()),
+                    ),
+                    Step(
                         "DELETE FROM responses WHERE id = ? AND scope = ? AND created_at >= ?",
                         (response_id, scope, self._oldest()),
                     ),
+                    Step(_ORPHAN_BLOBS),
                 ],
             )
-        return changed[-1] > 0
+        return changed[-2] > 0
 
     async def evict(self) -> int:
         """Delete expired responses, then each scope's oldest while it exceeds its cap (the
@@ -370,12 +444,17 @@ class ResponseStore:
         if scope is not None:
             where = f"scope = ? AND ({where})"
             params = (scope, *params)
-        items = f"DELETE FROM items WHERE response_id IN (SELECT id FROM responses WHERE {where})"
+        owned = f"response_id IN (SELECT id FROM responses WHERE {where})"
         changed = await self._db.write(
-            [Step(items, params), Step(f"DELETE FROM responses WHERE {where}", params)],
+            [
+                Step(f"DELETE FROM items WHERE {owned}", params),
+                Step(f"DELETE FROM response_blobs WHERE {owned}", params),
+                Step(f"DELETE FROM responses WHERE {where}", params),
+                Step(_ORPHAN_BLOBS),
+            ],
             frees=True,
         )
-        return changed[-1]
+        return changed[-2]
 
     def _oldest(self) -> float:
         """The creation time of the oldest response still alive."""
@@ -398,6 +477,16 @@ class ResponseStore:
                     "DO NOTHING",
                     ("scope_salt", secrets.token_hex(32)),
                 ),
+            ]
+        )
+        await self._db.write(
+            [
+                Step(
+                    "UPDATE store_meta SET value = ? WHERE name = ? AND value IN ("
+                    + ", ".join("?" * len(_UPGRADES))
+                    + ")",
+                    (SCHEMA_VERSION, "schema_version", *sorted(_UPGRADES)),
+                )
             ]
         )
         version = await self._db.fetch(

@@ -15,6 +15,7 @@ import pytest
 from deepinfer_server.config.response_store import parse_duration, store_url
 from deepinfer_server.errors import ConfigError, StoreUnavailableError
 from deepinfer_server.store import BrokenHistory, ResponseStore, ResponseTooLarge
+from deepinfer_server.store.database import Step
 from deepinfer_server.store.location import check_store, open_store
 from deepinfer_server.store.records import NewResponse
 from deepinfer_server.store.sql import fair_level
@@ -285,6 +286,69 @@ def test_a_response_past_the_cap_of_one_is_refused_unwritten(
         await store.save(response("resp_small", [message("u", "x" * 5_000)], []))
 
     run_with_store(store_url_of(), body, response_max_bytes=10_000)
+
+
+def image_message(item_id: str, url: str) -> dict[str, Any]:
+    return {
+        "type": "message",
+        "id": item_id,
+        "role": "user",
+        "content": [
+            {"type": "input_text", "text": "what is it?"},
+            {"type": "input_image", "image_url": url},
+        ],
+    }
+
+
+def test_an_inline_image_is_kept_once_per_scope(store_url_of: Callable[[], str]) -> None:
+    """Three turns resending one 300 KB image store it once (and count it once); every read
+    gives the data URL back; another key's copy is its own; the last delete frees it."""
+    url = "data:image/png;base64," + "A" * 300_000
+
+    async def body(store: ResponseStore) -> None:
+        for turn in range(3):
+            inputs = [image_message(f"u{turn}", url)]
+            await store.save(response(f"resp_{turn}", inputs, [], scope="k1"))
+        await store.save(response("resp_other", [image_message("o", url)], [], scope="k2"))
+        db = store._db
+        assert await db.fetch(
+            "SELECT scope, COUNT(*) FROM blobs GROUP BY scope ORDER BY scope"
+        ) == [
+            ("k1", 1),
+            ("k2", 1),
+        ]
+        (total,) = (await db.fetch("SELECT SUM(bytes) FROM responses WHERE scope = 'k1'"))[0]
+        assert 300_000 < int(total) < 310_000
+        page = await store.input_items("k1", "resp_2")
+        assert page is not None and page.items == [image_message("u2", url)]
+        assert await store.history("k1", "resp_1") == [image_message("u1", url)]
+        assert await store.items("k1", ["u0"]) == {"u0": image_message("u0", url)}
+        assert await store.items("k2", ["u0"]) == {}
+        for turn in range(3):
+            assert await store.delete("k1", f"resp_{turn}")
+        assert await db.fetch("SELECT scope FROM blobs") == [("k2",)]
+
+    run_with_store(store_url_of(), body)
+
+
+def test_a_version_1_store_is_brought_to_version_2(store_url_of: Callable[[], str]) -> None:
+    url = store_url_of()
+
+    async def downgrade(store: ResponseStore) -> None:
+        await store.save(response("resp_old", [message("u", "hi")], []))
+        await store._db.write(
+            [Step("UPDATE store_meta SET value = '1' WHERE name = 'schema_version'")]
+        )
+
+    async def reopen(store: ResponseStore) -> None:
+        assert await store.response("none", "resp_old") is not None
+        version = await store._db.fetch(
+            "SELECT value FROM store_meta WHERE name = 'schema_version'"
+        )
+        assert version == [("2",)]
+
+    run_with_store(url, downgrade)
+    run_with_store(url, reopen)
 
 
 def test_the_scope_salt_is_made_once_per_store(store_url_of: Callable[[], str]) -> None:
