@@ -264,6 +264,41 @@ def test_another_api_key_sees_nothing(tmp_path: Path) -> None:
     run_stored(tmp_path, test, "--api-key", KEY_A, "--api-key", KEY_B)
 
 
+def test_another_key_storing_past_the_caps_never_evicts_mine(tmp_path: Path) -> None:
+    """The issue's case: with a 1 MiB store, key B storing 40 responses of 40 KB evicts only
+    its own oldest; key A's response stays readable."""
+
+    async def body() -> None:
+        store = open_store(
+            f"sqlite://{tmp_path / 'responses.sqlite3'}",
+            ttl=3600,
+            max_bytes=2**20,
+            scope_max_bytes=2**19,
+        )
+        await store.open()
+        try:
+            keys = ("--api-key", KEY_A, "--api-key", KEY_B, "--max-model-len", "16384")
+            async with (
+                serve(*keys, store=store) as h,
+                h.openai(KEY_A) as mine,
+                h.openai(KEY_B) as theirs,
+            ):
+                kept = await mine.responses.create(model=MODEL, input="keep me")
+                flood = [
+                    await theirs.responses.create(model=MODEL, input="x" * 40_000)
+                    for _ in range(40)
+                ]
+                assert await store.evict() > 0
+                assert (await mine.responses.retrieve(kept.id)).id == kept.id
+                assert (await theirs.responses.retrieve(flood[-1].id)).id == flood[-1].id
+                with pytest.raises(openai.NotFoundError):
+                    await theirs.responses.retrieve(flood[0].id)
+        finally:
+            await store.close()
+
+    run(body)
+
+
 def test_delete_then_it_is_gone(tmp_path: Path) -> None:
     async def test(h: Harness) -> None:
         created = (await h.client.post(RESPONSES, json={"model": MODEL, "input": "hi"})).json()
