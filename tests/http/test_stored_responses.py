@@ -476,6 +476,14 @@ def test_an_input_past_the_cap_of_one_response_is_a_400_before_generation(
                 assert h.coordinator.admitted == 0
                 unstored = await h.client.post(RESPONSES, json={**big, "store": False})
                 assert unstored.status_code == 200
+            # An answer that takes the response past the cap: told after generation, a 400.
+            async with serve(store=store, script=Script("word " * 3000)) as h:
+                told = await h.client.post(RESPONSES, json={"model": MODEL, "input": "hi"})
+                assert told.status_code == 400, told.text
+                assert "generated but not stored" in told.json()["error"]["message"]
+                await h.state.wait_background(5)
+                assert _store_writes(h) == {"stored": 0.0, "failed": 1.0}
+                assert (await h.client.get("/health")).json() == {"status": "ok"}
         finally:
             await store.close()
 

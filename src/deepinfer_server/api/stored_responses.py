@@ -12,9 +12,10 @@ answers it.
 A response asked to be stored (`store: true`, the default) is stored or the client is told: a
 write that fails, or is not done within `WRITE_WAIT` (longer than the store's own bounds on a
 locked or unreachable database), is a 503 `response_store_unavailable` in place of the JSON body,
-and an `error` event of that code in place of a stream's terminal event; it is logged and
-counted (`response_store_writes{result="failed"}`). A request whose own input alone is past the
-cap of one stored response is refused with a 400 before it reaches the engine.
+and an `error` event of that code in place of a stream's terminal event (a response past the cap
+of one: a 400 the same way); it is logged and counted (`response_store_writes{result="failed"}`).
+A request whose own input alone is past the cap of one stored response is refused with a 400
+before it reaches the engine.
 
 Scope: the API key the request authenticated with, as an HMAC under the store's salt (the key is
 never stored), or "none" on a server without `--api-key`. A stored object read in another scope
@@ -193,12 +194,13 @@ class StoredSession:
                 "'store': false"
             )
         failure = write.exception()
-        if isinstance(failure, ResponseTooLarge):
-            raise StoreUnavailableError(
+        if isinstance(failure, ResponseTooLarge):  # a 400: the same request would fail again
+            raise BadRequestError(
                 f"the response was generated but not stored: {failure.size} bytes, more than "
                 f"this server stores for one response ({failure.limit} bytes, "
                 "--response-store-max-response-mb); ask for a shorter answer or send "
-                "'store': false"
+                "'store': false",
+                param="store",
             )
         if failure is not None:
             raise StoreUnavailableError(

@@ -207,7 +207,7 @@ class ResponseStore:
         ]
         size = len(body) + sum(len(text) for text in inputs) + sum(len(text) for text in outputs)
         self.check_size(size + sum(len(data) for data in images.values()))
-        async with self._failures("store a response", write=True):
+        async with self._failures("read stored images"):
             await self._prepare()
             stored = await self._stored_blobs(response.scope, images)
         # A blob counts once in its scope: in the response that stored it first.
