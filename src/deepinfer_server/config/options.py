@@ -203,8 +203,24 @@ class ServerConfig:
     response_store_max_mb: int = option(
         1024,
         "--response-store-max-mb",
-        help="size cap of the stored responses (their JSON) in MiB; past it the oldest are "
-        "deleted (default: %(default)s)",
+        help="size cap of the whole store (responses and items as JSON) in MiB; past it the "
+        "oldest responses of the API keys storing the most are deleted (default: %(default)s)",
+        type=int,
+    )
+    response_store_key_max_mb: int = option(
+        256,
+        "--response-store-key-max-mb",
+        help="size cap of one API key's stored responses in MiB; past it that key's oldest are "
+        "deleted, never another key's. Without --api-key every request shares one scope, "
+        "capped by --response-store-max-mb only (default: %(default)s)",
+        type=int,
+    )
+    response_store_max_response_mb: int = option(
+        16,
+        "--response-store-max-response-mb",
+        help="the largest response stored, in MiB (its input and output items as JSON): a "
+        "stored request (`store: true`) with a larger input is refused with a 400, a larger "
+        "answer is reported as not stored (default: %(default)s)",
         type=int,
     )
     allowed_origins: tuple[str, ...] = option(

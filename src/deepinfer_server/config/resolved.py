@@ -27,6 +27,7 @@ DEFAULT_SERVED_MODEL_NAME = "deepseek-flash"
 #: DeepInfer 0.1.0's prefill attempt intervals (deepinfer/environ.py:174,177).
 DEFAULT_PREFILL_ATTEMPT_INTERVAL = 70
 DEFAULT_PREFILL_ANY_ATTEMPT_INTERVAL = 100
+MIB = 1024 * 1024
 
 
 #: Metadata of a ResolvedConfig field `resolve()` computes; any other field is its ServerConfig
@@ -100,6 +101,15 @@ class ResolvedConfig:
     response_store: str | None = field(metadata=DERIVED, repr=False)
     response_store_ttl: float = field(metadata=DERIVED)
     response_store_max_bytes: int = field(metadata=DERIVED)
+    #: One API key's cap, at most the store's.
+    response_store_key_max_bytes: int = field(metadata=DERIVED)
+    #: The largest response stored, at most a key's cap.
+    response_store_max_response_bytes: int = field(metadata=DERIVED)
+
+    @property
+    def response_store_scope_max_bytes(self) -> int:
+        """One scope's cap: an API key's, or without API keys (one scope) the store's."""
+        return self.response_store_key_max_bytes if self.api_keys else self.response_store_max_bytes
 
     @property
     def served_model_name(self) -> str:
@@ -220,10 +230,14 @@ def _check_ranges(config: ServerConfig, max_model_len: int) -> None:
         raise ConfigError(
             f"--max-receive-buffer-mb must be at least 1, got {config.max_receive_buffer_mb}"
         )
-    if config.response_store_max_mb < 1:
-        raise ConfigError(
-            f"--response-store-max-mb must be at least 1, got {config.response_store_max_mb}"
-        )
+    store_caps = {
+        "--response-store-max-mb": config.response_store_max_mb,
+        "--response-store-key-max-mb": config.response_store_key_max_mb,
+        "--response-store-max-response-mb": config.response_store_max_response_mb,
+    }
+    for flag, mib in store_caps.items():
+        if mib < 1:
+            raise ConfigError(f"{flag} must be at least 1, got {mib}")
 
 
 def resolve(
@@ -254,6 +268,7 @@ def resolve(
     )
     if any(not key for key in api_keys):
         raise ConfigError("--api-key must not be empty")
+    key_cap = min(config.response_store_key_max_mb, config.response_store_max_mb) * MIB
     state_dir = (
         Path(config.state_dir).expanduser().absolute() if config.state_dir else default_state_dir()
     )
@@ -289,7 +304,9 @@ def resolve(
         state_dir=str(state_dir),
         response_store=store_url(config.response_store, state_dir),
         response_store_ttl=parse_duration("--response-store-ttl", config.response_store_ttl),
-        response_store_max_bytes=config.response_store_max_mb * 1024 * 1024,
+        response_store_max_bytes=config.response_store_max_mb * MIB,
+        response_store_key_max_bytes=key_cap,
+        response_store_max_response_bytes=min(config.response_store_max_response_mb * MIB, key_cap),
     )
 
 

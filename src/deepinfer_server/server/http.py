@@ -127,6 +127,8 @@ async def response_store(
         config.response_store,
         ttl=config.response_store_ttl,
         max_bytes=config.response_store_max_bytes,
+        scope_max_bytes=config.response_store_scope_max_bytes,
+        response_max_bytes=config.response_store_max_response_bytes,
     )
     with contextlib.suppress(StoreUnavailableError):  # logged; the requests that need it: 503
         await store.open()

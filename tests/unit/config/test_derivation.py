@@ -55,6 +55,8 @@ OPTIONS: dict[str, tuple[list[str], Any]] = {
     "response_store": (["--response-store", STORE], STORE),
     "response_store_ttl": (["--response-store-ttl", "12h"], "12h"),
     "response_store_max_mb": (["--response-store-max-mb", "2"], 2),
+    "response_store_key_max_mb": (["--response-store-key-max-mb", "3"], 3),
+    "response_store_max_response_mb": (["--response-store-max-response-mb", "4"], 4),
     "allowed_origins": (["--allowed-origins", "https://a"], ("https://a",)),
     "allowed_methods": (["--allowed-methods", "POST"], ("POST",)),
     "allowed_headers": (["--allowed-headers", "x-h"], ("x-h",)),
@@ -101,6 +103,8 @@ DERIVED = {
     "response_store": STORE,  # store_url(): sqlite paths made absolute, none -> None
     "response_store_ttl": 12 * 3600.0,  # seconds
     "response_store_max_bytes": 2 * 1024 * 1024,  # MiB
+    "response_store_key_max_bytes": 2 * 1024 * 1024,  # MiB, at most the store's cap
+    "response_store_max_response_bytes": 2 * 1024 * 1024,  # MiB, at most a key's cap
 }
 
 CLEARED_VARIABLES = (

@@ -27,6 +27,13 @@ async def health(request: Request) -> Response:
             {"status": "starting", "reason": "not every API server process serves yet"},
             status_code=503,
         )
+    store_failure = None if state.store is None else state.store.failure
+    if store_failure is not None:
+        # Still a 200: the engine serves every request that does not need the store, and a
+        # load balancer that took the server out would fail those too.
+        return JSONResponse(
+            {"status": "degraded", "reason": f"the Responses store fails: {store_failure}"}
+        )
     return JSONResponse({"status": "ok"})
 
 
