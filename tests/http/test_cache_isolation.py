@@ -6,6 +6,7 @@ shares across keys; a bad `cache_salt` is a 400 naming it."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -14,7 +15,8 @@ import openai
 import pytest
 
 from tests.http.engine_harness import EngineHarness, SimulatedEngine, serve_engine
-from tests.http.harness import MODEL, run, serve
+from tests.http.harness import MODEL, Harness, run, serve
+from tests.http.test_stored_responses import run_stored
 
 KEY_1, KEY_2 = "key-one-1", "key-two-2"
 KEYS = ("--api-key", KEY_1, "--api-key", KEY_2)
@@ -261,3 +263,25 @@ def test_the_partition_is_the_keys_scope_and_the_salt_never_the_key() -> None:
             assert value is None or all(key.encode() not in value for key in (KEY_1, KEY_2))
 
     run(body)
+
+
+def test_a_stored_responses_turn_keeps_its_cache_salt(tmp_path: Path) -> None:
+    # The store's session prepares an expanded body of its own: the salt must survive it.
+    async def test(h: Harness) -> None:
+        async with h.openai() as client:
+            first = await client.responses.create(
+                model=MODEL, input="Hello", extra_body={"cache_salt": "s"}
+            )
+            await client.responses.create(
+                model=MODEL,
+                input="Again",
+                previous_response_id=first.id,
+                extra_body={"cache_salt": "s"},
+            )
+            await client.responses.create(
+                model=MODEL, input="Hello", store=False, extra_body={"cache_salt": "s"}
+            )
+        salts = list(h.coordinator.cache_salts.values())
+        assert len(salts) == 3 and salts[0] is not None and len(set(salts)) == 1
+
+    run_stored(tmp_path, test)
