@@ -232,8 +232,12 @@ class PrefixCache:
             if seq.request_id in ids and seq.status == self._status.WAITING
         ]
         result = abort(request_ids)
+        aborted = self._status.FINISHED_ABORTED
         for seq_id in waiting:
-            self._salts.pop(seq_id, None)
+            # Only those the abort reached: one whose grammar still compiles is in no queue yet,
+            # and may yet run (and be kept) before a later abort finds it.
+            if self._salts[seq_id][0].status == aborted:
+                del self._salts[seq_id]
         if self._waiting_forks:
             self._free_aborted_forks(ids)
         return result
