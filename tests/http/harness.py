@@ -76,6 +76,8 @@ class FakeCoordinator:
     closed: list[tuple[str, bool, AbortReason]] = field(default_factory=list)
     handles: dict[str, RequestHandle] = field(default_factory=dict)
     images: dict[str, Images | None] = field(default_factory=dict)
+    #: The prefix-cache partition each request was submitted with.
+    cache_salts: dict[str, bytes | None] = field(default_factory=dict)
     failure: str | None = None
     draining: bool = False
     kv_cache_usage: float | None = None
@@ -110,6 +112,7 @@ class FakeCoordinator:
         sampling: SamplingOptions,
         deadline: float | None,
         images: Images | None = None,
+        cache_salt: bytes | None = None,
     ) -> RequestHandle:
         if self.submit_error is not None:
             raise self.submit_error
@@ -117,6 +120,7 @@ class FakeCoordinator:
             raise OverloadedError("the fake server is at capacity")
         self.submitted.append((request_id, prompt_token_ids, sampling))
         self.images[request_id] = images
+        self.cache_salts[request_id] = cache_salt
         handle = RequestHandle(request_id, 0, self._on_close, deadline)
         handle.context_tokens = len(prompt_token_ids)
         self.handles[request_id] = handle

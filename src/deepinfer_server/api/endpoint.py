@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from deepinfer_server.api.body import read_json_body
+from deepinfer_server.api.cache_partition import cache_partition
 from deepinfer_server.api.disconnect import until_disconnect
 from deepinfer_server.api.error_responses import as_api_error
 from deepinfer_server.api.fan_out import merge_streams, submit_all
@@ -57,6 +58,9 @@ class Prepared(Protocol):
 
     @property
     def images(self) -> Images | None: ...
+
+    @property
+    def cache_salt(self) -> str | None: ...
 
 
 class Choice(Protocol):
@@ -137,6 +141,7 @@ async def serve_generation(request: Request, protocol: GenerationProtocol) -> Re
         # Compiling can take seconds: never on the event loop.
         structured = await asyncio.to_thread(state.structured.compile, choices[0].constraint)
     response_id = f"{protocol.id_prefix}{request_id}" if session is None else session.response_id
+    partition = cache_partition(request, config, choices[0].cache_salt)
 
     def submit(index: int) -> RequestHandle:
         sampling = choices[index].sampling
@@ -148,6 +153,7 @@ async def serve_generation(request: Request, protocol: GenerationProtocol) -> Re
             sampling,
             state.deadline(),
             choices[index].images,
+            cache_salt=partition,
         )
 
     handles = submit_all(submit, len(choices))

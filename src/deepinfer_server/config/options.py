@@ -135,6 +135,17 @@ class ServerConfig:
         "is validated on GPUs)",
         action=argparse.BooleanOptionalAction,
     )
+    prefix_cache_scope: Literal["key", "global"] = option(
+        "key",
+        "--prefix-cache-scope",
+        help="who shares cached prompt prefixes: `key`, only requests authenticated with the "
+        "same API key (another key's request never reuses, nor times, what one key sent); "
+        "`global`, every request, for single-tenant deployments that want reuse across keys "
+        "(a client can then learn whether another key sent a prompt from its cached_tokens "
+        "and latency); either way a request's `cache_salt` keeps it apart from other salts "
+        "(default: %(default)s)",
+        choices=["key", "global"],
+    )
     step_timeout: float = option(
         300.0,
         "--step-timeout",

@@ -66,6 +66,7 @@ class ResolvedConfig:
     prefill_attempt_interval: int = field(metadata=DERIVED)
     prefill_any_attempt_interval: int = field(metadata=DERIVED)
     enable_prefix_caching: bool = field(metadata=DERIVED)
+    prefix_cache_scope: Literal["key", "global"]
     step_timeout: float
     request_timeout: float
     startup_timeout: float

@@ -138,10 +138,11 @@ class RankChannels:
         packed_prompt: bytes,
         sampling: SamplingOptions,
         images: Images | None = None,
+        cache_salt: bytes | None = None,
     ) -> bytes:
         """The framed `AddRequest` for `send_framed_add` (sends nothing); the prompt is packed
         by `ipc.codec.pack_token_ids`."""
-        message = AddRequest(request_id, packed_prompt, sampling, images, self._client)
+        message = AddRequest(request_id, packed_prompt, sampling, images, self._client, cache_salt)
         return frame(to_rank_encoder.encode(message))
 
     def send_framed_add(self, rank: int, framed: bytes) -> None:

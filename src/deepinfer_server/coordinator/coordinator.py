@@ -172,9 +172,10 @@ class Coordinator:
         sampling: SamplingOptions,
         deadline: float | None,
         images: Images | None = None,
+        cache_salt: bytes | None = None,
     ) -> RequestHandle:
         """Admit a request and start it on the least-loaded rank, or the rank holding its
-        prompt's cached prefix (429/503 when it cannot).
+        prompt's cached prefix under its `cache_salt` (429/503 when it cannot).
 
         The returned handle owns the request's admission slot and its place among the requests
         in flight: closing it frees both, once. If starting fails, at any step, what was taken
@@ -190,7 +191,7 @@ class Coordinator:
         hint = None
         directory = self._directory
         if directory is not None and len(prompt_token_ids) >= self._routing.min_tokens:
-            hashes = directory.block_hashes(packed)
+            hashes = directory.block_hashes(packed, cache_salt)
             hint = PrefixHint(directory.held_tokens(hashes), len(prompt_token_ids), self._routing)
         rank = self._admission.admit(hint)
         queue_timeout = self._config.queue_timeout
@@ -213,7 +214,7 @@ class Coordinator:
         sent = False
         try:
             handle.context_tokens = len(prompt_token_ids)
-            framed = self._channels.frame_add(request_id, packed, sampling, images)
+            framed = self._channels.frame_add(request_id, packed, sampling, images, cache_salt)
             sent = True
             self._channels.send_framed_add(rank, framed)
             if directory is not None:

@@ -17,7 +17,10 @@ Right after `add_request` it reads the returned sequence's `num_cached_tokens` (
 tokens a prefix cache reused; DeepInfer's Sequence has the attribute, 0 without a hit) and sends
 it in the request's first delta, in the next iteration, whether or not that has tokens. An
 engine with a prefix cache exposes `prefix_cache_stats()` -> (query tokens, hit tokens, cached
-sequences); the driver passes those on.
+sequences); the driver passes those on. Such an engine's `add_request` also takes the request's
+`cache_salt` (its prefix-cache partition) as a keyword; an engine without a prefix cache is
+never given one (DeepInfer's own `add_request` has no such argument, and without a cache there
+is nothing to partition).
 DeepInfer's finish strings become `Finish` values here and nowhere else.
 """
 
@@ -155,8 +158,11 @@ class LLMEngineDriver:
             # multimodal processor and holds the sequence back until a later step's fetch
             # (`LLMEngine.add_request` and `multi_modal_fetch` in engine/llm_engine.py).
             multi_modal_data = request.images.as_multi_modal_data() if request.images else None
+            salted: dict[str, Any] = {}
+            if request.cache_salt is not None and self._cache_stats is not None:
+                salted["cache_salt"] = request.cache_salt
             sequence = self._engine.add_request(
-                "0", request.request_id, params, prompt, multi_modal_data=multi_modal_data
+                "0", request.request_id, params, prompt, multi_modal_data=multi_modal_data, **salted
             )
         except (ValueError, TypeError) as exc:
             return RequestRejected(

@@ -120,6 +120,10 @@ class AddRequest(_Message):
     images: Images | None = None
     #: The API server process that sent it (`--api-server-count`): its outputs go back there.
     client: int = 0
+    #: Its prefix-cache partition (a digest of the API key's scope and the request's
+    #: `cache_salt`): requests with different ones never share cached prefixes; None shares
+    #: with every other request without one.
+    cache_salt: bytes | None = None
 
 
 class AbortRequests(_Message):

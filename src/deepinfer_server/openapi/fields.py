@@ -34,6 +34,12 @@ TOP_K = integer(-1, TOP_K_MAX, "-1 or 0 disable it (vLLM's extension)")
 #: deepseek-recipe's range (the server's own check allows up to 2^64 - 1).
 SEED = integer(0, 2**63 - 1)
 STREAM = boolean()
+#: vLLM's `cache_salt` (an extension field in the Messages API).
+CACHE_SALT = string(
+    "Requests with different salts never share cached prompt prefixes (vLLM's field); with "
+    "--prefix-cache-scope key, requests of different API keys never do either",
+    minLength=1,
+)
 ANY_OBJECT: Schema = {"type": "object"}
 JSON_SCHEMA: Schema = {
     "anyOf": [{"type": "object"}, {"type": "boolean"}, {"type": "string"}],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from deepinfer_server.openapi.fields import (
     ANY_OBJECT,
+    CACHE_SALT,
     JSON_SCHEMA,
     MODEL,
     RECIPE_MAX_TOKENS,
@@ -99,6 +100,7 @@ _MESSAGES_INPUT: dict[str, Schema] = {
     "output_format": _ANTHROPIC_FORMAT,
     "top_k": TOP_K,
     "n": integer(1, 1, "The Messages API has no n"),
+    "cache_salt": nullable(CACHE_SALT),
     "thread": {
         "type": "null",
         "description": "Anthropic's message threads are not kept: any other value is a 400 "

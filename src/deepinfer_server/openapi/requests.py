@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from deepinfer_server.openapi.fields import (
     ANY_OBJECT,
+    CACHE_SALT,
     CHAT_ROLES,
     JSON_SCHEMA,
     MODEL,
@@ -164,6 +165,7 @@ CHAT_COMPLETIONS: Schema = obj(
         "thinking": nullable(THINKING),
         "reasoning_effort": nullable(string(enum=list(REASONING_EFFORTS))),
         "user": string(),
+        "cache_salt": nullable(CACHE_SALT),
         **NEUTRAL_SAMPLING,
     },
     ("model", "messages"),
@@ -197,6 +199,7 @@ COMPLETIONS: Schema = obj(
         "ignore_eos": nullable(boolean()),
         "suffix": nullable(string(enum=[""], description="Not supported: absent or empty")),
         "user": string(),
+        "cache_salt": nullable(CACHE_SALT),
         **NEUTRAL_SAMPLING,
     },
     ("model", "prompt"),
@@ -286,6 +289,7 @@ RESPONSES: Schema = obj(
         },
         "metadata": nullable(ANY_OBJECT),
         "user": string(),
+        "cache_salt": nullable(CACHE_SALT),
     },
     ("model",),
     "`input` or `instructions` must be given",

@@ -45,6 +45,7 @@ OPTIONS: dict[str, tuple[list[str], Any]] = {
     "prefill_attempt_interval": (["--prefill-attempt-interval", "5"], 5),
     "prefill_any_attempt_interval": (["--prefill-any-attempt-interval", "6"], 6),
     "enable_prefix_caching": (["--enable-prefix-caching"], True),
+    "prefix_cache_scope": (["--prefix-cache-scope", "global"], "global"),
     "step_timeout": (["--step-timeout", "11"], 11.0),
     "request_timeout": (["--request-timeout", "13"], 13.0),
     "startup_timeout": (["--startup-timeout", "14"], 14.0),

@@ -168,8 +168,13 @@ class LLMEngine:
         extra: dict[str, Any] | None = None,
         enqueue: bool = True,
         chunk_checkpoints: list[int] | None = None,
+        *,
+        cache_salt: bytes | None = None,
     ) -> Sequence | None:
-        """Queue a request; returns None (and never outputs) for out-of-vocabulary IDs."""
+        """Queue a request; returns None (and never outputs) for out-of-vocabulary IDs.
+
+        `cache_salt` (the server's, not DeepInfer's): the prefix-cache partition it forks from
+        and is kept in."""
         self._check_thread()
         # The TTFT delay runs from arrival: preparing the script below overlaps it.
         arrived = time.monotonic()
@@ -194,6 +199,7 @@ class LLMEngine:
             params=sampling_params,
             script=self._script.answer_tokens(prompt, multi_modal_data),
             ready_at=arrived + self._args.ttft_ms / 1000.0,
+            cache_salt=cache_salt,
         )
         cacheable = (
             multi_modal_data is None and not sampling_params.prompt_logprobs and enqueue
