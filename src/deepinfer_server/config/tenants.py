@@ -77,14 +77,14 @@ def _parse_line(words: list[str]) -> NamedKey:
         raise ValueError(f"{name}: the key is missing (the second word is a limit)")
     values: dict[str, str] = {}
     for word in limits:
-        field, sep, value = word.partition("=")
-        if not sep or field not in _LIMITS:
+        option, sep, value = word.partition("=")
+        if not sep or option not in _LIMITS:
             raise ValueError(
                 f"{name}: unknown limit {word!r}: expected one of {', '.join(_LIMITS)}"
             )
-        if field in values:
-            raise ValueError(f"{name}: {field} is given twice")
-        values[field] = value
+        if option in values:
+            raise ValueError(f"{name}: {option} is given twice")
+        values[option] = value
     return NamedKey(key, Tenant(name, *_limits(name, values)))
 
 
@@ -98,13 +98,13 @@ def _limits(name: str, values: dict[str, str]) -> tuple[float, int | None, int |
         if not 0 < weight < float("inf"):
             raise ValueError(f"{name}: weight must be a positive number, got {values['weight']!r}")
     counts: list[int | None] = []
-    for field, least in (("max_running", 1), ("max_queued", 0)):
-        raw = values.get(field)
+    for limit, least in (("max_running", 1), ("max_queued", 0)):
+        raw = values.get(limit)
         if raw is None:
             counts.append(None)
             continue
         if not raw.isdigit() or int(raw) < least:
-            raise ValueError(f"{name}: {field} must be an integer >= {least}, got {raw!r}")
+            raise ValueError(f"{name}: {limit} must be an integer >= {least}, got {raw!r}")
         counts.append(int(raw))
     return weight, counts[0], counts[1]
 

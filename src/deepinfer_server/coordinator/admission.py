@@ -163,7 +163,9 @@ class Admission:
                     f"the server is at capacity ({self.capacity} requests in flight); retry later"
                 )
             limit = self._tenants[tenant].max_queued
-            if limit is not None and counts[layout.waiting + tenant] >= limit:
+            if limit is not None and counts[layout.waiting + tenant] >= limit + self._free(
+                counts, tenant
+            ):
                 raise OverloadedError(
                     f"this API key has {limit} requests waiting, its limit; retry later"
                 )
@@ -216,6 +218,14 @@ class Admission:
             else:
                 counts[ticket.rank] -= 1
                 counts[layout.running + ticket.tenant] -= 1
+
+    def _free(self, counts: Any, tenant: int) -> int:
+        """1 if a request of `tenant` would start at once (nothing of its own queued, a slot
+        free and the tenant under its running limit), else 0: that one does not queue."""
+        layout = self._layout
+        room = self._per_rank is None or min(counts[: layout.ranks]) < self._per_rank
+        below = counts[layout.running + tenant] < self._limits[tenant]
+        return int(room and below and counts[layout.waiting + tenant] == 0)
 
     def _due(self, counts: Any) -> int | None:
         """The tenant whose request starts next: the fewest running for its weight."""
