@@ -83,8 +83,8 @@ class ServerConfig:
     max_queued_requests: int = option(
         512,
         "--max-queued-requests",
-        help="requests admitted beyond running capacity, waiting in the engine for a slot, "
-        "before 429 (default: %(default)s)",
+        help="requests admitted beyond running capacity, waiting in the server's queue for a "
+        "slot, before 429 (default: %(default)s)",
         type=int,
     )
     queue_timeout: float = option(
