@@ -17,8 +17,9 @@ heavy tenant saturating, and prints their ratio:
   of the slots while the other may need one.
 
 Prefill runs at every step (`--prefill-attempt-interval 1`): DeepInfer's default cadence delays
-every prompt on a busy server by up to 70 steps whoever sent it (docs/operations/prefill-cadence.md),
-which would hide what admission does. One run, one server per row.
+every prompt on a busy server by up to 70 steps whoever sent it
+(docs/operations/prefill-cadence.md), which would hide what admission does. One run, one server
+per row.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import Server  # noqa: E402
+from harness import Server
 
 MODEL = "deepseek-flash"
 HEAVY_KEY, LIGHT_KEY = "sk-bench-heavy", "sk-bench-light"
