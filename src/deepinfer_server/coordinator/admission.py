@@ -55,6 +55,8 @@ class Ticket:
     rank: int | None = None
     #: The caller's name for the request.
     request_id: str = ""
+    #: The engine has ended it: its running slot is free, its stream may still be open.
+    finished: bool = field(default=False, repr=False)
     released: bool = field(default=False, repr=False)
 
     def __lt__(self, other: Ticket) -> bool:
@@ -127,7 +129,8 @@ class Admission:
 
     @property
     def total(self) -> int:
-        """Requests admitted, started or queued, by every API server process."""
+        """Requests admitted, running or queued, by every API server process (not those the
+        engine has ended whose responses are still being written)."""
         layout = self._layout
         with self._locked() as counts:
             return int(
@@ -205,11 +208,24 @@ class Admission:
                 started.append(ticket)
         return started
 
+    def finished(self, ticket: Ticket) -> None:
+        """The engine ended a started request: its running slot is free while its response is
+        still being written; call `ready()` after."""
+        if ticket.rank is None or ticket.finished or ticket.released:
+            return
+        ticket.finished = True
+        layout = self._layout
+        with self._locked() as counts:
+            counts[ticket.rank] -= 1
+            counts[layout.running + ticket.tenant] -= 1
+
     def release(self, ticket: Ticket) -> None:
         """The request ended, or left the queue (once per ticket); call `ready()` after."""
         if ticket.released:
             return
         ticket.released = True
+        if ticket.finished:
+            return
         layout = self._layout
         with self._locked() as counts:
             if ticket.rank is None:

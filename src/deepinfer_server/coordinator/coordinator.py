@@ -361,6 +361,7 @@ class Coordinator:
             handle = self._handles.get(message.request_id)
             if handle is not None:
                 handle.fail(error_for_rejection(message), engine_finished=True)
+                self._engine_done(message.request_id)
         elif isinstance(message, RankReady):
             self._liveness.reported(message.rank, asyncio.get_running_loop().time())
             self._ready.add(message.rank)
@@ -370,6 +371,14 @@ class Coordinator:
         elif isinstance(message, RankFailed):
             logger.error("DP rank %d failed:\n%s", message.rank, message.traceback)
             self._on_rank_report(message.rank, f"DP rank {message.rank} failed: {message.message}")
+
+    def _engine_done(self, request_id: str) -> None:
+        """The engine ended a request: its running slot goes to the next request now, not
+        when the response has been written to the client."""
+        ticket = self._tickets.get(request_id)
+        if ticket is not None:
+            self._admission.finished(ticket)
+            self._start_ready()
 
     def rank_loads(self) -> list[RankLoad]:
         """Every rank's running and waiting requests and their tokens (from the requests the
@@ -423,6 +432,8 @@ class Coordinator:
             if delta.cached_tokens is not None:
                 handle.started(delta.cached_tokens)
             finish = delta.finish
+            if finish is not None:
+                self._engine_done(delta.request_id)
             if finish is None or finish.is_normal:
                 if handle.deliver(delta.tokens, finish, now, step_seconds):
                     to_flush.append(handle)

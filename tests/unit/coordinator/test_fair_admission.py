@@ -20,7 +20,14 @@ from deepinfer_server.coordinator.admission import (
 from deepinfer_server.coordinator.channels import RankChannels, bind_rank_listener
 from deepinfer_server.coordinator.coordinator import Coordinator
 from deepinfer_server.errors import OverloadedError
-from deepinfer_server.ipc.messages import AbortReason, SamplingOptions
+from deepinfer_server.ipc.messages import (
+    AbortReason,
+    Finish,
+    GeneratedTokens,
+    RequestDelta,
+    SamplingOptions,
+    StepOutputs,
+)
 from deepinfer_server.metrics import ServerMetrics
 
 HEAVY, LIGHT = 0, 1
@@ -156,6 +163,32 @@ def test_a_heavy_keys_streams_cannot_keep_a_light_keys_request_from_starting(
             assert heavy[3].rank == 0  # the next heavy one, in arrival order
             for handle in [*heavy, light]:
                 handle.close(AbortReason.DISCONNECT)
+            assert coordinator.admitted == 0
+        finally:
+            channels.close()
+
+    asyncio.run(body())
+
+
+def test_a_request_the_engine_ended_frees_its_running_slot_before_its_stream_closes(
+    tmp_path: Path,
+) -> None:
+    config = parse_config(["--engine", "simulated", "--max-num-seqs", "1"])
+
+    async def body() -> None:
+        channels = RankChannels(bind_rank_listener(str(tmp_path / "r.sock")), 1)
+        coordinator = Coordinator(config, channels, ServerMetrics("m"))
+        try:
+            first = coordinator.submit("a", [1, 2], SamplingOptions(4), None)
+            second = coordinator.submit("b", [1, 2], SamplingOptions(4), None)
+            assert (first.rank, second.rank) == (0, None)
+            done = RequestDelta("a", GeneratedTokens([5]), Finish.STOP, cached_tokens=0)
+            coordinator._on_messages([StepOutputs(0, [done], 0.01)])
+            assert first.ended and coordinator.num_in_flight == 2  # its stream is still open
+            assert second.rank == 0
+            assert coordinator.admitted == 1
+            first.close(AbortReason.STOP)
+            second.close(AbortReason.DISCONNECT)
             assert coordinator.admitted == 0
         finally:
             channels.close()
