@@ -82,6 +82,8 @@ class FakeCoordinator:
     draining: bool = False
     kv_cache_usage: float | None = None
     capacity: int | None = None  # admission: 429 beyond this many requests in flight
+    #: Each submitted request's (tenant index, priority), by request ID.
+    placement: dict[str, tuple[int, int]] = field(default_factory=dict)
     _admission: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
 
     async def wait_admitted(self, count: int = 1) -> None:
@@ -113,6 +115,9 @@ class FakeCoordinator:
         deadline: float | None,
         images: Images | None = None,
         cache_salt: bytes | None = None,
+        *,
+        tenant: int = 0,
+        priority: int = 0,
     ) -> RequestHandle:
         if self.submit_error is not None:
             raise self.submit_error
@@ -121,6 +126,7 @@ class FakeCoordinator:
         self.submitted.append((request_id, prompt_token_ids, sampling))
         self.images[request_id] = images
         self.cache_salts[request_id] = cache_salt
+        self.placement[request_id] = (tenant, priority)
         handle = RequestHandle(request_id, 0, self._on_close, deadline)
         handle.context_tokens = len(prompt_token_ids)
         self.handles[request_id] = handle

@@ -20,6 +20,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from deepinfer_server.api.auth import tenant_of
 from deepinfer_server.api.body import read_json_body
 from deepinfer_server.api.cache_partition import cache_partition
 from deepinfer_server.api.disconnect import until_disconnect
@@ -37,6 +38,7 @@ from deepinfer_server.metrics import ChoiceRecords, RequestRecord, ServerMetrics
 from deepinfer_server.protocol.core.choices import ChoiceMerger
 from deepinfer_server.protocol.core.images import mentions_images
 from deepinfer_server.protocol.core.recipe import RecipeContext
+from deepinfer_server.protocol.core.validation import read_priority
 
 logger = logging.getLogger(__name__)
 
@@ -116,6 +118,8 @@ async def serve_generation(request: Request, protocol: GenerationProtocol) -> Re
     arrival = time.perf_counter()
     received = await read_json_body(request, config, state.receiving)
     raw, body = received.raw, received.value
+    priority = read_priority(body)
+    tenant = tenant_of(request.state)
     session = None if protocol.open_session is None else await protocol.open_session(request, body)
     prepare = protocol.prepare if session is None else session.prepare
     # Images are decoded and resized while preparing: never on the event loop. Image URLs are
@@ -154,6 +158,8 @@ async def serve_generation(request: Request, protocol: GenerationProtocol) -> Re
             state.deadline(),
             choices[index].images,
             cache_salt=partition,
+            tenant=tenant,
+            priority=priority,
         )
 
     handles = submit_all(submit, len(choices))

@@ -83,8 +83,8 @@ class ServerConfig:
     max_queued_requests: int = option(
         512,
         "--max-queued-requests",
-        help="requests admitted beyond running capacity, waiting in the engine for a slot, "
-        "before 429 (default: %(default)s)",
+        help="requests admitted beyond running capacity, waiting in the server's queue for a "
+        "slot, before 429 (default: %(default)s)",
         type=int,
     )
     queue_timeout: float = option(
@@ -179,6 +179,21 @@ class ServerConfig:
         "repeat for several keys (default: $DEEPINFER_API_KEY, else no authentication)",
         secret=True,
         action="append",
+    )
+    api_key_file: str | None = option(
+        None,
+        "--api-key-file",
+        help="file of named API keys, one per line: 'NAME KEY [max_running=N] [max_queued=N] "
+        "[weight=W]' (# comments); the name labels the key's metrics and logs, the limits its "
+        "admission; accepted alongside --api-key",
+    )
+    key_running_share: float = option(
+        0.75,
+        "--key-running-share",
+        help="with several API keys, the share of the running slots (DP x --max-num-seqs) one "
+        "key may hold at once unless its max_running says otherwise, so that another key's "
+        "request starts at once; 1 lets one key fill them all (default: %(default)s)",
+        type=float,
     )
     reasoning_secret: str | None = option(
         None,

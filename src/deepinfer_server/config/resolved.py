@@ -21,6 +21,7 @@ from deepinfer_server.config.response_store import (
     parse_duration,
     store_url,
 )
+from deepinfer_server.config.tenants import NamedKey, Tenant, named_keys, tenants_of
 from deepinfer_server.errors import ConfigError
 
 DEFAULT_SERVED_MODEL_NAME = "deepseek-flash"
@@ -92,7 +93,14 @@ class ResolvedConfig:
     access_log: bool = field(metadata=DERIVED)
     log_requests: bool
     log_level: str
+    #: Every accepted key: `--api-key`'s (or $DEEPINFER_API_KEY) and `--api-key-file`'s.
     api_keys: tuple[str, ...] = field(metadata=DERIVED, repr=False)
+    api_key_file: str | None
+    #: Each of `api_keys` with its tenant (`config.tenants`).
+    named_keys: tuple[NamedKey, ...] = field(metadata=DERIVED, repr=False)
+    #: The tenants admission shares the running slots between, in a fixed order.
+    tenants: tuple[Tenant, ...] = field(metadata=DERIVED)
+    key_running_share: float
     reasoning_secret: str | None = field(metadata=DERIVED, repr=False)
     get_load_format: Literal["vllm", "sglang"]
     api_server_count: int
@@ -116,6 +124,11 @@ class ResolvedConfig:
     def served_model_name(self) -> str:
         """The name responses and /v1/models report first."""
         return self.served_model_names[0]
+
+    @property
+    def running_capacity(self) -> int:
+        """Requests the engines run at once: every rank's `--max-num-seqs`."""
+        return self.data_parallel_size * self.max_num_seqs
 
     @property
     def admission_capacity(self) -> int:
@@ -215,6 +228,8 @@ def _check_ranges(config: ServerConfig, max_model_len: int) -> None:
     for flag, seconds in positive_seconds.items():
         if seconds <= 0:
             raise ConfigError(f"{flag} must be positive")
+    if not 0 < config.key_running_share <= 1:
+        raise ConfigError(f"--key-running-share must be in (0, 1], got {config.key_running_share}")
     if config.api_server_count < 1:
         raise ConfigError(f"--api-server-count must be at least 1, got {config.api_server_count}")
     if config.max_connections < 1:
@@ -270,6 +285,7 @@ def resolve(
     if any(not key for key in api_keys):
         raise ConfigError("--api-key must not be empty")
     key_cap = min(config.response_store_key_max_mb, config.response_store_max_mb) * MIB
+    keys = named_keys(api_keys, config.api_key_file)
     state_dir = (
         Path(config.state_dir).expanduser().absolute() if config.state_dir else default_state_dir()
     )
@@ -300,7 +316,9 @@ def resolve(
         ),
         allowed_media_domains=tuple(d.lower() for d in config.allowed_media_domains),
         access_log=not config.disable_access_log,
-        api_keys=api_keys,
+        api_keys=tuple(entry.key for entry in keys),
+        named_keys=keys,
+        tenants=tenants_of(keys),
         reasoning_secret=config.reasoning_secret or os.environ.get("DEEPINFER_REASONING_SECRET"),
         state_dir=str(state_dir),
         response_store=store_url(config.response_store, state_dir),

@@ -57,12 +57,12 @@ TokenSink = Callable[[GeneratedTokens, Finish | None, float, float], bool]
 
 
 class RequestHandle:
-    """One request in flight on one rank."""
+    """One request in flight: queued in the server, then on one rank."""
 
     def __init__(
         self,
         request_id: str,
-        rank: int,
+        rank: int | None,
         on_close: CloseCallback,
         deadline: float | None,
         stream_interval: int = 1,
@@ -71,6 +71,7 @@ class RequestHandle:
         """`deadline` and `queue_deadline` are event-loop times: the request's end, and the
         time by which its first token must have arrived."""
         self.request_id = request_id
+        #: The DP rank running it; None while it waits in the server's queue.
         self.rank = rank
         self._on_close = on_close
         #: Output delivered and not yet taken (by `next_batch()` or a flush); None when none.

@@ -29,6 +29,9 @@ SEEN_BY_EVERY_PROCESS = frozenset(
         "prefix_cache_hits",
         "prefix_cache_sequences",
         "healthy",
+        # Read from admission's counts, which every process shares.
+        "tenant_requests_running",
+        "tenant_requests_queued",
     )
 )
 

@@ -207,6 +207,33 @@ class _RankGauges(Collector):
         yield healthy
 
 
+class _TenantGauges(Collector):
+    """Each API key's running and queued requests, read from admission at scrape time."""
+
+    def __init__(
+        self, model_name: str, tenant_counts: Callable[[], Iterable[tuple[str, int, int]]]
+    ) -> None:
+        self._model_name = model_name
+        self._tenant_counts = tenant_counts
+
+    def collect(self) -> Iterator[Metric]:
+        running = GaugeMetricFamily(
+            PREFIX + "tenant_requests_running",
+            "Requests of each API key (by its name) sent to the engine and not yet ended.",
+            labels=["model_name", "tenant"],
+        )
+        queued = GaugeMetricFamily(
+            PREFIX + "tenant_requests_queued",
+            "Requests of each API key (by its name) waiting in the server's queue for a slot.",
+            labels=["model_name", "tenant"],
+        )
+        for tenant, in_engine, waiting in self._tenant_counts():
+            running.add_metric([self._model_name, tenant], in_engine)
+            queued.add_metric([self._model_name, tenant], waiting)
+        yield running
+        yield queued
+
+
 class ServerMetrics:
     """All metrics of one server in a registry of its own."""
 
@@ -272,6 +299,11 @@ class ServerMetrics:
         )
         for result in ("stored", "failed"):
             self.store_writes.labels(model_name, result)
+        self.admissions = counter(
+            "tenant_admissions",
+            "Requests each API key (by its name) sent, by admission's result (admitted, refused).",
+            ["tenant", "result"],
+        )
 
     def watch_ranks(
         self, rank_loads: Callable[[], Iterable[RankLoad]], healthy: Callable[[], bool]
@@ -288,6 +320,14 @@ class ServerMetrics:
             registry=self.registry,
         )
         gauge.labels(self.model_name).set_function(used)
+
+    def watch_tenants(self, tenant_counts: Callable[[], Iterable[tuple[str, int, int]]]) -> None:
+        """Expose each tenant's running and queued requests from `tenant_counts`."""
+        self.registry.register(_TenantGauges(self.model_name, tenant_counts))
+
+    def observe_admission(self, tenant: str, admitted: bool) -> None:
+        result = "admitted" if admitted else "refused"
+        self.admissions.labels(self.model_name, tenant, result).inc()
 
     def observe_step(self, rank: int, seconds: float) -> None:
         self.step_seconds.labels(self.model_name, str(rank)).observe(seconds)

@@ -16,6 +16,7 @@ from deepinfer_server.openapi.schema import (
     string,
 )
 from deepinfer_server.protocol.completions.request import MAX_STOP_SEQUENCES
+from deepinfer_server.protocol.core.validation import PRIORITY_MAX, PRIORITY_MIN
 
 #: deepseek-recipe's own bound on max_tokens (its 400: "the valid range of max_tokens is [1, N]").
 RECIPE_MAX_TOKENS = 393216
@@ -31,6 +32,11 @@ TEMPERATURE = number(0, 2)
 #: deepseek-recipe's range is (0, 1] in 32-bit floats (a 64-bit denormal rounds to 0).
 TOP_P = number(1e-9, 1)
 TOP_K = integer(-1, TOP_K_MAX, "-1 or 0 disable it (vLLM's extension)")
+PRIORITY = integer(
+    PRIORITY_MIN,
+    PRIORITY_MAX,
+    "vLLM's extension: lower starts first among the queued requests of the same API key",
+)
 #: deepseek-recipe's range (the server's own check allows up to 2^64 - 1).
 SEED = integer(0, 2**63 - 1)
 STREAM = boolean()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+import tempfile
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -12,6 +14,7 @@ import pytest
 from deepinfer_server.cli import parse_config
 from deepinfer_server.config import ResolvedConfig, ServerConfig, resolve
 from deepinfer_server.config.resolved import is_derived
+from deepinfer_server.config.tenants import NamedKey, Tenant
 from deepinfer_server.engines.backend import OF_THE_RANK
 from deepinfer_server.engines.registry import get_backend
 from deepinfer_server.engines.simulated.backend import SimulatedOptions
@@ -21,7 +24,11 @@ from deepinfer_server.server.startup import Prepared, rank_specs
 
 STATE_DIR = "/srv/deepinfer-state"
 STORE = "postgresql://responses:pw-789@db/responses"
-SECRETS = ("key-k1-123", "key-k2-456", "seal-789", "pw-789")
+SECRETS = ("key-k1-123", "key-k2-456", "seal-789", "pw-789", "key-k3-789")
+#: An --api-key-file naming one more key.
+KEY_FILE = Path(tempfile.mkdtemp()) / "api-keys"
+KEY_FILE.write_text("# team keys\nteam-a key-k3-789 max_running=2 weight=2\n")
+TEAM_A = Tenant("team-a", weight=2.0, max_running=2)
 
 #: Every ServerConfig option set to a value other than its default: (command line, as given).
 OPTIONS: dict[str, tuple[list[str], Any]] = {
@@ -83,6 +90,8 @@ OPTIONS: dict[str, tuple[list[str], Any]] = {
     "api_server_count": (["--api-server-count", "2"], 2),
     "stream_interval": (["--stream-interval", "4"], 4),
     "get_load_format": (["--get-load-format", "sglang"], "sglang"),
+    "api_key_file": (["--api-key-file", str(KEY_FILE)], str(KEY_FILE)),
+    "key_running_share": (["--key-running-share", "0.5"], 0.5),
 }
 
 #: The DERIVED fields of the configuration OPTIONS give, and how `resolve()` derives each.
@@ -98,7 +107,14 @@ DERIVED = {
     "enable_prefix_caching": True,  # else the engine's default
     "allowed_media_domains": ("images.example.com",),  # lowercased
     "access_log": False,  # not --disable-access-log
-    "api_keys": SECRETS[:2],  # else $DEEPINFER_API_KEY
+    "api_keys": (*SECRETS[:2], SECRETS[4]),  # else $DEEPINFER_API_KEY; then the file's
+    # --api-key's keys are api-key-1, 2, ...; the file's are named there.
+    "named_keys": (
+        NamedKey(SECRETS[0], Tenant("api-key-1")),
+        NamedKey(SECRETS[1], Tenant("api-key-2")),
+        NamedKey(SECRETS[4], TEAM_A),
+    ),
+    "tenants": (Tenant("api-key-1"), Tenant("api-key-2"), TEAM_A),  # else one: default
     "reasoning_secret": "seal-789",  # else $DEEPINFER_REASONING_SECRET
     "state_dir": STATE_DIR,  # absolute, else default_state_dir()
     "response_store": STORE,  # store_url(): sqlite paths made absolute, none -> None

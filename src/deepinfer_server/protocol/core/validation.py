@@ -87,6 +87,26 @@ def read_cache_salt(body: dict[str, Any]) -> str | None:
     return value
 
 
+#: The range of a request's `priority` (a signed 32-bit integer; vLLM takes any integer).
+PRIORITY_MIN = -(2**31)
+PRIORITY_MAX = 2**31 - 1
+
+
+def read_priority(body: dict[str, Any]) -> int:
+    """Take `priority` (vLLM's extension: lower starts first among the API key's queued
+    requests; default 0) out of `body`, or 400 for anything but an integer in range."""
+    value = body.pop("priority", None)
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequestError("'priority' must be an integer", param="priority")
+    if not PRIORITY_MIN <= value <= PRIORITY_MAX:
+        raise BadRequestError(
+            f"'priority' must be between {PRIORITY_MIN} and {PRIORITY_MAX}", param="priority"
+        )
+    return value
+
+
 def check_model(body: dict[str, Any], served_model_names: tuple[str, ...]) -> None:
     """404 model_not_found for a model this server does not serve."""
     model = body.get("model")
