@@ -38,6 +38,7 @@ from deepinfer_server.errors import (
     StartupError,
 )
 from deepinfer_server.ipc.codec import pack_token_ids
+from deepinfer_server.ipc.kv_transfer import KVTransferParams
 from deepinfer_server.ipc.messages import (
     AbortReason,
     FromRank,
@@ -172,6 +173,7 @@ class Coordinator:
         sampling: SamplingOptions,
         deadline: float | None,
         images: Images | None = None,
+        kv_transfer_params: KVTransferParams | None = None,
     ) -> RequestHandle:
         """Admit a request and start it on the least-loaded rank, or the rank holding its
         prompt's cached prefix (429/503 when it cannot).
@@ -213,7 +215,9 @@ class Coordinator:
         sent = False
         try:
             handle.context_tokens = len(prompt_token_ids)
-            framed = self._channels.frame_add(request_id, packed, sampling, images)
+            framed = self._channels.frame_add(
+                request_id, packed, sampling, images, kv_transfer_params
+            )
             sent = True
             self._channels.send_framed_add(rank, framed)
             if directory is not None:
@@ -343,6 +347,8 @@ class Coordinator:
         now = time.perf_counter()
         self._metrics.observe_step(message.rank, message.step_seconds)
         self._kv_usage[message.rank] = message.kv_cache_usage
+        if message.counters is not None:
+            self._metrics.observe_counters(message.rank, message.counters)
         cache = message.prefix_cache
         if cache is not None and cache != self._prefix_cache[message.rank]:
             self._prefix_cache[message.rank] = cache
@@ -357,10 +363,12 @@ class Coordinator:
                 continue
             if delta.cached_tokens is not None:
                 handle.started(delta.cached_tokens)
+            if delta.kv_transfer_params is not None:
+                handle.kv_transfer_params = delta.kv_transfer_params
             finish = delta.finish
             if finish is None or finish.is_normal:
                 if handle.deliver(delta.tokens, finish, now, step_seconds):
                     to_flush.append(handle)
             else:
                 handle.deliver(delta.tokens, None, now, step_seconds)
-                handle.fail(error_for_finish(finish), engine_finished=True)
+                handle.fail(error_for_finish(finish, delta.detail), engine_finished=True)
