@@ -210,24 +210,30 @@ class DecodeRole:
                 reason = "timeout" if pending.pulling else "no_kv_room"
                 records.append(self._failed(pending.sequence, reason))
                 self._end(pending)
-        self._admit()
+        records.extend(self._admit())
         return records
 
     def close(self) -> None:
         self._pulls.close()
 
-    def _admit(self) -> None:
-        """Reserve blocks and a state slot for the waiting requests, in order."""
-        for pending in self._pending.values():
+    def _admit(self) -> list[OutputRecord]:
+        """Reserve blocks and a state slot for the waiting requests, in order; a prompt that
+        can never fit ends at once."""
+        records: list[OutputRecord] = []
+        for pending in list(self._pending.values()):
             if pending.pulling or pending.abandoned:
                 continue
             sequence = pending.sequence
             running = len(self._table.running) + sum(p.pulling for p in self._pending.values())
             status = self._kv.can_prefill(len(sequence.prompt) + 1)
+            if status is AllocStatus.NEVER:
+                records.append(self._failed(sequence, "no_kv_room"))
+                self._end(pending)
+                continue
             if status is not AllocStatus.OK or not self._slots.free_count:
-                return
+                return records
             if running >= self._max_num_seqs:
-                return
+                return records
             sequence.state_slot = self._slots.take()
             self._kv.allocate(sequence.request_id, len(sequence.prompt) + 1)
             blocks = self._kv.table(sequence.request_id)[: blocks_for(len(sequence.prompt))]
@@ -240,6 +246,7 @@ class DecodeRole:
                 functools.partial(self.memory.check, params, blocks, slot, sequence.prompt),
             )
             pending.pulling = True
+        return records
 
     def _end(self, pending: _Pending) -> None:
         """The request ends before its KV is in place: free what it holds now, or (a pull is
