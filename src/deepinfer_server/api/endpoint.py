@@ -136,6 +136,8 @@ async def serve_generation(request: Request, protocol: GenerationProtocol) -> Re
     kv_transfer = request_kv_transfer(
         body, config.disaggregation_mode, len(choices), len(choices[0].prompt_token_ids)
     )
+    if kv_transfer is not None and state.prefill_peers is not None:
+        state.prefill_peers.seen(kv_transfer, time.monotonic())
     structured = None
     if choices[0].constraint is not None:
         # Compiling can take seconds: never on the event loop.

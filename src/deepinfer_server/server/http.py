@@ -25,6 +25,7 @@ from deepinfer_server.api.connection import (
     fit_to_file_limit,
     guarded_protocol,
 )
+from deepinfer_server.api.disaggregation import PrefillPeers
 from deepinfer_server.api.state import AppState, Peers
 from deepinfer_server.concurrency import first_of
 from deepinfer_server.config import ResolvedConfig
@@ -186,6 +187,7 @@ def build_server(
         structured=StructuredOutputs(tokenizer_json),
         peers=peers,
         store=store,
+        prefill_peers=PrefillPeers() if config.disaggregation_mode == "decode" else None,
     )
     return HttpServer(
         uvicorn.Config(

@@ -138,3 +138,30 @@ def test_two_transfer_engines_move_registered_memory_over_loopback_tcp() -> None
     finally:
         source.unregister(data.ctypes.data)
         sink.unregister(into.ctypes.data)
+
+
+def test_a_decode_server_is_unhealthy_only_when_no_known_prefill_peer_answers() -> None:
+    from deepinfer_server.api.disaggregation import PEER_MEMORY_SECONDS, PrefillPeers
+    from deepinfer_server.engines.disaggregation.bootstrap import BootstrapServer
+
+    def peer(port: int) -> KVTransferParams:
+        return parse_kv_transfer_params(
+            {**HANDOFF, "remote_host": "127.0.0.1", "remote_bootstrap_port": port - 1}
+        )
+
+    peers = PrefillPeers()
+    assert asyncio.run(peers.unreachable(0.0)) == []  # no peer known yet
+    live = BootstrapServer("127.0.0.1", 0, "feed")
+    gone = BootstrapServer("127.0.0.1", 0, "dead")
+    gone.close()
+    try:
+        peers.seen(peer(gone.port), 0.0)
+        assert asyncio.run(peers.unreachable(1.0)) == [f"127.0.0.1:{gone.port}"]
+        peers.seen(peer(live.port), 1.0)
+        assert asyncio.run(peers.unreachable(2.0)) == []  # one peer answers: it can serve
+        # A peer no handoff named for a while is forgotten (it may have been replaced).
+        alone = PrefillPeers()
+        alone.seen(peer(gone.port), 0.0)
+        assert asyncio.run(alone.unreachable(PEER_MEMORY_SECONDS + 1)) == []
+    finally:
+        live.close()
