@@ -5,6 +5,7 @@ from __future__ import annotations
 from deepinfer_server.openapi.fields import (
     ANY_OBJECT,
     JSON_SCHEMA,
+    KV_TRANSFER_PARAMS,
     MODEL,
     RECIPE_MAX_TOKENS,
     STREAM,
@@ -118,6 +119,7 @@ MESSAGES: Schema = obj(
         "stop_sequences": array(string(), 0, MAX_STOP_SEQUENCES),
         "stream": STREAM,
         "metadata": obj({"user_id": nullable(string())}),
+        "kv_transfer_params": KV_TRANSFER_PARAMS,
     },
     ("model", "max_tokens", "messages"),
 )
