@@ -28,6 +28,7 @@ from deepinfer_server.cli import parse_config
 from deepinfer_server.coordinator.coordinator import Coordinator
 from deepinfer_server.coordinator.handle import RequestHandle
 from deepinfer_server.errors import ApiError, OverloadedError
+from deepinfer_server.ipc.kv_transfer import KVTransferParams
 from deepinfer_server.ipc.messages import (
     AbortReason,
     Finish,
@@ -73,6 +74,7 @@ class FakeCoordinator:
     closed: list[tuple[str, bool, AbortReason]] = field(default_factory=list)
     handles: dict[str, RequestHandle] = field(default_factory=dict)
     images: dict[str, Images | None] = field(default_factory=dict)
+    kv_transfer_params: dict[str, KVTransferParams | None] = field(default_factory=dict)
     failure: str | None = None
     draining: bool = False
     kv_cache_usage: float | None = None
@@ -107,6 +109,7 @@ class FakeCoordinator:
         sampling: SamplingOptions,
         deadline: float | None,
         images: Images | None = None,
+        kv_transfer_params: KVTransferParams | None = None,
     ) -> RequestHandle:
         if self.submit_error is not None:
             raise self.submit_error
@@ -114,6 +117,7 @@ class FakeCoordinator:
             raise OverloadedError("the fake server is at capacity")
         self.submitted.append((request_id, prompt_token_ids, sampling))
         self.images[request_id] = images
+        self.kv_transfer_params[request_id] = kv_transfer_params
         handle = RequestHandle(request_id, 0, self._on_close, deadline)
         handle.context_tokens = len(prompt_token_ids)
         self.handles[request_id] = handle
