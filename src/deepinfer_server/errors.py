@@ -66,6 +66,7 @@ class ErrorKind(enum.StrEnum):
     THREAD_UNSUPPORTED = "thread_unsupported"
     QUEUE_TIMEOUT = "queue_timeout"
     RECEIVE_BUFFER_FULL = "receive_buffer_full"
+    KV_TRANSFER_FAILED = "kv_transfer_failed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +137,9 @@ ERROR_TABLE: dict[ErrorKind, ErrorSpec] = {
         500, "server_error", "structured_output_failed", "api_error"
     ),
     ErrorKind.ENGINE_ERROR: ErrorSpec(500, "server_error", "engine_error", "api_error"),
+    ErrorKind.KV_TRANSFER_FAILED: ErrorSpec(
+        503, "service_unavailable", "kv_transfer_failed", "overloaded_error"
+    ),
     ErrorKind.SHUTTING_DOWN: ErrorSpec(
         503, "service_unavailable", "server_shutting_down", "overloaded_error"
     ),

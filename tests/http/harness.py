@@ -30,6 +30,7 @@ from deepinfer_server.cli import parse_config
 from deepinfer_server.coordinator.coordinator import Coordinator
 from deepinfer_server.coordinator.handle import RequestHandle
 from deepinfer_server.errors import ApiError, OverloadedError
+from deepinfer_server.ipc.kv_transfer import KVTransferParams
 from deepinfer_server.ipc.messages import (
     AbortReason,
     Finish,
@@ -78,6 +79,7 @@ class FakeCoordinator:
     images: dict[str, Images | None] = field(default_factory=dict)
     #: The prefix-cache partition each request was submitted with.
     cache_salts: dict[str, bytes | None] = field(default_factory=dict)
+    kv_transfer_params: dict[str, KVTransferParams | None] = field(default_factory=dict)
     failure: str | None = None
     draining: bool = False
     kv_cache_usage: float | None = None
@@ -114,6 +116,7 @@ class FakeCoordinator:
         sampling: SamplingOptions,
         deadline: float | None,
         images: Images | None = None,
+        kv_transfer_params: KVTransferParams | None = None,
         cache_salt: bytes | None = None,
         *,
         tenant: int = 0,
@@ -127,6 +130,7 @@ class FakeCoordinator:
         self.images[request_id] = images
         self.cache_salts[request_id] = cache_salt
         self.placement[request_id] = (tenant, priority)
+        self.kv_transfer_params[request_id] = kv_transfer_params
         handle = RequestHandle(request_id, 0, self._on_close, deadline)
         handle.context_tokens = len(prompt_token_ids)
         self.handles[request_id] = handle

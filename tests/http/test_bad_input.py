@@ -28,6 +28,7 @@ PATHS = list(VALID)
 FIELDS = sorted({name for body in VALID.values() for name in body} | {
     "stream", "tools", "tool_choice", "metadata", "temperature", "top_p", "stop", "thinking",
     "response_format", "text", "instructions", "system", "input", "seed", "n", "user",
+    "kv_transfer_params",
 })  # fmt: skip
 
 scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()
@@ -421,3 +422,31 @@ def test_a_grammar_that_matches_no_text_is_a_400_naming_the_param(
             assert not h.coordinator.submitted
 
     run(body, timeout=240)
+
+
+@pytest.mark.parametrize(
+    ("mode", "extra", "words"),
+    [
+        ("null", {"kv_transfer_params": {"do_remote_decode": True}}, "no prefill/decode"),
+        ("decode", {}, "this is a decode server"),
+        ("decode", {"kv_transfer_params": {"do_remote_prefill": True}}, "remote_host"),
+        ("prefill", {"kv_transfer_params": {"do_remote_prefill": True}}, "prefill server"),
+    ],
+)
+def test_kv_transfer_params_that_do_not_fit_the_servers_role_are_a_400_in_each_shape(
+    mode: str, extra: dict[str, Any], words: str
+) -> None:
+    async def body() -> None:
+        async with serve("--disaggregation-mode", mode) as h:
+            for path in PATHS:
+                response = await h.client.post(path, json={**VALID[path], **extra})
+                assert response.status_code == 400, (path, response.text)
+                error = response.json()["error"]
+                assert words in error["message"]
+                if path == MESSAGES:
+                    assert error["type"] == "invalid_request_error"
+                else:
+                    assert error["param"] == "kv_transfer_params"
+            assert not h.coordinator.submitted  # nothing was admitted
+
+    run(body)

@@ -23,6 +23,7 @@ from starlette.responses import Response
 from deepinfer_server.api.auth import tenant_of
 from deepinfer_server.api.body import read_json_body
 from deepinfer_server.api.cache_partition import cache_partition
+from deepinfer_server.api.disaggregation import request_kv_transfer, with_handoff
 from deepinfer_server.api.disconnect import until_disconnect
 from deepinfer_server.api.error_responses import as_api_error
 from deepinfer_server.api.fan_out import merge_streams, submit_all
@@ -140,6 +141,11 @@ async def serve_generation(request: Request, protocol: GenerationProtocol) -> Re
             "(DP x --max-num-seqs + --max-queued-requests): ask for fewer",
             param="n",
         )
+    kv_transfer = request_kv_transfer(
+        body, config.disaggregation_mode, len(choices), len(choices[0].prompt_token_ids)
+    )
+    if kv_transfer is not None and state.prefill_peers is not None:
+        state.prefill_peers.seen(kv_transfer, time.monotonic())
     structured = None
     if choices[0].constraint is not None:
         # Compiling can take seconds: never on the event loop.
@@ -157,6 +163,7 @@ async def serve_generation(request: Request, protocol: GenerationProtocol) -> Re
             sampling,
             state.deadline(),
             choices[index].images,
+            kv_transfer_params=kv_transfer,
             cache_salt=partition,
             tenant=tenant,
             priority=priority,
@@ -220,7 +227,8 @@ async def _respond(
         stream.abandon()
     if session is not None:
         await session.finished()
-    return Response(outputs[0].response_json(), media_type="application/json")
+    body = with_handoff(outputs[0].response_json(), handles[0].kv_transfer_params)
+    return Response(body, media_type="application/json")
 
 
 async def _serve_choices(

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from deepinfer_server.api.disaggregation import PrefillPeers
 from deepinfer_server.api.preparation import PreparationGate
 from deepinfer_server.api.receive_budget import ReceiveBudget
 from deepinfer_server.config import ResolvedConfig
@@ -50,6 +51,8 @@ class AppState:
     started_at: int = field(default_factory=lambda: int(time.time()))
     preparation: PreparationGate = field(default_factory=PreparationGate)
     peers: Peers | None = None
+    #: A decode server's prefill peers (`--disaggregation-mode decode`; else None).
+    prefill_peers: PrefillPeers | None = None
     #: The Responses store (None: `--response-store none`).
     store: ResponseStore | None = None
     #: Bytes held by requests still being received (`--max-receive-buffer-mb`).

@@ -386,6 +386,57 @@ class ServerConfig:
         "process less CPU per token, at the price of less smooth streaming (default: %(default)s)",
         type=int,
     )
+    disaggregation_mode: Literal["null", "prefill", "decode"] = option(
+        "null",
+        "--disaggregation-mode",
+        help="prefill/decode disaggregation role: 'null' runs DeepInfer's NORMAL engine "
+        "(prefill and decode); 'prefill' runs its PROMPT engine (every answer is one token and "
+        "a top-level kv_transfer_params naming where a decode server pulls the prompt's KV); "
+        "'decode' runs its COMPLETION engine (every request must carry the kv_transfer_params "
+        "of a prefill server's answer) (default: %(default)s)",
+        choices=["null", "prefill", "decode"],
+    )
+    disaggregation_transfer_backend: Literal["mooncake"] = option(
+        "mooncake",
+        "--disaggregation-transfer-backend",
+        help="the KV-transfer library: Mooncake's Transfer Engine (the `disaggregation` extra) "
+        "(default: %(default)s)",
+        choices=["mooncake"],
+    )
+    disaggregation_bootstrap_port: int = option(
+        8998,
+        "--disaggregation-bootstrap-port",
+        help="prefill server: DP rank r listens on this port + r for decode servers' release "
+        "notices and health probes (default: %(default)s)",
+        type=int,
+    )
+    disaggregation_ib_device: str | None = option(
+        None,
+        "--disaggregation-ib-device",
+        help="RDMA device(s) the transfer library uses, comma-separated (for example mlx5_0); "
+        "unused by the TCP transport (default: none)",
+    )
+    disaggregation_host: str | None = option(
+        None,
+        "--disaggregation-host",
+        help="the address decode servers reach this prefill server's transfer engine and "
+        "bootstrap port at (default: --host, or this machine's address when --host is a "
+        "wildcard)",
+    )
+    disaggregation_kv_hold_timeout: float = option(
+        60.0,
+        "--disaggregation-kv-hold-timeout",
+        help="prefill server: seconds a prefilled request's KV is held for a decode server "
+        "that never pulls it (default: %(default)s)",
+        type=float,
+    )
+    disaggregation_transfer_timeout: float = option(
+        30.0,
+        "--disaggregation-transfer-timeout",
+        help="decode server: seconds a request may wait for KV room and its pull together "
+        "before it fails with a 503 (default: %(default)s)",
+        type=float,
+    )
     get_load_format: Literal["vllm", "sglang"] = option(
         "vllm",
         "--get-load-format",

@@ -9,6 +9,7 @@ the rank processes.
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import MutableMapping
 from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
@@ -105,6 +106,14 @@ class ResolvedConfig:
     get_load_format: Literal["vllm", "sglang"]
     api_server_count: int
     stream_interval: int
+    disaggregation_mode: Literal["null", "prefill", "decode"]
+    disaggregation_transfer_backend: Literal["mooncake"]
+    disaggregation_bootstrap_port: int
+    disaggregation_ib_device: str | None
+    #: The address peers reach this server's transfer engine at (`advertised_host`).
+    disaggregation_host: str = field(metadata=DERIVED)
+    disaggregation_kv_hold_timeout: float
+    disaggregation_transfer_timeout: float
     state_dir: str = field(metadata=DERIVED)
     #: The Responses store (`store.location.store_url`), None when disabled.
     response_store: str | None = field(metadata=DERIVED, repr=False)
@@ -234,6 +243,17 @@ def _check_ranges(config: ServerConfig, max_model_len: int) -> None:
         raise ConfigError(f"--api-server-count must be at least 1, got {config.api_server_count}")
     if config.max_connections < 1:
         raise ConfigError(f"--max-connections must be at least 1, got {config.max_connections}")
+    if not 0 < config.disaggregation_bootstrap_port < 65536:
+        raise ConfigError(
+            "--disaggregation-bootstrap-port must be in 1..65535, got "
+            f"{config.disaggregation_bootstrap_port}"
+        )
+    for flag, seconds in (
+        ("--disaggregation-kv-hold-timeout", config.disaggregation_kv_hold_timeout),
+        ("--disaggregation-transfer-timeout", config.disaggregation_transfer_timeout),
+    ):
+        if seconds <= 0:
+            raise ConfigError(f"{flag} must be positive")
     if (
         config.max_header_line_bytes < 1024
         or config.max_header_bytes < config.max_header_line_bytes
@@ -275,6 +295,11 @@ def resolve(
         config.expert_parallel_size, config.data_parallel_size, config.context_parallel_size
     )
     max_model_len = config.max_model_len or default_max_model_len
+    if config.disaggregation_mode == "decode" and cp > 1:
+        # DeepInfer asserts it: a COMPLETION engine has no context-parallel prefill to split.
+        raise ConfigError(
+            "--disaggregation-mode decode needs --cp 1 (DeepInfer's COMPLETION engine)"
+        )
     _check_ranges(config, max_model_len)
     served = config.served_model_name or (config.model or DEFAULT_SERVED_MODEL_NAME,)
     if any(not name for name in served):
@@ -315,6 +340,7 @@ def resolve(
             else config.enable_prefix_caching
         ),
         allowed_media_domains=tuple(d.lower() for d in config.allowed_media_domains),
+        disaggregation_host=advertised_host(config.disaggregation_host, config.host),
         access_log=not config.disable_access_log,
         api_keys=tuple(entry.key for entry in keys),
         named_keys=keys,
@@ -327,6 +353,19 @@ def resolve(
         response_store_key_max_bytes=key_cap,
         response_store_max_response_bytes=min(config.response_store_max_response_mb * MIB, key_cap),
     )
+
+
+def advertised_host(given: str | None, listen_host: str) -> str:
+    """The address a prefill server gives decode servers: `given`, else the listen address,
+    else (a wildcard) this machine's own address."""
+    if given:
+        return given
+    if listen_host not in ("0.0.0.0", "::", ""):
+        return listen_host
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
 
 
 def _as_given(config: ServerConfig) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from deepinfer_server.errors import (
     StartupError,
 )
 from deepinfer_server.ipc.codec import pack_token_ids
+from deepinfer_server.ipc.kv_transfer import KVTransferParams
 from deepinfer_server.ipc.messages import (
     AbortReason,
     FromRank,
@@ -187,6 +188,7 @@ class Coordinator:
         sampling: SamplingOptions,
         deadline: float | None,
         images: Images | None = None,
+        kv_transfer_params: KVTransferParams | None = None,
         cache_salt: bytes | None = None,
         *,
         tenant: int = 0,
@@ -240,7 +242,9 @@ class Coordinator:
         try:
             handle.context_tokens = len(prompt_token_ids)
             self._unsent[request_id] = (
-                self._channels.frame_add(request_id, packed, sampling, images, cache_salt),
+                self._channels.frame_add(
+                    request_id, packed, sampling, images, cache_salt, kv_transfer_params
+                ),
                 hashes,
             )
         except BaseException:
@@ -418,6 +422,8 @@ class Coordinator:
         now = time.perf_counter()
         self._metrics.observe_step(message.rank, message.step_seconds)
         self._kv_usage[message.rank] = message.kv_cache_usage
+        if message.counters is not None:
+            self._metrics.observe_counters(message.rank, message.counters)
         cache = message.prefix_cache
         if cache is not None and cache != self._prefix_cache[message.rank]:
             self._prefix_cache[message.rank] = cache
@@ -432,6 +438,8 @@ class Coordinator:
                 continue
             if delta.cached_tokens is not None:
                 handle.started(delta.cached_tokens)
+            if delta.kv_transfer_params is not None:
+                handle.kv_transfer_params = delta.kv_transfer_params
             finish = delta.finish
             if finish is not None:
                 self._engine_done(delta.request_id)
@@ -440,4 +448,4 @@ class Coordinator:
                     to_flush.append(handle)
             else:
                 handle.deliver(delta.tokens, None, now, step_seconds)
-                handle.fail(error_for_finish(finish), engine_finished=True)
+                handle.fail(error_for_finish(finish, delta.detail), engine_finished=True)

@@ -30,6 +30,7 @@ from deepinfer_server.errors import (
     QueueTimeoutError,
     RequestTimeoutError,
 )
+from deepinfer_server.ipc.kv_transfer import KVTransferParams
 from deepinfer_server.ipc.messages import AbortReason, Finish, GeneratedTokens
 
 
@@ -89,6 +90,8 @@ class RequestHandle:
         #: The prompt tokens the engine reused from its prefix cache; None until the engine
         #: has taken the request (its first delta says).
         self.cached_tokens: int | None = None
+        #: A prefill engine's handoff of this request's KV (prefill role), once it ended.
+        self.kv_transfer_params: KVTransferParams | None = None
         self._finish: Finish | None = None
         self._error: ApiError | None = None
         self._event = asyncio.Event()

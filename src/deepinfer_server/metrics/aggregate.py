@@ -32,6 +32,12 @@ SEEN_BY_EVERY_PROCESS = frozenset(
         # Read from admission's counts, which every process shares.
         "tenant_requests_running",
         "tenant_requests_queued",
+        "prompt_tokens_computed",
+        "kv_transfer_bytes",
+        "kv_transfer_failures",
+        "kv_transfer_held_requests",
+        "kv_transfer_seconds",
+        "kv_transfer_wait_seconds",
     )
 )
 

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from deepinfer_server.ipc.messages import AbortReason, PrefixCacheStats
+from deepinfer_server.ipc.messages import AbortReason, EngineCounters, PrefixCacheStats
 from deepinfer_server.metrics.histogram import FastHistogram
 from deepinfer_server.metrics.records import RequestRecord
 
@@ -234,6 +234,56 @@ class _TenantGauges(Collector):
         yield queued
 
 
+class _EngineTotals(Collector):
+    """The ranks' own totals (prompt tokens computed, KV transfer bytes and failures), summed
+    over the ranks, each rank's as of its last report."""
+
+    def __init__(self, model_name: str, ranks: list[EngineCounters | None]) -> None:
+        self._model_name = model_name
+        self._ranks = ranks
+
+    def collect(self) -> Iterator[Metric]:
+        labels = [self._model_name]
+        computed = CounterMetricFamily(
+            PREFIX + "prompt_tokens_computed",
+            "Prompt tokens the engine actually prefilled (prefix-cache hits and KV pulled "
+            "from a prefill server excluded), over every DP rank.",
+            labels=["model_name"],
+        )
+        moved = CounterMetricFamily(
+            PREFIX + "kv_transfer_bytes",
+            "KV bytes a decode server pulled from prefill servers, over every DP rank.",
+            labels=["model_name"],
+        )
+        failures = CounterMetricFamily(
+            PREFIX + "kv_transfer_failures",
+            "KV transfers that failed on a decode server, by reason (timeout, no_kv_room, "
+            "transfer_error, kv_mismatch).",
+            labels=["model_name", "reason"],
+        )
+        held = GaugeMetricFamily(
+            PREFIX + "kv_transfer_held_requests",
+            "Prefilled prompts a prefill server holds for decode servers now.",
+            labels=["model_name"],
+        )
+        ranks = [counters for counters in self._ranks if counters is not None]
+        computed.add_metric(labels, sum(c.prompt_tokens_computed for c in ranks))
+        moved.add_metric(labels, sum(c.kv_transfer_bytes for c in ranks))
+        by_reason: dict[str, int] = dict.fromkeys(
+            ("timeout", "no_kv_room", "transfer_error", "kv_mismatch"), 0
+        )
+        for counters in ranks:
+            for reason, count in counters.kv_transfer_failures.items():
+                by_reason[reason] = by_reason.get(reason, 0) + count
+        for reason, count in by_reason.items():
+            failures.add_metric([*labels, reason], count)
+        held.add_metric(labels, sum(c.held_kv for c in ranks))
+        yield computed
+        yield moved
+        yield failures
+        yield held
+
+
 class ServerMetrics:
     """All metrics of one server in a registry of its own."""
 
@@ -304,6 +354,19 @@ class ServerMetrics:
             "Requests each API key (by its name) sent, by admission's result (admitted, refused).",
             ["tenant", "result"],
         )
+        self.kv_transfer_seconds = histogram(
+            "kv_transfer_seconds",
+            "Duration of one KV pull from a prefill server (decode servers).",
+            _LATENCY_BUCKETS,
+        )
+        self.kv_transfer_wait_seconds = histogram(
+            "kv_transfer_wait_seconds",
+            "Arrival of a decode request to its KV in place: the wait for KV room and the pull.",
+            _LATENCY_BUCKETS,
+        )
+        #: Each rank's last reported totals (None before its first report).
+        self._engine_totals: list[EngineCounters | None] = []
+        self.registry.register(_EngineTotals(model_name, self._engine_totals))
 
     def watch_ranks(
         self, rank_loads: Callable[[], Iterable[RankLoad]], healthy: Callable[[], bool]
@@ -328,6 +391,14 @@ class ServerMetrics:
     def observe_admission(self, tenant: str, admitted: bool) -> None:
         result = "admitted" if admitted else "refused"
         self.admissions.labels(self.model_name, tenant, result).inc()
+    def observe_counters(self, rank: int, counters: EngineCounters) -> None:
+        """A rank's disaggregation report: its totals, and its new transfer samples."""
+        totals = self._engine_totals
+        totals.extend([None] * (rank + 1 - len(totals)))
+        totals[rank] = counters
+        name = self.model_name
+        self.kv_transfer_seconds.labels(name).observe_many(counters.kv_transfer_seconds)
+        self.kv_transfer_wait_seconds.labels(name).observe_many(counters.kv_transfer_wait_seconds)
 
     def observe_step(self, rank: int, seconds: float) -> None:
         self.step_seconds.labels(self.model_name, str(rank)).observe(seconds)

@@ -47,6 +47,20 @@ CACHE_SALT = string(
     minLength=1,
 )
 ANY_OBJECT: Schema = {"type": "object"}
+#: Prefill/decode disaggregation's handoff (vLLM's field): its fields are
+#: `ipc.kv_transfer.KVTransferParams`, checked by a decode server.
+KV_TRANSFER_PARAMS: Schema = {
+    "anyOf": [
+        {
+            "type": "object",
+            "description": "Prefill/decode disaggregation: on a decode server, the "
+            "kv_transfer_params object of a prefill server's answer (required there); on a "
+            'prefill server, optionally {"do_remote_decode": true}; refused by a server '
+            "without a role",
+        },
+        {"type": "null"},
+    ]
+}
 JSON_SCHEMA: Schema = {
     "anyOf": [{"type": "object"}, {"type": "boolean"}, {"type": "string"}],
     "description": "A JSON Schema (an object, a boolean, or its JSON text)",

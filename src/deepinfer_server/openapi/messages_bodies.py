@@ -6,6 +6,7 @@ from deepinfer_server.openapi.fields import (
     ANY_OBJECT,
     CACHE_SALT,
     JSON_SCHEMA,
+    KV_TRANSFER_PARAMS,
     MODEL,
     PRIORITY,
     RECIPE_MAX_TOKENS,
@@ -122,6 +123,7 @@ MESSAGES: Schema = obj(
         "stop_sequences": array(string(), 0, MAX_STOP_SEQUENCES),
         "stream": STREAM,
         "metadata": obj({"user_id": nullable(string())}),
+        "kv_transfer_params": KV_TRANSFER_PARAMS,
     },
     ("model", "max_tokens", "messages"),
 )

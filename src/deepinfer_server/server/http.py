@@ -27,6 +27,7 @@ from deepinfer_server.api.connection import (
     guarded_protocol,
 )
 from deepinfer_server.api.request_head import HeadLimits
+from deepinfer_server.api.disaggregation import PrefillPeers
 from deepinfer_server.api.state import AppState, Peers
 from deepinfer_server.concurrency import first_of
 from deepinfer_server.config import ResolvedConfig
@@ -222,6 +223,7 @@ def build_server(
         structured=StructuredOutputs(tokenizer_json),
         peers=peers,
         store=store,
+        prefill_peers=PrefillPeers() if config.disaggregation_mode == "decode" else None,
     )
     metrics.watch_receive_buffer(lambda: state.receiving.used)
     return HttpServer(

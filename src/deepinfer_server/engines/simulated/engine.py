@@ -28,11 +28,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 from tokenizers import Tokenizer
 
+from deepinfer_server.engines.disaggregation.agent import TransferAgent
 from deepinfer_server.engines.simulated.collectives import LockstepGroup
+from deepinfer_server.engines.simulated.disaggregation import (
+    DecodeRole,
+    PrefillRole,
+    TransferStats,
+)
 from deepinfer_server.engines.simulated.kv_blocks import KVBlocks, default_pool
 from deepinfer_server.engines.simulated.matcher_builds import MatcherBuilds
 from deepinfer_server.engines.simulated.outputs import POOL, OutputRecord, RequestOutput
@@ -51,6 +58,7 @@ from deepinfer_server.engines.simulated.sequence import FINISH_ABORT, Sequence
 from deepinfer_server.engines.simulated.state_slots import StateSlots
 from deepinfer_server.engines.simulated.step_clock import StepClock
 from deepinfer_server.engines.simulated.token_generator import TokenGenerator
+from deepinfer_server.ipc.kv_transfer import KVTransferParams
 from deepinfer_server.model.tokens import EOS_TOKEN
 
 logger = logging.getLogger(__name__)
@@ -83,6 +91,13 @@ class SimEngineArgs:
     enable_prefix_caching: bool = False
     #: Prompt tokens a prompt step computes per second; 0: a prompt step lasts one period.
     prefill_tokens_per_s: float = 0.0
+    #: "null" (NORMAL), "prefill" (PROMPT) or "decode" (COMPLETION): `disaggregation.py`.
+    disaggregation_mode: str = "null"
+    disaggregation_bootstrap_port: int = 8998
+    disaggregation_ib_device: str | None = None
+    disaggregation_host: str = "127.0.0.1"
+    disaggregation_kv_hold_timeout: float = 60.0
+    disaggregation_transfer_timeout: float = 30.0
 
 
 class LLMEngine:
@@ -141,6 +156,12 @@ class LLMEngine:
             args.prefill_attempt_interval,
             args.prefill_any_attempt_interval,
         )
+        self._prefill: PrefillRole | None = None
+        self._decode: DecodeRole | None = None
+        #: Prompt tokens this engine's prompt steps computed (a fork's reused ones excluded).
+        self.prompt_tokens_computed = 0
+        if args.disaggregation_mode != "null":
+            self._start_role(args)
         self._prompts = PromptScheduler(
             self._table,
             self._generator,
@@ -149,7 +170,30 @@ class LLMEngine:
             args.max_num_seqs,
             batched_tokens,
             prompt_limit,
+            engine_type=args.disaggregation_mode,
         )
+
+    def _start_role(self, args: SimEngineArgs) -> None:
+        """A PROMPT or COMPLETION engine: its transfer agent and its role's state."""
+        agent = TransferAgent(args.disaggregation_host, args.disaggregation_ib_device)
+        if args.disaggregation_mode == "prefill":
+            self._prefill = PrefillRole(
+                self._kv,
+                self._cache.slots,
+                agent,
+                args.disaggregation_bootstrap_port,
+                args.engine_rank,
+                args.disaggregation_kv_hold_timeout,
+            )
+            self._table.on_finish = self._prefill.hold
+        else:
+            self._decode = DecodeRole(
+                self._table,
+                self._generator,
+                agent,
+                args.max_num_seqs,
+                args.disaggregation_transfer_timeout,
+            )
 
     @classmethod
     def from_engine_args(cls, args: SimEngineArgs) -> LLMEngine:
@@ -192,6 +236,15 @@ class LLMEngine:
         if int(prompt_token_ids.min()) < 0 or int(prompt_token_ids.max()) >= self._vocab_size:
             logger.info("request %s of user %s has invalid token ids; dropped", request_id, user_id)
             return None
+        handoff = (extra or {}).get("kv_transfer_params")
+        if self._decode is not None and handoff is None:
+            raise ValueError(
+                "a COMPLETION engine cannot prefill: the request needs the kv_transfer_params "
+                "of a prefill server's answer"
+            )
+        if self._prefill is not None:
+            # A PROMPT engine only prefills: its answer is the prompt step's token.
+            sampling_params.max_tokens = 1
         prompt = prompt_token_ids.tolist()
         sequence = Sequence(
             request_id=request_id,
@@ -201,6 +254,13 @@ class LLMEngine:
             ready_at=arrived + self._args.ttft_ms / 1000.0,
             cache_salt=cache_salt,
         )
+        if self._decode is not None:
+            if sampling_params.so_args:
+                self._builds.build_now(sequence)
+            if not isinstance(handoff, KVTransferParams):
+                handoff = msgspec.convert(handoff, KVTransferParams)
+            self._decode.add(sequence, handoff)
+            return sequence
         cacheable = (
             multi_modal_data is None and not sampling_params.prompt_logprobs and enqueue
         ) and not sampling_params.so_args
@@ -221,6 +281,8 @@ class LLMEngine:
         ids = {request_id} if isinstance(request_id, str) else set(request_id)
         pending = self._builds.abort(ids)
         waited, ran = self._table.abort(ids)
+        if self._decode is not None:
+            waited.extend(self._decode.abort(ids))
         for sequence in [*pending, *waited]:
             self._pending_terminal.append(sequence.ignored_output(FINISH_ABORT))
         aborted = [*pending, *waited, *ran]
@@ -233,12 +295,14 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         """An all-reduce MAX over the DP ranks of "this rank has waiting or running work"."""
         self._check_thread()
-        local = 1 if (self._table or self._builds) else 0
+        decoding = self._decode is not None and self._decode.busy
+        local = 1 if (self._table or self._builds or decoding) else 0
         return bool(self._args.lockstep.all_reduce_max(self._args.engine_rank, local))
 
     def get_num_unfinished_requests(self) -> int:
         self._check_thread()
-        return len(self._table) + len(self._builds)
+        pulling = len(self._decode) if self._decode is not None else 0
+        return len(self._table) + len(self._builds) + pulling
 
     def step(self) -> npt.NDArray[np.uint64]:
         """One engine step, collective across the DP ranks; returns one handle per token."""
@@ -257,9 +321,15 @@ class LLMEngine:
         step_end = self._clock.step_end(started, first_ready)
 
         terminal, self._pending_terminal = self._pending_terminal, []
+        if self._prefill is not None:
+            self._prefill.collect()
+        if self._decode is not None:
+            # Pulled prompts enter with their first token; failed transfers end here.
+            terminal.extend(self._decode.step())
         self._cache.evict_for_demand(table.waiting, len(table.running))
         prompt_outputs: list[OutputRecord] = []
         prompt_step = self._prompts.schedule(prompt_outputs, step_end)
+        self.prompt_tokens_computed += self._prompts.computed_tokens
         rate = self._args.prefill_tokens_per_s
         if prompt_step and rate > 0:
             # Across DP ranks the next step's barrier makes the slowest prompt step the group's.
@@ -268,7 +338,9 @@ class LLMEngine:
         decoded: list[OutputRecord] = []
         if not prompt_step:
             # Before the deferred outputs leave: a preempted sequence's in-flight tokens go.
-            scheduled, deferred = schedule_decode(table, deferred, self._args.tokens_per_step)
+            scheduled, deferred = schedule_decode(
+                table, deferred, self._args.tokens_per_step, stop_preempted=self._decode is not None
+            )
             for sequence in scheduled:
                 decoded.extend(self._generator.generate(sequence))
         returned = deferred + terminal + prompt_outputs
@@ -284,6 +356,8 @@ class LLMEngine:
     def flush_inflight_reqs(self) -> npt.NDArray[np.uint64]:
         """Return the outputs of the deferred decode step, if any (local, not collective)."""
         self._check_thread()
+        if self._prefill is not None:
+            self._prefill.collect()
         returned = self._deferred + self._pending_terminal
         self._deferred = []
         self._pending_terminal = []
@@ -301,7 +375,27 @@ class LLMEngine:
             POOL.release(handles)
         self._to_release.clear()
         self._builds.close()
+        if self._prefill is not None:
+            self._prefill.close()
+        if self._decode is not None:
+            self._decode.close()
         self._closed = True
+
+    # Prefill/decode disaggregation (read by the engine driver)
+
+    def pop_kv_handoff(self, request_id: str) -> KVTransferParams | None:
+        """A PROMPT engine's handoff of a request that ended (None: none, or not PROMPT)."""
+        if self._prefill is None:
+            return None
+        return self._prefill.handoffs.pop(request_id, None)
+
+    def kv_transfer_stats(self) -> TransferStats | None:
+        """A COMPLETION engine's transfer counters (None for the other roles)."""
+        return None if self._decode is None else self._decode.stats
+
+    def held_kv(self) -> int:
+        """Prompts a PROMPT engine holds for decode servers now."""
+        return 0 if self._prefill is None else len(self._prefill.held)
 
     # Internals
 

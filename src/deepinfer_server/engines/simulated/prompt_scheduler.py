@@ -34,6 +34,9 @@ class PromptScheduler:
     prompt_limit: int
     #: The prompt tokens the last prompt step computed (a fork's reused ones excluded).
     computed_tokens: int = 0
+    #: DeepInfer's engine type: "null" (NORMAL: the cadence's votes), "prefill" (PROMPT: every
+    #: step is a prompt step) or "decode" (COMPLETION: none is), as scheduler.hpp `schedule()`.
+    engine_type: str = "null"
 
     def schedule(self, returned: list[OutputRecord], now: float) -> bool:
         """DeepInfer's prefill cadence (scheduler.PrefillCadence): True for a prompt step,
@@ -41,6 +44,11 @@ class PromptScheduler:
         prompt tokens computed are `computed_tokens`; `now` is the step's end, as of which
         requests are ready."""
         self.computed_tokens = 0
+        if self.engine_type == "decode":
+            return False
+        if self.engine_type == "prefill":
+            returned.extend(self._prefill(now))
+            return True
         waiting = self.table.waiting
         head_ready = bool(waiting) and waiting[0].ready_at <= now
         want = self.table.kv_usage() <= KV_WATERMARK and head_ready

@@ -56,6 +56,9 @@ class Sequence:
     #: (`state_slots.StateSlots`; 0: none).
     state_slot: int = 0
     snapshot_slot: int = 0
+    #: The next token, sampled elsewhere: a prefill server's first token (`fork_seq`'s
+    #: `sp_token`) that a decode engine's sequence starts with.
+    forced_token: int | None = None
 
     @property
     def length(self) -> int:
