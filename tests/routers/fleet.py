@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -29,6 +30,19 @@ def router_binary(name: str, package: str) -> str:
     if found is None:
         pytest.skip(f"`{name}` is not installed (pip install {package}): router lane skipped")
     return found
+
+
+def smg_binary() -> str:
+    """The Shepherd Model Gateway (PyPI `smg`) that scripts/install-smg.sh puts in a venv of its
+    own: `$SMG_BIN`, default `$SMG_PREFIX/bin/smg` (SMG_PREFIX: ~/.cache/deepinfer-server/smg).
+    Skips the test if it is not there. Not the `smg` next to this Python: that one is
+    sglang-router's."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    prefix = Path(os.environ.get("SMG_PREFIX", cache / "deepinfer-server" / "smg"))
+    binary = Path(os.environ.get("SMG_BIN", prefix / "bin" / "smg"))
+    if not binary.exists():
+        pytest.skip(f"{binary} is not installed (scripts/install-smg.sh): PD gateway skipped")
+    return str(binary)
 
 
 def wait_for(condition: Callable[[], Any], what: str, timeout: float, interval: float = 0.1) -> Any:
@@ -130,6 +144,27 @@ def sglang_gateway(worker_urls: list[str], policy: str, log_path: Path) -> Route
     return Router(
         [
             binary, "launch", "--worker-urls", *worker_urls, "--policy", policy,
+            "--health-check-interval-secs", "1", "--health-failure-threshold", "1",
+            "--health-check-timeout-secs", "2", "--worker-startup-check-interval", "1",
+            "--log-level", "warn",
+        ],
+        log_path,
+    )  # fmt: skip
+
+
+def smg_pd_gateway(
+    prefill: list[tuple[str, int | None]], decode: list[str], log_path: Path
+) -> Router:
+    """`smg launch --pd-disaggregation` in front of prefill servers (URL, bootstrap port or
+    None) and decode servers, on a free loopback port; not yet waited for (`wait_healthy`)."""
+    workers: list[str] = []
+    for url, bootstrap_port in prefill:
+        workers += ["--prefill", url, "none" if bootstrap_port is None else str(bootstrap_port)]
+    for url in decode:
+        workers += ["--decode", url]
+    return Router(
+        [
+            smg_binary(), "launch", "--pd-disaggregation", *workers,
             "--health-check-interval-secs", "1", "--health-failure-threshold", "1",
             "--health-check-timeout-secs", "2", "--worker-startup-check-interval", "1",
             "--log-level", "warn",
