@@ -66,10 +66,11 @@ RUN if [ -z "${FLASH_MLA_SKIP_REG_SPILL_CHECK}" ]; then unset FLASH_MLA_SKIP_REG
 RUN pip install --no-deps "nvidia-nccl-cu13==${NCCL_VERSION}" \
     && find /opt/DeepInfer -name .git -prune -exec rm -rf {} +
 
-# This server and deepseek-recipe.
+# This server and deepseek-recipe, with the `disaggregation` extra: Mooncake's Transfer Engine
+# (the CUDA build: RDMA and NVLink) that moves KV between prefill and decode servers.
 COPY pyproject.toml README.md /opt/deepinfer-server/
 COPY src /opt/deepinfer-server/src
-RUN pip install "deepseek-recipe==${DEEPSEEK_RECIPE_VERSION}" /opt/deepinfer-server
+RUN pip install "deepseek-recipe==${DEEPSEEK_RECIPE_VERSION}" "/opt/deepinfer-server[disaggregation]"
 
 # Any dependency conflict fails the build, except exactly the NCCL override above.
 COPY docker/check_dependencies.py /opt/deepinfer-server/docker/check_dependencies.py
