@@ -3,12 +3,14 @@ the Shepherd Model Gateway in prefill/decode mode)."""
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.routers.fleet import Router, smg_binary, smg_pd_gateway
+from tests.routers.fleet import Router, pd_gateway, smg_binary
 
 #: make_pd_gateway(prefill=[(url, bootstrap_port or None), ...], decode=[url, ...]) -> Router
 MakePdGateway = Callable[[list[tuple[str, int | None]], list[str]], Router]
@@ -26,15 +28,11 @@ def make_pd_gateway(tmp_path: Path) -> Iterator[MakePdGateway]:
     returns it once smg lists every one of them as healthy, and stops it after the test.
     Skips (before anything starts) when scripts/install-smg.sh has not installed smg."""
     smg_binary()
-    gateways: list[Router] = []
+    numbers = itertools.count()
+    with contextlib.ExitStack() as gateways:
 
-    def make(prefill: list[tuple[str, int | None]], decode: list[str]) -> Router:
-        gateway = smg_pd_gateway(prefill, decode, tmp_path / f"smg-pd-{len(gateways)}.log")
-        gateways.append(gateway)
-        # smg registers (and classifies) its workers in the background after it listens.
-        gateway.wait_healthy({url for url, _ in prefill} | set(decode))
-        return gateway
+        def make(prefill: list[tuple[str, int | None]], decode: list[str]) -> Router:
+            log_path = tmp_path / f"smg-pd-{next(numbers)}.log"
+            return gateways.enter_context(pd_gateway(prefill, decode, log_path))
 
-    yield make
-    for gateway in gateways:
-        gateway.stop()
+        yield make

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -9,7 +10,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +172,21 @@ def smg_pd_gateway(
         ],
         log_path,
     )  # fmt: skip
+
+
+@contextlib.contextmanager
+def pd_gateway(
+    prefill: list[tuple[str, int | None]], decode: list[str], log_path: Path
+) -> Iterator[Router]:
+    """smg in PD mode in front of the given servers, once it lists all of them as healthy;
+    stopped on exit. For tests outside tests/routers (the `make_pd_gateway` fixture here)."""
+    gateway = smg_pd_gateway(prefill, decode, log_path)
+    try:
+        # smg registers (and classifies) its workers in the background after it listens.
+        gateway.wait_healthy({url for url, _ in prefill} | set(decode))
+        yield gateway
+    finally:
+        gateway.stop()
 
 
 def chat(
