@@ -30,15 +30,7 @@ JOB = "deepinfer-server"
 #: Metrics shown on the dashboard before the server exports them, with the labels they are to
 #: have. Keep this short: remove a name the day the server exports it.
 NOT_YET_EXPORTED: Mapping[str, frozenset[str]] = MappingProxyType(
-    {
-        # Prefill/decode disaggregation's (the Disaggregation row and the KV-transfer alerts).
-        "deepinfer:kv_transfer_bytes_total": frozenset({"model_name"}),
-        "deepinfer:kv_transfer_seconds_bucket": frozenset({"model_name", "le"}),
-        "deepinfer:kv_transfer_seconds_count": frozenset({"model_name"}),
-        "deepinfer:kv_transfer_wait_seconds_bucket": frozenset({"model_name", "le"}),
-        "deepinfer:kv_transfer_failures_total": frozenset({"model_name", "reason"}),
-        "deepinfer:prompt_tokens_computed_total": frozenset({"model_name"}),
-    }
+    {}
 )
 
 #: What Grafana puts in place of its own variables, for a dashboard showing the last few minutes

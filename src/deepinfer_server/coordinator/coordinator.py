@@ -196,7 +196,8 @@ class Coordinator:
     ) -> RequestHandle:
         """Admit a request of `tenant` (an index into `config.tenants`) and start it when its
         turn comes (`admission.py`): on the least-loaded rank with a free slot, or the rank
-        holding its prompt's cached prefix under its `cache_salt` (429/503 when it cannot be admitted).
+        holding its prompt's cached prefix under its `cache_salt` (429/503 when it cannot be
+        admitted).
 
         The returned handle owns the request's admission slot and its place among the requests
         in flight: closing it frees both, once, whether it is still queued or already started.

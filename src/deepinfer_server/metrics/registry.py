@@ -364,6 +364,9 @@ class ServerMetrics:
             "Arrival of a decode request to its KV in place: the wait for KV room and the pull.",
             _LATENCY_BUCKETS,
         )
+        # Exported from the start on every server, so dashboards and alerts find the series.
+        self.kv_transfer_seconds.labels(model_name)
+        self.kv_transfer_wait_seconds.labels(model_name)
         #: Each rank's last reported totals (None before its first report).
         self._engine_totals: list[EngineCounters | None] = []
         self.registry.register(_EngineTotals(model_name, self._engine_totals))

@@ -26,8 +26,8 @@ from deepinfer_server.api.connection import (
     fit_to_file_limit,
     guarded_protocol,
 )
-from deepinfer_server.api.request_head import HeadLimits
 from deepinfer_server.api.disaggregation import PrefillPeers
+from deepinfer_server.api.request_head import HeadLimits
 from deepinfer_server.api.state import AppState, Peers
 from deepinfer_server.concurrency import first_of
 from deepinfer_server.config import ResolvedConfig
