@@ -7,6 +7,7 @@ then the client's own request to the decode server with the prefill answer's top
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -26,19 +27,23 @@ COMMON = ("--sim-ttft-ms", "5", "--sim-itl-ms", "2", "--max-model-len", "4096")
 QUESTION = "Tell me about the lighthouse keeper and the storm that night. " * 40
 
 
-def start_prefill() -> LiveServer:
+def start_prefill(bootstrap_port: int | None = None) -> LiveServer:
     return LiveServer(
         *COMMON,
         "--disaggregation-mode",
         "prefill",
         "--disaggregation-bootstrap-port",
-        str(free_port()),
+        str(bootstrap_port or free_port()),
     )
+
+
+#: The shared prefill server's bootstrap port (what a PD gateway is told with its URL).
+PREFILL_BOOTSTRAP_PORT = free_port()
 
 
 @pytest.fixture(scope="module")
 def prefill() -> Iterator[LiveServer]:
-    with start_prefill() as server:
+    with start_prefill(PREFILL_BOOTSTRAP_PORT) as server:
         yield server
 
 
@@ -210,3 +215,59 @@ def test_a_prefill_server_gone_before_the_pull_is_a_503_and_leaks_nothing(
     assert value(after, failures, reason="transfer_error") == 1 + value(
         before, failures, reason="transfer_error"
     )
+
+
+def test_smg_in_pd_mode_answers_each_api_as_a_normal_server(
+    prefill: LiveServer, decode: LiveServer, shared_server: LiveServer, tmp_path: Path
+) -> None:
+    """The real gateway: `smg launch --pd-disaggregation --prefill URL PORT --decode URL`
+    sends the prefill leg, reads its answer's `kv_transfer_params` and hands it to the decode
+    leg; Chat (JSON and SSE), Responses and Messages come back as a NORMAL server answers them,
+    the decode server computing at most one block of each prompt while KV bytes move."""
+    from tests.routers.fleet import pd_gateway  # skips without scripts/install-smg.sh's smg
+
+    messages: Any = CHAT["messages"]
+    with pd_gateway(
+        [(prefill.base_url, PREFILL_BOOTSTRAP_PORT)], [decode.base_url], tmp_path / "smg.log"
+    ) as gateway:
+        before = scrape(decode.base_url)
+        requests = 0
+        with (
+            openai_client(shared_server) as normal,
+            openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0) as routed,
+        ):
+            expected = (
+                normal.chat.completions.create(model=MODEL, messages=messages, max_tokens=60)
+                .choices[0]
+                .message
+            )
+            answer = routed.chat.completions.create(model=MODEL, messages=messages, max_tokens=60)
+            assert answer.choices[0].message.content == expected.content
+            chunks = routed.chat.completions.create(
+                model=MODEL, messages=messages, max_tokens=60, stream=True
+            )
+            streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            assert streamed == expected.content
+            text = normal.responses.create(
+                model=MODEL, input=QUESTION, max_output_tokens=60, store=False
+            ).output_text
+            routed_text = routed.responses.create(
+                model=MODEL, input=QUESTION, max_output_tokens=60, store=False
+            ).output_text
+            assert routed_text == text
+            requests += 3
+        with (
+            anthropic_client(shared_server) as normal_messages,
+            anthropic.Anthropic(
+                base_url=gateway.url, api_key="unused", max_retries=0
+            ) as routed_messages,
+        ):
+            wanted = normal_messages.messages.create(model=MODEL, messages=messages, max_tokens=60)
+            got = routed_messages.messages.create(model=MODEL, messages=messages, max_tokens=60)
+            assert blocks(got) == blocks(wanted)
+            requests += 1
+        after = scrape(decode.base_url)
+    computed = "deepinfer:prompt_tokens_computed_total"
+    assert value(after, computed) - value(before, computed) <= 128 * requests
+    moved = "deepinfer:kv_transfer_bytes_total"
+    assert value(after, moved) > value(before, moved)

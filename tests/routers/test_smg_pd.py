@@ -5,31 +5,25 @@ smg classifies our servers as vLLM-runtime workers (from `owned_by` and `/versio
 dispatches vLLM-style: the prefill leg first, not streamed, with its output cap set to 1; then
 the decode leg with the client's own body (relayed as SSE when it streams). Servers without a
 `--disaggregation-mode` answer both legs in full, so here the decode leg computes the prompt
-again; the prefill/decode lane reuses this gateway (the `make_pd_gateway` fixture) with real
-prefill and decode servers.
+again; tests/e2e/test_disaggregation.py puts the same gateway (`fleet.pd_gateway`) in front of
+real prefill and decode servers, where the prefill answer's `kv_transfer_params` reaches the
+decode leg.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import anthropic
-import httpx
 import openai
 import pytest
-import uvicorn
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
 from tests.routers.conftest import MakePdGateway
 from tests.routers.fleet import MODEL, REPLICA_ARGS, Router, metric_sum, wait_for
-from tests.server import LiveServer, free_port
+from tests.server import LiveServer
 
 pytestmark = [pytest.mark.routers, pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -135,67 +129,3 @@ def test_responses_and_messages_are_routed_in_pd_mode(
     assert (prefill_leg["max_tokens"], decode_leg["max_tokens"]) == (1, 10)
     # smg keeps `thinking` on both legs.
     assert prefill_leg["thinking"] == decode_leg["thinking"] == NO_THINKING["thinking"]
-
-
-#: What a prefill server hands the decode side; smg must carry it without reading it.
-HANDOFF = {"remote_host": "127.0.0.1", "remote_port": 8998, "transfer_id": "t-1", "first": 7}
-
-
-class HandoffProxy:
-    """A loopback reverse proxy in front of a real server that adds `kv_transfer_params` to
-    its JSON answers, as a prefill server's answers carry it; everything else passes as is."""
-
-    def __init__(self, upstream: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._upstream = upstream
-        app = Starlette(routes=[Route("/{path:path}", self._forward, methods=["GET", "POST"])])
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
-
-    async def _forward(self, request: Request) -> Response:
-        async with httpx.AsyncClient(base_url=self._upstream, timeout=60) as client:
-            answer = await client.request(
-                request.method,
-                request.url.path,
-                params=request.query_params,
-                content=await request.body(),
-                headers={"content-type": request.headers.get("content-type", "")},
-            )
-        content = answer.content
-        if request.method == "POST" and answer.status_code == 200:
-            content = json.dumps({**answer.json(), "kv_transfer_params": HANDOFF}).encode()
-        media_type = answer.headers.get("content-type")
-        return Response(content, status_code=answer.status_code, media_type=media_type)
-
-    def __enter__(self) -> HandoffProxy:
-        self._thread.start()
-        wait_for(lambda: self._server.started, "the proxy listens", 10, interval=0.02)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.should_exit = True
-        self._thread.join(10)
-
-
-def test_smg_carries_the_prefill_answers_kv_transfer_params_to_the_decode_leg(
-    servers: tuple[LiveServer, LiveServer], make_pd_gateway: MakePdGateway
-) -> None:
-    """vLLM's handoff, which a prefill-role server speaks: smg copies the top-level
-    `kv_transfer_params` of the prefill answer into the decode request, streamed or not."""
-    prefill, decode = servers
-    with HandoffProxy(prefill.base_url) as proxy:
-        gateway = make_pd_gateway([(proxy.url, 8998)], [decode.base_url])
-        client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
-        for stream in (False, True):
-            before = counts(servers)
-            answer = client.chat.completions.create(
-                model=MODEL, messages=MESSAGES, max_tokens=4, stream=stream, extra_body=NO_THINKING
-            )
-            if stream:
-                assert isinstance(answer, openai.Stream)
-                list(answer)
-            prefill_leg, decode_leg = legs(servers, before)
-            assert "kv_transfer_params" not in prefill_leg, prefill_leg
-            assert decode_leg["kv_transfer_params"] == HANDOFF, decode_leg
