@@ -29,8 +29,19 @@ JOB = "deepinfer-server"
 
 #: Metrics shown on the dashboard before the server exports them, with the labels they are to
 #: have. Keep this short: remove a name the day the server exports it.
-NOT_YET_EXPORTED: Mapping[str, frozenset[str]] = MappingProxyType(
-    {}
+NOT_YET_EXPORTED: Mapping[str, frozenset[str]] = MappingProxyType({})
+
+#: Series every server exports but only prefill/decode servers move (a KV transfer happens only
+#: between them): on a NORMAL server a quantile or a ratio of them is NaN (Grafana's "No data";
+#: an alert comparing NaN does not fire), so the Prometheus lane checks the queries that read
+#: only these on a prefill/decode pair.
+OBSERVED_ONLY_WITH_DISAGGREGATION = frozenset(
+    {
+        "deepinfer:kv_transfer_seconds_bucket",
+        "deepinfer:kv_transfer_seconds_count",
+        "deepinfer:kv_transfer_wait_seconds_bucket",
+        "deepinfer:kv_transfer_failures_total",
+    }
 )
 
 #: What Grafana puts in place of its own variables, for a dashboard showing the last few minutes

@@ -95,15 +95,15 @@ class PrefillPeers:
         port = params.remote_bootstrap_port + params.remote_dp_rank
         self._seen[(params.remote_host, port)] = now
 
-    async def unreachable(self, now: float) -> list[str]:
-        """The recent peers, as host:port, when none of them answers a ping (empty: one does,
-        or no peer is known yet)."""
+    async def unreachable(self, now: float, probe_seconds: float = PEER_PROBE_SECONDS) -> list[str]:
+        """The recent peers, as host:port, when none of them answers a ping within
+        `probe_seconds` (empty: one does, or no peer is known yet)."""
         for peer, last in list(self._seen.items()):
             if now - last > PEER_MEMORY_SECONDS:
                 del self._seen[peer]
         peers = list(self._seen)
         answers = await asyncio.gather(
-            *(bootstrap_ping(host, port, PEER_PROBE_SECONDS) for host, port in peers)
+            *(bootstrap_ping(host, port, probe_seconds) for host, port in peers)
         )
         if any(answers):
             return []
