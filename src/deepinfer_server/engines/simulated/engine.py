@@ -6,8 +6,9 @@ zero-overhead scheduling (decode tokens come back one `step()` late, first token
 `flush_inflight_reqs()` drains); several tokens per decode step (speculative decoding);
 DeepInfer's finish-reason strings; running vs waiting abort semantics; `prompt_length_exceeded`
 at prefill time; EOS generated as an ordinary token under `ignore_eos`; the prefill cadence
-(`prompt_scheduler.PromptScheduler`); `has_unfinished_requests()` as an all-reduce MAX and
-`step()`/`close()` as collectives across the DP ranks; single-thread ownership; DeepInfer's
+(`prompt_scheduler.PromptScheduler`); `has_unfinished_requests()` as an all-reduce MAX (whose
+rendezvous also carries the step's prefill votes) and `step()`/`close()` as collectives across
+the DP ranks; single-thread ownership; DeepInfer's
 structured outputs (`matcher_builds.MatcherBuilds`).
 
 This module is the contract's face and the order of one step; the parts live beside it: the
@@ -32,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 from tokenizers import Tokenizer
 
-from deepinfer_server.engines.simulated.collectives import LockstepGroup
+from deepinfer_server.engines.simulated.collectives import Ballot, LockstepGroup, Tally
 from deepinfer_server.engines.simulated.kv_blocks import KVBlocks, default_pool
 from deepinfer_server.engines.simulated.matcher_builds import MatcherBuilds
 from deepinfer_server.engines.simulated.outputs import POOL, OutputRecord, RequestOutput
@@ -85,6 +86,14 @@ class SimEngineArgs:
     prefill_tokens_per_s: float = 0.0
 
 
+@dataclass
+class _StepPlan:
+    """A step's prefill votes, cast before its collective: this rank's and the group's."""
+
+    ballot: Ballot | None
+    tally: Tally | None = None
+
+
 class LLMEngine:
     """The simulated engine. Every method must be called from the thread that built it."""
 
@@ -135,12 +144,7 @@ class LLMEngine:
             args.tokens_per_step,
             args.max_num_batched_tokens or 0,
         )
-        cadence = PrefillCadence(
-            args.lockstep,
-            args.engine_rank,
-            args.prefill_attempt_interval,
-            args.prefill_any_attempt_interval,
-        )
+        cadence = PrefillCadence(args.prefill_attempt_interval, args.prefill_any_attempt_interval)
         self._prompts = PromptScheduler(
             self._table,
             self._generator,
@@ -149,7 +153,10 @@ class LLMEngine:
             args.max_num_seqs,
             batched_tokens,
             prompt_limit,
+            args.data_parallel_size,
         )
+        #: The next step as the last work check saw it, with its votes' outcome.
+        self._plan: _StepPlan | None = None
 
     @classmethod
     def from_engine_args(cls, args: SimEngineArgs) -> LLMEngine:
@@ -171,6 +178,7 @@ class LLMEngine:
     ) -> Sequence | None:
         """Queue a request; returns None (and never outputs) for out-of-vocabulary IDs."""
         self._check_thread()
+        self._plan = None
         # The TTFT delay runs from arrival: preparing the script below overlaps it.
         arrived = time.monotonic()
         if sampling_params is None:
@@ -212,6 +220,7 @@ class LLMEngine:
     def abort_request(self, request_id: str | Iterable[str]) -> tuple[int, int]:
         """Abort requests; returns (number aborted, sum of their prompt+output lengths)."""
         self._check_thread()
+        self._plan = None
         ids = {request_id} if isinstance(request_id, str) else set(request_id)
         pending = self._builds.abort(ids)
         waited, ran = self._table.abort(ids)
@@ -225,10 +234,18 @@ class LLMEngine:
     # The loop
 
     def has_unfinished_requests(self) -> bool:
-        """An all-reduce MAX over the DP ranks of "this rank has waiting or running work"."""
+        """An all-reduce MAX over the DP ranks of "this rank has waiting or running work".
+
+        The same rendezvous carries the next step's prefill votes at an attempt point: nothing
+        this thread does between here and `step()` changes what a rank votes.
+        """
         self._check_thread()
-        local = 1 if (self._table or self._builds) else 0
-        return bool(self._args.lockstep.all_reduce_max(self._args.engine_rank, local))
+        plan = self._plan_step()
+        local = bool(self._table or self._builds)
+        agreed = self._args.lockstep.work_check(self._args.engine_rank, local, plan.ballot)
+        plan.tally = agreed.tally
+        self._plan = plan
+        return agreed.unfinished
 
     def get_num_unfinished_requests(self) -> int:
         self._check_thread()
@@ -239,24 +256,26 @@ class LLMEngine:
         self._check_thread()
         self._inject_fault()
         started = time.monotonic()
-        self._args.lockstep.barrier(self._args.engine_rank)
+        plan, self._plan = self._plan, None
+        if plan is None:  # no work check since the queues last changed: plan and vote here
+            plan = self._plan_step()
+            if plan.ballot is not None:
+                plan.tally = self._args.lockstep.prefill_vote(self._args.engine_rank, plan.ballot)
+        self._args.lockstep.enter_step(self._args.engine_rank)
         for handles in self._to_release:
             POOL.release(handles)
         self._to_release.clear()
-        self._table.waiting.extend(self._builds.pump())
         table = self._table
         first_ready = None
         if not table.running and table.waiting:
             first_ready = min(s.ready_at for s in table.waiting)
         step_end = self._clock.step_end(started, first_ready)
-
         terminal, self._pending_terminal = self._pending_terminal, []
-        self._cache.evict_for_demand(table.waiting, len(table.running))
         prompt_outputs: list[OutputRecord] = []
-        prompt_step = self._prompts.schedule(prompt_outputs, step_end)
+        prompt_step = self._prompts.schedule(prompt_outputs, step_end, plan.ballot, plan.tally)
         rate = self._args.prefill_tokens_per_s
         if prompt_step and rate > 0:
-            # Across DP ranks the next step's barrier makes the slowest prompt step the group's.
+            # Across DP ranks the next rendezvous makes the slowest prompt step the group's.
             step_end = max(step_end, started + self._prompts.computed_tokens / rate)
         deferred, self._deferred = self._deferred, []
         decoded: list[OutputRecord] = []
@@ -278,6 +297,7 @@ class LLMEngine:
     def flush_inflight_reqs(self) -> npt.NDArray[np.uint64]:
         """Return the outputs of the deferred decode step, if any (local, not collective)."""
         self._check_thread()
+        self._plan = None
         returned = self._deferred + self._pending_terminal
         self._deferred = []
         self._pending_terminal = []
@@ -298,6 +318,20 @@ class LLMEngine:
         self._closed = True
 
     # Internals
+
+    def _plan_step(self) -> _StepPlan:
+        """The queue as the next step will find it (finished grammar builds joined, the prefix
+        cache's evictions for waiting prompts done) and, at an attempt point, this rank's
+        prefill votes as of the step's end were it to start now."""
+        table = self._table
+        table.waiting.extend(self._builds.pump())
+        self._cache.evict_for_demand(table.waiting, len(table.running))
+        if not self._prompts.cadence.at_attempt_point():
+            return _StepPlan(None)
+        first_ready = None
+        if not table.running and table.waiting:
+            first_ready = min(s.ready_at for s in table.waiting)
+        return _StepPlan(self._prompts.ballot(self._clock.step_end(time.monotonic(), first_ready)))
 
     def _check_thread(self) -> None:
         if threading.get_ident() != self._owner:
