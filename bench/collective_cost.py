@@ -61,7 +61,6 @@ def _rank(
             kv_blocks=4096,
             ttft_ms=0.0,
             itl_ms=itl_ms,
-            prefill_attempt_interval=1,  # every stream starts in the first step
         )
     )
     prompt = np.asarray([0, 128803, 19923, 128804, 128822], dtype=np.int32)

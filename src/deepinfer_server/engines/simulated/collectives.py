@@ -133,7 +133,7 @@ class LockstepGroup:
         prefill votes of the coming step when it is at an attempt point, where every rank
         passes its ballot (the attempt points are the same on every rank)."""
         if self.world_size == 1:
-            return WorkCheck(work, None if ballot is None else _tally([ballot]))
+            return WorkCheck(work, None if ballot is None else Tally(*ballot))
         op = OP_WORK_CHECK if ballot is None else OP_WORK_CHECK_VOTE
         rows = self._exchange(rank, op, int(work), ballot)
         tally = None if ballot is None else _tally([Ballot(bool(r[3]), bool(r[4])) for r in rows])
@@ -142,7 +142,7 @@ class LockstepGroup:
     def prefill_vote(self, rank: int, ballot: Ballot) -> Tally:
         """The prefill votes of a step that no work check carried (same rules)."""
         if self.world_size == 1:
-            return _tally([ballot])
+            return Tally(*ballot)
         rows = self._exchange(rank, OP_PREFILL_VOTE, 0, ballot)
         return _tally([Ballot(bool(r[3]), bool(r[4])) for r in rows])
 

@@ -86,14 +86,6 @@ class SimEngineArgs:
     prefill_tokens_per_s: float = 0.0
 
 
-@dataclass
-class _StepPlan:
-    """A step's prefill votes, cast before its collective: this rank's and the group's."""
-
-    ballot: Ballot | None
-    tally: Tally | None = None
-
-
 class LLMEngine:
     """The simulated engine. Every method must be called from the thread that built it."""
 
@@ -155,8 +147,9 @@ class LLMEngine:
             prompt_limit,
             args.data_parallel_size,
         )
-        #: The next step as the last work check saw it, with its votes' outcome.
-        self._plan: _StepPlan | None = None
+        #: The next step's prefill votes as the last work check cast them: this rank's ballot
+        #: and the group's tally (both None off the attempt points).
+        self._votes: tuple[Ballot | None, Tally | None] | None = None
 
     @classmethod
     def from_engine_args(cls, args: SimEngineArgs) -> LLMEngine:
@@ -178,7 +171,7 @@ class LLMEngine:
     ) -> Sequence | None:
         """Queue a request; returns None (and never outputs) for out-of-vocabulary IDs."""
         self._check_thread()
-        self._plan = None
+        self._votes = None
         # The TTFT delay runs from arrival: preparing the script below overlaps it.
         arrived = time.monotonic()
         if sampling_params is None:
@@ -220,7 +213,7 @@ class LLMEngine:
     def abort_request(self, request_id: str | Iterable[str]) -> tuple[int, int]:
         """Abort requests; returns (number aborted, sum of their prompt+output lengths)."""
         self._check_thread()
-        self._plan = None
+        self._votes = None
         ids = {request_id} if isinstance(request_id, str) else set(request_id)
         pending = self._builds.abort(ids)
         waited, ran = self._table.abort(ids)
@@ -240,11 +233,10 @@ class LLMEngine:
         this thread does between here and `step()` changes what a rank votes.
         """
         self._check_thread()
-        plan = self._plan_step()
+        ballot = self._plan_step()
         local = bool(self._table or self._builds)
-        agreed = self._args.lockstep.work_check(self._args.engine_rank, local, plan.ballot)
-        plan.tally = agreed.tally
-        self._plan = plan
+        agreed = self._args.lockstep.work_check(self._args.engine_rank, local, ballot)
+        self._votes = (ballot, agreed.tally)
         return agreed.unfinished
 
     def get_num_unfinished_requests(self) -> int:
@@ -256,11 +248,14 @@ class LLMEngine:
         self._check_thread()
         self._inject_fault()
         started = time.monotonic()
-        plan, self._plan = self._plan, None
-        if plan is None:  # no work check since the queues last changed: plan and vote here
-            plan = self._plan_step()
-            if plan.ballot is not None:
-                plan.tally = self._args.lockstep.prefill_vote(self._args.engine_rank, plan.ballot)
+        votes, self._votes = self._votes, None
+        if votes is None:  # no work check since the queues last changed: plan and vote here
+            ballot = self._plan_step()
+            rank = self._args.engine_rank
+            votes = (
+                ballot,
+                None if ballot is None else self._args.lockstep.prefill_vote(rank, ballot),
+            )
         self._args.lockstep.enter_step(self._args.engine_rank)
         for handles in self._to_release:
             POOL.release(handles)
@@ -272,7 +267,7 @@ class LLMEngine:
         step_end = self._clock.step_end(started, first_ready)
         terminal, self._pending_terminal = self._pending_terminal, []
         prompt_outputs: list[OutputRecord] = []
-        prompt_step = self._prompts.schedule(prompt_outputs, step_end, plan.ballot, plan.tally)
+        prompt_step = self._prompts.schedule(prompt_outputs, step_end, *votes)
         rate = self._args.prefill_tokens_per_s
         if prompt_step and rate > 0:
             # Across DP ranks the next rendezvous makes the slowest prompt step the group's.
@@ -297,7 +292,7 @@ class LLMEngine:
     def flush_inflight_reqs(self) -> npt.NDArray[np.uint64]:
         """Return the outputs of the deferred decode step, if any (local, not collective)."""
         self._check_thread()
-        self._plan = None
+        self._votes = None
         returned = self._deferred + self._pending_terminal
         self._deferred = []
         self._pending_terminal = []
@@ -319,19 +314,19 @@ class LLMEngine:
 
     # Internals
 
-    def _plan_step(self) -> _StepPlan:
-        """The queue as the next step will find it (finished grammar builds joined, the prefix
-        cache's evictions for waiting prompts done) and, at an attempt point, this rank's
-        prefill votes as of the step's end were it to start now."""
+    def _plan_step(self) -> Ballot | None:
+        """Make the queue what the next step will find (finished grammar builds joined, the
+        prefix cache's evictions for waiting prompts done); at an attempt point, return this
+        rank's prefill votes as of the step's end were it to start now."""
         table = self._table
         table.waiting.extend(self._builds.pump())
         self._cache.evict_for_demand(table.waiting, len(table.running))
         if not self._prompts.cadence.at_attempt_point():
-            return _StepPlan(None)
+            return None
         first_ready = None
         if not table.running and table.waiting:
             first_ready = min(s.ready_at for s in table.waiting)
-        return _StepPlan(self._prompts.ballot(self._clock.step_end(time.monotonic(), first_ready)))
+        return self._prompts.ballot(self._clock.step_end(time.monotonic(), first_ready))
 
     def _check_thread(self) -> None:
         if threading.get_ident() != self._owner:
