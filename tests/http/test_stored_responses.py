@@ -73,6 +73,19 @@ def test_responses_are_stored_by_default_and_read_back(tmp_path: Path) -> None:
     run_stored(tmp_path, test, script=Script("Hello back"))
 
 
+def test_a_prefill_servers_answers_are_not_stored(tmp_path: Path) -> None:
+    """A prefill server's one-token answer is the start of one the decode server gives and
+    stores: kept there too it would be a row no client sees, taking the key's quota."""
+
+    async def test(h: Harness) -> None:
+        response = await h.client.post("/v1/responses", json={"model": MODEL, "input": "Hi"})
+        assert response.status_code == 200, response.text
+        found = await h.client.get(f"/v1/responses/{response.json()['id']}")
+        assert found.status_code == 404, found.text
+
+    run_stored(tmp_path, test, "--disaggregation-mode", "prefill", script=Script("Hello back"))
+
+
 def test_previous_response_id_continues_three_turns(tmp_path: Path) -> None:
     async def test(h: Harness) -> None:
         async with h.openai() as client:

@@ -221,7 +221,10 @@ async def open_session(request: Request, body: dict[str, Any]) -> StoredSession 
     store = state.store
     if store is None:
         return None  # the preparation refuses what needs a store, as without one
-    stored = optional_bool(body, "store", default=True)
+    # A prefill server's answer is the first token of an answer the decode server gives (and
+    # stores): kept here it would be a row no client sees, taking the key's store quota.
+    prefill_leg = state.config.disaggregation_mode == "prefill"
+    stored = optional_bool(body, "store", default=True) and not prefill_leg
     previous = check_previous_response_id(body)
     references = referenced_ids(input_list(body), reasoning=False)
     if not stored and previous is None and not references:

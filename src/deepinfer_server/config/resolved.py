@@ -130,6 +130,21 @@ class ResolvedConfig:
         return self.response_store_key_max_bytes if self.api_keys else self.response_store_max_bytes
 
     @property
+    def admission_running_limit(self) -> int | None:
+        """Requests a DP rank runs before admission queues the rest in the server; None: every
+        admitted request goes to its rank at once. On a decode server a request carries KV that
+        its prefill server holds only for --disaggregation-kv-hold-timeout, so it must reach
+        its rank at once: the engine then waits, in order, for KV room and a state slot within
+        --disaggregation-transfer-timeout (and releases the prefill side's KV on every exit)."""
+        return None if self.disaggregation_mode == "decode" else self.max_num_seqs
+
+    @property
+    def admission_running_share(self) -> float:
+        """The share of the running slots one API key may hold while others wait (1: no limit
+        on a decode server, whose requests never wait in the server's queue)."""
+        return 1.0 if self.disaggregation_mode == "decode" else self.key_running_share
+
+    @property
     def served_model_name(self) -> str:
         """The name responses and /v1/models report first."""
         return self.served_model_names[0]

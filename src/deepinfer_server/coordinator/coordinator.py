@@ -78,9 +78,9 @@ class Coordinator:
         self._admission = admission or Admission(
             config.data_parallel_size,
             config.admission_capacity,
-            max_num_seqs=config.max_num_seqs,
+            max_num_seqs=config.admission_running_limit,
             tenants=config.tenants,
-            running_share=config.key_running_share,
+            running_share=config.admission_running_share,
         )
         metrics.watch_tenants(self._admission.tenant_counts)
         self._handles: dict[str, RequestHandle] = {}

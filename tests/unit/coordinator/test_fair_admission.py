@@ -194,3 +194,41 @@ def test_a_request_the_engine_ended_frees_its_running_slot_before_its_stream_clo
             channels.close()
 
     asyncio.run(body())
+
+
+def test_a_decode_servers_requests_reach_their_rank_at_once(tmp_path: Path) -> None:
+    """On a decode server each request carries KV its prefill server holds only for a while
+    (and releases only when the engine has the request), so none waits in the server's queue:
+    past --max-num-seqs and past a key's share they still go to the rank, whose engine waits
+    for KV room in order within the transfer timeout."""
+    keys = tmp_path / "keys"
+    keys.write_text("heavy key-h\nlight key-l\n")
+    config = parse_config(
+        [
+            "--engine",
+            "simulated",
+            "--max-num-seqs",
+            "2",
+            "--api-key-file",
+            str(keys),
+            "--disaggregation-mode",
+            "decode",
+        ]
+    )
+
+    async def body() -> None:
+        channels = RankChannels(bind_rank_listener(str(tmp_path / "r.sock")), 1)
+        coordinator = Coordinator(config, channels, ServerMetrics("m"))
+        try:
+            heavy = [
+                coordinator.submit(f"h{i}", [1, 2], SamplingOptions(4), None, tenant=HEAVY)
+                for i in range(6)
+            ]
+            assert all(handle.rank == 0 for handle in heavy)
+            for handle in heavy:
+                handle.close(AbortReason.DISCONNECT)
+            assert coordinator.admitted == 0
+        finally:
+            channels.close()
+
+    asyncio.run(body())
