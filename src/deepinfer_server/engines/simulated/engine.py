@@ -6,8 +6,9 @@ zero-overhead scheduling (decode tokens come back one `step()` late, first token
 `flush_inflight_reqs()` drains); several tokens per decode step (speculative decoding);
 DeepInfer's finish-reason strings; running vs waiting abort semantics; `prompt_length_exceeded`
 at prefill time; EOS generated as an ordinary token under `ignore_eos`; the prefill cadence
-(`prompt_scheduler.PromptScheduler`); `has_unfinished_requests()` as an all-reduce MAX and
-`step()`/`close()` as collectives across the DP ranks; single-thread ownership; DeepInfer's
+(`prompt_scheduler.PromptScheduler`); `has_unfinished_requests()` as an all-reduce MAX (whose
+rendezvous also carries the step's prefill votes) and `step()`/`close()` as collectives across
+the DP ranks; single-thread ownership; DeepInfer's
 structured outputs (`matcher_builds.MatcherBuilds`).
 
 This module is the contract's face and the order of one step; the parts live beside it: the
@@ -34,7 +35,7 @@ import numpy.typing as npt
 from tokenizers import Tokenizer
 
 from deepinfer_server.engines.disaggregation.agent import TransferAgent
-from deepinfer_server.engines.simulated.collectives import LockstepGroup
+from deepinfer_server.engines.simulated.collectives import Ballot, LockstepGroup, Tally
 from deepinfer_server.engines.simulated.disaggregation import (
     DecodeRole,
     PrefillRole,
@@ -150,12 +151,7 @@ class LLMEngine:
             args.tokens_per_step,
             args.max_num_batched_tokens or 0,
         )
-        cadence = PrefillCadence(
-            args.lockstep,
-            args.engine_rank,
-            args.prefill_attempt_interval,
-            args.prefill_any_attempt_interval,
-        )
+        cadence = PrefillCadence(args.prefill_attempt_interval, args.prefill_any_attempt_interval)
         self._prefill: PrefillRole | None = None
         self._decode: DecodeRole | None = None
         #: Prompt tokens this engine's prompt steps computed (a fork's reused ones excluded).
@@ -170,8 +166,12 @@ class LLMEngine:
             args.max_num_seqs,
             batched_tokens,
             prompt_limit,
+            args.data_parallel_size,
             engine_type=args.disaggregation_mode,
         )
+        #: The next step's prefill votes as the last work check cast them: this rank's ballot
+        #: and the group's tally (both None off the attempt points).
+        self._votes: tuple[Ballot | None, Tally | None] | None = None
 
     def _start_role(self, args: SimEngineArgs) -> None:
         """A PROMPT or COMPLETION engine: its transfer agent and its role's state."""
@@ -220,6 +220,7 @@ class LLMEngine:
         `cache_salt` (the server's, not DeepInfer's): the prefix-cache partition it forks from
         and is kept in."""
         self._check_thread()
+        self._votes = None
         # The TTFT delay runs from arrival: preparing the script below overlaps it.
         arrived = time.monotonic()
         if sampling_params is None:
@@ -278,6 +279,7 @@ class LLMEngine:
     def abort_request(self, request_id: str | Iterable[str]) -> tuple[int, int]:
         """Abort requests; returns (number aborted, sum of their prompt+output lengths)."""
         self._check_thread()
+        self._votes = None
         ids = {request_id} if isinstance(request_id, str) else set(request_id)
         pending = self._builds.abort(ids)
         waited, ran = self._table.abort(ids)
@@ -293,11 +295,18 @@ class LLMEngine:
     # The loop
 
     def has_unfinished_requests(self) -> bool:
-        """An all-reduce MAX over the DP ranks of "this rank has waiting or running work"."""
+        """An all-reduce MAX over the DP ranks of "this rank has waiting or running work".
+
+        The same rendezvous carries the next step's prefill votes at an attempt point: nothing
+        this thread does between here and `step()` changes what a rank votes.
+        """
         self._check_thread()
+        ballot = self._plan_step()
         decoding = self._decode is not None and self._decode.busy
-        local = 1 if (self._table or self._builds or decoding) else 0
-        return bool(self._args.lockstep.all_reduce_max(self._args.engine_rank, local))
+        local = bool(self._table or self._builds or decoding)
+        agreed = self._args.lockstep.work_check(self._args.engine_rank, local, ballot)
+        self._votes = (ballot, agreed.tally)
+        return agreed.unfinished
 
     def get_num_unfinished_requests(self) -> int:
         self._check_thread()
@@ -309,30 +318,35 @@ class LLMEngine:
         self._check_thread()
         self._inject_fault()
         started = time.monotonic()
-        self._args.lockstep.barrier(self._args.engine_rank)
+        votes, self._votes = self._votes, None
+        if votes is None:  # no work check since the queues last changed: plan and vote here
+            ballot = self._plan_step()
+            rank = self._args.engine_rank
+            votes = (
+                ballot,
+                None if ballot is None else self._args.lockstep.prefill_vote(rank, ballot),
+            )
+        self._args.lockstep.enter_step(self._args.engine_rank)
         for handles in self._to_release:
             POOL.release(handles)
         self._to_release.clear()
-        self._table.waiting.extend(self._builds.pump())
         table = self._table
         first_ready = None
         if not table.running and table.waiting:
             first_ready = min(s.ready_at for s in table.waiting)
         step_end = self._clock.step_end(started, first_ready)
-
         terminal, self._pending_terminal = self._pending_terminal, []
         if self._prefill is not None:
             self._prefill.collect()
         if self._decode is not None:
             # Pulled prompts enter with their first token; failed transfers end here.
             terminal.extend(self._decode.step())
-        self._cache.evict_for_demand(table.waiting, len(table.running))
         prompt_outputs: list[OutputRecord] = []
-        prompt_step = self._prompts.schedule(prompt_outputs, step_end)
+        prompt_step = self._prompts.schedule(prompt_outputs, step_end, *votes)
         self.prompt_tokens_computed += self._prompts.computed_tokens
         rate = self._args.prefill_tokens_per_s
         if prompt_step and rate > 0:
-            # Across DP ranks the next step's barrier makes the slowest prompt step the group's.
+            # Across DP ranks the next rendezvous makes the slowest prompt step the group's.
             step_end = max(step_end, started + self._prompts.computed_tokens / rate)
         deferred, self._deferred = self._deferred, []
         decoded: list[OutputRecord] = []
@@ -358,6 +372,7 @@ class LLMEngine:
         self._check_thread()
         if self._prefill is not None:
             self._prefill.collect()
+        self._votes = None
         returned = self._deferred + self._pending_terminal
         self._deferred = []
         self._pending_terminal = []
@@ -398,6 +413,23 @@ class LLMEngine:
         return 0 if self._prefill is None else len(self._prefill.held)
 
     # Internals
+
+    def _plan_step(self) -> Ballot | None:
+        """Make the queue what the next step will find (finished grammar builds joined, the
+        prefix cache's evictions for waiting prompts done); at an attempt point, return this
+        rank's prefill votes as of the step's end were it to start now."""
+        table = self._table
+        table.waiting.extend(self._builds.pump())
+        self._cache.evict_for_demand(table.waiting, len(table.running))
+        # Only a NORMAL engine votes: a PROMPT one always prefills, a COMPLETION one never.
+        if self._args.disaggregation_mode != "null":
+            return None
+        if not self._prompts.cadence.at_attempt_point():
+            return None
+        first_ready = None
+        if not table.running and table.waiting:
+            first_ready = min(s.ready_at for s in table.waiting)
+        return self._prompts.ballot(self._clock.step_end(time.monotonic(), first_ready))
 
     def _check_thread(self) -> None:
         if threading.get_ident() != self._owner:
