@@ -1,4 +1,4 @@
-"""Cross-request prefix caching: the engine-independent parts (issue 27).
+"""Cross-request prefix caching: the engine-independent parts.
 
 `index.py` finds, for a new prompt, the cached sequence it can be forked from (block-prefix
 hashes, then an exact token compare) and keeps the cached sequences in least-recently-used

@@ -1,4 +1,4 @@
-"""Cross-request prefix caching on DeepInfer 0.1.0's LLMEngine (issue 27).
+"""Cross-request prefix caching on DeepInfer 0.1.0's LLMEngine.
 
 Design: docs/design/prefix-caching.md (every claim there checked against DeepInfer's source).
 DeepInfer already has the mechanism, a forked prompt (`Scheduler.fork_seq` and the `_` branch of
