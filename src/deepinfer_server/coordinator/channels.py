@@ -22,7 +22,6 @@ import os
 import socket
 from collections.abc import Callable
 
-from deepinfer_server.ipc.codec import pack_token_ids
 from deepinfer_server.ipc.framing import FrameReader, frame
 from deepinfer_server.ipc.kv_transfer import KVTransferParams
 from deepinfer_server.ipc.messages import (
@@ -120,18 +119,6 @@ class RankChannels:
 
     def link(self, rank: int) -> _RankLink:
         return self._links[rank]
-
-    def send_add(
-        self,
-        rank: int,
-        request_id: str,
-        prompt_token_ids: list[int],
-        sampling: SamplingOptions,
-        images: Images | None = None,
-    ) -> None:
-        """Start a request on `rank`, and wake the other ranks into the same lockstep round."""
-        framed = self.frame_add(request_id, pack_token_ids(prompt_token_ids), sampling, images)
-        self.send_framed_add(rank, framed)
 
     def frame_add(
         self,

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from deepinfer_server.coordinator.channels import RankChannels, bind_rank_listener
+from deepinfer_server.ipc.codec import pack_token_ids
 from deepinfer_server.ipc.framing import FrameReader, frame
 from deepinfer_server.ipc.messages import (
     AddRequest,
@@ -62,7 +63,9 @@ def test_messages_travel_both_ways_and_wait_for_a_rank_to_connect(tmp_path: Path
         reading = asyncio.ensure_future(channels.read(on_messages))
         big_prompt = list(range(300_000))  # 1.2 MB: many socket writes
         # Rank 1 is not connected yet: the request and the wake-up for rank 0 wait for it.
-        channels.send_add(1, "r-1", big_prompt, SamplingOptions(max_tokens=3))
+        packed = pack_token_ids(big_prompt)
+        framed = channels.frame_add("r-1", packed, SamplingOptions(max_tokens=3))
+        channels.send_framed_add(1, framed)
         rank_side: dict[str, object] = {}
 
         def rank(number: int) -> None:
