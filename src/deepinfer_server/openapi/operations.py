@@ -50,6 +50,30 @@ def get(summary: str, content: dict[str, Any] | None = None, *, protected: bool 
     return operation
 
 
+def count_tokens(summary: str, envelope: str) -> Schema:
+    """Anthropic's token count: the `CountTokensRequest` body, `{input_tokens}`."""
+    return {
+        "summary": summary,
+        "requestBody": request_body("CountTokensRequest"),
+        "responses": {
+            "200": {
+                "description": "The count",
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "type": "object",
+                            "properties": {"input_tokens": {"type": "integer", "minimum": 0}},
+                            "required": ["input_tokens"],
+                        }
+                    }
+                },
+            },
+            **error_responses(envelope),
+        },
+        "security": BEARER,
+    }
+
+
 MODEL_ID = {"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}
 RESPONSE_ID = {"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}
 INCLUDE = {
