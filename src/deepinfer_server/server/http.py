@@ -18,7 +18,6 @@ from types import FrameType
 from typing import Any
 
 import uvicorn
-from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from deepinfer_server.api.app import build_app
 from deepinfer_server.api.connection import (
@@ -29,6 +28,7 @@ from deepinfer_server.api.connection import (
 from deepinfer_server.api.disaggregation import PrefillPeers
 from deepinfer_server.api.request_head import HeadLimits
 from deepinfer_server.api.state import AppState, Peers
+from deepinfer_server.api.transport import HTTP_PROTOCOL
 from deepinfer_server.concurrency import first_of
 from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.coordinator.coordinator import Coordinator
@@ -171,7 +171,7 @@ def create_recipe(
 
 
 def http_config(
-    app: Any, state: AppState, protocol: type[asyncio.Protocol] = AutoHTTPProtocol
+    app: Any, state: AppState, protocol: type[asyncio.Protocol] = HTTP_PROTOCOL
 ) -> uvicorn.Config:
     """uvicorn's configuration for `app`: the server's options, on uvicorn's HTTP `protocol`
     (httptools' when installed, else h11's) with the connection guards."""
