@@ -9,11 +9,13 @@ through the ASGI `send`.
 from __future__ import annotations
 
 import asyncio
+import signal
 from dataclasses import dataclass, field
 
 import httpx
 import openai
 import pytest
+import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -129,3 +131,41 @@ def test_the_portable_channel_writes_nothing_itself() -> None:
     channel = PortableChannel()
     assert not channel.write_chunk(b"data: x\n\n")
     assert not channel.write_paused and not channel.disconnected
+
+
+class _Server(transport.HookedServer):
+    def __init__(self, signals: tuple[signal.Signals, ...]) -> None:
+        super().__init__(uvicorn.Config(app="unused:app"), signals)
+        self.stop_signals = 0
+
+    def on_stop_signal(self) -> None:
+        self.stop_signals += 1
+
+
+@pytest.mark.parametrize(
+    ("signals", "first", "second", "stops_now"),
+    [
+        # Own signals: a second Ctrl-C stops the drain, a second SIGTERM does not.
+        ((signal.SIGINT, signal.SIGTERM), signal.SIGTERM, signal.SIGINT, True),
+        ((signal.SIGINT, signal.SIGTERM), signal.SIGTERM, signal.SIGTERM, False),
+        # A supervisor forwards every signal as SIGTERM: the second one stops the drain.
+        ((signal.SIGTERM,), signal.SIGTERM, signal.SIGTERM, True),
+    ],
+)
+def test_a_second_stop_signal_stops_the_drain_as_the_signals_say(
+    signals: tuple[signal.Signals, ...],
+    first: signal.Signals,
+    second: signal.Signals,
+    stops_now: bool,
+) -> None:
+    async def body() -> None:
+        server = _Server(signals)
+        server.handle_exit(first, None)
+        await asyncio.sleep(0)  # one turn: `stop_now` is set by a callback on the loop
+        assert server.should_exit and not server.stop_now.is_set()
+        server.handle_exit(second, None)
+        await asyncio.sleep(0)
+        assert server.stop_now.is_set() is stops_now
+        assert server.stop_signals == 2
+
+    run(body)

@@ -1,13 +1,16 @@
 """The seam between the HTTP layer and uvicorn: every use of uvicorn's internals is here.
 
-Two things reach past ASGI into uvicorn, both for speed or for bounds ASGI cannot express:
+Three things reach past ASGI into uvicorn, for speed, for bounds ASGI cannot express, and for
+the server's lifecycle:
 
 - the streaming fast path: a response channel (`response_channel`) that writes a body chunk
   straight to the connection's transport, with the chunk framing uvicorn's httptools protocol
   would write, without a coroutine per chunk;
 - the connection guards (`api/connection.py`), a mixin over uvicorn's HTTP protocol, which
   read the request the protocol is on through `request_cycle`, `receiving_body`, `responding`,
-  and swap its app with `wrap_app`.
+  and swap its app with `wrap_app`;
+- `HookedServer`, uvicorn's `Server` with the overrides of its methods the server's drain and
+  signals need, as hooks (`on_stop_signal`, `on_started`, `before_shutdown`).
 
 uvicorn is pinned in pyproject.toml to the minor versions these internals were tested with. Where
 they are not there (another ASGI server, uvicorn's h11 protocol, a uvicorn that changed them),
@@ -17,9 +20,14 @@ the response channel is the portable one, whose writes all go through the ASGI `
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+import signal
+import socket
+from collections.abc import Callable, Generator, Sequence
+from types import FrameType
 from typing import Any, Protocol
 
+import uvicorn
 from starlette.types import ASGIApp, Send
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
@@ -151,3 +159,53 @@ def client_address(protocol: asyncio.Protocol) -> tuple[str, int] | None:
     """The connection's peer as uvicorn read it (None where the transport does not say)."""
     client: tuple[str, int] | None = getattr(protocol, "client", None)
     return client
+
+
+class HookedServer(uvicorn.Server):
+    """uvicorn's `Server` with hooks for a drain before its shutdown, and stop signals that stay
+    handled: `signals` are recorded, not re-raised after serving as uvicorn does (which would
+    kill the process before its ranks are stopped). A second signal sets `stop_now`; with only
+    SIGTERM among `signals` (a process whose supervisor forwards signals), a second SIGTERM
+    does, as a second SIGINT does otherwise."""
+
+    def __init__(self, config: uvicorn.Config, signals: Sequence[signal.Signals]) -> None:
+        super().__init__(config)
+        self._signals = tuple(signals)
+        #: Set by a second stop signal: stop draining now.
+        self.stop_now = asyncio.Event()
+
+    def on_stop_signal(self) -> None:
+        """Called at each stop signal, before uvicorn sees it."""
+
+    def on_started(self) -> None:
+        """Called once uvicorn listens."""
+
+    async def before_shutdown(self) -> None:
+        """Awaited when serving ends, before uvicorn closes the connections."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        original = {s: signal.signal(s, self.handle_exit) for s in self._signals}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.on_stop_signal()
+        repeated = self.should_exit
+        super().handle_exit(sig, frame)
+        if repeated and signal.SIGINT not in self._signals:
+            self.force_exit = True
+        if self.force_exit:
+            asyncio.get_event_loop().call_soon_threadsafe(self.stop_now.set)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            self.on_started()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await self.before_shutdown()
+        await super().shutdown(sockets)
