@@ -26,7 +26,8 @@ import requests
 import schemathesis
 from hypothesis import HealthCheck, Phase, seed, settings
 
-from deepinfer_server.openapi import openapi_document
+from deepinfer_server.api.route_table import ROUTES
+from deepinfer_server.api.routes.openapi import openapi_document
 from tests.server import LiveServer
 
 pytestmark = [pytest.mark.fuzz, pytest.mark.timeout(300)]
@@ -93,7 +94,7 @@ def _warm_up_the_grammar_compiler(server: LiveServer) -> None:
 #: The document the server serves (tests/api/test_openapi.py checks that it is this one, and
 #: test_the_server_serves_the_document_fuzzed here checks it for the live server).
 schema = schemathesis.openapi.from_dict(
-    openapi_document(SERVED_MODEL_NAMES),
+    openapi_document(SERVED_MODEL_NAMES, ROUTES),
     config=schemathesis.Config.from_dict(
         {
             "generation": {"mode": "all", "database": "none"},
@@ -118,7 +119,7 @@ def _settings(test):  # type: ignore[no-untyped-def]
 
 def test_the_server_serves_the_document_fuzzed_here(fuzz_server: LiveServer) -> None:
     served = httpx.get(f"{fuzz_server.base_url}/openapi.json", timeout=10)
-    assert served.json() == openapi_document(SERVED_MODEL_NAMES)
+    assert served.json() == openapi_document(SERVED_MODEL_NAMES, ROUTES)
 
 
 @schema.parametrize()

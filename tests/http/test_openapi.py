@@ -21,9 +21,10 @@ import pytest
 from starlette.routing import Route
 
 from deepinfer_server.api.app import build_app
+from deepinfer_server.api.route_table import ROUTES
+from deepinfer_server.api.routes.openapi import openapi_document
 from deepinfer_server.errors import ApiError, ContextLengthError
 from deepinfer_server.model.tokenizer import embedded_tokenizer_json
-from deepinfer_server.openapi import OPERATIONS, openapi_document
 from deepinfer_server.protocol.chat.request import prepare_chat
 from deepinfer_server.protocol.completions.request import prepare_completion
 from deepinfer_server.protocol.core.recipe import RecipeContext
@@ -193,7 +194,7 @@ def _recipe() -> RecipeContext:
 
 
 def _components() -> dict[str, Any]:
-    schemas: dict[str, Any] = openapi_document((MODEL,))["components"]["schemas"]
+    schemas: dict[str, Any] = openapi_document((MODEL,), ROUTES)["components"]["schemas"]
     return schemas
 
 
@@ -211,7 +212,7 @@ def _route_operations() -> set[tuple[str, str]]:
 
 
 def test_the_document_describes_exactly_the_routes_the_app_serves() -> None:
-    assert _route_operations() == set(OPERATIONS)
+    assert _route_operations() == {(e.method.lower(), e.openapi_path) for e in ROUTES}
 
 
 def test_openapi_json_is_served_without_an_api_key() -> None:
@@ -220,7 +221,7 @@ def test_openapi_json_is_served_without_an_api_key() -> None:
             response = await h.client.get("/openapi.json")
             assert response.status_code == 200, response.text
             assert response.headers["content-type"] == "application/json"
-            assert response.json() == openapi_document((MODEL,))
+            assert response.json() == openapi_document((MODEL,), ROUTES)
 
     run(body)
 
@@ -235,7 +236,7 @@ def test_the_model_names_are_the_served_ones() -> None:
 
 
 def test_every_schema_in_the_document_is_valid_json_schema_2020_12() -> None:
-    document = openapi_document((MODEL,))
+    document = openapi_document((MODEL,), ROUTES)
     assert document["openapi"].startswith("3.1")
     for schema in _components().values():
         jsonschema.Draft202012Validator.check_schema(schema)

@@ -43,12 +43,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from uvicorn.protocols.http.auto import AutoHTTPProtocol
-from uvicorn.protocols.http.httptools_impl import RequestResponseCycle as HttptoolsCycle
 
 from deepinfer_server.api.error_responses import error_response, raw_error_response
 from deepinfer_server.api.receive_budget import ReceiveBudget, ReceiveBufferFullError
 from deepinfer_server.api.request_head import HeadLimits, HeadScanner, HeadTooLarge
+from deepinfer_server.api.transport import (
+    HTTP_PROTOCOL,
+    client_address,
+    receiving_body,
+    request_cycle,
+    responding,
+    wrap_app,
+)
 from deepinfer_server.errors import ApiError, ErrorKind, ServiceUnavailableError
 
 logger = logging.getLogger(__name__)
@@ -130,15 +136,11 @@ class _Guards(asyncio.Protocol):
     """The guards, mixed in before one of uvicorn's HTTP protocols (httptools or h11)."""
 
     limits: ConnectionLimits
-    # Set by uvicorn's protocol; `app` is per instance, and a capped connection wraps it.
-    app: Any
-    loop: asyncio.AbstractEventLoop
-    transport: Any
-    cycle: Any
-    client: tuple[str, int] | None
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
+        self._loop = asyncio.get_running_loop()
+        self._transport = transport
         self._head: HeadScanner | None = None
         self._head_held = 0
         self._refused = False
@@ -150,7 +152,7 @@ class _Guards(asyncio.Protocol):
         self._socket = transport.get_extra_info("socket")
         if limits.write_timeout > 0 and delivery_progress(self._socket) is not None:
             self._acked = 0
-            self._progress_at = self.loop.time()
+            self._progress_at = self._loop.time()
             self._progress_interval = min(
                 limits.write_timeout / _PROGRESS_SAMPLES, _MAX_PROGRESS_INTERVAL
             )
@@ -161,11 +163,11 @@ class _Guards(asyncio.Protocol):
         if limits.open_connections > limits.max_connections + PROBE_RESERVE:
             oldest = next(iter(limits.waiting), self)
             oldest._cancel_header_timer()  # not picked twice while its abort is under way
-            oldest.transport.abort()
+            oldest._transport.abort()
             if oldest is self:
                 return
         if limits.open_connections > limits.max_connections:
-            self.app = probes_only(self.app)
+            wrap_app(self, probes_only)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if getattr(self, "_counted", False):
@@ -180,11 +182,11 @@ class _Guards(asyncio.Protocol):
             return
         if not self._count_head(data):
             return
-        cycle = self.cycle
+        cycle = request_cycle(self)
         super().data_received(data)
-        if self.cycle is not cycle:  # a request's headers are complete
+        if request_cycle(self) is not cycle:  # a request's headers are complete
             self._cancel_header_timer()
-        elif self.cycle is None or self.cycle.response_complete:  # the next request began
+        elif not responding(self):  # the next request began
             self._arm_header_timer()
 
     def _count_head(self, data: bytes) -> bool:
@@ -192,7 +194,7 @@ class _Guards(asyncio.Protocol):
         are the app's to bound); False when the request is refused for it."""
         head = self._head
         if head is None:
-            if self.cycle is not None and self.cycle.more_body:
+            if receiving_body(self):
                 return True
             head = self._head = HeadScanner(self.limits.heads)
         try:
@@ -222,22 +224,24 @@ class _Guards(asyncio.Protocol):
         self._refused = True
         self._cancel_header_timer()
         self.limits.on_refused(error.status_code)
-        logger.info("refused a request from %s: %s", _peer(self.client), error.message)
-        if self.cycle is not None and not self.cycle.response_complete:
-            self.transport.abort()  # a response is under way: no room for another
+        logger.info("refused a request from %s: %s", _peer(client_address(self)), error.message)
+        if responding(self):
+            self._transport.abort()  # a response is under way: no room for another
             return
         versioned = [(b"anthropic-version", b"")] if head.anthropic_version else []
-        self.transport.write(raw_error_response(error, {"path": head.path, "headers": versioned}))
-        if self.transport.can_write_eof():
-            self.transport.write_eof()
-            self._linger_timer = self.loop.call_later(LINGER_SECONDS, self.transport.abort)
+        self._transport.write(raw_error_response(error, {"path": head.path, "headers": versioned}))
+        if self._transport.can_write_eof():
+            self._transport.write_eof()
+            self._linger_timer = self._loop.call_later(LINGER_SECONDS, self._transport.abort)
         else:
-            self.transport.close()
+            self._transport.close()
 
     def pause_writing(self) -> None:
         super().pause_writing()
         if self._write_timer is None:
-            self._write_timer = self.loop.call_later(self.limits.write_timeout, self._write_expired)
+            self._write_timer = self._loop.call_later(
+                self.limits.write_timeout, self._write_expired
+            )
 
     def resume_writing(self) -> None:
         if self._write_timer is not None:
@@ -246,20 +250,20 @@ class _Guards(asyncio.Protocol):
         super().resume_writing()
 
     def _arm_progress_timer(self) -> None:
-        self._progress_timer = self.loop.call_later(self._progress_interval, self._check_progress)
+        self._progress_timer = self._loop.call_later(self._progress_interval, self._check_progress)
 
     def _check_progress(self) -> None:
         """Drop the connection when data has waited for the client, and the client has
         acknowledged none of it, for the write timeout."""
         self._progress_timer = None
-        if self.transport.is_closing():
+        if self._transport.is_closing():
             return
         progress = delivery_progress(self._socket)
         if progress is None:
             return
         acked, queued = progress
-        now = self.loop.time()
-        if acked != self._acked or queued + self.transport.get_write_buffer_size() == 0:
+        now = self._loop.time()
+        if acked != self._acked or queued + self._transport.get_write_buffer_size() == 0:
             self._acked = acked
             self._progress_at = now
         elif now - self._progress_at >= self.limits.write_timeout:
@@ -268,8 +272,8 @@ class _Guards(asyncio.Protocol):
         self._arm_progress_timer()
 
     def _arm_header_timer(self) -> None:
-        if self._header_timer is None and not self.transport.is_closing():
-            self._header_timer = self.loop.call_later(
+        if self._header_timer is None and not self._transport.is_closing():
+            self._header_timer = self._loop.call_later(
                 self.limits.header_timeout, self._headers_expired
             )
             self.limits.waiting[self] = None
@@ -298,49 +302,19 @@ class _Guards(asyncio.Protocol):
         logger.info(
             "closing a connection from %s: no complete request headers within %gs "
             "(--header-timeout)",
-            _peer(self.client),
+            _peer(client_address(self)),
             self.limits.header_timeout,
         )
-        self.transport.abort()
+        self._transport.abort()
 
     def _write_expired(self) -> None:
         self._write_timer = None
         logger.info(
             "closing a connection from %s: the client read nothing for %gs (--write-timeout)",
-            _peer(self.client),
+            _peer(client_address(self)),
             self.limits.write_timeout,
         )
-        self.transport.abort()
-
-
-def chunk_writer(send: Send) -> Callable[[bytes], bool] | None:
-    """A writer of response body chunks straight to the connection's transport, for the
-    streaming hot path, when `send` is uvicorn's httptools `send`; else None.
-
-    It writes exactly what that `send` writes for a chunked body message with more to come,
-    without a coroutine per chunk, and returns False, writing nothing, whenever `send` would
-    do anything else (the response is not a chunked body in progress, the client is gone or
-    not reading fast enough): then the caller must use `send`.
-    """
-    cycle = getattr(send, "__self__", None)
-    if not isinstance(cycle, HttptoolsCycle):
-        return None
-    transport = cycle.transport
-    flow = cycle.flow
-
-    def write(chunk: bytes) -> bool:
-        if (
-            flow.write_paused
-            or cycle.disconnected
-            or not cycle.response_started
-            or cycle.response_complete
-            or not cycle.chunked_encoding
-        ):
-            return False
-        transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
-        return True
-
-    return write
+        self._transport.abort()
 
 
 def fit_to_file_limit(max_connections: int) -> int:
@@ -376,7 +350,7 @@ def _peer(client: tuple[str, int] | None) -> str:
 
 
 def guarded_protocol(
-    limits: ConnectionLimits, base: type[asyncio.Protocol] = AutoHTTPProtocol
+    limits: ConnectionLimits, base: type[asyncio.Protocol] = HTTP_PROTOCOL
 ) -> type[asyncio.Protocol]:
     """uvicorn's HTTP protocol class (`base`: httptools' when installed, else h11's) bound to
     `limits`; pass it as `uvicorn.Config(http=...)`."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from functools import cache
 from http import HTTPStatus
 from typing import Any
 
@@ -19,15 +20,11 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import Scope
 
+from deepinfer_server.api.dialects import PathDialects
 from deepinfer_server.errors import ApiError, ClientDisconnected, ErrorKind, InternalError
 from deepinfer_server.protocol.core.error_shapes import anthropic_error_body, openai_error_body
 
 logger = logging.getLogger(__name__)
-
-ANTHROPIC_PATH_PREFIX = "/v1/messages"
-# Paths both protocols share; Anthropic's clients are told apart by their `anthropic-version`.
-SHARED_PATH_PREFIX = "/v1/models"
-_ANTHROPIC_VERSION = b"anthropic-version"
 
 _HTTP_STATUS_KINDS = {
     404: ErrorKind.NOT_FOUND,
@@ -36,15 +33,20 @@ _HTTP_STATUS_KINDS = {
 }
 
 
+@cache
+def path_dialects() -> PathDialects:
+    """The dialect of every path, from the route table."""
+    # Imported here: the table imports the routes, and they import this module.
+    from deepinfer_server.api.route_table import ROUTES
+
+    return PathDialects.of((endpoint.path, endpoint.dialect) for endpoint in ROUTES)
+
+
 def speaks_anthropic(scope: Scope) -> bool:
-    """True for /v1/messages, and for /v1/models asked with an `anthropic-version` header: the
-    one test of whether a client speaks Anthropic's API (for error envelopes and model
-    lists alike)."""
-    path: str = scope["path"]
-    if path.startswith(ANTHROPIC_PATH_PREFIX):
-        return True
-    sends_version = any(name == _ANTHROPIC_VERSION for name, _ in scope.get("headers", ()))
-    return sends_version and path.startswith(SHARED_PATH_PREFIX)
+    """True where the route table says the path speaks Anthropic's API (for `/v1/models`,
+    when asked with an `anthropic-version` header): the one test of whether a client speaks
+    Anthropic's API (for error envelopes and model lists alike)."""
+    return path_dialects().speaks_anthropic(scope)
 
 
 def envelope(anthropic: bool) -> Callable[[ApiError], dict[str, Any]]:

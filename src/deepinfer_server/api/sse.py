@@ -2,7 +2,7 @@
 
 `SSEResponse` replaces Starlette's StreamingResponse on the hot path: its body writes frames
 straight to the ASGI server's `send` (or, with uvicorn's httptools protocol, straight to the
-transport: `connection.chunk_writer`), through `send_now()`, which completes a send at once when
+transport: `transport.response_channel`), through `send_now()`, which completes a send at once when
 it does not have to wait (the usual case: the transport buffers the bytes), so a frame can be
 written from the reader task's pass over an engine step without a task switch per stream. The stream
 stops (aborting the engine request) when the client leaves, through `until_disconnect`. A
@@ -18,8 +18,8 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from deepinfer_server.api.connection import chunk_writer
 from deepinfer_server.api.disconnect import CLIENT_LEFT, until_disconnect
+from deepinfer_server.api.transport import response_channel
 from deepinfer_server.errors import ClientDisconnected
 
 DONE_FRAME = b"data: [DONE]\n\n"
@@ -107,10 +107,6 @@ def keep_server_send(app: ASGIApp) -> ASGIApp:
     return with_server_send
 
 
-def _never(frame: bytes) -> bool:
-    return False
-
-
 class SSEResponse:
     """A 200 text/event-stream response whose body `body(write)` writes.
 
@@ -124,7 +120,7 @@ class SSEResponse:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         body_send: Send = scope.get("state", {}).get(SERVER_SEND, send)
-        write_chunk = chunk_writer(body_send) or _never
+        write_chunk = response_channel(body_send).write_chunk
 
         def write(frame: bytes) -> Coroutine[Any, Any, None] | None:
             if write_chunk(frame):

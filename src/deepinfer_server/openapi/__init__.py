@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from deepinfer_server.openapi.document import OPERATIONS, openapi_document
+from deepinfer_server.openapi.document import build_document
 
-__all__ = ["OPERATIONS", "openapi_document"]
+__all__ = ["build_document"]

@@ -12,13 +12,10 @@ import asyncio
 import contextlib
 import logging
 import signal
-import socket
-from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Sequence
-from types import FrameType
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from typing import Any
 
 import uvicorn
-from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from deepinfer_server.api.app import build_app
 from deepinfer_server.api.connection import (
@@ -29,6 +26,7 @@ from deepinfer_server.api.connection import (
 from deepinfer_server.api.disaggregation import PrefillPeers
 from deepinfer_server.api.request_head import HeadLimits
 from deepinfer_server.api.state import AppState, Peers
+from deepinfer_server.api.transport import HTTP_PROTOCOL, HookedServer
 from deepinfer_server.concurrency import first_of
 from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.coordinator.coordinator import Coordinator
@@ -51,7 +49,7 @@ EVICT_INTERVAL = 60.0
 WRITES_AT_SHUTDOWN = 5.0
 
 
-class HttpServer(uvicorn.Server):
+class HttpServer(HookedServer):
     """uvicorn's server with a drain before its shutdown, and signals that stay handled."""
 
     def __init__(
@@ -65,42 +63,22 @@ class HttpServer(uvicorn.Server):
         """`signals`: those that drain; with only SIGTERM (an API server process of
         --api-server-count, whose supervisor forwards signals), a second SIGTERM ends the
         drain, as a second SIGINT does otherwise."""
-        super().__init__(config)
+        super().__init__(config, signals)
         self._state = state
-        self._signals = tuple(signals)
-        self._on_started = on_started
-        self._forced = asyncio.Event()
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        # uvicorn re-raises captured signals after serving, which would kill this process
-        # before the ranks are stopped; record them only.
-        original = {s: signal.signal(s, self.handle_exit) for s in self._signals}
-        try:
-            yield
-        finally:
-            for sig, handler in original.items():
-                signal.signal(sig, handler)
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        self._state.coordinator.draining = True  # /health and new requests: 503 from now on
-        repeated = self.should_exit
-        super().handle_exit(sig, frame)
-        if repeated and signal.SIGINT not in self._signals:
-            self.force_exit = True
-        if self.force_exit:  # a second signal: stop draining now
-            asyncio.get_event_loop().call_soon_threadsafe(self._forced.set)
+        self._started_callback = on_started
 
     @property
     def state(self) -> AppState:
         return self._state
 
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
-        if self.started and self._on_started is not None:
-            self._on_started()
+    def on_stop_signal(self) -> None:
+        self._state.coordinator.draining = True  # /health and new requests: 503 from now on
 
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+    def on_started(self) -> None:
+        if self._started_callback is not None:
+            self._started_callback()
+
+    async def before_shutdown(self) -> None:
         coordinator = self._state.coordinator
         coordinator.draining = True
         grace = self._state.config.shutdown_timeout
@@ -110,9 +88,8 @@ class HttpServer(uvicorn.Server):
                 coordinator.num_in_flight,
                 grace,
             )
-            await first_of(self._forced.wait(), coordinator.wait_idle(grace))
+            await first_of(self.stop_now.wait(), coordinator.wait_idle(grace))
         coordinator.fail_all(ShuttingDownError())
-        await super().shutdown(sockets)
 
 
 @contextlib.asynccontextmanager
@@ -171,7 +148,7 @@ def create_recipe(
 
 
 def http_config(
-    app: Any, state: AppState, protocol: type[asyncio.Protocol] = AutoHTTPProtocol
+    app: Any, state: AppState, protocol: type[asyncio.Protocol] = HTTP_PROTOCOL
 ) -> uvicorn.Config:
     """uvicorn's configuration for `app`: the server's options, on uvicorn's HTTP `protocol`
     (httptools' when installed, else h11's) with the connection guards."""

@@ -8,6 +8,8 @@ stream named events, with no `[DONE]`, and end a failed stream with their own `e
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -71,17 +73,10 @@ MESSAGES = GenerationProtocol(
 )
 
 
-async def chat_completions(request: Request) -> Response:
-    return await serve_generation(request, CHAT)
+def generate(protocol: GenerationProtocol) -> Callable[[Request], Awaitable[Response]]:
+    """The route handler serving `protocol` (the route table names one per endpoint)."""
 
+    async def serve(request: Request) -> Response:
+        return await serve_generation(request, protocol)
 
-async def completions(request: Request) -> Response:
-    return await serve_generation(request, COMPLETIONS)
-
-
-async def responses(request: Request) -> Response:
-    return await serve_generation(request, RESPONSES)
-
-
-async def messages(request: Request) -> Response:
-    return await serve_generation(request, MESSAGES)
+    return serve

@@ -3,21 +3,39 @@
 from __future__ import annotations
 
 from functools import cache
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
 from deepinfer_server.api.state import AppState
-from deepinfer_server.openapi import openapi_document
+from deepinfer_server.openapi import build_document
+
+if TYPE_CHECKING:  # the route table imports this module's handler
+    from deepinfer_server.api.route_table import Endpoint
 
 
 @cache
-def _document_json(served_model_names: tuple[str, ...]) -> bytes:
-    return orjson.dumps(openapi_document(served_model_names))
+def openapi_document(
+    served_model_names: tuple[str, ...], endpoints: tuple[Endpoint, ...]
+) -> dict[str, Any]:
+    """The document of a server of these model names serving `endpoints` (the route table's
+    `ROUTES`, or the table an app was built with); built once per arguments, the caller must
+    not change it."""
+    operations = ((e.method.lower(), e.openapi_path, e.operation) for e in endpoints)
+    return build_document(served_model_names, operations)
+
+
+@cache
+def _document_json(served_model_names: tuple[str, ...], endpoints: tuple[Endpoint, ...]) -> bytes:
+    return orjson.dumps(openapi_document(served_model_names, endpoints))
 
 
 async def openapi_json(request: Request) -> Response:
-    """The document for this server's model names (serialized once per process)."""
+    """The document for this server's model names and routes (serialized once per process)."""
     state: AppState = request.app.state.server
-    return Response(_document_json(state.config.served_model_names), media_type="application/json")
+    endpoints: tuple[Endpoint, ...] = request.app.state.endpoints
+    return Response(
+        _document_json(state.config.served_model_names, endpoints), media_type="application/json"
+    )

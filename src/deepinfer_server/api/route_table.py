@@ -1,0 +1,190 @@
+"""The route table: every endpoint the server serves, declared once.
+
+From `ROUTES`, `api/app.py` builds the Starlette routes, `api/routes/openapi.py` the OpenAPI
+document's operations, and `api/error_responses.py` the API each path speaks (its error
+envelope). A new endpoint is one `Endpoint` here plus its handler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import cached_property
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import compile_path
+
+from deepinfer_server.api.dialects import Dialect
+from deepinfer_server.api.routes.count_tokens import count_tokens
+from deepinfer_server.api.routes.generation import CHAT, COMPLETIONS, MESSAGES, RESPONSES, generate
+from deepinfer_server.api.routes.meta import health, metrics, server_version
+from deepinfer_server.api.routes.models import list_models, retrieve_model
+from deepinfer_server.api.routes.openapi import openapi_json
+from deepinfer_server.api.routes.router_info import get_load, model_info, server_info
+from deepinfer_server.api.routes.stored_responses import (
+    delete_response,
+    list_input_items,
+    retrieve_response,
+)
+from deepinfer_server.openapi import operations as op
+from deepinfer_server.openapi.schema import Schema
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+_OPENAI = "OpenAIError"
+_ANTHROPIC = "AnthropicError"
+
+
+@dataclass(frozen=True, eq=False)
+class Endpoint:
+    """One method on one path: its handler, the API its clients speak, its OpenAPI operation."""
+
+    #: The Starlette path (converters such as `{model_id:path}` allowed).
+    path: str
+    method: str
+    handler: Handler
+    dialect: Dialect
+    operation: Schema
+
+    @cached_property
+    def openapi_path(self) -> str:
+        """The path as OpenAPI writes it (no converters)."""
+        return compile_path(self.path)[1]
+
+
+def _with(operation: Schema, *parameters: Schema) -> Schema:
+    return {**operation, "parameters": list(parameters)}
+
+
+#: Every endpoint, in the order the app matches them and the document lists them.
+ROUTES: tuple[Endpoint, ...] = (
+    Endpoint(
+        "/v1/chat/completions",
+        "POST",
+        generate(CHAT),
+        Dialect.OPENAI,
+        op.generation("OpenAI Chat Completions", "ChatCompletionRequest", _OPENAI),
+    ),
+    Endpoint(
+        "/v1/completions",
+        "POST",
+        generate(COMPLETIONS),
+        Dialect.OPENAI,
+        op.generation(
+            "OpenAI legacy completions, as vLLM serves them", "CompletionRequest", _OPENAI
+        ),
+    ),
+    Endpoint(
+        "/v1/responses",
+        "POST",
+        generate(RESPONSES),
+        Dialect.OPENAI,
+        op.generation("OpenAI Responses (stored unless store: false)", "ResponsesRequest", _OPENAI),
+    ),
+    Endpoint(
+        "/v1/responses/{response_id}",
+        "GET",
+        retrieve_response,
+        Dialect.OPENAI,
+        _with(
+            op.get("A stored response; 404 in another API key's scope", protected=True),
+            op.RESPONSE_ID,
+            op.INCLUDE,
+        ),
+    ),
+    Endpoint(
+        "/v1/responses/{response_id}",
+        "DELETE",
+        delete_response,
+        Dialect.OPENAI,
+        _with(op.get("Delete a stored response", protected=True), op.RESPONSE_ID),
+    ),
+    Endpoint(
+        "/v1/responses/{response_id}/input_items",
+        "GET",
+        list_input_items,
+        Dialect.OPENAI,
+        _with(
+            op.get("A stored response's input items, a page at a time", protected=True),
+            op.RESPONSE_ID,
+            op.INCLUDE,
+            *op.PAGE,
+        ),
+    ),
+    Endpoint(
+        "/v1/messages",
+        "POST",
+        generate(MESSAGES),
+        Dialect.ANTHROPIC,
+        op.generation("Anthropic Messages", "MessagesRequest", _ANTHROPIC),
+    ),
+    Endpoint(
+        "/v1/messages/count_tokens",
+        "POST",
+        count_tokens,
+        Dialect.ANTHROPIC,
+        op.count_tokens(
+            "Anthropic token count: the prompt tokens /v1/messages would encode", _ANTHROPIC
+        ),
+    ),
+    Endpoint(
+        "/v1/models",
+        "GET",
+        list_models,
+        Dialect.EITHER,
+        op.get(
+            "The served model names (Anthropic's shape with an anthropic-version header)",
+            protected=True,
+        ),
+    ),
+    Endpoint(
+        "/v1/models/{model_id:path}",
+        "GET",
+        retrieve_model,
+        Dialect.EITHER,
+        _with(op.get("One served model; 404 for a name not served", protected=True), op.MODEL_ID),
+    ),
+    Endpoint(
+        "/health", "GET", health, Dialect.OPENAI, op.get("200 {status: ok}, else 503 with a reason")
+    ),
+    Endpoint(
+        "/metrics",
+        "GET",
+        metrics,
+        Dialect.OPENAI,
+        op.get("Prometheus metrics", {"text/plain": {"schema": {"type": "string"}}}),
+    ),
+    Endpoint(
+        "/version",
+        "GET",
+        server_version,
+        Dialect.OPENAI,
+        op.get("Server, deepseek-recipe and DeepInfer versions"),
+    ),
+    Endpoint(
+        "/get_load",
+        "GET",
+        get_load,
+        Dialect.OPENAI,
+        _with(
+            op.get("Requests running and waiting, as vLLM Router or the SGLang gateway reads them"),
+            op.LOAD_FORMAT,
+        ),
+    ),
+    Endpoint(
+        "/server_info",
+        "GET",
+        server_info,
+        Dialect.OPENAI,
+        op.get("What the SGLang gateway reads when registering a worker"),
+    ),
+    Endpoint(
+        "/get_server_info", "GET", server_info, Dialect.OPENAI, op.get("Alias of /server_info")
+    ),
+    Endpoint(
+        "/model_info", "GET", model_info, Dialect.OPENAI, op.get("The SGLang gateway's model info")
+    ),
+    Endpoint("/get_model_info", "GET", model_info, Dialect.OPENAI, op.get("Alias of /model_info")),
+    Endpoint("/openapi.json", "GET", openapi_json, Dialect.OPENAI, op.get("This document")),
+)

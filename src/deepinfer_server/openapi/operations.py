@@ -1,0 +1,105 @@
+"""The OpenAPI operation objects the route table (`api/route_table.py`) declares its endpoints
+with: a generation POST, a GET, and the parameters they share."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from deepinfer_server.openapi.errors import error_responses
+from deepinfer_server.openapi.requests import request_body
+from deepinfer_server.openapi.schema import Schema
+
+JSON_OBJECT = {"application/json": {"schema": {"type": "object"}}}
+STREAM = {"text/event-stream": {"schema": {"type": "string"}}}
+BEARER: list[dict[str, list[str]]] = [{"bearer": []}, {"apiKey": []}]
+
+
+def generation(summary: str, body: str, envelope: str) -> Schema:
+    """A generation POST: its `body` component, JSON or SSE, errors in `envelope`."""
+    return {
+        "summary": summary,
+        "requestBody": request_body(body),
+        "responses": {
+            "200": {
+                "description": "The answer as JSON, or as server-sent events with stream: true",
+                "content": {**JSON_OBJECT, **STREAM},
+            },
+            **error_responses(envelope),
+        },
+        "security": BEARER,
+    }
+
+
+def get(summary: str, content: dict[str, Any] | None = None, *, protected: bool = False) -> Schema:
+    """A GET answering `content` (a JSON object by default), errors in OpenAI's envelope;
+    `protected`: behind the API keys."""
+    operation: Schema = {
+        "summary": summary,
+        "responses": {
+            "200": {"description": "OK", "content": content or JSON_OBJECT},
+            "default": {
+                "description": "An error in OpenAI's envelope",
+                "content": {
+                    "application/json": {"schema": {"$ref": "#/components/schemas/OpenAIError"}}
+                },
+            },
+        },
+    }
+    if protected:
+        operation["security"] = BEARER
+    return operation
+
+
+def count_tokens(summary: str, envelope: str) -> Schema:
+    """Anthropic's token count: the `CountTokensRequest` body, `{input_tokens}`."""
+    return {
+        "summary": summary,
+        "requestBody": request_body("CountTokensRequest"),
+        "responses": {
+            "200": {
+                "description": "The count",
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "type": "object",
+                            "properties": {"input_tokens": {"type": "integer", "minimum": 0}},
+                            "required": ["input_tokens"],
+                        }
+                    }
+                },
+            },
+            **error_responses(envelope),
+        },
+        "security": BEARER,
+    }
+
+
+MODEL_ID = {"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}
+RESPONSE_ID = {"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}
+INCLUDE = {
+    "name": "include",
+    "in": "query",
+    "required": False,
+    "schema": {"type": "array", "items": {"type": "string"}},
+}
+PAGE = [
+    {"name": "after", "in": "query", "required": False, "schema": {"type": "string"}},
+    {
+        "name": "limit",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "integer", "minimum": 1, "maximum": 100},
+    },
+    {
+        "name": "order",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "string", "enum": ["asc", "desc"]},
+    },
+]
+LOAD_FORMAT = {
+    "name": "format",
+    "in": "query",
+    "required": False,
+    "schema": {"type": "string", "enum": ["vllm", "sglang"]},
+}
