@@ -7,7 +7,9 @@ stay open for probes and scrapers.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+import secrets
 
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -16,6 +18,18 @@ from deepinfer_server.api.error_responses import envelope, speaks_anthropic
 from deepinfer_server.errors import AuthenticationError
 
 PROTECTED_PREFIX = "/v1/"
+#: The scope of requests without an API key (no key is configured).
+NO_KEY_SCOPE = "none"
+#: Keys this process's per-key scopes (`key_scope`), so that a scope reveals nothing of its key.
+_SCOPE_SALT = secrets.token_bytes(32)
+
+
+def key_scope(api_key: bytes | None) -> str:
+    """The name this process gives an API key's requests where it keeps per-key state (the
+    fair grammar-compile queue): a keyed hash, never the key, and "none" without a key."""
+    if api_key is None:
+        return NO_KEY_SCOPE
+    return hmac.new(_SCOPE_SALT, api_key, hashlib.sha256).hexdigest()
 
 
 def _presented_key(scope: Scope) -> bytes | None:

@@ -8,7 +8,6 @@ protocol; a `GenerationProtocol` only says how to prepare, how to frame and how 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
@@ -20,6 +19,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from deepinfer_server.api.auth import key_scope
 from deepinfer_server.api.body import read_json_body
 from deepinfer_server.api.disconnect import until_disconnect
 from deepinfer_server.api.error_responses import as_api_error
@@ -134,8 +134,9 @@ async def serve_generation(request: Request, protocol: GenerationProtocol) -> Re
         )
     structured = None
     if choices[0].constraint is not None:
-        # Compiling can take seconds: never on the event loop.
-        structured = await asyncio.to_thread(state.structured.compile, choices[0].constraint)
+        # Compiling can take seconds: off the event loop, in this key's turn.
+        scope = key_scope(getattr(request.state, "api_key", None))
+        structured = await state.structured.compile(choices[0].constraint, scope)
     response_id = f"{protocol.id_prefix}{request_id}" if session is None else session.response_id
 
     def submit(index: int) -> RequestHandle:

@@ -6,7 +6,10 @@ process. A small pool of spawned worker processes, each with its own xgrammar co
 vocabulary, compiles one grammar at a time under an address-space limit (`resource.setrlimit`);
 a compile that outlives its deadline is killed together with its worker, which is replaced in
 the background. A worker whose memory grew by more than `recycle_bytes` leaves after answering,
-which gives that memory back to the system. Thread-safe; blocking (call it off event loops).
+which gives that memory back to the system. `start()` starts the workers ahead of the first
+compile (the API process does at start-up), and `ready` says how many can take a compile now,
+which the fair queue in front of them (`compile_queue`) reads. Thread-safe; blocking (call it
+off event loops).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -34,14 +38,14 @@ logger = logging.getLogger(__name__)
 STARTUP_TIMEOUT_S = 180.0
 _PR_SET_PDEATHSIG = 1
 
-Outcome = Literal["ok", "invalid", "memory", "timeout", "died"]
+Outcome = Literal["ok", "invalid", "memory", "timeout", "died", "busy"]
 
 
 @dataclass(frozen=True)
 class CompileOutcome:
     """What compiling one grammar gave: `ok` with the compiled grammar's size (and its
     serialized form when asked), or why not (`invalid` with xgrammar's message, `memory`,
-    `timeout`, `died`)."""
+    `timeout`, `died`; `busy`: no worker was free in time, which is not the grammar's fault)."""
 
     outcome: Outcome
     message: str = ""
@@ -115,6 +119,7 @@ def _worker_main(
 class _Worker:
     process: BaseProcess
     connection: Connection
+    ready: bool = False
 
 
 class CompileWorkers:
@@ -134,6 +139,12 @@ class CompileWorkers:
         self._starting = 0
         self._count = count
         self._started = False
+        #: Workers ready (idle or compiling), and those of the first start still to come.
+        self._ready = 0
+        self._first_pending = count
+        self._first_done = threading.Event()
+        #: Called (on a pool thread) whenever a worker becomes ready.
+        self.on_ready: Callable[[], None] | None = None
         # Workers die with the thread that started them (the parent-death signal follows the
         # thread, not the process): start every one from this thread, which lives as long as
         # the pool, never from a request's short-lived worker thread.
@@ -147,15 +158,32 @@ class CompileWorkers:
         with self._lock:
             return set(self._live)
 
+    @property
+    def ready(self) -> int:
+        """How many workers can compile now or once their compile ends (started and alive)."""
+        with self._lock:
+            return self._ready
+
+    def start(self) -> None:
+        """Start every worker now, without waiting for them (`wait_started` does)."""
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+            self._starting += self._count
+        for _ in range(self._count):
+            self._launch()
+
+    def wait_started(self, timeout: float) -> bool:
+        """Block until each worker of the first start is ready or failed; False on timeout."""
+        return self._first_done.wait(timeout)
+
     def compile(
         self, schema_type: str, schema: str, timeout: float, serialize: bool
     ) -> CompileOutcome:
         """Compile on the next free worker: at most `timeout` seconds waiting for one (more
-        while the first ever starts), then at most `timeout` seconds compiling."""
-        with self._lock:
-            start, self._started = not self._started, True
-        for _ in range(self._count if start else 0):  # on the first compile: none may be needed
-            self._start_worker()
+        while one starts: `busy` past it), then at most `timeout` seconds compiling."""
+        self.start()  # a no-op once started
         with self._lock:
             starting = self._starting
         # A worker that is starting (the first ones, or one replacing a killed worker) takes
@@ -164,7 +192,7 @@ class CompileWorkers:
         try:
             worker = self._idle.get(timeout=wait)
         except queue.Empty:
-            return CompileOutcome("timeout", f"no grammar compile worker was free within {wait:g}s")
+            return CompileOutcome("busy", f"no grammar compile worker was free within {wait:g} s")
         try:
             worker.connection.send((schema_type, schema, serialize))
             if not worker.connection.poll(timeout):
@@ -193,16 +221,22 @@ class CompileWorkers:
         self._spawner.shutdown(wait=False)
 
     def _start_worker(self) -> None:
+        with self._lock:
+            self._starting += 1
+        self._launch()
+
+    def _launch(self) -> None:
+        """Spawn one worker, already counted in `_starting`, and await its readiness."""
         try:
             worker = self._spawner.submit(self._spawn).result()
         except RuntimeError:
             with self._lock:
                 closed = self._closed
             if closed:  # the pool was closed meanwhile (its spawner shut down): no new worker
+                self._started_one(ready=False)
                 return
             raise
         with self._lock:
-            self._starting += 1
             if worker.process.pid is not None:
                 self._live[worker.process.pid] = worker
         threading.Thread(
@@ -229,18 +263,30 @@ class CompileWorkers:
             ready = False
         with self._lock:
             closed = self._closed
-            self._starting -= 1
         if not ready and not closed:
             logger.error(
                 "a grammar compile worker failed to start (exit %s)", worker.process.exitcode
             )
-        if not ready:
-            self._stop(worker, kill=True)
+        if not ready or closed:
+            self._started_one(ready=False)
+            self._stop(worker, kill=not ready)
             return
-        if closed:
-            self._stop(worker, kill=False)
-            return
+        worker.ready = True
         self._idle.put(worker)
+        self._started_one(ready=True)
+
+    def _started_one(self, ready: bool) -> None:
+        """A worker's start ended (`ready` or not): count it and tell the queue."""
+        with self._lock:
+            self._starting -= 1
+            self._ready += ready
+            if self._first_pending:
+                self._first_pending -= 1
+                if not self._first_pending:
+                    self._first_done.set()
+            on_ready = self.on_ready
+        if ready and on_ready is not None:
+            on_ready()
 
     def _replace(self, worker: _Worker, kill: bool) -> None:
         self._stop(worker, kill)
@@ -261,3 +307,6 @@ class CompileWorkers:
             worker.process.join(5.0)
         with self._lock:
             self._live.pop(worker.process.pid or -1, None)
+            if worker.ready:
+                worker.ready = False
+                self._ready -= 1

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import signal
 import socket
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Sequence
 from types import FrameType
 from typing import Any
@@ -31,6 +32,7 @@ from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.coordinator.coordinator import Coordinator
 from deepinfer_server.engines.registry import get_backend
 from deepinfer_server.errors import ShuttingDownError, StartupError, StoreUnavailableError
+from deepinfer_server.grammar.compile_queue import QueueLimits
 from deepinfer_server.metrics import ServerMetrics
 from deepinfer_server.model.tokenizer import prompt_id_bound
 from deepinfer_server.protocol.core.images import ImageLimits
@@ -165,10 +167,31 @@ def create_recipe(
     )
 
 
+def start_structured_outputs(config: ResolvedConfig, tokenizer_json: str) -> StructuredOutputs:
+    """The grammar compiler of one API server process, its vocabulary and compile workers
+    being prepared on a thread of their own (start it before waiting for the ranks, so that
+    both start at once; `await_structured_outputs` before serving)."""
+    limits = QueueLimits(config.max_queued_compiles_per_key, config.grammar_queue_timeout)
+    structured = StructuredOutputs(tokenizer_json, limits=limits)
+    structured.start()
+    return structured
+
+
+async def await_structured_outputs(structured: StructuredOutputs) -> None:
+    """Wait until the grammar compile workers are ready (a failure is logged, not fatal: each
+    structured request then gets its own error)."""
+    started = time.perf_counter()
+    if await structured.wait_ready():
+        logger.info(
+            "[startup] structured outputs ready (+%.1f s after the ranks)",
+            time.perf_counter() - started,
+        )
+
+
 def build_server(
     config: ResolvedConfig,
     recipe: RecipeContext,
-    tokenizer_json: str,
+    structured: StructuredOutputs,
     coordinator: Coordinator,
     metrics: ServerMetrics,
     *,
@@ -183,10 +206,11 @@ def build_server(
         recipe=recipe,
         coordinator=coordinator,
         metrics=metrics,
-        structured=StructuredOutputs(tokenizer_json),
+        structured=structured,
         peers=peers,
         store=store,
     )
+    metrics.watch_compile_queue(structured.queue_stats)
     return HttpServer(
         uvicorn.Config(
             build_app(state),

@@ -70,6 +70,8 @@ OPTIONS: dict[str, tuple[list[str], Any]] = {
     "header_timeout": (["--header-timeout", "5"], 5.0),
     "write_timeout": (["--write-timeout", "6"], 6.0),
     "max_connections": (["--max-connections", "50"], 50),
+    "max_queued_compiles_per_key": (["--max-queued-compiles-per-key", "3"], 3),
+    "grammar_queue_timeout": (["--grammar-queue-timeout", "7.5"], 7.5),
     "disable_access_log": (["--disable-access-log"], True),
     "log_requests": (["--log-requests"], True),
     "log_level": (["--log-level", "debug"], "debug"),

@@ -27,6 +27,7 @@ from deepinfer_server.grammar import (
     Vocab,
 )
 from deepinfer_server.grammar.compiler import compile_timeout_s
+from deepinfer_server.grammar.errors import CompileRefused
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +131,7 @@ class MatcherBuilds:
         DeepInfer's structured-output failure (at its prefill)."""
         try:
             sequence.matcher, sequence.script = future.result()
-        except GrammarError as exc:
+        except (GrammarError, CompileRefused) as exc:
             logger.warning("request %s: grammar failed: %s", sequence.request_id, exc.message)
             sequence.grammar_failed = True
         except Exception:
