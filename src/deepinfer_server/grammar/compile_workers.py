@@ -23,6 +23,7 @@ import queue
 import resource
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -37,6 +38,30 @@ logger = logging.getLogger(__name__)
 #: How long a new worker may take to import xgrammar and build its vocabulary.
 STARTUP_TIMEOUT_S = 180.0
 _PR_SET_PDEATHSIG = 1
+#: What the workers' fork server imports before forking them (xgrammar, PyTorch with it).
+_PRELOAD = "deepinfer_server.grammar._xgr_preload"
+
+
+_vocabulary_shared = False
+_share_lock = threading.Lock()
+
+
+def _share_vocabulary(tokenizer_json: str, vocab_size: int | None) -> str | None:
+    """Have the fork server build the workers' vocabulary once (`_xgr_preload`), if it has not
+    started yet: the tokenizer goes into a file it reads. Returns that file (to remove)."""
+    global _vocabulary_shared
+    from deepinfer_server.grammar._xgr_preload import VOCAB_ENV
+
+    with _share_lock:
+        if _vocabulary_shared:  # by an earlier pool of this process: its fork server runs
+            return None
+        _vocabulary_shared = True
+    handle, path = tempfile.mkstemp(prefix="deepinfer-grammar-vocab-", suffix=".json")
+    with os.fdopen(handle, "w", encoding="utf-8") as file:
+        file.write(tokenizer_json)
+    os.environ[VOCAB_ENV] = f"{path}:{'' if vocab_size is None else vocab_size}"
+    return path
+
 
 Outcome = Literal["ok", "invalid", "memory", "timeout", "died", "busy"]
 
@@ -131,7 +156,11 @@ class CompileWorkers:
         self._tokenizer_json = tokenizer_json
         self._vocab_size = vocab_size
         self._limits = limits
-        self._context = multiprocessing.get_context("spawn")
+        # Workers fork from a server process that imported xgrammar (and PyTorch) once, so a
+        # worker's start (and a killed worker's replacement) only builds its vocabulary.
+        self._context = multiprocessing.get_context("forkserver")
+        self._context.set_forkserver_preload([_PRELOAD])
+        self._vocab_file: str | None = None
         self._idle: queue.Queue[_Worker] = queue.Queue()
         self._lock = threading.Lock()
         self._live: dict[int, _Worker] = {}
@@ -219,6 +248,9 @@ class CompileWorkers:
         for worker in workers:
             self._stop(worker, kill=True)
         self._spawner.shutdown(wait=False)
+        if self._vocab_file:
+            with contextlib.suppress(OSError):
+                os.remove(self._vocab_file)
 
     def _start_worker(self) -> None:
         with self._lock:
@@ -245,6 +277,8 @@ class CompileWorkers:
 
     def _spawn(self) -> _Worker:
         """Start one worker process (on the spawner thread)."""
+        if self._vocab_file is None:
+            self._vocab_file = _share_vocabulary(self._tokenizer_json, self._vocab_size) or ""
         parent_end, child_end = self._context.Pipe()
         process = self._context.Process(
             target=_worker_main,
