@@ -33,6 +33,7 @@ def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:
         fault=options.sim_fault if spec.rank == options.sim_fault_rank else None,
         fault_after_steps=options.sim_fault_after_steps,
         kv_blocks=options.sim_kv_blocks,
+        prepare_grammar=True,
         enable_prefix_caching=spec.enable_prefix_caching,
         prefill_tokens_per_s=options.sim_prefill_tokens_per_s * spec.context_parallel_size,
     )

@@ -83,6 +83,10 @@ class SimEngineArgs:
     enable_prefix_caching: bool = False
     #: Prompt tokens a prompt step computes per second; 0: a prompt step lasts one period.
     prefill_tokens_per_s: float = 0.0
+    #: Build the grammar compiler and start its worker now, off the loop, as DeepInfer's
+    #: SOMatcherBuilder builds its compiler when the engine is built (rank processes do; an
+    #: engine built in a test compiles on first use).
+    prepare_grammar: bool = False
 
 
 class LLMEngine:
@@ -104,7 +108,9 @@ class LLMEngine:
         self._to_release: list[npt.NDArray[np.uint64]] = []
         self._clock = StepClock(args.itl_ms)
         self._closed = False
-        self._builds = MatcherBuilds(args.tokenizer_json, self._vocab_size)
+        self._builds = MatcherBuilds(
+            args.tokenizer_json, self._vocab_size, prepare=args.prepare_grammar
+        )
         # DeepInfer's KV read-out: `scheduler.get_num_free_gpu_blocks()`, `cache_config`.
         self._kv = KVBlocks(args.kv_blocks or default_pool(args.max_num_seqs, args.max_model_len))
         self.scheduler = self._kv

@@ -11,6 +11,7 @@ on the engine's thread.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import threading
 from collections.abc import Collection
@@ -42,7 +43,8 @@ class BuiltMatcher(NamedTuple):
 class MatcherBuilds:
     """The requests whose matcher is being built, and the compiler that builds them."""
 
-    def __init__(self, tokenizer_json: str, vocab_size: int) -> None:
+    def __init__(self, tokenizer_json: str, vocab_size: int, *, prepare: bool = False) -> None:
+        """`prepare`: build the compiler and start its worker now, on a builder thread."""
         self._tokenizer_json = tokenizer_json
         self._vocab_size = vocab_size
         self._grammar: GrammarCompiler | None = None
@@ -50,6 +52,9 @@ class MatcherBuilds:
         self._lock = threading.Lock()
         #: Requests whose grammar is compiling (DeepInfer's SOMatcherBuilder pending list).
         self._pending: list[tuple[Sequence, Future[BuiltMatcher]]] = []
+        if prepare and importlib.util.find_spec("xgrammar") is not None:
+            self._threads = ThreadPoolExecutor(2, thread_name_prefix="grammar-build")
+            self._threads.submit(self._prepare)
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -104,17 +109,27 @@ class MatcherBuilds:
             list(sequence.prompt),
         )
 
-    def _matcher_for(
-        self, so_args: dict[str, Any], max_tokens: int, script: list[int], prompt: list[int]
-    ) -> BuiltMatcher:
-        """(On a builder thread.) DeepInfer's compile, bounded by DEEPINFER_XGRAMMAR_TIMEOUT;
-        then the script fitted to the grammar."""
+    def _compiler(self) -> GrammarCompiler:
         with self._lock:
             if self._grammar is None:
                 vocab = Vocab.from_tokenizer_json(self._tokenizer_json, self._vocab_size)
                 bounds = GrammarBounds(compile_timeout_s=compile_timeout_s())
                 self._grammar = GrammarCompiler(vocab, bounds=bounds, workers=1)
-            grammar = self._grammar
+            return self._grammar
+
+    def _prepare(self) -> None:
+        """(On a builder thread.) The compiler and its worker, ahead of the first grammar."""
+        try:
+            self._compiler().workers.start()
+        except Exception:  # the first grammar tries again, and fails its request if need be
+            logger.exception("preparing the grammar compiler failed")
+
+    def _matcher_for(
+        self, so_args: dict[str, Any], max_tokens: int, script: list[int], prompt: list[int]
+    ) -> BuiltMatcher:
+        """(On a builder thread.) DeepInfer's compile, bounded by DEEPINFER_XGRAMMAR_TIMEOUT;
+        then the script fitted to the grammar."""
+        grammar = self._compiler()
         matcher = SimulatedMatcher.from_so_args(so_args, grammar, max_tokens)
         try:
             fitter = EchoFitter(grammar.compile(so_args), grammar.vocab, so_args)
