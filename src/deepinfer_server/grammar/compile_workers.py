@@ -2,14 +2,16 @@
 
 xgrammar's compile cannot be interrupted, and with some grammars its time and memory grow
 faster than linearly with their size (issue 24), so no grammar is compiled in a server or rank
-process. A small pool of spawned worker processes, each with its own xgrammar compiler over the
+process. A small pool of worker processes, each with its own xgrammar compiler over the
 vocabulary, compiles one grammar at a time under an address-space limit (`resource.setrlimit`);
 a compile that outlives its deadline is killed together with its worker, which is replaced in
-the background. A worker whose memory grew by more than `recycle_bytes` leaves after answering,
-which gives that memory back to the system. `start()` starts the workers ahead of the first
-compile (the API process does at start-up), and `ready` says how many can take a compile now,
-which the fair queue in front of them (`compile_queue`) reads. Thread-safe; blocking (call it
-off event loops).
+the background. The workers fork from a fork server that imported xgrammar and built the
+vocabulary once (`_xgr_preload`), so a start or a replacement is a fork, not seconds of loading.
+A worker whose memory grew by more than `recycle_bytes` leaves after answering, which gives
+that memory back to the system. `start()` starts the workers ahead of the first compile (the
+API process does at start-up), and `ready` says how many can take a compile now, which the fair
+queue in front of them (`compile_queue`) reads. Thread-safe; blocking (call it off event
+loops).
 """
 
 from __future__ import annotations
@@ -44,23 +46,34 @@ _PRELOAD = "deepinfer_server.grammar._xgr_preload"
 
 _vocabulary_shared = False
 _share_lock = threading.Lock()
+#: The file the fork server reads at its start, removed once it forked a worker (it has read it).
+_shared_file: str | None = None
 
 
-def _share_vocabulary(tokenizer_json: str, vocab_size: int | None) -> str | None:
+def _share_vocabulary(tokenizer_json: str, vocab_size: int | None) -> None:
     """Have the fork server build the workers' vocabulary once (`_xgr_preload`), if it has not
-    started yet: the tokenizer goes into a file it reads. Returns that file (to remove)."""
-    global _vocabulary_shared
+    started yet: the tokenizer goes into a file it reads."""
+    global _vocabulary_shared, _shared_file
     from deepinfer_server.grammar._xgr_preload import VOCAB_ENV
 
     with _share_lock:
         if _vocabulary_shared:  # by an earlier pool of this process: its fork server runs
-            return None
+            return
         _vocabulary_shared = True
     handle, path = tempfile.mkstemp(prefix="deepinfer-grammar-vocab-", suffix=".json")
     with os.fdopen(handle, "w", encoding="utf-8") as file:
         file.write(tokenizer_json)
     os.environ[VOCAB_ENV] = f"{path}:{'' if vocab_size is None else vocab_size}"
-    return path
+    _shared_file = path
+
+
+def _remove_shared_file() -> None:
+    global _shared_file
+    with _share_lock:
+        path, _shared_file = _shared_file, None
+    if path is not None:
+        with contextlib.suppress(OSError):
+            os.remove(path)
 
 
 Outcome = Literal["ok", "invalid", "memory", "timeout", "died", "busy"]
@@ -147,6 +160,17 @@ class _Worker:
     ready: bool = False
 
 
+def start_fork_server(tokenizer_json: str, vocab_size: int | None) -> None:
+    """Start the workers' fork server now (it imports xgrammar and builds the vocabulary), so
+    that it loads while this process builds its own vocabulary."""
+    _share_vocabulary(tokenizer_json, vocab_size)
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([_PRELOAD])
+    from multiprocessing import forkserver
+
+    forkserver.ensure_running()
+
+
 class CompileWorkers:
     """A pool of `count` compile worker processes over one vocabulary."""
 
@@ -156,11 +180,10 @@ class CompileWorkers:
         self._tokenizer_json = tokenizer_json
         self._vocab_size = vocab_size
         self._limits = limits
-        # Workers fork from a server process that imported xgrammar (and PyTorch) once, so a
-        # worker's start (and a killed worker's replacement) only builds its vocabulary.
+        # Workers fork from a server process that imported xgrammar (and PyTorch) and built
+        # the vocabulary once: a worker's start, or a killed worker's replacement, is a fork.
         self._context = multiprocessing.get_context("forkserver")
         self._context.set_forkserver_preload([_PRELOAD])
-        self._vocab_file: str | None = None
         self._idle: queue.Queue[_Worker] = queue.Queue()
         self._lock = threading.Lock()
         self._live: dict[int, _Worker] = {}
@@ -248,9 +271,7 @@ class CompileWorkers:
         for worker in workers:
             self._stop(worker, kill=True)
         self._spawner.shutdown(wait=False)
-        if self._vocab_file:
-            with contextlib.suppress(OSError):
-                os.remove(self._vocab_file)
+        _remove_shared_file()
 
     def _start_worker(self) -> None:
         with self._lock:
@@ -277,8 +298,7 @@ class CompileWorkers:
 
     def _spawn(self) -> _Worker:
         """Start one worker process (on the spawner thread)."""
-        if self._vocab_file is None:
-            self._vocab_file = _share_vocabulary(self._tokenizer_json, self._vocab_size) or ""
+        _share_vocabulary(self._tokenizer_json, self._vocab_size)
         parent_end, child_end = self._context.Pipe()
         process = self._context.Process(
             target=_worker_main,
@@ -305,6 +325,7 @@ class CompileWorkers:
             self._started_one(ready=False)
             self._stop(worker, kill=not ready)
             return
+        _remove_shared_file()  # a worker was forked: the fork server has read it
         worker.ready = True
         self._idle.put(worker)
         self._started_one(ready=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -40,7 +41,7 @@ from deepinfer_server.grammar import (
     responses_constraint,
 )
 from deepinfer_server.grammar.compile_queue import FairCompileQueue, QueueLimits, QueueStats
-from deepinfer_server.grammar.compile_workers import STARTUP_TIMEOUT_S
+from deepinfer_server.grammar.compile_workers import STARTUP_TIMEOUT_S, start_fork_server
 from deepinfer_server.grammar.errors import CompileRefused
 from deepinfer_server.ipc.messages import StructuredOutput
 from deepinfer_server.protocol.core.recipe import recipe_errors
@@ -285,6 +286,9 @@ class StructuredOutputs:
         """(On its own thread.) The vocabulary, the compiler and its ready workers."""
         assert self._prepared is not None
         try:
+            if importlib.util.find_spec("xgrammar") is not None:
+                # The workers' fork server loads beside this process's vocabulary.
+                start_fork_server(self._tokenizer_json, self._vocab_size)
             vocab = Vocab.from_tokenizer_json(self._tokenizer_json, self._vocab_size)
             compiler = GrammarCompiler(
                 vocab, workers=self._workers, spare_workers=self._spare_workers
