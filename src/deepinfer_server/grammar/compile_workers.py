@@ -16,6 +16,7 @@ loops).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import logging
@@ -65,6 +66,7 @@ def _share_vocabulary(tokenizer_json: str, vocab_size: int | None) -> None:
         file.write(tokenizer_json)
     os.environ[VOCAB_ENV] = f"{path}:{'' if vocab_size is None else vocab_size}"
     _shared_file = path
+    atexit.register(_remove_shared_file)  # in case no worker is ever forked
 
 
 def _remove_shared_file() -> None:
