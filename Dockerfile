@@ -7,7 +7,7 @@
 #   FLASH_MLA_SKIP_REG_SPILL_CHECK   non-empty: skip only FlashMLA's post-build register-spill
 #                                    check (spills stay; kernels may be slower). Default: checked.
 #   CUDA_VERSION, UBUNTU_VERSION, PYTHON_VERSION, DEEPINFER_REPO, DEEPINFER_COMMIT,
-#   DEEPSEEK_RECIPE_VERSION, NCCL_VERSION
+#   DEEPSEEK_RECIPE_VERSION, NCCL_VERSION, MOONCAKE_VERSION
 #
 # Two stages: the build stage compiles DeepInfer, its kernel libraries and this server into
 # /opt/venv; the runtime stage starts again from the CUDA *development* image, because DeepGEMM,
@@ -26,6 +26,7 @@ ARG DEEPINFER_REPO=https://github.com/deepseek-ai/DeepInfer.git
 ARG DEEPINFER_COMMIT=9bd9cf243fc53ef9afbf8f04d391d989117d6ab9
 ARG DEEPSEEK_RECIPE_VERSION=0.2.0
 ARG NCCL_VERSION=2.32.3
+ARG MOONCAKE_VERSION=0.3.13.post1
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV DEBIAN_FRONTEND=noninteractive
@@ -66,10 +67,15 @@ RUN if [ -z "${FLASH_MLA_SKIP_REG_SPILL_CHECK}" ]; then unset FLASH_MLA_SKIP_REG
 RUN pip install --no-deps "nvidia-nccl-cu13==${NCCL_VERSION}" \
     && find /opt/DeepInfer -name .git -prune -exec rm -rf {} +
 
-# This server and deepseek-recipe.
+# This server, deepseek-recipe, and Mooncake's Transfer Engine, which moves KV between prefill
+# and decode servers (--disaggregation-mode), in its CUDA 13 build (RDMA and NVLink on device
+# memory) rather than the `disaggregation` extra's non-CUDA build (TCP over host memory, for the
+# simulated engine): both provide the same `mooncake` module, so only one is installed. Same
+# version as the extra's pin.
 COPY pyproject.toml README.md /opt/deepinfer-server/
 COPY src /opt/deepinfer-server/src
-RUN pip install "deepseek-recipe==${DEEPSEEK_RECIPE_VERSION}" /opt/deepinfer-server
+RUN pip install "deepseek-recipe==${DEEPSEEK_RECIPE_VERSION}" \
+        "mooncake-transfer-engine-cuda13==${MOONCAKE_VERSION}" /opt/deepinfer-server
 
 # Any dependency conflict fails the build, except exactly the NCCL override above.
 COPY docker/check_dependencies.py /opt/deepinfer-server/docker/check_dependencies.py

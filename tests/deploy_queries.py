@@ -31,6 +31,19 @@ JOB = "deepinfer-server"
 #: have. Keep this short: remove a name the day the server exports it.
 NOT_YET_EXPORTED: Mapping[str, frozenset[str]] = MappingProxyType({})
 
+#: Series every server exports but only prefill/decode servers move (a KV transfer happens only
+#: between them): on a NORMAL server a quantile or a ratio of them is NaN (Grafana's "No data";
+#: an alert comparing NaN does not fire), so the Prometheus lane checks the queries that read
+#: only these on a prefill/decode pair.
+OBSERVED_ONLY_WITH_DISAGGREGATION = frozenset(
+    {
+        "deepinfer:kv_transfer_seconds_bucket",
+        "deepinfer:kv_transfer_seconds_count",
+        "deepinfer:kv_transfer_wait_seconds_bucket",
+        "deepinfer:kv_transfer_failures_total",
+    }
+)
+
 #: What Grafana puts in place of its own variables, for a dashboard showing the last few minutes
 #: of a Prometheus that scrapes every second. `$__rate_interval` must span the lane's load (it
 #: takes well under a minute).

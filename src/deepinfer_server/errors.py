@@ -49,6 +49,8 @@ class ErrorKind(enum.StrEnum):
     METHOD_NOT_ALLOWED = "method_not_allowed"
     REQUEST_TIMEOUT = "request_timeout"
     REQUEST_TOO_LARGE = "request_too_large"
+    URI_TOO_LONG = "uri_too_long"
+    HEADERS_TOO_LARGE = "headers_too_large"
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     OVERLOADED = "overloaded"
     ENGINE_REJECTED = "engine_rejected"
@@ -65,6 +67,8 @@ class ErrorKind(enum.StrEnum):
     THREAD_UNSUPPORTED = "thread_unsupported"
     QUEUE_TIMEOUT = "queue_timeout"
     GRAMMAR_CAPACITY = "grammar_capacity"
+    RECEIVE_BUFFER_FULL = "receive_buffer_full"
+    KV_TRANSFER_FAILED = "kv_transfer_failed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +116,12 @@ ERROR_TABLE: dict[ErrorKind, ErrorSpec] = {
     ErrorKind.REQUEST_TOO_LARGE: ErrorSpec(
         413, "invalid_request_error", "request_too_large", "request_too_large"
     ),
+    ErrorKind.URI_TOO_LONG: ErrorSpec(
+        414, "invalid_request_error", "uri_too_long", "invalid_request_error"
+    ),
+    ErrorKind.HEADERS_TOO_LARGE: ErrorSpec(
+        431, "invalid_request_error", "request_header_fields_too_large", "invalid_request_error"
+    ),
     ErrorKind.UNSUPPORTED_MEDIA_TYPE: ErrorSpec(
         415, "invalid_request_error", "unsupported_media_type", "invalid_request_error"
     ),
@@ -129,6 +139,9 @@ ERROR_TABLE: dict[ErrorKind, ErrorSpec] = {
         500, "server_error", "structured_output_failed", "api_error"
     ),
     ErrorKind.ENGINE_ERROR: ErrorSpec(500, "server_error", "engine_error", "api_error"),
+    ErrorKind.KV_TRANSFER_FAILED: ErrorSpec(
+        503, "service_unavailable", "kv_transfer_failed", "overloaded_error"
+    ),
     ErrorKind.SHUTTING_DOWN: ErrorSpec(
         503, "service_unavailable", "server_shutting_down", "overloaded_error"
     ),
@@ -137,6 +150,9 @@ ERROR_TABLE: dict[ErrorKind, ErrorSpec] = {
     ),
     ErrorKind.TOO_MANY_CONNECTIONS: ErrorSpec(
         503, "service_unavailable", "too_many_connections", "overloaded_error"
+    ),
+    ErrorKind.RECEIVE_BUFFER_FULL: ErrorSpec(
+        503, "service_unavailable", "receive_buffer_full", "overloaded_error"
     ),
     ErrorKind.STORE_UNAVAILABLE: ErrorSpec(
         503, "service_unavailable", "response_store_unavailable", "overloaded_error"

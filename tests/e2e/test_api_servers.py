@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
@@ -18,7 +20,7 @@ from deepinfer_server.protocol.core.reasoning_seal import ReasoningSeal
 from deepinfer_server.protocol.responses.reasoning import conversation_digest
 from tests.conftest import ENDLESS
 from tests.metrics_scrape import Samples, parse_metrics, scrape, value
-from tests.server import LiveServer
+from tests.server import LiveServer, wait_until
 from tests.sse import sse_events
 
 
@@ -48,13 +50,20 @@ def two_api_servers() -> Iterator[LiveServer]:
 class _Held:
     """A streaming request kept open on a connection of its own."""
 
-    def __init__(self, server: LiveServer, request_id: str, extra: dict[str, object]) -> None:
+    def __init__(
+        self,
+        server: LiveServer,
+        request_id: str,
+        extra: dict[str, object],
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self.request_id = request_id
         self.client = httpx.Client(base_url=server.base_url, timeout=30)
         request = self.client.build_request(
             "POST",
             "/v1/chat/completions",
             json={**ENDLESS, "stream": True, **extra},
-            headers={"X-Request-Id": request_id},
+            headers={"X-Request-Id": request_id, **(headers or {})},
         )
         self.response = self.client.send(request, stream=True)
         assert self.response.status_code == 200
@@ -74,13 +83,16 @@ class _Held:
 
 
 def _hold_one_on_each_api_server(
-    server: LiveServer, extra: dict[str, object] | None = None
+    server: LiveServer,
+    extra: dict[str, object] | None = None,
+    headers: dict[str, str] | None = None,
+    prefix: str = "hold",
 ) -> list[_Held]:
     """One stream held open on each of the two API server processes (`extra` joins each
-    request's body)."""
+    request's body, `headers` its headers)."""
     held: dict[int, _Held] = {}
     for attempt in range(30):
-        stream = _Held(server, f"hold-{attempt}", extra or {})
+        stream = _Held(server, f"{prefix}-{attempt}", extra or {}, headers)
         if stream.api_server in held:
             stream.close()  # the same process again: try another connection
         else:
@@ -108,6 +120,48 @@ def test_admission_and_rank_choice_are_global(two_api_servers: LiveServer) -> No
     finally:
         for stream in held:
             stream.close()
+
+
+def test_a_slot_freed_in_one_process_starts_the_request_due_in_the_other(
+    tmp_path: Path,
+) -> None:
+    """Fair admission across processes: a heavy key's streams hold both running slots (one
+    per process) and a light key's request waits; when the heavy stream of the process that
+    does not hold the light request ends, that process wakes the other to start it."""
+    keys = tmp_path / "keys"
+    keys.write_text("heavy sk-e2e-heavy-1\nlight sk-e2e-light-2\n")
+    heavy = {"Authorization": "Bearer sk-e2e-heavy-1"}
+    light = {"Authorization": "Bearer sk-e2e-light-2"}
+    args = ("--max-num-seqs", "2", "--key-running-share", "1", "--api-key-file", str(keys))
+    woken = False
+    with LiveServer(*args, "--sim-itl-ms", "5", "--log-level", "debug", api_servers=2) as server:
+        for attempt in range(10):
+            held = _hold_one_on_each_api_server(server, headers=heavy, prefix=f"heavy{attempt}")
+            request_id = f"light-{attempt}"
+            with ThreadPoolExecutor(1) as pool:
+                answer = pool.submit(
+                    httpx.post,
+                    server.base_url + "/v1/chat/completions",
+                    json={**ENDLESS, "max_tokens": 2},
+                    headers={**light, "X-Request-Id": request_id},
+                    timeout=60,
+                )
+
+                def queued() -> float:
+                    metrics = scrape(server.base_url)
+                    return value(metrics, "deepinfer:tenant_requests_queued", tenant="light")
+
+                wait_until(lambda: queued() == 1, 30, "the light key's request queued")
+                held[0].close()  # frees a slot in process held[0].api_server
+                assert answer.result(timeout=60).status_code == 200
+            # It started in the slot freed, not in the other one once its stream ended.
+            assert f"request_id={held[1].request_id} " not in server.log
+            held[1].close()
+            if server.answered_by(request_id) != held[0].api_server:
+                woken = True  # it waited in the other process, which was woken
+                break
+    assert woken, "the light request was never queued in the other process"
+    assert "sk-e2e-light-2" not in server.log and "sk-e2e-heavy-1" not in server.log
 
 
 def test_metrics_count_each_request_once_whichever_process_answers(

@@ -142,6 +142,87 @@ def test_a_second_turn_reuses_the_first_turns_prompt(
     assert result["baseline"] == []
 
 
+SALTS = """
+import sys
+sys.path.insert(0, {repo!r})
+from tests.deepinfer_twin.prefix_traces import TraceRunner, ledger_problems
+
+returned = {{}}
+add_request = ENGINE.add_request
+def capture(*args, **kwargs):
+    seq = add_request(*args, **kwargs)
+    returned[args[1]] = seq
+    return seq
+ENGINE.add_request = capture
+
+traces = TraceRunner(ENGINE, DRIVER, TOKENIZER, system_words=400)
+def words(text):
+    return TOKENIZER.encode(text, add_special_tokens=False).ids
+def turn(*parts):
+    return [traces.bos, *traces.system, *parts, traces.assistant, traces.end_think]
+def send(name, tokens, salt, max_tokens=16):
+    DRIVER.add(AddRequest(name, pack_token_ids(tokens), SamplingOptions(max_tokens=max_tokens),
+                          cache_salt=salt))
+    return int(returned[name].num_cached_tokens)
+
+cached = {{}}
+turn1 = turn(traces.user, *words("list the files in the repository"))
+cached["a1"] = send("a1", turn1, b"a")
+answer = run()["a1"]["tokens"]
+turn2 = [*turn1, *answer, traces.eos, traces.user, *words("now open the first one"),
+         traces.assistant, traces.end_think]
+for name, salt in [("b2", b"b"), ("none2", None), ("a2", b"a")]:
+    cached[name] = send(name, turn2, salt)
+    run()
+# Aborted while waiting: DeepInfer ignores it, never finalizes it; its salt must go.
+send("waiting", [*turn2, *words("and the second")], b"w")
+DRIVER.abort(["waiting"])
+run()
+# Aborted while running: finalized and kept, under its own salt only.
+turn3 = turn(traces.user, *words("explain the build"))
+send("running", turn3, b"r", max_tokens=64)
+iterate(4)
+DRIVER.abort(["running"])
+run()
+turn4 = [*turn3, traces.eos, traces.user, *words("go on"), traces.assistant, traces.end_think]
+for name, salt in [("none4", None), ("r4", b"r")]:
+    cached[name] = send(name, turn4, salt)
+    run()
+RESULT = {{
+    "turn1": len(turn1),
+    "turn3": len(turn3),
+    "cached": cached,
+    "salts_left": len(ENGINE.prefix_cache._salts),
+    "violations": ENGINE._run_workers("twin_kv_report"),
+    "ledger": ledger_problems(ENGINE),
+    "baseline": traces.baseline_problems(),
+}}
+"""
+
+
+def test_a_cache_salt_partitions_what_deepinfers_requests_reuse(checkpoint: Path) -> None:
+    # Tenant A's conversation is reused by A's next turn only: another salt and no salt get
+    # nothing. An aborted running request is kept under its own salt, never as an unsalted
+    # entry; a waiting one that DeepInfer ends without finalizing leaves no salt behind.
+    result = run_in_twin(
+        checkpoint,
+        SALTS.format(repo=str(REPO)),
+        engine=CACHE,
+        env={"DEEPINFER_TWIN_CHECK_KV": "0"},
+    )
+    assert result["cached"] == {
+        "a1": 0,
+        "b2": 0,
+        "none2": 0,
+        "a2": result["turn1"],
+        "none4": 0,
+        "r4": result["turn3"],
+    }
+    assert result["salts_left"] == 0
+    assert result["violations"] == [] and result["ledger"] == []
+    assert result["baseline"] == []
+
+
 FALLBACKS = """
 import sys
 sys.path.insert(0, {repo!r})

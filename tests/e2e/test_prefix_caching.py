@@ -1,7 +1,7 @@
 """Prefix caching end to end on the simulated engine: a second turn that extends the first
-reuses at least 90% of the first turn's prompt, the official clients read it from usage,
-/metrics counts it once whichever API server process answers, and with two DP ranks the next
-turn goes to the rank that holds the first."""
+reuses at least 90% of the first turn's prompt (under another cache_salt, nothing), the
+official clients read it from usage, /metrics counts it once whichever API server process
+answers, and with two DP ranks the next turn goes to the rank that holds the first."""
 
 from __future__ import annotations
 
@@ -75,6 +75,15 @@ def test_anthropic_clients_read_the_cached_tokens_of_a_resent_conversation() -> 
             {"role": "assistant", "content": one.content},
             {"role": "user", "content": "Now run the tests, please."},
         ]
+        # Another cache_salt (an extension field) reaches the rank and shares nothing.
+        salted = client.messages.create(
+            model=MODEL,
+            max_tokens=8,
+            system=system,
+            messages=second,
+            extra_body={"cache_salt": "another tenant"},
+        )
+        assert salted.usage.cache_read_input_tokens == 0
         with client.messages.stream(
             model=MODEL, max_tokens=64, system=system, messages=second
         ) as stream:

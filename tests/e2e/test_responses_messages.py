@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 import anthropic
 import httpx
@@ -285,18 +286,30 @@ def test_disconnect_aborts_the_engine_request(shared_server: LiveServer, path: s
     assert counted() == 1
 
 
-def test_api_key_via_x_api_key_for_messages() -> None:
-    with LiveServer("--api-key", "secret-1", "--log-level", "debug") as server:
+def test_api_key_via_x_api_key_for_messages(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("team-b secret-2-from-file max_running=2\n")
+    args = ("--api-key", "secret-1", "--api-key-file", str(keys), "--log-level", "debug")
+    with LiveServer(*args) as server:
         good = anthropic.Anthropic(base_url=server.base_url, api_key="secret-1", max_retries=0)
         reply = good.messages.create(
             model=MODEL, max_tokens=16, messages=[{"role": "user", "content": "keyed"}]
         )
         assert reply.content[-1].text == "keyed"  # type: ignore[union-attr]
+        named = anthropic.Anthropic(
+            base_url=server.base_url, api_key="secret-2-from-file", max_retries=0
+        )
+        reply = named.messages.create(
+            model=MODEL, max_tokens=16, messages=[{"role": "user", "content": "named"}]
+        )
+        assert reply.content[-1].text == "named"  # type: ignore[union-attr]
+        server.wait_for_line("tenant=team-b", timeout=10)
         bad = anthropic.Anthropic(base_url=server.base_url, api_key="nope", max_retries=0)
         with pytest.raises(anthropic.AuthenticationError) as excinfo:
             bad.messages.create(
                 model=MODEL, max_tokens=16, messages=[{"role": "user", "content": "x"}]
             )
         assert excinfo.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
-    # The key is in no line of the whole run, start-up, ranks and shutdown included.
+    # No key is in any line of the whole run, start-up, ranks and shutdown included.
     assert "secret-1" not in server.log
+    assert "secret-2" not in server.log

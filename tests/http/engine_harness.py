@@ -58,7 +58,13 @@ class EngineCoordinator(FakeCoordinator):
         _, prompt, sampling = next(s for s in self.submitted if s[0] == request_id)
         images: Images | None = self.images.get(request_id)
         rejected = self.driver.add(
-            AddRequest(request_id, pack_token_ids(prompt), cast(SamplingOptions, sampling), images)
+            AddRequest(
+                request_id,
+                pack_token_ids(prompt),
+                cast(SamplingOptions, sampling),
+                images,
+                cache_salt=self.cache_salts.get(request_id),
+            )
         )
         assert rejected is None, rejected
         generated: list[int] = []

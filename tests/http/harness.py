@@ -7,6 +7,7 @@ a script: the tokens of a text, delivered on the event loop, and a finish or an 
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -16,6 +17,7 @@ from typing import Any, cast
 
 import httpx
 import openai
+import uvicorn
 
 try:  # openai 3 talks through httpx2, earlier releases through httpx
     import httpx2 as client_http
@@ -28,6 +30,7 @@ from deepinfer_server.cli import parse_config
 from deepinfer_server.coordinator.coordinator import Coordinator
 from deepinfer_server.coordinator.handle import RequestHandle
 from deepinfer_server.errors import ApiError, OverloadedError
+from deepinfer_server.ipc.kv_transfer import KVTransferParams
 from deepinfer_server.ipc.messages import (
     AbortReason,
     Finish,
@@ -40,6 +43,7 @@ from deepinfer_server.model.tokenizer import embedded_tokenizer_json
 from deepinfer_server.protocol.core.images import ImageLimits
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.protocol.core.structured import StructuredOutputs
+from deepinfer_server.server.http import http_config
 from deepinfer_server.store import ResponseStore
 
 MODEL = "deepseek-flash"
@@ -73,10 +77,15 @@ class FakeCoordinator:
     closed: list[tuple[str, bool, AbortReason]] = field(default_factory=list)
     handles: dict[str, RequestHandle] = field(default_factory=dict)
     images: dict[str, Images | None] = field(default_factory=dict)
+    #: The prefix-cache partition each request was submitted with.
+    cache_salts: dict[str, bytes | None] = field(default_factory=dict)
+    kv_transfer_params: dict[str, KVTransferParams | None] = field(default_factory=dict)
     failure: str | None = None
     draining: bool = False
     kv_cache_usage: float | None = None
     capacity: int | None = None  # admission: 429 beyond this many requests in flight
+    #: Each submitted request's (tenant index, priority), by request ID.
+    placement: dict[str, tuple[int, int]] = field(default_factory=dict)
     _admission: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
 
     async def wait_admitted(self, count: int = 1) -> None:
@@ -107,6 +116,11 @@ class FakeCoordinator:
         sampling: SamplingOptions,
         deadline: float | None,
         images: Images | None = None,
+        kv_transfer_params: KVTransferParams | None = None,
+        cache_salt: bytes | None = None,
+        *,
+        tenant: int = 0,
+        priority: int = 0,
     ) -> RequestHandle:
         if self.submit_error is not None:
             raise self.submit_error
@@ -114,6 +128,9 @@ class FakeCoordinator:
             raise OverloadedError("the fake server is at capacity")
         self.submitted.append((request_id, prompt_token_ids, sampling))
         self.images[request_id] = images
+        self.cache_salts[request_id] = cache_salt
+        self.placement[request_id] = (tenant, priority)
+        self.kv_transfer_params[request_id] = kv_transfer_params
         handle = RequestHandle(request_id, 0, self._on_close, deadline)
         handle.context_tokens = len(prompt_token_ids)
         self.handles[request_id] = handle
@@ -242,6 +259,24 @@ async def serve(
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
         yield Harness(client, coordinator, metrics, state, app)
+
+
+@asynccontextmanager
+async def listening(harness: Harness, protocol: type[asyncio.Protocol]) -> AsyncIterator[int]:
+    """The harness's app served by real uvicorn on a loopback port (yielded), as the server
+    configures it (connection guards included) on uvicorn's HTTP `protocol` class."""
+    config = http_config(harness.app, harness.state, protocol)
+    config.load()
+    server = uvicorn.Server(config)
+    server.lifespan = config.lifespan_class(config)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    await server.startup(sockets=[sock])
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        await server.shutdown(sockets=[sock])
+        sock.close()
 
 
 def run(test: Callable[[], Any], timeout: float = 30.0) -> Any:

@@ -28,6 +28,7 @@ PATHS = list(VALID)
 FIELDS = sorted({name for body in VALID.values() for name in body} | {
     "stream", "tools", "tool_choice", "metadata", "temperature", "top_p", "stop", "thinking",
     "response_format", "text", "instructions", "system", "input", "seed", "n", "user",
+    "kv_transfer_params",
 })  # fmt: skip
 
 scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()
@@ -368,5 +369,84 @@ def test_every_post_route_refuses_a_body_not_declared_json(path: str) -> None:
             assert response.status_code == 415, response.text
             assert "Content-Type: application/json" in response.text
             assert not h.coordinator.submitted
+
+    run(body)
+
+
+SELF_REF: dict[str, Any] = {"$ref": "#"}
+
+
+@pytest.mark.parametrize(
+    ("path", "extra", "param"),
+    [
+        (
+            CHAT,
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": SELF_REF},
+                }
+            },
+            "response_format",
+        ),
+        (CHAT, {"structured_outputs": {"grammar": "root ::= root"}}, "structured_outputs.grammar"),
+        (
+            RESPONSES,
+            {"text": {"format": {"type": "json_schema", "name": "x", "schema": SELF_REF}}},
+            "text.format",
+        ),
+        (
+            MESSAGES,
+            {"output_config": {"format": {"type": "json_schema", "schema": SELF_REF}}},
+            "output_config.format",
+        ),
+    ],
+)
+def test_a_grammar_that_matches_no_text_is_a_400_naming_the_param(
+    path: str, extra: dict[str, Any], param: str
+) -> None:
+    """`{"$ref": "#"}` is `root ::= root`: no token can start it. It compiled, and the engine
+    then failed the request (500 `structured_output_failed`); the API's compile refuses it."""
+    pytest.importorskip("xgrammar", reason="structured output needs the [grammar] extra")
+
+    async def body() -> None:
+        async with serve() as h:
+            answer = await h.client.post(path, json={**VALID[path], **extra})
+            assert answer.status_code == 400, answer.text
+            error = answer.json()["error"]
+            assert "matches no text" in error["message"]
+            if path == MESSAGES:  # Anthropic's envelope has no param
+                assert error["type"] == "invalid_request_error"
+            else:
+                assert error["param"] == param
+            assert not h.coordinator.submitted
+
+    run(body, timeout=240)
+
+
+@pytest.mark.parametrize(
+    ("mode", "extra", "words"),
+    [
+        ("null", {"kv_transfer_params": {"do_remote_decode": True}}, "no prefill/decode"),
+        ("decode", {}, "this is a decode server"),
+        ("decode", {"kv_transfer_params": {"do_remote_prefill": True}}, "remote_host"),
+        ("prefill", {"kv_transfer_params": {"do_remote_prefill": True}}, "prefill server"),
+    ],
+)
+def test_kv_transfer_params_that_do_not_fit_the_servers_role_are_a_400_in_each_shape(
+    mode: str, extra: dict[str, Any], words: str
+) -> None:
+    async def body() -> None:
+        async with serve("--disaggregation-mode", mode) as h:
+            for path in PATHS:
+                response = await h.client.post(path, json={**VALID[path], **extra})
+                assert response.status_code == 400, (path, response.text)
+                error = response.json()["error"]
+                assert words in error["message"]
+                if path == MESSAGES:
+                    assert error["type"] == "invalid_request_error"
+                else:
+                    assert error["param"] == "kv_transfer_params"
+            assert not h.coordinator.submitted  # nothing was admitted
 
     run(body)

@@ -177,3 +177,42 @@ def test_max_request_bytes_declared_and_undeclared() -> None:
             assert (await h.client.get("/health")).status_code == 200
 
     run(body)
+
+
+def test_bodies_being_read_share_the_receive_budget() -> None:
+    """A body whose bytes do not fit in --max-receive-buffer-mb next to those being read is a
+    503 with Retry-After: by its Content-Length before any byte is read, or as its chunks
+    arrive; the bytes are given back once a body is read."""
+    payload = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+    pulled: list[int] = []
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for start in range(0, len(payload), 16):
+            pulled.append(start)
+            yield payload[start : start + 16]
+
+    async def body() -> None:
+        async with serve("--max-receive-buffer-mb", "1") as h:
+            budget = h.state.receiving
+            others = budget.limit - len(payload) // 2  # other bodies being read: half is left
+            assert budget.take(others)
+            length = {"content-type": "application/json", "content-length": str(len(payload))}
+            declared = await h.client.post(CHAT, content=chunks(), headers=length)
+            assert declared.status_code == 503
+            assert declared.headers["retry-after"] == "1"
+            assert declared.json()["error"]["code"] == "receive_buffer_full"
+            assert len(pulled) <= 1, pulled  # refused by its Content-Length, before reading it
+            pulled.clear()
+            chunked = await h.client.post(
+                CHAT, content=chunks(), headers={"content-type": "application/json"}
+            )
+            assert chunked.status_code == 503
+            assert 1 < len(pulled) < len(payload) // 16 + 1  # refused once its chunks filled it
+            assert not h.coordinator.submitted
+            budget.give(others)
+            assert budget.used == 0  # the refused bodies gave back what they held
+            served = await h.client.post(CHAT, content=payload, headers=length)
+            assert served.status_code == 200, served.text
+            assert budget.used == 0
+
+    run(body)

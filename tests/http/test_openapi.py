@@ -27,6 +27,7 @@ from deepinfer_server.openapi import OPERATIONS, openapi_document
 from deepinfer_server.protocol.chat.request import prepare_chat
 from deepinfer_server.protocol.completions.request import prepare_completion
 from deepinfer_server.protocol.core.recipe import RecipeContext
+from deepinfer_server.protocol.core.validation import read_priority
 from deepinfer_server.protocol.messages.request import count_message_tokens, prepare_messages
 from deepinfer_server.protocol.responses.request import prepare_responses
 from tests.http.harness import MODEL, run, serve
@@ -411,8 +412,10 @@ def test_each_documented_bound_is_where_the_validation_draws_it(
     if field == "top_logprobs":
         body["logprobs"] = True
     assert not (isinstance(value, float) and math.isnan(value))
+    prepared = copy.deepcopy(body)
     try:
-        prepare(body, _recipe())
+        read_priority(prepared)  # the endpoint's, before every protocol's preparation
+        prepare(prepared, _recipe())
     except ContextLengthError:
         # In range for the field; the prompt plus max_tokens is another rule.
         assert accepted, f"{field}={value!r} passed the field's own check"

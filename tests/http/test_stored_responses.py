@@ -5,6 +5,7 @@ API-key scopes, a store outage, and `store: false` unchanged byte for byte."""
 from __future__ import annotations
 
 import re
+import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 
 from deepinfer_server.store import ResponseStore
 from deepinfer_server.store.location import open_store
+from deepinfer_server.store.sqlite import SqliteDatabase
 from tests.dsml import tool_calls_block
 from tests.http.agent_harness import last_prompt
 from tests.http.harness import MODEL, Harness, Script, failures, run, serve
@@ -69,6 +71,19 @@ def test_responses_are_stored_by_default_and_read_back(tmp_path: Path) -> None:
             assert items[0].id.startswith("msg_")
 
     run_stored(tmp_path, test, script=Script("Hello back"))
+
+
+def test_a_prefill_servers_answers_are_not_stored(tmp_path: Path) -> None:
+    """A prefill server's one-token answer is the start of one the decode server gives and
+    stores: kept there too it would be a row no client sees, taking the key's quota."""
+
+    async def test(h: Harness) -> None:
+        response = await h.client.post("/v1/responses", json={"model": MODEL, "input": "Hi"})
+        assert response.status_code == 200, response.text
+        found = await h.client.get(f"/v1/responses/{response.json()['id']}")
+        assert found.status_code == 404, found.text
+
+    run_stored(tmp_path, test, "--disaggregation-mode", "prefill", script=Script("Hello back"))
 
 
 def test_previous_response_id_continues_three_turns(tmp_path: Path) -> None:
@@ -262,6 +277,41 @@ def test_another_api_key_sees_nothing(tmp_path: Path) -> None:
     run_stored(tmp_path, test, "--api-key", KEY_A, "--api-key", KEY_B)
 
 
+def test_another_key_storing_past_the_caps_never_evicts_mine(tmp_path: Path) -> None:
+    """The issue's case: with a 1 MiB store, key B storing 40 responses of 40 KB evicts only
+    its own oldest; key A's response stays readable."""
+
+    async def body() -> None:
+        store = open_store(
+            f"sqlite://{tmp_path / 'responses.sqlite3'}",
+            ttl=3600,
+            max_bytes=2**20,
+            scope_max_bytes=2**19,
+        )
+        await store.open()
+        try:
+            keys = ("--api-key", KEY_A, "--api-key", KEY_B, "--max-model-len", "16384")
+            async with (
+                serve(*keys, store=store) as h,
+                h.openai(KEY_A) as mine,
+                h.openai(KEY_B) as theirs,
+            ):
+                kept = await mine.responses.create(model=MODEL, input="keep me")
+                flood = [
+                    await theirs.responses.create(model=MODEL, input="x" * 40_000)
+                    for _ in range(40)
+                ]
+                assert await store.evict() > 0
+                assert (await mine.responses.retrieve(kept.id)).id == kept.id
+                assert (await theirs.responses.retrieve(flood[-1].id)).id == flood[-1].id
+                with pytest.raises(openai.NotFoundError):
+                    await theirs.responses.retrieve(flood[0].id)
+        finally:
+            await store.close()
+
+    run(body)
+
+
 def test_delete_then_it_is_gone(tmp_path: Path) -> None:
     async def test(h: Harness) -> None:
         created = (await h.client.post(RESPONSES, json={"model": MODEL, "input": "hi"})).json()
@@ -349,7 +399,7 @@ def test_a_store_outage_fails_only_what_needs_the_store(tmp_path: Path) -> None:
         store: ResponseStore = open_store(f"sqlite://{broken}", ttl=3600, max_bytes=2**30)
         async with serve(store=store) as h:
             answered = await h.client.post(RESPONSES, json={"model": MODEL, "input": "hi"})
-            assert answered.status_code == 200, answered.text
+            assert answered.status_code == 503, answered.text  # asked to store: not a 200
             await h.state.wait_background(5)
             assert _store_writes(h) == {"stored": 0.0, "failed": 1.0}
             needs = [
@@ -365,11 +415,90 @@ def test_a_store_outage_fails_only_what_needs_the_store(tmp_path: Path) -> None:
                 response = await pending
                 assert response.status_code == 503, response.text
                 assert response.json()["error"]["code"] == "response_store_unavailable"
-            assert failures(h.metrics) == {"503": 4.0}
+            assert failures(h.metrics) == {"503": 5.0}
             stateless = await h.client.post(
                 RESPONSES, json={"model": MODEL, "input": "hi", "store": False}
             )
             assert stateless.status_code == 200
+
+    run(body)
+
+
+def test_a_held_lock_is_told_to_the_client_and_on_health(tmp_path: Path) -> None:
+    """An outside lock on the file: the stored POST is a 503 (JSON) or ends with an `error`
+    event in place of `response.completed` (stream), counted, and /health says degraded; the
+    stateless path is untouched, and all is well once the lock is gone."""
+    path = tmp_path / "responses.sqlite3"
+
+    async def body() -> None:
+        store = ResponseStore(SqliteDatabase(path, busy_timeout_ms=200), ttl=3600, max_bytes=2**30)
+        await store.open()
+        outside = sqlite3.connect(path, isolation_level=None)
+        try:
+            async with serve(store=store) as h:
+                outside.execute("BEGIN IMMEDIATE")
+                answered = await h.client.post(RESPONSES, json={"model": MODEL, "input": "hi"})
+                assert answered.status_code == 503, answered.text
+                assert answered.json()["error"]["code"] == "response_store_unavailable"
+                assert "could not be stored" in answered.json()["error"]["message"]
+                async with h.openai() as client:
+                    stream = await client.responses.create(model=MODEL, input="hi", stream=True)
+                    kinds = [event.type async for event in stream]
+                assert kinds[-1] == "error" and "response.completed" not in kinds
+                health = await h.client.get("/health")
+                assert health.status_code == 200
+                assert health.json() == {
+                    "status": "degraded",
+                    "reason": "the Responses store fails: cannot store a response "
+                    "(OperationalError)",
+                }
+                await h.state.wait_background(5)
+                assert _store_writes(h) == {"stored": 0.0, "failed": 2.0}
+                stateless = await h.client.post(
+                    RESPONSES, json={"model": MODEL, "input": "hi", "store": False}
+                )
+                assert stateless.status_code == 200
+                outside.execute("ROLLBACK")
+                again = await h.client.post(RESPONSES, json={"model": MODEL, "input": "hi"})
+                assert again.status_code == 200, again.text
+                assert (await h.client.get("/health")).json() == {"status": "ok"}
+        finally:
+            outside.close()
+            await store.close()
+
+    run(body)
+
+
+def test_an_input_past_the_cap_of_one_response_is_a_400_before_generation(
+    tmp_path: Path,
+) -> None:
+    async def body() -> None:
+        store = open_store(
+            f"sqlite://{tmp_path / 'responses.sqlite3'}",
+            ttl=3600,
+            max_bytes=2**30,
+            response_max_bytes=10_000,
+        )
+        await store.open()
+        try:
+            async with serve(store=store) as h:
+                big = {"model": MODEL, "input": "x" * 20_000}
+                refused = await h.client.post(RESPONSES, json=big)
+                assert refused.status_code == 400, refused.text
+                assert refused.json()["error"]["param"] == "store"
+                assert h.coordinator.admitted == 0
+                unstored = await h.client.post(RESPONSES, json={**big, "store": False})
+                assert unstored.status_code == 200
+            # An answer that takes the response past the cap: told after generation, a 400.
+            async with serve(store=store, script=Script("word " * 3000)) as h:
+                told = await h.client.post(RESPONSES, json={"model": MODEL, "input": "hi"})
+                assert told.status_code == 400, told.text
+                assert "generated but not stored" in told.json()["error"]["message"]
+                await h.state.wait_background(5)
+                assert _store_writes(h) == {"stored": 0.0, "failed": 1.0}
+                assert (await h.client.get("/health")).json() == {"status": "ok"}
+        finally:
+            await store.close()
 
     run(body)
 

@@ -14,7 +14,9 @@ job of deploy/prometheus/prometheus.yml and loads deploy/prometheus/alerts.yml, 
   the server is gone.
 
 "Returns data" is required of every query, except that one may be empty when every metric it
-reads that Prometheus has no series of is in `deploy_queries.NOT_YET_EXPORTED` (the prefix cache's).
+reads that Prometheus has no series of is in `deploy_queries.NOT_YET_EXPORTED`, and that a
+quantile of the KV-transfer histograms (which only prefill/decode servers observe) may be NaN on
+this NORMAL server: a second test requires their values from a prefill/decode pair that moved KV.
 Synchronisation is by polling Prometheus with a deadline for the samples the load must have
 produced. Install Prometheus with scripts/install-prometheus.sh; without it the lane skips.
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 import math
 import subprocess
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +41,7 @@ from tests import deploy_queries
 from tests.conftest import MODEL, NO_THINKING
 from tests.prometheus.live import LivePrometheus, QueryError, binary
 from tests.routers.fleet import wait_for
-from tests.server import LiveServer
+from tests.server import LiveServer, free_port
 
 pytestmark = pytest.mark.prometheus
 
@@ -179,9 +182,24 @@ def scraped(prometheus: LivePrometheus, load: Load) -> bool:
     return all(prometheus.value(seen[outcome]) >= n for outcome, n in load.caused.items())
 
 
-def problems_with(prometheus: LivePrometheus, where: str, expr: str, labels: set[str]) -> list[str]:
-    """What is wrong with the answer to `expr`: an error, no data, a non-finite value, or a
-    series without one of `labels`."""
+def nowhere(series: dict[str, str]) -> bool:
+    return False
+
+
+def everywhere(series: dict[str, str]) -> bool:
+    return True
+
+
+def problems_with(
+    prometheus: LivePrometheus,
+    where: str,
+    expr: str,
+    labels: set[str],
+    nan_allowed: Callable[[dict[str, str]], bool] = nowhere,
+) -> list[str]:
+    """What is wrong with the answer to `expr`: an error, no data, a non-finite value (NaN is
+    allowed on the series `nan_allowed` accepts: where nothing was observed), or a series
+    without one of `labels`."""
     try:
         result = prometheus.query(expr)
     except QueryError as error:
@@ -198,20 +216,28 @@ def problems_with(prometheus: LivePrometheus, where: str, expr: str, labels: set
     found = []
     for series in result:
         value = float(series["value"][1])
-        if not math.isfinite(value):
+        if not math.isfinite(value) and not (math.isnan(value) and nan_allowed(series["metric"])):
             found.append(f"{where}: {value} for {series['metric']}\n    {expr}")
         if missing := labels - series["metric"].keys():
             found.append(f"{where}: series {series['metric']} lacks {sorted(missing)}")
     return found
 
 
+def reads_only_disaggregation_series(expr: str) -> bool:
+    return deploy_queries.metric_names(expr) <= deploy_queries.OBSERVED_ONLY_WITH_DISAGGREGATION
+
+
 def dashboard_problems(prometheus: LivePrometheus) -> list[str]:
+    """On a NORMAL server: a query reading only histograms that only prefill/decode servers
+    observe may be NaN (test_disaggregation_panels_return_data_from_a_prefill_decode_pair
+    requires their values)."""
     variables = deploy_queries.dashboard_variable_names()
     found = []
     for panel in deploy_queries.panel_queries():
         expr = deploy_queries.substitute(panel.expr, variables)
         where = f"panel {panel.panel!r} {panel.ref_id}"
-        found += problems_with(prometheus, where, expr, panel.legend_labels)
+        nan_allowed = everywhere if reads_only_disaggregation_series(expr) else nowhere
+        found += problems_with(prometheus, where, expr, panel.legend_labels, nan_allowed)
     for variable in deploy_queries.variable_queries():
         selector = deploy_queries.substitute(variable.selector, variables)
         values = prometheus.api(f"label/{variable.label}/values", **{"match[]": selector})
@@ -221,12 +247,14 @@ def dashboard_problems(prometheus: LivePrometheus) -> list[str]:
 
 
 def rule_problems(prometheus: LivePrometheus) -> list[str]:
+    """As `dashboard_problems`, for each alerting rule's operands."""
     found = []
     for rule in deploy_queries.alert_rules():
         for index, operand in enumerate(deploy_queries.operands(rule.expr)):
             # The alert's labels are those of its first operand.
             labels = rule.template_labels if index == 0 else set()
-            found += problems_with(prometheus, f"alert {rule.name}", operand, labels)
+            nan_allowed = everywhere if reads_only_disaggregation_series(operand) else nowhere
+            found += problems_with(prometheus, f"alert {rule.name}", operand, labels, nan_allowed)
     return found
 
 
@@ -304,3 +332,74 @@ def test_every_panel_and_rule_returns_data_from_a_server_under_load(tmp_path: Pa
             "DeepinferServerDown's condition once the server is gone",
             SCRAPE_TIMEOUT,
         )
+
+
+#: Four KV blocks (128 tokens each) of prompt.
+PD_QUESTION = "Tell me about the lighthouse keeper and the storm that night. " * 40
+
+
+def pd_handoff(prefill: LiveServer, decode: LiveServer) -> None:
+    """One request through both legs, as a PD gateway sends it."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": PD_QUESTION}]}
+    leg = httpx.post(f"{prefill.base_url}/v1/chat/completions", json={**body, "max_tokens": 1})
+    assert leg.status_code == 200, leg.text
+    params = leg.json()["kv_transfer_params"]
+    answer = httpx.post(
+        f"{decode.base_url}/v1/chat/completions",
+        json={**body, "max_tokens": 8, "kv_transfer_params": params},
+        timeout=30,
+    )
+    assert answer.status_code == 200, answer.text
+
+
+@pytest.mark.disaggregation
+def test_disaggregation_panels_return_data_from_a_prefill_decode_pair(tmp_path: Path) -> None:
+    """The panel queries and alert operands over the KV-transfer series, which a NORMAL server
+    never moves, return finite values from a prefill server and a decode server that moved KV."""
+    binary("prometheus")
+    pytest.importorskip("mooncake.engine", reason="needs the disaggregation extra")
+    common = ("--sim-ttft-ms", "5", "--sim-itl-ms", "2", "--max-model-len", "4096")
+    with (
+        LiveServer(*common, "--disaggregation-mode", "prefill",
+                   "--disaggregation-bootstrap-port", str(free_port())) as prefill,
+        LiveServer(*common, "--disaggregation-mode", "decode") as decode,
+    ):  # fmt: skip
+        config = lane_config(prefill)
+        config["scrape_configs"][0]["static_configs"] = [
+            {"targets": [f"127.0.0.1:{server.port}" for server in (prefill, decode)]}
+        ]
+        with LivePrometheus(config, tmp_path) as prometheus:
+            waited = "sum(deepinfer:kv_transfer_wait_seconds_count)"
+            # A first sample of every series before any transfer, so the rates see the growth.
+            up = f'count(up{{job="{deploy_queries.JOB}"}} == 1)'
+            wait_for(
+                lambda: prometheus.value(up) == 2 and prometheus.query(waited),
+                "Prometheus scraping both servers",
+                30,
+            )
+            for _ in range(3):
+                pd_handoff(prefill, decode)
+            wait_for(lambda: prometheus.value(waited) == 3, "Prometheus seeing 3 transfers", 30)
+            variables = deploy_queries.dashboard_variable_names()
+
+            def on_prefill(series: dict[str, str]) -> bool:
+                return series.get("instance") == f"127.0.0.1:{prefill.port}"
+
+            checked, found = 0, []
+            for panel in deploy_queries.panel_queries():
+                expr = deploy_queries.substitute(panel.expr, variables)
+                if reads_only_disaggregation_series(expr):
+                    checked += 1
+                    where = f"panel {panel.panel!r} {panel.ref_id}"
+                    found += problems_with(prometheus, where, expr, panel.legend_labels)
+            for rule in deploy_queries.alert_rules():
+                for index, operand in enumerate(deploy_queries.operands(rule.expr)):
+                    if reads_only_disaggregation_series(operand):
+                        checked += 1
+                        labels = rule.template_labels if index == 0 else set()
+                        # Per server: the prefill server pulls no KV, so observes none.
+                        found += problems_with(
+                            prometheus, f"alert {rule.name}", operand, labels, on_prefill
+                        )
+    assert checked >= 6  # four panel queries, two alerts
+    assert not found, "queries:\n" + "\n".join(found)

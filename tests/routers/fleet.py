@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,19 @@ def router_binary(name: str, package: str) -> str:
     if found is None:
         pytest.skip(f"`{name}` is not installed (pip install {package}): router lane skipped")
     return found
+
+
+def smg_binary() -> str:
+    """The Shepherd Model Gateway (PyPI `smg`) that scripts/install-smg.sh puts in a venv of its
+    own: `$SMG_BIN`, default `$SMG_PREFIX/bin/smg` (SMG_PREFIX: ~/.cache/deepinfer-server/smg).
+    Skips the test if it is not there. Not the `smg` next to this Python: that one is
+    sglang-router's."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    prefix = Path(os.environ.get("SMG_PREFIX", cache / "deepinfer-server" / "smg"))
+    binary = Path(os.environ.get("SMG_BIN", prefix / "bin" / "smg"))
+    if not binary.exists():
+        pytest.skip(f"{binary} is not installed (scripts/install-smg.sh): PD gateway skipped")
+    return str(binary)
 
 
 def wait_for(condition: Callable[[], Any], what: str, timeout: float, interval: float = 0.1) -> Any:
@@ -136,6 +151,42 @@ def sglang_gateway(worker_urls: list[str], policy: str, log_path: Path) -> Route
         ],
         log_path,
     )  # fmt: skip
+
+
+def smg_pd_gateway(
+    prefill: list[tuple[str, int | None]], decode: list[str], log_path: Path
+) -> Router:
+    """`smg launch --pd-disaggregation` in front of prefill servers (URL, bootstrap port or
+    None) and decode servers, on a free loopback port; not yet waited for (`wait_healthy`)."""
+    workers: list[str] = []
+    for url, bootstrap_port in prefill:
+        workers += ["--prefill", url, "none" if bootstrap_port is None else str(bootstrap_port)]
+    for url in decode:
+        workers += ["--decode", url]
+    return Router(
+        [
+            smg_binary(), "launch", "--pd-disaggregation", *workers,
+            "--health-check-interval-secs", "1", "--health-failure-threshold", "1",
+            "--health-check-timeout-secs", "2", "--worker-startup-check-interval", "1",
+            "--log-level", "warn",
+        ],
+        log_path,
+    )  # fmt: skip
+
+
+@contextlib.contextmanager
+def pd_gateway(
+    prefill: list[tuple[str, int | None]], decode: list[str], log_path: Path
+) -> Iterator[Router]:
+    """smg in PD mode in front of the given servers, once it lists all of them as healthy;
+    stopped on exit. For tests outside tests/routers (the `make_pd_gateway` fixture here)."""
+    gateway = smg_pd_gateway(prefill, decode, log_path)
+    try:
+        # smg registers (and classifies) its workers in the background after it listens.
+        gateway.wait_healthy({url for url, _ in prefill} | set(decode))
+        yield gateway
+    finally:
+        gateway.stop()
 
 
 def chat(

@@ -66,7 +66,8 @@ def build_app(state: AppState) -> Starlette:
             )
         )
     if config.api_keys:
-        middleware.append(Middleware(ApiKeyMiddleware, keys=config.api_keys))
+        names = tuple(tenant.name for tenant in config.tenants)
+        middleware.append(Middleware(ApiKeyMiddleware, keys=config.api_keys, names=names))
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),

@@ -2,14 +2,13 @@
 
 Accepts `Authorization: Bearer KEY` (OpenAI clients) and `x-api-key: KEY` (Anthropic
 clients). Every configured key is compared in constant time. /health, /metrics and /version
-stay open for probes and scrapers.
+stay open for probes and scrapers. An accepted request's scope says which tenant it belongs to
+(`tenant_of`): the key's name and its index in `config.tenants`, never the key.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
-import secrets
 
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -18,18 +17,13 @@ from deepinfer_server.api.error_responses import envelope, speaks_anthropic
 from deepinfer_server.errors import AuthenticationError
 
 PROTECTED_PREFIX = "/v1/"
-#: The scope of requests without an API key (no key is configured).
-NO_KEY_SCOPE = "none"
-#: Keys this process's per-key scopes (`key_scope`), so that a scope reveals nothing of its key.
-_SCOPE_SALT = secrets.token_bytes(32)
 
 
-def key_scope(api_key: bytes | None) -> str:
-    """The name this process gives an API key's requests where it keeps per-key state (the
-    fair grammar-compile queue): a keyed hash, never the key, and "none" without a key."""
-    if api_key is None:
-        return NO_KEY_SCOPE
-    return hmac.new(_SCOPE_SALT, api_key, hashlib.sha256).hexdigest()
+def tenant_of(state: object) -> int:
+    """The index in `config.tenants` of a request's tenant (its request.state): its key's, or
+    0, the only tenant of a server without keys."""
+    tenant: int = getattr(state, "tenant", 0)
+    return tenant
 
 
 def _presented_key(scope: Scope) -> bytes | None:
@@ -46,25 +40,32 @@ def _presented_key(scope: Scope) -> bytes | None:
 class ApiKeyMiddleware:
     """Rejects /v1 requests without one of `keys` with a 401 in the path's error envelope."""
 
-    def __init__(self, app: ASGIApp, keys: tuple[str, ...]) -> None:
+    def __init__(self, app: ASGIApp, keys: tuple[str, ...], names: tuple[str, ...]) -> None:
+        """`keys` and their tenants' `names` in the order of `config.tenants`."""
         self.app = app
         self._keys = [key.encode() for key in keys]
+        self._names = names
 
-    def _accepts(self, presented: bytes | None) -> bool:
+    def _matching(self, presented: bytes | None) -> int | None:
+        """The index of the key presented, or None."""
         if presented is None:
-            return False
+            return None
         # compare_digest on every key, so the time taken does not reveal which one matched.
         matches = [hmac.compare_digest(presented, key) for key in self._keys]
-        return any(matches)
+        return matches.index(True) if any(matches) else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope["path"].startswith(PROTECTED_PREFIX):
             await self.app(scope, receive, send)
             return
         presented = _presented_key(scope)
-        if self._accepts(presented):
+        index = self._matching(presented)
+        if index is not None:
+            state = scope.setdefault("state", {})
             # The Responses store's scope is the key (`api.stored_responses.request_scope`).
-            scope.setdefault("state", {})["api_key"] = presented
+            state["api_key"] = presented
+            state["tenant"] = index
+            state["tenant_name"] = self._names[index]  # for the access log
             await self.app(scope, receive, send)
             return
         # Each protocol's clients send the key their own way: say it their way.

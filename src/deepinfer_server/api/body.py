@@ -1,5 +1,6 @@
 """Request bodies: a JSON content type, a size bound (413 without buffering an oversized body),
-and a time bound; `read_json_body` is every POST route's prologue."""
+a time bound, and the process's receive budget (503 rather than buffer a body that does not fit
+in it); `read_json_body` is every POST route's prologue."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 from starlette.requests import Request
 
+from deepinfer_server.api.receive_budget import ReceiveBudget, ReceiveBufferFullError
 from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.errors import (
     BadRequestError,
@@ -30,12 +32,14 @@ class JsonBody:
     value: dict[str, Any]
 
 
-async def read_json_body(request: Request, config: ResolvedConfig) -> JsonBody:
+async def read_json_body(
+    request: Request, config: ResolvedConfig, budget: ReceiveBudget
+) -> JsonBody:
     """The prologue of every POST route: a JSON content type (415), the body within
-    `--max-request-bytes` (413) and `--body-read-timeout` (408), logged with `--log-requests`,
-    decoded as one bounded JSON object (400)."""
+    `--max-request-bytes` (413), `--body-read-timeout` (408) and `budget` (503), logged with
+    `--log-requests`, decoded as one bounded JSON object (400)."""
     require_json_content_type(request)
-    raw = await read_body(request, config.max_request_bytes, config.body_read_timeout)
+    raw = await read_body(request, config.max_request_bytes, config.body_read_timeout, budget)
     if config.log_requests:
         request_id = getattr(request.state, "request_id", "-")
         logger.info("request %s body: %s", request_id, raw[:65536].decode(errors="replace"))
@@ -63,10 +67,11 @@ def require_json_content_type(request: Request) -> None:
     )
 
 
-async def read_body(request: Request, limit: int, timeout: float) -> bytes:
+async def read_body(request: Request, limit: int, timeout: float, budget: ReceiveBudget) -> bytes:
     """The whole body: 413 as soon as it passes `limit` bytes, 408 if it takes over `timeout`,
     415 if it is compressed (nothing here decompresses, and a decompressed size would have to
-    be bounded too)."""
+    be bounded too), 503 once its bytes do not fit in `budget` (held while it is read: a
+    declared length at once, before any byte is read)."""
     encoding = request.headers.get("content-encoding", "").strip().lower()
     if encoding not in ("", "identity"):
         raise BadRequestError(
@@ -75,22 +80,34 @@ async def read_body(request: Request, limit: int, timeout: float) -> bytes:
         )
     try:
         async with asyncio.timeout(timeout):
-            return await _read(request, limit)
+            return await _read(request, limit, budget)
     except TimeoutError:
         raise RequestTimeoutError(
             f"the request body did not arrive within {timeout:g}s", code="body_timeout"
         ) from None
 
 
-async def _read(request: Request, limit: int) -> bytes:
+async def _read(request: Request, limit: int, budget: ReceiveBudget) -> bytes:
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise RequestTooLargeError(f"the request body is larger than {limit} bytes")
-    parts: list[bytes] = []
-    size = 0
-    async for part in request.stream():
-        size += len(part)
-        if size > limit:
+    held = 0
+    if declared is not None and declared.isdigit():
+        if int(declared) > limit:
             raise RequestTooLargeError(f"the request body is larger than {limit} bytes")
-        parts.append(part)
-    return b"".join(parts)
+        if not budget.take(int(declared)):
+            raise ReceiveBufferFullError()
+        held = int(declared)
+    try:
+        parts: list[bytes] = []
+        size = 0
+        async for part in request.stream():
+            size += len(part)
+            if size > limit:
+                raise RequestTooLargeError(f"the request body is larger than {limit} bytes")
+            if size > held:
+                if not budget.take(size - held):
+                    raise ReceiveBufferFullError()
+                held = size
+            parts.append(part)
+        return b"".join(parts)
+    finally:
+        budget.give(held)

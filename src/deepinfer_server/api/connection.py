@@ -1,4 +1,4 @@
-"""Connection guards: header deadline, write deadline and a connection cap, per TCP connection.
+"""Connection guards: header bounds, write deadline and a connection cap, per TCP connection.
 
 uvicorn bounds only idle keep-alive connections (`timeout_keep_alive`); a client that sends
 half a request line, or a header every few seconds, or that stops reading a response, would
@@ -8,6 +8,13 @@ path (SSE streams, JSON bodies, uvicorn's own errors):
 
 - header timeout: a request's headers must be complete within `header_timeout` seconds of its
   first byte (or of the connection opening); otherwise the connection is dropped.
+- header size: a request's head is counted as it arrives (`request_head`), before the parser
+  keeps any of it; past `--max-header-line-bytes` for one line or `--max-header-bytes` for the
+  whole head, or when its bytes do not fit in the process's receive budget, the client gets a
+  431 (414 for the request line; 503 for the budget) in the envelope of the path's protocol,
+  and the connection is closed once the client stops sending (its bytes are read and dropped
+  meanwhile, for at most `LINGER_SECONDS`: closing on unread bytes would reset the connection
+  and could discard the answer before the client reads it).
 - write timeout: a client that takes no data for `write_timeout` seconds while a response
   waits for it loses the connection. uvicorn then reports the disconnect to the app, which
   aborts the engine request and frees its slot, as for any client that leaves. Two clocks:
@@ -39,8 +46,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle as HttptoolsCycle
 
-from deepinfer_server.api.error_responses import error_response
-from deepinfer_server.errors import ErrorKind, ServiceUnavailableError
+from deepinfer_server.api.error_responses import error_response, raw_error_response
+from deepinfer_server.api.receive_budget import ReceiveBudget, ReceiveBufferFullError
+from deepinfer_server.api.request_head import HeadLimits, HeadScanner, HeadTooLarge
+from deepinfer_server.errors import ApiError, ErrorKind, ServiceUnavailableError
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +58,8 @@ PROBE_RESERVE = 32
 #: File descriptors kept for everything but connections (ranks' sockets, logs, the tokenizer).
 OTHER_DESCRIPTORS = 128
 PROBE_PATHS = frozenset({"/health", "/metrics"})
+#: Seconds a refused request's connection still reads (and drops) what its client sends.
+LINGER_SECONDS = 5.0
 #: `tcpi_bytes_acked` in Linux's `struct tcp_info` (since 4.1; the layout only grows).
 _BYTES_ACKED = struct.Struct("=Q")
 _BYTES_ACKED_OFFSET = 120
@@ -73,6 +84,10 @@ def delivery_progress(sock: Any) -> tuple[int, int] | None:
     return _BYTES_ACKED.unpack_from(info, _BYTES_ACKED_OFFSET)[0], _QUEUED.unpack(queued)[0]
 
 
+def _ignore(status: int) -> None:
+    pass
+
+
 @dataclass
 class ConnectionLimits:
     """The per-connection bounds of one server, and its count of open connections."""
@@ -80,6 +95,11 @@ class ConnectionLimits:
     header_timeout: float
     write_timeout: float
     max_connections: int
+    heads: HeadLimits
+    #: What requests still being received hold, shared with the body reader.
+    receiving: ReceiveBudget
+    #: Told the status of each request refused here, before the app saw it.
+    on_refused: Callable[[int], None] = _ignore
     open_connections: int = field(default=0, init=False)
     #: Connections waiting for request headers, oldest first (the ones dropped when full).
     waiting: dict[Any, None] = field(default_factory=dict, init=False)
@@ -106,14 +126,23 @@ def probes_only(app: ASGIApp) -> ASGIApp:
     return guarded
 
 
-class _GuardedProtocol(AutoHTTPProtocol):  # type: ignore[valid-type,misc]
-    """uvicorn's HTTP protocol with a header deadline, a write deadline and a connection cap."""
+class _Guards(asyncio.Protocol):
+    """The guards, mixed in before one of uvicorn's HTTP protocols (httptools or h11)."""
 
     limits: ConnectionLimits
-    app: Any  # uvicorn sets it per protocol instance; a capped connection wraps it
+    # Set by uvicorn's protocol; `app` is per instance, and a capped connection wraps it.
+    app: Any
+    loop: asyncio.AbstractEventLoop
+    transport: Any
+    cycle: Any
+    client: tuple[str, int] | None
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
+        self._head: HeadScanner | None = None
+        self._head_held = 0
+        self._refused = False
+        self._linger_timer: asyncio.TimerHandle | None = None
         self._header_timer: asyncio.TimerHandle | None = None
         self._write_timer: asyncio.TimerHandle | None = None
         self._progress_timer: asyncio.TimerHandle | None = None
@@ -143,15 +172,67 @@ class _GuardedProtocol(AutoHTTPProtocol):  # type: ignore[valid-type,misc]
             self._counted = False
             self.limits.open_connections -= 1
         self._cancel_timers()
+        self._release_head()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:  # what a refused client still sends: read and dropped
+            return
+        if not self._count_head(data):
+            return
         cycle = self.cycle
         super().data_received(data)
         if self.cycle is not cycle:  # a request's headers are complete
             self._cancel_header_timer()
         elif self.cycle is None or self.cycle.response_complete:  # the next request began
             self._arm_header_timer()
+
+    def _count_head(self, data: bytes) -> bool:
+        """Count `data` into the request head being received, if one is (the bytes of a body
+        are the app's to bound); False when the request is refused for it."""
+        head = self._head
+        if head is None:
+            if self.cycle is not None and self.cycle.more_body:
+                return True
+            head = self._head = HeadScanner(self.limits.heads)
+        try:
+            end = head.feed(data)
+        except HeadTooLarge as exc:
+            self._refuse(exc.error, head)
+            return False
+        grown = head.size - self._head_held
+        if grown:
+            if not self.limits.receiving.take(grown, force=head.path in PROBE_PATHS):
+                self._refuse(ReceiveBufferFullError(), head)
+                return False
+            self._head_held = head.size
+        if end is not None:  # the parser holds the head from here, as the request's
+            self._release_head()
+        return True
+
+    def _release_head(self) -> None:
+        self._head = None
+        if getattr(self, "_head_held", 0):
+            self.limits.receiving.give(self._head_held)
+            self._head_held = 0
+
+    def _refuse(self, error: ApiError, head: HeadScanner) -> None:
+        """Answer `error` instead of parsing the rest of the head, then close."""
+        self._release_head()
+        self._refused = True
+        self._cancel_header_timer()
+        self.limits.on_refused(error.status_code)
+        logger.info("refused a request from %s: %s", _peer(self.client), error.message)
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.transport.abort()  # a response is under way: no room for another
+            return
+        versioned = [(b"anthropic-version", b"")] if head.anthropic_version else []
+        self.transport.write(raw_error_response(error, {"path": head.path, "headers": versioned}))
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+            self._linger_timer = self.loop.call_later(LINGER_SECONDS, self.transport.abort)
+        else:
+            self.transport.close()
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -201,6 +282,9 @@ class _GuardedProtocol(AutoHTTPProtocol):  # type: ignore[valid-type,misc]
 
     def _cancel_timers(self) -> None:
         self._cancel_header_timer()
+        if getattr(self, "_linger_timer", None) is not None:
+            self._linger_timer.cancel()  # type: ignore[union-attr]
+            self._linger_timer = None
         if getattr(self, "_write_timer", None) is not None:
             self._write_timer.cancel()  # type: ignore[union-attr]
             self._write_timer = None
@@ -291,6 +375,9 @@ def _peer(client: tuple[str, int] | None) -> str:
     return "-" if client is None else f"{client[0]}:{client[1]}"
 
 
-def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
-    """uvicorn's HTTP protocol class bound to `limits` (pass it as `uvicorn.Config(http=...)`)."""
-    return type("GuardedHTTPProtocol", (_GuardedProtocol,), {"limits": limits})
+def guarded_protocol(
+    limits: ConnectionLimits, base: type[asyncio.Protocol] = AutoHTTPProtocol
+) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol class (`base`: httptools' when installed, else h11's) bound to
+    `limits`; pass it as `uvicorn.Config(http=...)`."""
+    return type("GuardedHTTPProtocol", (_Guards, base), {"limits": limits})

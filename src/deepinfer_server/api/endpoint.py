@@ -19,8 +19,10 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from deepinfer_server.api.auth import key_scope
+from deepinfer_server.api.auth import tenant_of
 from deepinfer_server.api.body import read_json_body
+from deepinfer_server.api.cache_partition import cache_partition
+from deepinfer_server.api.disaggregation import request_kv_transfer, with_handoff
 from deepinfer_server.api.disconnect import until_disconnect
 from deepinfer_server.api.error_responses import as_api_error
 from deepinfer_server.api.fan_out import merge_streams, submit_all
@@ -36,6 +38,7 @@ from deepinfer_server.metrics import ChoiceRecords, RequestRecord, ServerMetrics
 from deepinfer_server.protocol.core.choices import ChoiceMerger
 from deepinfer_server.protocol.core.images import mentions_images
 from deepinfer_server.protocol.core.recipe import RecipeContext
+from deepinfer_server.protocol.core.validation import read_priority
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +60,9 @@ class Prepared(Protocol):
 
     @property
     def images(self) -> Images | None: ...
+
+    @property
+    def cache_salt(self) -> str | None: ...
 
 
 class Choice(Protocol):
@@ -110,8 +116,10 @@ async def serve_generation(request: Request, protocol: GenerationProtocol) -> Re
     config = state.config
     request_id: str = request.state.request_id
     arrival = time.perf_counter()
-    received = await read_json_body(request, config)
+    received = await read_json_body(request, config, state.receiving)
     raw, body = received.raw, received.value
+    priority = read_priority(body)
+    tenant = tenant_of(request.state)
     session = None if protocol.open_session is None else await protocol.open_session(request, body)
     prepare = protocol.prepare if session is None else session.prepare
     # Images are decoded and resized while preparing: never on the event loop. Image URLs are
@@ -132,12 +140,17 @@ async def serve_generation(request: Request, protocol: GenerationProtocol) -> Re
             "(DP x --max-num-seqs + --max-queued-requests): ask for fewer",
             param="n",
         )
+    kv_transfer = request_kv_transfer(
+        body, config.disaggregation_mode, len(choices), len(choices[0].prompt_token_ids)
+    )
+    if kv_transfer is not None and state.prefill_peers is not None:
+        state.prefill_peers.seen(kv_transfer, time.monotonic())
     structured = None
     if choices[0].constraint is not None:
         # Compiling can take seconds: off the event loop, in this key's turn.
-        scope = key_scope(getattr(request.state, "api_key", None))
-        structured = await state.structured.compile(choices[0].constraint, scope)
+        structured = await state.structured.compile(choices[0].constraint, str(tenant))
     response_id = f"{protocol.id_prefix}{request_id}" if session is None else session.response_id
+    partition = cache_partition(request, config, choices[0].cache_salt)
 
     def submit(index: int) -> RequestHandle:
         sampling = choices[index].sampling
@@ -149,6 +162,10 @@ async def serve_generation(request: Request, protocol: GenerationProtocol) -> Re
             sampling,
             state.deadline(),
             choices[index].images,
+            kv_transfer_params=kv_transfer,
+            cache_salt=partition,
+            tenant=tenant,
+            priority=priority,
         )
 
     handles = submit_all(submit, len(choices))
@@ -209,7 +226,8 @@ async def _respond(
         stream.abandon()
     if session is not None:
         await session.finished()
-    return Response(outputs[0].response_json(), media_type="application/json")
+    body = with_handoff(outputs[0].response_json(), handles[0].kv_transfer_params)
+    return Response(body, media_type="application/json")
 
 
 async def _serve_choices(

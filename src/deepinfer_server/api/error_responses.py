@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from http import HTTPStatus
 from typing import Any
 
 import orjson
@@ -70,6 +71,21 @@ def error_response(error: ApiError, scope: Scope) -> Response:
         media_type="application/json",
         headers=error.headers(),
     )
+
+
+def raw_error_response(error: ApiError, scope: Scope) -> bytes:
+    """`error_response` as the bytes of a whole HTTP/1.1 response that closes the connection,
+    for a request refused before it reached the app (`scope`: its path and headers so far)."""
+    body = orjson.dumps(envelope(speaks_anthropic(scope))(error))
+    status = error.status_code
+    head = [
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
+        "content-type: application/json",
+        f"content-length: {len(body)}",
+        "connection: close",
+        *(f"{name}: {value}" for name, value in error.headers().items()),
+    ]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
 
 async def handle_api_error(request: Request, exc: Exception) -> Response:

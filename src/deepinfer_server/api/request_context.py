@@ -118,7 +118,14 @@ class RequestContextMiddleware:
                 # A client that left mid-stream got a 200 start line; the log says it left.
                 left = ERROR_TABLE[ErrorKind.CLIENT_DISCONNECTED].status
                 logged = left if state.get(CLIENT_LEFT) else status
-                self._log(scope, logged, request_id, started, state.get("record"))
+                self._log(
+                    scope,
+                    logged,
+                    request_id,
+                    started,
+                    state.get("record"),
+                    state.get("tenant_name"),
+                )
 
     @staticmethod
     def _log(
@@ -127,13 +134,15 @@ class RequestContextMiddleware:
         request_id: str,
         started: float,
         record: RequestRecord | ChoiceRecords | None,
+        tenant: str | None,
     ) -> None:
         duration_ms = (time.perf_counter() - started) * 1000
-        details = ""
+        # The key's name (`--api-key-file`), never the key.
+        details = "" if tenant is None else f" tenant={tenant}"
         if record is not None:
             ttft = "-" if record.ttft is None else f"{record.ttft * 1000:.1f}"
             finish = record.client_finish_reason or record.finish_reason or "-"
-            details = (
+            details += (
                 f" prompt_tokens={record.prompt_tokens}"
                 f" completion_tokens={record.generation_tokens}"
                 f" ttft_ms={ttft} finish_reason={finish}"

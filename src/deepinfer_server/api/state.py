@@ -8,7 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from deepinfer_server.api.disaggregation import PrefillPeers
 from deepinfer_server.api.preparation import PreparationGate
+from deepinfer_server.api.receive_budget import ReceiveBudget
 from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.coordinator.coordinator import Coordinator
 from deepinfer_server.metrics import RankLoad, ServerMetrics
@@ -49,11 +51,18 @@ class AppState:
     started_at: int = field(default_factory=lambda: int(time.time()))
     preparation: PreparationGate = field(default_factory=PreparationGate)
     peers: Peers | None = None
+    #: A decode server's prefill peers (`--disaggregation-mode decode`; else None).
+    prefill_peers: PrefillPeers | None = None
     #: The Responses store (None: `--response-store none`).
     store: ResponseStore | None = None
+    #: Bytes held by requests still being received (`--max-receive-buffer-mb`).
+    receiving: ReceiveBudget = field(init=False)
     _engine_requests: int = 0
     #: Work that outlives its request (store writes still running), kept until done.
     _background: set[asyncio.Future[Any]] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.receiving = ReceiveBudget(self.config.max_receive_buffer_mb * 1024 * 1024)
 
     async def prepare_body(
         self,

@@ -5,10 +5,17 @@ state (`previous_response_id`, item references) takes the stateless path unchang
 its session expands the input from the store before preparation (a store outage: 503, before
 anything reaches the engine), and after generation writes the response with the request's own
 input items. The write waits for nothing on the token path: a stored stream's deltas go out as
-they come, and only its terminal event (or the JSON body) waits for the write, bounded by
-`WRITE_WAIT`, so that a client that sends its next turn at once finds this one stored, whichever
-API server process or replica answers it. A write that fails is logged and counted
-(`response_store_writes{result="failed"}`); the client gets its answer all the same.
+they come, and only its terminal event (or the JSON body) waits for the write, so that a client
+that sends its next turn at once finds this one stored, whichever API server process or replica
+answers it.
+
+A response asked to be stored (`store: true`, the default) is stored or the client is told: a
+write that fails, or is not done within `WRITE_WAIT` (longer than the store's own bounds on a
+locked or unreachable database), is a 503 `response_store_unavailable` in place of the JSON body,
+and an `error` event of that code in place of a stream's terminal event (a response past the cap
+of one: a 400 the same way); it is logged and counted (`response_store_writes{result="failed"}`).
+A request whose own input alone is past the cap of one stored response is refused with a 400
+before it reaches the engine.
 
 Scope: the API key the request authenticated with, as an HMAC under the store's salt (the key is
 never stored), or "none" on a server without `--api-key`. A stored object read in another scope
@@ -25,10 +32,11 @@ import time
 import uuid
 from typing import Any
 
+import orjson
 from starlette.requests import Request
 
 from deepinfer_server.api.state import AppState
-from deepinfer_server.errors import BadRequestError
+from deepinfer_server.errors import BadRequestError, StoreUnavailableError
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.protocol.core.validation import optional_bool
 from deepinfer_server.protocol.responses.output import (
@@ -48,14 +56,15 @@ from deepinfer_server.protocol.responses.stored import (
     storable_response,
     with_id,
 )
-from deepinfer_server.store import BrokenHistory, ResponseStore
+from deepinfer_server.store import BrokenHistory, ResponseStore, ResponseTooLarge
 from deepinfer_server.store.records import NewResponse
 
 logger = logging.getLogger(__name__)
 
-#: Seconds a response's last event (or body) waits for its write; a write still running then
-#: finishes in the background.
-WRITE_WAIT = 2.0
+#: Seconds a response's last event (or body) waits for its write: past the store's own bounds
+#: (SQLite's busy timeout, PostgreSQL's connection and statement timeouts). A write still
+#: running then is reported as failed, and finishes (or fails) in the background.
+WRITE_WAIT = 12.0
 #: Fields of the body the session serves itself (the preparation rejects them otherwise).
 _STORE_FIELDS = ("store", "previous_response_id")
 _STORED_STATUSES = frozenset({"completed", "incomplete"})
@@ -119,8 +128,23 @@ class StoredSession:
         )
         restored, _ = restore_reasoning({"input": expanded}, self._state.recipe.reasoning_seal)
         self._own_input = restored["input"][len(history) :]
+        if self._stored:
+            self._check_size(self._own_input)
         self._body = {k: v for k, v in body.items() if k not in _STORE_FIELDS}
         self._body["input"] = expanded
+
+    def _check_size(self, own_input: list[Any]) -> None:
+        """A 400 before generation when the input alone is past the cap of one response."""
+        size = sum(len(orjson.dumps(item)) for item in own_input)
+        try:
+            self._store.check_size(size)
+        except ResponseTooLarge as exc:
+            raise BadRequestError(
+                f"the input is {size} bytes as stored, more than this server stores for one "
+                f"response ({exc.limit} bytes, --response-store-max-response-mb); send "
+                "'store': false to answer it without storing it",
+                param="store",
+            ) from None
 
     def prepare(self, body: dict[str, Any], recipe: RecipeContext) -> PreparedResponses:
         """`prepare_responses` on the expanded body (the one passed in is the client's)."""
@@ -135,7 +159,8 @@ class StoredSession:
         return self._output
 
     async def finished(self) -> list[str]:
-        """Store the finished response (when asked to); the held closing payloads."""
+        """Store the finished response (when asked to); the held closing payloads.
+        StoreUnavailableError when it was asked to be stored and is not."""
         output = self._output
         assert output is not None, "finished() before make_output()"
         if not self._stored:
@@ -159,18 +184,35 @@ class StoredSession:
         done, _ = await asyncio.wait({write}, timeout=WRITE_WAIT)
         if not done:
             logger.warning(
-                "response store: storing %s takes more than %gs; answering without waiting",
+                "response store: storing %s took more than %gs; reported as not stored",
                 self.response_id,
                 WRITE_WAIT,
+            )
+            raise StoreUnavailableError(
+                f"the response was generated but storing it did not finish within "
+                f"{WRITE_WAIT:g}s (the response store is busy or unreachable); retry, or send "
+                "'store': false"
+            )
+        failure = write.exception()
+        if isinstance(failure, ResponseTooLarge):  # a 400: the same request would fail again
+            raise BadRequestError(
+                f"the response was generated but not stored: {failure.size} bytes, more than "
+                f"this server stores for one response ({failure.limit} bytes, "
+                "--response-store-max-response-mb); ask for a shorter answer or send "
+                "'store': false",
+                param="store",
+            )
+        if failure is not None:
+            raise StoreUnavailableError(
+                "the response was generated but could not be stored (the response store "
+                "failed); retry later, or send 'store': false"
             )
 
     def _on_written(self, write: asyncio.Future[None]) -> None:
         failed = write.cancelled() or write.exception() is not None
         self._state.metrics.observe_store_write(failed)
         if failed:
-            logger.warning(
-                "response store: %s was not stored; its answer was sent", self.response_id
-            )
+            logger.warning("response store: %s was not stored", self.response_id)
 
 
 async def open_session(request: Request, body: dict[str, Any]) -> StoredSession | None:
@@ -179,7 +221,10 @@ async def open_session(request: Request, body: dict[str, Any]) -> StoredSession 
     store = state.store
     if store is None:
         return None  # the preparation refuses what needs a store, as without one
-    stored = optional_bool(body, "store", default=True)
+    # A prefill server's answer is the first token of an answer the decode server gives (and
+    # stores): kept here it would be a row no client sees, taking the key's store quota.
+    prefill_leg = state.config.disaggregation_mode == "prefill"
+    stored = optional_bool(body, "store", default=True) and not prefill_leg
     previous = check_previous_response_id(body)
     references = referenced_ids(input_list(body), reasoning=False)
     if not stored and previous is None and not references:

@@ -83,8 +83,8 @@ class ServerConfig:
     max_queued_requests: int = option(
         512,
         "--max-queued-requests",
-        help="requests admitted beyond running capacity, waiting in the engine for a slot, "
-        "before 429 (default: %(default)s)",
+        help="requests admitted beyond running capacity, waiting in the server's queue for a "
+        "slot, before 429 (default: %(default)s)",
         type=int,
     )
     queue_timeout: float = option(
@@ -135,6 +135,17 @@ class ServerConfig:
         "is validated on GPUs)",
         action=argparse.BooleanOptionalAction,
     )
+    prefix_cache_scope: Literal["key", "global"] = option(
+        "key",
+        "--prefix-cache-scope",
+        help="who shares cached prompt prefixes: `key`, only requests authenticated with the "
+        "same API key (another key's request never reuses, nor times, what one key sent); "
+        "`global`, every request, for single-tenant deployments that want reuse across keys "
+        "(a client can then learn whether another key sent a prompt from its cached_tokens "
+        "and latency); either way a request's `cache_salt` keeps it apart from other salts "
+        "(default: %(default)s)",
+        choices=["key", "global"],
+    )
     step_timeout: float = option(
         300.0,
         "--step-timeout",
@@ -168,6 +179,21 @@ class ServerConfig:
         "repeat for several keys (default: $DEEPINFER_API_KEY, else no authentication)",
         secret=True,
         action="append",
+    )
+    api_key_file: str | None = option(
+        None,
+        "--api-key-file",
+        help="file of named API keys, one per line: 'NAME KEY [max_running=N] [max_queued=N] "
+        "[weight=W]' (# comments); the name labels the key's metrics and logs, the limits its "
+        "admission; accepted alongside --api-key",
+    )
+    key_running_share: float = option(
+        0.75,
+        "--key-running-share",
+        help="with several API keys, the share of the running slots (DP x --max-num-seqs) one "
+        "key may hold at once unless its max_running says otherwise, so that another key's "
+        "request starts at once; 1 lets one key fill them all (default: %(default)s)",
+        type=float,
     )
     reasoning_secret: str | None = option(
         None,
@@ -203,8 +229,24 @@ class ServerConfig:
     response_store_max_mb: int = option(
         1024,
         "--response-store-max-mb",
-        help="size cap of the stored responses (their JSON) in MiB; past it the oldest are "
-        "deleted (default: %(default)s)",
+        help="size cap of the whole store (responses and items as JSON) in MiB; past it the "
+        "oldest responses of the API keys storing the most are deleted (default: %(default)s)",
+        type=int,
+    )
+    response_store_key_max_mb: int = option(
+        256,
+        "--response-store-key-max-mb",
+        help="size cap of one API key's stored responses in MiB; past it that key's oldest are "
+        "deleted, never another key's. Without --api-key every request shares one scope, "
+        "capped by --response-store-max-mb only (default: %(default)s)",
+        type=int,
+    )
+    response_store_max_response_mb: int = option(
+        16,
+        "--response-store-max-response-mb",
+        help="the largest response stored, in MiB (its input and output items as JSON): a "
+        "stored request (`store: true`) with a larger input is refused with a 400, a larger "
+        "answer is reported as not stored (default: %(default)s)",
         type=int,
     )
     allowed_origins: tuple[str, ...] = option(
@@ -299,6 +341,29 @@ class ServerConfig:
         "(default: %(default)s)",
         type=int,
     )
+    max_header_bytes: int = option(
+        64 * 1024,
+        "--max-header-bytes",
+        help="largest request head (request line and headers) accepted; larger ones get 431 "
+        "(default: %(default)s)",
+        type=int,
+    )
+    max_header_line_bytes: int = option(
+        8 * 1024,
+        "--max-header-line-bytes",
+        help="longest request line or header line accepted, its CRLF included, as nginx's "
+        "large_client_header_buffers; a longer header gets 431, a longer request line 414 "
+        "(default: %(default)s)",
+        type=int,
+    )
+    max_receive_buffer_mb: int = option(
+        256,
+        "--max-receive-buffer-mb",
+        help="memory in MiB the requests still being received (their headers and bodies) may "
+        "hold in each API server process; past it new ones get 503 with Retry-After "
+        "(default: %(default)s)",
+        type=int,
+    )
     disable_access_log: bool = option(
         False, "--disable-access-log", help="do not log one line per request", action="store_true"
     )
@@ -334,6 +399,57 @@ class ServerConfig:
         "many tokens are waiting, and the rest at the end; more tokens per chunk cost the HTTP "
         "process less CPU per token, at the price of less smooth streaming (default: %(default)s)",
         type=int,
+    )
+    disaggregation_mode: Literal["null", "prefill", "decode"] = option(
+        "null",
+        "--disaggregation-mode",
+        help="prefill/decode disaggregation role: 'null' runs DeepInfer's NORMAL engine "
+        "(prefill and decode); 'prefill' runs its PROMPT engine (every answer is one token and "
+        "a top-level kv_transfer_params naming where a decode server pulls the prompt's KV); "
+        "'decode' runs its COMPLETION engine (every request must carry the kv_transfer_params "
+        "of a prefill server's answer) (default: %(default)s)",
+        choices=["null", "prefill", "decode"],
+    )
+    disaggregation_transfer_backend: Literal["mooncake"] = option(
+        "mooncake",
+        "--disaggregation-transfer-backend",
+        help="the KV-transfer library: Mooncake's Transfer Engine (the `disaggregation` extra) "
+        "(default: %(default)s)",
+        choices=["mooncake"],
+    )
+    disaggregation_bootstrap_port: int = option(
+        8998,
+        "--disaggregation-bootstrap-port",
+        help="prefill server: DP rank r listens on this port + r for decode servers' release "
+        "notices and health probes (default: %(default)s)",
+        type=int,
+    )
+    disaggregation_ib_device: str | None = option(
+        None,
+        "--disaggregation-ib-device",
+        help="RDMA device(s) the transfer library uses, comma-separated (for example mlx5_0); "
+        "unused by the TCP transport (default: none)",
+    )
+    disaggregation_host: str | None = option(
+        None,
+        "--disaggregation-host",
+        help="the address decode servers reach this prefill server's transfer engine and "
+        "bootstrap port at (default: --host, or this machine's address when --host is a "
+        "wildcard)",
+    )
+    disaggregation_kv_hold_timeout: float = option(
+        60.0,
+        "--disaggregation-kv-hold-timeout",
+        help="prefill server: seconds a prefilled request's KV is held for a decode server "
+        "that never pulls it (default: %(default)s)",
+        type=float,
+    )
+    disaggregation_transfer_timeout: float = option(
+        30.0,
+        "--disaggregation-transfer-timeout",
+        help="decode server: seconds a request may wait for KV room and its pull together "
+        "before it fails with a 503 (default: %(default)s)",
+        type=float,
     )
     get_load_format: Literal["vllm", "sglang"] = option(
         "vllm",

@@ -9,6 +9,7 @@ the rank processes.
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import MutableMapping
 from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
@@ -21,12 +22,14 @@ from deepinfer_server.config.response_store import (
     parse_duration,
     store_url,
 )
+from deepinfer_server.config.tenants import NamedKey, Tenant, named_keys, tenants_of
 from deepinfer_server.errors import ConfigError
 
 DEFAULT_SERVED_MODEL_NAME = "deepseek-flash"
 #: DeepInfer 0.1.0's prefill attempt intervals (deepinfer/environ.py:174,177).
 DEFAULT_PREFILL_ATTEMPT_INTERVAL = 70
 DEFAULT_PREFILL_ANY_ATTEMPT_INTERVAL = 100
+MIB = 1024 * 1024
 
 
 #: Metadata of a ResolvedConfig field `resolve()` computes; any other field is its ServerConfig
@@ -65,6 +68,7 @@ class ResolvedConfig:
     prefill_attempt_interval: int = field(metadata=DERIVED)
     prefill_any_attempt_interval: int = field(metadata=DERIVED)
     enable_prefix_caching: bool = field(metadata=DERIVED)
+    prefix_cache_scope: Literal["key", "global"]
     step_timeout: float
     request_timeout: float
     startup_timeout: float
@@ -86,24 +90,71 @@ class ResolvedConfig:
     max_queued_compiles_per_key: int
     grammar_queue_timeout: float
     max_connections: int
+    max_header_bytes: int
+    max_header_line_bytes: int
+    max_receive_buffer_mb: int
     access_log: bool = field(metadata=DERIVED)
     log_requests: bool
     log_level: str
+    #: Every accepted key: `--api-key`'s (or $DEEPINFER_API_KEY) and `--api-key-file`'s.
     api_keys: tuple[str, ...] = field(metadata=DERIVED, repr=False)
+    api_key_file: str | None
+    #: Each of `api_keys` with its tenant (`config.tenants`).
+    named_keys: tuple[NamedKey, ...] = field(metadata=DERIVED, repr=False)
+    #: The tenants admission shares the running slots between, in a fixed order.
+    tenants: tuple[Tenant, ...] = field(metadata=DERIVED)
+    key_running_share: float
     reasoning_secret: str | None = field(metadata=DERIVED, repr=False)
     get_load_format: Literal["vllm", "sglang"]
     api_server_count: int
     stream_interval: int
+    disaggregation_mode: Literal["null", "prefill", "decode"]
+    disaggregation_transfer_backend: Literal["mooncake"]
+    disaggregation_bootstrap_port: int
+    disaggregation_ib_device: str | None
+    #: The address peers reach this server's transfer engine at (`advertised_host`).
+    disaggregation_host: str = field(metadata=DERIVED)
+    disaggregation_kv_hold_timeout: float
+    disaggregation_transfer_timeout: float
     state_dir: str = field(metadata=DERIVED)
     #: The Responses store (`store.location.store_url`), None when disabled.
     response_store: str | None = field(metadata=DERIVED, repr=False)
     response_store_ttl: float = field(metadata=DERIVED)
     response_store_max_bytes: int = field(metadata=DERIVED)
+    #: One API key's cap, at most the store's.
+    response_store_key_max_bytes: int = field(metadata=DERIVED)
+    #: The largest response stored, at most a key's cap.
+    response_store_max_response_bytes: int = field(metadata=DERIVED)
+
+    @property
+    def response_store_scope_max_bytes(self) -> int:
+        """One scope's cap: an API key's, or without API keys (one scope) the store's."""
+        return self.response_store_key_max_bytes if self.api_keys else self.response_store_max_bytes
+
+    @property
+    def admission_running_limit(self) -> int | None:
+        """Requests a DP rank runs before admission queues the rest in the server; None: every
+        admitted request goes to its rank at once. On a decode server a request carries KV that
+        its prefill server holds only for --disaggregation-kv-hold-timeout, so it must reach
+        its rank at once: the engine then waits, in order, for KV room and a state slot within
+        --disaggregation-transfer-timeout (and releases the prefill side's KV on every exit)."""
+        return None if self.disaggregation_mode == "decode" else self.max_num_seqs
+
+    @property
+    def admission_running_share(self) -> float:
+        """The share of the running slots one API key may hold while others wait (1: no limit
+        on a decode server, whose requests never wait in the server's queue)."""
+        return 1.0 if self.disaggregation_mode == "decode" else self.key_running_share
 
     @property
     def served_model_name(self) -> str:
         """The name responses and /v1/models report first."""
         return self.served_model_names[0]
+
+    @property
+    def running_capacity(self) -> int:
+        """Requests the engines run at once: every rank's `--max-num-seqs`."""
+        return self.data_parallel_size * self.max_num_seqs
 
     @property
     def admission_capacity(self) -> int:
@@ -205,14 +256,43 @@ def _check_ranges(config: ServerConfig, max_model_len: int) -> None:
     for flag, seconds in positive_seconds.items():
         if seconds <= 0:
             raise ConfigError(f"{flag} must be positive")
+    if not 0 < config.key_running_share <= 1:
+        raise ConfigError(f"--key-running-share must be in (0, 1], got {config.key_running_share}")
     if config.api_server_count < 1:
         raise ConfigError(f"--api-server-count must be at least 1, got {config.api_server_count}")
     if config.max_connections < 1:
         raise ConfigError(f"--max-connections must be at least 1, got {config.max_connections}")
-    if config.response_store_max_mb < 1:
+    if not 0 < config.disaggregation_bootstrap_port < 65536:
         raise ConfigError(
-            f"--response-store-max-mb must be at least 1, got {config.response_store_max_mb}"
+            "--disaggregation-bootstrap-port must be in 1..65535, got "
+            f"{config.disaggregation_bootstrap_port}"
         )
+    for flag, seconds in (
+        ("--disaggregation-kv-hold-timeout", config.disaggregation_kv_hold_timeout),
+        ("--disaggregation-transfer-timeout", config.disaggregation_transfer_timeout),
+    ):
+        if seconds <= 0:
+            raise ConfigError(f"{flag} must be positive")
+    if (
+        config.max_header_line_bytes < 1024
+        or config.max_header_bytes < config.max_header_line_bytes
+    ):
+        raise ConfigError(
+            "--max-header-line-bytes must be at least 1024 and --max-header-bytes at least as "
+            f"large (got {config.max_header_line_bytes} and {config.max_header_bytes})"
+        )
+    if config.max_receive_buffer_mb < 1:
+        raise ConfigError(
+            f"--max-receive-buffer-mb must be at least 1, got {config.max_receive_buffer_mb}"
+        )
+    store_caps = {
+        "--response-store-max-mb": config.response_store_max_mb,
+        "--response-store-key-max-mb": config.response_store_key_max_mb,
+        "--response-store-max-response-mb": config.response_store_max_response_mb,
+    }
+    for flag, mib in store_caps.items():
+        if mib < 1:
+            raise ConfigError(f"{flag} must be at least 1, got {mib}")
 
 
 def resolve(
@@ -234,6 +314,11 @@ def resolve(
         config.expert_parallel_size, config.data_parallel_size, config.context_parallel_size
     )
     max_model_len = config.max_model_len or default_max_model_len
+    if config.disaggregation_mode == "decode" and cp > 1:
+        # DeepInfer asserts it: a COMPLETION engine has no context-parallel prefill to split.
+        raise ConfigError(
+            "--disaggregation-mode decode needs --cp 1 (DeepInfer's COMPLETION engine)"
+        )
     _check_ranges(config, max_model_len)
     served = config.served_model_name or (config.model or DEFAULT_SERVED_MODEL_NAME,)
     if any(not name for name in served):
@@ -243,6 +328,8 @@ def resolve(
     )
     if any(not key for key in api_keys):
         raise ConfigError("--api-key must not be empty")
+    key_cap = min(config.response_store_key_max_mb, config.response_store_max_mb) * MIB
+    keys = named_keys(api_keys, config.api_key_file)
     state_dir = (
         Path(config.state_dir).expanduser().absolute() if config.state_dir else default_state_dir()
     )
@@ -272,14 +359,32 @@ def resolve(
             else config.enable_prefix_caching
         ),
         allowed_media_domains=tuple(d.lower() for d in config.allowed_media_domains),
+        disaggregation_host=advertised_host(config.disaggregation_host, config.host),
         access_log=not config.disable_access_log,
-        api_keys=api_keys,
+        api_keys=tuple(entry.key for entry in keys),
+        named_keys=keys,
+        tenants=tenants_of(keys),
         reasoning_secret=config.reasoning_secret or os.environ.get("DEEPINFER_REASONING_SECRET"),
         state_dir=str(state_dir),
         response_store=store_url(config.response_store, state_dir),
         response_store_ttl=parse_duration("--response-store-ttl", config.response_store_ttl),
-        response_store_max_bytes=config.response_store_max_mb * 1024 * 1024,
+        response_store_max_bytes=config.response_store_max_mb * MIB,
+        response_store_key_max_bytes=key_cap,
+        response_store_max_response_bytes=min(config.response_store_max_response_mb * MIB, key_cap),
     )
+
+
+def advertised_host(given: str | None, listen_host: str) -> str:
+    """The address a prefill server gives decode servers: `given`, else the listen address,
+    else (a wildcard) this machine's own address."""
+    if given:
+        return given
+    if listen_host not in ("0.0.0.0", "::", ""):
+        return listen_host
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
 
 
 def _as_given(config: ServerConfig) -> dict[str, Any]:

@@ -1,17 +1,39 @@
-"""Admission: how many requests may be in flight, and on which rank each one runs.
+"""Admission: how many requests may be in flight, which one starts next, and on which rank.
 
-A request goes to the least-loaded rank, or, with a `PrefixHint`, to the rank that holds its
-prompt's longest cached prefix unless that one is much more loaded (`prefix_routing.py`); the
-choice reads the counts under the same lock that takes the slot.
+A request is admitted (429 beyond `dp * max_num_seqs + max_queued_requests` in flight, or beyond
+its key's `max_queued`) into the server's queue, and starts, i.e. is sent to a rank, only while
+that rank runs fewer than `--max-num-seqs`: the engine's own queue is first come, first served,
+so whatever waits for a running slot waits here, where the order is fair between API keys.
+
+Which request starts when a slot frees:
+- between keys, the one whose key runs the fewest requests for its weight (ties: the key served
+  least recently), among keys under their running limit: a key's `max_running`, else, with
+  several keys, `--key-running-share` of the running slots, so that one key's flood leaves a
+  slot for another key's next request;
+- within a key, the lowest `priority` first, then the earliest.
+
+It goes to the least-loaded rank with a free slot, or, with a `PrefixHint`, to the rank that holds
+its prompt's longest cached prefix unless that one is much more loaded (`prefix_routing.py`).
+
+With several API server processes (`--api-server-count`) the counts live in shared memory under
+one lock (`SharedAdmission`); each process queues its own requests, and when the request due next
+waits in another process, that process is woken through its wake socket.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import heapq
+import itertools
+import math
 import multiprocessing
-from collections.abc import Iterator, Sequence
+import socket
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+from deepinfer_server.config.tenants import Tenant
 from deepinfer_server.coordinator.prefix_routing import PrefixHint
 from deepinfer_server.errors import OverloadedError, ServiceFailedError
 
@@ -22,29 +44,229 @@ def choose_rank(in_flight: Sequence[int], hint: PrefixHint | None = None) -> int
     return least if hint is None else hint.choose(in_flight, least)
 
 
-class Admission:
-    """Capacity `dp * max_num_seqs + max_queued_requests`; 429 beyond it."""
+@dataclass(eq=False)
+class Ticket:
+    """One admitted request: queued until `rank` is set, then running there."""
 
-    def __init__(self, data_parallel_size: int, capacity: int) -> None:
+    tenant: int
+    priority: int
+    order: int
+    hint: PrefixHint | None = None
+    rank: int | None = None
+    #: The caller's name for the request.
+    request_id: str = ""
+    #: The engine has ended it: its running slot is free, its stream may still be open.
+    finished: bool = field(default=False, repr=False)
+    released: bool = field(default=False, repr=False)
+
+    def __lt__(self, other: Ticket) -> bool:
+        return (self.priority, self.order) < (other.priority, other.order)
+
+
+class _Layout:
+    """Where each count lives in the flat array of counts (shared memory or a list)."""
+
+    def __init__(self, ranks: int, tenants: int, processes: int) -> None:
+        self.ranks, self.tenants, self.processes = ranks, tenants, processes
+        self.started = 0  # [rank]: requests sent to the rank and not yet ended
+        self.running = ranks  # [tenant]: the tenant's started requests
+        self.waiting = ranks + tenants  # [tenant]: its queued requests, every process's
+        self.served = ranks + 2 * tenants  # [tenant]: when it last started one (a clock tick)
+        self.clock = ranks + 3 * tenants
+        self.queued_in = self.clock + 1  # [process * tenants + tenant]
+        self.size = self.queued_in + processes * tenants
+
+
+class Admission:
+    """Admission in one API server process (see the module's docstring)."""
+
+    def __init__(
+        self,
+        data_parallel_size: int,
+        capacity: int,
+        *,
+        max_num_seqs: int | None = None,
+        tenants: Sequence[Tenant] = (Tenant("default"),),
+        running_share: float = 1.0,
+    ) -> None:
+        layout = _Layout(data_parallel_size, len(tenants), 1)
+        self._setup(layout, capacity, max_num_seqs, tenants, running_share, [0] * layout.size, 0)
+
+    def _setup(
+        self,
+        layout: _Layout,
+        capacity: int,
+        max_num_seqs: int | None,
+        tenants: Sequence[Tenant],
+        running_share: float,
+        counts: Any,
+        process: int,
+    ) -> None:
         self.capacity = capacity
-        self.in_flight = [0] * data_parallel_size
+        self._layout = layout
+        self._counts = counts
+        self._process = process
+        #: None: no running limit per rank (every admitted request starts at once).
+        self._per_rank = max_num_seqs
+        self._tenants = tuple(tenants)
+        running = layout.ranks * (max_num_seqs or capacity)
+        share = running if len(tenants) == 1 else max(1, math.floor(running * running_share))
+        self._limits = [t.max_running or share for t in tenants]
+        self._queues: list[list[Ticket]] = [[] for _ in tenants]
+        self._order = itertools.count()
+
+    # Counts
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[Any]:
+        yield self._counts
+
+    @property
+    def in_flight(self) -> list[int]:
+        """Requests started on each rank."""
+        with self._locked() as counts:
+            return list(counts[: self._layout.ranks])
 
     @property
     def total(self) -> int:
-        return sum(self.in_flight)
-
-    def admit(self, hint: PrefixHint | None = None) -> int:
-        """Take a slot on the chosen rank and return that rank (429 when full)."""
-        if self.total >= self.capacity:
-            raise OverloadedError(
-                f"the server is at capacity ({self.capacity} requests in flight); retry later"
+        """Requests admitted, running or queued, by every API server process (not those the
+        engine has ended whose responses are still being written)."""
+        layout = self._layout
+        with self._locked() as counts:
+            return int(
+                sum(counts[: layout.ranks])
+                + sum(counts[layout.waiting : layout.waiting + layout.tenants])
             )
-        rank = choose_rank(self.in_flight, hint)
-        self.in_flight[rank] += 1
-        return rank
 
-    def release(self, rank: int) -> None:
-        self.in_flight[rank] -= 1
+    def tenant_name(self, tenant: int) -> str:
+        """The name of tenant number `tenant`."""
+        return self._tenants[tenant].name
+
+    def tenant_counts(self) -> list[tuple[str, int, int]]:
+        """(tenant name, running, queued) of every tenant, over every API server process."""
+        layout = self._layout
+        with self._locked() as counts:
+            return [
+                (tenant.name, counts[layout.running + t], counts[layout.waiting + t])
+                for t, tenant in enumerate(self._tenants)
+            ]
+
+    # Requests
+
+    def admit(self, tenant: int = 0, priority: int = 0, hint: PrefixHint | None = None) -> Ticket:
+        """Queue a request of `tenant` (429 when the server or the tenant's queue is full);
+        `ready()` says when it starts."""
+        layout = self._layout
+        with self._locked() as counts:
+            admitted = sum(counts[: layout.ranks]) + sum(
+                counts[layout.waiting : layout.waiting + layout.tenants]
+            )
+            if admitted >= self.capacity:
+                raise OverloadedError(
+                    f"the server is at capacity ({self.capacity} requests in flight); retry later"
+                )
+            limit = self._tenants[tenant].max_queued
+            if limit is not None and counts[layout.waiting + tenant] >= limit + self._free(
+                counts, tenant
+            ):
+                raise OverloadedError(
+                    f"this API key has {limit} requests waiting, its limit; retry later"
+                )
+            ticket = Ticket(tenant, priority, next(self._order), hint)
+            counts[layout.waiting + tenant] += 1
+            counts[layout.queued_in + self._process * layout.tenants + tenant] += 1
+        heapq.heappush(self._queues[tenant], ticket)
+        return ticket
+
+    def ready(self) -> list[Ticket]:
+        """The queued requests of this process that start now, each with its rank set (the
+        caller sends them); wakes another process whose request is due."""
+        layout = self._layout
+        started: list[Ticket] = []
+        with self._locked() as counts:
+            while True:
+                loads = list(counts[: layout.ranks])
+                if self._per_rank is not None and min(loads) >= self._per_rank:
+                    break
+                tenant = self._due(counts)
+                if tenant is None:
+                    break
+                ticket = self._pop(tenant)
+                if ticket is None:  # its next request waits in another process
+                    self._wake_holders(counts, tenant)
+                    break
+                if self._per_rank is not None:
+                    loads = [n if n < self._per_rank else 2**62 for n in loads]
+                rank = choose_rank(loads, ticket.hint)
+                ticket.rank = rank
+                counts[rank] += 1
+                counts[layout.running + tenant] += 1
+                counts[layout.waiting + tenant] -= 1
+                counts[layout.queued_in + self._process * layout.tenants + tenant] -= 1
+                counts[layout.clock] += 1
+                counts[layout.served + tenant] = counts[layout.clock]
+                started.append(ticket)
+        return started
+
+    def finished(self, ticket: Ticket) -> None:
+        """The engine ended a started request: its running slot is free while its response is
+        still being written; call `ready()` after."""
+        if ticket.rank is None or ticket.finished or ticket.released:
+            return
+        ticket.finished = True
+        layout = self._layout
+        with self._locked() as counts:
+            counts[ticket.rank] -= 1
+            counts[layout.running + ticket.tenant] -= 1
+
+    def release(self, ticket: Ticket) -> None:
+        """The request ended, or left the queue (once per ticket); call `ready()` after."""
+        if ticket.released:
+            return
+        ticket.released = True
+        if ticket.finished:
+            return
+        layout = self._layout
+        with self._locked() as counts:
+            if ticket.rank is None:
+                counts[layout.waiting + ticket.tenant] -= 1
+                counts[layout.queued_in + self._process * layout.tenants + ticket.tenant] -= 1
+            else:
+                counts[ticket.rank] -= 1
+                counts[layout.running + ticket.tenant] -= 1
+
+    def _free(self, counts: Any, tenant: int) -> int:
+        """1 if a request of `tenant` would start at once (nothing of its own queued, a slot
+        free and the tenant under its running limit), else 0: that one does not queue."""
+        layout = self._layout
+        room = self._per_rank is None or min(counts[: layout.ranks]) < self._per_rank
+        below = counts[layout.running + tenant] < self._limits[tenant]
+        return int(room and below and counts[layout.waiting + tenant] == 0)
+
+    def _due(self, counts: Any) -> int | None:
+        """The tenant whose request starts next: the fewest running for its weight."""
+        layout = self._layout
+        best: tuple[float, int] | None = None
+        due = None
+        for t, tenant in enumerate(self._tenants):
+            running = counts[layout.running + t]
+            if counts[layout.waiting + t] <= 0 or running >= self._limits[t]:
+                continue
+            key = (running / tenant.weight, counts[layout.served + t])
+            if best is None or key < best:
+                best, due = key, t
+        return due
+
+    def _pop(self, tenant: int) -> Ticket | None:
+        queue = self._queues[tenant]
+        while queue:
+            ticket = heapq.heappop(queue)
+            if not ticket.released:
+                return ticket
+        return None
+
+    def _wake_holders(self, counts: Any, tenant: int) -> None:
+        """Another process holds `tenant`'s next request (none in one process)."""
 
 
 #: Seconds to wait for the shared counts' lock; only an API process killed while holding it
@@ -52,51 +274,82 @@ class Admission:
 _LOCK_TIMEOUT = 1.0
 
 
-def shared_slots(data_parallel_size: int) -> Any:
-    """Per-rank in-flight counts in shared memory with their lock, for `SharedAdmission`
-    (create them before spawning the API server processes and hand them to each)."""
-    return multiprocessing.get_context("spawn").Array("q", data_parallel_size)
+@dataclass
+class SharedState:
+    """What `SharedAdmission` shares between API server processes (picklable for spawn)."""
+
+    counts: Any
+    #: Per process: the end it reads its wake-ups from, and the end the others write to.
+    wake_readers: list[socket.socket]
+    wake_writers: list[socket.socket]
 
 
-class SharedAdmission:
-    """`Admission` across every API server process (`--api-server-count`): the per-rank counts
-    live in shared memory, so capacity and the rank choice see every process's requests."""
+def shared_state(data_parallel_size: int, tenants: int, processes: int) -> SharedState:
+    """The shared counts and wake sockets, for `SharedAdmission` (create them before spawning
+    the API server processes and hand them to each)."""
+    layout = _Layout(data_parallel_size, tenants, processes)
+    counts = multiprocessing.get_context("spawn").Array("q", layout.size)
+    pairs = [socket.socketpair() for _ in range(processes)]
+    for reader, writer in pairs:
+        reader.setblocking(False)
+        writer.setblocking(False)
+    return SharedState(counts, [r for r, _ in pairs], [w for _, w in pairs])
 
-    def __init__(self, capacity: int, slots: Any) -> None:
-        self.capacity = capacity
-        self._slots = slots
 
-    @property
-    def in_flight(self) -> list[int]:
-        with self._locked():
-            return list(self._slots.get_obj())
+class SharedAdmission(Admission):
+    """`Admission` across every API server process (`--api-server-count`): the counts live in
+    shared memory, so capacity, fairness and the rank choice see every process's requests."""
 
-    @property
-    def total(self) -> int:
-        return sum(self.in_flight)
+    def __init__(
+        self,
+        data_parallel_size: int,
+        capacity: int,
+        state: SharedState,
+        process: int,
+        *,
+        max_num_seqs: int | None = None,
+        tenants: Sequence[Tenant] = (Tenant("default"),),
+        running_share: float = 1.0,
+    ) -> None:
+        layout = _Layout(data_parallel_size, len(tenants), len(state.wake_writers))
+        self._state = state
+        self._setup(layout, capacity, max_num_seqs, tenants, running_share, state.counts, process)
 
-    def admit(self, hint: PrefixHint | None = None) -> int:
-        """Take a slot on the chosen rank and return that rank (429 when full)."""
-        with self._locked():
-            counts = self._slots.get_obj()
-            if sum(counts) >= self.capacity:
-                raise OverloadedError(
-                    f"the server is at capacity ({self.capacity} requests in flight); retry later"
-                )
-            rank = choose_rank(counts, hint)
-            counts[rank] += 1
-            return rank
+    def watch_wakes(self, on_wake: Callable[[], None]) -> Callable[[], None]:
+        """Call `on_wake` on the event loop whenever another process wakes this one; returns
+        the function that stops watching."""
+        reader = self._state.wake_readers[self._process]
+        loop = asyncio.get_running_loop()
 
-    def release(self, rank: int) -> None:
-        with self._locked():
-            self._slots.get_obj()[rank] -= 1
+        def readable() -> None:
+            with contextlib.suppress(BlockingIOError, InterruptedError):
+                while reader.recv(4096):
+                    pass
+            on_wake()
+
+        loop.add_reader(reader.fileno(), readable)
+
+        def stop() -> None:
+            loop.remove_reader(reader.fileno())
+
+        return stop
 
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        lock = self._slots.get_lock()
+    def _locked(self) -> Iterator[Any]:
+        lock = self._counts.get_lock()
         if not lock.acquire(timeout=_LOCK_TIMEOUT):
             raise ServiceFailedError("the admission counts are held by a dead API server process")
         try:
-            yield
+            yield self._counts.get_obj()
         finally:
             lock.release()
+
+    def _wake_holders(self, counts: Any, tenant: int) -> None:
+        layout = self._layout
+        for process in range(layout.processes):
+            if process == self._process:
+                continue
+            if counts[layout.queued_in + process * layout.tenants + tenant] > 0:
+                # A full socket already holds a wake-up: nothing is lost by dropping this one.
+                with contextlib.suppress(BlockingIOError, InterruptedError):
+                    self._state.wake_writers[process].send(b"w")

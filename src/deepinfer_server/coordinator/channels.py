@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 from deepinfer_server.ipc.codec import pack_token_ids
 from deepinfer_server.ipc.framing import FrameReader, frame
+from deepinfer_server.ipc.kv_transfer import KVTransferParams
 from deepinfer_server.ipc.messages import (
     AbortRequests,
     AddRequest,
@@ -138,10 +139,20 @@ class RankChannels:
         packed_prompt: bytes,
         sampling: SamplingOptions,
         images: Images | None = None,
+        cache_salt: bytes | None = None,
+        kv_transfer_params: KVTransferParams | None = None,
     ) -> bytes:
         """The framed `AddRequest` for `send_framed_add` (sends nothing); the prompt is packed
         by `ipc.codec.pack_token_ids`."""
-        message = AddRequest(request_id, packed_prompt, sampling, images, self._client)
+        message = AddRequest(
+            request_id,
+            packed_prompt,
+            sampling,
+            images,
+            self._client,
+            cache_salt,
+            kv_transfer_params,
+        )
         return frame(to_rank_encoder.encode(message))
 
     def send_framed_add(self, rank: int, framed: bytes) -> None:

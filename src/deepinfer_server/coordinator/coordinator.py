@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from deepinfer_server.concurrency import first_of
 from deepinfer_server.config import ResolvedConfig
-from deepinfer_server.coordinator.admission import Admission, SharedAdmission
+from deepinfer_server.coordinator.admission import Admission, SharedAdmission, Ticket
 from deepinfer_server.coordinator.channels import RankChannels
 from deepinfer_server.coordinator.failure_cause import FailureCause
 from deepinfer_server.coordinator.handle import RequestHandle
@@ -33,11 +33,13 @@ from deepinfer_server.coordinator.prefix_directory import PrefixDirectory
 from deepinfer_server.coordinator.prefix_routing import PrefixHint, PrefixRouting
 from deepinfer_server.errors import (
     ApiError,
+    OverloadedError,
     ServiceFailedError,
     ShuttingDownError,
     StartupError,
 )
 from deepinfer_server.ipc.codec import pack_token_ids
+from deepinfer_server.ipc.kv_transfer import KVTransferParams
 from deepinfer_server.ipc.messages import (
     AbortReason,
     FromRank,
@@ -74,9 +76,18 @@ class Coordinator:
         self._channels = channels
         self._on_failure = on_failure
         self._admission = admission or Admission(
-            config.data_parallel_size, config.admission_capacity
+            config.data_parallel_size,
+            config.admission_capacity,
+            max_num_seqs=config.admission_running_limit,
+            tenants=config.tenants,
+            running_share=config.admission_running_share,
         )
+        metrics.watch_tenants(self._admission.tenant_counts)
         self._handles: dict[str, RequestHandle] = {}
+        #: Each request's place in admission, and, until it starts, its framed AddRequest.
+        self._tickets: dict[str, Ticket] = {}
+        self._unsent: dict[str, tuple[bytes, list[int]]] = {}
+        self._stop_wakes: Callable[[], None] | None = None
         #: Handles whose sinks are due once the messages that arrived together are delivered.
         self._to_flush: list[RequestHandle] = []
         self._kv_usage: list[float | None] = [None] * config.data_parallel_size
@@ -114,6 +125,9 @@ class Coordinator:
         """Start reading from the ranks and watching their loops."""
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._channels.read(self._on_messages)))
+        if isinstance(self._admission, SharedAdmission):
+            # Another process freed a slot whose next request waits here.
+            self._stop_wakes = self._admission.watch_wakes(self._start_ready)
         if self._config.step_timeout > 0:
             self._tasks.append(loop.create_task(self._liveness.run()))
 
@@ -144,6 +158,8 @@ class Coordinator:
     async def release(self) -> None:
         """Stop reading from the ranks and close the sockets (the ranks are stopped, or are
         another process's to stop)."""
+        if self._stop_wakes is not None:
+            self._stop_wakes()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -172,13 +188,21 @@ class Coordinator:
         sampling: SamplingOptions,
         deadline: float | None,
         images: Images | None = None,
+        kv_transfer_params: KVTransferParams | None = None,
+        cache_salt: bytes | None = None,
+        *,
+        tenant: int = 0,
+        priority: int = 0,
     ) -> RequestHandle:
-        """Admit a request and start it on the least-loaded rank, or the rank holding its
-        prompt's cached prefix (429/503 when it cannot).
+        """Admit a request of `tenant` (an index into `config.tenants`) and start it when its
+        turn comes (`admission.py`): on the least-loaded rank with a free slot, or the rank
+        holding its prompt's cached prefix under its `cache_salt` (429/503 when it cannot be
+        admitted).
 
         The returned handle owns the request's admission slot and its place among the requests
-        in flight: closing it frees both, once. If starting fails, at any step, what was taken
-        is freed before the error is raised.
+        in flight: closing it frees both, once, whether it is still queued or already started.
+        If admitting or starting fails, at any step, what was taken is freed before the error
+        is raised.
         """
         if self._failure is not None:
             raise ServiceFailedError(f"the service has failed: {self._failure}")
@@ -190,48 +214,86 @@ class Coordinator:
         hint = None
         directory = self._directory
         if directory is not None and len(prompt_token_ids) >= self._routing.min_tokens:
-            hashes = directory.block_hashes(packed)
+            hashes = directory.block_hashes(packed, cache_salt)
             hint = PrefixHint(directory.held_tokens(hashes), len(prompt_token_ids), self._routing)
-        rank = self._admission.admit(hint)
+        try:
+            ticket = self._admission.admit(tenant, priority, hint)
+        except OverloadedError:
+            self._metrics.observe_admission(self._admission.tenant_name(tenant), admitted=False)
+            raise
+        ticket.request_id = request_id
         queue_timeout = self._config.queue_timeout
         try:
             handle = RequestHandle(
                 request_id,
-                rank,
+                None,
                 self._on_handle_closed,
                 deadline,
                 self._config.stream_interval,
                 asyncio.get_running_loop().time() + queue_timeout if queue_timeout else None,
             )
         except BaseException:
-            self._admission.release(rank)
+            self._admission.release(ticket)
             raise
         # From here on the handle owns the slot and its place in `_handles`: closing it (once,
         # on any path) frees both.
         self._handles[request_id] = handle
+        self._tickets[request_id] = ticket
         self._idle.clear()
-        sent = False
         try:
             handle.context_tokens = len(prompt_token_ids)
-            framed = self._channels.frame_add(request_id, packed, sampling, images)
-            sent = True
+            self._unsent[request_id] = (
+                self._channels.frame_add(
+                    request_id, packed, sampling, images, cache_salt, kv_transfer_params
+                ),
+                hashes,
+            )
+        except BaseException:
+            handle.withdraw()
+            raise
+        self._metrics.observe_admission(self._admission.tenant_name(tenant), admitted=True)
+        self._start_ready(own=ticket)
+        return handle
+
+    def _start_ready(self, own: Ticket | None = None) -> None:
+        """Send every request whose turn has come to its rank; a failure to start `own` (the
+        request being submitted) is raised once the others are sent."""
+        if self._failure is not None or self._stopping:
+            return
+        error: BaseException | None = None
+        for ticket in self._admission.ready():
+            try:
+                self._start(ticket)
+            except BaseException as exc:
+                if ticket is own:
+                    error = exc
+                else:
+                    logger.exception("request %s: could not be started", ticket.request_id)
+        if error is not None:
+            raise error
+
+    def _start(self, ticket: Ticket) -> None:
+        request_id, rank = ticket.request_id, ticket.rank
+        assert rank is not None
+        handle = self._handles[request_id]
+        framed, hashes = self._unsent.pop(request_id)
+        handle.rank = rank
+        try:
             self._channels.send_framed_add(rank, framed)
-            if directory is not None:
-                directory.record(rank, request_id, hashes)
+            if self._directory is not None:
+                self._directory.record(rank, request_id, hashes)
             logger.debug(
                 "request %s: %d prompt tokens to DP rank %d (%d in flight)",
                 request_id,
-                len(prompt_token_ids),
+                handle.context_tokens,
                 rank,
                 len(self._handles),
             )
         except BaseException:
-            if sent:  # the rank may have it: abort it there too
-                handle.close(AbortReason.ROLLBACK)
-            else:
-                handle.withdraw()
+            # The rank may have it: abort it there too.
+            handle.fail(ServiceFailedError("the request could not be sent to its DP rank"))
+            handle.close(AbortReason.ROLLBACK)
             raise
-        return handle
 
     def fail_all(self, error: ApiError) -> None:
         """End every request in flight with `error` (their engine requests are aborted)."""
@@ -251,15 +313,18 @@ class Coordinator:
     def _on_handle_closed(self, handle: RequestHandle, aborted: bool, reason: AbortReason) -> None:
         if self._handles.pop(handle.request_id, None) is None:
             return
-        self._admission.release(handle.rank)
+        ticket = self._tickets.pop(handle.request_id)
+        self._unsent.pop(handle.request_id, None)
+        self._admission.release(ticket)
         if not self._handles:
             self._idle.set()
-        if aborted and self._failure is None:
+        if aborted and self._failure is None and handle.rank is not None:
             self._channels.send_abort(handle.rank, [handle.request_id])
             self._metrics.observe_abort(reason)
             logger.debug(
                 "request %s: aborted on DP rank %d (%s)", handle.request_id, handle.rank, reason
             )
+        self._start_ready()
 
     def rank_exited(self, rank: int, reason: str) -> None:
         """Rank `rank` exited unexpectedly (seen by the process that spawned it)."""
@@ -302,6 +367,7 @@ class Coordinator:
             handle = self._handles.get(message.request_id)
             if handle is not None:
                 handle.fail(error_for_rejection(message), engine_finished=True)
+                self._engine_done(message.request_id)
         elif isinstance(message, RankReady):
             self._liveness.reported(message.rank, asyncio.get_running_loop().time())
             self._ready.add(message.rank)
@@ -312,19 +378,33 @@ class Coordinator:
             logger.error("DP rank %d failed:\n%s", message.rank, message.traceback)
             self._on_rank_report(message.rank, f"DP rank {message.rank} failed: {message.message}")
 
+    def _engine_done(self, request_id: str) -> None:
+        """The engine ended a request: its running slot goes to the next request now, not
+        when the response has been written to the client."""
+        ticket = self._tickets.get(request_id)
+        if ticket is not None:
+            self._admission.finished(ticket)
+            self._start_ready()
+
     def rank_loads(self) -> list[RankLoad]:
         """Every rank's running and waiting requests and their tokens (from the requests the
         engine owns) and its KV-cache usage (from its last step report)."""
         size = self._config.data_parallel_size
         running, waiting, tokens = [0] * size, [0] * size, [0] * size
+        queued = 0
         for handle in self._handles.values():
             if handle.engine_finished:
+                continue
+            if handle.rank is None:  # in the server's queue: waiting, on no rank yet
+                queued += 1
                 continue
             if handle.has_first_token:
                 running[handle.rank] += 1
             else:
                 waiting[handle.rank] += 1
             tokens[handle.rank] += handle.context_tokens
+        for rank in range(size):  # spread evenly, so that the sum over ranks is right
+            waiting[rank] += queued // size + (rank < queued % size)
         return [
             RankLoad(
                 rank,
@@ -343,6 +423,8 @@ class Coordinator:
         now = time.perf_counter()
         self._metrics.observe_step(message.rank, message.step_seconds)
         self._kv_usage[message.rank] = message.kv_cache_usage
+        if message.counters is not None:
+            self._metrics.observe_counters(message.rank, message.counters)
         cache = message.prefix_cache
         if cache is not None and cache != self._prefix_cache[message.rank]:
             self._prefix_cache[message.rank] = cache
@@ -357,10 +439,14 @@ class Coordinator:
                 continue
             if delta.cached_tokens is not None:
                 handle.started(delta.cached_tokens)
+            if delta.kv_transfer_params is not None:
+                handle.kv_transfer_params = delta.kv_transfer_params
             finish = delta.finish
+            if finish is not None:
+                self._engine_done(delta.request_id)
             if finish is None or finish.is_normal:
                 if handle.deliver(delta.tokens, finish, now, step_seconds):
                     to_flush.append(handle)
             else:
                 handle.deliver(delta.tokens, None, now, step_seconds)
-                handle.fail(error_for_finish(finish), engine_finished=True)
+                handle.fail(error_for_finish(finish, delta.detail), engine_finished=True)

@@ -30,6 +30,7 @@ from deepinfer_server.errors import (
     QueueTimeoutError,
     RequestTimeoutError,
 )
+from deepinfer_server.ipc.kv_transfer import KVTransferParams
 from deepinfer_server.ipc.messages import AbortReason, Finish, GeneratedTokens
 
 
@@ -57,12 +58,12 @@ TokenSink = Callable[[GeneratedTokens, Finish | None, float, float], bool]
 
 
 class RequestHandle:
-    """One request in flight on one rank."""
+    """One request in flight: queued in the server, then on one rank."""
 
     def __init__(
         self,
         request_id: str,
-        rank: int,
+        rank: int | None,
         on_close: CloseCallback,
         deadline: float | None,
         stream_interval: int = 1,
@@ -71,6 +72,7 @@ class RequestHandle:
         """`deadline` and `queue_deadline` are event-loop times: the request's end, and the
         time by which its first token must have arrived."""
         self.request_id = request_id
+        #: The DP rank running it; None while it waits in the server's queue.
         self.rank = rank
         self._on_close = on_close
         #: Output delivered and not yet taken (by `next_batch()` or a flush); None when none.
@@ -88,6 +90,8 @@ class RequestHandle:
         #: The prompt tokens the engine reused from its prefix cache; None until the engine
         #: has taken the request (its first delta says).
         self.cached_tokens: int | None = None
+        #: A prefill engine's handoff of this request's KV (prefill role), once it ended.
+        self.kv_transfer_params: KVTransferParams | None = None
         self._finish: Finish | None = None
         self._error: ApiError | None = None
         self._event = asyncio.Event()

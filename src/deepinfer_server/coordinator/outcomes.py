@@ -24,8 +24,23 @@ _FINISH_ERRORS: dict[Finish, tuple[ErrorKind, str]] = {
 }
 
 
-def error_for_finish(finish: Finish) -> ApiError:
-    """The error a client sees for an engine finish other than STOP or LENGTH."""
+_KV_TRANSFER_REASONS = {
+    "timeout": "the prefill server did not deliver the prompt's KV in time",
+    "no_kv_room": "no KV room for the prompt freed up in time on this decode server",
+    "transfer_error": "the prefill server's KV could not be read (is it still running?)",
+    "kv_mismatch": "the pulled KV does not hold this request's prompt",
+}
+
+
+def error_for_finish(finish: Finish, detail: str | None = None) -> ApiError:
+    """The error a client sees for an engine finish other than STOP or LENGTH (`detail`: the
+    engine's reason, for a failed KV transfer)."""
+    if finish is Finish.KV_TRANSFER_FAILED:
+        reason = detail or "transfer_error"
+        explained = _KV_TRANSFER_REASONS.get(reason, "the KV transfer failed")
+        return EngineRequestError(
+            f"KV transfer failed ({reason}): {explained}", kind=ErrorKind.KV_TRANSFER_FAILED
+        )
     kind, message = _FINISH_ERRORS[finish]
     if kind is ErrorKind.CONTEXT_LENGTH_EXCEEDED:
         return ContextLengthError(message)

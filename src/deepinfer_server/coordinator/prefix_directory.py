@@ -13,11 +13,14 @@ A prompt's prefix of `i` full blocks (128 tokens, the engines' KV block) hashes 
 process: one vectorised pass over the packed prompt gives every depth's hash (about 0.1 ms for
 14k tokens on a busy 2-core machine, a tenth of packing the prompt). Each API server process
 has its own directory (`--api-server-count`): a conversation whose turns reach different
-processes is routed by load there.
+processes is routed by load there. A request's cache salt (`AddRequest.cache_salt`) is added to
+its first block's sum, as the engines' index does: a prefix another partition sent to a rank
+never draws a request there.
 """
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 from collections import OrderedDict
 
@@ -79,9 +82,11 @@ class PrefixDirectory:
         positions = -(-max_model_len // BLOCK_TOKENS) * BLOCK_TOKENS
         generator = np.random.default_rng(secrets.randbits(128))
         self._weights = generator.integers(0, 2**64, size=positions, dtype=np.uint64) | 1
+        self._salt_key = secrets.token_bytes(32)
 
-    def block_hashes(self, packed_prompt: bytes) -> list[int]:
-        """The hash of each prefix of whole blocks of a prompt packed by `ipc.codec`."""
+    def block_hashes(self, packed_prompt: bytes, salt: bytes | None = None) -> list[int]:
+        """The hash of each prefix of whole blocks of a prompt packed by `ipc.codec`, under the
+        cache salt `salt`."""
         blocks = min(len(packed_prompt) // (4 * BLOCK_TOKENS), len(self._weights) // BLOCK_TOKENS)
         if blocks == 0:
             return []
@@ -89,6 +94,9 @@ class PrefixDirectory:
         tokens = np.frombuffer(packed_prompt, dtype="<i4", count=count).astype(np.uint64)
         weighted = (tokens * self._weights[:count]).reshape(blocks, BLOCK_TOKENS)
         sums = weighted.sum(axis=1, dtype=np.uint64)
+        if salt is not None:
+            digest = hashlib.blake2b(salt, digest_size=8, key=self._salt_key).digest()
+            sums[:1] += np.uint64(int.from_bytes(digest, "little"))  # an array add wraps
         hashes: list[int] = sums.cumsum(dtype=np.uint64).tolist()
         return hashes
 

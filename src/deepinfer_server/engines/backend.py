@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from deepinfer_server.config import ResolvedConfig
     from deepinfer_server.ipc.messages import (
         AddRequest,
+        EngineCounters,
         PrefixCacheStats,
         RequestDelta,
         RequestRejected,
@@ -47,6 +48,9 @@ class EngineCore(Protocol):
 
     def prefix_cache_stats(self) -> PrefixCacheStats | None:
         """The prefix cache's counters now, or None when the engine has no prefix cache."""
+
+    def counters(self) -> EngineCounters | None:
+        """The disaggregation counters, or None when they did not change since the last call."""
 
     def close(self) -> None:
         """Release the engine (collective across the DP ranks where the engine says so)."""
@@ -92,6 +96,15 @@ class EngineSpec:
     prefill_any_attempt_interval: int = DEFAULT_PREFILL_ANY_ATTEMPT_INTERVAL
     #: `--enable-prefix-caching`: reuse the KV cache and state of earlier requests' prompts.
     enable_prefix_caching: bool = False
+
+    #: `--disaggregation-*`: the engine's role ("null": NORMAL, "prefill": PROMPT, "decode":
+    #: COMPLETION) and what the KV transfer needs.
+    disaggregation_mode: str = "null"
+    disaggregation_bootstrap_port: int = 8998
+    disaggregation_ib_device: str | None = None
+    disaggregation_host: str = "127.0.0.1"
+    disaggregation_kv_hold_timeout: float = 60.0
+    disaggregation_transfer_timeout: float = 30.0
 
     @classmethod
     def for_rank(

@@ -17,8 +17,17 @@ Right after `add_request` it reads the returned sequence's `num_cached_tokens` (
 tokens a prefix cache reused; DeepInfer's Sequence has the attribute, 0 without a hit) and sends
 it in the request's first delta, in the next iteration, whether or not that has tokens. An
 engine with a prefix cache exposes `prefix_cache_stats()` -> (query tokens, hit tokens, cached
-sequences); the driver passes those on.
+sequences); the driver passes those on. Such an engine's `add_request` also takes the request's
+`cache_salt` (its prefix-cache partition) as a keyword; an engine without a prefix cache is
+never given one (DeepInfer's own `add_request` has no such argument, and without a cache there
+is nothing to partition).
 DeepInfer's finish strings become `Finish` values here and nowhere else.
+Prefill/decode disaggregation: a decode request's `kv_transfer_params` go to `add_request` in
+`extra`; a PROMPT engine's handoff of a finished request (`pop_kv_handoff`) rides on its
+finishing delta; a failed transfer's finish string, "kv_transfer_failed:<reason>", becomes
+`Finish.KV_TRANSFER_FAILED` with the reason as the delta's detail. `counters()` reports the
+prompt tokens the engine computed (its `prompt_tokens_computed` when it counts them, else the
+prompt tokens past each request's cached ones) and a decode engine's transfer statistics.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ from deepinfer_server.errors import ErrorKind
 from deepinfer_server.ipc.codec import unpack_token_ids
 from deepinfer_server.ipc.messages import (
     AddRequest,
+    EngineCounters,
     Finish,
     GeneratedTokens,
     PrefixCacheStats,
@@ -67,6 +77,8 @@ class LLMEngine(Protocol):
         sampling_params: dict[str, Any] | None,
         prompt_token_ids: npt.NDArray[np.int32],
         multi_modal_data: dict[str, Any] | None = None,
+        arrival_time: float | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> object | None: ...
 
     def abort_request(self, request_id: list[str]) -> tuple[int, int]: ...
@@ -105,8 +117,14 @@ class OutputReader(Protocol):
     def get_prompt_logprobs(handle: int) -> list[float]: ...
 
 
+#: The finish string of a failed KV transfer, before ":<reason>".
+KV_TRANSFER_FAILED = "kv_transfer_failed"
+
+
 def finish_of(reason: str) -> Finish:
     """The outcome of a DeepInfer finish string (unknown strings are engine errors)."""
+    if reason.startswith(KV_TRANSFER_FAILED):
+        return Finish.KV_TRANSFER_FAILED
     return FINISH_REASONS.get(reason, Finish.ENGINE_ERROR)
 
 
@@ -127,6 +145,11 @@ class LLMEngineDriver:
         #: The engine's `prefix_cache_stats()`, when it has a prefix cache.
         self._cache_stats = getattr(engine, "prefix_cache_stats", None)
         self._last_stats: PrefixCacheStats | None = None
+        #: Prompt tokens computed, counted here for an engine that does not count them.
+        self._counts_computed = hasattr(engine, "prompt_tokens_computed")
+        self._pop_handoff = getattr(engine, "pop_kv_handoff", None)
+        self._computed = 0
+        self._last_counters = EngineCounters()
 
     @property
     def num_live(self) -> int:
@@ -155,8 +178,18 @@ class LLMEngineDriver:
             # multimodal processor and holds the sequence back until a later step's fetch
             # (`LLMEngine.add_request` and `multi_modal_fetch` in engine/llm_engine.py).
             multi_modal_data = request.images.as_multi_modal_data() if request.images else None
+            extra_args: dict[str, Any] = {}
+            if request.cache_salt is not None and self._cache_stats is not None:
+                extra_args["cache_salt"] = request.cache_salt
+            if request.kv_transfer_params is not None:
+                extra_args["extra"] = {"kv_transfer_params": request.kv_transfer_params}
             sequence = self._engine.add_request(
-                "0", request.request_id, params, prompt, multi_modal_data=multi_modal_data
+                "0",
+                request.request_id,
+                params,
+                prompt,
+                multi_modal_data=multi_modal_data,
+                **extra_args,
             )
         except (ValueError, TypeError) as exc:
             return RequestRejected(
@@ -180,7 +213,10 @@ class LLMEngineDriver:
                 "the prompt holds token IDs outside the model's vocabulary",
             )
         self._live[request.request_id] = sampling
-        self._started[request.request_id] = int(getattr(sequence, "num_cached_tokens", 0))
+        cached = int(getattr(sequence, "num_cached_tokens", 0))
+        self._started[request.request_id] = cached
+        if not self._counts_computed and request.kv_transfer_params is None:
+            self._computed += max(0, prompt.size - cached)
         return None
 
     def abort(self, request_ids: list[str]) -> None:
@@ -235,6 +271,30 @@ class LLMEngineDriver:
             last = self._last_stats = PrefixCacheStats(int(queries), int(hits), int(sequences))
         return last
 
+    def counters(self) -> EngineCounters | None:
+        """The engine's disaggregation counters, or None when nothing changed since the last
+        call."""
+        engine = self._engine
+        computed = int(getattr(engine, "prompt_tokens_computed", self._computed))
+        stats_of = getattr(engine, "kv_transfer_stats", None)
+        stats = stats_of() if stats_of is not None else None
+        held_of = getattr(engine, "held_kv", None)
+        counters = EngineCounters(computed, held_kv=int(held_of()) if held_of else 0)
+        if stats is not None:
+            counters.kv_transfer_bytes = stats.bytes
+            counters.kv_transfer_failures = dict(stats.failures)
+            counters.kv_transfer_seconds, stats.seconds = stats.seconds, []
+            counters.kv_transfer_wait_seconds, stats.wait_seconds = stats.wait_seconds, []
+        if counters == self._last_counters:
+            return None
+        self._last_counters = EngineCounters(
+            counters.prompt_tokens_computed,
+            counters.kv_transfer_bytes,
+            counters.kv_transfer_failures,
+            held_kv=counters.held_kv,
+        )
+        return counters
+
     def close(self) -> None:
         self._engine.close()
 
@@ -273,6 +333,10 @@ class LLMEngineDriver:
                     self._read_logprobs(delta.tokens, handle)
             if finish is not None:
                 delta.finish = finish
+                if finish is Finish.KV_TRANSFER_FAILED:
+                    delta.detail = reason.partition(":")[2] or None
+                elif self._pop_handoff is not None:
+                    delta.kv_transfer_params = self._pop_handoff(request_id)
                 del self._live[request_id]
                 self._prompt_logprobs_sent.discard(request_id)
         if self._started:

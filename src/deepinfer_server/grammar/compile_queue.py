@@ -11,7 +11,8 @@ capacity for now, which is not the grammar's fault. Waiting holds no thread: a c
 one of `slots` threads, only once a worker is ready for it (`ready()`), so compiles queued
 behind a worker that is being replaced wait here, in turn, rather than on a thread.
 
-The keys are opaque scopes (a keyed hash of the API key, never the key). One event loop.
+The keys are opaque names of the API keys' tenants (`api.auth.tenant_of`), never the keys.
+One event loop.
 """
 
 from __future__ import annotations

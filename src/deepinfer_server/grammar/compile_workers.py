@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import Literal
+from typing import Any, Literal
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +81,13 @@ def _remove_shared_file() -> None:
 Outcome = Literal["ok", "invalid", "memory", "timeout", "died", "busy"]
 
 
+#: Why a grammar that allows no text at all is invalid.
+NO_TEXT = (
+    "it matches no text: no token can start it (a rule that only refers to itself, "
+    'as {"$ref": "#"} is)'
+)
+
+
 @dataclass(frozen=True)
 class CompileOutcome:
     """What compiling one grammar gave: `ok` with the compiled grammar's size (and its
@@ -109,6 +116,17 @@ def _status_kib(field: str) -> int:
             if line.startswith(field + ":"):
                 return int(line.split()[1])
     return 0
+
+
+def _admits_text(xgr: Any, compiled: Any) -> bool:
+    """Whether the grammar allows a first token (the stop token, for an empty text). One that
+    allows none, as `{"$ref": "#"}` (`root ::= root`), matches no text: an engine's sampler
+    would then draw from a mask of nothing, and DeepInfer ends the request when its matcher
+    rejects that token (or, in thinking mode, once the reasoning ends)."""
+    matcher = xgr.GrammarMatcher(compiled)
+    bitmask = xgr.allocate_token_bitmask(1, compiled.tokenizer_info.vocab_size)
+    matcher.fill_next_token_bitmask(bitmask)
+    return bool(bitmask.any())
 
 
 def _worker_main(
@@ -140,8 +158,11 @@ def _worker_main(
                 compiled = compiler.compile_regex(schema)
             else:
                 compiled = compiler.compile_grammar(schema)
-            text = compiled.serialize_json() if serialize else None
-            outcome = CompileOutcome("ok", "", int(compiled.memory_size_bytes), text)
+            if not _admits_text(xgr, compiled):
+                outcome = CompileOutcome("invalid", NO_TEXT)
+            else:
+                text = compiled.serialize_json() if serialize else None
+                outcome = CompileOutcome("ok", "", int(compiled.memory_size_bytes), text)
             del compiled
         except MemoryError:
             outcome = CompileOutcome("memory")

@@ -13,8 +13,9 @@ no completion fits in the budget (then it ends with finish_reason "length", like
 searched with at most `PLAN_TRIALS` trial advances over at most `PLAN_CHARS` characters, and
 never with xgrammar's jump-forward string (`a{100000000}` makes that 100 MB); once a search
 finds no completion within those bounds the matcher stops planning and emits valid tokens
-until max_tokens. A grammar that allows no token at all (`{"$ref": "#"}` is `root ::= root`)
-or that xgrammar fails on raises MatcherFailure: the engine ends that one request.
+until max_tokens. A grammar that allows no token at all (`{"$ref": "#"}` is `root ::= root`;
+the API's compile refuses those first) or that xgrammar fails on raises MatcherFailure: the
+engine ends that one request.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from typing import TypeVar
 import msgspec
 
 from deepinfer_server.errors import ErrorKind
+from deepinfer_server.ipc.kv_transfer import KVTransferParams
 
 
 class Finish(enum.IntEnum):
@@ -25,6 +26,8 @@ class Finish(enum.IntEnum):
     OUT_OF_RESOURCES = 5
     GRAMMAR_FAILED = 6
     ENGINE_ERROR = 7
+    #: A decode engine could not get the prompt's KV from the prefill server.
+    KV_TRANSFER_FAILED = 8
 
     @property
     def is_normal(self) -> bool:
@@ -120,6 +123,12 @@ class AddRequest(_Message):
     images: Images | None = None
     #: The API server process that sent it (`--api-server-count`): its outputs go back there.
     client: int = 0
+    #: Its prefix-cache partition (a digest of the API key's scope and the request's
+    #: `cache_salt`): requests with different ones never share cached prefixes; None shares
+    #: with every other request without one.
+    cache_salt: bytes | None = None
+    #: A decode server's request: where its prompt's KV is pulled from.
+    kv_transfer_params: KVTransferParams | None = None
 
 
 class AbortRequests(_Message):
@@ -228,6 +237,10 @@ class RequestDelta(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
     tokens: GeneratedTokens
     finish: Finish | None = None
     cached_tokens: int | None = None
+    #: A prefill engine's handoff of the request's KV, on its finishing delta.
+    kv_transfer_params: KVTransferParams | None = None
+    #: The engine's reason for an error finish (a failed KV transfer's), when it gives one.
+    detail: str | None = None
 
 
 class PrefixCacheStats(msgspec.Struct, array_like=True, gc=False):
@@ -237,6 +250,22 @@ class PrefixCacheStats(msgspec.Struct, array_like=True, gc=False):
     queries: int
     hits: int
     sequences: int
+
+
+class EngineCounters(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """A rank's disaggregation counters: totals since the rank started, and the samples of
+    its histograms since its last report."""
+
+    #: Prompt tokens the engine's prompt steps computed (prefix-cache and pulled ones excluded).
+    prompt_tokens_computed: int = 0
+    #: KV bytes a decode engine pulled, and its failed transfers by reason.
+    kv_transfer_bytes: int = 0
+    kv_transfer_failures: dict[str, int] = msgspec.field(default_factory=dict)
+    #: Seconds of each pull, and of each request's wait from arrival to its KV in place.
+    kv_transfer_seconds: list[float] = msgspec.field(default_factory=list)
+    kv_transfer_wait_seconds: list[float] = msgspec.field(default_factory=list)
+    #: Prompts a prefill engine holds for decode servers now.
+    held_kv: int = 0
 
 
 class StepOutputs(_Message):
@@ -249,6 +278,8 @@ class StepOutputs(_Message):
     kv_cache_usage: float | None = None
     #: The rank's prefix-cache counters after the iteration; None without a prefix cache.
     prefix_cache: PrefixCacheStats | None = None
+    #: The rank's disaggregation counters, when they changed since its last report.
+    counters: EngineCounters | None = None
 
 
 class RequestRejected(_Message):

@@ -29,6 +29,15 @@ SEEN_BY_EVERY_PROCESS = frozenset(
         "prefix_cache_hits",
         "prefix_cache_sequences",
         "healthy",
+        # Read from admission's counts, which every process shares.
+        "tenant_requests_running",
+        "tenant_requests_queued",
+        "prompt_tokens_computed",
+        "kv_transfer_bytes",
+        "kv_transfer_failures",
+        "kv_transfer_held_requests",
+        "kv_transfer_seconds",
+        "kv_transfer_wait_seconds",
     )
 )
 

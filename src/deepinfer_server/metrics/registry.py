@@ -12,11 +12,11 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple, Protocol
 
 import prometheus_client
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from deepinfer_server.ipc.messages import AbortReason, PrefixCacheStats
+from deepinfer_server.ipc.messages import AbortReason, EngineCounters, PrefixCacheStats
 from deepinfer_server.metrics.histogram import FastHistogram
 from deepinfer_server.metrics.records import RequestRecord
 
@@ -255,6 +255,83 @@ class _CompileQueueGauges(Collector):
         yield refused
 
 
+class _TenantGauges(Collector):
+    """Each API key's running and queued requests, read from admission at scrape time."""
+
+    def __init__(
+        self, model_name: str, tenant_counts: Callable[[], Iterable[tuple[str, int, int]]]
+    ) -> None:
+        self._model_name = model_name
+        self._tenant_counts = tenant_counts
+
+    def collect(self) -> Iterator[Metric]:
+        running = GaugeMetricFamily(
+            PREFIX + "tenant_requests_running",
+            "Requests of each API key (by its name) sent to the engine and not yet ended.",
+            labels=["model_name", "tenant"],
+        )
+        queued = GaugeMetricFamily(
+            PREFIX + "tenant_requests_queued",
+            "Requests of each API key (by its name) waiting in the server's queue for a slot.",
+            labels=["model_name", "tenant"],
+        )
+        for tenant, in_engine, waiting in self._tenant_counts():
+            running.add_metric([self._model_name, tenant], in_engine)
+            queued.add_metric([self._model_name, tenant], waiting)
+        yield running
+        yield queued
+
+
+class _EngineTotals(Collector):
+    """The ranks' own totals (prompt tokens computed, KV transfer bytes and failures), summed
+    over the ranks, each rank's as of its last report."""
+
+    def __init__(self, model_name: str, ranks: list[EngineCounters | None]) -> None:
+        self._model_name = model_name
+        self._ranks = ranks
+
+    def collect(self) -> Iterator[Metric]:
+        labels = [self._model_name]
+        computed = CounterMetricFamily(
+            PREFIX + "prompt_tokens_computed",
+            "Prompt tokens the engine actually prefilled (prefix-cache hits and KV pulled "
+            "from a prefill server excluded), over every DP rank.",
+            labels=["model_name"],
+        )
+        moved = CounterMetricFamily(
+            PREFIX + "kv_transfer_bytes",
+            "KV bytes a decode server pulled from prefill servers, over every DP rank.",
+            labels=["model_name"],
+        )
+        failures = CounterMetricFamily(
+            PREFIX + "kv_transfer_failures",
+            "KV transfers that failed on a decode server, by reason (timeout, no_kv_room, "
+            "transfer_error, kv_mismatch).",
+            labels=["model_name", "reason"],
+        )
+        held = GaugeMetricFamily(
+            PREFIX + "kv_transfer_held_requests",
+            "Prefilled prompts a prefill server holds for decode servers now.",
+            labels=["model_name"],
+        )
+        ranks = [counters for counters in self._ranks if counters is not None]
+        computed.add_metric(labels, sum(c.prompt_tokens_computed for c in ranks))
+        moved.add_metric(labels, sum(c.kv_transfer_bytes for c in ranks))
+        by_reason: dict[str, int] = dict.fromkeys(
+            ("timeout", "no_kv_room", "transfer_error", "kv_mismatch"), 0
+        )
+        for counters in ranks:
+            for reason, count in counters.kv_transfer_failures.items():
+                by_reason[reason] = by_reason.get(reason, 0) + count
+        for reason, count in by_reason.items():
+            failures.add_metric([*labels, reason], count)
+        held.add_metric(labels, sum(c.held_kv for c in ranks))
+        yield computed
+        yield moved
+        yield failures
+        yield held
+
+
 class ServerMetrics:
     """All metrics of one server in a registry of its own."""
 
@@ -320,6 +397,27 @@ class ServerMetrics:
         )
         for result in ("stored", "failed"):
             self.store_writes.labels(model_name, result)
+        self.admissions = counter(
+            "tenant_admissions",
+            "Requests each API key (by its name) sent, by admission's result (admitted, refused).",
+            ["tenant", "result"],
+        )
+        self.kv_transfer_seconds = histogram(
+            "kv_transfer_seconds",
+            "Duration of one KV pull from a prefill server (decode servers).",
+            _LATENCY_BUCKETS,
+        )
+        self.kv_transfer_wait_seconds = histogram(
+            "kv_transfer_wait_seconds",
+            "Arrival of a decode request to its KV in place: the wait for KV room and the pull.",
+            _LATENCY_BUCKETS,
+        )
+        # Exported from the start on every server, so dashboards and alerts find the series.
+        self.kv_transfer_seconds.labels(model_name)
+        self.kv_transfer_wait_seconds.labels(model_name)
+        #: Each rank's last reported totals (None before its first report).
+        self._engine_totals: list[EngineCounters | None] = []
+        self.registry.register(_EngineTotals(model_name, self._engine_totals))
 
     def watch_ranks(
         self, rank_loads: Callable[[], Iterable[RankLoad]], healthy: Callable[[], bool]
@@ -330,6 +428,32 @@ class ServerMetrics:
     def watch_compile_queue(self, counts: Callable[[], CompileQueueCounts | None]) -> None:
         """Expose the grammar compile queue's gauges and refusals from this callable."""
         self.registry.register(_CompileQueueGauges(self.model_name, counts))
+
+    def watch_receive_buffer(self, used: Callable[[], float]) -> None:
+        """Expose the bytes held by requests still being received, read from `used`."""
+        gauge = Gauge(
+            PREFIX + "receive_buffer_bytes",
+            "Bytes held by requests still being received (heads and bodies).",
+            ["model_name"],
+            registry=self.registry,
+        )
+        gauge.labels(self.model_name).set_function(used)
+
+    def watch_tenants(self, tenant_counts: Callable[[], Iterable[tuple[str, int, int]]]) -> None:
+        """Expose each tenant's running and queued requests from `tenant_counts`."""
+        self.registry.register(_TenantGauges(self.model_name, tenant_counts))
+
+    def observe_admission(self, tenant: str, admitted: bool) -> None:
+        result = "admitted" if admitted else "refused"
+        self.admissions.labels(self.model_name, tenant, result).inc()
+    def observe_counters(self, rank: int, counters: EngineCounters) -> None:
+        """A rank's disaggregation report: its totals, and its new transfer samples."""
+        totals = self._engine_totals
+        totals.extend([None] * (rank + 1 - len(totals)))
+        totals[rank] = counters
+        name = self.model_name
+        self.kv_transfer_seconds.labels(name).observe_many(counters.kv_transfer_seconds)
+        self.kv_transfer_wait_seconds.labels(name).observe_many(counters.kv_transfer_wait_seconds)
 
     def observe_step(self, rank: int, seconds: float) -> None:
         self.step_seconds.labels(self.model_name, str(rank)).observe(seconds)

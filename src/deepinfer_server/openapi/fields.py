@@ -16,6 +16,7 @@ from deepinfer_server.openapi.schema import (
     string,
 )
 from deepinfer_server.protocol.completions.request import MAX_STOP_SEQUENCES
+from deepinfer_server.protocol.core.validation import PRIORITY_MAX, PRIORITY_MIN
 
 #: deepseek-recipe's own bound on max_tokens (its 400: "the valid range of max_tokens is [1, N]").
 RECIPE_MAX_TOKENS = 393216
@@ -31,10 +32,35 @@ TEMPERATURE = number(0, 2)
 #: deepseek-recipe's range is (0, 1] in 32-bit floats (a 64-bit denormal rounds to 0).
 TOP_P = number(1e-9, 1)
 TOP_K = integer(-1, TOP_K_MAX, "-1 or 0 disable it (vLLM's extension)")
+PRIORITY = integer(
+    PRIORITY_MIN,
+    PRIORITY_MAX,
+    "vLLM's extension: lower starts first among the queued requests of the same API key",
+)
 #: deepseek-recipe's range (the server's own check allows up to 2^64 - 1).
 SEED = integer(0, 2**63 - 1)
 STREAM = boolean()
+#: vLLM's `cache_salt` (an extension field in the Messages API).
+CACHE_SALT = string(
+    "Requests with different salts never share cached prompt prefixes (vLLM's field); with "
+    "--prefix-cache-scope key, requests of different API keys never do either",
+    minLength=1,
+)
 ANY_OBJECT: Schema = {"type": "object"}
+#: Prefill/decode disaggregation's handoff (vLLM's field): its fields are
+#: `ipc.kv_transfer.KVTransferParams`, checked by a decode server.
+KV_TRANSFER_PARAMS: Schema = {
+    "anyOf": [
+        {
+            "type": "object",
+            "description": "Prefill/decode disaggregation: on a decode server, the "
+            "kv_transfer_params object of a prefill server's answer (required there); on a "
+            'prefill server, optionally {"do_remote_decode": true}; refused by a server '
+            "without a role",
+        },
+        {"type": "null"},
+    ]
+}
 JSON_SCHEMA: Schema = {
     "anyOf": [{"type": "object"}, {"type": "boolean"}, {"type": "string"}],
     "description": "A JSON Schema (an object, a boolean, or its JSON text)",

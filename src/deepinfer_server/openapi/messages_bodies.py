@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from deepinfer_server.openapi.fields import (
     ANY_OBJECT,
+    CACHE_SALT,
     JSON_SCHEMA,
+    KV_TRANSFER_PARAMS,
     MODEL,
+    PRIORITY,
     RECIPE_MAX_TOKENS,
     STREAM,
     TEMPERATURE,
@@ -99,6 +102,7 @@ _MESSAGES_INPUT: dict[str, Schema] = {
     "output_format": _ANTHROPIC_FORMAT,
     "top_k": TOP_K,
     "n": integer(1, 1, "The Messages API has no n"),
+    "cache_salt": nullable(CACHE_SALT),
     "thread": {
         "type": "null",
         "description": "Anthropic's message threads are not kept: any other value is a 400 "
@@ -115,9 +119,11 @@ MESSAGES: Schema = obj(
         ),
         "temperature": TEMPERATURE,
         "top_p": TOP_P,
+        "priority": nullable(PRIORITY),
         "stop_sequences": array(string(), 0, MAX_STOP_SEQUENCES),
         "stream": STREAM,
         "metadata": obj({"user_id": nullable(string())}),
+        "kv_transfer_params": KV_TRANSFER_PARAMS,
     },
     ("model", "max_tokens", "messages"),
 )

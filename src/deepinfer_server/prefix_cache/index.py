@@ -15,10 +15,16 @@ collision costs a compare, never a wrong fork. The hash of a prefix is the sum o
 `token[p] * weight[p]` modulo 2**64 with random odd weights drawn once per index: one vectorised
 pass gives every depth's hash (tens of microseconds for 14k tokens, where chaining blake2b over
 the blocks took over half a millisecond).
+
+A cache salt partitions the index (vLLM's `cache_salt`: requests with different salts never
+share blocks). As vLLM mixes it into the hash of the first block, a salt's keyed 64-bit digest
+is added to the first block's sum, so every depth's hash depends on it; an entry keeps its salt
+and only a prompt with the same salt (or, both, none) is compared with it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import secrets
 from collections import OrderedDict
@@ -42,9 +48,21 @@ class PrefixHasher:
         self.block_size = block_size
         self._generator = np.random.default_rng(secrets.randbits(128))
         self._weights = np.empty(0, dtype=np.uint64)
+        self._salt_key = secrets.token_bytes(32)
 
-    def __call__(self, tokens: npt.NDArray[np.int32], num_blocks: int) -> list[int]:
-        """The hashes of the first 1, 2, ... `num_blocks` full blocks of `tokens`."""
+    def salt_term(self, salt: bytes | None) -> int:
+        """What a salt adds to the first block's sum (and so to every prefix's hash): 0 for
+        none, else a 64-bit digest keyed by this hasher's secret."""
+        if salt is None:
+            return 0
+        digest = hashlib.blake2b(salt, digest_size=8, key=self._salt_key).digest()
+        return int.from_bytes(digest, "little")
+
+    def __call__(
+        self, tokens: npt.NDArray[np.int32], num_blocks: int, salt: bytes | None = None
+    ) -> list[int]:
+        """The hashes of the first 1, 2, ... `num_blocks` full blocks of `tokens`, under
+        `salt`."""
         count = min(num_blocks, len(tokens) // self.block_size)
         if count <= 0:
             return []
@@ -57,6 +75,7 @@ class PrefixHasher:
         # Unsigned products and sums wrap modulo 2**64.
         products = tokens[:length].astype(np.uint64) * self._weights[:length]
         blocks = products.reshape(count, self.block_size).sum(axis=1, dtype=np.uint64)
+        blocks[:1] += np.uint64(self.salt_term(salt))  # an array add wraps silently
         return [int(value) for value in np.cumsum(blocks, dtype=np.uint64)]
 
 
@@ -65,11 +84,14 @@ _stamps = itertools.count(1)
 
 @dataclass(eq=False)
 class CacheEntry(Generic[T]):
-    """One cached sequence: the engine's handle, its first P tokens and its index key."""
+    """One cached sequence: the engine's handle, its first P tokens, its cache salt and its
+    index key."""
 
     value: T
     tokens: npt.NDArray[np.int32]
     key: tuple[int, int]
+    #: Only prompts with this salt may fork from it (None: prompts without one).
+    salt: bytes | None = None
     #: Forks made from this entry that have not ended; eviction prefers entries without any.
     live_forks: int = 0
     #: When it was last added or forked from (larger is more recent).
@@ -116,12 +138,15 @@ class PrefixIndex(Generic[T]):
         """The full blocks every acceptable fork point of a length-`length` entry covers."""
         return max(0, length - self.max_rollback) // self.block_size
 
-    def add(self, value: T, tokens: npt.NDArray[np.int32]) -> CacheEntry[T]:
-        """File a cached sequence whose state was snapshotted after `tokens`."""
+    def add(
+        self, value: T, tokens: npt.NDArray[np.int32], salt: bytes | None = None
+    ) -> CacheEntry[T]:
+        """File a cached sequence whose state was snapshotted after `tokens`, for prompts
+        with the cache salt `salt`."""
         depth = self.key_depth(len(tokens))
-        hashes = self.hashes(tokens, depth)
-        key = (depth, hashes[-1] if hashes else 0)
-        entry = CacheEntry(value, np.array(tokens, dtype=np.int32), key)
+        hashes = self.hashes(tokens, depth, salt)
+        key = (depth, hashes[-1] if hashes else self.hashes.salt_term(salt))
+        entry = CacheEntry(value, np.array(tokens, dtype=np.int32), key, salt)
         self._by_key.setdefault(key, []).append(entry)
         self._depths[depth] = self._depths.get(depth, 0) + 1
         self._lru[entry] = None
@@ -163,8 +188,11 @@ class PrefixIndex(Generic[T]):
             if satisfied():
                 return
 
-    def match(self, prompt: npt.NDArray[np.int32], limit: int) -> Match[T] | None:
-        """The entry that lets `prompt` reuse the most tokens, with a fork point <= `limit`.
+    def match(
+        self, prompt: npt.NDArray[np.int32], limit: int, salt: bytes | None = None
+    ) -> Match[T] | None:
+        """The entry with the cache salt `salt` that lets `prompt` reuse the most tokens, with
+        a fork point <= `limit`.
 
         The fork point F is the longest common prefix of the prompt and the entry's P tokens,
         capped at `limit` (an engine may need to compute the prompt's last tokens itself); it
@@ -174,15 +202,19 @@ class PrefixIndex(Generic[T]):
             return None
         limit = min(limit, len(prompt))
         max_depth = limit // self.block_size
-        hashes = self.hashes(prompt, max_depth)
+        hashes = self.hashes(prompt, max_depth, salt)
+        unhashed = self.hashes.salt_term(salt)
         for depth in sorted(self._depths, reverse=True):
             if depth > len(hashes):
                 continue
-            bucket = self._by_key.get((depth, hashes[depth - 1] if depth else 0))
+            bucket = self._by_key.get((depth, hashes[depth - 1] if depth else unhashed))
             if not bucket:
                 continue
             best: Match[T] | None = None
             for entry in bucket:
+                # Equal keys under different salts are a hash collision: never a fork.
+                if entry.salt != salt:
+                    continue
                 fork_point = self._fork_point(prompt, entry, depth, limit)
                 if fork_point is None:
                     continue

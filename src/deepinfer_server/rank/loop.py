@@ -26,6 +26,7 @@ from deepinfer_server.engines.backend import EngineCore
 from deepinfer_server.ipc.messages import (
     AbortRequests,
     AddRequest,
+    EngineCounters,
     PrefixCacheStats,
     RankAlive,
     RequestDelta,
@@ -79,10 +80,12 @@ class RankLoop:
                 summary.add(elapsed, started)
             usage = self._core.kv_cache_usage()
             cache = self._core.prefix_cache_stats()
+            counters = self._core.counters()
             # An abort while idle frees KV blocks without a step: report that too (and a
-            # cache that changed in a flush).
-            if deltas or unfinished or usage != reported_usage or cache != reported_cache:
-                self._publish(deltas, elapsed, usage, cache)
+            # cache that changed in a flush, or a held prompt's KV freed).
+            changed = usage != reported_usage or cache != reported_cache or counters is not None
+            if deltas or unfinished or changed:
+                self._publish(deltas, elapsed, usage, cache, counters)
                 reported_usage = usage
                 reported_cache = cache
                 last_sent = started + elapsed
@@ -98,10 +101,11 @@ class RankLoop:
         elapsed: float,
         usage: float | None,
         cache: PrefixCacheStats | None,
+        counters: EngineCounters | None,
     ) -> None:
         clients = self._clients
         if clients is None:
-            self._links.send(0, StepOutputs(self._rank, deltas, elapsed, usage, cache))
+            self._links.send(0, StepOutputs(self._rank, deltas, elapsed, usage, cache, counters))
             return
         routed: list[list[RequestDelta]] = [[] for _ in range(self._links.count)]
         for delta in deltas:
@@ -112,7 +116,9 @@ class RankLoop:
                 del clients[delta.request_id]
             routed[client].append(delta)
         for client, client_deltas in enumerate(routed):
-            self._links.send(client, StepOutputs(self._rank, client_deltas, elapsed, usage, cache))
+            self._links.send(
+                client, StepOutputs(self._rank, client_deltas, elapsed, usage, cache, counters)
+            )
 
     def _take_messages(self, wait: bool) -> None:
         if wait and not self._links.wait(self._idle_wait_ms):

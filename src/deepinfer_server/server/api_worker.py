@@ -18,11 +18,10 @@ import signal
 import socket
 import sys
 from dataclasses import dataclass, field
-from typing import Any
 
 from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.config.logs import configure_logging
-from deepinfer_server.coordinator.admission import SharedAdmission
+from deepinfer_server.coordinator.admission import SharedAdmission, SharedState
 from deepinfer_server.coordinator.channels import RankChannels
 from deepinfer_server.coordinator.coordinator import Coordinator
 from deepinfer_server.ipc.control import (
@@ -73,8 +72,8 @@ class WorkerSpec:
     rank_listener: socket.socket
     listener: socket.socket
     control: socket.socket
-    #: The shared per-rank admission counts (`admission.shared_slots`).
-    slots: Any
+    #: The shared admission counts and wake sockets (`admission.shared_state`).
+    slots: SharedState
     #: The reasoning seal's key (`reasoning_seal.seal_key`), made once by the supervisor: a
     #: blob sealed by one process must open in every other. Spawn arguments, never the
     #: environment, so the rank processes never hold it.
@@ -164,7 +163,15 @@ async def _serve(spec: WorkerSpec) -> int:
         config,
         channels,
         metrics,
-        admission=SharedAdmission(config.admission_capacity, spec.slots),
+        admission=SharedAdmission(
+            config.data_parallel_size,
+            config.admission_capacity,
+            spec.slots,
+            spec.index,
+            max_num_seqs=config.admission_running_limit,
+            tenants=config.tenants,
+            running_share=config.admission_running_share,
+        ),
         on_failure=lambda reason: control.send(Failed(reason)),
         on_rank_report=lambda rank, reason: control.send(RankReport(rank, reason)),
     )

@@ -19,6 +19,7 @@ from types import FrameType
 from typing import Any
 
 import uvicorn
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from deepinfer_server.api.app import build_app
 from deepinfer_server.api.connection import (
@@ -26,6 +27,8 @@ from deepinfer_server.api.connection import (
     fit_to_file_limit,
     guarded_protocol,
 )
+from deepinfer_server.api.disaggregation import PrefillPeers
+from deepinfer_server.api.request_head import HeadLimits
 from deepinfer_server.api.state import AppState, Peers
 from deepinfer_server.concurrency import first_of
 from deepinfer_server.config import ResolvedConfig
@@ -127,6 +130,8 @@ async def response_store(
         config.response_store,
         ttl=config.response_store_ttl,
         max_bytes=config.response_store_max_bytes,
+        scope_max_bytes=config.response_store_scope_max_bytes,
+        response_max_bytes=config.response_store_max_response_bytes,
     )
     with contextlib.suppress(StoreUnavailableError):  # logged; the requests that need it: 503
         await store.open()
@@ -188,6 +193,38 @@ async def await_structured_outputs(structured: StructuredOutputs) -> None:
         )
 
 
+def http_config(
+    app: Any, state: AppState, protocol: type[asyncio.Protocol] = AutoHTTPProtocol
+) -> uvicorn.Config:
+    """uvicorn's configuration for `app`: the server's options, on uvicorn's HTTP `protocol`
+    (httptools' when installed, else h11's) with the connection guards."""
+    config = state.config
+    heads = HeadLimits(config.max_header_bytes, config.max_header_line_bytes)
+    return uvicorn.Config(
+        app,
+        host=config.host,
+        port=config.port,
+        log_level=config.log_level,
+        lifespan="off",
+        timeout_graceful_shutdown=5,
+        access_log=False,
+        # h11 has a head bound of its own, 16 KiB by default and answered with a plain 400:
+        # kept above ours, which answers first.
+        h11_max_incomplete_event_size=2 * heads.max_bytes,
+        http=guarded_protocol(
+            ConnectionLimits(
+                header_timeout=config.header_timeout,
+                write_timeout=config.write_timeout,
+                max_connections=fit_to_file_limit(config.max_connections),
+                heads=heads,
+                receiving=state.receiving,
+                on_refused=state.metrics.observe_failure,
+            ),
+            protocol,
+        ),
+    )
+
+
 def build_server(
     config: ResolvedConfig,
     recipe: RecipeContext,
@@ -209,25 +246,12 @@ def build_server(
         structured=structured,
         peers=peers,
         store=store,
+        prefill_peers=PrefillPeers() if config.disaggregation_mode == "decode" else None,
     )
     metrics.watch_compile_queue(structured.queue_stats)
+    metrics.watch_receive_buffer(lambda: state.receiving.used)
     return HttpServer(
-        uvicorn.Config(
-            build_app(state),
-            host=config.host,
-            port=config.port,
-            log_level=config.log_level,
-            lifespan="off",
-            timeout_graceful_shutdown=5,
-            access_log=False,
-            http=guarded_protocol(
-                ConnectionLimits(
-                    header_timeout=config.header_timeout,
-                    write_timeout=config.write_timeout,
-                    max_connections=fit_to_file_limit(config.max_connections),
-                )
-            ),
-        ),
+        http_config(build_app(state), state),
         state,
         signals=signals,
         on_started=on_started,

@@ -24,7 +24,7 @@ from multiprocessing.process import BaseProcess
 
 from deepinfer_server.concurrency import first_of
 from deepinfer_server.config import ResolvedConfig
-from deepinfer_server.coordinator.admission import shared_slots
+from deepinfer_server.coordinator.admission import shared_state
 from deepinfer_server.coordinator.channels import bind_rank_listener
 from deepinfer_server.coordinator.failure_cause import FailureCause
 from deepinfer_server.ipc.control import (
@@ -328,7 +328,9 @@ async def supervise(config: ResolvedConfig, prepared: Prepared) -> int:
             rank_specs(config, prepared, workdir), prepared.backend.shared_state(config)
         )
         supervisor = Supervisor(config, prepared.master_port, ranks)
-        slots = shared_slots(config.data_parallel_size)
+        slots = shared_state(
+            config.data_parallel_size, len(config.tenants), config.api_server_count
+        )
         # Bound before any rank starts: a rank connects to every API process as soon as its
         # engine is built.
         rank_listeners = [

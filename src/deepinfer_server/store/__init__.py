@@ -6,6 +6,6 @@ blocks the event loop (aiosqlite runs SQLite on a thread of its own; psycopg is 
 """
 
 from deepinfer_server.store.records import ItemPage, StoredResponse
-from deepinfer_server.store.sql import BrokenHistory, ResponseStore
+from deepinfer_server.store.sql import BrokenHistory, ResponseStore, ResponseTooLarge
 
-__all__ = ["BrokenHistory", "ItemPage", "ResponseStore", "StoredResponse"]
+__all__ = ["BrokenHistory", "ItemPage", "ResponseStore", "ResponseTooLarge", "StoredResponse"]

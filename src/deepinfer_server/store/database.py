@@ -30,8 +30,9 @@ class Database(Protocol):
 
     async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
 
-    async def write(self, steps: Sequence[Step]) -> list[int]:
-        """Run the steps in one transaction; the rows each changed."""
+    async def write(self, steps: Sequence[Step], *, frees: bool = False) -> list[int]:
+        """Run the steps in one transaction; the rows each changed. `frees`: the steps only
+        delete, and must succeed on a full disk if the database can make that possible."""
         ...
 
     async def create_schema(self, statements: Sequence[str]) -> None:

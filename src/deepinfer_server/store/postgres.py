@@ -73,7 +73,7 @@ class PostgresDatabase:
             cursor = await connection.execute(_placeholders(sql), tuple(params))
             return [tuple(row) for row in await cursor.fetchall()]
 
-    async def write(self, steps: Sequence[Step]) -> list[int]:
+    async def write(self, steps: Sequence[Step], *, frees: bool = False) -> list[int]:
         changed = []
         async with self._pool.connection() as connection, connection.transaction():
             for step in steps:

@@ -5,8 +5,13 @@ object, the response it continues) and `items` (every input and output item of a
 position: inputs first, then outputs), plus `store_meta` (the schema version and the salt of the
 scope hashes). A conversation continued with `previous_response_id` is a chain of responses;
 its items are read back by walking the chain (a recursive query), so no response repeats its
-ancestors' items. Rows older than the time to live are never read and are deleted by `evict()`,
-which also deletes the oldest responses while the stored bytes exceed the size cap.
+ancestors' items. Rows older than the time to live are never read and are deleted by `evict()`.
+
+Sizes are kept per scope (one API key's responses): `evict()` deletes a scope's oldest responses
+while that scope holds more than its cap, so one key's traffic never evicts another's; the whole
+store's cap is a backstop that evicts fairly, from the scopes holding the most (each is cut down
+to one common level, the largest at which the store fits). `save()` refuses a response larger
+than the cap of one response (`ResponseTooLarge`) before it writes anything.
 
 Every write is one short transaction. Database failures surface as `StoreUnavailableError`
 (503) for the request that needed the store, and nothing else.
@@ -19,18 +24,22 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from typing import Any, Literal
 
 import orjson
 
 from deepinfer_server.errors import StoreUnavailableError
+from deepinfer_server.store import blobs
 from deepinfer_server.store.database import Database, Step
 from deepinfer_server.store.records import Item, ItemPage, NewResponse, StoredResponse
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
+#: Versions this server opens and brings to SCHEMA_VERSION (2 added the image blobs: a version 1
+#: store has none, and its tables are unchanged).
+_UPGRADES = frozenset({"1"})
 #: The deepest `previous_response_id` chain read back (a guard; chains are acyclic).
 MAX_CHAIN = 100_000
 
@@ -55,6 +64,24 @@ SCHEMA = (
         PRIMARY KEY (response_id, position)
     )""",
     "CREATE INDEX IF NOT EXISTS items_by_id ON items (scope, item_id)",
+    """CREATE TABLE IF NOT EXISTS blobs (
+        scope TEXT NOT NULL,
+        hash TEXT NOT NULL,
+        data TEXT NOT NULL,
+        PRIMARY KEY (scope, hash)
+    )""",
+    """CREATE TABLE IF NOT EXISTS response_blobs (
+        response_id TEXT NOT NULL,
+        scope TEXT NOT NULL,
+        hash TEXT NOT NULL,
+        PRIMARY KEY (response_id, hash)
+    )""",
+    "CREATE INDEX IF NOT EXISTS response_blobs_by_hash ON response_blobs (scope, hash)",
+)
+#: Blobs no stored response refers to any more.
+_ORPHAN_BLOBS = (
+    "DELETE FROM blobs WHERE NOT EXISTS (SELECT 1 FROM response_blobs r "
+    "WHERE r.scope = blobs.scope AND r.hash = blobs.hash)"
 )
 
 _CHAIN = """
@@ -69,11 +96,12 @@ WITH RECURSIVE chain(id, previous_response_id, depth) AS (
 SELECT id, previous_response_id, depth FROM chain ORDER BY depth DESC
 """
 
-#: The newest response past which the stored bytes exceed the cap (it and older ones go).
+#: The newest response of a scope past which its stored bytes exceed a cap (it and older
+#: ones go).
 _SIZE_CUTOFF = """
 SELECT created_at, id FROM (
     SELECT created_at, id, SUM(bytes) OVER (ORDER BY created_at DESC, id DESC) AS newer
-    FROM responses
+    FROM responses WHERE scope = ?
 ) AS ranked WHERE newer > ? ORDER BY created_at DESC, id DESC LIMIT 1
 """
 
@@ -86,27 +114,59 @@ class BrokenHistory(Exception):
         self.missing = missing
 
 
+class ResponseTooLarge(Exception):
+    """A response (its object and items as JSON) larger than the store keeps for one."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"{size} bytes, over the limit of {limit}")
+        self.size = size
+        self.limit = limit
+
+
 class ResponseStore:
     """The stored responses of every API server process (and replica) that shares `database`.
 
-    `ttl` (seconds): responses older than this are neither read nor kept; `max_bytes`: past
-    this many stored bytes (response objects and items as JSON), `evict()` deletes the oldest.
+    Sizes count response objects and items as JSON. `ttl` (seconds): responses older than this
+    are neither read nor kept; `max_bytes`: the whole store's cap; `scope_max_bytes`: one
+    scope's cap (default: the whole store's); `response_max_bytes`: the largest response
+    stored (default: a scope's cap). Past a cap, `evict()` deletes the oldest (module
+    docstring).
     """
 
-    def __init__(self, database: Database, *, ttl: float, max_bytes: int) -> None:
+    def __init__(
+        self,
+        database: Database,
+        *,
+        ttl: float,
+        max_bytes: int,
+        scope_max_bytes: int | None = None,
+        response_max_bytes: int | None = None,
+    ) -> None:
         self._db = database
         self.ttl = ttl
         self.max_bytes = max_bytes
+        self.scope_max_bytes = max_bytes if scope_max_bytes is None else scope_max_bytes
+        self.response_max_bytes = (
+            self.scope_max_bytes if response_max_bytes is None else response_max_bytes
+        )
         self._ready = False
         self._salt: bytes | None = None
+        #: The last failure of a read and of a write, until one of the same kind succeeds.
+        self._failing: dict[str, str] = {}
 
     @property
     def description(self) -> str:
         return self._db.description
 
+    @property
+    def failure(self) -> str | None:
+        """Why the store is degraded (its last read or write failed, and none of the same kind
+        has succeeded since), or None."""
+        return "; ".join(self._failing[kind] for kind in sorted(self._failing)) or None
+
     async def open(self) -> None:
         """Connect and create the schema (raises StoreUnavailableError when it cannot)."""
-        async with self._failures("open"):
+        async with self._failures("open", write=True):
             await self._prepare()
 
     async def close(self) -> None:
@@ -121,10 +181,19 @@ class ResponseStore:
                 self._salt = await self._read_salt()
         return self._salt
 
+    def check_size(self, size: int) -> None:
+        """Raise ResponseTooLarge when a response of `size` bytes would not be stored."""
+        if size > self.response_max_bytes:
+            raise ResponseTooLarge(size, self.response_max_bytes)
+
     async def save(self, response: NewResponse) -> None:
-        """Store a finished response and its items (one transaction)."""
+        """Store a finished response and its items (one transaction); ResponseTooLarge, with
+        nothing written, past the cap of one response."""
         body = orjson.dumps(response.body).decode()
-        inputs = [orjson.dumps(item).decode() for item in response.input_items]
+        images: dict[str, str] = {}
+        inputs = [
+            orjson.dumps(blobs.extract(item, images)).decode() for item in response.input_items
+        ]
         outputs = [orjson.dumps(item).decode() for item in _output_items(response.body)]
         rows = [
             (response.id, position, str(item.get("id", "")), response.scope, text)
@@ -137,6 +206,12 @@ class ResponseStore:
             )
         ]
         size = len(body) + sum(len(text) for text in inputs) + sum(len(text) for text in outputs)
+        self.check_size(size + sum(len(data) for data in images.values()))
+        async with self._failures("read stored images"):
+            await self._prepare()
+            stored = await self._stored_blobs(response.scope, images)
+        # A blob counts once in its scope: in the response that stored it first.
+        size += sum(len(data) for digest, data in images.items() if digest not in stored)
         steps = [
             Step(
                 "INSERT INTO responses (id, scope, created_at, previous_response_id, "
@@ -161,9 +236,45 @@ class ResponseStore:
                     many=True,
                 )
             )
-        async with self._failures("store a response"):
-            await self._prepare()
+        if images:
+            steps += [
+                Step(
+                    "INSERT INTO blobs (scope, hash, data) VALUES (?, ?, ?) "
+                    "ON CONFLICT (scope, hash) DO NOTHING",
+                    [(response.scope, digest, data) for digest, data in images.items()],
+                    many=True,
+                ),
+                Step(
+                    "INSERT INTO response_blobs (response_id, scope, hash) VALUES (?, ?, ?)",
+                    [(response.id, response.scope, digest) for digest in images],
+                    many=True,
+                ),
+            ]
+        async with self._failures("store a response", write=True):
             await self._db.write(steps)
+
+    async def _stored_blobs(self, scope: str, wanted: Collection[str]) -> dict[str, str]:
+        """The blobs of this scope with these hashes that are stored (by hash)."""
+        if not wanted:
+            return {}
+        ordered = sorted(wanted)
+        rows = await self._db.fetch(
+            "SELECT hash, data FROM blobs WHERE scope = ? AND hash IN ("
+            + ", ".join("?" * len(ordered))
+            + ")",
+            (scope, *ordered),
+        )
+        return {str(digest): str(data) for digest, data in rows}
+
+    async def _inflated(self, scope: str, items: list[Item]) -> list[Item]:
+        """The items with their images' data URLs back in place of references."""
+        wanted: set[str] = set()
+        for item in items:
+            blobs.references(item, wanted)
+        if not wanted:
+            return items
+        found = await self._stored_blobs(scope, wanted)
+        return [blobs.inflate(item, found) for item in items]
 
     async def response(self, scope: str, response_id: str) -> StoredResponse | None:
         """The response, or None when it is not stored for this scope (or expired)."""
@@ -202,9 +313,9 @@ class ResponseStore:
                 + ") ORDER BY response_id, position",
                 ids,
             )
-        order = {found: index for index, found in enumerate(ids)}
-        rows.sort(key=lambda row: (order[row[0]], row[1]))
-        return [orjson.loads(row[2]) for row in rows]
+            order = {found: index for index, found in enumerate(ids)}
+            rows.sort(key=lambda row: (order[row[0]], row[1]))
+            return await self._inflated(scope, [orjson.loads(row[2]) for row in rows])
 
     async def items(self, scope: str, item_ids: Sequence[str]) -> dict[str, Item]:
         """The stored items with these IDs (inputs or outputs of unexpired responses of this
@@ -221,7 +332,9 @@ class ResponseStore:
                 + ") ORDER BY r.created_at, i.position",
                 (scope, self._oldest(), *wanted),
             )
-        return {item_id: orjson.loads(body) for item_id, body in rows}
+            found = {item_id: orjson.loads(body) for item_id, body in rows}
+            inflated = await self._inflated(scope, list(found.values()))
+        return dict(zip(found, inflated, strict=True))
 
     async def input_items(
         self,
@@ -260,38 +373,52 @@ class ResponseStore:
                 f"ORDER BY position {direction} LIMIT ?",
                 (response_id, low, high, limit + 1),
             )
-        items = [orjson.loads(row[0]) for row in rows[:limit]]
+            items = await self._inflated(scope, [orjson.loads(row[0]) for row in rows[:limit]])
         return ItemPage(items, has_more=len(rows) > limit)
 
     async def delete(self, scope: str, response_id: str) -> bool:
         """Delete the response and its items; False when it is not stored for this scope."""
-        async with self._failures("delete a response"):
+        async with self._failures("delete a response", write=True):
             await self._prepare()
             changed = await self._db.write(
-                [
+                frees=True,
+                steps=[
                     Step(
                         "DELETE FROM items WHERE response_id IN (SELECT id FROM responses "
                         "WHERE id = ? AND scope = ? AND created_at >= ?)",
                         (response_id, scope, self._oldest()),
                     ),
                     Step(
+                        "DELETE FROM response_blobs WHERE response_id IN (SELECT id FROM "
+                        "responses WHERE id = ? AND scope = ? AND created_at >= ?)",
+                        (response_id, scope, self._oldest()),
+                    ),
+                    Step(
                         "DELETE FROM responses WHERE id = ? AND scope = ? AND created_at >= ?",
                         (response_id, scope, self._oldest()),
                     ),
-                ]
+                    Step(_ORPHAN_BLOBS),
+                ],
             )
-        return changed[-1] > 0
+        return changed[-2] > 0
 
     async def evict(self) -> int:
-        """Delete expired responses, then the oldest while the store exceeds its size cap;
-        the number of responses deleted."""
-        async with self._failures("evict old responses"):
+        """Delete expired responses, then each scope's oldest while it exceeds its cap (the
+        scope's own, or the level the whole store's cap sets, `fair_level`); the number of
+        responses deleted."""
+        async with self._failures("evict old responses", write=True):
             await self._prepare()
             deleted = await self._delete_before(self._oldest(), None)
-            cutoff = await self._db.fetch(_SIZE_CUTOFF, (self.max_bytes,))
-            if cutoff:
-                created_at, last = cutoff[0]
-                deleted += await self._delete_before(float(created_at), str(last))
+            rows = await self._db.fetch(
+                "SELECT scope, SUM(bytes) FROM responses GROUP BY scope", ()
+            )
+            usage = {str(scope): int(size) for scope, size in rows}
+            level = min(self.scope_max_bytes, fair_level(usage, self.max_bytes))
+            for scope in sorted(scope for scope, size in usage.items() if size > level):
+                cutoff = await self._db.fetch(_SIZE_CUTOFF, (scope, level))
+                if cutoff:
+                    created_at, last = cutoff[0]
+                    deleted += await self._delete_before(float(created_at), str(last), scope)
         if deleted:
             logger.info("response store: evicted %d response(s)", deleted)
         return deleted
@@ -304,19 +431,30 @@ class ResponseStore:
                 await self.evict()
             await asyncio.sleep(interval)
 
-    async def _delete_before(self, created_at: float, last: str | None) -> int:
+    async def _delete_before(
+        self, created_at: float, last: str | None, scope: str | None = None
+    ) -> int:
         """Delete responses older than `created_at` (and, with `last`, those created at that
-        time whose ID sorts up to `last`)."""
+        time whose ID sorts up to `last`), of one scope or of all."""
         where = "created_at < ?"
         params: tuple[Any, ...] = (created_at,)
         if last is not None:
             where += " OR (created_at = ? AND id <= ?)"
             params = (created_at, created_at, last)
-        items = f"DELETE FROM items WHERE response_id IN (SELECT id FROM responses WHERE {where})"
+        if scope is not None:
+            where = f"scope = ? AND ({where})"
+            params = (scope, *params)
+        owned = f"response_id IN (SELECT id FROM responses WHERE {where})"
         changed = await self._db.write(
-            [Step(items, params), Step(f"DELETE FROM responses WHERE {where}", params)]
+            [
+                Step(f"DELETE FROM items WHERE {owned}", params),
+                Step(f"DELETE FROM response_blobs WHERE {owned}", params),
+                Step(f"DELETE FROM responses WHERE {where}", params),
+                Step(_ORPHAN_BLOBS),
+            ],
+            frees=True,
         )
-        return changed[-1]
+        return changed[-2]
 
     def _oldest(self) -> float:
         """The creation time of the oldest response still alive."""
@@ -341,6 +479,16 @@ class ResponseStore:
                 ),
             ]
         )
+        await self._db.write(
+            [
+                Step(
+                    "UPDATE store_meta SET value = ? WHERE name = ? AND value IN ("
+                    + ", ".join("?" * len(_UPGRADES))
+                    + ")",
+                    (SCHEMA_VERSION, "schema_version", *sorted(_UPGRADES)),
+                )
+            ]
+        )
         version = await self._db.fetch(
             "SELECT value FROM store_meta WHERE name = ?", ("schema_version",)
         )
@@ -356,11 +504,15 @@ class ResponseStore:
         return bytes.fromhex(rows[0][0])
 
     @contextlib.asynccontextmanager
-    async def _failures(self, doing: str) -> AsyncIterator[None]:
-        """Database failures as StoreUnavailableError (logged once here)."""
+    async def _failures(self, doing: str, *, write: bool = False) -> AsyncIterator[None]:
+        """Database failures as StoreUnavailableError (logged once here), remembered as the
+        store's `failure` until a call of the same kind succeeds."""
+        kind = "write" if write else "read"
         try:
             yield
         except self._db.errors as exc:
+            # The exception's text goes to the log only: /health shows the reason to anyone.
+            self._failing[kind] = f"cannot {doing} ({type(exc).__name__})"
             logger.warning(
                 "response store %s: cannot %s: %s: %s",
                 self._db.description,
@@ -369,6 +521,21 @@ class ResponseStore:
                 exc,
             )
             raise StoreUnavailableError() from exc
+        self._failing.pop(kind, None)
+
+
+def fair_level(usage: dict[str, int], cap: int) -> int:
+    """The largest size each scope may keep so that the store fits in `cap` (scopes below it
+    keep everything; those above are cut down to it): the fair share of the backstop."""
+    if sum(usage.values()) <= cap:
+        return max(usage.values(), default=0)
+    remaining, sizes = cap, sorted(usage.values())
+    for index, size in enumerate(sizes):
+        share = remaining // (len(sizes) - index)
+        if size > share:
+            return share
+        remaining -= size
+    return sizes[-1]
 
 
 def _output_items(body: dict[str, Any]) -> list[Item]:

@@ -151,6 +151,9 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
         ["--ep", "8"],  # the default engine needs MODEL
         ["--engine", "simulated", "--api-server-count", "0"],
         ["--engine", "simulated", "--stream-interval", "0"],
+        ["--engine", "simulated", "--max-header-line-bytes", "100"],
+        ["--engine", "simulated", "--max-header-bytes", "4096"],  # under the line bound
+        ["--engine", "simulated", "--max-receive-buffer-mb", "0"],
     ],
 )
 def test_bad_command_lines_exit_2_with_one_line(args: list[str]) -> None:

@@ -20,8 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from deepinfer_server.cli import parse_config
+from deepinfer_server.config.tenants import Tenant
 from deepinfer_server.coordinator import coordinator as coordinator_module
-from deepinfer_server.coordinator.admission import Admission
+from deepinfer_server.coordinator.admission import Admission, Ticket
 from deepinfer_server.coordinator.channels import RankChannels, bind_rank_listener
 from deepinfer_server.coordinator.coordinator import Coordinator
 from deepinfer_server.coordinator.handle import RequestHandle
@@ -35,6 +36,8 @@ from deepinfer_server.metrics import ServerMetrics
 FAULTS = ("admit", "handle", "encode", "send", "log")
 DP = 2
 CAPACITY = 4
+#: Two keys: requests alternate between them.
+TENANTS = (Tenant("a"), Tenant("b"))
 
 
 class InjectedFault(Exception):
@@ -53,13 +56,13 @@ class _Faults:
 
 
 class _FaultyAdmission(Admission):
-    def __init__(self, faults: _Faults) -> None:
-        super().__init__(DP, CAPACITY)
+    def __init__(self, faults: _Faults, max_num_seqs: int | None) -> None:
+        super().__init__(DP, CAPACITY, max_num_seqs=max_num_seqs, tenants=TENANTS)
         self._faults = faults
 
-    def admit(self, hint: PrefixHint | None = None) -> int:
+    def admit(self, tenant: int = 0, priority: int = 0, hint: PrefixHint | None = None) -> Ticket:
         self._faults.check("admit")
-        return super().admit(hint)
+        return super().admit(tenant, priority, hint)
 
 
 class _FaultyChannels(RankChannels):
@@ -120,9 +123,13 @@ def _check_slots_match_handles(coordinator: Coordinator, admission: Admission) -
         per_rank[load.rank] = load.running + load.waiting
     in_flight = [0] * DP
     for handle in coordinator._handles.values():
-        in_flight[handle.rank] += 1
+        if handle.rank is not None:
+            in_flight[handle.rank] += 1
     assert admission.in_flight == in_flight, (admission.in_flight, in_flight)
     assert all(count >= 0 for count in admission.in_flight)
+    assert admission.total == coordinator.num_in_flight
+    running = sum(running for _, running, _ in admission.tenant_counts())
+    assert running == sum(in_flight)
     assert sum(per_rank) <= coordinator.num_in_flight
 
 
@@ -137,8 +144,13 @@ operations = st.lists(
 )
 
 
-async def _drive(ops: list[tuple[str | None, str]], faults: _Faults, socket_path: str) -> None:
-    admission = _FaultyAdmission(faults)
+async def _drive(
+    ops: list[tuple[str | None, str]],
+    faults: _Faults,
+    socket_path: str,
+    max_num_seqs: int | None,
+) -> None:
+    admission = _FaultyAdmission(faults, max_num_seqs)
     channels = _FaultyChannels(socket_path, faults)
     metrics = ServerMetrics("m")
     config = parse_config(["--engine", "simulated", "--data-parallel-size", str(DP)])
@@ -149,15 +161,22 @@ async def _drive(ops: list[tuple[str | None, str]], faults: _Faults, socket_path
             faults.at = fault
             prompt = [2**31] if fault == "encode" else [1, 2, 3]
             try:
-                handle = coordinator.submit(f"r{number}", prompt, SamplingOptions(4), None)
+                handle = coordinator.submit(
+                    f"r{number}", prompt, SamplingOptions(4), None, tenant=number % 2
+                )
             except (InjectedFault, OverflowError, OverloadedError):
+                faults.at = None
                 assert fault is not None or admission.total >= CAPACITY
                 _check_slots_match_handles(coordinator, admission)
                 continue
+            # A queued request is sent later: a fault in sending it stays armed while this
+            # request ends, which may start it or another queued one.
+            queued = handle.rank is None and fault in ("send", "log")
+            assert fault is None or queued, f"submit did not fail at {fault}"
+            try:
+                _end(handle, ending, kept)
             finally:
                 faults.at = None
-            assert fault is None, f"submit did not fail at {fault}"
-            _end(handle, ending, kept)
             _check_slots_match_handles(coordinator, admission)
         for handle in kept:
             handle.close(AbortReason.DISCONNECT)
@@ -189,11 +208,13 @@ def _end(handle: RequestHandle, ending: str, kept: list[RequestHandle]) -> None:
 @settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(ops=operations)
+@given(ops=operations, max_num_seqs=st.sampled_from([None, 1]))
 def test_submit_frees_what_it_took_on_every_exit(
-    ops: list[tuple[str | None, str]], faults: _Faults, socket_dir: Path
+    ops: list[tuple[str | None, str]], max_num_seqs: int | None, faults: _Faults, socket_dir: Path
 ) -> None:
-    asyncio.run(_drive(ops, faults, str(socket_dir / "ranks.sock")))
+    """With one running slot per rank, requests also wait in the server's queue and start as
+    others end: the same accounting holds whether a request ends queued or started."""
+    asyncio.run(_drive(ops, faults, str(socket_dir / "ranks.sock"), max_num_seqs))
 
 
 @pytest.mark.parametrize("token_id", [2**31, 2**32, -(2**31) - 1])

@@ -78,6 +78,36 @@ def test_a_next_turn_goes_to_the_rank_holding_its_prefix(tmp_path: Path) -> None
     asyncio.run(body())
 
 
+def test_a_next_turn_under_another_cache_salt_goes_by_load(tmp_path: Path) -> None:
+    # Prefix-aware routing respects the cache's partition: what tenant A's turn left on a
+    # rank draws only tenant A's next turn there.
+    async def body() -> None:
+        async with _coordinator(tmp_path, "--enable-prefix-caching") as coordinator:
+            for rank in (0, 1):
+                _report(coordinator, rank, PrefixCacheStats(0, 0, 0))
+            busy = coordinator.submit("busy", [1, 2, 3], SamplingOptions(8), None)
+            turn_1 = _prompt(2000, seed=1)
+            first = coordinator.submit("a-1", turn_1, SamplingOptions(8), None, cache_salt=b"a")
+            assert (busy.rank, first.rank) == (0, 1)
+            first.close(AbortReason.STOP)
+            turn_2 = [*turn_1, *_prompt(300, seed=2)]
+            filler = coordinator.submit("filler", _prompt(2000, seed=3), SamplingOptions(8), None)
+            assert filler.rank == 1  # now both ranks run one request
+            other = coordinator.submit("b-2", turn_2, SamplingOptions(8), None, cache_salt=b"b")
+            assert other.rank == 0  # a tie, to the lowest rank: B holds nothing on rank 1
+            filler_2 = coordinator.submit("f2", _prompt(2000, seed=4), SamplingOptions(8), None)
+            assert filler_2.rank == 1  # two each
+            same = coordinator.submit("a-2", turn_2, SamplingOptions(8), None, cache_salt=b"a")
+            assert same.rank == 1  # A's prefix is there
+            same.close(AbortReason.STOP)  # two each again
+            unsalted = coordinator.submit("none-2", turn_2, SamplingOptions(8), None)
+            assert unsalted.rank == 0  # no salt is a partition of its own
+            for handle in (busy, filler, other, filler_2, unsalted):
+                handle.close(AbortReason.STOP)
+
+    asyncio.run(body())
+
+
 def test_without_prefix_caching_every_request_goes_to_the_least_loaded_rank(
     tmp_path: Path,
 ) -> None:

@@ -38,6 +38,17 @@ def test_a_prompt_hashes_each_whole_block_prefix_and_an_extension_keeps_them() -
     assert directory.block_hashes(pack_token_ids(turn[:100])) == []
 
 
+def test_a_prefix_is_held_only_under_the_cache_salt_it_was_routed_with() -> None:
+    directory = _directory()
+    turn_1 = _prompt(2000)
+    directory.record(1, "turn-1", directory.block_hashes(pack_token_ids(turn_1), b"a"))
+    turn_2 = pack_token_ids([*turn_1, *_prompt(300, seed=2)])
+    held = 2000 // BLOCK_TOKENS * BLOCK_TOKENS
+    assert directory.held_tokens(directory.block_hashes(turn_2, b"a")) == [0, held]
+    assert directory.held_tokens(directory.block_hashes(turn_2, b"b")) == [0, 0]
+    assert directory.held_tokens(directory.block_hashes(turn_2)) == [0, 0]
+
+
 def test_a_rank_holds_the_prefix_of_the_prompts_routed_to_it() -> None:
     directory = _directory()
     turn_1 = _prompt(14_000)

@@ -12,8 +12,10 @@ import pytest
 from deepinfer_server.coordinator.admission import (
     Admission,
     SharedAdmission,
+    SharedState,
+    Ticket,
     choose_rank,
-    shared_slots,
+    shared_state,
 )
 from deepinfer_server.coordinator.prefix_routing import PrefixHint, PrefixRouting
 from deepinfer_server.errors import OverloadedError
@@ -26,36 +28,53 @@ def test_least_loaded_rank_wins() -> None:
     assert choose_rank([5]) == 0
 
 
+def _start(admission: Admission, hint: PrefixHint | None = None) -> Ticket:
+    """Admit a request and start what may start (with no running limit: it)."""
+    ticket = admission.admit(hint=hint)
+    admission.ready()
+    return ticket
+
+
+def _rank(admission: Admission, hint: PrefixHint | None = None) -> int | None:
+    return _start(admission, hint).rank
+
+
 def test_admission_fills_the_least_loaded_rank_and_refuses_beyond_capacity() -> None:
     admission = Admission(data_parallel_size=2, capacity=3)
-    assert [admission.admit() for _ in range(3)] == [0, 1, 0]
+    tickets = [_start(admission) for _ in range(3)]
+    assert [ticket.rank for ticket in tickets] == [0, 1, 0]
     with pytest.raises(OverloadedError):
         admission.admit()
-    admission.release(0)
-    assert admission.admit() == 0
+    admission.release(tickets[0])
+    assert _rank(admission) == 0
 
 
-def _admit_twice(slots: Any, capacity: int, ranks: Any) -> None:
+def _shared(state: SharedState, process: int, capacity: int = 3) -> SharedAdmission:
+    return SharedAdmission(2, capacity, state, process)
+
+
+def _admit_twice(state: SharedState, ranks: Any) -> None:
     """In another process: take two slots and report their ranks."""
-    admission = SharedAdmission(capacity, slots)
-    ranks.put([admission.admit(), admission.admit()])
+    admission = _shared(state, 1)
+    ranks.put([_rank(admission), _rank(admission)])
 
 
 def test_shared_admission_is_one_capacity_and_one_choice_across_processes() -> None:
     context = multiprocessing.get_context("spawn")
-    slots = shared_slots(2)
-    here = SharedAdmission(capacity=3, slots=slots)
-    assert here.admit() == 0
+    state = shared_state(2, 1, processes=2)
+    here = _shared(state, 0)
+    first = _start(here)
+    assert first.rank == 0
     ranks = context.Queue()
-    other = context.Process(target=_admit_twice, args=(slots, 3, ranks))
+    other = context.Process(target=_admit_twice, args=(state, ranks))
     other.start()
     assert ranks.get(timeout=30) == [1, 0]  # least loaded, counting this process's request
     other.join(30)
     assert here.in_flight == [2, 1]
     with pytest.raises(OverloadedError):
         here.admit()
-    here.release(1)
-    assert here.admit() == 1
+    here.release(first)
+    assert _rank(here) == 0
 
 
 POLICY = PrefixRouting.for_ranks_of(16)  # balance_abs 4, rel 1.5, 16 running slots
@@ -95,8 +114,14 @@ def test_a_full_holder_loses_the_request_to_a_rank_with_a_free_slot() -> None:
 def test_admission_takes_the_hinted_rank_and_still_refuses_beyond_capacity() -> None:
     admission = Admission(data_parallel_size=2, capacity=3)
     hint = _hint([0, 13_952])
-    assert [admission.admit(hint) for _ in range(3)] == [1, 1, 1]
+    assert [_rank(admission, hint) for _ in range(3)] == [1, 1, 1]
     with pytest.raises(OverloadedError):
-        admission.admit(hint)
-    shared = SharedAdmission(capacity=3, slots=shared_slots(2))
-    assert [shared.admit(hint), shared.admit()] == [1, 0]
+        admission.admit(hint=hint)
+    shared = _shared(shared_state(2, 1, processes=1), 0)
+    assert [_rank(shared, hint), _rank(shared)] == [1, 0]
+
+
+def test_a_full_hinted_rank_loses_the_request_to_a_rank_with_a_free_slot() -> None:
+    admission = Admission(data_parallel_size=2, capacity=8, max_num_seqs=2)
+    hint = _hint([0, 13_952])
+    assert [_rank(admission, hint) for _ in range(3)] == [1, 1, 0]

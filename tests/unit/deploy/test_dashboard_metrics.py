@@ -132,6 +132,34 @@ def test_the_dashboard_covers_the_operators_questions() -> None:
         assert f"histogram_quantile({quantile}, " in exprs
 
 
+def test_the_disaggregation_row_shows_the_transfer_metrics() -> None:
+    """Prefill/decode: bytes/s, transfer time p50/p99, KV wait p99, failures by reason and
+    prompt tokens computed per server, in one row; an alert on transfer failures."""
+    panels = deploy_queries.panels()
+    rows = [p for p in panels if p["type"] == "row"]
+    (row,) = [r for r in rows if r["title"] == "Disaggregation"]
+    below = [
+        q
+        for q in deploy_queries.panel_queries()
+        for p in panels
+        if p["title"] == q.panel and p["type"] != "row" and p["gridPos"]["y"] > row["gridPos"]["y"]
+    ]
+    exprs = " ".join(q.expr for q in below)
+    assert "rate(deepinfer:kv_transfer_bytes_total{" in exprs
+    assert "rate(deepinfer:prompt_tokens_computed_total{" in exprs
+    transfer_time = "sum by (le) (rate(deepinfer:kv_transfer_seconds_bucket{"
+    for quantile in ("0.5", "0.99"):
+        assert f"histogram_quantile({quantile}, {transfer_time}" in exprs
+    assert (
+        "histogram_quantile(0.99, sum by (le) (rate(deepinfer:kv_transfer_wait_seconds_bucket{"
+        in exprs
+    )
+    (failures,) = [q for q in below if "kv_transfer_failures_total" in q.expr]
+    assert "by (reason)" in failures.expr and failures.legend_labels == {"reason"}
+    alerted = " ".join(rule.expr for rule in deploy_queries.alert_rules())
+    assert "deepinfer:kv_transfer_failures_total" in alerted
+
+
 @pytest.mark.parametrize(
     ("expr", "expected"),
     [

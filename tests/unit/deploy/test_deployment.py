@@ -315,6 +315,26 @@ def test_rendered_command_parses_into_ep_dp_cp(backend: dict[str, Any], gpus: in
     )
 
 
+@pytest.mark.parametrize(
+    ("role_params", "expected"),
+    [([], (4, 1, 4)), (["--data-parallel-size=4"], (4, 4, 1))],
+    ids=["prefill", "decode"],
+)
+def test_prefill_and_decode_deployments_split_one_worker(
+    backend: dict[str, Any], role_params: list[str], expected: tuple[int, int, int]
+) -> None:
+    """docs/operations/gpustack.md's split of one 8-GPU worker: four GPUs per role; the decode
+    deployment's extra --data-parallel-size=4 overrides the command's 1 (CP=1, as a COMPLETION
+    engine needs)."""
+    command = render(
+        backend["default_run_command"], model_path="/m", port=1, model_name="m", gpu_count=4
+    )
+    config = parse_config([*shlex.split(command), *role_params])
+    assert parallelism(config) == expected
+    for option in ("--disaggregation-mode", "--disaggregation-bootstrap-port"):
+        assert option in backend["common_parameters"]
+
+
 def test_gpustack_packaged_deepinfer_entry_flags_parse() -> None:
     """The command GPUStack's own packaged `DeepInfer` entry renders (8 GPUs), plus its hints."""
     argv = [

@@ -8,6 +8,7 @@ tests/data/kubernetes/build_schemas.py for where they come from. No cluster or n
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import re
 from pathlib import Path
@@ -258,3 +259,143 @@ def test_rolebinding_grants_the_picker_its_role() -> None:
         (g, r) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
     }
     assert {("", "pods"), ("inference.networking.k8s.io", "inferencepools")} <= granted
+
+
+# deploy/kubernetes/pd: prefill and decode Deployments behind smg in PD mode.
+
+PD = DEPLOY / "pd"
+# The prefill/decode options (docs/operations/disaggregation.md) the two Deployments pass.
+PD_OPTIONS = {
+    "--disaggregation-mode", "--disaggregation-transfer-backend", "--disaggregation-bootstrap-port",
+    "--disaggregation-ib-device",
+}  # fmt: skip
+
+
+def pd_kustomization() -> dict[str, Any]:
+    return yaml.safe_load((PD / "kustomization.yaml").read_text())
+
+
+def pd_documents() -> list[tuple[str, dict[str, Any]]]:
+    return [
+        (name, doc)
+        for name in pd_kustomization()["resources"]
+        for doc in yaml.safe_load_all((PD / name).read_text())
+        if doc is not None
+    ]
+
+
+def pd_find(kind: str, name: str) -> dict[str, Any]:
+    (doc,) = [d for _, d in pd_documents() if d["kind"] == kind and d["metadata"]["name"] == name]
+    return doc
+
+
+def pd_server(role: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
+    """A role's Deployment, its server container and its `--name=value` options."""
+    deployment = pd_find("Deployment", f"deepinfer-{role}")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    options = {name: value for name, _, value in (a.partition("=") for a in container["args"][1:])}
+    return deployment, container, options
+
+
+def selector_args(args: list[str], flag: str) -> dict[str, str]:
+    """smg's `--flag key=value key=value ...` label selector, as a dict."""
+    rest = args[args.index(flag) + 1 :]
+    pairs = itertools.takewhile(lambda a: not a.startswith("--"), rest)
+    return dict(pair.split("=", 1) for pair in pairs)
+
+
+def test_pd_kustomization_lists_every_manifest_and_both_images() -> None:
+    k = pd_kustomization()
+    assert k["namespace"] == kustomization()["namespace"]
+    assert set(k["resources"]) == {p.name for p in PD.glob("*.yaml")} - {"kustomization.yaml"}
+    assert (PD / "namespace.yaml").read_text() == (DEPLOY / "namespace.yaml").read_text()
+    images = {i["name"] for i in k["images"]}
+    used = {
+        c["image"]
+        for _, d in pd_documents()
+        if d["kind"] == "Deployment"
+        for c in d["spec"]["template"]["spec"]["containers"]
+    }
+    assert used == images == {"deepinfer-server", "deepinfer-smg"}
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [pytest.param(d, id=f"pd/{f}:{d['kind']}/{d['metadata']['name']}") for f, d in pd_documents()],
+)
+def test_pd_manifest_matches_strict_schema(doc: dict[str, Any]) -> None:
+    validate(doc)
+
+
+def test_pd_roles_split_one_eight_gpu_node() -> None:
+    gpus = 0
+    for role, dp, cp in (("prefill", 1, 4), ("decode", 4, 1)):
+        _, container, options = pd_server(role)
+        assert set(options) <= SERVER_OPTIONS | PD_OPTIONS, options
+        assert options["--disaggregation-mode"] == role
+        assert options["--disaggregation-transfer-backend"] == "mooncake"
+        ep = int(options["--expert-parallel-size"])
+        assert (ep, int(options["--data-parallel-size"]), ep // dp) == (4, dp, cp)
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == str(ep)
+        assert container["resources"]["limits"]["rdma/ib"] == "1"
+        assert "IPC_LOCK" in container["securityContext"]["capabilities"]["add"]
+        gpus += ep
+    assert gpus == 8
+    # A COMPLETION engine has no bootstrap server; only the prefill side listens on one.
+    assert "--disaggregation-bootstrap-port" not in pd_server("decode")[2]
+
+
+def test_prefill_bootstrap_port_is_announced_to_smg() -> None:
+    deployment, container, options = pd_server("prefill")
+    port = options["--disaggregation-bootstrap-port"]
+    # smg's Kubernetes discovery reads a prefill pod's bootstrap port from this annotation.
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["sglang.ai/bootstrap-port"] == port
+    assert int(port) in {p["containerPort"] for p in container["ports"]}
+
+
+def test_smg_discovers_the_prefill_and_decode_pods() -> None:
+    gateway = pd_find("Deployment", "deepinfer-pd-gateway")
+    pod = gateway["spec"]["template"]["spec"]
+    (smg,) = pod["containers"]
+    args = smg["args"]
+    assert args[:2] == ["launch", "--pd-disaggregation"]
+    assert "--service-discovery" in args
+    options = dict(a.split("=", 1) for a in args if a.startswith("--") and "=" in a)
+    assert options["--service-discovery-namespace"] == pd_kustomization()["namespace"]
+    for role in ("prefill", "decode"):
+        deployment, container, server_options = pd_server(role)
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        selector = selector_args(args, f"--{role}-selector")
+        assert selector.items() <= labels.items(), role
+        assert options["--service-discovery-port"] == server_options["--port"]
+        assert int(server_options["--port"]) in {p["containerPort"] for p in container["ports"]}
+    # The two selectors must not both match one pod.
+    assert selector_args(args, "--prefill-selector") != selector_args(args, "--decode-selector")
+    # smg's metrics port defaults to 29000 on every interface: set, and declared.
+    assert options["--prometheus-port"] in {str(p["containerPort"]) for p in smg["ports"]}
+    service = pd_find("Service", "deepinfer-pd")
+    assert (
+        service["spec"]["selector"].items()
+        <= gateway["spec"]["template"]["metadata"]["labels"].items()
+    )
+    # Pod discovery needs get/list/watch on pods through the pod's ServiceAccount.
+    binding = pd_find("RoleBinding", "deepinfer-pd-gateway")
+    (subject,) = binding["subjects"]
+    assert subject["name"] == pod["serviceAccountName"]
+    assert subject["namespace"] == pd_kustomization()["namespace"]
+    role = pd_find("Role", binding["roleRef"]["name"])
+    (rule,) = role["rules"]
+    assert (rule["apiGroups"], rule["resources"]) == ([""], ["pods"])
+    assert {"get", "list", "watch"} <= set(rule["verbs"])
+
+
+def test_pd_pods_stay_out_of_the_single_server_services() -> None:
+    """Both kustomizations share the namespace: the single-server Services and InferencePool
+    must not select prefill or decode pods (a client would reach a PROMPT engine directly)."""
+    selectors = [find("Service", "deepinfer-server")["spec"]["selector"]]
+    selectors.append(find("InferencePool", "deepinfer-server")["spec"]["selector"]["matchLabels"])
+    for role in ("prefill", "decode"):
+        labels = pd_server(role)[0]["spec"]["template"]["metadata"]["labels"]
+        for selector in selectors:
+            assert not selector.items() <= labels.items(), (role, selector)

@@ -89,3 +89,40 @@ def test_a_lone_rank_waits_for_the_any_point_when_its_peer_wants_no_prefill() ->
     # ALL points (decode_step 0, 3, 6) fail: rank 1 wants nothing. The ANY point at
     # decode_step 7 is the 8th step.
     assert first_token_step == {0: 8}
+
+
+def test_an_iteration_is_one_rendezvous_even_when_it_votes_and_prefills() -> None:
+    # Every step is an attempt point; each rank has a prompt waiting at first and gets a second
+    # one later, and rank 1 cannot run it (one running slot): the votes must still agree.
+    group = new_lockstep_group(2, 10.0)
+    groups = [copy.copy(group) for _ in range(2)]
+    first_tokens: dict[int, list[int]] = {0: [], 1: []}
+    errors: list[BaseException] = []
+
+    def rank(index: int) -> None:
+        try:
+            engine = _engine(
+                index, 2, groups[index], prefill_attempt_interval=1, max_num_seqs=1 + (index == 0)
+            )
+            engine.add_request("0", "a", LONG, prompt("a"))
+            for step in range(1, 9):
+                if step == 4:
+                    engine.add_request("0", "b", LONG, prompt("b"))
+                assert engine.has_unfinished_requests()
+                outputs = [RequestOutput.get_request_id(h) for h in engine.step().tolist()]
+                if "b" in outputs and not first_tokens[index]:
+                    first_tokens[index].append(step)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=rank, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not errors, errors
+    # Step 4 is an ALL point where both ranks want a prefill but only rank 0 can schedule its
+    # prompt: rank 0 prefills "b", rank 1 pads the prompt step and never runs its "b".
+    assert first_tokens == {0: [4], 1: []}
+    # Eight work checks, each carrying that step's votes: eight rendezvous per rank.
+    assert [g._round for g in groups] == [8, 8]

@@ -5,7 +5,7 @@ preemption, the requests it does not serve) and the prefill cost of what a promp
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -88,6 +88,48 @@ def test_the_driver_reports_what_the_engine_reused() -> None:
     _, deltas = driver.iterate()
     assert deltas[0].cached_tokens == len(_turn("Hello."))
     assert driver.prefix_cache_stats() is not None
+
+
+def test_a_cache_salt_partitions_what_a_turn_reuses() -> None:
+    engine = make_engine(enable_prefix_caching=True)
+    first, second = _turn("Hello."), _turn("Hello.", "Run the tests.")
+    sequence = engine.add_request("0", "a-1", {"max_tokens": 4}, first, cache_salt=b"a")
+    assert sequence is not None
+    list(run_to_end(engine))
+    assert _cached(engine, "none-2", second) == 0
+    sequence = engine.add_request("0", "b-2", {"max_tokens": 4}, second, cache_salt=b"b")
+    assert sequence is not None and sequence.num_cached_tokens == 0
+    list(run_to_end(engine))
+    sequence = engine.add_request("0", "a-2", {"max_tokens": 4}, second, cache_salt=b"a")
+    assert sequence is not None and sequence.num_cached_tokens == len(first)
+    list(run_to_end(engine))
+
+
+def test_the_driver_gives_the_salt_only_to_an_engine_with_a_prefix_cache() -> None:
+    from deepinfer_server.ipc.codec import pack_token_ids
+    from deepinfer_server.ipc.messages import AddRequest, SamplingOptions
+
+    salted: list[bytes | None] = []
+
+    class Recording:
+        """The engine, noting the salt each add_request gets (DeepInfer's own has none)."""
+
+        def __init__(self, engine: LLMEngine) -> None:
+            self._engine = engine
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._engine, name)
+
+        def add_request(self, *args: Any, **kwargs: Any) -> Any:
+            salted.append(kwargs.get("cache_salt"))
+            return self._engine.add_request(*args, **kwargs)
+
+    prompt = pack_token_ids(_turn("Hello.").tolist())
+    for cache in (True, False):
+        engine = Recording(make_engine(enable_prefix_caching=cache))
+        driver = LLMEngineDriver(cast(LLMEngine, engine), RequestOutput)
+        driver.add(AddRequest("r", prompt, SamplingOptions(max_tokens=4), cache_salt=b"s"))
+    assert salted == [b"s", None]
 
 
 def test_a_fork_shares_its_parents_whole_blocks_and_computes_only_the_rest() -> None:

@@ -76,6 +76,42 @@ def test_a_hash_collision_never_forks_from_other_tokens() -> None:
     assert index.match(other, limit=len(other) - 2) is None
 
 
+def test_a_salted_entry_serves_only_prompts_with_its_salt() -> None:
+    index: PrefixIndex[str] = PrefixIndex()
+    tenant_a = index.add("a", tokens(range(1000)), salt=b"tenant-a")
+    prompt = tokens(range(1000), range(5000, 5300))
+    limit = len(prompt) - 2
+    assert index.match(prompt, limit) is None
+    assert index.match(prompt, limit, salt=b"tenant-b") is None
+    match = index.match(prompt, limit, salt=b"tenant-a")
+    assert match is not None and (match.entry, match.fork_point) == (tenant_a, 1000)
+    unsalted = index.add("none", tokens(range(1000)))
+    match = index.match(prompt, limit)
+    assert match is not None and match.entry is unsalted
+
+
+def test_the_salt_changes_every_prefix_hash() -> None:
+    # As vLLM mixes cache_salt into the first block's hash: no depth's hash is shared.
+    index: PrefixIndex[str] = PrefixIndex()
+    prompt = tokens(range(1000))
+    plain = index.hashes(prompt, 7)
+    salted = index.hashes(prompt, 7, b"s")
+    assert len(salted) == 7 and all(a != b for a, b in zip(plain, salted, strict=True))
+    assert index.hashes(prompt, 7, b"s") == salted != index.hashes(prompt, 7, b"t")
+
+
+def test_a_hash_collision_never_forks_across_salts() -> None:
+    index: PrefixIndex[str] = PrefixIndex()
+    entry = index.add("a", tokens(range(1000)), salt=b"tenant-a")
+    prompt = tokens(range(1000), range(5000, 5100))
+    # Forge the collision: file the entry under tenant b's hash of the same tokens.
+    index._by_key.clear()
+    depth = entry.key[0]
+    entry.key = (depth, index.hashes(prompt, depth, b"tenant-b")[-1])
+    index._by_key[entry.key] = [entry]
+    assert index.match(prompt, len(prompt) - 2, salt=b"tenant-b") is None
+
+
 def test_prefix_hashes_depend_on_the_prefix_only() -> None:
     index: PrefixIndex[str] = PrefixIndex()
     short = index.hashes(tokens(range(300)), 2)

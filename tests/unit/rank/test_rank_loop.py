@@ -58,6 +58,9 @@ class _Core:
     def kv_cache_usage(self) -> float | None:
         return 0.5
 
+    def counters(self) -> None:
+        return None
+
     def prefix_cache_stats(self) -> PrefixCacheStats | None:
         return None
 
@@ -164,6 +167,9 @@ class _CachingCore(_IdleCore):
     def iterate(self) -> tuple[bool, list[RequestDelta]]:
         self.iterations += 1
         return False, []
+
+    def counters(self) -> None:
+        return None
 
     def prefix_cache_stats(self) -> PrefixCacheStats | None:
         return PrefixCacheStats(100, 90, 1 if self.iterations >= 3 else 0)

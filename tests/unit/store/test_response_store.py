@@ -14,9 +14,11 @@ import pytest
 
 from deepinfer_server.config.response_store import parse_duration, store_url
 from deepinfer_server.errors import ConfigError, StoreUnavailableError
-from deepinfer_server.store import BrokenHistory, ResponseStore
+from deepinfer_server.store import BrokenHistory, ResponseStore, ResponseTooLarge
+from deepinfer_server.store.database import Step
 from deepinfer_server.store.location import check_store, open_store
 from deepinfer_server.store.records import NewResponse
+from deepinfer_server.store.sql import fair_level
 from tests.postgres import PostgresServer
 
 #: The PostgreSQL cases start a real server: lane `postgres`, and e2e (not the fast lane).
@@ -46,9 +48,11 @@ def store_url_of(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[],
 Body = Callable[[ResponseStore], Coroutine[Any, Any, None]]
 
 
-def run_with_store(url: str, body: Body, *, ttl: float = 3600, max_bytes: int = 64 * MIB) -> None:
+def run_with_store(
+    url: str, body: Body, *, ttl: float = 3600, max_bytes: int = 64 * MIB, **limits: int
+) -> None:
     async def main() -> None:
-        store = open_store(url, ttl=ttl, max_bytes=max_bytes)
+        store = open_store(url, ttl=ttl, max_bytes=max_bytes, **limits)
         await store.open()
         try:
             await asyncio.wait_for(body(store), 30)
@@ -220,6 +224,131 @@ def test_the_size_cap_evicts_the_oldest(store_url_of: Callable[[], str]) -> None
         assert [found is not None for found in kept] == [False, False, True, True, True]
 
     run_with_store(store_url_of(), body, max_bytes=MIB)
+
+
+def test_one_scope_past_its_cap_evicts_only_its_own(store_url_of: Callable[[], str]) -> None:
+    """Key 2 storing far past its cap never touches key 1's response."""
+    text = "x" * 40_000
+
+    async def body(store: ResponseStore) -> None:
+        start = time.time()
+        await store.save(response("resp_k1", [message("u", "hello")], [], scope="k1"))
+        for index in range(40):
+            item = message(f"u{index}", text)
+            created = start + index
+            await store.save(response(f"resp_{index}", [item], [], scope="k2", created_at=created))
+        assert await store.evict() > 0
+        assert await store.response("k1", "resp_k1") is not None
+        assert await store.response("k2", "resp_39") is not None
+        assert await store.response("k2", "resp_0") is None
+
+    run_with_store(store_url_of(), body, max_bytes=MIB, scope_max_bytes=MIB // 2)
+
+
+def test_the_store_cap_evicts_from_the_scope_holding_the_most(
+    store_url_of: Callable[[], str],
+) -> None:
+    """Past the whole store's cap (each scope within its own), the largest scope gives way."""
+    text = "x" * 100_000
+
+    async def body(store: ResponseStore) -> None:
+        start = time.time()
+        for index in range(3):  # key 1 stores first: the oldest responses are its own
+            item = message(f"a{index}", text)
+            created = start + index
+            await store.save(response(f"resp_a{index}", [item], [], scope="k1", created_at=created))
+        for index in range(8):
+            item = message(f"b{index}", text)
+            created = start + 10 + index
+            await store.save(response(f"resp_b{index}", [item], [], scope="k2", created_at=created))
+        assert await store.evict() > 0
+        assert all([await store.response("k1", f"resp_a{index}") for index in range(3)])
+        assert await store.response("k2", "resp_b0") is None
+        assert await store.response("k2", "resp_b7") is not None
+
+    run_with_store(store_url_of(), body, max_bytes=MIB)
+
+
+def test_fair_level_cuts_the_largest_scopes_to_one_level() -> None:
+    assert fair_level({"a": 100, "b": 200}, 1000) == 200  # everything fits
+    assert fair_level({"a": 100, "b": 900, "c": 900}, 1000) == 450
+    assert fair_level({"a": 600, "b": 600}, 1000) == 500
+    assert fair_level({}, 1000) == 0
+
+
+def test_a_response_past_the_cap_of_one_is_refused_unwritten(
+    store_url_of: Callable[[], str],
+) -> None:
+    async def body(store: ResponseStore) -> None:
+        with pytest.raises(ResponseTooLarge):
+            await store.save(response("resp_big", [message("u", "x" * 20_000)], []))
+        assert await store.response("none", "resp_big") is None
+        await store.save(response("resp_small", [message("u", "x" * 5_000)], []))
+
+    run_with_store(store_url_of(), body, response_max_bytes=10_000)
+
+
+def image_message(item_id: str, url: str) -> dict[str, Any]:
+    return {
+        "type": "message",
+        "id": item_id,
+        "role": "user",
+        "content": [
+            {"type": "input_text", "text": "what is it?"},
+            {"type": "input_image", "image_url": url},
+        ],
+    }
+
+
+def test_an_inline_image_is_kept_once_per_scope(store_url_of: Callable[[], str]) -> None:
+    """Three turns resending one 300 KB image store it once (and count it once); every read
+    gives the data URL back; another key's copy is its own; the last delete frees it."""
+    url = "data:image/png;base64," + "A" * 300_000
+
+    async def body(store: ResponseStore) -> None:
+        for turn in range(3):
+            inputs = [image_message(f"u{turn}", url)]
+            await store.save(response(f"resp_{turn}", inputs, [], scope="k1"))
+        await store.save(response("resp_other", [image_message("o", url)], [], scope="k2"))
+        db = store._db
+        assert await db.fetch(
+            "SELECT scope, COUNT(*) FROM blobs GROUP BY scope ORDER BY scope"
+        ) == [
+            ("k1", 1),
+            ("k2", 1),
+        ]
+        (total,) = (await db.fetch("SELECT SUM(bytes) FROM responses WHERE scope = 'k1'"))[0]
+        assert 300_000 < int(total) < 310_000
+        page = await store.input_items("k1", "resp_2")
+        assert page is not None and page.items == [image_message("u2", url)]
+        assert await store.history("k1", "resp_1") == [image_message("u1", url)]
+        assert await store.items("k1", ["u0"]) == {"u0": image_message("u0", url)}
+        assert await store.items("k2", ["u0"]) == {}
+        for turn in range(3):
+            assert await store.delete("k1", f"resp_{turn}")
+        assert await db.fetch("SELECT scope FROM blobs") == [("k2",)]
+
+    run_with_store(store_url_of(), body)
+
+
+def test_a_version_1_store_is_brought_to_version_2(store_url_of: Callable[[], str]) -> None:
+    url = store_url_of()
+
+    async def downgrade(store: ResponseStore) -> None:
+        await store.save(response("resp_old", [message("u", "hi")], []))
+        await store._db.write(
+            [Step("UPDATE store_meta SET value = '1' WHERE name = 'schema_version'")]
+        )
+
+    async def reopen(store: ResponseStore) -> None:
+        assert await store.response("none", "resp_old") is not None
+        version = await store._db.fetch(
+            "SELECT value FROM store_meta WHERE name = 'schema_version'"
+        )
+        assert version == [("2",)]
+
+    run_with_store(url, downgrade)
+    run_with_store(url, reopen)
 
 
 def test_the_scope_salt_is_made_once_per_store(store_url_of: Callable[[], str]) -> None:

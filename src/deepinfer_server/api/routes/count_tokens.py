@@ -16,6 +16,6 @@ from deepinfer_server.protocol.messages.request import count_message_tokens
 
 async def count_tokens(request: Request) -> Response:
     state: AppState = request.app.state.server
-    received = await read_json_body(request, state.config)
+    received = await read_json_body(request, state.config, state.receiving)
     tokens = await state.prepare_body(count_message_tokens, received.value, len(received.raw))
     return JSONResponse({"input_tokens": tokens})

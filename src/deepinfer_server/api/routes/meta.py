@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from functools import cache
 from importlib.metadata import PackageNotFoundError, version
 
@@ -26,6 +27,24 @@ async def health(request: Request) -> Response:
         return JSONResponse(
             {"status": "starting", "reason": "not every API server process serves yet"},
             status_code=503,
+        )
+    if state.prefill_peers is not None:
+        unreachable = await state.prefill_peers.unreachable(time.monotonic())
+        if unreachable:
+            return JSONResponse(
+                {
+                    "status": "degraded",
+                    "reason": "no answer from the prefill server(s) this decode server pulls "
+                    f"KV from: {', '.join(unreachable)}",
+                },
+                status_code=503,
+            )
+    store_failure = None if state.store is None else state.store.failure
+    if store_failure is not None:
+        # Still a 200: the engine serves every request that does not need the store, and a
+        # load balancer that took the server out would fail those too.
+        return JSONResponse(
+            {"status": "degraded", "reason": f"the Responses store fails: {store_failure}"}
         )
     return JSONResponse({"status": "ok"})
 

@@ -94,6 +94,11 @@ class DeepInferBackend(EngineBackend):
         )
 
     def preflight(self, config: ResolvedConfig, checkpoint: str | None) -> None:
+        if config.disaggregation_mode != "null":
+            raise ConfigError(
+                "--disaggregation-mode prefill/decode runs on --engine simulated so far; "
+                "DeepInfer's PROMPT and COMPLETION engines are not wired yet"
+            )
         run_preflight(
             config.max_model_len, config.max_num_seqs, config.max_num_batched_tokens, checkpoint
         )

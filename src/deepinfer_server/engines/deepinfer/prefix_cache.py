@@ -14,12 +14,15 @@ only the rest); this module supplies the policy, through the engine's own hooks:
   turn) is forked from it with `fork_seq`; anything the fork path cannot serve (prompt logprobs,
   images, a grammar, chunk checkpoints, a too-long prompt, a fork whose pins leave its prefill
   no room) takes DeepInfer's ordinary path, never an error. The fork's `num_cached_tokens` is
-  the count of reused tokens.
+  the count of reused tokens. A request's cache salt (the server's `cache_salt` argument, not
+  DeepInfer's) partitions the cache: it forks only from entries kept under the same salt, and
+  is kept under its own.
 - `step`: before the scheduler runs, least-recently-used entries are evicted until the waiting
   prompts fit under the 90% prefill watermark, running sequences have a block each for their
   next token, and waiting prompts have state slots; without demand the cache stays.
 - `abort_request`: a fork aborted while still waiting would keep its pins (DeepInfer frees
-  aborted waiting sequences never), so it is freed here.
+  aborted waiting sequences never), so it is freed here. An aborted waiting sequence is never
+  finalized either: the salt noted for it is dropped here.
 
 Everything runs on the rank loop's thread, as the engine does.
 """
@@ -28,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +47,8 @@ logger = logging.getLogger(__name__)
 FORK_BRANCH = "_prefix_cache"
 #: KV use above which DeepInfer's scheduler starts no prefill (`GPU_CACHE_PREFILL_WATERMARK`).
 GPU_CACHE_PREFILL_WATERMARK = 0.9
+#: Salted sequences noted before the first look for ones DeepInfer ended without finalizing.
+_SALTS_PRUNE_MIN = 1024
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,13 @@ class PrefixCache:
             SequenceStatus.FINISHED_LENGTH_CAPPED,
             SequenceStatus.FINISHED_ABORTED,
         }
+        #: Finishes that are never finalized or never kept (DeepInfer's ignored sequences).
+        self._never_kept = {
+            SequenceStatus.FINISHED_IGNORED,
+            SequenceStatus.FINISHED_PREEMPTED,
+            SequenceStatus.FINISHED_SO_FAILED,
+            SequenceStatus.FINISHED_VE_FAILED,
+        }
         self.settings = settings
         rollback = min(settings.max_rollback, int(envs.DEEPINFER_MAX_BACKTRACKING_TOKENS))
         self.index: PrefixIndex[Any] = PrefixIndex(max_rollback=rollback)
@@ -94,6 +106,10 @@ class PrefixCache:
         self._forks: dict[int, tuple[Any, CacheEntry[Any]]] = {}
         #: Entries -> the KV blocks their table holds (at most): what a fork of them pins.
         self._table_blocks: dict[int, int] = {}
+        #: Live sequences with a cache salt -> (sequence, salt): what `finalize` keeps it under.
+        self._salts: dict[int, tuple[Any, bytes]] = {}
+        #: Past this many, salts of sequences that can no longer be kept are dropped.
+        self._salts_pruned_at = _SALTS_PRUNE_MIN
         #: Matches prefilled in full because their fork could never be scheduled.
         self.forks_too_large = 0
         self._preempted_seen = int(self._scheduler.get_num_preempted_seqs())
@@ -113,18 +129,27 @@ class PrefixCache:
 
     # F: add_request
 
-    def add_request(self, add: Callable[..., Any], *args: Any) -> Any:
-        """`LLMEngine.add_request(*args)` (all nine arguments, positionally), or a fork."""
-        (_user, _request, params, prompt, images, arrival, extra, enqueue, checkpoints) = args
+    def add_request(
+        self, add: Callable[..., Any], *args: Any, cache_salt: bytes | None = None
+    ) -> Any:
+        """`LLMEngine.add_request(*args)` (all nine arguments, positionally), or a fork of an
+        entry kept under `cache_salt`; the sequence is kept under `cache_salt` when it ends."""
         if self.disabled is not None:
             return add(*args)
+        seq = self._add(add, args, cache_salt)
+        if seq is not None and cache_salt is not None:
+            self._salts[seq.seq_id] = (seq, cache_salt)
+        return seq
+
+    def _add(self, add: Callable[..., Any], args: tuple[Any, ...], salt: bytes | None) -> Any:
+        (user_id, request_id, params, prompt, images, arrival, extra, enqueue, checkpoints) = args
         prompt = np.asarray(prompt)
         self.query_tokens += int(prompt.size)
         if not (enqueue and images is None and not extra and checkpoints is None):
             return add(*args)
         if not self._forkable(params, prompt):
             return add(*args)
-        match = self.index.match(prompt, limit=len(prompt) - 2)
+        match = self.index.match(prompt, limit=len(prompt) - 2, salt=salt)
         if match is None:
             return add(*args)
         if not self._fork_fits(match, int(prompt.size)):
@@ -132,7 +157,6 @@ class PrefixCache:
             return add(*args)
         # DeepInfer builds and validates the sequence (token range, compressed encoding, the
         # normalised SamplingParams); it is never enqueued: the fork takes its place.
-        user_id, request_id = args[0], args[1]
         seq = add(user_id, request_id, params, prompt, None, arrival, extra, False, None)
         if seq is None:
             return None
@@ -196,11 +220,29 @@ class PrefixCache:
 
     # G: aborts
 
-    def aborted(self, request_ids: Iterable[str]) -> None:
-        """Free the forks these aborts hit while they wait (after `abort_request` marked them)."""
-        if not self._waiting_forks:
-            return
+    def abort_request(
+        self, abort: Callable[[list[str]], tuple[int, int]], request_ids: list[str]
+    ) -> tuple[int, int]:
+        """`LLMEngine.abort_request(request_ids)`, then free the forks it hit while they wait
+        and drop the salts of waiting sequences (DeepInfer ends those without finalizing)."""
         ids = set(request_ids)
+        waiting = [
+            seq_id
+            for seq_id, (seq, _salt) in self._salts.items()
+            if seq.request_id in ids and seq.status == self._status.WAITING
+        ]
+        result = abort(request_ids)
+        aborted = self._status.FINISHED_ABORTED
+        for seq_id in waiting:
+            # Only those the abort reached: one whose grammar still compiles is in no queue yet,
+            # and may yet run (and be kept) before a later abort finds it.
+            if self._salts[seq_id][0].status == aborted:
+                del self._salts[seq_id]
+        if self._waiting_forks:
+            self._free_aborted_forks(ids)
+        return result
+
+    def _free_aborted_forks(self, ids: set[str]) -> None:
         for seq_id, fork in list(self._waiting_forks.items()):
             if fork.request_id in ids and fork.status == self._status.FINISHED_ABORTED:
                 self._scheduler.free_seq(fork)
@@ -265,6 +307,8 @@ class PrefixCache:
                         self._pending[seq.seq_id] = seq
         if self._waiting_forks:
             self._drop_ignored_forks()
+        if len(self._salts) > self._salts_pruned_at:
+            self._prune_salts()
         if outputs.prompt_run:
             return
         preempted = int(self._scheduler.get_num_preempted_seqs())
@@ -273,6 +317,15 @@ class PrefixCache:
             self._drop_preempted()
         if self._pending:
             self._snapshot(outputs)
+
+    def _prune_salts(self) -> None:
+        """Drop the salts of sequences DeepInfer ended as ignored (too long, preempted for
+        good, failed grammar or image): they are never kept. Amortised: the bound doubles."""
+        never = self._never_kept
+        for seq_id, (seq, _salt) in list(self._salts.items()):
+            if seq.status in never:
+                del self._salts[seq_id]
+        self._salts_pruned_at = max(_SALTS_PRUNE_MIN, 2 * len(self._salts))
 
     def _cacheable(self, seq: Any) -> bool:
         # A recomputed (preempted) sequence's prefill ends past its prompt: no snapshot at P.
@@ -375,6 +428,7 @@ class PrefixCache:
         seq_id = seq.seq_id
         self._fork_ended(seq_id)
         self._waiting_forks.pop(seq_id, None)
+        salted = self._salts.pop(seq_id, None)
         snapshot = self._snapshots.pop(seq_id, None)
         slot = snapshot[1] if snapshot is not None else None
         prompt_len = seq.get_prompt_len()
@@ -394,4 +448,4 @@ class PrefixCache:
         # Its table covers its tokens and at most one block more (MTP drafts, in flight); read
         # now, since a fork sets the entry's data to the fork's prompt.
         self._table_blocks[seq_id] = -(-int(seq.get_len()) // BLOCK_SIZE) + 1
-        self.index.add(seq, tokens)
+        self.index.add(seq, tokens, salted[1] if salted is not None else None)

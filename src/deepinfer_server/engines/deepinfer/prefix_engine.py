@@ -45,7 +45,11 @@ def prefix_caching_engine(
             extra: Any = None,
             enqueue: bool = True,
             chunk_checkpoints: Any = None,
+            *,
+            cache_salt: bytes | None = None,
         ) -> Any:
+            """DeepInfer's `add_request`, plus the server's `cache_salt`: the prefix-cache
+            partition the request forks from and is kept in."""
             return self.prefix_cache.add_request(
                 super().add_request,
                 user_id,
@@ -57,13 +61,12 @@ def prefix_caching_engine(
                 extra,
                 enqueue,
                 chunk_checkpoints,
+                cache_salt=cache_salt,
             )
 
         def abort_request(self, request_id: Any) -> tuple[int, int]:
             ids = [request_id] if isinstance(request_id, str) else list(request_id)
-            result: tuple[int, int] = super().abort_request(ids)
-            self.prefix_cache.aborted(ids)
-            return result
+            return self.prefix_cache.abort_request(super().abort_request, ids)
 
         def step(self) -> Any:
             self.prefix_cache.evict_for_demand()

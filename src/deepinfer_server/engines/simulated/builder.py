@@ -36,5 +36,11 @@ def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:
         prepare_grammar=True,
         enable_prefix_caching=spec.enable_prefix_caching,
         prefill_tokens_per_s=options.sim_prefill_tokens_per_s * spec.context_parallel_size,
+        disaggregation_mode=spec.disaggregation_mode,
+        disaggregation_bootstrap_port=spec.disaggregation_bootstrap_port,
+        disaggregation_ib_device=spec.disaggregation_ib_device,
+        disaggregation_host=spec.disaggregation_host,
+        disaggregation_kv_hold_timeout=spec.disaggregation_kv_hold_timeout,
+        disaggregation_transfer_timeout=spec.disaggregation_transfer_timeout,
     )
     return BuiltEngine(LLMEngineDriver(LLMEngine.from_engine_args(args), RequestOutput))

@@ -6,8 +6,9 @@ zero-overhead scheduling (decode tokens come back one `step()` late, first token
 `flush_inflight_reqs()` drains); several tokens per decode step (speculative decoding);
 DeepInfer's finish-reason strings; running vs waiting abort semantics; `prompt_length_exceeded`
 at prefill time; EOS generated as an ordinary token under `ignore_eos`; the prefill cadence
-(`prompt_scheduler.PromptScheduler`); `has_unfinished_requests()` as an all-reduce MAX and
-`step()`/`close()` as collectives across the DP ranks; single-thread ownership; DeepInfer's
+(`prompt_scheduler.PromptScheduler`); `has_unfinished_requests()` as an all-reduce MAX (whose
+rendezvous also carries the step's prefill votes) and `step()`/`close()` as collectives across
+the DP ranks; single-thread ownership; DeepInfer's
 structured outputs (`matcher_builds.MatcherBuilds`).
 
 This module is the contract's face and the order of one step; the parts live beside it: the
@@ -28,11 +29,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 from tokenizers import Tokenizer
 
-from deepinfer_server.engines.simulated.collectives import LockstepGroup
+from deepinfer_server.engines.disaggregation.agent import TransferAgent
+from deepinfer_server.engines.simulated.collectives import Ballot, LockstepGroup, Tally
+from deepinfer_server.engines.simulated.disaggregation import (
+    DecodeRole,
+    PrefillRole,
+    TransferStats,
+)
 from deepinfer_server.engines.simulated.kv_blocks import KVBlocks, default_pool
 from deepinfer_server.engines.simulated.matcher_builds import MatcherBuilds
 from deepinfer_server.engines.simulated.outputs import POOL, OutputRecord, RequestOutput
@@ -51,6 +59,7 @@ from deepinfer_server.engines.simulated.sequence import FINISH_ABORT, Sequence
 from deepinfer_server.engines.simulated.state_slots import StateSlots
 from deepinfer_server.engines.simulated.step_clock import StepClock
 from deepinfer_server.engines.simulated.token_generator import TokenGenerator
+from deepinfer_server.ipc.kv_transfer import KVTransferParams
 from deepinfer_server.model.tokens import EOS_TOKEN
 
 logger = logging.getLogger(__name__)
@@ -87,6 +96,13 @@ class SimEngineArgs:
     #: SOMatcherBuilder builds its compiler when the engine is built (rank processes do; an
     #: engine built in a test compiles on first use).
     prepare_grammar: bool = False
+    #: "null" (NORMAL), "prefill" (PROMPT) or "decode" (COMPLETION): `disaggregation.py`.
+    disaggregation_mode: str = "null"
+    disaggregation_bootstrap_port: int = 8998
+    disaggregation_ib_device: str | None = None
+    disaggregation_host: str = "127.0.0.1"
+    disaggregation_kv_hold_timeout: float = 60.0
+    disaggregation_transfer_timeout: float = 30.0
 
 
 class LLMEngine:
@@ -141,12 +157,13 @@ class LLMEngine:
             args.tokens_per_step,
             args.max_num_batched_tokens or 0,
         )
-        cadence = PrefillCadence(
-            args.lockstep,
-            args.engine_rank,
-            args.prefill_attempt_interval,
-            args.prefill_any_attempt_interval,
-        )
+        cadence = PrefillCadence(args.prefill_attempt_interval, args.prefill_any_attempt_interval)
+        self._prefill: PrefillRole | None = None
+        self._decode: DecodeRole | None = None
+        #: Prompt tokens this engine's prompt steps computed (a fork's reused ones excluded).
+        self.prompt_tokens_computed = 0
+        if args.disaggregation_mode != "null":
+            self._start_role(args)
         self._prompts = PromptScheduler(
             self._table,
             self._generator,
@@ -155,7 +172,34 @@ class LLMEngine:
             args.max_num_seqs,
             batched_tokens,
             prompt_limit,
+            args.data_parallel_size,
+            engine_type=args.disaggregation_mode,
         )
+        #: The next step's prefill votes as the last work check cast them: this rank's ballot
+        #: and the group's tally (both None off the attempt points).
+        self._votes: tuple[Ballot | None, Tally | None] | None = None
+
+    def _start_role(self, args: SimEngineArgs) -> None:
+        """A PROMPT or COMPLETION engine: its transfer agent and its role's state."""
+        agent = TransferAgent(args.disaggregation_host, args.disaggregation_ib_device)
+        if args.disaggregation_mode == "prefill":
+            self._prefill = PrefillRole(
+                self._kv,
+                self._cache.slots,
+                agent,
+                args.disaggregation_bootstrap_port,
+                args.engine_rank,
+                args.disaggregation_kv_hold_timeout,
+            )
+            self._table.on_finish = self._prefill.hold
+        else:
+            self._decode = DecodeRole(
+                self._table,
+                self._generator,
+                agent,
+                args.max_num_seqs,
+                args.disaggregation_transfer_timeout,
+            )
 
     @classmethod
     def from_engine_args(cls, args: SimEngineArgs) -> LLMEngine:
@@ -174,9 +218,15 @@ class LLMEngine:
         extra: dict[str, Any] | None = None,
         enqueue: bool = True,
         chunk_checkpoints: list[int] | None = None,
+        *,
+        cache_salt: bytes | None = None,
     ) -> Sequence | None:
-        """Queue a request; returns None (and never outputs) for out-of-vocabulary IDs."""
+        """Queue a request; returns None (and never outputs) for out-of-vocabulary IDs.
+
+        `cache_salt` (the server's, not DeepInfer's): the prefix-cache partition it forks from
+        and is kept in."""
         self._check_thread()
+        self._votes = None
         # The TTFT delay runs from arrival: preparing the script below overlaps it.
         arrived = time.monotonic()
         if sampling_params is None:
@@ -193,6 +243,15 @@ class LLMEngine:
         if int(prompt_token_ids.min()) < 0 or int(prompt_token_ids.max()) >= self._vocab_size:
             logger.info("request %s of user %s has invalid token ids; dropped", request_id, user_id)
             return None
+        handoff = (extra or {}).get("kv_transfer_params")
+        if self._decode is not None and handoff is None:
+            raise ValueError(
+                "a COMPLETION engine cannot prefill: the request needs the kv_transfer_params "
+                "of a prefill server's answer"
+            )
+        if self._prefill is not None:
+            # A PROMPT engine only prefills: its answer is the prompt step's token.
+            sampling_params.max_tokens = 1
         prompt = prompt_token_ids.tolist()
         sequence = Sequence(
             request_id=request_id,
@@ -200,7 +259,15 @@ class LLMEngine:
             params=sampling_params,
             script=self._script.answer_tokens(prompt, multi_modal_data),
             ready_at=arrived + self._args.ttft_ms / 1000.0,
+            cache_salt=cache_salt,
         )
+        if self._decode is not None:
+            if sampling_params.so_args:
+                self._builds.build_now(sequence)
+            if not isinstance(handoff, KVTransferParams):
+                handoff = msgspec.convert(handoff, KVTransferParams)
+            self._decode.add(sequence, handoff)
+            return sequence
         cacheable = (
             multi_modal_data is None and not sampling_params.prompt_logprobs and enqueue
         ) and not sampling_params.so_args
@@ -218,9 +285,12 @@ class LLMEngine:
     def abort_request(self, request_id: str | Iterable[str]) -> tuple[int, int]:
         """Abort requests; returns (number aborted, sum of their prompt+output lengths)."""
         self._check_thread()
+        self._votes = None
         ids = {request_id} if isinstance(request_id, str) else set(request_id)
         pending = self._builds.abort(ids)
         waited, ran = self._table.abort(ids)
+        if self._decode is not None:
+            waited.extend(self._decode.abort(ids))
         for sequence in [*pending, *waited]:
             self._pending_terminal.append(sequence.ignored_output(FINISH_ABORT))
         aborted = [*pending, *waited, *ran]
@@ -231,44 +301,66 @@ class LLMEngine:
     # The loop
 
     def has_unfinished_requests(self) -> bool:
-        """An all-reduce MAX over the DP ranks of "this rank has waiting or running work"."""
+        """An all-reduce MAX over the DP ranks of "this rank has waiting or running work".
+
+        The same rendezvous carries the next step's prefill votes at an attempt point: nothing
+        this thread does between here and `step()` changes what a rank votes.
+        """
         self._check_thread()
-        local = 1 if (self._table or self._builds) else 0
-        return bool(self._args.lockstep.all_reduce_max(self._args.engine_rank, local))
+        ballot = self._plan_step()
+        decoding = self._decode is not None and self._decode.busy
+        local = bool(self._table or self._builds or decoding)
+        agreed = self._args.lockstep.work_check(self._args.engine_rank, local, ballot)
+        self._votes = (ballot, agreed.tally)
+        return agreed.unfinished
 
     def get_num_unfinished_requests(self) -> int:
         self._check_thread()
-        return len(self._table) + len(self._builds)
+        pulling = len(self._decode) if self._decode is not None else 0
+        return len(self._table) + len(self._builds) + pulling
 
     def step(self) -> npt.NDArray[np.uint64]:
         """One engine step, collective across the DP ranks; returns one handle per token."""
         self._check_thread()
         self._inject_fault()
         started = time.monotonic()
-        self._args.lockstep.barrier(self._args.engine_rank)
+        votes, self._votes = self._votes, None
+        if votes is None:  # no work check since the queues last changed: plan and vote here
+            ballot = self._plan_step()
+            rank = self._args.engine_rank
+            votes = (
+                ballot,
+                None if ballot is None else self._args.lockstep.prefill_vote(rank, ballot),
+            )
+        self._args.lockstep.enter_step(self._args.engine_rank)
         for handles in self._to_release:
             POOL.release(handles)
         self._to_release.clear()
-        self._table.waiting.extend(self._builds.pump())
         table = self._table
         first_ready = None
         if not table.running and table.waiting:
             first_ready = min(s.ready_at for s in table.waiting)
         step_end = self._clock.step_end(started, first_ready)
-
         terminal, self._pending_terminal = self._pending_terminal, []
-        self._cache.evict_for_demand(table.waiting, len(table.running))
+        if self._prefill is not None:
+            self._prefill.collect()
+        if self._decode is not None:
+            # Pulled prompts enter with their first token; failed transfers end here.
+            terminal.extend(self._decode.step())
         prompt_outputs: list[OutputRecord] = []
-        prompt_step = self._prompts.schedule(prompt_outputs, step_end)
+        prompt_step = self._prompts.schedule(prompt_outputs, step_end, *votes)
+        self.prompt_tokens_computed += self._prompts.computed_tokens
         rate = self._args.prefill_tokens_per_s
         if prompt_step and rate > 0:
-            # Across DP ranks the next step's barrier makes the slowest prompt step the group's.
+            # Across DP ranks the next rendezvous makes the slowest prompt step the group's.
             step_end = max(step_end, started + self._prompts.computed_tokens / rate)
         deferred, self._deferred = self._deferred, []
         decoded: list[OutputRecord] = []
         if not prompt_step:
             # Before the deferred outputs leave: a preempted sequence's in-flight tokens go.
-            scheduled, deferred = schedule_decode(table, deferred, self._args.tokens_per_step)
+            scheduled, deferred = schedule_decode(
+                table, deferred, self._args.tokens_per_step, stop_preempted=self._decode is not None
+            )
             for sequence in scheduled:
                 decoded.extend(self._generator.generate(sequence))
         returned = deferred + terminal + prompt_outputs
@@ -284,6 +376,9 @@ class LLMEngine:
     def flush_inflight_reqs(self) -> npt.NDArray[np.uint64]:
         """Return the outputs of the deferred decode step, if any (local, not collective)."""
         self._check_thread()
+        if self._prefill is not None:
+            self._prefill.collect()
+        self._votes = None
         returned = self._deferred + self._pending_terminal
         self._deferred = []
         self._pending_terminal = []
@@ -301,9 +396,46 @@ class LLMEngine:
             POOL.release(handles)
         self._to_release.clear()
         self._builds.close()
+        if self._prefill is not None:
+            self._prefill.close()
+        if self._decode is not None:
+            self._decode.close()
         self._closed = True
 
+    # Prefill/decode disaggregation (read by the engine driver)
+
+    def pop_kv_handoff(self, request_id: str) -> KVTransferParams | None:
+        """A PROMPT engine's handoff of a request that ended (None: none, or not PROMPT)."""
+        if self._prefill is None:
+            return None
+        return self._prefill.handoffs.pop(request_id, None)
+
+    def kv_transfer_stats(self) -> TransferStats | None:
+        """A COMPLETION engine's transfer counters (None for the other roles)."""
+        return None if self._decode is None else self._decode.stats
+
+    def held_kv(self) -> int:
+        """Prompts a PROMPT engine holds for decode servers now."""
+        return 0 if self._prefill is None else len(self._prefill.held)
+
     # Internals
+
+    def _plan_step(self) -> Ballot | None:
+        """Make the queue what the next step will find (finished grammar builds joined, the
+        prefix cache's evictions for waiting prompts done); at an attempt point, return this
+        rank's prefill votes as of the step's end were it to start now."""
+        table = self._table
+        table.waiting.extend(self._builds.pump())
+        self._cache.evict_for_demand(table.waiting, len(table.running))
+        # Only a NORMAL engine votes: a PROMPT one always prefills, a COMPLETION one never.
+        if self._args.disaggregation_mode != "null":
+            return None
+        if not self._prompts.cadence.at_attempt_point():
+            return None
+        first_ready = None
+        if not table.running and table.waiting:
+            first_ready = min(s.ready_at for s in table.waiting)
+        return self._prompts.ballot(self._clock.step_end(time.monotonic(), first_ready))
 
     def _check_thread(self) -> None:
         if threading.get_ident() != self._owner:

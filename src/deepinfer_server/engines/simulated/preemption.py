@@ -21,12 +21,17 @@ FINISH_PREEMPTED = "insufficient_system_resource"
 
 
 def schedule_decode(
-    table: RequestTable, deferred: list[OutputRecord], tokens_per_step: int
+    table: RequestTable,
+    deferred: list[OutputRecord],
+    tokens_per_step: int,
+    stop_preempted: bool = False,
 ) -> tuple[list[Sequence], list[OutputRecord]]:
     """(the sequences that step, in running order; `deferred` without the victims' outputs).
 
     Victims leave `running` (with their state); recomputable ones go to the front of
-    `waiting`, the others get their terminal output appended to the returned records.
+    `waiting`, the others get their terminal output appended to the returned records. With
+    `stop_preempted` (DeepInfer's `stop_preempted_request`, which a COMPLETION engine requires:
+    it cannot recompute a prompt) every victim ends "insufficient_system_resource".
     """
     running = table.running
     scheduled, preempted = table.kv.plan_decode(
@@ -41,7 +46,7 @@ def schedule_decode(
         inflight = sum(r.request_id == victim.request_id for r in deferred)
         deferred = [r for r in deferred if r.request_id != victim.request_id]
         del victim.output[len(victim.output) - inflight :]
-        if victim.matcher is not None:
+        if victim.matcher is not None or stop_preempted:
             deferred.append(victim.ignored_output(FINISH_PREEMPTED))
         else:
             victim.ready_at = time.monotonic()

@@ -8,7 +8,8 @@ docs/design/prefix-caching.md) on the simulated block model, and shares its inde
   thinking-mode turn dropped `<think>`) are a cached sequence's prompt becomes a fork: it pins
   the parent's blocks up to F (those it keeps and the partial one it copies) and its state
   snapshot, reports `num_cached_tokens = F` and goes
-  to the front of the queue (DeepInfer's `fork_seq`); every prompt counts as queried.
+  to the front of the queue (DeepInfer's `fork_seq`); every prompt counts as queried. Only
+  entries of the prompt's cache salt (`Sequence.cache_salt`) are candidates.
 - `start` (its prefill): a fork keeps `F // 128` whole blocks, drops its other pins once its
   state is cloned into a slot of its own, and computes only its last `len - F` tokens; a
   prompt that can be cached takes a snapshot slot when one is spare, evicting entries without
@@ -91,7 +92,7 @@ class PrefixCache:
         if not (cacheable and MIN_TOKENS <= prompt.size <= self._prompt_limit):
             return False
         sequence.prompt_ids = prompt
-        match = self.index.match(prompt, limit=int(prompt.size) - 2)
+        match = self.index.match(prompt, limit=int(prompt.size) - 2, salt=sequence.cache_salt)
         if match is None:
             return False
         entry, fork_point = match.entry, match.fork_point
@@ -157,7 +158,7 @@ class PrefixCache:
         self._entries += 1
         owner = f"prefix-cache:{self._entries}"
         self.kv.rename(sequence.request_id, owner)
-        self.index.add(_Cached(owner, snapshot), sequence.prompt_ids)
+        self.index.add(_Cached(owner, snapshot), sequence.prompt_ids, sequence.cache_salt)
 
     def abort_waiting(self, sequence: Sequence) -> None:
         """A waiting sequence was aborted: a fork drops its pins."""

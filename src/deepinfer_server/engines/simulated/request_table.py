@@ -9,7 +9,7 @@ still being built are in neither (`matcher_builds.MatcherBuilds`).
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from deepinfer_server.engines.simulated.kv_blocks import AllocStatus, KVBlocks
@@ -25,6 +25,9 @@ class RequestTable:
     cache: PrefixCache
     waiting: list[Sequence] = field(default_factory=list)
     running: list[Sequence] = field(default_factory=list)
+    #: Called with each running sequence that ends, before its blocks are freed or cached
+    #: (a PROMPT engine holds them for a decode server).
+    on_finish: Callable[[Sequence], None] | None = None
 
     def __len__(self) -> int:
         return len(self.waiting) + len(self.running)
@@ -55,6 +58,8 @@ class RequestTable:
     def finish(self, sequence: Sequence) -> None:
         """A running sequence ended: it leaves `running`; its blocks are freed or cached."""
         self.running.remove(sequence)
+        if self.on_finish is not None:
+            self.on_finish(sequence)
         self.cache.finish(sequence)
 
     def preempted(self, sequence: Sequence) -> None:

@@ -14,6 +14,12 @@ step decodes, otherwise ranks with nothing run an empty prompt step, so that a s
 prefill or all decode across the group. A prompt step resets `decode_step` (so prefills repeat
 back to back while every rank still wants one); every other step, empty ones included,
 increments it. The counter is equal on every rank because every rank takes the same decisions.
+
+Both votes are cast together in the step's work check (`collectives.LockstepGroup`): a rank's
+second vote ("I scheduled something") is known before the first is counted, because it only
+attempts a prefill when it wants one and whether its queue's head fits is decided before any
+prompt is scheduled. Each rank gets DeepInfer's answers at the same iteration, in one
+rendezvous instead of three.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from deepinfer_server.config.resolved import (
     DEFAULT_PREFILL_ANY_ATTEMPT_INTERVAL,
     DEFAULT_PREFILL_ATTEMPT_INTERVAL,
 )
-from deepinfer_server.engines.simulated.collectives import LockstepGroup
+from deepinfer_server.engines.simulated.collectives import Tally
 
 __all__ = [
     "DEFAULT_PREFILL_ANY_ATTEMPT_INTERVAL",
@@ -40,8 +46,6 @@ KV_WATERMARK = 0.9
 class PrefillCadence:
     """The prefill attempt points and votes of one DP rank."""
 
-    group: LockstepGroup
-    rank: int
     attempt_interval: int = DEFAULT_PREFILL_ATTEMPT_INTERVAL
     any_attempt_interval: int = DEFAULT_PREFILL_ANY_ATTEMPT_INTERVAL
     decode_step: int = 0
@@ -50,20 +54,22 @@ class PrefillCadence:
         if self.attempt_interval < 1 or self.any_attempt_interval < 1:
             raise ValueError("prefill attempt intervals must be at least 1")
 
-    def vote(self, want: bool) -> bool:
-        """Whether the group attempts a prefill this step (collective at attempt points only)."""
-        step = self.decode_step
-        any_point = step != 0 and step % self.any_attempt_interval == 0
-        all_point = step % self.attempt_interval == 0
-        if any_point:
-            return self.group.all_reduce_min(self.rank, 0 if want else 1) == 0
-        if all_point:
-            return self.group.all_reduce_min(self.rank, 1 if want else 0) == 1
-        return False
+    def _any_point(self) -> bool:
+        return self.decode_step != 0 and self.decode_step % self.any_attempt_interval == 0
 
-    def anyone_scheduled(self, scheduled: bool) -> bool:
-        """The second vote after a winning one: did any rank schedule a prompt (or ignore one)?"""
-        return self.group.all_reduce_min(self.rank, 0 if scheduled else 1) == 0
+    def at_attempt_point(self) -> bool:
+        """Whether this step votes (the same on every rank)."""
+        return self._any_point() or self.decode_step % self.attempt_interval == 0
+
+    def prefill(self, tally: Tally | None, world_size: int) -> bool:
+        """Whether the group runs a prompt step, given the votes of an attempt point: at an ANY
+        point one wanting rank suffices (scheduler.hpp's MIN of "not want" == 0), at an ALL
+        point every rank must want (MIN of "want" == 1); then some rank must have scheduled
+        something (the second MIN vote)."""
+        if tally is None:
+            return False
+        wanted = tally.wants > 0 if self._any_point() else tally.wants == world_size
+        return wanted and tally.schedulable > 0
 
     def advance(self, prompt_step: bool) -> None:
         """Count the step: a prompt step resets the counter, any other step increments it."""

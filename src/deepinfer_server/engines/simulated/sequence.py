@@ -42,6 +42,9 @@ class Sequence:
     inserted: int = 0
     #: The prompt as `add_request` got it, for the prefix cache (None: it cannot be cached).
     prompt_ids: npt.NDArray[np.int32] | None = None
+    #: Its prefix-cache partition (`AddRequest.cache_salt`): it forks from, and is kept for,
+    #: only sequences with the same one.
+    cache_salt: bytes | None = None
     #: Prompt tokens reused from a cached sequence, as DeepInfer's Sequence reports them after
     #: `add_request`: what usage shows, even when a preemption recomputes them later.
     num_cached_tokens: int = 0
@@ -53,6 +56,9 @@ class Sequence:
     #: (`state_slots.StateSlots`; 0: none).
     state_slot: int = 0
     snapshot_slot: int = 0
+    #: The next token, sampled elsewhere: a prefill server's first token (`fork_seq`'s
+    #: `sp_token`) that a decode engine's sequence starts with.
+    forced_token: int | None = None
 
     @property
     def length(self) -> int:

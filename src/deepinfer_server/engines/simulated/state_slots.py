@@ -34,6 +34,11 @@ class StateSlots:
         return cls(int(max_num_seqs * ratio) + 1)
 
     @property
+    def size(self) -> int:
+        """Slots in the pool, slot 0 included."""
+        return len(self._refs)
+
+    @property
     def free_count(self) -> int:
         """Slots free for allocation."""
         return len(self._free)

@@ -70,7 +70,11 @@ class TokenGenerator:
         return sequence.ignored_output(FINISH_SO_FAILED)
 
     def _next_token(self, sequence: Sequence) -> int:
-        scripted = sequence.scripted_token(self.eos_id)
+        scripted = sequence.forced_token
+        if scripted is None:
+            scripted = sequence.scripted_token(self.eos_id)
+        else:
+            sequence.forced_token = None
         if sequence.matcher is None:
             return scripted
         # The grammar decides: the scripted token when it is allowed, else the matcher's

@@ -25,6 +25,7 @@ from deepinfer_server.protocol.core.validation import (
     check_model,
     optional_bool,
     optional_uint,
+    read_cache_salt,
 )
 
 
@@ -50,6 +51,8 @@ class PreparedChat:
     #: The choice this engine request produces (n > 1 makes one PreparedChat per choice).
     index: int = 0
     prompt_index: int = 0
+    #: `cache_salt`: only requests with the same salt share cached prefixes.
+    cache_salt: str | None = None
 
 
 def read_stream_options(body: dict[str, Any]) -> StreamOptions:
@@ -72,6 +75,7 @@ def prepare_chat(body: dict[str, Any], recipe: RecipeContext) -> PreparedChat | 
     Raises BadRequestError (400) or ModelNotFoundError (404); never anything else on bad input.
     """
     check_chat_fields(body)
+    cache_salt = read_cache_salt(body)
     body["messages"] = merge_assistant_runs(body["messages"])
     n = read_n(body)
     body.pop("n", None)  # the recipe accepts only n = 1; the choices are the server's
@@ -99,6 +103,7 @@ def prepare_chat(body: dict[str, Any], recipe: RecipeContext) -> PreparedChat | 
         stream_options,
         constraint,
         images=engine.images,
+        cache_salt=cache_salt,
     )
     if n == 1:
         return prepared

@@ -19,7 +19,12 @@ from deepinfer_server.protocol.chat.request import StreamOptions, read_stream_op
 from deepinfer_server.protocol.core.choices import read_n, seeds_for, with_seed
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.protocol.core.sampling import read_top_k, reject_unhonoured_sampling
-from deepinfer_server.protocol.core.validation import check_model, optional_bool, optional_uint
+from deepinfer_server.protocol.core.validation import (
+    check_model,
+    optional_bool,
+    optional_uint,
+    read_cache_salt,
+)
 
 BOS_TOKEN = "<｜begin▁of▁sentence｜>"
 #: OpenAI's and vLLM's default for completions.
@@ -47,6 +52,8 @@ class PreparedCompletion:
     index: int = 0
     #: Distinct prompts of the whole request (for usage: each prompt counts once).
     prompt_index: int = 0
+    #: `cache_salt`: only requests with the same salt share cached prefixes.
+    cache_salt: str | None = None
 
     @property
     def constraint(self) -> None:
@@ -149,6 +156,7 @@ def prepare_completion(body: dict[str, Any], recipe: RecipeContext) -> list[Prep
     if not isinstance(body.get("model"), str):
         raise BadRequestError("'model' is required and must be a string", param="model")
     check_model(body, recipe.served_model_names)
+    cache_salt = read_cache_salt(body)
     n = read_n(body)
     _reject_unsupported(body, n)
     reject_unhonoured_sampling(body)
@@ -208,6 +216,7 @@ def prepare_completion(body: dict[str, Any], recipe: RecipeContext) -> list[Prep
                     max_tokens > 0,
                     index=prompt_index * n + i,
                     prompt_index=prompt_index,
+                    cache_salt=cache_salt,
                 )
             )
     return prepared

@@ -244,7 +244,7 @@ class StructuredOutputs:
 
     async def compile(self, constraint: Constraint, key: str) -> StructuredOutput | None:
         """The so_args for `constraint`, compiled once to validate them, in `key`'s turn
-        (`key`: the request's API-key scope, never the key itself).
+        (`key`: the request's tenant, `api.auth.tenant_of`, never its API key).
 
         None when the constraint is only `strict` tools under auto and xgrammar is missing.
         """

@@ -74,6 +74,39 @@ def optional_uint(body: dict[str, Any], name: str, maximum: int = UINT32_MAX) ->
     return value
 
 
+def read_cache_salt(body: dict[str, Any]) -> str | None:
+    """vLLM's `cache_salt`: requests with different salts never share cached prompt prefixes.
+    A non-empty string when given, as vLLM validates it."""
+    value = body.get("cache_salt")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise BadRequestError(
+            "Parameter 'cache_salt' must be a non-empty string if provided.", param="cache_salt"
+        )
+    return value
+
+
+#: The range of a request's `priority` (a signed 32-bit integer; vLLM takes any integer).
+PRIORITY_MIN = -(2**31)
+PRIORITY_MAX = 2**31 - 1
+
+
+def read_priority(body: dict[str, Any]) -> int:
+    """Take `priority` (vLLM's extension: lower starts first among the API key's queued
+    requests; default 0) out of `body`, or 400 for anything but an integer in range."""
+    value = body.pop("priority", None)
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequestError("'priority' must be an integer", param="priority")
+    if not PRIORITY_MIN <= value <= PRIORITY_MAX:
+        raise BadRequestError(
+            f"'priority' must be between {PRIORITY_MIN} and {PRIORITY_MAX}", param="priority"
+        )
+    return value
+
+
 def check_model(body: dict[str, Any], served_model_names: tuple[str, ...]) -> None:
     """404 model_not_found for a model this server does not serve."""
     model = body.get("model")

@@ -20,7 +20,7 @@ from deepinfer_server.protocol.core.structured import (
     convert_honouring_tool_choice,
     read_constraint,
 )
-from deepinfer_server.protocol.core.validation import check_model
+from deepinfer_server.protocol.core.validation import check_model, read_cache_salt
 from deepinfer_server.protocol.messages.compat import (
     anthropic_context_error,
     normalize_messages_body,
@@ -38,6 +38,9 @@ class PreparedMessages:
     stream: bool
     constraint: Constraint | None
     images: Images | None = None
+    #: `cache_salt` (an extension field, as vLLM's): only requests with the same salt share
+    #: cached prefixes.
+    cache_salt: str | None = None
 
 
 def _convert(body: dict[str, Any], recipe: RecipeContext) -> ConversationRequest:
@@ -58,6 +61,7 @@ def _convert(body: dict[str, Any], recipe: RecipeContext) -> ConversationRequest
 
 def prepare_messages(body: dict[str, Any], recipe: RecipeContext) -> PreparedMessages:
     """Turn a decoded Messages body into prompt token IDs and sampling options."""
+    cache_salt = read_cache_salt(body)
     converted = _convert(body, recipe)
     constraint = read_constraint(MESSAGES_CONSTRAINT, body, converted.conversation.thinking_mode)
     engine = engine_input(
@@ -74,14 +78,17 @@ def prepare_messages(body: dict[str, Any], recipe: RecipeContext) -> PreparedMes
         converted.stream,
         constraint,
         images=engine.images,
+        cache_salt=cache_salt,
     )
 
 
 def count_message_tokens(body: dict[str, Any], recipe: RecipeContext) -> int:
     """The prompt tokens `/v1/messages` would encode for this body (system, tools, thinking).
 
-    A count_tokens body has no `max_tokens`; any value converts the same prompt.
+    A count_tokens body has no `max_tokens`; any value converts the same prompt. Its
+    `cache_salt` is checked as `/v1/messages` checks it (a salt changes no count).
     """
+    read_cache_salt(body)
     converted = _convert({**body, "max_tokens": 1, "stream": False}, recipe)
     with recipe_errors():
         return len(recipe.encode(converted.conversation))

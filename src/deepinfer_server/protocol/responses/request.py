@@ -18,7 +18,7 @@ from deepinfer_server.protocol.core.structured import (
     convert_honouring_tool_choice,
     read_constraint,
 )
-from deepinfer_server.protocol.core.validation import check_model, optional_bool
+from deepinfer_server.protocol.core.validation import check_model, optional_bool, read_cache_salt
 from deepinfer_server.protocol.responses.reasoning import (
     ReasoningRequest,
     restore_reasoning,
@@ -38,6 +38,8 @@ class PreparedResponses:
     constraint: Constraint | None
     reasoning: ReasoningRequest = field(default_factory=ReasoningRequest)
     images: Images | None = None
+    #: `cache_salt`: only requests with the same salt share cached prefixes.
+    cache_salt: str | None = None
 
 
 def _reject_stateful_options(body: dict[str, Any]) -> None:
@@ -119,6 +121,7 @@ def prepare_responses(body: dict[str, Any], recipe: RecipeContext) -> PreparedRe
     _check_input_items(body)
     reject_n(body, "the Responses API")
     check_model(body, recipe.served_model_names)
+    cache_salt = read_cache_salt(body)
     read_constraint(RESPONSES_CONSTRAINT, body, thinking=False)
     body, conversation = restore_reasoning(body, recipe.reasoning_seal)
 
@@ -147,4 +150,5 @@ def prepare_responses(body: dict[str, Any], recipe: RecipeContext) -> PreparedRe
         constraint,
         ReasoningRequest.of(body, conversation),
         images=engine.images,
+        cache_salt=cache_salt,
     )

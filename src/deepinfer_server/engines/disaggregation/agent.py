@@ -1,0 +1,74 @@
+"""TransferAgent: one rank's endpoint of the KV-transfer library (Mooncake's Transfer Engine).
+
+Each rank initialises one engine in peer-to-peer handshake mode (no metadata server: a peer is
+named by `host:port`, the engine's own RPC port) and registers the memory its KV lives in. A
+decode rank reads a prefill rank's registered memory into its own (`read`); the prefill side
+takes no part in a read. The non-CUDA build moves host memory over TCP; the CUDA builds do
+RDMA or NVLink with the same calls (`--disaggregation-ib-device` names the RDMA devices).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+class TransferError(Exception):
+    """A transfer failed; `reason` is the short metrics label."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def _transfer_engine() -> Any:
+    try:
+        from mooncake.engine import TransferEngine  # type: ignore[import-untyped]
+    except ImportError as exc:
+        raise RuntimeError(
+            "prefill/decode disaggregation needs Mooncake's Transfer Engine: install the "
+            "`disaggregation` extra (pip install 'deepinfer-server[disaggregation]') and "
+            f"Debian's libibverbs1 ({exc})"
+        ) from exc
+    return TransferEngine()
+
+
+class TransferAgent:
+    """A rank's transfer engine: its session name, registered memory and reads."""
+
+    def __init__(self, host: str, ib_device: str | None = None) -> None:
+        self._engine = _transfer_engine()
+        protocol = "rdma" if ib_device else "tcp"
+        if self._engine.initialize(host, "P2PHANDSHAKE", protocol, ib_device or "") != 0:
+            raise RuntimeError(f"the Mooncake transfer engine did not start on {host}")
+        self.host = host
+        self.port = int(self._engine.get_rpc_port())
+
+    @property
+    def session(self) -> str:
+        """How peers name this engine."""
+        return f"{self.host}:{self.port}"
+
+    def register(self, address: int, length: int) -> None:
+        """Make `length` bytes at `address` readable by peers (and writable by reads)."""
+        if self._engine.register_memory(address, length) != 0:
+            raise RuntimeError(f"the transfer engine could not register {length} bytes")
+
+    def unregister(self, address: int) -> None:
+        self._engine.unregister_memory(address)
+
+    def read(self, session: str, pieces: Sequence[tuple[int, int, int]]) -> int:
+        """Copy `(local address, remote address, length)` pieces from peer `session` into this
+        rank's registered memory, in one batch (blocking); returns the bytes moved."""
+        if not pieces:
+            return 0
+        local, remote, lengths = (list(column) for column in zip(*pieces, strict=True))
+        status = self._engine.batch_transfer_sync_read(session, local, remote, lengths)
+        if status != 0:
+            raise TransferError(
+                "transfer_error", f"reading from {session} failed (transfer engine status {status})"
+            )
+        return sum(lengths)

@@ -1,0 +1,77 @@
+"""BootstrapServer: a prefill rank's bootstrap port (`ipc.kv_transfer`'s protocol).
+
+It runs in threads of its own beside the rank's loop: a release notice is queued for the
+loop's thread (the engine's owner), which frees the held KV at its next step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import queue
+import socketserver
+import threading
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+class _Handler(socketserver.StreamRequestHandler):
+    server: _Server
+    timeout = 5.0
+
+    def handle(self) -> None:
+        try:
+            message = json.loads(self.rfile.readline(4096))
+        except (ValueError, OSError):
+            return
+        answer: dict[str, Any] = {"ok": False}
+        if isinstance(message, dict):
+            op = message.get("op")
+            if op == "ping":
+                answer = {"ok": True, "engine_id": self.server.engine_id}
+            elif op == "release" and isinstance(message.get("transfer_id"), str):
+                self.server.released.put(message["transfer_id"])
+                answer = {"ok": True}
+        with contextlib.suppress(OSError):
+            self.wfile.write(json.dumps(answer).encode() + b"\n")
+
+
+class _Server(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    engine_id: str
+    released: queue.SimpleQueue[str]
+
+
+class BootstrapServer:
+    """Listens on `host:port` until `close()`; `take_released()` drains the release notices."""
+
+    def __init__(self, host: str, port: int, engine_id: str) -> None:
+        try:
+            self._server = _Server((host, port), _Handler)
+        except OSError as exc:
+            raise RuntimeError(
+                f"the disaggregation bootstrap port {host}:{port} is not free: {exc}"
+            ) from exc
+        self._server.engine_id = engine_id
+        self._server.released = queue.SimpleQueue()
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="pd-bootstrap", daemon=True
+        )
+        self._thread.start()
+
+    def take_released(self) -> list[str]:
+        """The transfer IDs released since the last call."""
+        released: list[str] = []
+        while True:
+            try:
+                released.append(self._server.released.get_nowait())
+            except queue.Empty:
+                return released
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

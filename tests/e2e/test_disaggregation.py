@@ -1,0 +1,273 @@
+"""Prefill/decode disaggregation end to end: a prefill server and a decode server (simulated
+engine, Mooncake's Transfer Engine between their rank processes), with the test playing a PD
+gateway's part as smg does it: the prefill leg first, not streamed, its output cap set to 1;
+then the client's own request to the decode server with the prefill answer's top-level
+`kv_transfer_params`. Answers must equal a NORMAL server's (the shared server)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from tests.conftest import MODEL
+from tests.metrics_scrape import scrape, value
+from tests.server import LiveServer, free_port, wait_until
+
+pytest.importorskip("mooncake.engine", reason="needs the disaggregation extra")
+pytestmark = pytest.mark.disaggregation
+
+COMMON = ("--sim-ttft-ms", "5", "--sim-itl-ms", "2", "--max-model-len", "4096")
+#: Long enough for several KV blocks (128 tokens each).
+QUESTION = "Tell me about the lighthouse keeper and the storm that night. " * 40
+
+
+def start_prefill(bootstrap_port: int | None = None) -> LiveServer:
+    return LiveServer(
+        *COMMON,
+        "--disaggregation-mode",
+        "prefill",
+        "--disaggregation-bootstrap-port",
+        str(bootstrap_port or free_port()),
+    )
+
+
+#: The shared prefill server's bootstrap port (what a PD gateway is told with its URL).
+PREFILL_BOOTSTRAP_PORT = free_port()
+
+
+@pytest.fixture(scope="module")
+def prefill() -> Iterator[LiveServer]:
+    with start_prefill(PREFILL_BOOTSTRAP_PORT) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def decode() -> Iterator[LiveServer]:
+    with LiveServer(*COMMON, "--disaggregation-mode", "decode") as server:
+        yield server
+
+
+def handoff(server: LiveServer, path: str, body: dict[str, Any], cap: str) -> dict[str, Any]:
+    """The prefill leg, as smg sends it: not streamed, one output token."""
+    leg = {key: value for key, value in body.items() if key not in ("stream", "stream_options")}
+    leg[cap] = 1
+    answer = httpx.post(server.base_url + path, json=leg, timeout=30)
+    assert answer.status_code == 200, answer.text
+    params = answer.json()["kv_transfer_params"]
+    assert isinstance(params, dict) and params["do_remote_prefill"] is True
+    return params
+
+
+def openai_client(server: LiveServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+
+
+def anthropic_client(server: LiveServer) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0)
+
+
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": QUESTION}], "max_tokens": 60}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_through_both_legs_is_the_normal_servers_answer(
+    prefill: LiveServer, decode: LiveServer, shared_server: LiveServer, stream: bool
+) -> None:
+    before = scrape(decode.base_url)
+    params = handoff(prefill, "/v1/chat/completions", CHAT, "max_tokens")
+    messages = CHAT["messages"]
+    with openai_client(shared_server) as normal, openai_client(decode) as pd:
+        expected = normal.chat.completions.create(model=MODEL, messages=messages, max_tokens=60)
+        extra = {"kv_transfer_params": params}
+        if stream:
+            chunks = pd.chat.completions.create(
+                model=MODEL, messages=messages, max_tokens=60, stream=True, extra_body=extra
+            )
+            parts = [c.choices[0].delta for c in chunks if c.choices]
+            content = "".join(d.content or "" for d in parts)
+            reasoning = "".join((d.model_extra or {}).get("reasoning_content") or "" for d in parts)
+        else:
+            answer = pd.chat.completions.create(
+                model=MODEL, messages=messages, max_tokens=60, extra_body=extra
+            )
+            content = answer.choices[0].message.content or ""
+            reasoning = (answer.choices[0].message.model_extra or {}).get("reasoning_content")
+            assert answer.usage == expected.usage
+    message = expected.choices[0].message
+    assert (content, reasoning) == (message.content, message.model_extra["reasoning_content"])
+    after = scrape(decode.base_url)
+    computed = "deepinfer:prompt_tokens_computed_total"
+    assert value(after, computed) - value(before, computed) <= 128  # at most one block
+    moved = "deepinfer:kv_transfer_bytes_total"
+    assert value(after, moved) > value(before, moved)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_responses_through_both_legs_is_the_normal_servers_answer(
+    prefill: LiveServer, decode: LiveServer, shared_server: LiveServer, stream: bool
+) -> None:
+    body = {"model": MODEL, "input": QUESTION, "max_output_tokens": 60, "store": False}
+    params = handoff(prefill, "/v1/responses", body, "max_output_tokens")
+    with openai_client(shared_server) as normal, openai_client(decode) as pd:
+        expected = normal.responses.create(
+            model=MODEL, input=QUESTION, max_output_tokens=60, store=False
+        )
+        extra = {"kv_transfer_params": params}
+        if stream:
+            events = pd.responses.create(
+                model=MODEL,
+                input=QUESTION,
+                max_output_tokens=60,
+                store=False,
+                stream=True,
+                extra_body=extra,
+            )
+            text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+        else:
+            text = pd.responses.create(
+                model=MODEL, input=QUESTION, max_output_tokens=60, store=False, extra_body=extra
+            ).output_text
+    assert text == expected.output_text
+
+
+def blocks(message: anthropic.types.Message) -> list[dict[str, Any]]:
+    """The content blocks without thinking signatures (each names its own message)."""
+    return [block.model_dump(exclude={"signature"}) for block in message.content]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_messages_through_both_legs_is_the_normal_servers_answer(
+    prefill: LiveServer, decode: LiveServer, shared_server: LiveServer, stream: bool
+) -> None:
+    messages = [{"role": "user", "content": QUESTION}]
+    body = {"model": MODEL, "messages": messages, "max_tokens": 60}
+    params = handoff(prefill, "/v1/messages", body, "max_tokens")
+    with anthropic_client(shared_server) as normal, anthropic_client(decode) as pd:
+        expected = normal.messages.create(model=MODEL, messages=messages, max_tokens=60)  # type: ignore[arg-type]
+        extra = {"kv_transfer_params": params}
+        if stream:
+            with pd.messages.stream(
+                model=MODEL,
+                messages=messages,  # type: ignore[arg-type]
+                max_tokens=60,
+                extra_body=extra,
+            ) as events:
+                answer = events.get_final_message()
+        else:
+            answer = pd.messages.create(
+                model=MODEL,
+                messages=messages,  # type: ignore[arg-type]
+                max_tokens=60,
+                extra_body=extra,
+            )
+    assert blocks(answer) == blocks(expected)
+    assert answer.stop_reason == expected.stop_reason
+
+
+def test_a_decode_request_without_a_handoff_is_refused_in_the_protocols_shape(
+    decode: LiveServer,
+) -> None:
+    with openai_client(decode) as pd, pytest.raises(openai.BadRequestError) as refused:
+        pd.chat.completions.create(model=MODEL, messages=CHAT["messages"], max_tokens=5)  # type: ignore[arg-type]
+    assert refused.value.body["param"] == "kv_transfer_params"  # type: ignore[index]
+    with anthropic_client(decode) as pd, pytest.raises(anthropic.BadRequestError) as malformed:
+        pd.messages.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=5,
+            extra_body={"kv_transfer_params": {"do_remote_prefill": True}},
+        )
+    assert malformed.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+
+
+def test_a_prefill_server_gone_before_the_pull_is_a_503_and_leaks_nothing(
+    decode: LiveServer,
+) -> None:
+    with start_prefill() as doomed:
+        params = handoff(doomed, "/v1/chat/completions", CHAT, "max_tokens")
+        doomed.kill_tree()
+    before = scrape(decode.base_url)
+    with openai_client(decode) as pd, pytest.raises(openai.APIStatusError) as failed:
+        pd.chat.completions.create(
+            model=MODEL,
+            messages=CHAT["messages"],  # type: ignore[arg-type]
+            max_tokens=60,
+            extra_body={"kv_transfer_params": params},
+        )
+    assert failed.value.status_code == 503
+    assert failed.value.body["code"] == "kv_transfer_failed"  # type: ignore[index]
+    assert "transfer_error" in failed.value.body["message"]  # type: ignore[index]
+
+    def settled() -> bool:
+        samples = scrape(decode.base_url)
+        gauges = ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc")
+        return all(value(samples, f"deepinfer:{g}", dp_rank="0") == 0 for g in gauges)
+
+    wait_until(settled, 20, "the decode server's slots and KV back to idle")
+    failures = "deepinfer:kv_transfer_failures_total"
+    after = scrape(decode.base_url)
+    assert value(after, failures, reason="transfer_error") == 1 + value(
+        before, failures, reason="transfer_error"
+    )
+
+
+def test_smg_in_pd_mode_answers_each_api_as_a_normal_server(
+    prefill: LiveServer, decode: LiveServer, shared_server: LiveServer, tmp_path: Path
+) -> None:
+    """The real gateway: `smg launch --pd-disaggregation --prefill URL PORT --decode URL`
+    sends the prefill leg, reads its answer's `kv_transfer_params` and hands it to the decode
+    leg; Chat (JSON and SSE), Responses and Messages come back as a NORMAL server answers them,
+    the decode server computing at most one block of each prompt while KV bytes move."""
+    from tests.routers.fleet import pd_gateway  # skips without scripts/install-smg.sh's smg
+
+    messages: Any = CHAT["messages"]
+    with pd_gateway(
+        [(prefill.base_url, PREFILL_BOOTSTRAP_PORT)], [decode.base_url], tmp_path / "smg.log"
+    ) as gateway:
+        before = scrape(decode.base_url)
+        requests = 0
+        with (
+            openai_client(shared_server) as normal,
+            openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0) as routed,
+        ):
+            expected = (
+                normal.chat.completions.create(model=MODEL, messages=messages, max_tokens=60)
+                .choices[0]
+                .message
+            )
+            answer = routed.chat.completions.create(model=MODEL, messages=messages, max_tokens=60)
+            assert answer.choices[0].message.content == expected.content
+            chunks = routed.chat.completions.create(
+                model=MODEL, messages=messages, max_tokens=60, stream=True
+            )
+            streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            assert streamed == expected.content
+            text = normal.responses.create(
+                model=MODEL, input=QUESTION, max_output_tokens=60, store=False
+            ).output_text
+            routed_text = routed.responses.create(
+                model=MODEL, input=QUESTION, max_output_tokens=60, store=False
+            ).output_text
+            assert routed_text == text
+            requests += 3
+        with (
+            anthropic_client(shared_server) as normal_messages,
+            anthropic.Anthropic(
+                base_url=gateway.url, api_key="unused", max_retries=0
+            ) as routed_messages,
+        ):
+            wanted = normal_messages.messages.create(model=MODEL, messages=messages, max_tokens=60)
+            got = routed_messages.messages.create(model=MODEL, messages=messages, max_tokens=60)
+            assert blocks(got) == blocks(wanted)
+            requests += 1
+        after = scrape(decode.base_url)
+    computed = "deepinfer:prompt_tokens_computed_total"
+    assert value(after, computed) - value(before, computed) <= 128 * requests
+    moved = "deepinfer:kv_transfer_bytes_total"
+    assert value(after, moved) > value(before, moved)

@@ -1,0 +1,234 @@
+"""Fair admission: one API key's flood cannot keep another key's request from starting;
+priority orders a key's queued requests; weights, per-key limits and several API processes."""
+
+from __future__ import annotations
+
+import asyncio
+import select
+from pathlib import Path
+
+import pytest
+
+from deepinfer_server.cli import parse_config
+from deepinfer_server.config.tenants import Tenant
+from deepinfer_server.coordinator.admission import (
+    Admission,
+    SharedAdmission,
+    Ticket,
+    shared_state,
+)
+from deepinfer_server.coordinator.channels import RankChannels, bind_rank_listener
+from deepinfer_server.coordinator.coordinator import Coordinator
+from deepinfer_server.errors import OverloadedError
+from deepinfer_server.ipc.messages import (
+    AbortReason,
+    Finish,
+    GeneratedTokens,
+    RequestDelta,
+    SamplingOptions,
+    StepOutputs,
+)
+from deepinfer_server.metrics import ServerMetrics
+
+HEAVY, LIGHT = 0, 1
+TWO = (Tenant("heavy"), Tenant("light"))
+
+
+def _admit(admission: Admission, tenant: int, count: int = 1, priority: int = 0) -> list[Ticket]:
+    tickets = [admission.admit(tenant, priority) for _ in range(count)]
+    admission.ready()
+    return tickets
+
+
+def _running(tickets: list[Ticket]) -> int:
+    return sum(ticket.rank is not None and not ticket.released for ticket in tickets)
+
+
+def test_a_flooding_key_leaves_a_slot_for_another_keys_request() -> None:
+    admission = Admission(1, 100, max_num_seqs=4, tenants=TWO, running_share=0.75)
+    heavy = _admit(admission, HEAVY, 20)
+    assert _running(heavy) == 3  # 3 of the 4 slots: floor(4 * 0.75)
+    [light] = _admit(admission, LIGHT)
+    assert light.rank == 0  # started at once, with 17 of the heavy key's requests queued
+
+
+def test_without_a_reserve_a_freed_slot_goes_to_the_key_running_fewest() -> None:
+    admission = Admission(1, 100, max_num_seqs=4, tenants=TWO, running_share=1.0)
+    heavy = _admit(admission, HEAVY, 20)
+    assert _running(heavy) == 4  # alone, one key may use every slot
+    [light] = _admit(admission, LIGHT)
+    assert light.rank is None
+    admission.release(heavy[0])
+    admission.ready()
+    assert light.rank == 0  # before the 16 heavy requests queued ahead of it
+    assert _running(heavy) == 3
+
+
+def test_one_key_alone_uses_every_slot() -> None:
+    admission = Admission(2, 100, max_num_seqs=4, tenants=(Tenant("only"),), running_share=0.5)
+    assert _running(_admit(admission, 0, 10)) == 8
+
+
+def test_lower_priority_starts_first_within_a_key_then_arrival() -> None:
+    admission = Admission(1, 100, max_num_seqs=1)
+    [first] = _admit(admission, 0)
+    later = [_admit(admission, 0, priority=p)[0] for p in (5, -3, 0, -3)]
+    order = []
+    running = first
+    for _ in later:
+        admission.release(running)
+        [running] = admission.ready()
+        order.append(later.index(running))
+    assert order == [1, 3, 2, 0]  # -3 (earlier), -3, 0, 5
+
+
+def test_weights_share_the_slots_between_flooding_keys() -> None:
+    tenants = (Tenant("big", weight=2.0), Tenant("small"))
+    admission = Admission(1, 100, max_num_seqs=6, tenants=tenants, running_share=1.0)
+    big = [admission.admit(0) for _ in range(10)]
+    small = [admission.admit(1) for _ in range(10)]
+    admission.ready()
+    assert (_running(big), _running(small)) == (4, 2)
+
+
+def test_a_keys_own_limits_apply() -> None:
+    tenants = (Tenant("capped", max_running=1, max_queued=2), Tenant("other"))
+    admission = Admission(1, 100, max_num_seqs=4, tenants=tenants)
+    capped = [_admit(admission, 0)[0] for _ in range(3)]
+    assert _running(capped) == 1
+    with pytest.raises(OverloadedError, match="this API key has 2 requests waiting"):
+        admission.admit(0)
+    assert _running(_admit(admission, 1, 3)) == 3  # the other key is not refused
+
+
+def test_max_queued_0_admits_only_what_starts_at_once() -> None:
+    tenants = (Tenant("never-queued", max_queued=0),)
+    admission = Admission(1, 100, max_num_seqs=2, tenants=tenants)
+    assert _running([_admit(admission, 0)[0] for _ in range(2)]) == 2
+    with pytest.raises(OverloadedError):
+        admission.admit(0)
+
+
+def test_a_freed_slot_wakes_the_process_whose_request_is_due() -> None:
+    state = shared_state(1, 2, processes=2)
+    here, there = (
+        SharedAdmission(1, 100, state, process, max_num_seqs=2, tenants=TWO, running_share=1.0)
+        for process in (0, 1)
+    )
+    heavy = _admit(there, HEAVY, 5)
+    assert _running(heavy) == 2
+    [light] = _admit(here, LIGHT)
+    assert light.rank is None
+    reader = state.wake_readers[0]
+    assert select.select([reader], [], [], 0)[0] == []
+    there.release(heavy[0])
+    assert there.ready() == []  # the light key is due, and its request waits in process 0
+    assert select.select([reader], [], [], 5)[0] == [reader]
+    assert here.ready() == [light]
+    assert here.tenant_counts() == [("heavy", 1, 3), ("light", 1, 0)]
+
+
+def test_a_heavy_keys_streams_cannot_keep_a_light_keys_request_from_starting(
+    tmp_path: Path,
+) -> None:
+    """Through the real Coordinator: requests are sent to a rank only when their turn comes,
+    and the per-tenant gauges and admission counters say which key."""
+    keys = tmp_path / "keys"
+    keys.write_text("heavy key-h\nlight key-l\n")
+    config = parse_config(
+        ["--engine", "simulated", "--max-num-seqs", "4", "--api-key-file", str(keys)]
+    )
+
+    async def body() -> None:
+        channels = RankChannels(bind_rank_listener(str(tmp_path / "r.sock")), 1)
+        metrics = ServerMetrics("m")
+        coordinator = Coordinator(config, channels, metrics)
+        try:
+            heavy = [
+                coordinator.submit(f"h{i}", [1, 2], SamplingOptions(4), None, tenant=HEAVY)
+                for i in range(12)
+            ]
+            assert sum(h.rank is not None for h in heavy) == 3
+            light = coordinator.submit("l", [1, 2], SamplingOptions(4), None, tenant=LIGHT)
+            assert light.rank == 0
+            text = metrics.exposition().decode()
+            assert 'deepinfer:tenant_requests_queued{model_name="m",tenant="heavy"} 9.0' in text
+            assert 'deepinfer:tenant_requests_running{model_name="m",tenant="light"} 1.0' in text
+            admitted = 'admissions_total{model_name="m",result="admitted",tenant="light"} 1.0'
+            assert admitted in text
+            assert "key-h" not in text and "key-l" not in text
+            # A queued request that leaves frees its place without reaching the rank.
+            heavy[-1].close(AbortReason.DISCONNECT)
+            heavy[0].close(AbortReason.STOP)
+            assert heavy[3].rank == 0  # the next heavy one, in arrival order
+            for handle in [*heavy, light]:
+                handle.close(AbortReason.DISCONNECT)
+            assert coordinator.admitted == 0
+        finally:
+            channels.close()
+
+    asyncio.run(body())
+
+
+def test_a_request_the_engine_ended_frees_its_running_slot_before_its_stream_closes(
+    tmp_path: Path,
+) -> None:
+    config = parse_config(["--engine", "simulated", "--max-num-seqs", "1"])
+
+    async def body() -> None:
+        channels = RankChannels(bind_rank_listener(str(tmp_path / "r.sock")), 1)
+        coordinator = Coordinator(config, channels, ServerMetrics("m"))
+        try:
+            first = coordinator.submit("a", [1, 2], SamplingOptions(4), None)
+            second = coordinator.submit("b", [1, 2], SamplingOptions(4), None)
+            assert (first.rank, second.rank) == (0, None)
+            done = RequestDelta("a", GeneratedTokens([5]), Finish.STOP, cached_tokens=0)
+            coordinator._on_messages([StepOutputs(0, [done], 0.01)])
+            assert first.ended and coordinator.num_in_flight == 2  # its stream is still open
+            assert second.rank == 0
+            assert coordinator.admitted == 1
+            first.close(AbortReason.STOP)
+            second.close(AbortReason.DISCONNECT)
+            assert coordinator.admitted == 0
+        finally:
+            channels.close()
+
+    asyncio.run(body())
+
+
+def test_a_decode_servers_requests_reach_their_rank_at_once(tmp_path: Path) -> None:
+    """On a decode server each request carries KV its prefill server holds only for a while
+    (and releases only when the engine has the request), so none waits in the server's queue:
+    past --max-num-seqs and past a key's share they still go to the rank, whose engine waits
+    for KV room in order within the transfer timeout."""
+    keys = tmp_path / "keys"
+    keys.write_text("heavy key-h\nlight key-l\n")
+    config = parse_config(
+        [
+            "--engine",
+            "simulated",
+            "--max-num-seqs",
+            "2",
+            "--api-key-file",
+            str(keys),
+            "--disaggregation-mode",
+            "decode",
+        ]
+    )
+
+    async def body() -> None:
+        channels = RankChannels(bind_rank_listener(str(tmp_path / "r.sock")), 1)
+        coordinator = Coordinator(config, channels, ServerMetrics("m"))
+        try:
+            heavy = [
+                coordinator.submit(f"h{i}", [1, 2], SamplingOptions(4), None, tenant=HEAVY)
+                for i in range(6)
+            ]
+            assert all(handle.rank == 0 for handle in heavy)
+            for handle in heavy:
+                handle.close(AbortReason.DISCONNECT)
+            assert coordinator.admitted == 0
+        finally:
+            channels.close()
+
+    asyncio.run(body())
