@@ -9,12 +9,10 @@ from __future__ import annotations
 import contextlib
 import os
 
-#: "<tokenizer JSON file>:<vocab size or empty>", set by the first pool to start workers.
-VOCAB_ENV = "DEEPINFER_GRAMMAR_WORKER_VOCAB"
-
 
 def _preload() -> None:
     from deepinfer_server.grammar._xgr import Vocab
+    from deepinfer_server.grammar.compile_workers import VOCAB_ENV
 
     path, _, size = os.environ.get(VOCAB_ENV, "").rpartition(":")
     if not path:

@@ -50,6 +50,8 @@ class QueueStats:
     running: int
     refused_per_key: int
     refused_busy: int
+    #: Compile workers started and alive (0 while they are prepared, after start-up).
+    workers_ready: int
 
 
 class FairCompileQueue:
@@ -78,9 +80,11 @@ class FairCompileQueue:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def stats(self) -> QueueStats:
-        """How many compiles wait and run, and how many were refused."""
+        """How many compiles wait and run, how many were refused, how many workers are ready."""
         waiting = sum(len(line) for line in self._lines.values())
-        return QueueStats(waiting, self._running, self._refused_per_key, self._refused_busy)
+        return QueueStats(
+            waiting, self._running, self._refused_per_key, self._refused_busy, self._ready()
+        )
 
     def worker_ready(self) -> None:
         """A worker became ready (callable from any thread): start what waits for one."""

@@ -43,6 +43,8 @@ STARTUP_TIMEOUT_S = 180.0
 _PR_SET_PDEATHSIG = 1
 #: What the workers' fork server imports before forking them (xgrammar, PyTorch with it).
 _PRELOAD = "deepinfer_server.grammar._xgr_preload"
+#: "<tokenizer JSON file>:<vocab size or empty>", which the fork server's preload reads.
+VOCAB_ENV = "DEEPINFER_GRAMMAR_WORKER_VOCAB"
 
 
 _vocabulary_shared = False
@@ -55,8 +57,6 @@ def _share_vocabulary(tokenizer_json: str, vocab_size: int | None) -> None:
     """Have the fork server build the workers' vocabulary once (`_xgr_preload`), if it has not
     started yet: the tokenizer goes into a file it reads."""
     global _vocabulary_shared, _shared_file
-    from deepinfer_server.grammar._xgr_preload import VOCAB_ENV
-
     with _share_lock:
         if _vocabulary_shared:  # by an earlier pool of this process: its fork server runs
             return

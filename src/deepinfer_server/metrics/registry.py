@@ -218,6 +218,8 @@ class CompileQueueCounts(Protocol):
     def refused_per_key(self) -> int: ...
     @property
     def refused_busy(self) -> int: ...
+    @property
+    def workers_ready(self) -> int: ...
 
 
 class _CompileQueueGauges(Collector):
@@ -246,10 +248,18 @@ class _CompileQueueGauges(Collector):
             "queued compiles at their bound), capacity (503, no worker free in time).",
             labels=["model_name", "reason"],
         )
+        workers = GaugeMetricFamily(
+            PREFIX + "grammar_compile_workers_ready",
+            "Grammar compile workers started and alive (0 while they are prepared after "
+            "start-up: a structured request then waits for them).",
+            labels=["model_name"],
+        )
+        workers.add_metric(labels, counts.workers_ready if counts else 0)
         waiting.add_metric(labels, counts.waiting if counts else 0)
         running.add_metric(labels, counts.running if counts else 0)
         refused.add_metric([*labels, "per_key"], counts.refused_per_key if counts else 0)
         refused.add_metric([*labels, "capacity"], counts.refused_busy if counts else 0)
+        yield workers
         yield waiting
         yield running
         yield refused

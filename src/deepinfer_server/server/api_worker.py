@@ -40,16 +40,13 @@ from deepinfer_server.ipc.control import (
 from deepinfer_server.metrics import ServerMetrics
 from deepinfer_server.metrics.aggregate import Snapshot, take_snapshot
 from deepinfer_server.model.tokenizer import load_tokenizer_json
-from deepinfer_server.protocol.core.structured import StructuredOutputs
 from deepinfer_server.rank.proc import die_with_parent
 from deepinfer_server.server.http import (
     WRITES_AT_SHUTDOWN,
-    await_structured_outputs,
     build_server,
     create_recipe,
     response_store,
     run_loop,
-    start_structured_outputs,
     wait_for_ranks,
 )
 
@@ -177,22 +174,19 @@ async def _serve(spec: WorkerSpec) -> int:
     )
     peers = ControlPeers(spec.index, config.api_server_count, control, coordinator, metrics)
     listener = asyncio.ensure_future(peers.listen())
-    structured: StructuredOutputs | None = None
     try:
         tokenizer_json = load_tokenizer_json(spec.checkpoint)
         # Checked by the supervisor; one seal key for every process, so blobs open anywhere.
         recipe = create_recipe(config, tokenizer_json, spec.checkpoint, spec.reasoning_key)
-        structured = start_structured_outputs(config, tokenizer_json)
         coordinator.start()
         failed = await wait_for_ranks(coordinator, config.startup_timeout, [signal.SIGTERM])
         if failed is not None:
             return failed
-        await await_structured_outputs(structured)
         async with response_store(config, evicts=spec.index == 0) as store:
             server = build_server(
                 config,
                 recipe,
-                structured,
+                tokenizer_json,
                 coordinator,
                 metrics,
                 peers=peers,
@@ -212,8 +206,6 @@ async def _serve(spec: WorkerSpec) -> int:
     finally:
         listener.cancel()
         await coordinator.release()
-        if structured is not None:
-            structured.close()
         control.close()
 
 

@@ -13,7 +13,6 @@ import contextlib
 import logging
 import signal
 import socket
-import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Sequence
 from types import FrameType
 from typing import Any
@@ -99,6 +98,11 @@ class HttpServer(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
+        if self.started:
+            # Once the port answers: loading xgrammar (and PyTorch) beside the ranks' start
+            # slowed it by seconds on a small machine, and `/health` does not wait for the
+            # grammar compile workers (a structured request that comes first does).
+            self._state.structured.start()
         if self.started and self._on_started is not None:
             self._on_started()
 
@@ -115,6 +119,7 @@ class HttpServer(uvicorn.Server):
             await first_of(self._forced.wait(), coordinator.wait_idle(grace))
         coordinator.fail_all(ShuttingDownError())
         await super().shutdown(sockets)
+        self._state.structured.close()
 
 
 @contextlib.asynccontextmanager
@@ -172,27 +177,6 @@ def create_recipe(
     )
 
 
-def start_structured_outputs(config: ResolvedConfig, tokenizer_json: str) -> StructuredOutputs:
-    """The grammar compiler of one API server process, its vocabulary and compile workers
-    being prepared on a thread of their own (start it before waiting for the ranks, so that
-    both start at once; `await_structured_outputs` before serving)."""
-    limits = QueueLimits(config.max_queued_compiles_per_key, config.grammar_queue_timeout)
-    structured = StructuredOutputs(tokenizer_json, limits=limits)
-    structured.start()
-    return structured
-
-
-async def await_structured_outputs(structured: StructuredOutputs) -> None:
-    """Wait until the grammar compile workers are ready (a failure is logged, not fatal: each
-    structured request then gets its own error)."""
-    started = time.perf_counter()
-    if await structured.wait_ready():
-        logger.info(
-            "[startup] structured outputs ready (+%.1f s after the ranks)",
-            time.perf_counter() - started,
-        )
-
-
 def http_config(
     app: Any, state: AppState, protocol: type[asyncio.Protocol] = AutoHTTPProtocol
 ) -> uvicorn.Config:
@@ -228,7 +212,7 @@ def http_config(
 def build_server(
     config: ResolvedConfig,
     recipe: RecipeContext,
-    structured: StructuredOutputs,
+    tokenizer_json: str,
     coordinator: Coordinator,
     metrics: ServerMetrics,
     *,
@@ -238,6 +222,8 @@ def build_server(
     store: ResponseStore | None = None,
 ) -> HttpServer:
     """The app and its uvicorn server for one API server process (ranks already ready)."""
+    limits = QueueLimits(config.max_queued_compiles_per_key, config.grammar_queue_timeout)
+    structured = StructuredOutputs(tokenizer_json, limits=limits)
     state = AppState(
         config=config,
         recipe=recipe,

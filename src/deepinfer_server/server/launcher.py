@@ -25,12 +25,10 @@ from deepinfer_server.errors import ConfigError
 from deepinfer_server.metrics import ServerMetrics
 from deepinfer_server.server.http import (
     WRITES_AT_SHUTDOWN,
-    await_structured_outputs,
     build_server,
     log_serving,
     response_store,
     run_loop,
-    start_structured_outputs,
     wait_for_ranks,
 )
 from deepinfer_server.server.ranks import RankGroup
@@ -58,7 +56,6 @@ async def serve(config: ResolvedConfig, prepared: Prepared) -> int:
         coordinator = Coordinator(
             config, channels, metrics, on_failure=lambda _reason: ranks.break_collectives()
         )
-        structured = start_structured_outputs(config, prepared.tokenizer_json)
         try:
             ranks.start()
             ranks.watch(coordinator.rank_exited)
@@ -66,13 +63,12 @@ async def serve(config: ResolvedConfig, prepared: Prepared) -> int:
             failed = await wait_for_ranks(coordinator, config.startup_timeout)
             if failed is not None:
                 return failed
-            await await_structured_outputs(structured)
             log_serving(config, prepared.master_port)
             async with response_store(config, evicts=True) as store:
                 server = build_server(
                     config,
                     prepared.recipe,
-                    structured,
+                    prepared.tokenizer_json,
                     coordinator,
                     metrics,
                     store=store,
@@ -88,7 +84,6 @@ async def serve(config: ResolvedConfig, prepared: Prepared) -> int:
             coordinator.begin_shutdown()
             await ranks.stop(RANK_STOP_TIMEOUT)
             await coordinator.release()
-            structured.close()
             logger.info("[shutdown] done")
 
 

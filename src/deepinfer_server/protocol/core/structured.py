@@ -5,11 +5,12 @@ not (xgrammar; from milliseconds to seconds): `StructuredOutputs.compile` awaits
 queue in front of the compile workers (`grammar.compile_queue`), with the same compiler and
 version the engine uses, so a bad schema, regex or grammar is a 400 naming the field before the
 engine sees the request; a key over its queued compiles is a 429 and a server out of compile
-capacity a 503, both with Retry-After. The vocabulary and the workers are prepared at start-up
-(`start`, then `wait_ready` before the server answers). xgrammar is the optional [grammar] extra:
-without it an answer format or a forced tool call in thinking mode is a 400 that says so, while
-`strict` tools and forced tool calls outside thinking mode are served as deepseek-recipe renders
-them, unconstrained (logged once).
+capacity a 503, both with Retry-After. The vocabulary and the workers are prepared in the
+background (`start`, once the server listens: `/health` does not wait for them); a structured
+request that arrives first waits for them, then takes its turn in the queue as any other.
+xgrammar is the optional [grammar] extra: without it an answer format or a forced tool call in
+thinking mode is a 400 that says so, while `strict` tools and forced tool calls outside thinking
+mode are served as deepseek-recipe renders them, unconstrained (logged once).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import contextlib
 import importlib.util
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from typing import Any, TypeVar
@@ -285,6 +287,7 @@ class StructuredOutputs:
     def _prepare(self) -> None:
         """(On its own thread.) The vocabulary, the compiler and its ready workers."""
         assert self._prepared is not None
+        started = time.perf_counter()
         try:
             if importlib.util.find_spec("xgrammar") is not None:
                 # The workers' fork server loads beside this process's vocabulary.
@@ -306,7 +309,12 @@ class StructuredOutputs:
         compiler.workers.on_ready = queue.worker_ready
         self._queue = queue
         compiler.workers.start()
-        if not compiler.workers.wait_started(STARTUP_TIMEOUT_S):
+        if compiler.workers.wait_started(STARTUP_TIMEOUT_S):
+            logger.info(
+                "[startup] grammar compile workers ready (%.1f s in the background)",
+                time.perf_counter() - started,
+            )
+        else:
             logger.error("the grammar compile workers did not start within %g s", STARTUP_TIMEOUT_S)
         self._prepared.set_result(compiler)
 
