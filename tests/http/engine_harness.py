@@ -114,7 +114,7 @@ class SimulatedEngine:
             )
         )
         structured = StructuredOutputs(_tokenizer_json())
-        # Prepared once for the session, as the server prepares it at start-up.
+        # Prepared once for the session, as a server has once its background warm-up ended.
         if importlib.util.find_spec("xgrammar") is not None:
             assert asyncio.run(structured.wait_ready())
         return cls(LLMEngineDriver(engine, RequestOutput), structured)

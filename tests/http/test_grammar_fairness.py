@@ -40,7 +40,7 @@ def structured(monkeypatch: pytest.MonkeyPatch) -> Iterator[StructuredOutputs]:
     # DEEPINFER_XGRAMMAR_TIMEOUT 4: a compile is killed after 2 s (10 s by default).
     monkeypatch.setenv("DEEPINFER_XGRAMMAR_TIMEOUT", "4")
     outputs = StructuredOutputs(embedded_tokenizer_json(), limits=QueueLimits(PER_KEY, 60.0))
-    assert asyncio.run(outputs.wait_ready())  # as the server prepares them before it serves
+    assert asyncio.run(outputs.wait_ready())  # as a server has once its warm-up ended
     yield outputs
     outputs.close()
 

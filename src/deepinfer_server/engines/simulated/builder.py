@@ -33,7 +33,6 @@ def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:
         fault=options.sim_fault if spec.rank == options.sim_fault_rank else None,
         fault_after_steps=options.sim_fault_after_steps,
         kv_blocks=options.sim_kv_blocks,
-        prepare_grammar=True,
         enable_prefix_caching=spec.enable_prefix_caching,
         prefill_tokens_per_s=options.sim_prefill_tokens_per_s * spec.context_parallel_size,
         disaggregation_mode=spec.disaggregation_mode,
@@ -43,4 +42,7 @@ def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:
         disaggregation_kv_hold_timeout=spec.disaggregation_kv_hold_timeout,
         disaggregation_transfer_timeout=spec.disaggregation_transfer_timeout,
     )
-    return BuiltEngine(LLMEngineDriver(LLMEngine.from_engine_args(args), RequestOutput))
+    engine = LLMEngine.from_engine_args(args)
+    return BuiltEngine(
+        LLMEngineDriver(engine, RequestOutput), after_ready=engine.prepare_structured_outputs
+    )

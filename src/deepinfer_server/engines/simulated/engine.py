@@ -92,10 +92,6 @@ class SimEngineArgs:
     enable_prefix_caching: bool = False
     #: Prompt tokens a prompt step computes per second; 0: a prompt step lasts one period.
     prefill_tokens_per_s: float = 0.0
-    #: Build the grammar compiler and start its worker now, off the loop, as DeepInfer's
-    #: SOMatcherBuilder builds its compiler when the engine is built (rank processes do; an
-    #: engine built in a test compiles on first use).
-    prepare_grammar: bool = False
     #: "null" (NORMAL), "prefill" (PROMPT) or "decode" (COMPLETION): `disaggregation.py`.
     disaggregation_mode: str = "null"
     disaggregation_bootstrap_port: int = 8998
@@ -124,9 +120,7 @@ class LLMEngine:
         self._to_release: list[npt.NDArray[np.uint64]] = []
         self._clock = StepClock(args.itl_ms)
         self._closed = False
-        self._builds = MatcherBuilds(
-            args.tokenizer_json, self._vocab_size, prepare=args.prepare_grammar
-        )
+        self._builds = MatcherBuilds(args.tokenizer_json, self._vocab_size)
         # DeepInfer's KV read-out: `scheduler.get_num_free_gpu_blocks()`, `cache_config`.
         self._kv = KVBlocks(args.kv_blocks or default_pool(args.max_num_seqs, args.max_model_len))
         self.scheduler = self._kv
@@ -385,6 +379,13 @@ class LLMEngine:
         if not returned:  # the idle loop flushes every few ms: publish nothing to release
             return np.empty(0, dtype=np.uint64)
         return self._publish(returned)
+
+    def prepare_structured_outputs(self) -> None:
+        """Build the grammar compiler and start its worker, off the loop, as DeepInfer's
+        SOMatcherBuilder builds its compiler with the engine; a rank calls it once it reported
+        ready, so that it does not slow the server's start (an engine built in a test compiles
+        on first use)."""
+        self._builds.prepare()
 
     def close(self) -> None:
         """A world barrier: every DP rank must close together."""

@@ -43,8 +43,7 @@ class BuiltMatcher(NamedTuple):
 class MatcherBuilds:
     """The requests whose matcher is being built, and the compiler that builds them."""
 
-    def __init__(self, tokenizer_json: str, vocab_size: int, *, prepare: bool = False) -> None:
-        """`prepare`: build the compiler and start its worker now, on a builder thread."""
+    def __init__(self, tokenizer_json: str, vocab_size: int) -> None:
         self._tokenizer_json = tokenizer_json
         self._vocab_size = vocab_size
         self._grammar: GrammarCompiler | None = None
@@ -52,9 +51,15 @@ class MatcherBuilds:
         self._lock = threading.Lock()
         #: Requests whose grammar is compiling (DeepInfer's SOMatcherBuilder pending list).
         self._pending: list[tuple[Sequence, Future[BuiltMatcher]]] = []
-        if prepare and importlib.util.find_spec("xgrammar") is not None:
+
+    def prepare(self) -> None:
+        """Build the compiler and start its worker now, on a builder thread, ahead of the first
+        grammar (on the thread that submits builds; without xgrammar, nothing to prepare)."""
+        if importlib.util.find_spec("xgrammar") is None:
+            return
+        if self._threads is None:
             self._threads = ThreadPoolExecutor(2, thread_name_prefix="grammar-build")
-            self._threads.submit(self._prepare)
+        self._threads.submit(self._prepare)
 
     def __len__(self) -> int:
         return len(self._pending)
