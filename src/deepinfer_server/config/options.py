@@ -334,6 +334,15 @@ class ServerConfig:
         "before its request gets 503 with Retry-After (default: %(default)s)",
         type=float,
     )
+    grammar_warmup: bool = option(
+        True,
+        "--grammar-warmup",
+        help="prepare the grammar compile workers and vocabulary in the background once the "
+        "server listens (and each simulated rank's once it is ready), so that the first "
+        "structured request does not wait for them; about 20 s of CPU per server, which "
+        "--no-grammar-warmup leaves to the first structured request (default: on)",
+        action=argparse.BooleanOptionalAction,
+    )
     max_connections: int = option(
         1000,
         "--max-connections",

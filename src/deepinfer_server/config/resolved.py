@@ -89,6 +89,7 @@ class ResolvedConfig:
     write_timeout: float
     max_queued_compiles_per_key: int
     grammar_queue_timeout: float
+    grammar_warmup: bool
     max_connections: int
     max_header_bytes: int
     max_header_line_bytes: int

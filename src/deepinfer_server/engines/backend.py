@@ -96,6 +96,8 @@ class EngineSpec:
     prefill_any_attempt_interval: int = DEFAULT_PREFILL_ANY_ATTEMPT_INTERVAL
     #: `--enable-prefix-caching`: reuse the KV cache and state of earlier requests' prompts.
     enable_prefix_caching: bool = False
+    #: Prepare the grammar compiler once the rank is ready (`BuiltEngine.after_ready`).
+    grammar_warmup: bool = True
 
     #: `--disaggregation-*`: the engine's role ("null": NORMAL, "prefill": PROMPT, "decode":
     #: COMPLETION) and what the KV transfer needs.

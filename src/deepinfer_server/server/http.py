@@ -98,7 +98,7 @@ class HttpServer(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
-        if self.started:
+        if self.started and self._state.config.grammar_warmup:
             # Once the port answers: loading xgrammar (and PyTorch) beside the ranks' start
             # slowed it by seconds on a small machine, and `/health` does not wait for the
             # grammar compile workers (a structured request that comes first does).

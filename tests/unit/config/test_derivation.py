@@ -82,6 +82,7 @@ OPTIONS: dict[str, tuple[list[str], Any]] = {
     "max_connections": (["--max-connections", "50"], 50),
     "max_queued_compiles_per_key": (["--max-queued-compiles-per-key", "3"], 3),
     "grammar_queue_timeout": (["--grammar-queue-timeout", "7.5"], 7.5),
+    "grammar_warmup": (["--no-grammar-warmup"], False),
     "max_header_bytes": (["--max-header-bytes", "20000"], 20000),
     "max_header_line_bytes": (["--max-header-line-bytes", "2048"], 2048),
     "max_receive_buffer_mb": (["--max-receive-buffer-mb", "7"], 7),

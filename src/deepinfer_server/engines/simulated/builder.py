@@ -44,5 +44,6 @@ def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:
     )
     engine = LLMEngine.from_engine_args(args)
     return BuiltEngine(
-        LLMEngineDriver(engine, RequestOutput), after_ready=engine.prepare_structured_outputs
+        LLMEngineDriver(engine, RequestOutput),
+        after_ready=engine.prepare_structured_outputs if spec.grammar_warmup else None,
     )
