@@ -15,6 +15,7 @@
         ├── OverloadedError       429 with Retry-After
         │   └── QueueTimeoutError no first token within --queue-timeout
         ├── EngineRequestError    the engine refused or ended one request (kind says how)
+        ├── GrammarCapacityError  503 with Retry-After: no grammar compile worker free in time
         ├── ServiceUnavailableError 503
         │   ├── ShuttingDownError the server is draining or stopping
         │   └── ServiceFailedError a rank failed; the service needs a restart
@@ -65,6 +66,7 @@ class ErrorKind(enum.StrEnum):
     INTERNAL = "internal"
     THREAD_UNSUPPORTED = "thread_unsupported"
     QUEUE_TIMEOUT = "queue_timeout"
+    GRAMMAR_CAPACITY = "grammar_capacity"
     RECEIVE_BUFFER_FULL = "receive_buffer_full"
     KV_TRANSFER_FAILED = "kv_transfer_failed"
 
@@ -170,6 +172,9 @@ ERROR_TABLE: dict[ErrorKind, ErrorSpec] = {
     ),
     ErrorKind.QUEUE_TIMEOUT: ErrorSpec(
         429, "rate_limit_exceeded", "queue_timeout", "rate_limit_error"
+    ),
+    ErrorKind.GRAMMAR_CAPACITY: ErrorSpec(
+        503, "service_unavailable", "grammar_compile_capacity", "overloaded_error"
     ),
 }
 
@@ -288,6 +293,20 @@ class QueueTimeoutError(OverloadedError):
     """The request waited longer than `--queue-timeout` for its first token."""
 
     kind = ErrorKind.QUEUE_TIMEOUT
+
+
+class GrammarCapacityError(ApiError):
+    """No grammar compile worker was free in time: the server is out of compile capacity for
+    now (the grammar itself is not at fault); the client should retry later."""
+
+    kind = ErrorKind.GRAMMAR_CAPACITY
+
+    def __init__(self, message: str, *, retry_after_seconds: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_seconds = retry_after_seconds
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after_seconds)}
 
 
 class EngineRequestError(ApiError):

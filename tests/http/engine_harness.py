@@ -28,7 +28,6 @@ from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver
 from deepinfer_server.engines.simulated.collectives import new_lockstep_group
 from deepinfer_server.engines.simulated.engine import LLMEngine, SimEngineArgs
 from deepinfer_server.engines.simulated.outputs import RequestOutput
-from deepinfer_server.grammar import chat_constraint
 from deepinfer_server.ipc.codec import pack_token_ids
 from deepinfer_server.ipc.messages import AddRequest, Images, SamplingOptions
 from deepinfer_server.metrics import ServerMetrics
@@ -115,13 +114,9 @@ class SimulatedEngine:
             )
         )
         structured = StructuredOutputs(_tokenizer_json())
-        # The compile workers get SIGKILL when the thread that started them ends (their
-        # parent-death signal), and each test's event loop ends its executor threads: start
-        # them here, on the thread that outlives the tests (when the grammar extra is there).
+        # Prepared once for the session, as a server has once its background warm-up ended.
         if importlib.util.find_spec("xgrammar") is not None:
-            warm_up = chat_constraint({"response_format": {"type": "json_object"}}, False)
-            assert warm_up is not None
-            structured.compile(warm_up)
+            assert asyncio.run(structured.wait_ready())
         return cls(LLMEngineDriver(engine, RequestOutput), structured)
 
     def close(self) -> None:

@@ -8,7 +8,6 @@ protocol; a `GenerationProtocol` only says how to prepare, how to frame and how 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
@@ -148,8 +147,8 @@ async def serve_generation(request: Request, protocol: GenerationProtocol) -> Re
         state.prefill_peers.seen(kv_transfer, time.monotonic())
     structured = None
     if choices[0].constraint is not None:
-        # Compiling can take seconds: never on the event loop.
-        structured = await asyncio.to_thread(state.structured.compile, choices[0].constraint)
+        # Compiling can take seconds: off the event loop, in this key's turn.
+        structured = await state.structured.compile(choices[0].constraint, str(tenant))
     response_id = f"{protocol.id_prefix}{request_id}" if session is None else session.response_id
     partition = cache_partition(request, config, choices[0].cache_salt)
 

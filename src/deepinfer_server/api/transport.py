@@ -183,6 +183,9 @@ class HookedServer(uvicorn.Server):
     async def before_shutdown(self) -> None:
         """Awaited when serving ends, before uvicorn closes the connections."""
 
+    async def after_shutdown(self) -> None:
+        """Awaited once uvicorn has closed the connections."""
+
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
         original = {s: signal.signal(s, self.handle_exit) for s in self._signals}
@@ -209,3 +212,4 @@ class HookedServer(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         await self.before_shutdown()
         await super().shutdown(sockets)
+        await self.after_shutdown()

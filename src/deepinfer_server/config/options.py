@@ -320,6 +320,29 @@ class ServerConfig:
         "waits) before the connection is closed and its request aborted (default: %(default)s)",
         type=float,
     )
+    max_queued_compiles_per_key: int = option(
+        8,
+        "--max-queued-compiles-per-key",
+        help="structured-output grammars one API key may have compiling or waiting to compile "
+        "in an API server process; beyond it 429 with Retry-After (default: %(default)s)",
+        type=int,
+    )
+    grammar_queue_timeout: float = option(
+        60.0,
+        "--grammar-queue-timeout",
+        help="seconds a grammar may wait for a compile worker (taken in turn between API keys) "
+        "before its request gets 503 with Retry-After (default: %(default)s)",
+        type=float,
+    )
+    grammar_warmup: bool = option(
+        True,
+        "--grammar-warmup",
+        help="prepare the grammar compile workers and vocabulary in the background once the "
+        "server listens (and each simulated rank's once it is ready), so that the first "
+        "structured request does not wait for them; about 20 s of CPU per server, which "
+        "--no-grammar-warmup leaves to the first structured request (default: on)",
+        action=argparse.BooleanOptionalAction,
+    )
     max_connections: int = option(
         1000,
         "--max-connections",

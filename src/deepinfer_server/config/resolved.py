@@ -87,6 +87,9 @@ class ResolvedConfig:
     body_read_timeout: float
     header_timeout: float
     write_timeout: float
+    max_queued_compiles_per_key: int
+    grammar_queue_timeout: float
+    grammar_warmup: bool
     max_connections: int
     max_header_bytes: int
     max_header_line_bytes: int
@@ -216,6 +219,7 @@ def _check_ranges(config: ServerConfig, max_model_len: int) -> None:
         "--max-model-len": max_model_len,
         "--max-num-seqs": config.max_num_seqs,
         "--stream-interval": config.stream_interval,
+        "--max-queued-compiles-per-key": config.max_queued_compiles_per_key,
     }
     for flag, value in positive.items():
         if value < 1:
@@ -248,6 +252,7 @@ def _check_ranges(config: ServerConfig, max_model_len: int) -> None:
         "--body-read-timeout": config.body_read_timeout,
         "--header-timeout": config.header_timeout,
         "--write-timeout": config.write_timeout,
+        "--grammar-queue-timeout": config.grammar_queue_timeout,
     }
     for flag, seconds in positive_seconds.items():
         if seconds <= 0:

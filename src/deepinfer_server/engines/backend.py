@@ -9,7 +9,7 @@ process, from the dotted path in `builder`, and driven through `EngineCore`.
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, ClassVar, Protocol
@@ -96,6 +96,8 @@ class EngineSpec:
     prefill_any_attempt_interval: int = DEFAULT_PREFILL_ANY_ATTEMPT_INTERVAL
     #: `--enable-prefix-caching`: reuse the KV cache and state of earlier requests' prompts.
     enable_prefix_caching: bool = False
+    #: Prepare the grammar compiler once the rank is ready (`BuiltEngine.after_ready`).
+    grammar_warmup: bool = True
 
     #: `--disaggregation-*`: the engine's role ("null": NORMAL, "prefill": PROMPT, "decode":
     #: COMPLETION) and what the KV transfer needs.
@@ -129,6 +131,9 @@ class BuiltEngine:
 
     core: EngineCore
     children: list[BaseProcess] = field(default_factory=list)
+    #: Called once the rank reported ready: work the engine does ahead of its first use that
+    #: must not slow the server's start (a simulated rank's grammar compiler).
+    after_ready: Callable[[], None] | None = None
 
 
 class EngineBackend(abc.ABC):

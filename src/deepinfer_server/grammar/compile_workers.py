@@ -2,15 +2,21 @@
 
 xgrammar's compile cannot be interrupted, and with some grammars its time and memory grow
 faster than linearly with their size (issue 24), so no grammar is compiled in a server or rank
-process. A small pool of spawned worker processes, each with its own xgrammar compiler over the
+process. A small pool of worker processes, each with its own xgrammar compiler over the
 vocabulary, compiles one grammar at a time under an address-space limit (`resource.setrlimit`);
 a compile that outlives its deadline is killed together with its worker, which is replaced in
-the background. A worker whose memory grew by more than `recycle_bytes` leaves after answering,
-which gives that memory back to the system. Thread-safe; blocking (call it off event loops).
+the background. The workers fork from a fork server that imported xgrammar and built the
+vocabulary once (`_xgr_preload`), so a start or a replacement is a fork, not seconds of loading.
+A worker whose memory grew by more than `recycle_bytes` leaves after answering, which gives
+that memory back to the system. `start()` starts the workers ahead of the first compile (the
+API process does at start-up), and `ready` says how many can take a compile now, which the fair
+queue in front of them (`compile_queue`) reads. Thread-safe; blocking (call it off event
+loops).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import logging
@@ -20,8 +26,10 @@ import queue
 import resource
 import signal
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -33,8 +41,44 @@ logger = logging.getLogger(__name__)
 #: How long a new worker may take to import xgrammar and build its vocabulary.
 STARTUP_TIMEOUT_S = 180.0
 _PR_SET_PDEATHSIG = 1
+#: What the workers' fork server imports before forking them (xgrammar, PyTorch with it).
+_PRELOAD = "deepinfer_server.grammar._xgr_preload"
+#: "<tokenizer JSON file>:<vocab size or empty>", which the fork server's preload reads.
+VOCAB_ENV = "DEEPINFER_GRAMMAR_WORKER_VOCAB"
 
-Outcome = Literal["ok", "invalid", "memory", "timeout", "died"]
+
+_vocabulary_shared = False
+_share_lock = threading.Lock()
+#: The file the fork server reads at its start, removed once it forked a worker (it has read it).
+_shared_file: str | None = None
+
+
+def _share_vocabulary(tokenizer_json: str, vocab_size: int | None) -> None:
+    """Have the fork server build the workers' vocabulary once (`_xgr_preload`), if it has not
+    started yet: the tokenizer goes into a file it reads."""
+    global _vocabulary_shared, _shared_file
+    with _share_lock:
+        if _vocabulary_shared:  # by an earlier pool of this process: its fork server runs
+            return
+        _vocabulary_shared = True
+    handle, path = tempfile.mkstemp(prefix="deepinfer-grammar-vocab-", suffix=".json")
+    with os.fdopen(handle, "w", encoding="utf-8") as file:
+        file.write(tokenizer_json)
+    os.environ[VOCAB_ENV] = f"{path}:{'' if vocab_size is None else vocab_size}"
+    _shared_file = path
+    atexit.register(_remove_shared_file)  # in case no worker is ever forked
+
+
+def _remove_shared_file() -> None:
+    global _shared_file
+    with _share_lock:
+        path, _shared_file = _shared_file, None
+    if path is not None:
+        with contextlib.suppress(OSError):
+            os.remove(path)
+
+
+Outcome = Literal["ok", "invalid", "memory", "timeout", "died", "busy"]
 
 
 #: Why a grammar that allows no text at all is invalid.
@@ -48,7 +92,7 @@ NO_TEXT = (
 class CompileOutcome:
     """What compiling one grammar gave: `ok` with the compiled grammar's size (and its
     serialized form when asked), or why not (`invalid` with xgrammar's message, `memory`,
-    `timeout`, `died`)."""
+    `timeout`, `died`; `busy`: no worker was free in time, which is not the grammar's fault)."""
 
     outcome: Outcome
     message: str = ""
@@ -136,6 +180,18 @@ def _worker_main(
 class _Worker:
     process: BaseProcess
     connection: Connection
+    ready: bool = False
+
+
+def start_fork_server(tokenizer_json: str, vocab_size: int | None) -> None:
+    """Start the workers' fork server now (it imports xgrammar and builds the vocabulary), so
+    that it loads while this process builds its own vocabulary."""
+    _share_vocabulary(tokenizer_json, vocab_size)
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([_PRELOAD])
+    from multiprocessing import forkserver
+
+    forkserver.ensure_running()
 
 
 class CompileWorkers:
@@ -147,7 +203,10 @@ class CompileWorkers:
         self._tokenizer_json = tokenizer_json
         self._vocab_size = vocab_size
         self._limits = limits
-        self._context = multiprocessing.get_context("spawn")
+        # Workers fork from a server process that imported xgrammar (and PyTorch) and built
+        # the vocabulary once: a worker's start, or a killed worker's replacement, is a fork.
+        self._context = multiprocessing.get_context("forkserver")
+        self._context.set_forkserver_preload([_PRELOAD])
         self._idle: queue.Queue[_Worker] = queue.Queue()
         self._lock = threading.Lock()
         self._live: dict[int, _Worker] = {}
@@ -155,6 +214,12 @@ class CompileWorkers:
         self._starting = 0
         self._count = count
         self._started = False
+        #: Workers ready (idle or compiling), and those of the first start still to come.
+        self._ready = 0
+        self._first_pending = count
+        self._first_done = threading.Event()
+        #: Called (on a pool thread) whenever a worker becomes ready.
+        self.on_ready: Callable[[], None] | None = None
         # Workers die with the thread that started them (the parent-death signal follows the
         # thread, not the process): start every one from this thread, which lives as long as
         # the pool, never from a request's short-lived worker thread.
@@ -168,15 +233,32 @@ class CompileWorkers:
         with self._lock:
             return set(self._live)
 
+    @property
+    def ready(self) -> int:
+        """How many workers can compile now or once their compile ends (started and alive)."""
+        with self._lock:
+            return self._ready
+
+    def start(self) -> None:
+        """Start every worker now, without waiting for them (`wait_started` does)."""
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+            self._starting += self._count
+        for _ in range(self._count):
+            self._launch()
+
+    def wait_started(self, timeout: float) -> bool:
+        """Block until each worker of the first start is ready or failed; False on timeout."""
+        return self._first_done.wait(timeout)
+
     def compile(
         self, schema_type: str, schema: str, timeout: float, serialize: bool
     ) -> CompileOutcome:
         """Compile on the next free worker: at most `timeout` seconds waiting for one (more
-        while the first ever starts), then at most `timeout` seconds compiling."""
-        with self._lock:
-            start, self._started = not self._started, True
-        for _ in range(self._count if start else 0):  # on the first compile: none may be needed
-            self._start_worker()
+        while one starts: `busy` past it), then at most `timeout` seconds compiling."""
+        self.start()  # a no-op once started
         with self._lock:
             starting = self._starting
         # A worker that is starting (the first ones, or one replacing a killed worker) takes
@@ -185,7 +267,7 @@ class CompileWorkers:
         try:
             worker = self._idle.get(timeout=wait)
         except queue.Empty:
-            return CompileOutcome("timeout", f"no grammar compile worker was free within {wait:g}s")
+            return CompileOutcome("busy", f"no grammar compile worker was free within {wait:g} s")
         try:
             worker.connection.send((schema_type, schema, serialize))
             if not worker.connection.poll(timeout):
@@ -212,18 +294,25 @@ class CompileWorkers:
         for worker in workers:
             self._stop(worker, kill=True)
         self._spawner.shutdown(wait=False)
+        _remove_shared_file()
 
     def _start_worker(self) -> None:
+        with self._lock:
+            self._starting += 1
+        self._launch()
+
+    def _launch(self) -> None:
+        """Spawn one worker, already counted in `_starting`, and await its readiness."""
         try:
             worker = self._spawner.submit(self._spawn).result()
         except RuntimeError:
             with self._lock:
                 closed = self._closed
             if closed:  # the pool was closed meanwhile (its spawner shut down): no new worker
+                self._started_one(ready=False)
                 return
             raise
         with self._lock:
-            self._starting += 1
             if worker.process.pid is not None:
                 self._live[worker.process.pid] = worker
         threading.Thread(
@@ -232,6 +321,7 @@ class CompileWorkers:
 
     def _spawn(self) -> _Worker:
         """Start one worker process (on the spawner thread)."""
+        _share_vocabulary(self._tokenizer_json, self._vocab_size)
         parent_end, child_end = self._context.Pipe()
         process = self._context.Process(
             target=_worker_main,
@@ -250,18 +340,31 @@ class CompileWorkers:
             ready = False
         with self._lock:
             closed = self._closed
-            self._starting -= 1
         if not ready and not closed:
             logger.error(
                 "a grammar compile worker failed to start (exit %s)", worker.process.exitcode
             )
-        if not ready:
-            self._stop(worker, kill=True)
+        if not ready or closed:
+            self._started_one(ready=False)
+            self._stop(worker, kill=not ready)
             return
-        if closed:
-            self._stop(worker, kill=False)
-            return
+        _remove_shared_file()  # a worker was forked: the fork server has read it
+        worker.ready = True
         self._idle.put(worker)
+        self._started_one(ready=True)
+
+    def _started_one(self, ready: bool) -> None:
+        """A worker's start ended (`ready` or not): count it and tell the queue."""
+        with self._lock:
+            self._starting -= 1
+            self._ready += ready
+            if self._first_pending:
+                self._first_pending -= 1
+                if not self._first_pending:
+                    self._first_done.set()
+            on_ready = self.on_ready
+        if ready and on_ready is not None:
+            on_ready()
 
     def _replace(self, worker: _Worker, kill: bool) -> None:
         self._stop(worker, kill)
@@ -282,3 +385,6 @@ class CompileWorkers:
             worker.process.join(5.0)
         with self._lock:
             self._live.pop(worker.process.pid or -1, None)
+            if worker.ready:
+                worker.ready = False
+                self._ready -= 1

@@ -23,7 +23,7 @@ from typing import Any
 from deepinfer_server.grammar._xgr import Vocab, xgrammar
 from deepinfer_server.grammar.compile_workers import CompileOutcome, CompileWorkers, WorkerLimits
 from deepinfer_server.grammar.constraint import Constraint
-from deepinfer_server.grammar.errors import GrammarError
+from deepinfer_server.grammar.errors import CompileRefused, GrammarError
 from deepinfer_server.grammar.so_args import SCHEMA_TYPES, build_so_args
 
 TIMEOUT_ENV = "DEEPINFER_XGRAMMAR_TIMEOUT"
@@ -91,6 +91,7 @@ class GrammarCompiler:
         cache_bytes: int = 256 * 1024**2,
         cache_entries: int = 512,
         workers: int = 2,
+        spare_workers: int = 0,
     ) -> None:
         self._xgr = xgrammar()
         self.vocab = vocab
@@ -100,7 +101,11 @@ class GrammarCompiler:
         self._cache_bytes = cache_bytes
         self._cache_entries = cache_entries
         limits = WorkerLimits(self.bounds.compile_memory_bytes, self.bounds.recycle_bytes)
-        self._workers = CompileWorkers(vocab.tokenizer_json, vocab.requested_size, workers, limits)
+        #: Compiles at once; `spare_workers` more processes stand by, so that a worker killed
+        #: at the time bound is replaced at once while its successor starts.
+        self.slots = workers
+        count = workers + spare_workers
+        self._workers = CompileWorkers(vocab.tokenizer_json, vocab.requested_size, count, limits)
         self._checked: OrderedDict[bytes, None] = OrderedDict()
         self._compiled: OrderedDict[bytes, tuple[Any, int]] = OrderedDict()
         self._used = 0
@@ -130,6 +135,13 @@ class GrammarCompiler:
             self._checked[key] = None
             while len(self._checked) > self._cache_entries:
                 self._checked.popitem(last=False)
+
+    def known(self, so_args: Mapping[str, Any], param: str = "response_format") -> bool:
+        """Whether so_args passed `check()` before (GrammarError if they are out of bounds
+        without compiling)."""
+        _, _, key = self._key(so_args, param)
+        with self._lock:
+            return key in self._checked
 
     def compile(self, so_args: Mapping[str, Any], param: str = "response_format") -> Any:
         """The CompiledGrammar for so_args (cached); GrammarError as `check()`."""
@@ -189,7 +201,9 @@ class GrammarCompiler:
                 f"{self.bounds.compile_memory_bytes // 1024**2} MiB",
                 param,
             )
-        if outcome.outcome == "timeout" and not outcome.message:
+        if outcome.outcome == "busy":
+            raise CompileRefused(f"{outcome.message}; retry later", max(1, round(self.timeout_s)))
+        if outcome.outcome == "timeout":
             raise GrammarError(
                 f"compiling the {schema_type} grammar took longer than {self.timeout_s:g} s",
                 param,

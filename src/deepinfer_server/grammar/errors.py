@@ -21,3 +21,16 @@ class GrammarUnavailable(GrammarError):
 
     def __init__(self, param: str | None = None) -> None:
         super().__init__(INSTALL_HINT, param)
+
+
+class CompileRefused(Exception):
+    """A grammar that was not compiled for want of capacity, not for a fault of its own: the
+    client should retry after `retry_after` seconds. `per_key`: this API key has as many
+    compiles queued as it may (a 429); otherwise the server is out of compile capacity for now
+    (a 503)."""
+
+    def __init__(self, message: str, retry_after: int, *, per_key: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after = retry_after
+        self.per_key = per_key

@@ -9,7 +9,7 @@ and the per-rank gauges are read from the coordinator at scrape time.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -207,6 +207,64 @@ class _RankGauges(Collector):
         yield healthy
 
 
+class CompileQueueCounts(Protocol):
+    """The grammar compile queue's counts (`grammar.compile_queue.QueueStats`)."""
+
+    @property
+    def waiting(self) -> int: ...
+    @property
+    def running(self) -> int: ...
+    @property
+    def refused_per_key(self) -> int: ...
+    @property
+    def refused_busy(self) -> int: ...
+    @property
+    def workers_ready(self) -> int: ...
+
+
+class _CompileQueueGauges(Collector):
+    """The grammar compile queue of this API server process, read at scrape time."""
+
+    def __init__(self, model_name: str, counts: Callable[[], CompileQueueCounts | None]) -> None:
+        self._model_name = model_name
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        counts = self._counts()
+        labels = [self._model_name]
+        waiting = GaugeMetricFamily(
+            PREFIX + "grammar_compiles_waiting",
+            "Structured-output grammars waiting for a compile worker.",
+            labels=["model_name"],
+        )
+        running = GaugeMetricFamily(
+            PREFIX + "grammar_compiles_running",
+            "Structured-output grammars compiling in a compile worker.",
+            labels=["model_name"],
+        )
+        refused = CounterMetricFamily(
+            PREFIX + "grammar_compile_refusals",
+            "Grammars refused for want of compile capacity: per_key (429, the API key's "
+            "queued compiles at their bound), capacity (503, no worker free in time).",
+            labels=["model_name", "reason"],
+        )
+        workers = GaugeMetricFamily(
+            PREFIX + "grammar_compile_workers_ready",
+            "Grammar compile workers started and alive (0 while they are prepared after "
+            "start-up: a structured request then waits for them).",
+            labels=["model_name"],
+        )
+        workers.add_metric(labels, counts.workers_ready if counts else 0)
+        waiting.add_metric(labels, counts.waiting if counts else 0)
+        running.add_metric(labels, counts.running if counts else 0)
+        refused.add_metric([*labels, "per_key"], counts.refused_per_key if counts else 0)
+        refused.add_metric([*labels, "capacity"], counts.refused_busy if counts else 0)
+        yield workers
+        yield waiting
+        yield running
+        yield refused
+
+
 class _TenantGauges(Collector):
     """Each API key's running and queued requests, read from admission at scrape time."""
 
@@ -376,6 +434,10 @@ class ServerMetrics:
     ) -> None:
         """Expose the per-rank gauges and health from these callables."""
         self.registry.register(_RankGauges(self.model_name, rank_loads, healthy))
+
+    def watch_compile_queue(self, counts: Callable[[], CompileQueueCounts | None]) -> None:
+        """Expose the grammar compile queue's gauges and refusals from this callable."""
+        self.registry.register(_CompileQueueGauges(self.model_name, counts))
 
     def watch_receive_buffer(self, used: Callable[[], float]) -> None:
         """Expose the bytes held by requests still being received, read from `used`."""

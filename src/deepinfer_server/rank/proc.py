@@ -144,6 +144,8 @@ def run_rank(spec: RankSpec, stop: StopAgreement, shared: SharedState | None) ->
         watchdog.start()
         links.send_all(RankReady(spec.rank, os.getpid()))
         logger.info("[startup] ready")
+        if built.after_ready is not None:
+            built.after_ready()
         RankLoop(
             spec.rank, built.core, links, stop, spec.idle_wait_seconds, spec.heartbeat_seconds
         ).run()

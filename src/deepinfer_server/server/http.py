@@ -32,6 +32,7 @@ from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.coordinator.coordinator import Coordinator
 from deepinfer_server.engines.registry import get_backend
 from deepinfer_server.errors import ShuttingDownError, StartupError, StoreUnavailableError
+from deepinfer_server.grammar.compile_queue import QueueLimits
 from deepinfer_server.metrics import ServerMetrics
 from deepinfer_server.model.tokenizer import prompt_id_bound
 from deepinfer_server.protocol.core.images import ImageLimits
@@ -75,6 +76,11 @@ class HttpServer(HookedServer):
         self._state.coordinator.draining = True  # /health and new requests: 503 from now on
 
     def on_started(self) -> None:
+        if self._state.config.grammar_warmup:
+            # Once the port answers: loading xgrammar (and PyTorch) beside the ranks' start
+            # slowed it by seconds on a small machine, and `/health` does not wait for the
+            # grammar compile workers (a structured request that comes first does).
+            self._state.structured.start()
         if self._started_callback is not None:
             self._started_callback()
 
@@ -90,6 +96,9 @@ class HttpServer(HookedServer):
             )
             await first_of(self.stop_now.wait(), coordinator.wait_idle(grace))
         coordinator.fail_all(ShuttingDownError())
+
+    async def after_shutdown(self) -> None:
+        self._state.structured.close()
 
 
 @contextlib.asynccontextmanager
@@ -192,16 +201,19 @@ def build_server(
     store: ResponseStore | None = None,
 ) -> HttpServer:
     """The app and its uvicorn server for one API server process (ranks already ready)."""
+    limits = QueueLimits(config.max_queued_compiles_per_key, config.grammar_queue_timeout)
+    structured = StructuredOutputs(tokenizer_json, limits=limits)
     state = AppState(
         config=config,
         recipe=recipe,
         coordinator=coordinator,
         metrics=metrics,
-        structured=StructuredOutputs(tokenizer_json),
+        structured=structured,
         peers=peers,
         store=store,
         prefill_peers=PrefillPeers() if config.disaggregation_mode == "decode" else None,
     )
+    metrics.watch_compile_queue(structured.queue_stats)
     metrics.watch_receive_buffer(lambda: state.receiving.used)
     return HttpServer(
         http_config(build_app(state), state),

@@ -42,4 +42,8 @@ def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:
         disaggregation_kv_hold_timeout=spec.disaggregation_kv_hold_timeout,
         disaggregation_transfer_timeout=spec.disaggregation_transfer_timeout,
     )
-    return BuiltEngine(LLMEngineDriver(LLMEngine.from_engine_args(args), RequestOutput))
+    engine = LLMEngine.from_engine_args(args)
+    return BuiltEngine(
+        LLMEngineDriver(engine, RequestOutput),
+        after_ready=engine.prepare_structured_outputs if spec.grammar_warmup else None,
+    )

@@ -380,6 +380,13 @@ class LLMEngine:
             return np.empty(0, dtype=np.uint64)
         return self._publish(returned)
 
+    def prepare_structured_outputs(self) -> None:
+        """Build the grammar compiler and start its worker, off the loop, as DeepInfer's
+        SOMatcherBuilder builds its compiler with the engine; a rank calls it once it reported
+        ready, so that it does not slow the server's start (an engine built in a test compiles
+        on first use)."""
+        self._builds.prepare()
+
     def close(self) -> None:
         """A world barrier: every DP rank must close together."""
         self._check_thread()

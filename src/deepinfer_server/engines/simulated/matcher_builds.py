@@ -11,6 +11,7 @@ on the engine's thread.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import threading
 from collections.abc import Collection
@@ -27,6 +28,7 @@ from deepinfer_server.grammar import (
     Vocab,
 )
 from deepinfer_server.grammar.compiler import compile_timeout_s
+from deepinfer_server.grammar.errors import CompileRefused
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +51,15 @@ class MatcherBuilds:
         self._lock = threading.Lock()
         #: Requests whose grammar is compiling (DeepInfer's SOMatcherBuilder pending list).
         self._pending: list[tuple[Sequence, Future[BuiltMatcher]]] = []
+
+    def prepare(self) -> None:
+        """Build the compiler and start its worker now, on a builder thread, ahead of the first
+        grammar (on the thread that submits builds; without xgrammar, nothing to prepare)."""
+        if importlib.util.find_spec("xgrammar") is None:
+            return
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(2, thread_name_prefix="grammar-build")
+        self._threads.submit(self._prepare)
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -103,17 +114,27 @@ class MatcherBuilds:
             list(sequence.prompt),
         )
 
-    def _matcher_for(
-        self, so_args: dict[str, Any], max_tokens: int, script: list[int], prompt: list[int]
-    ) -> BuiltMatcher:
-        """(On a builder thread.) DeepInfer's compile, bounded by DEEPINFER_XGRAMMAR_TIMEOUT;
-        then the script fitted to the grammar."""
+    def _compiler(self) -> GrammarCompiler:
         with self._lock:
             if self._grammar is None:
                 vocab = Vocab.from_tokenizer_json(self._tokenizer_json, self._vocab_size)
                 bounds = GrammarBounds(compile_timeout_s=compile_timeout_s())
                 self._grammar = GrammarCompiler(vocab, bounds=bounds, workers=1)
-            grammar = self._grammar
+            return self._grammar
+
+    def _prepare(self) -> None:
+        """(On a builder thread.) The compiler and its worker, ahead of the first grammar."""
+        try:
+            self._compiler().workers.start()
+        except Exception:  # the first grammar tries again, and fails its request if need be
+            logger.exception("preparing the grammar compiler failed")
+
+    def _matcher_for(
+        self, so_args: dict[str, Any], max_tokens: int, script: list[int], prompt: list[int]
+    ) -> BuiltMatcher:
+        """(On a builder thread.) DeepInfer's compile, bounded by DEEPINFER_XGRAMMAR_TIMEOUT;
+        then the script fitted to the grammar."""
+        grammar = self._compiler()
         matcher = SimulatedMatcher.from_so_args(so_args, grammar, max_tokens)
         try:
             fitter = EchoFitter(grammar.compile(so_args), grammar.vocab, so_args)
@@ -130,7 +151,7 @@ class MatcherBuilds:
         DeepInfer's structured-output failure (at its prefill)."""
         try:
             sequence.matcher, sequence.script = future.result()
-        except GrammarError as exc:
+        except (GrammarError, CompileRefused) as exc:
             logger.warning("request %s: grammar failed: %s", sequence.request_id, exc.message)
             sequence.grammar_failed = True
         except Exception:

@@ -1,33 +1,50 @@
 """Structured outputs and forced tool calls: request options → the engine's grammar (so_args).
 
 Reading what a request asks (`Constraint`) is cheap and done while preparing it. Compiling is
-not (xgrammar; from milliseconds to seconds): `StructuredOutputs.compile` runs on a worker thread
-with the same compiler and version the engine uses, so a bad schema, regex or grammar is a 400
-naming the field before the engine sees the request. xgrammar is the optional [grammar] extra:
-without it an answer format or a forced tool call in thinking mode is a 400 that says so, while
-`strict` tools and forced tool calls outside thinking mode are served as deepseek-recipe renders
-them, unconstrained (logged once).
+not (xgrammar; from milliseconds to seconds): `StructuredOutputs.compile` awaits it in the fair
+queue in front of the compile workers (`grammar.compile_queue`), with the same compiler and
+version the engine uses, so a bad schema, regex or grammar is a 400 naming the field before the
+engine sees the request; a key over its queued compiles is a 429 and a server out of compile
+capacity a 503, both with Retry-After. The vocabulary and the workers are prepared in the
+background (`start`, once the server listens: `/health` does not wait for them); a structured
+request that arrives first waits for them, then takes its turn in the queue as any other.
+xgrammar is the optional [grammar] extra: without it an answer format or a forced tool call in
+thinking mode is a 400 that says so, while `strict` tools and forced tool calls outside thinking
+mode are served as deepseek-recipe renders them, unconstrained (logged once).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import importlib.util
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from deepinfer_server.errors import BadRequestError, ErrorKind
+from deepinfer_server.errors import (
+    BadRequestError,
+    ErrorKind,
+    GrammarCapacityError,
+    OverloadedError,
+)
 from deepinfer_server.grammar import (
     Constraint,
     GrammarCompiler,
     GrammarError,
     GrammarUnavailable,
     Vocab,
+    build_so_args,
     chat_constraint,
     messages_constraint,
     responses_constraint,
 )
+from deepinfer_server.grammar.compile_queue import FairCompileQueue, QueueLimits, QueueStats
+from deepinfer_server.grammar.compile_workers import STARTUP_TIMEOUT_S, start_fork_server
+from deepinfer_server.grammar.errors import CompileRefused
 from deepinfer_server.ipc.messages import StructuredOutput
 from deepinfer_server.protocol.core.recipe import recipe_errors
 
@@ -143,9 +160,14 @@ def convert_honouring_tool_choice(
 
 @contextlib.contextmanager
 def grammar_errors() -> Iterator[None]:
-    """GrammarError → 400 naming the field; a missing xgrammar → 400 saying how to install it."""
+    """GrammarError → 400 naming the field; a missing xgrammar → 400 saying how to install it;
+    a compile refused for want of capacity → 429 (the key's own backlog) or 503, Retry-After."""
     try:
         yield
+    except CompileRefused as exc:
+        if exc.per_key:
+            raise OverloadedError(exc.message, retry_after_seconds=exc.retry_after) from exc
+        raise GrammarCapacityError(exc.message, retry_after_seconds=exc.retry_after) from exc
     except GrammarUnavailable as exc:
         raise BadRequestError(exc.message, param=exc.param, kind=ErrorKind.UNSUPPORTED) from exc
     except GrammarError as exc:
@@ -174,23 +196,65 @@ def is_forced_tool_call(constraint: Constraint | None) -> bool:
 
 
 class StructuredOutputs:
-    """The API process's grammar compiler, created on the first structured request."""
+    """The API process's grammar compiler, its compile workers and the fair queue before them."""
 
-    def __init__(self, tokenizer_json: str, vocab_size: int | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer_json: str,
+        vocab_size: int | None = None,
+        *,
+        limits: QueueLimits | None = None,
+        workers: int = 2,
+        spare_workers: int = 1,
+    ) -> None:
         self._tokenizer_json = tokenizer_json
         self._vocab_size = vocab_size
-        self._compiler: GrammarCompiler | None = None
+        self._limits = limits or QueueLimits()
+        self._workers = workers
+        self._spare_workers = spare_workers
+        self._prepared: Future[GrammarCompiler] | None = None
+        self._queue: FairCompileQueue | None = None
         self._lock = threading.Lock()
         self._warned_unconstrained = False
 
-    def compile(self, constraint: Constraint) -> StructuredOutput | None:
-        """The so_args for `constraint`, compiled once to validate them (call off the loop).
+    def start(self) -> None:
+        """Start preparing the vocabulary and the compile workers, on a thread of their own
+        (a no-op once started; without xgrammar there is nothing to prepare)."""
+        with self._lock:
+            if self._prepared is not None:
+                return
+            self._prepared = Future()
+        threading.Thread(target=self._prepare, name="grammar-prepare", daemon=True).start()
+
+    async def wait_ready(self) -> bool:
+        """Start if need be, then wait until the workers are ready (or failed to start: False,
+        logged; each structured request is then refused on its own)."""
+        self.start()
+        assert self._prepared is not None
+        try:
+            await asyncio.wrap_future(self._prepared)
+        except GrammarUnavailable:
+            return True
+        except Exception:
+            return False
+        return True
+
+    def queue_stats(self) -> QueueStats | None:
+        """The compile queue's counts (None before the workers are prepared)."""
+        queue = self._queue
+        return None if queue is None else queue.stats()
+
+    async def compile(self, constraint: Constraint, key: str) -> StructuredOutput | None:
+        """The so_args for `constraint`, compiled once to validate them, in `key`'s turn
+        (`key`: the request's tenant, `api.auth.tenant_of`, never its API key).
 
         None when the constraint is only `strict` tools under auto and xgrammar is missing.
         """
+        self.start()
+        assert self._prepared is not None
         with grammar_errors():
             try:
-                compiler = self._get_compiler()
+                compiler = await asyncio.wrap_future(self._prepared)
             except GrammarUnavailable:
                 # Without a grammar engine, tools are served as deepseek-recipe renders them:
                 # strict ones unconstrained, and a forced call outside thinking mode through the
@@ -200,7 +264,11 @@ class StructuredOutputs:
                     self._warn_unconstrained()
                     return None
                 raise
-            so_args = compiler.so_args_for(constraint)
+            so_args = await asyncio.to_thread(build_so_args, constraint, compiler.vocab)
+            param = constraint.param
+            if not compiler.known(so_args, param):
+                assert self._queue is not None
+                await self._queue.run(key, lambda: compiler.check(so_args, param))
         trigger = so_args.get("trigger_token_ids")
         return StructuredOutput(
             schema_type=str(so_args["schema_type"]),
@@ -208,12 +276,47 @@ class StructuredOutputs:
             trigger_token_ids=list(trigger) if trigger else None,
         )
 
-    def _get_compiler(self) -> GrammarCompiler:
-        with self._lock:
-            if self._compiler is None:
-                vocab = Vocab.from_tokenizer_json(self._tokenizer_json, self._vocab_size)
-                self._compiler = GrammarCompiler(vocab)
-            return self._compiler
+    def close(self) -> None:
+        """Stop the compile workers (if they were started)."""
+        prepared = self._prepared
+        if prepared is not None and prepared.done() and prepared.exception() is None:
+            prepared.result().close()
+        if self._queue is not None:
+            self._queue.close()
+
+    def _prepare(self) -> None:
+        """(On its own thread.) The vocabulary, the compiler and its ready workers."""
+        assert self._prepared is not None
+        started = time.perf_counter()
+        try:
+            if importlib.util.find_spec("xgrammar") is not None:
+                # The workers' fork server loads beside this process's vocabulary.
+                start_fork_server(self._tokenizer_json, self._vocab_size)
+            vocab = Vocab.from_tokenizer_json(self._tokenizer_json, self._vocab_size)
+            compiler = GrammarCompiler(
+                vocab, workers=self._workers, spare_workers=self._spare_workers
+            )
+        except GrammarUnavailable as exc:
+            self._prepared.set_exception(exc)
+            return
+        except Exception as exc:
+            logger.exception("preparing structured outputs failed")
+            self._prepared.set_exception(exc)
+            return
+        queue = FairCompileQueue(
+            compiler.slots, lambda: compiler.workers.ready, self._limits, compiler.timeout_s
+        )
+        compiler.workers.on_ready = queue.worker_ready
+        self._queue = queue
+        compiler.workers.start()
+        if compiler.workers.wait_started(STARTUP_TIMEOUT_S):
+            logger.info(
+                "[startup] grammar compile workers ready (%.1f s in the background)",
+                time.perf_counter() - started,
+            )
+        else:
+            logger.error("the grammar compile workers did not start within %g s", STARTUP_TIMEOUT_S)
+        self._prepared.set_result(compiler)
 
     def _warn_unconstrained(self) -> None:
         if not self._warned_unconstrained:

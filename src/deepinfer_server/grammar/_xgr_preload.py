@@ -1,0 +1,34 @@
+"""Imported by the compile workers' fork server before it forks them: xgrammar (and PyTorch,
+which it imports) once, and the vocabulary the workers compile over (`VOCAB_ENV`: a file holding
+the tokenizer JSON, and the vocabulary size), so that starting a worker, or replacing a killed
+one, is a fork rather than seconds of imports and vocabulary building. Without xgrammar there is
+nothing to load."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+
+def _preload() -> None:
+    from deepinfer_server.grammar._xgr import Vocab
+    from deepinfer_server.grammar.compile_workers import VOCAB_ENV
+
+    path, _, size = os.environ.get(VOCAB_ENV, "").rpartition(":")
+    if not path:
+        return
+    try:
+        with open(path, encoding="utf-8") as file:
+            tokenizer_json = file.read()
+    except OSError:  # gone: each worker builds its own
+        return
+    # Cached by its arguments: a worker asking for the same vocabulary gets this one.
+    Vocab.from_tokenizer_json(tokenizer_json, int(size) if size else None)
+
+
+with contextlib.suppress(ImportError):
+    import xgrammar  # noqa: F401
+
+    import deepinfer_server.grammar.compile_workers  # noqa: F401
+
+    _preload()

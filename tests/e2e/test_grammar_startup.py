@@ -1,0 +1,87 @@
+"""A fresh server answers at once and its first structured requests all succeed (issue 32
+point 2): `/health` does not wait for the grammar compile workers, which are prepared in the
+background once the server listens, and the four concurrent first schemas wait for them, then
+for their turn, and are all answered (three of them used to get `400 no grammar compile worker
+was free within 10s` while the workers started, and a first `chat.completions.parse` took the
+workers' 180 s start-up bound)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pydantic
+import pytest
+
+from tests.conftest import MODEL
+from tests.server import LiveServer
+
+pytest.importorskip("xgrammar", reason="structured output needs the [grammar] extra")
+
+
+class City(pydantic.BaseModel):
+    name: str
+    population: int
+
+
+class Person(pydantic.BaseModel):
+    name: str
+    age: int
+
+
+class Book(pydantic.BaseModel):
+    title: str
+    pages: int
+    authors: list[str]
+
+
+class Flag(pydantic.BaseModel):
+    enabled: bool
+
+
+@pytest.fixture
+def fresh_server() -> Iterator[LiveServer]:
+    with LiveServer("--sim-itl-ms", "1", startup_timeout=180.0) as live:
+        yield live
+
+
+def _workers_ready(server: LiveServer) -> str:
+    metrics = httpx.get(server.base_url + "/metrics", timeout=10).text
+    prefix = f'deepinfer:grammar_compile_workers_ready{{model_name="{MODEL}"}} '
+    return next(line for line in metrics.splitlines() if line.startswith(prefix))[len(prefix) :]
+
+
+def test_four_concurrent_first_schemas_on_a_fresh_server_are_all_answered(
+    fresh_server: LiveServer,
+) -> None:
+    # The server is healthy while its compile workers are still being prepared.
+    assert httpx.get(fresh_server.base_url + "/health", timeout=10).status_code == 200
+    assert _workers_ready(fresh_server) == "0.0"
+
+    async def ask_all() -> list[pydantic.BaseModel | None]:
+        async with openai.AsyncOpenAI(
+            base_url=f"{fresh_server.base_url}/v1", api_key="unused", max_retries=0, timeout=120
+        ) as client:
+
+            async def ask(model: type[pydantic.BaseModel]) -> pydantic.BaseModel | None:
+                completion = await client.chat.completions.parse(
+                    model=MODEL,
+                    messages=[{"role": "user", "content": f"One {model.__name__}, please."}],
+                    response_format=model,
+                    max_tokens=256,
+                    extra_body={"thinking": {"type": "disabled"}},
+                )
+                return completion.choices[0].message.parsed
+
+            return await asyncio.gather(*(ask(m) for m in (City, Person, Book, Flag)))
+
+    parsed = asyncio.run(ask_all())
+    assert [type(p) for p in parsed] == [City, Person, Book, Flag]
+    metrics = httpx.get(fresh_server.base_url + "/metrics", timeout=10).text
+    assert (
+        f'deepinfer:grammar_compile_refusals_total{{model_name="{MODEL}",reason="capacity"}} 0.0'
+        in metrics
+    )
+    assert _workers_ready(fresh_server) == "3.0"  # two compile at once, one stands by
