@@ -1,0 +1,176 @@
+"""Prefill/decode disaggregation on DeepInfer's own engines (the CPU twin): a PROMPT twin server
+and a COMPLETION twin server, each its own process tree, with Mooncake's Transfer Engine moving
+the KV between their rank processes, and the test playing the PD gateway's part as
+`test_disaggregation.py` does.
+
+What the twin's forward checks makes the provenance real: before every forward, each position
+a scheduled sequence attends to must hold exactly its own token at its own position, and its
+state slot must be at that position with the digest of its prefix (DEEPINFER_TWIN_CHECK_KV=1:
+a violation fails the rank). The decode server computes only the prompt's last token, so every
+other position its first decode step reads came through the transfer, written by the prefill
+server's prompt step. Answers must equal a NORMAL twin server's under
+DEEPINFER_BATCH_INVARIANT=1 with a seed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.checkpoint import write_checkpoint
+from tests.conftest import MODEL
+from tests.deepinfer_twin import engine_env
+from tests.metrics_scrape import scrape, value
+from tests.server import LiveServer, free_port, wait_until
+
+pytest.importorskip("mooncake.engine", reason="needs the disaggregation extra")
+pytestmark = [pytest.mark.deepinfer_twin, pytest.mark.disaggregation]
+
+#: Several KV blocks (128 tokens each) and a partial last one.
+QUESTION = "Tell me about the lighthouse keeper and the storm that night. " * 30
+ENV = {**engine_env("0"), "DEEPINFER_BATCH_INVARIANT": "1", "DEEPINFER_TWIN_CHECK_KV": "1"}
+COMMON = ("--ep", "1", "--max-model-len", "4096", "--served-model-name", MODEL)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_checkpoint(tmp_path_factory.mktemp("twin-pd") / "DeepSeek-V4.1-Flash")
+
+
+def start(checkpoint: Path, *args: str) -> LiveServer:
+    return LiveServer(
+        str(checkpoint), *COMMON, *args, engine="deepinfer", env=ENV, startup_timeout=180
+    )
+
+
+def start_prefill(checkpoint: Path) -> LiveServer:
+    return start(
+        checkpoint,
+        "--disaggregation-mode",
+        "prefill",
+        "--disaggregation-bootstrap-port",
+        str(free_port()),
+    )
+
+
+@pytest.fixture(scope="module")
+def normal(checkpoint: Path) -> Iterator[LiveServer]:
+    with start(checkpoint) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def prefill(checkpoint: Path) -> Iterator[LiveServer]:
+    with start_prefill(checkpoint) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def decode(checkpoint: Path) -> Iterator[LiveServer]:
+    with start(checkpoint, "--disaggregation-mode", "decode") as server:
+        yield server
+
+
+def chat(**extra: Any) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": QUESTION}],
+        "max_tokens": 40,
+        "seed": 7,
+        **extra,
+    }
+
+
+def handoff(server: LiveServer, body: dict[str, Any]) -> dict[str, Any]:
+    """The prefill leg, as smg sends it: not streamed, one output token."""
+    leg = {key: value for key, value in body.items() if key not in ("stream", "stream_options")}
+    leg["max_tokens"] = 1
+    answer = httpx.post(server.base_url + "/v1/chat/completions", json=leg, timeout=60)
+    assert answer.status_code == 200, answer.text
+    params = answer.json()["kv_transfer_params"]
+    assert isinstance(params, dict) and params["do_remote_prefill"] is True
+    return params
+
+
+def client(server: LiveServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+
+
+def idle(server: LiveServer) -> bool:
+    samples = scrape(server.base_url)
+    gauges = ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc")
+    names = [
+        (f"deepinfer:{g}", frozenset({("model_name", MODEL), ("dp_rank", "0")})) for g in gauges
+    ]
+    assert all(name in samples for name in names)
+    return all(samples[name] == 0 for name in names)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_decode_servers_answer_from_pulled_kv_is_the_normal_servers(
+    checkpoint: Path,
+    normal: LiveServer,
+    prefill: LiveServer,
+    decode: LiveServer,
+    stream: bool,
+) -> None:
+    body = chat()
+    before = scrape(decode.base_url)
+    params = handoff(prefill, body)
+    blocks = -(-params["prompt_length"] // 128)
+    assert len(params["remote_block_ids"]) == blocks > 1
+    with client(normal) as plain, client(decode) as pd:
+        expected = plain.chat.completions.create(**body)
+        extra = {"kv_transfer_params": params}
+        if stream:
+            chunks = pd.chat.completions.create(**body, stream=True, extra_body=extra)
+            parts = [c.choices[0].delta for c in chunks if c.choices]
+            content = "".join(d.content or "" for d in parts)
+            reasoning = "".join((d.model_extra or {}).get("reasoning_content") or "" for d in parts)
+        else:
+            answer = pd.chat.completions.create(**body, extra_body=extra)
+            content = answer.choices[0].message.content or ""
+            reasoning = (answer.choices[0].message.model_extra or {}).get("reasoning_content")
+            assert answer.usage == expected.usage
+    message = expected.choices[0].message
+    assert content
+    assert (content, reasoning or None) == (
+        message.content,
+        (message.model_extra or {}).get("reasoning_content") or None,
+    )
+    after = scrape(decode.base_url)
+    # The decode server computed the prompt's last token only: every other position its
+    # decode steps attended to (checked by the twin's forward) came from the prefill server.
+    computed = "deepinfer:prompt_tokens_computed_total"
+    assert value(after, computed) - value(before, computed) == 1
+    moved = "deepinfer:kv_transfer_bytes_total"
+    assert value(after, moved) - value(before, moved) > 0
+    wait_until(lambda: idle(decode), 20, "the decode server's slots and KV back to idle")
+    held = "deepinfer:kv_transfer_held_requests"
+    wait_until(
+        lambda: value(scrape(prefill.base_url), held) == 0,
+        20,
+        "the prefill server's held KV released",
+    )
+    assert httpx.get(decode.base_url + "/health", timeout=10).status_code == 200
+
+
+def test_a_prefill_server_gone_before_the_pull_is_a_503_and_leaks_nothing(
+    checkpoint: Path, decode: LiveServer
+) -> None:
+    body = chat()
+    with start_prefill(checkpoint) as doomed:
+        params = handoff(doomed, body)
+        doomed.kill_tree()
+    with client(decode) as pd, pytest.raises(openai.APIStatusError) as failed:
+        pd.chat.completions.create(**body, extra_body={"kv_transfer_params": params})
+    assert failed.value.status_code == 503
+    assert failed.value.body["code"] == "kv_transfer_failed"  # type: ignore[index]
+    assert "transfer_error" in failed.value.body["message"]  # type: ignore[index]
+    wait_until(lambda: idle(decode), 20, "the decode server's slots and KV back to idle")
+    assert httpx.get(decode.base_url + "/health", timeout=10).status_code == 200
