@@ -174,3 +174,24 @@ def test_a_prefill_server_gone_before_the_pull_is_a_503_and_leaks_nothing(
     assert "transfer_error" in failed.value.body["message"]  # type: ignore[index]
     wait_until(lambda: idle(decode), 20, "the decode server's slots and KV back to idle")
     assert httpx.get(decode.base_url + "/health", timeout=10).status_code == 200
+
+
+def test_kv_from_the_wrong_blocks_fails_the_twins_check_on_the_decode_side(
+    checkpoint: Path, prefill: LiveServer
+) -> None:
+    # The control for the provenance the other tests rely on: the same prompt's KV, pulled
+    # from its blocks in the wrong order, is caught by the decode side's first forward (a
+    # rank failure on the twin; on a GPU it would be a wrong answer), so a right answer above
+    # means every position read held its own token, as the prefill side wrote it.
+    body = chat()
+    params = handoff(prefill, body)
+    params["remote_block_ids"] = params["remote_block_ids"][::-1]
+    with start(checkpoint, "--disaggregation-mode", "decode") as doomed:
+        answer = httpx.post(
+            doomed.base_url + "/v1/chat/completions",
+            json={**body, "kv_transfer_params": params},
+            timeout=60,
+        )
+        assert answer.status_code == 503
+        assert "the twin's KV check failed" in answer.json()["error"]["message"]
+        assert "KV position 0 " in answer.json()["error"]["message"]
