@@ -98,8 +98,9 @@ class PromptRole:
         seq = add(user_id, request_id, params, prompt, None, arrival, None, False, chunks)
         if seq is None:
             return None
-        if prompt.size > self._prompt_limit():
-            # DeepInfer's own path: its prefill ends it "prompt_length_exceeded".
+        usable = int(self._engine.cache_config.num_gpu_blocks) - 1
+        if prompt.size > self._prompt_limit() or -(-prompt.size // KV_BLOCK_SIZE) > usable:
+            # Never placeable: DeepInfer's own path ends it ("prompt_length_exceeded").
             self._engine.scheduler.add_sequence(seq)
             return seq
         self._queue.append(seq)
