@@ -33,7 +33,12 @@ pytestmark = [pytest.mark.deepinfer_twin, pytest.mark.disaggregation]
 
 #: Several KV blocks (128 tokens each) and a partial last one.
 QUESTION = "Tell me about the lighthouse keeper and the storm that night. " * 30
-ENV = {**engine_env("0"), "DEEPINFER_BATCH_INVARIANT": "1", "DEEPINFER_TWIN_CHECK_KV": "1"}
+#: Eight GPUs on the node: DeepInfer's grammar workers need CPUs per GPU (structured output).
+ENV = {
+    **engine_env("0,1,2,3,4,5,6,7"),
+    "DEEPINFER_BATCH_INVARIANT": "1",
+    "DEEPINFER_TWIN_CHECK_KV": "1",
+}
 COMMON = ("--ep", "1", "--max-model-len", "4096", "--served-model-name", MODEL)
 
 
@@ -162,6 +167,40 @@ def test_the_decode_servers_answer_from_pulled_kv_is_the_normal_servers(
     # Released by the decode side at once, long before the hold would time out.
     wait_until(lambda: idle(prefill), HOLD_TIMEOUT / 2, "the prefill server's held KV released")
     assert httpx.get(decode.base_url + "/health", timeout=10).status_code == 200
+
+
+def test_structured_output_and_responses_through_both_legs_are_the_normal_servers(
+    normal: LiveServer, prefill: LiveServer, decode: LiveServer
+) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
+    body = chat(
+        messages=[{"role": "user", "content": '{"city": "Paris"} ' * 60}],
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "place", "schema": schema, "strict": True},
+        },
+    )
+    with client(normal) as plain:
+        expected = plain.chat.completions.create(**body).choices[0].message.content
+    params = handoff(prefill, body)
+    with client(decode) as pd:
+        answer = pd.chat.completions.create(**body, extra_body={"kv_transfer_params": params})
+    assert answer.choices[0].message.content == expected == '{"city": "Paris"}'
+
+    request = {"model": MODEL, "input": QUESTION, "max_output_tokens": 30, "store": False}
+    leg = httpx.post(
+        prefill.base_url + "/v1/responses", json={**request, "max_output_tokens": 1}, timeout=60
+    )
+    assert leg.status_code == 200, leg.text
+    extra = {"kv_transfer_params": leg.json()["kv_transfer_params"]}
+    with client(normal) as plain, client(decode) as pd:
+        expected = plain.responses.create(**request).output_text
+        assert pd.responses.create(**request, extra_body=extra).output_text == expected != ""
 
 
 def test_a_prefill_server_gone_before_the_pull_is_a_503_and_leaks_nothing(
