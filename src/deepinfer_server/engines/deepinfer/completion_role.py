@@ -23,6 +23,11 @@ from typing import Any
 import numpy as np
 
 from deepinfer_server.engines.deepinfer.cache_memory import CacheMemory, allocate
+from deepinfer_server.engines.deepinfer.role_grammar import (
+    GRAMMAR_FAILED,
+    build_grammar,
+    without_grammar,
+)
 from deepinfer_server.engines.deepinfer.role_settings import RoleSettings
 from deepinfer_server.engines.disaggregation.agent import TransferAgent
 from deepinfer_server.engines.disaggregation.pulls import Pulls
@@ -43,8 +48,12 @@ class _Pending:
     deadline: float
     blocks: list[int] = field(default_factory=list)
     slot: int = 0
-    #: The pull is running (its blocks and slot are reserved).
+    #: The pull is running or done (its blocks and slot are reserved).
     pulling: bool = False
+    #: The pull is done and checked: the sequence enters once its grammar is built.
+    pulled: bool = False
+    #: Its grammar's matcher is attached (or it has none).
+    grammar_ready: bool = True
     #: The request ended (aborted, timed out) while its pull ran: free on its return.
     abandoned: bool = False
 
@@ -93,14 +102,29 @@ class CompletionRole:
             raise ValueError(
                 "a decode server computes no prompt logprobs: its prompt was computed elsewhere"
             )
+        params, so_args = without_grammar(params)
         seq = add(user_id, request_id, params, prompt, None, arrival, None, False, None)
         if seq is None:
             return None
         if int(seq.get_prompt_len()) != handoff.prompt_length:
             raise ValueError("kv_transfer_params describe a prompt of another length")
         now = time.monotonic()
-        self._pending[request_id] = _Pending(seq, handoff, now, now + self._timeout)
+        pending = _Pending(seq, handoff, now, now + self._timeout)
+        self._pending[request_id] = pending
+        if so_args is not None:
+            pending.grammar_ready = False
+            build_grammar(self._engine, seq, so_args, self._grammar_built)
         return seq
+
+    def _grammar_built(self, seq: Any) -> None:
+        pending = self._pending.get(seq.request_id)
+        if pending is None or pending.seq is not seq or pending.abandoned:
+            return
+        if seq.so_matcher.is_aborted():
+            self.ended.append((seq.request_id, GRAMMAR_FAILED))
+            self._end(pending)
+            return
+        pending.grammar_ready = True
 
     def abort(self, request_ids: set[str]) -> set[str]:
         """End the requests among `request_ids` that wait for their KV; returns them."""
@@ -130,6 +154,11 @@ class CompletionRole:
                 self.stats.bytes += result.nbytes
                 self.stats.seconds.append(result.seconds)
                 self.stats.wait_seconds.append(now - pending.arrived)
+                pending.pulled = True
+                self._pending[result.request_id] = pending
+        for pending in list(self._pending.values()):
+            if pending.pulled and pending.grammar_ready:
+                del self._pending[pending.seq.request_id]
                 self._enter(pending)
         for pending in list(self._pending.values()):
             if not pending.abandoned and pending.deadline <= now:
@@ -194,11 +223,14 @@ class CompletionRole:
     def _end(self, pending: _Pending) -> None:
         """The request ends before its KV is in place: free what it holds now, or (a pull is
         running into its blocks) when the pull returns."""
-        if pending.pulling:
+        if pending.pulling and not pending.pulled:
             pending.abandoned = True
             return
         del self._pending[pending.seq.request_id]
-        self._pulls.release_only(pending.params)
+        if pending.pulled:
+            self._unreserve(pending)  # its pull already told the prefill side
+        else:
+            self._pulls.release_only(pending.params)
 
     def _unreserve(self, pending: _Pending) -> None:
         if pending.blocks:

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from deepinfer_server.engines.deepinfer.cache_memory import CacheMemory, allocate
+from deepinfer_server.engines.deepinfer.role_grammar import build_grammar, without_grammar
 from deepinfer_server.engines.deepinfer.role_settings import RoleSettings
 from deepinfer_server.engines.disaggregation.agent import TransferAgent
 from deepinfer_server.engines.disaggregation.bootstrap import BootstrapServer
@@ -82,7 +83,7 @@ class PromptRole:
         """`LLMEngine.add_request(*args)` for a PROMPT engine: its answer is the prompt step's
         token, and the prompt is placed in blocks this role knows."""
         (user_id, request_id, params, prompt, images, arrival, _extra, _enqueue, chunks) = args
-        params = _one_token(params)
+        params, so_args = without_grammar(_one_token(params))
         if images is not None:
             raise ValueError("a prefill server on DeepInfer's engine does not take images yet")
         if _field(params, "prompt_logprobs"):
@@ -102,9 +103,22 @@ class PromptRole:
         if prompt.size > self._prompt_limit() or -(-prompt.size // KV_BLOCK_SIZE) > usable:
             # Never placeable: DeepInfer's own path ends it ("prompt_length_exceeded").
             self._engine.scheduler.add_sequence(seq)
-            return seq
-        self._queue.append(seq)
+        elif so_args is not None:
+            build_grammar(self._engine, seq, so_args, self._grammar_built)
+        else:
+            self._queue.append(seq)
         return seq
+
+    def _grammar_built(self, seq: Any) -> None:
+        """Queue a sequence whose matcher is attached; a failed build ends it as DeepInfer's
+        own enqueue does (its prefill drops it with the grammar's finish)."""
+        if seq.so_matcher.is_aborted():
+            from deepinfer._C.engine import SequenceStatus
+
+            seq.status = SequenceStatus.FINISHED_SO_FAILED
+            self._engine.scheduler.add_sequence(seq)
+            return
+        self._queue.append(seq)
 
     def _prompt_limit(self) -> int:
         config = self._engine.scheduler_config
