@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 import openai
+import psutil
 import pytest
 
 from tests.checkpoint import write_checkpoint
@@ -55,6 +56,8 @@ def start(checkpoint: Path, *args: str) -> LiveServer:
 
 #: Seconds the shared prefill server holds KV no decode server releases.
 HOLD_TIMEOUT = 20
+#: Seconds the shared decode server waits for a request's KV.
+TRANSFER_TIMEOUT = 8
 
 
 def start_prefill(checkpoint: Path) -> LiveServer:
@@ -83,7 +86,13 @@ def prefill(checkpoint: Path) -> Iterator[LiveServer]:
 
 @pytest.fixture(scope="module")
 def decode(checkpoint: Path) -> Iterator[LiveServer]:
-    with start(checkpoint, "--disaggregation-mode", "decode") as server:
+    with start(
+        checkpoint,
+        "--disaggregation-mode",
+        "decode",
+        "--disaggregation-transfer-timeout",
+        str(TRANSFER_TIMEOUT),
+    ) as server:
         yield server
 
 
@@ -203,20 +212,36 @@ def test_structured_output_and_responses_through_both_legs_are_the_normal_server
         assert pd.responses.create(**request, extra_body=extra).output_text == expected != ""
 
 
-def test_a_prefill_server_gone_before_the_pull_is_a_503_and_leaks_nothing(
+def failure(decode: LiveServer, body: dict[str, Any], params: dict[str, Any]) -> str:
+    """The decode server's 503 for a handoff it could not pull: its message."""
+    with client(decode) as pd, pytest.raises(openai.APIStatusError) as failed:
+        pd.chat.completions.create(**body, extra_body={"kv_transfer_params": params})
+    assert failed.value.status_code == 503
+    error: dict[str, Any] = failed.value.body  # type: ignore[assignment]
+    assert error["code"] == "kv_transfer_failed"
+    return str(error["message"])
+
+
+def test_a_prefill_server_that_stalls_then_dies_mid_transfer_costs_a_503_each_and_no_leak(
     checkpoint: Path, decode: LiveServer
 ) -> None:
     body = chat()
     with start_prefill(checkpoint) as doomed:
-        params = handoff(doomed, body)
-        doomed.kill_tree()
-    with client(decode) as pd, pytest.raises(openai.APIStatusError) as failed:
-        pd.chat.completions.create(**body, extra_body={"kv_transfer_params": params})
-    assert failed.value.status_code == 503
-    assert failed.value.body["code"] == "kv_transfer_failed"  # type: ignore[index]
-    assert "transfer_error" in failed.value.body["message"]  # type: ignore[index]
-    wait_until(lambda: idle(decode), 20, "the decode server's slots and KV back to idle")
-    assert httpx.get(decode.base_url + "/health", timeout=10).status_code == 200
+        stalled, gone = handoff(doomed, body), handoff(doomed, body)
+        parent = psutil.Process(doomed.process.pid)
+        for process in [parent, *parent.children(recursive=True)]:
+            process.suspend()
+        try:
+            # The pull hangs on the stopped peer: the decode side gives up at its transfer
+            # timeout; the blocks the pull may still write into stay reserved until it returns.
+            assert "timeout" in failure(decode, body, stalled)
+        finally:
+            doomed.kill_tree()
+    assert "transfer_error" in failure(decode, body, gone)
+    wait_until(lambda: idle(decode), 30, "the decode server's slots and KV back to idle")
+    # Its rank serves on: at worst /health says no prefill peer it knows of answers.
+    health = httpx.get(decode.base_url + "/health", timeout=10)
+    assert health.status_code == 200 or health.json()["status"] == "degraded", health.text
 
 
 def test_kv_from_the_wrong_blocks_fails_the_twins_check_on_the_decode_side(
