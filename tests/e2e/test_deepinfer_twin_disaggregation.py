@@ -15,6 +15,7 @@ DEEPINFER_BATCH_INVARIANT=1 with a seed.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -176,6 +177,35 @@ def test_the_decode_servers_answer_from_pulled_kv_is_the_normal_servers(
     # Released by the decode side at once, long before the hold would time out.
     wait_until(lambda: idle(prefill), HOLD_TIMEOUT / 2, "the prefill server's held KV released")
     assert httpx.get(decode.base_url + "/health", timeout=10).status_code == 200
+
+
+def test_concurrent_requests_share_both_servers_steps_and_each_gets_its_own_answer(
+    normal: LiveServer, prefill: LiveServer, decode: LiveServer
+) -> None:
+    # Prompts that reach the prefill rank together are placed as a batch (in reverse: DeepInfer
+    # takes forks from the front of its queue); pulls and forks share the decode batch.
+    bodies = [
+        chat(messages=[{"role": "user", "content": f"Story {n}: " + QUESTION[: 300 * (n + 1)]}])
+        for n in range(4)
+    ]
+    with client(normal) as plain:
+        expected = [plain.chat.completions.create(**b).choices[0].message.content for b in bodies]
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        handoffs = list(pool.map(lambda b: handoff(prefill, b), bodies))
+        with client(decode) as pd:
+            answers = list(
+                pool.map(
+                    lambda pair: pd.chat.completions.create(
+                        **pair[0], extra_body={"kv_transfer_params": pair[1]}
+                    ),
+                    zip(bodies, handoffs, strict=True),
+                )
+            )
+    assert len({tuple(h["remote_block_ids"]) for h in handoffs}) == len(bodies)
+    assert [a.choices[0].message.content for a in answers] == expected
+    assert len(set(expected)) == len(bodies)
+    wait_until(lambda: idle(decode), 20, "the decode server's slots and KV back to idle")
+    wait_until(lambda: idle(prefill), HOLD_TIMEOUT / 2, "the prefill server's held KV released")
 
 
 def test_structured_output_and_responses_through_both_legs_are_the_normal_servers(
