@@ -303,3 +303,14 @@ def test_kv_no_decode_server_pulls_is_freed_when_its_hold_times_out(prefill: Liv
     assert value(samples, "deepinfer:kv_transfer_held_requests") == 1
     assert value(samples, "deepinfer:kv_cache_usage_perc", dp_rank="0") > 0
     wait_until(lambda: idle(prefill), 3 * HOLD_TIMEOUT, "the prefill server's hold timed out")
+
+
+def test_prompt_logprobs_on_a_prefill_twin_server_are_refused_in_the_protocols_shape(
+    prefill: LiveServer,
+) -> None:
+    # Scheduler.fork_seq, the way the PROMPT role places a prompt, refuses them.
+    body = {"model": MODEL, "prompt": QUESTION, "echo": True, "logprobs": 1, "max_tokens": 1}
+    answer = httpx.post(prefill.base_url + "/v1/completions", json=body, timeout=60)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["code"] == "engine_rejected" and "prompt logprobs" in error["message"]
