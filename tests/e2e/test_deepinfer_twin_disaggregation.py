@@ -124,8 +124,13 @@ def client(server: LiveServer) -> openai.OpenAI:
 
 def idle(server: LiveServer) -> bool:
     """No request, no KV block in use and (a prefill server) no prompt held."""
+    return idle_rank(server, "0")
+
+
+def idle_rank(server: LiveServer, dp_rank: str) -> bool:
+    """`idle` for one DP rank (the held prompts: the server's)."""
     samples = scrape(server.base_url)
-    rank = frozenset({("model_name", MODEL), ("dp_rank", "0")})
+    rank = frozenset({("model_name", MODEL), ("dp_rank", dp_rank)})
     gauges = ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc")
     names = [(f"deepinfer:{gauge}", rank) for gauge in gauges]
     names.append(("deepinfer:kv_transfer_held_requests", frozenset({("model_name", MODEL)})))
@@ -206,6 +211,62 @@ def test_concurrent_requests_share_both_servers_steps_and_each_gets_its_own_answ
     assert len(set(expected)) == len(bodies)
     wait_until(lambda: idle(decode), 20, "the decode server's slots and KV back to idle")
     wait_until(lambda: idle(prefill), HOLD_TIMEOUT / 2, "the prefill server's held KV released")
+
+
+def test_two_dp_ranks_on_each_side_hand_off_between_any_pair(
+    checkpoint: Path, normal: LiveServer
+) -> None:
+    # Each prefill rank holds its prompts behind its own bootstrap port (port + rank) and
+    # transfer engine; each decode rank pulls from whichever rank its handoff names. Without
+    # zero-overhead scheduling (a PROMPT engine's default) DeepInfer's work check all-reduces
+    # over the DP group on the GPU; the twin has none, so its ranks schedule with it on.
+    env = {**ENV, "DEEPINFER_ZERO_OVERHEAD_SCHEDULING": "1"}
+    common = ("--max-model-len", "4096", "--served-model-name", MODEL, "--ep", "2", "--dp", "2")
+    prefill_args = (
+        "--disaggregation-mode",
+        "prefill",
+        "--disaggregation-bootstrap-port",
+        str(free_port()),
+    )
+    bodies = [
+        chat(messages=[{"role": "user", "content": f"Tale {n}: " + QUESTION[: 250 * (n + 2)]}])
+        for n in range(4)
+    ]
+    with client(normal) as plain:
+        expected = [plain.chat.completions.create(**b).choices[0].message.content for b in bodies]
+    with (
+        LiveServer(
+            str(checkpoint),
+            *common,
+            *prefill_args,
+            engine="deepinfer",
+            env=env,
+            startup_timeout=240,
+        ) as prefill,
+        LiveServer(
+            str(checkpoint),
+            *common,
+            "--disaggregation-mode",
+            "decode",
+            engine="deepinfer",
+            env=env,
+            startup_timeout=240,
+        ) as decode,
+        ThreadPoolExecutor(len(bodies)) as pool,
+    ):
+        handoffs = list(pool.map(lambda b: handoff(prefill, b), bodies))
+        with client(decode) as pd:
+            answers = list(
+                pool.map(
+                    lambda pair: pd.chat.completions.create(
+                        **pair[0], extra_body={"kv_transfer_params": pair[1]}
+                    ),
+                    zip(bodies, handoffs, strict=True),
+                )
+            )
+        assert [a.choices[0].message.content for a in answers] == expected
+        wait_until(lambda: all(idle_rank(decode, r) for r in "01"), 20, "decode ranks idle")
+        wait_until(lambda: all(idle_rank(prefill, r) for r in "01"), 20, "prefill ranks idle")
 
 
 def test_structured_output_and_responses_through_both_legs_are_the_normal_servers(
