@@ -25,7 +25,9 @@ DeepInfer's finish strings become `Finish` values here and nowhere else.
 Prefill/decode disaggregation: a decode request's `kv_transfer_params` go to `add_request` in
 `extra`; a PROMPT engine's handoff of a finished request (`pop_kv_handoff`) rides on its
 finishing delta; a failed transfer's finish string, "kv_transfer_failed:<reason>", becomes
-`Finish.KV_TRANSFER_FAILED` with the reason as the delta's detail. `counters()` reports the
+`Finish.KV_TRANSFER_FAILED` with the reason as the delta's detail; an engine that ends requests
+outside its scheduler (DeepInfer's COMPLETION engine, whose pulls fail before the sequence
+exists for DeepInfer) reports them through `take_ended_requests()`. `counters()` reports the
 prompt tokens the engine computed (its `prompt_tokens_computed` when it counts them, else the
 prompt tokens past each request's cached ones) and a decode engine's transfer statistics.
 """
@@ -148,6 +150,8 @@ class LLMEngineDriver:
         #: Prompt tokens computed, counted here for an engine that does not count them.
         self._counts_computed = hasattr(engine, "prompt_tokens_computed")
         self._pop_handoff = getattr(engine, "pop_kv_handoff", None)
+        #: (request ID, finish string) of requests that ended outside the engine's scheduler.
+        self._take_ended = getattr(engine, "take_ended_requests", None)
         self._computed = 0
         self._last_counters = EngineCounters()
 
@@ -339,9 +343,27 @@ class LLMEngineDriver:
                     delta.kv_transfer_params = self._pop_handoff(request_id)
                 del self._live[request_id]
                 self._prompt_logprobs_sent.discard(request_id)
+        if self._take_ended is not None:
+            self._read_ended(by_request)
         if self._started:
             self._report_started(by_request)
         return list(by_request.values())
+
+    def _read_ended(self, by_request: dict[str, RequestDelta]) -> None:
+        """Finish the requests the engine ended outside its scheduler (a failed KV pull on a
+        COMPLETION engine: DeepInfer's output pool makes no handle for those)."""
+        assert self._take_ended is not None
+        for request_id, reason in self._take_ended():
+            sampling = self._live.pop(request_id, None)
+            if sampling is None:
+                continue
+            self._prompt_logprobs_sent.discard(request_id)
+            delta = by_request.get(request_id)
+            if delta is None:
+                delta = by_request[request_id] = RequestDelta(request_id, _empty_tokens(sampling))
+            delta.finish = finish_of(reason)
+            if delta.finish is Finish.KV_TRANSFER_FAILED:
+                delta.detail = reason.partition(":")[2] or None
 
     def _report_started(self, by_request: dict[str, RequestDelta]) -> None:
         """Give every request added since the last read its first delta, with its cached

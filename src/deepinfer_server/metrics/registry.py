@@ -456,6 +456,7 @@ class ServerMetrics:
     def observe_admission(self, tenant: str, admitted: bool) -> None:
         result = "admitted" if admitted else "refused"
         self.admissions.labels(self.model_name, tenant, result).inc()
+
     def observe_counters(self, rank: int, counters: EngineCounters) -> None:
         """A rank's disaggregation report: its totals, and its new transfer samples."""
         totals = self._engine_totals

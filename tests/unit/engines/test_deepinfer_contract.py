@@ -59,6 +59,24 @@ def test_engine_args_sets_every_listed_field_on_purpose(stand_in: None) -> None:
     assert (args.engine_rank, args.data_parallel_size, args.context_parallel_size) == (1, 2, 4)
     assert args.max_model_len == 32768  # never DeepInfer's 4096 default
     assert args.tokenizer == "/models/ckpt"
+    assert args.engine_type.name == "NORMAL" and not args.stop_preempted_request
+
+
+@pytest.mark.parametrize(
+    ("mode", "engine_type", "stop_preempted"),
+    [("prefill", "PROMPT", False), ("decode", "COMPLETION", True)],
+)
+def test_a_role_is_deepinfers_engine_type(
+    stand_in: None, mode: str, engine_type: str, stop_preempted: bool
+) -> None:
+    from deepinfer.engine.arg_utils import EngineArgs
+
+    spec = dataclasses.replace(_spec(), context_parallel_size=1, disaggregation_mode=mode)
+    args = EngineArgs(**engine_args_kwargs(spec))
+    assert args.engine_type.name == engine_type
+    # DeepInfer's scheduler refuses a COMPLETION engine that would recompute a preempted
+    # request (it has no prefill to recompute with).
+    assert args.stop_preempted_request is stop_preempted
 
 
 def test_driver_add_request_call_binds_to_the_signature(stand_in: None) -> None:

@@ -13,6 +13,7 @@ import pytest
 from deepinfer_server.engines.deepinfer.preflight import (
     check_batch_limits,
     check_checkpoint,
+    check_role,
     run_preflight,
 )
 from deepinfer_server.errors import ConfigError
@@ -107,3 +108,13 @@ def test_a_transformers_release_that_breaks_deepinfers_tokenizer_is_refused() ->
     check_transformers(None)  # not installed: DeepInfer's own import will say so
     with pytest.raises(ConfigError, match=r"transformers 4\.50\.0.*with transformers 5\.24\.0"):
         check_transformers("5.24.0")
+
+
+@pytest.mark.parametrize("mode", ["prefill", "decode"])
+def test_a_role_refuses_what_it_would_move_or_keep_wrongly(mode: str) -> None:
+    check_role(mode, False, {"DEEPINFER_PREFILL_STORE_EXTRA_STATE": "0"})
+    with pytest.raises(ConfigError, match="--enable-prefix-caching"):
+        check_role(mode, True, {})
+    # DeepInfer's boolean rule: anything but "0", "", "false" and "False" turns it on.
+    with pytest.raises(ConfigError, match="DEEPINFER_PREFILL_STORE_EXTRA_STATE"):
+        check_role(mode, False, {"DEEPINFER_PREFILL_STORE_EXTRA_STATE": "yes"})

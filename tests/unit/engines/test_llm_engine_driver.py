@@ -226,3 +226,31 @@ def test_prefix_cache_counters_pass_through_and_stay_one_object_while_unchanged(
     engine.stats = (1200, 900, 3)
     assert driver.prefix_cache_stats() == PrefixCacheStats(1200, 900, 3)
     assert make_adapter().prefix_cache_stats() is None  # no cache, no counters
+
+
+class _EndingEngine(_CachingEngine):
+    """An engine that ends requests outside its scheduler, as DeepInfer's COMPLETION engine
+    ends one whose KV pull failed (no output handle exists for it)."""
+
+    def __init__(self) -> None:
+        super().__init__(cached=0, ttft_ms=60_000)
+        self.ended: list[tuple[str, str]] = []
+
+    def take_ended_requests(self) -> list[tuple[str, str]]:
+        ended, self.ended = self.ended, []
+        return ended
+
+
+def test_a_request_the_engine_ends_outside_its_scheduler_finishes_with_its_reason() -> None:
+    engine = _EndingEngine()
+    driver = LLMEngineDriver(engine, RequestOutput)
+    add(driver, "r1", PROMPT)
+    add(driver, "r2", PROMPT)
+    driver.iterate()
+    engine.ended = [("r1", "kv_transfer_failed:timeout"), ("gone", "kv_transfer_failed:timeout")]
+    _, outputs = driver.iterate()
+    assert [(o.request_id, o.finish, o.detail, o.tokens.token_ids) for o in outputs] == [
+        ("r1", Finish.KV_TRANSFER_FAILED, "timeout", [])
+    ]
+    assert driver.num_live == 1  # r1 ended; r2 still runs
+    driver.abort(["r2"])

@@ -22,7 +22,7 @@ from deepinfer_server.engines.deepinfer.environment import (
     so_builder_cpus,
     visible_gpus,
 )
-from deepinfer_server.engines.deepinfer.preflight import run_preflight
+from deepinfer_server.engines.deepinfer.preflight import check_role, run_preflight
 from deepinfer_server.errors import ConfigError
 from deepinfer_server.model.images import ImagePolicy, deepinfer_image_policy
 
@@ -95,10 +95,7 @@ class DeepInferBackend(EngineBackend):
 
     def preflight(self, config: ResolvedConfig, checkpoint: str | None) -> None:
         if config.disaggregation_mode != "null":
-            raise ConfigError(
-                "--disaggregation-mode prefill/decode runs on --engine simulated so far; "
-                "DeepInfer's PROMPT and COMPLETION engines are not wired yet"
-            )
+            check_role(config.disaggregation_mode, config.enable_prefix_caching, os.environ)
         run_preflight(
             config.max_model_len, config.max_num_seqs, config.max_num_batched_tokens, checkpoint
         )

@@ -22,7 +22,7 @@ from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver
 logger = logging.getLogger(__name__)
 
 #: The EngineArgs fields the server sets; the rest keep DeepInfer's defaults on purpose
-#: (load_format "auto", seed 0, engine_type NORMAL, chunked_prefill off, no lookahead, ...).
+#: (load_format "auto", seed 0, chunked_prefill off, no lookahead, ...).
 ENGINE_ARGS_FIELDS = (
     "model",
     "tokenizer",
@@ -38,7 +38,11 @@ ENGINE_ARGS_FIELDS = (
     "max_num_batched_tokens",
     "stop_preempted_request",
     "disable_log_stats",
+    "engine_type",
 )
+
+#: `--disaggregation-mode` -> the name of DeepInfer's EngineType.
+ENGINE_TYPES = {"null": "NORMAL", "prefill": "PROMPT", "decode": "COMPLETION"}
 
 #: Names of the processes LLMEngine starts itself and keeps no handle to.
 ENGINE_CHILD_PREFIXES = ("worker-cp", "multi-modal-worker")
@@ -47,7 +51,9 @@ _PROGRESS_INTERVAL_SECONDS = 60.0
 
 
 def engine_args_kwargs(spec: EngineSpec) -> dict[str, Any]:
-    """The keyword arguments of `EngineArgs` for this rank."""
+    """The keyword arguments of `EngineArgs` for this rank (DeepInfer is imported)."""
+    from deepinfer.engine.engine_type import EngineType
+
     assert spec.model is not None, "the deepinfer engine needs a local checkpoint directory"
     options = spec.engine_options
     assert isinstance(options, DeepInferOptions)
@@ -67,9 +73,11 @@ def engine_args_kwargs(spec: EngineSpec) -> dict[str, Any]:
         "max_num_batched_tokens": spec.max_num_batched_tokens,
         # A request preempted for lack of KV cache is recomputed (no duplicate tokens) rather
         # than ended with "insufficient_system_resource"; the server clamps max_tokens to the
-        # context, so recomputation can never exceed the prompt limit.
-        "stop_preempted_request": False,
+        # context, so recomputation can never exceed the prompt limit. A COMPLETION engine
+        # has no prefill to recompute with: DeepInfer requires it to end them.
+        "stop_preempted_request": spec.disaggregation_mode == "decode",
         "disable_log_stats": options.disable_log_stats,
+        "engine_type": EngineType[ENGINE_TYPES[spec.disaggregation_mode]],
     }
 
 
@@ -93,6 +101,24 @@ def engine_children() -> list[BaseProcess]:
     ]
 
 
+def _engine_class(spec: EngineSpec, base: type[Any]) -> type[Any]:
+    """DeepInfer's LLMEngine, or the server's subclass of it for the rank's role or cache."""
+    if spec.disaggregation_mode != "null":
+        from deepinfer_server.engines.deepinfer.role_engines import (
+            completion_engine,
+            prompt_engine,
+        )
+        from deepinfer_server.engines.deepinfer.role_settings import RoleSettings
+
+        role = prompt_engine if spec.disaggregation_mode == "prefill" else completion_engine
+        return role(base, RoleSettings.of(spec))
+    if spec.enable_prefix_caching:
+        from deepinfer_server.engines.deepinfer.prefix_engine import prefix_caching_engine
+
+        return prefix_caching_engine(base)
+    return base
+
+
 def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:
     """Construct the rank's LLMEngine; returns its driver and the children to watch."""
     del shared
@@ -105,11 +131,7 @@ def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:
     from deepinfer.engine.arg_utils import EngineArgs
     from deepinfer.engine.llm_engine import LLMEngine
 
-    engine_class = LLMEngine
-    if spec.enable_prefix_caching:
-        from deepinfer_server.engines.deepinfer.prefix_engine import prefix_caching_engine
-
-        engine_class = prefix_caching_engine(LLMEngine)
+    engine_class = _engine_class(spec, LLMEngine)
     args = EngineArgs(**engine_args_kwargs(spec))
     logger.info(
         "[startup] rank %d: constructing LLMEngine (weights, JIT kernels, warm-up; the first "

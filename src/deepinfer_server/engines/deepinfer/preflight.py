@@ -166,3 +166,22 @@ def run_preflight(
     )
     if checkpoint is not None:
         check_checkpoint(Path(checkpoint))
+
+
+def check_role(mode: str, prefix_caching: bool, environ: Mapping[str, str]) -> None:
+    """What DeepInfer's PROMPT and COMPLETION engines run with here (`role_engines.py`)."""
+    role = "prefill" if mode == "prefill" else "decode"
+    if prefix_caching:
+        raise ConfigError(
+            f"--disaggregation-mode {role} on --engine deepinfer runs without the prefix cache "
+            "(it keeps prompts on NORMAL engines only): drop --enable-prefix-caching"
+        )
+    # deepinfer/environ.py's boolean rule. With it, a prompt's state row is in the kv-store
+    # ring layout and must be rearranged into the inference window on the way to the decode
+    # engine (worker/cache_engine.py StateBlock); the roles move the row as it is.
+    extra_state = environ.get("DEEPINFER_PREFILL_STORE_EXTRA_STATE")
+    if extra_state is not None and extra_state not in ("0", "", "false", "False"):
+        raise ConfigError(
+            f"--disaggregation-mode {role} on --engine deepinfer moves each prompt's state in "
+            "the inference layout: unset DEEPINFER_PREFILL_STORE_EXTRA_STATE"
+        )

@@ -21,13 +21,13 @@ from __future__ import annotations
 import functools
 import secrets
 import time
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from deepinfer_server.engines.disaggregation.agent import TransferAgent
 from deepinfer_server.engines.disaggregation.bootstrap import BootstrapServer
 from deepinfer_server.engines.disaggregation.held import HeldKV
 from deepinfer_server.engines.disaggregation.pulls import Pulls
+from deepinfer_server.engines.disaggregation.stats import TransferStats
 from deepinfer_server.engines.simulated.kv_blocks import AllocStatus, KVBlocks, blocks_for
 from deepinfer_server.engines.simulated.kv_memory import KVMemory, writer_id
 from deepinfer_server.engines.simulated.outputs import OutputRecord
@@ -39,16 +39,6 @@ from deepinfer_server.ipc.kv_transfer import KV_BLOCK_SIZE, KVTransferParams
 
 #: The finish string of a failed transfer; the reason follows the colon.
 FINISH_KV_TRANSFER_FAILED = "kv_transfer_failed"
-
-
-@dataclass
-class TransferStats:
-    """What a rank's transfers did since it started (histogram samples: since the last take)."""
-
-    bytes: int = 0
-    failures: Counter[str] = field(default_factory=Counter)
-    seconds: list[float] = field(default_factory=list)
-    wait_seconds: list[float] = field(default_factory=list)
 
 
 class PrefillRole:

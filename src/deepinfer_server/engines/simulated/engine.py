@@ -35,12 +35,9 @@ import numpy.typing as npt
 from tokenizers import Tokenizer
 
 from deepinfer_server.engines.disaggregation.agent import TransferAgent
+from deepinfer_server.engines.disaggregation.stats import TransferStats
 from deepinfer_server.engines.simulated.collectives import Ballot, LockstepGroup, Tally
-from deepinfer_server.engines.simulated.disaggregation import (
-    DecodeRole,
-    PrefillRole,
-    TransferStats,
-)
+from deepinfer_server.engines.simulated.disaggregation import DecodeRole, PrefillRole
 from deepinfer_server.engines.simulated.kv_blocks import KVBlocks, default_pool
 from deepinfer_server.engines.simulated.matcher_builds import MatcherBuilds
 from deepinfer_server.engines.simulated.outputs import POOL, OutputRecord, RequestOutput

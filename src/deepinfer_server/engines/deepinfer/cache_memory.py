@@ -1,0 +1,79 @@
+"""CacheMemory: a DeepInfer rank's KV blocks and state slots as the transfer library sees them.
+
+DeepInfer's cache engine (`deepinfer/worker/cache_engine.py`, CP = 1: the driver worker's own)
+keeps every KV block as one row of `gpu_blocks` and every sequence's state as one row of
+`gpu_states`; its clone path (`clone_and_zero_states_and_blocks`) copies whole rows. A
+prefilled prompt moves the same way: its blocks' rows and its state slot's row, registered
+with the rank's transfer agent and read by the decode rank into rows it reserved. The state
+row is moved whole, in the inference layout both engines keep: `StateBlock` says a PROMPT to
+COMPLETION transfer moves both its stored and its dropped region, rearranged only under
+DEEPINFER_PREFILL_STORE_EXTRA_STATE (the kv-store ring), which the roles refuse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from deepinfer_server.engines.disaggregation.agent import TransferAgent
+from deepinfer_server.ipc.kv_transfer import KVTransferParams
+
+
+def _row_bytes(tensor: Any) -> int:
+    return int(tensor.stride(0)) * int(tensor.element_size())
+
+
+class CacheMemory:
+    """One rank's KV block rows and state rows, registered with its transfer agent."""
+
+    def __init__(self, cache_engine: Any, agent: TransferAgent) -> None:
+        self._blocks = cache_engine.gpu_blocks
+        self._states = cache_engine.gpu_states
+        for tensor in (self._blocks, self._states):
+            if not tensor.is_contiguous():
+                raise RuntimeError("DeepInfer's cache rows are not contiguous: cannot move them")
+        self.block_bytes = _row_bytes(self._blocks)
+        self.state_bytes = _row_bytes(self._states)
+        self._agent = agent
+        agent.register(self.kv_address, self.block_bytes * int(self._blocks.shape[0]))
+        agent.register(self.state_address, self.state_bytes * int(self._states.shape[0]))
+
+    @property
+    def kv_address(self) -> int:
+        return int(self._blocks.data_ptr())
+
+    @property
+    def state_address(self) -> int:
+        return int(self._states.data_ptr())
+
+    def close(self) -> None:
+        self._agent.unregister(self.kv_address)
+        self._agent.unregister(self.state_address)
+
+    def pieces(
+        self, params: KVTransferParams, blocks: Sequence[int], slot: int
+    ) -> list[tuple[int, int, int]]:
+        """(local, remote, length) for every block row of the prompt and its state row."""
+        size = self.block_bytes
+        pieces = [
+            (self.kv_address + local * size, params.remote_kv_address + remote * size, size)
+            for local, remote in zip(blocks, params.remote_block_ids, strict=True)
+        ]
+        pieces.append(
+            (
+                self.state_address + slot * self.state_bytes,
+                params.remote_state_address + params.remote_state_slot * self.state_bytes,
+                self.state_bytes,
+            )
+        )
+        return pieces
+
+
+def allocate(manager: Any, count: int) -> list[int]:
+    """`count` blocks of one of DeepInfer's `BlockManager`s (KV blocks or state slots), each
+    pinned once: the caller owns them until it unpins them."""
+    manager.lock()
+    try:
+        return [int(block) for block in manager.allocate_nolock(count)]
+    finally:
+        manager.unlock()

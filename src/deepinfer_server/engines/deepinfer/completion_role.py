@@ -1,0 +1,249 @@
+"""CompletionRole: how DeepInfer's COMPLETION engine takes prompts a prefill server computed.
+
+A request comes with its `KVTransferParams` handoff. DeepInfer builds the sequence
+(`add_request` with `enqueue=False`); it waits here, in order and for at most the transfer
+timeout, until blocks for its prompt and a state slot are free and the running cap allows.
+Then the role reserves them (DeepInfer's block and state managers) and the seam pulls the
+prompt's block rows and state row into them off the engine's thread
+(`disaggregation.pulls.Pulls`). A pulled sequence enters as `Scheduler.fork_seq(blocks=...,
+sp_token=<the prefill's first token>)` makes it: `prompted`, with that token forced; DeepInfer
+admits it by cloning its state slot and its last block (its prompt's last token is computed
+again, by the first decode step), and the role drops its own pins once the fork holds its
+own, so a finished sequence frees everything (`finalize_seq`). A failed or timed-out pull
+frees what it reserved and ends the request "kv_transfer_failed:<reason>"; blocks a pull may
+still write into are freed only when that pull has returned.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from deepinfer_server.engines.deepinfer.cache_memory import CacheMemory, allocate
+from deepinfer_server.engines.deepinfer.role_grammar import (
+    GRAMMAR_FAILED,
+    build_grammar,
+    without_grammar,
+)
+from deepinfer_server.engines.deepinfer.role_settings import RoleSettings
+from deepinfer_server.engines.disaggregation.agent import TransferAgent
+from deepinfer_server.engines.disaggregation.pulls import Pulls
+from deepinfer_server.engines.disaggregation.stats import TransferStats
+from deepinfer_server.ipc.kv_transfer import KV_BLOCK_SIZE, KVTransferParams
+
+#: The finish string of a failed transfer; the reason follows the colon.
+FINISH_KV_TRANSFER_FAILED = "kv_transfer_failed"
+#: The branch name of pulled sequences.
+BRANCH = "pd_completion"
+
+
+@dataclass
+class _Pending:
+    seq: Any
+    params: KVTransferParams
+    arrived: float
+    deadline: float
+    blocks: list[int] = field(default_factory=list)
+    slot: int = 0
+    #: The pull is running or done (its blocks and slot are reserved).
+    pulling: bool = False
+    #: The pull is done and checked: the sequence enters once its grammar is built.
+    pulled: bool = False
+    #: Its grammar's matcher is attached (or it has none).
+    grammar_ready: bool = True
+    #: The request ended (aborted, timed out) while its pull ran: free on its return.
+    abandoned: bool = False
+
+
+def _no_check() -> None:
+    """DeepInfer's KV is opaque bytes: what a pull moved is checked by the forward using it."""
+
+
+class CompletionRole:
+    """The COMPLETION engine's admission and pulls of prefilled prompts."""
+
+    def __init__(self, engine: Any, settings: RoleSettings) -> None:
+        self._engine = engine
+        self._timeout = settings.transfer_timeout
+        self.agent = TransferAgent(settings.host, settings.ib_device)
+        self.memory = CacheMemory(engine.driver_worker.cache_engine, self.agent)
+        self._pulls = Pulls(self.agent)
+        self._pending: dict[str, _Pending] = {}
+        #: (request ID, finish string) of requests ended here, for the driver.
+        self.ended: list[tuple[str, str]] = []
+        self.stats = TransferStats()
+        #: Prompt tokens this engine computed: the last one of each pulled prompt.
+        self.prompt_tokens_computed = 0
+
+    @property
+    def busy(self) -> bool:
+        """Whether anything is still in flight, abandoned pulls included."""
+        return bool(self._pending)
+
+    def add(self, add: Any, args: tuple[Any, ...]) -> Any:
+        """`LLMEngine.add_request(*args)` for a COMPLETION engine: the sequence waits for its
+        KV here instead of in DeepInfer's queue."""
+        (user_id, request_id, params, prompt, images, arrival, extra, _enqueue, _chunks) = args
+        handoff = (extra or {}).get("kv_transfer_params")
+        if handoff is None:
+            raise ValueError(
+                "a COMPLETION engine cannot prefill: the request needs the kv_transfer_params "
+                "of a prefill server's answer"
+            )
+        if not isinstance(handoff, KVTransferParams):
+            raise TypeError("kv_transfer_params must be a KVTransferParams")
+        if images is not None:
+            raise ValueError("a decode server on DeepInfer's engine does not take images yet")
+        wants = params.get("prompt_logprobs") if isinstance(params, dict) else None
+        if wants or getattr(params, "prompt_logprobs", False):
+            raise ValueError(
+                "a decode server computes no prompt logprobs: its prompt was computed elsewhere"
+            )
+        params, so_args = without_grammar(params)
+        seq = add(user_id, request_id, params, prompt, None, arrival, None, False, None)
+        if seq is None:
+            return None
+        if int(seq.get_prompt_len()) != handoff.prompt_length:
+            raise ValueError("kv_transfer_params describe a prompt of another length")
+        now = time.monotonic()
+        pending = _Pending(seq, handoff, now, now + self._timeout)
+        self._pending[request_id] = pending
+        if so_args is not None:
+            pending.grammar_ready = False
+            build_grammar(self._engine, seq, so_args, self._grammar_built)
+        return seq
+
+    def _grammar_built(self, seq: Any) -> None:
+        pending = self._pending.get(seq.request_id)
+        if pending is None or pending.seq is not seq or pending.abandoned:
+            return
+        if seq.so_matcher.is_aborted():
+            self.ended.append((seq.request_id, GRAMMAR_FAILED))
+            self._end(pending)
+            return
+        pending.grammar_ready = True
+
+    def abort(self, request_ids: set[str]) -> set[str]:
+        """End the requests among `request_ids` that wait for their KV; returns them."""
+        found: set[str] = set()
+        for request_id in request_ids & self._pending.keys():
+            pending = self._pending[request_id]
+            if pending.abandoned:
+                continue
+            found.add(request_id)
+            self._end(pending)
+        return found
+
+    def advance(self) -> None:
+        """Before a step: pulled prompts enter the scheduler, failed and late ones end, and
+        the waiting ones get room in order."""
+        now = time.monotonic()
+        for result in self._pulls.take_done():
+            pending = self._pending.pop(result.request_id, None)
+            if pending is None:
+                continue
+            if pending.abandoned:
+                self._unreserve(pending)
+            elif result.failure is not None:
+                self._unreserve(pending)
+                self._fail(pending, result.failure.reason)
+            else:
+                self.stats.bytes += result.nbytes
+                self.stats.seconds.append(result.seconds)
+                self.stats.wait_seconds.append(now - pending.arrived)
+                pending.pulled = True
+                self._pending[result.request_id] = pending
+        for pending in list(self._pending.values()):
+            if pending.pulled and pending.grammar_ready:
+                del self._pending[pending.seq.request_id]
+                self._enter(pending)
+        for pending in list(self._pending.values()):
+            if not pending.abandoned and pending.deadline <= now:
+                self._fail(pending, "timeout" if pending.pulling else "no_kv_room")
+                self._end(pending)
+        self._admit()
+
+    def _enter(self, pending: _Pending) -> None:
+        seq, params = pending.seq, pending.params
+        engine = self._engine
+        seq.num_cached_tokens = params.prompt_length
+        seq.state_id = pending.slot
+        engine.scheduler.fork_seq(
+            seq,
+            np.asarray(pending.blocks, dtype=np.int32),
+            BRANCH,
+            seq.sampling_params,
+            seq.so_matcher,
+            params.first_token_id,
+            -1,
+            seq.seq_id,
+            time.time() * 1000.0,  # milliseconds, as add_sequence stamps
+        )
+        seq.state_id = -1
+        # The fork pinned the blocks and the slot itself.
+        self._unreserve(pending)
+        self.prompt_tokens_computed += 1
+
+    def _admit(self) -> None:
+        engine = self._engine
+        scheduler = engine.scheduler
+        cap = int(engine.scheduler_config.max_num_seqs)
+        usable = int(engine.cache_config.num_gpu_blocks) - 1
+        for pending in list(self._pending.values()):
+            if pending.pulling or pending.abandoned:
+                continue
+            needed = -(-pending.params.prompt_length // KV_BLOCK_SIZE)
+            if needed + 1 > usable:
+                self._fail(pending, "no_kv_room")
+                self._end(pending)
+                continue
+            pulling = sum(p.pulling and not p.abandoned for p in self._pending.values())
+            live = int(scheduler.get_num_unfinished_seqs()) + pulling
+            if live >= cap:
+                return
+            # Room for the admission's copy of the last block and every live sequence's next
+            # token; two state slots: this one and the admission's clone.
+            if int(scheduler.get_num_free_gpu_blocks()) < needed + 1 + live:
+                return
+            if int(engine.state_manager.get_num_free_blocks()) < 2:
+                return
+            pending.blocks = allocate(engine.block_manager, needed)
+            (pending.slot,) = allocate(engine.state_manager, 1)
+            pending.pulling = True
+            self._pulls.submit(
+                pending.seq.request_id,
+                pending.params,
+                self.memory.pieces(pending.params, pending.blocks, pending.slot),
+                _no_check,
+            )
+
+    def _end(self, pending: _Pending) -> None:
+        """The request ends before its KV is in place: free what it holds now, or (a pull is
+        running into its blocks) when the pull returns."""
+        if pending.pulling and not pending.pulled:
+            pending.abandoned = True
+            return
+        del self._pending[pending.seq.request_id]
+        if pending.pulled:
+            self._unreserve(pending)  # its pull already told the prefill side
+        else:
+            self._pulls.release_only(pending.params)
+
+    def _unreserve(self, pending: _Pending) -> None:
+        if pending.blocks:
+            self._engine.block_manager.unpin_blocks(np.asarray(pending.blocks, dtype=np.int32))
+            pending.blocks = []
+        if pending.slot:
+            self._engine.state_manager.unpin_blocks(np.asarray([pending.slot], dtype=np.int32))
+            pending.slot = 0
+
+    def _fail(self, pending: _Pending, reason: str) -> None:
+        self.stats.failures[reason] += 1
+        self.ended.append((pending.seq.request_id, f"{FINISH_KV_TRANSFER_FAILED}:{reason}"))
+
+    def close(self) -> None:
+        self._pulls.close()
+        self.memory.close()

@@ -1,0 +1,32 @@
+"""RoleSettings: what DeepInfer's PROMPT and COMPLETION engines read of the server's options."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from deepinfer_server.engines.backend import EngineSpec
+
+
+@dataclass(frozen=True)
+class RoleSettings:
+    """One rank's `--disaggregation-*` settings."""
+
+    #: The address the rank's transfer engine and bootstrap port are reached at.
+    host: str
+    ib_device: str | None
+    #: The prefill side's bootstrap port of DP rank 0 (rank r listens on port + r).
+    bootstrap_port: int
+    rank: int
+    hold_timeout: float
+    transfer_timeout: float
+
+    @classmethod
+    def of(cls, spec: EngineSpec) -> RoleSettings:
+        return cls(
+            host=spec.disaggregation_host,
+            ib_device=spec.disaggregation_ib_device,
+            bootstrap_port=spec.disaggregation_bootstrap_port,
+            rank=spec.rank,
+            hold_timeout=spec.disaggregation_kv_hold_timeout,
+            transfer_timeout=spec.disaggregation_transfer_timeout,
+        )
