@@ -6,11 +6,15 @@ import multiprocessing
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from deepinfer_server.engines.simulated.collectives import LockstepGroup, new_lockstep_group
 from deepinfer_server.ipc.stop_agreement import StopAgreement
 from tests import lockstep_workers
 
 CONTEXT = multiprocessing.get_context("spawn")
+#: The ranks are real spawned processes: not the fast lane.
+pytestmark = pytest.mark.e2e
 
 
 def _run(
