@@ -56,7 +56,7 @@ def _alive(process: psutil.Process) -> bool:
     init process reaps it (seconds here, not ours to wait for): it holds no port, file or
     memory any more, so it counts as gone."""
     try:
-        return process.status() != psutil.STATUS_ZOMBIE
+        return bool(process.status() != psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return False
 
