@@ -51,6 +51,16 @@ def _leads_session(process: psutil.Process) -> bool:
         return False
 
 
+def _alive(process: psutil.Process) -> bool:
+    """Whether `process` still runs. A killed grandchild of the test stays a zombie until the
+    init process reaps it (seconds here, not ours to wait for): it holds no port, file or
+    memory any more, so it counts as gone."""
+    try:
+        return bool(process.status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _limit_files(limit: int) -> None:
     """In the child before exec: soft and hard open-file limit `limit` (ulimit -n)."""
     import resource
@@ -245,9 +255,10 @@ class LiveServer:
         for process in family:
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
-        psutil.wait_procs(family, timeout=10)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(10)
+        others = [process for process in family if process.pid != self.process.pid]
+        wait_until(lambda: not any(map(_alive, others)), 10, "the server's processes to exit")
         self._pump_thread.join(10)
         if self.process.stdout is not None:
             self.process.stdout.close()

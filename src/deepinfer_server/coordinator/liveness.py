@@ -44,6 +44,7 @@ class LivenessWatch:
         self._watching = watching
         #: Loop time of each rank's last message; None until its first (it is starting).
         self._last_report: list[float | None] = [None] * data_parallel_size
+        self._last_check = 0.0
 
     def reported(self, rank: int, now: float) -> None:
         """A message from `rank` (ready, step outputs, heartbeat) arrived at loop time `now`."""
@@ -55,22 +56,35 @@ class LivenessWatch:
     async def run(self) -> None:
         """Check every heartbeat interval until a hang is found."""
         loop = asyncio.get_running_loop()
-        interval = heartbeat_interval(self._step_timeout)
-        last_check = loop.time()
+        self.started(loop.time())
         while True:
-            await asyncio.sleep(interval)
-            now = loop.time()
-            stalled_here = now - last_check > 2 * interval + 0.5
-            last_check = now
-            if stalled_here or not self._watching():
-                # This process's own loop was held up (the ranks' reports are still unread in
-                # the sockets), or nothing is watched now: the clocks start again.
-                self._last_report = [None if t is None else now for t in self._last_report]
-                continue
-            stuck = self._stuck_ranks(now)
-            if stuck:
-                self._on_hang(_hang_reason(stuck, self._step_timeout))
+            await asyncio.sleep(self.interval)
+            if self.check(loop.time()):
                 return
+
+    @property
+    def interval(self) -> float:
+        """Seconds between checks."""
+        return heartbeat_interval(self._step_timeout)
+
+    def started(self, now: float) -> None:
+        """The watch starts checking at loop time `now`."""
+        self._last_check = now
+
+    def check(self, now: float) -> bool:
+        """One check at loop time `now` (one interval after the last); calls `on_hang` and
+        returns True when a hang is found."""
+        stalled_here = now - self._last_check > 2 * self.interval + 0.5
+        self._last_check = now
+        if stalled_here or not self._watching():
+            # This process's own loop was held up (the ranks' reports are still unread in the
+            # sockets), or nothing is watched now: the clocks start again.
+            self._last_report = [None if t is None else now for t in self._last_report]
+            return False
+        stuck = self._stuck_ranks(now)
+        if stuck:
+            self._on_hang(_hang_reason(stuck, self._step_timeout))
+        return bool(stuck)
 
     def _stuck_ranks(self, now: float) -> list[int]:
         """Every rank silent for longer than the step timeout (none while one is starting)."""

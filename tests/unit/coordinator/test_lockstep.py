@@ -6,6 +6,8 @@ import multiprocessing
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from deepinfer_server.engines.simulated.collectives import (
     Ballot,
     LockstepGroup,
@@ -17,6 +19,8 @@ from deepinfer_server.ipc.stop_agreement import StopAgreement
 from tests import lockstep_workers
 
 CONTEXT = multiprocessing.get_context("spawn")
+#: The ranks are real spawned processes: not the fast lane.
+pytestmark = pytest.mark.e2e
 
 
 def _run(

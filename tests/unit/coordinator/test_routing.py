@@ -59,6 +59,7 @@ def _admit_twice(state: SharedState, ranks: Any) -> None:
     ranks.put([_rank(admission), _rank(admission)])
 
 
+@pytest.mark.e2e  # a spawned process
 def test_shared_admission_is_one_capacity_and_one_choice_across_processes() -> None:
     context = multiprocessing.get_context("spawn")
     state = shared_state(2, 1, processes=2)

@@ -77,6 +77,7 @@ def test_another_architecture_is_refused(tmp_path: Path) -> None:
         check_checkpoint(checkpoint)
 
 
+@pytest.mark.e2e  # the server process
 def test_the_cli_refuses_before_any_rank_starts(tmp_path: Path) -> None:
     checkpoint = write_checkpoint(tmp_path / "ckpt")
     env = {
