@@ -80,8 +80,7 @@ def test_the_readme_is_a_landing_page_with_the_fresh_machine_commands_first() ->
     assert first_two == [
         "python3 -m venv .venv && .venv/bin/pip install . && .venv/bin/deepinfer-server "
         "--engine simulated",
-        "python3 -m venv .venv && .venv/bin/pip install '.[test]' && "
-        ".venv/bin/python -m pytest -n 2",
+        "python3 -m venv .venv && .venv/bin/pip install '.[test]' && .venv/bin/python -m pytest",
     ]
     assert README.read_text(encoding="utf-8").count("\n") <= 200
 
