@@ -70,6 +70,7 @@ def shared_server() -> Iterator[LiveServer]:
         "2",
         "--max-model-len",
         "4096",
+        grammar_warmup=True,  # long-lived, and serves the structured-output tests
     )
     with server:
         yield server

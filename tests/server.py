@@ -79,7 +79,11 @@ class LiveServer:
         startup_timeout: float = 60.0,
         file_limit: int | None = None,
         api_servers: int = 1,
+        grammar_warmup: bool = False,
     ) -> None:
+        """`grammar_warmup`: prepare the grammar compile workers once the server listens, as in
+        production (off by default: about 20 s of CPU per server, which most tests never use;
+        their first structured request prepares them, as `--no-grammar-warmup` says)."""
         self.api_servers = api_servers
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
@@ -94,6 +98,7 @@ class LiveServer:
             "--port",
             str(self.port),
             *(["--api-server-count", str(api_servers)] if api_servers > 1 else []),
+            *([] if grammar_warmup else ["--no-grammar-warmup"]),
             *args,
         ]
         self.lines: list[str] = []

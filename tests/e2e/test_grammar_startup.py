@@ -43,7 +43,7 @@ class Flag(pydantic.BaseModel):
 
 @pytest.fixture
 def fresh_server() -> Iterator[LiveServer]:
-    with LiveServer("--sim-itl-ms", "1", startup_timeout=180.0) as live:
+    with LiveServer("--sim-itl-ms", "1", startup_timeout=180.0, grammar_warmup=True) as live:
         yield live
 
 
