@@ -13,6 +13,7 @@ from deepinfer_server.ipc.messages import Images, SamplingOptions
 from deepinfer_server.protocol.core.choices import reject_n
 from deepinfer_server.protocol.core.prepare import engine_input
 from deepinfer_server.protocol.core.recipe import RecipeContext
+from deepinfer_server.protocol.core.sampling import Api, read_sampling
 from deepinfer_server.protocol.core.structured import (
     RESPONSES_CONSTRAINT,
     convert_honouring_tool_choice,
@@ -139,7 +140,14 @@ def prepare_responses(body: dict[str, Any], recipe: RecipeContext) -> PreparedRe
         convert, body, "auto", "text.format"
     )
     constraint = read_constraint(RESPONSES_CONSTRAINT, body, converted.conversation.thinking_mode)
-    engine = engine_input(converted, recipe, ignore_eos=False, logprobs=_wants_logprobs(body))
+    engine = engine_input(
+        converted,
+        recipe,
+        ignore_eos=False,
+        api=Api.RESPONSES,
+        sampling=read_sampling(body, Api.RESPONSES),
+        logprobs=_wants_logprobs(body),
+    )
     return PreparedResponses(
         converted,
         engine.prompt_token_ids,
