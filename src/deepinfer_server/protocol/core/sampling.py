@@ -7,7 +7,7 @@ schemas (`openapi/fields.py`). A new sampling field is one entry in `SAMPLING_FI
 engine's side of its `SamplingOptions` field).
 
 DeepInfer 0.1.0's SamplingParams has temperature, top_p and top_k and nothing else that shapes
-the distribution: penalties, `min_p` and `logit_bias` are accepted only at their
+the distribution: penalties, `min_p`, `min_tokens` and `logit_bias` are accepted only at their
 neutral value (what a client library sends by default), anything else is a 400 naming the
 parameter.
 """
@@ -121,6 +121,9 @@ SAMPLING_FIELDS: tuple[SamplingField, ...] = (
     _neutral("frequency_penalty", 0.0, float, "penalties"),
     _neutral("repetition_penalty", 1.0, float, "penalties"),
     _neutral("min_p", 0.0, float, "min_p"),
+    # DeepInfer can keep EOS off the first generated token only (`first_n_token_no_eos`), not
+    # off the first n, and never stop strings: vLLM's min_tokens is refused beyond 0.
+    _neutral("min_tokens", 0, int, "minimum length (vLLM's min_tokens)"),
     SamplingField(
         "temperature",
         float,
