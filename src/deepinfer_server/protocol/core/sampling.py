@@ -14,6 +14,7 @@ parameter.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -67,11 +68,18 @@ class SamplingField:
     to_engine: Callable[[Any], Any] = _same
     #: The OpenAPI description.
     description: str = ""
+    #: The JSON value types it takes (an exact int, or any number); a bool is never one.
+    _types: type | tuple[type, ...] = dataclasses.field(init=False, repr=False, compare=False)
 
-    def check(self, value: Any) -> Any:
+    def __post_init__(self) -> None:
+        exact_int = self.kind is int and self.neutral is None
+        object.__setattr__(self, "_types", int if exact_int else (int, float))
+
+    def check(self, raw: object) -> Any:
         """The engine's value for a present request value, or a 400 naming the field."""
-        if not self._has_type(value):
+        if raw.__class__ is bool or not isinstance(raw, self._types):
             raise BadRequestError(self._type_message(), param=self.name)
+        value: float = raw  # type: ignore[assignment]  # an int or a float, checked above
         if self.neutral is not None:
             if value != self.neutral:
                 raise BadRequestError(
@@ -83,14 +91,9 @@ class SamplingField:
             return value
         if not self.minimum <= value <= self.maximum:
             raise BadRequestError(self.range_message or self._type_message(), param=self.name)
-        return self.to_engine(float(value) if self.kind is float else value)
-
-    def _has_type(self, value: object) -> bool:
-        if isinstance(value, bool):
-            return False
-        if self.kind is int and self.neutral is None:
-            return isinstance(value, int)
-        return isinstance(value, int | float)
+        if self.kind is float:
+            value = float(value)
+        return value if self.to_engine is _same else self.to_engine(value)
 
     def _type_message(self) -> str:
         if self.neutral is not None:
@@ -167,11 +170,18 @@ _BY_API: dict[Api, tuple[SamplingField, ...]] = {
     api: tuple(field for field in SAMPLING_FIELDS if api in field.apis) for api in Api
 }
 #: Per protocol, the fields the server checks itself (deepseek-recipe checks the others).
-_SERVER_CHECKED: dict[Api, tuple[SamplingField, ...]] = {
-    api: tuple(field for field in _BY_API[api] if api not in field.recipe_checked) for api in Api
+_SERVER_CHECKED: dict[Api, tuple[tuple[str, SamplingField], ...]] = {
+    api: tuple((field.name, field) for field in _BY_API[api] if api not in field.recipe_checked)
+    for api in Api
 }
-_RECIPE_CHECKED: dict[Api, tuple[SamplingField, ...]] = {
-    api: tuple(field for field in _BY_API[api] if api in field.recipe_checked) for api in Api
+#: Per protocol, the SamplingOptions fields deepseek-recipe's InferenceOptions fills.
+_RECIPE_OPTIONS: dict[Api, tuple[str, ...]] = {
+    api: tuple(
+        field.option
+        for field in _BY_API[api]
+        if api in field.recipe_checked and field.option is not None
+    )
+    for api in Api
 }
 
 
@@ -179,13 +189,12 @@ def read_sampling(body: Mapping[str, Any], api: Api) -> dict[str, Any]:
     """Check the sampling fields the server checks in `api`'s body: the engine's values of
     the present ones, by `SamplingOptions` field name (a 400 naming the field otherwise)."""
     values: dict[str, Any] = {}
-    for field in _SERVER_CHECKED[api]:
-        value = body.get(field.name)
-        if value is None:
-            continue
-        checked = field.check(value)
-        if field.option is not None:
-            values[field.option] = checked
+    for name, field in _SERVER_CHECKED[api]:
+        value = body.get(name)
+        if value is not None:
+            checked = field.check(value)
+            if field.option is not None:
+                values[field.option] = checked
     return values
 
 
@@ -214,9 +223,8 @@ def sampling_options(
     """The engine's options: the fields `read_sampling` read, those deepseek-recipe checked
     (from its `inference` options), and the ones the caller resolves (`rest`: max_tokens,
     logprobs...)."""
-    values = dict(read)
-    if inference is not None:
-        for field in _RECIPE_CHECKED[api]:
-            assert field.option is not None
-            values[field.option] = getattr(inference, field.option)
-    return SamplingOptions(**values, **rest)
+    names = _RECIPE_OPTIONS[api]
+    if inference is None or not names:
+        return SamplingOptions(**read, **rest)
+    resolved = {name: getattr(inference, name) for name in names}
+    return SamplingOptions(**read, **resolved, **rest)
