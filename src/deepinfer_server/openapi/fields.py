@@ -33,8 +33,6 @@ PRIORITY = integer(
     PRIORITY_MAX,
     "vLLM's extension: lower starts first among the queued requests of the same API key",
 )
-#: deepseek-recipe's range (the server's own check allows up to 2^64 - 1).
-SEED = integer(0, 2**63 - 1)
 STREAM = boolean()
 #: vLLM's `cache_salt` (an extension field in the Messages API).
 CACHE_SALT = string(

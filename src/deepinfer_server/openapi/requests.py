@@ -22,7 +22,6 @@ from deepinfer_server.openapi.fields import (
     PRIORITY,
     REASONING_EFFORTS,
     RECIPE_MAX_TOKENS,
-    SEED,
     STOP,
     STREAM,
     THINKING,
@@ -143,7 +142,6 @@ CHAT_COMPLETIONS: Schema = obj(
         "max_tokens": nullable(integer(1, RECIPE_MAX_TOKENS)),
         "max_completion_tokens": nullable(integer(1, RECIPE_MAX_TOKENS)),
         **sampling_fields(Api.CHAT, neutral=False),
-        "seed": nullable(SEED),
         "n": nullable(integer(1, MAX_N)),
         "stop": STOP,
         "stream": nullable(STREAM),
@@ -187,7 +185,6 @@ COMPLETIONS: Schema = obj(
             integer(0, UINT32_MAX, "Default 16; 0 needs echo; prompt + max_tokens must fit")
         ),
         **sampling_fields(Api.COMPLETIONS, neutral=False),
-        "seed": nullable(integer(0, 2**63 - 1)),
         "n": nullable(integer(1, MAX_N)),
         "best_of": nullable(integer(description="Only equal to n")),
         "stop": STOP,

@@ -114,7 +114,12 @@ def test_a_field_is_refused_with_its_own_messages() -> None:
         "top_p": (0, "'top_p' must be a number between 1e-09 and 1"),
         "top_k": (-2, f"'top_k' must be -1 or 0 (disabled) or between 1 and {2**31 - 1}"),
         "min_tokens": ("1", "'min_tokens' must be a number"),
+        "seed": (-1, f"'seed' must be between 0 and {2**63 - 1}"),
     }
+    cases_of_type = {"top_k": 1.5, "seed": "1"}
+    for name, value in cases_of_type.items():
+        with pytest.raises(BadRequestError, match=f"^'{name}' must be an integer$"):
+            prepare({**minimal, name: value}, _recipe())
     for name, (value, message) in cases.items():
         with pytest.raises(BadRequestError) as refused:
             prepare({**minimal, name: value}, _recipe())

@@ -175,7 +175,7 @@ def prepare_completion(body: dict[str, Any], recipe: RecipeContext) -> list[Prep
         max_tokens = DEFAULT_MAX_TOKENS
     if max_tokens == 0 and not echo:
         raise BadRequestError("'max_tokens' must be at least 1 without echo", param="max_tokens")
-    seed = optional_uint(body, "seed", maximum=2**63 - 1)
+    seed = read.get("seed")
     sampling = sampling_options(
         Api.COMPLETIONS,
         read,

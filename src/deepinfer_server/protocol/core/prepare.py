@@ -102,7 +102,6 @@ def engine_input(
         inference,
         max_tokens=max_tokens,
         ignore_eos=ignore_eos,
-        seed=inference.seed,
         logprobs=logprobs,
         top_logprobs=(inference.top_logprobs or 0) if logprobs else 0,
     )

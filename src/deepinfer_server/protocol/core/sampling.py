@@ -26,6 +26,7 @@ from deepinfer_server.errors import BadRequestError, ErrorKind
 from deepinfer_server.ipc.messages import SamplingOptions
 
 INT32_MAX = 2**31 - 1
+SEED_MAX = 2**63 - 1
 
 
 class Api(StrEnum):
@@ -157,6 +158,17 @@ SAMPLING_FIELDS: tuple[SamplingField, ...] = (
         # DeepInfer's off is -1 only; vLLM's clients also send 0.
         to_engine=lambda value: -1 if value == 0 else value,
         description="-1 or 0 disable it (vLLM's extension)",
+    ),
+    SamplingField(
+        # deepseek-recipe's range; DeepInfer takes any uint64.
+        "seed",
+        int,
+        0,
+        SEED_MAX,
+        _OPENAI,
+        option="seed",
+        recipe_checked=frozenset({Api.CHAT}),
+        range_message=f"'seed' must be between 0 and {SEED_MAX}",
     ),
 )
 
