@@ -17,7 +17,7 @@ from deepinfer_server.openapi.schema import (
     string,
 )
 from deepinfer_server.protocol.completions.request import MAX_STOP_SEQUENCES
-from deepinfer_server.protocol.core.sampling import Api, SamplingField, fields_of
+from deepinfer_server.protocol.core.sampling import SAMPLING, Api, SamplingField
 from deepinfer_server.protocol.core.validation import PRIORITY_MAX, PRIORITY_MIN
 
 #: deepseek-recipe's own bound on max_tokens (its 400: "the valid range of max_tokens is [1, N]").
@@ -90,6 +90,6 @@ def sampling_fields(api: Api, *, neutral: bool) -> dict[str, Schema]:
     accepted only at their neutral value."""
     return {
         field.name: sampling_field(field, api)
-        for field in fields_of(api)
+        for field in SAMPLING[api].fields
         if (field.neutral is not None) == neutral
     }

@@ -18,18 +18,15 @@ from deepinfer_server.ipc.messages import SamplingOptions
 from deepinfer_server.protocol.chat.request import StreamOptions, read_stream_options
 from deepinfer_server.protocol.core.choices import read_n, seeds_for, with_seed
 from deepinfer_server.protocol.core.recipe import RecipeContext
-from deepinfer_server.protocol.core.sampling import (
-    Api,
-    read_sampling,
-    reject_logit_bias,
-    sampling_options,
-)
+from deepinfer_server.protocol.core.sampling import SAMPLING, Api, reject_logit_bias
 from deepinfer_server.protocol.core.validation import (
     check_model,
     optional_bool,
     optional_uint,
     read_cache_salt,
 )
+
+_SAMPLING = SAMPLING[Api.COMPLETIONS]
 
 BOS_TOKEN = "<｜begin▁of▁sentence｜>"
 #: OpenAI's and vLLM's default for completions.
@@ -155,7 +152,7 @@ def prepare_completion(body: dict[str, Any], recipe: RecipeContext) -> list[Prep
     cache_salt = read_cache_salt(body)
     n = read_n(body)
     _reject_unsupported(body, n)
-    read = read_sampling(body, Api.COMPLETIONS)
+    read = _SAMPLING.read(body)
     reject_logit_bias(body)
     stream = optional_bool(body, "stream")
     if body.get("stream_options") is not None and not stream:
@@ -176,8 +173,7 @@ def prepare_completion(body: dict[str, Any], recipe: RecipeContext) -> list[Prep
     if max_tokens == 0 and not echo:
         raise BadRequestError("'max_tokens' must be at least 1 without echo", param="max_tokens")
     seed = read.get("seed")
-    sampling = sampling_options(
-        Api.COMPLETIONS,
+    sampling = _SAMPLING.options(
         read,
         max_tokens=max(max_tokens, 1),  # DeepInfer generates at least one token
         ignore_eos=optional_bool(body, "ignore_eos"),

@@ -12,7 +12,7 @@ from deepinfer_server.errors import ApiError, ContextLengthError
 from deepinfer_server.ipc.messages import Images, SamplingOptions
 from deepinfer_server.protocol.core.images import image_sources, place_images, resolve_images
 from deepinfer_server.protocol.core.recipe import RecipeContext, recipe_errors
-from deepinfer_server.protocol.core.sampling import Api, sampling_options
+from deepinfer_server.protocol.core.sampling import ProtocolSampling
 
 
 @dataclass(frozen=True)
@@ -59,14 +59,14 @@ def engine_input(
     ignore_eos: bool,
     overflow: ContextOverflow | None = None,
     *,
-    api: Api,
+    protocol: ProtocolSampling,
     sampling: Mapping[str, Any],
     logprobs: bool = False,
 ) -> EngineInput:
     """Encode the conversation (V4.1) and resolve max_tokens against the context (lowered to
     the room left with `--clamp-max-tokens`, where the recipe would refuse it).
 
-    `sampling` is what `sampling.read_sampling` read of `api`'s body. `logprobs` asks for them
+    `sampling` is what `protocol.read` read of the body. `logprobs` asks for them
     even when the converted request does not (Responses `include`).
     Images are decoded and checked here (a 400 or 413 for bad ones); each counts at its image
     token count against the context. A prompt that does not fit is a ContextLengthError, or
@@ -96,8 +96,7 @@ def engine_input(
         raise overflow(prompt_tokens, requested, limit) from exc
     inference = converted.inference_options
     logprobs = logprobs or inference.logprobs
-    options = sampling_options(
-        api,
+    options = protocol.options(
         sampling,
         inference,
         max_tokens=max_tokens,

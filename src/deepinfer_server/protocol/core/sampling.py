@@ -1,10 +1,11 @@
 """The sampling fields of every protocol, declared once.
 
 Each `SamplingField` says which protocols take the field, its bounds, who checks it and which
-`SamplingOptions` field it fills. From the declaration come the server's checks and their 400s
-(`read_sampling`), the one mapping to the engine's options (`sampling_options`) and the OpenAPI
-schemas (`openapi/fields.py`). A new sampling field is one entry in `SAMPLING_FIELDS` (plus the
-engine's side of its `SamplingOptions` field).
+`SamplingOptions` field it fills. From the declaration come, per protocol (`SAMPLING`), the
+server's checks and their 400s (`ProtocolSampling.read`), the one mapping to the engine's
+options (`ProtocolSampling.options`), and the OpenAPI schemas (`openapi/fields.py`). A new
+sampling field is one entry in `SAMPLING_FIELDS` (plus the engine's side of its
+`SamplingOptions` field).
 
 DeepInfer 0.1.0's SamplingParams has temperature, top_p and top_k and nothing else that shapes
 the distribution: penalties, `min_p`, `min_tokens` and `logit_bias` are accepted only at their
@@ -173,41 +174,51 @@ SAMPLING_FIELDS: tuple[SamplingField, ...] = (
 )
 
 
-def fields_of(api: Api) -> tuple[SamplingField, ...]:
-    """The sampling fields `api`'s body takes, in declaration order."""
-    return _BY_API[api]
+class ProtocolSampling:
+    """One protocol's sampling fields: the server's checks of its body, and its engine options."""
+
+    __slots__ = ("_checked", "_from_recipe", "api", "fields")
+
+    def __init__(self, api: Api) -> None:
+        self.api = api
+        #: The fields `api`'s body takes, in declaration order.
+        self.fields = tuple(field for field in SAMPLING_FIELDS if api in field.apis)
+        # The fields the server checks itself (deepseek-recipe checks the others), and the
+        # SamplingOptions fields deepseek-recipe's InferenceOptions fills.
+        self._checked = tuple(
+            (field.name, field) for field in self.fields if api not in field.recipe_checked
+        )
+        self._from_recipe = tuple(
+            field.option
+            for field in self.fields
+            if api in field.recipe_checked and field.option is not None
+        )
+
+    def read(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Check the fields the server checks: the engine's values of the present ones, by
+        `SamplingOptions` field name (a 400 naming the field otherwise)."""
+        values: dict[str, Any] = {}
+        for name, field in self._checked:
+            value = body.get(name)
+            if value is not None:
+                checked = field.check(value)
+                if field.option is not None:
+                    values[field.option] = checked
+        return values
+
+    def options(
+        self, read: Mapping[str, Any], inference: InferenceOptions | None = None, **rest: Any
+    ) -> SamplingOptions:
+        """The engine's options: the fields `read` read, those deepseek-recipe checked (from
+        its `inference` options), and the ones the caller resolves (`rest`: max_tokens...)."""
+        if inference is not None:
+            for name in self._from_recipe:
+                rest[name] = getattr(inference, name)
+        return SamplingOptions(**read, **rest) if read else SamplingOptions(**rest)
 
 
-_BY_API: dict[Api, tuple[SamplingField, ...]] = {
-    api: tuple(field for field in SAMPLING_FIELDS if api in field.apis) for api in Api
-}
-#: Per protocol, the fields the server checks itself (deepseek-recipe checks the others).
-_SERVER_CHECKED: dict[Api, tuple[tuple[str, SamplingField], ...]] = {
-    api: tuple((field.name, field) for field in _BY_API[api] if api not in field.recipe_checked)
-    for api in Api
-}
-#: Per protocol, the SamplingOptions fields deepseek-recipe's InferenceOptions fills.
-_RECIPE_OPTIONS: dict[Api, tuple[str, ...]] = {
-    api: tuple(
-        field.option
-        for field in _BY_API[api]
-        if api in field.recipe_checked and field.option is not None
-    )
-    for api in Api
-}
-
-
-def read_sampling(body: Mapping[str, Any], api: Api) -> dict[str, Any]:
-    """Check the sampling fields the server checks in `api`'s body: the engine's values of
-    the present ones, by `SamplingOptions` field name (a 400 naming the field otherwise)."""
-    values: dict[str, Any] = {}
-    for name, field in _SERVER_CHECKED[api]:
-        value = body.get(name)
-        if value is not None:
-            checked = field.check(value)
-            if field.option is not None:
-                values[field.option] = checked
-    return values
+#: Each protocol's sampling fields.
+SAMPLING: dict[Api, ProtocolSampling] = {api: ProtocolSampling(api) for api in Api}
 
 
 def reject_logit_bias(body: Mapping[str, Any]) -> None:
@@ -224,19 +235,3 @@ def reject_logit_bias(body: Mapping[str, Any]) -> None:
             param="logit_bias",
             kind=ErrorKind.UNSUPPORTED,
         )
-
-
-def sampling_options(
-    api: Api,
-    read: Mapping[str, Any],
-    inference: InferenceOptions | None = None,
-    **rest: Any,
-) -> SamplingOptions:
-    """The engine's options: the fields `read_sampling` read, those deepseek-recipe checked
-    (from its `inference` options), and the ones the caller resolves (`rest`: max_tokens,
-    logprobs...)."""
-    names = _RECIPE_OPTIONS[api]
-    if inference is None or not names:
-        return SamplingOptions(**read, **rest)
-    resolved = {name: getattr(inference, name) for name in names}
-    return SamplingOptions(**read, **resolved, **rest)

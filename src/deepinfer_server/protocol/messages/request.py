@@ -14,7 +14,7 @@ from deepinfer_server.ipc.messages import Images, SamplingOptions
 from deepinfer_server.protocol.core.choices import reject_n
 from deepinfer_server.protocol.core.prepare import engine_input
 from deepinfer_server.protocol.core.recipe import RecipeContext, recipe_errors
-from deepinfer_server.protocol.core.sampling import Api, read_sampling
+from deepinfer_server.protocol.core.sampling import SAMPLING, Api
 from deepinfer_server.protocol.core.structured import (
     MESSAGES_CONSTRAINT,
     convert_honouring_tool_choice,
@@ -26,6 +26,8 @@ from deepinfer_server.protocol.messages.compat import (
     normalize_messages_body,
     reject_thread,
 )
+
+_SAMPLING = SAMPLING[Api.MESSAGES]
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,7 @@ def _convert(
     check_model(body, recipe.served_model_names)
     reject_thread(body)
     reject_n(body, "the Messages API")
-    sampling = read_sampling(body, Api.MESSAGES)
+    sampling = _SAMPLING.read(body)
     read_constraint(MESSAGES_CONSTRAINT, body, thinking=False)
     converted = convert_honouring_tool_choice(
         lambda b: MessagesRequest(b).convert(recipe.options),
@@ -73,7 +75,7 @@ def prepare_messages(body: dict[str, Any], recipe: RecipeContext) -> PreparedMes
         recipe,
         ignore_eos=False,
         overflow=anthropic_context_error,
-        api=Api.MESSAGES,
+        protocol=_SAMPLING,
         sampling=sampling,
     )
     return PreparedMessages(

@@ -13,7 +13,7 @@ from deepinfer_server.ipc.messages import Images, SamplingOptions
 from deepinfer_server.protocol.core.choices import reject_n
 from deepinfer_server.protocol.core.prepare import engine_input
 from deepinfer_server.protocol.core.recipe import RecipeContext
-from deepinfer_server.protocol.core.sampling import Api, read_sampling
+from deepinfer_server.protocol.core.sampling import SAMPLING, Api
 from deepinfer_server.protocol.core.structured import (
     RESPONSES_CONSTRAINT,
     convert_honouring_tool_choice,
@@ -84,6 +84,8 @@ INPUT_ITEM_TYPES = frozenset(
     }
 )
 
+_SAMPLING = SAMPLING[Api.RESPONSES]
+
 
 def _check_input_items(body: dict[str, Any]) -> None:
     """400 naming the first `input` item whose type the conversion would drop."""
@@ -144,8 +146,8 @@ def prepare_responses(body: dict[str, Any], recipe: RecipeContext) -> PreparedRe
         converted,
         recipe,
         ignore_eos=False,
-        api=Api.RESPONSES,
-        sampling=read_sampling(body, Api.RESPONSES),
+        protocol=_SAMPLING,
+        sampling=_SAMPLING.read(body),
         logprobs=_wants_logprobs(body),
     )
     return PreparedResponses(
