@@ -4,8 +4,9 @@
 Times each protocol's preparation (`prepare_chat`, `prepare_completion`, `prepare_messages`:
 the sampling checks, deepseek-recipe's conversion, prompt encoding and the engine options) of a
 typical body carrying sampling fields. The base revision's `src/` is extracted from git; child
-processes of both sides alternate round by round (the machine's load hits both alike), each
-side's best round counts, and the ratio this/base is printed per protocol.
+processes of both sides alternate round by round, each side first in turn (the machine's load
+hits both alike); each side's best round counts, and the ratio this/base is printed per
+protocol. `--base HEAD` measures the method's own bias (an A/A run).
 
     python bench/request_preparation.py [--base main] [--rounds 7] [--requests 300]
 """
@@ -108,9 +109,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         sides = {"base": _extract(args.base, Path(tmp)), "this": ROOT / "src"}
         best: dict[str, dict[str, float]] = {side: {} for side in sides}
+        order = list(sides)
         for _ in range(args.rounds):
-            for side, src in sides.items():
-                for name, us in _round(src, args.requests).items():
+            order.reverse()  # neither side always runs first
+            for side in order:
+                for name, us in _round(sides[side], args.requests).items():
                     best[side][name] = min(us, best[side].get(name, us))
     print(f"request preparation, best of {args.rounds} rounds of {args.requests} (µs/request)")
     print(f"{'protocol':<12} {'base':>9} {'this':>9} {'this/base':>10}")

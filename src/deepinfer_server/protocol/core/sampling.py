@@ -47,7 +47,7 @@ def _same(value: float) -> float:
     return value
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SamplingField:
     """One sampling field of the request bodies."""
 
