@@ -9,6 +9,7 @@ from deepinfer_server.openapi.schema import (
     boolean,
     integer,
     neutral,
+    nullable,
     number,
     obj,
     one_of,
@@ -16,29 +17,22 @@ from deepinfer_server.openapi.schema import (
     string,
 )
 from deepinfer_server.protocol.completions.request import MAX_STOP_SEQUENCES
+from deepinfer_server.protocol.core.sampling import SAMPLING, Api, SamplingField
 from deepinfer_server.protocol.core.validation import PRIORITY_MAX, PRIORITY_MIN
 
 #: deepseek-recipe's own bound on max_tokens (its 400: "the valid range of max_tokens is [1, N]").
 RECIPE_MAX_TOKENS = 393216
-#: deepseek-recipe's bound on top_k is the server's (sampling.read_top_k): a signed 32-bit int.
-TOP_K_MAX = 2**31 - 1
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function", "latest_reminder")
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "ultra", "max")
 THINKING_TYPES = ("adaptive", "enabled", "disabled")
 
 #: The served names (`--served-model-name`), a component the document fills in; another is a 404.
 MODEL = ref("ModelName")
-TEMPERATURE = number(0, 2)
-#: deepseek-recipe's range is (0, 1] in 32-bit floats (a 64-bit denormal rounds to 0).
-TOP_P = number(1e-9, 1)
-TOP_K = integer(-1, TOP_K_MAX, "-1 or 0 disable it (vLLM's extension)")
 PRIORITY = integer(
     PRIORITY_MIN,
     PRIORITY_MAX,
     "vLLM's extension: lower starts first among the queued requests of the same API key",
 )
-#: deepseek-recipe's range (the server's own check allows up to 2^64 - 1).
-SEED = integer(0, 2**63 - 1)
 STREAM = boolean()
 #: vLLM's `cache_salt` (an extension field in the Messages API).
 CACHE_SALT = string(
@@ -70,15 +64,32 @@ STOP = one_of(
 )
 THINKING = obj({"type": string(enum=list(THINKING_TYPES)), "budget_tokens": integer(0)})
 
-#: Parameters the engine cannot apply, accepted at their neutral value only (sampling.py).
-NEUTRAL_SAMPLING: dict[str, Schema] = {
-    "presence_penalty": neutral(0.0, "Accepted only as 0: the engine has no penalties"),
-    "frequency_penalty": neutral(0.0, "Accepted only as 0: the engine has no penalties"),
-    "repetition_penalty": neutral(1.0, "Accepted only as 1: the engine has no penalties"),
-    "min_p": neutral(0.0, "Accepted only as 0: the engine has no min_p"),
-    "logit_bias": {
-        "type": "object",
-        "additionalProperties": {"type": "number", "const": 0},
-        "description": "Accepted only empty or with every bias 0: the engine has no logit bias",
-    },
+#: `logit_bias`, accepted only empty or all 0 (sampling.reject_logit_bias).
+LOGIT_BIAS: Schema = {
+    "type": "object",
+    "additionalProperties": {"type": "number", "const": 0},
+    "description": "Accepted only empty or with every bias 0: the engine has no logit bias",
 }
+
+
+def sampling_field(field: SamplingField, api: Api) -> Schema:
+    """One declared sampling field's schema in `api`'s body (null is absent, as the server
+    reads it, except in Anthropic's Messages, whose clients never send it)."""
+    if field.neutral is not None:
+        kind = "integer" if field.kind is int else "number"
+        return neutral(field.neutral, field.description, kind)
+    if field.kind is int:
+        schema = integer(int(field.minimum), int(field.maximum), field.description)
+    else:
+        schema = number(field.minimum, field.maximum, field.description)
+    return schema if api is Api.MESSAGES else nullable(schema)
+
+
+def sampling_fields(api: Api, *, neutral: bool) -> dict[str, Schema]:
+    """The schemas of `api`'s declared sampling fields: the tunable ones, or (`neutral`) those
+    accepted only at their neutral value."""
+    return {
+        field.name: sampling_field(field, api)
+        for field in SAMPLING[api].fields
+        if (field.neutral is not None) == neutral
+    }

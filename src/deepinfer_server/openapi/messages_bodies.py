@@ -11,10 +11,8 @@ from deepinfer_server.openapi.fields import (
     PRIORITY,
     RECIPE_MAX_TOKENS,
     STREAM,
-    TEMPERATURE,
     THINKING,
-    TOP_K,
-    TOP_P,
+    sampling_fields,
 )
 from deepinfer_server.openapi.schema import (
     Schema,
@@ -27,6 +25,7 @@ from deepinfer_server.openapi.schema import (
     string,
 )
 from deepinfer_server.protocol.completions.request import MAX_STOP_SEQUENCES
+from deepinfer_server.protocol.core.sampling import Api
 from deepinfer_server.protocol.core.validation import UINT32_MAX
 
 _TEXT_BLOCK = obj({"type": string(enum=["text"]), "text": string()}, ("type", "text"))
@@ -100,7 +99,7 @@ _MESSAGES_INPUT: dict[str, Schema] = {
     "thinking": THINKING,
     "output_config": obj({"format": _ANTHROPIC_FORMAT}),
     "output_format": _ANTHROPIC_FORMAT,
-    "top_k": TOP_K,
+    "top_k": sampling_fields(Api.MESSAGES, neutral=False)["top_k"],
     "n": integer(1, 1, "The Messages API has no n"),
     "cache_salt": nullable(CACHE_SALT),
     "thread": {
@@ -117,8 +116,7 @@ MESSAGES: Schema = obj(
         "max_tokens": integer(
             1, UINT32_MAX, f"Required; above {RECIPE_MAX_TOKENS} it is lowered to that"
         ),
-        "temperature": TEMPERATURE,
-        "top_p": TOP_P,
+        **sampling_fields(Api.MESSAGES, neutral=False),
         "priority": nullable(PRIORITY),
         "stop_sequences": array(string(), 0, MAX_STOP_SEQUENCES),
         "stream": STREAM,

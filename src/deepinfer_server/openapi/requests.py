@@ -17,18 +17,15 @@ from deepinfer_server.openapi.fields import (
     CHAT_ROLES,
     JSON_SCHEMA,
     KV_TRANSFER_PARAMS,
+    LOGIT_BIAS,
     MODEL,
-    NEUTRAL_SAMPLING,
     PRIORITY,
     REASONING_EFFORTS,
     RECIPE_MAX_TOKENS,
-    SEED,
     STOP,
     STREAM,
-    TEMPERATURE,
     THINKING,
-    TOP_K,
-    TOP_P,
+    sampling_fields,
 )
 from deepinfer_server.openapi.messages_bodies import COUNT_TOKENS, MESSAGES
 from deepinfer_server.openapi.schema import (
@@ -38,7 +35,6 @@ from deepinfer_server.openapi.schema import (
     boolean_false,
     integer,
     nullable,
-    number,
     obj,
     one_of,
     ref,
@@ -46,6 +42,7 @@ from deepinfer_server.openapi.schema import (
 )
 from deepinfer_server.protocol.completions.request import MAX_LOGPROBS
 from deepinfer_server.protocol.core.choices import MAX_N
+from deepinfer_server.protocol.core.sampling import Api
 from deepinfer_server.protocol.core.validation import UINT32_MAX
 from deepinfer_server.protocol.responses.request import INPUT_ITEM_TYPES
 
@@ -144,10 +141,7 @@ CHAT_COMPLETIONS: Schema = obj(
         "messages": array(_CHAT_MESSAGE, 1),
         "max_tokens": nullable(integer(1, RECIPE_MAX_TOKENS)),
         "max_completion_tokens": nullable(integer(1, RECIPE_MAX_TOKENS)),
-        "temperature": nullable(TEMPERATURE),
-        "top_p": nullable(TOP_P),
-        "top_k": nullable(TOP_K),
-        "seed": nullable(SEED),
+        **sampling_fields(Api.CHAT, neutral=False),
         "n": nullable(integer(1, MAX_N)),
         "stop": STOP,
         "stream": nullable(STREAM),
@@ -170,7 +164,8 @@ CHAT_COMPLETIONS: Schema = obj(
         "user": string(),
         "cache_salt": nullable(CACHE_SALT),
         "kv_transfer_params": KV_TRANSFER_PARAMS,
-        **NEUTRAL_SAMPLING,
+        **sampling_fields(Api.CHAT, neutral=True),
+        "logit_bias": LOGIT_BIAS,
     },
     ("model", "messages"),
 )
@@ -189,10 +184,7 @@ COMPLETIONS: Schema = obj(
         "max_tokens": nullable(
             integer(0, UINT32_MAX, "Default 16; 0 needs echo; prompt + max_tokens must fit")
         ),
-        "temperature": nullable(TEMPERATURE),
-        "top_p": nullable(number(1e-9, 1)),
-        "top_k": nullable(TOP_K),
-        "seed": nullable(integer(0, 2**63 - 1)),
+        **sampling_fields(Api.COMPLETIONS, neutral=False),
         "n": nullable(integer(1, MAX_N)),
         "best_of": nullable(integer(description="Only equal to n")),
         "stop": STOP,
@@ -206,7 +198,8 @@ COMPLETIONS: Schema = obj(
         "user": string(),
         "cache_salt": nullable(CACHE_SALT),
         "kv_transfer_params": KV_TRANSFER_PARAMS,
-        **NEUTRAL_SAMPLING,
+        **sampling_fields(Api.COMPLETIONS, neutral=True),
+        "logit_bias": LOGIT_BIAS,
     },
     ("model", "prompt"),
 )
@@ -253,8 +246,7 @@ RESPONSES: Schema = obj(
         "input": one_of(string(), array(_RESPONSES_INPUT_ITEM)),
         "instructions": nullable(string()),
         "max_output_tokens": nullable(integer(1, RECIPE_MAX_TOKENS)),
-        "temperature": nullable(TEMPERATURE),
-        "top_p": nullable(TOP_P),
+        **sampling_fields(Api.RESPONSES, neutral=False),
         "priority": nullable(PRIORITY),
         "stream": nullable(STREAM),
         "tools": nullable(array(_RESPONSES_TOOL)),

@@ -89,9 +89,9 @@ def one_of(*schemas: Schema, description: str = "") -> Schema:
     return schema
 
 
-def neutral(value: float, description: str) -> Schema:
+def neutral(value: float, description: str, kind: str = "number") -> Schema:
     """A parameter the engine cannot apply: accepted only at its neutral value."""
-    return {"type": "number", "const": value, "description": description}
+    return {"type": kind, "const": value, "description": description}
 
 
 def ref(name: str) -> Schema:

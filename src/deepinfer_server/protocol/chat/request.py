@@ -14,7 +14,7 @@ from deepinfer_server.protocol.chat.history import merge_assistant_runs
 from deepinfer_server.protocol.core.choices import read_n, seeds_for, with_seed
 from deepinfer_server.protocol.core.prepare import engine_input
 from deepinfer_server.protocol.core.recipe import RecipeContext
-from deepinfer_server.protocol.core.sampling import read_top_k, reject_unhonoured_sampling
+from deepinfer_server.protocol.core.sampling import SAMPLING, Api, reject_logit_bias
 from deepinfer_server.protocol.core.structured import (
     CHAT_CONSTRAINT,
     convert_honouring_tool_choice,
@@ -27,6 +27,8 @@ from deepinfer_server.protocol.core.validation import (
     optional_uint,
     read_cache_salt,
 )
+
+_SAMPLING = SAMPLING[Api.CHAT]
 
 
 @dataclass(frozen=True)
@@ -79,8 +81,8 @@ def prepare_chat(body: dict[str, Any], recipe: RecipeContext) -> PreparedChat | 
     body["messages"] = merge_assistant_runs(body["messages"])
     n = read_n(body)
     body.pop("n", None)  # the recipe accepts only n = 1; the choices are the server's
-    reject_unhonoured_sampling(body)
-    top_k = read_top_k(body)
+    sampling = _SAMPLING.read(body)
+    reject_logit_bias(body)
     ignore_eos = optional_bool(body, "ignore_eos")
     stream_options = read_stream_options(body)
     optional_uint(body, "max_tokens")  # here, so that the 400 names the param
@@ -94,7 +96,7 @@ def prepare_chat(body: dict[str, Any], recipe: RecipeContext) -> PreparedChat | 
         lambda b: ChatCompletionRequest(b).convert(recipe.options), body, "auto", "response_format"
     )
     constraint = read_constraint(CHAT_CONSTRAINT, body, converted.conversation.thinking_mode)
-    engine = engine_input(converted, recipe, ignore_eos, top_k=top_k)
+    engine = engine_input(converted, recipe, ignore_eos, protocol=_SAMPLING, sampling=sampling)
     prepared = PreparedChat(
         converted,
         engine.prompt_token_ids,

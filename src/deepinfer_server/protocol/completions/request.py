@@ -18,13 +18,15 @@ from deepinfer_server.ipc.messages import SamplingOptions
 from deepinfer_server.protocol.chat.request import StreamOptions, read_stream_options
 from deepinfer_server.protocol.core.choices import read_n, seeds_for, with_seed
 from deepinfer_server.protocol.core.recipe import RecipeContext
-from deepinfer_server.protocol.core.sampling import read_top_k, reject_unhonoured_sampling
+from deepinfer_server.protocol.core.sampling import SAMPLING, Api, reject_logit_bias
 from deepinfer_server.protocol.core.validation import (
     check_model,
     optional_bool,
     optional_uint,
     read_cache_salt,
 )
+
+_SAMPLING = SAMPLING[Api.COMPLETIONS]
 
 BOS_TOKEN = "<｜begin▁of▁sentence｜>"
 #: OpenAI's and vLLM's default for completions.
@@ -64,15 +66,6 @@ class PreparedCompletion:
     def images(self) -> None:
         """Completions takes text or token IDs only."""
         return None
-
-
-def _number(body: dict[str, Any], name: str, low: float, high: float) -> float | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-        raise BadRequestError(f"'{name}' must be a number between {low:g} and {high:g}", param=name)
-    return float(value)
 
 
 def _prompts(body: dict[str, Any], recipe: RecipeContext) -> list[tuple[list[int], str]]:
@@ -159,7 +152,8 @@ def prepare_completion(body: dict[str, Any], recipe: RecipeContext) -> list[Prep
     cache_salt = read_cache_salt(body)
     n = read_n(body)
     _reject_unsupported(body, n)
-    reject_unhonoured_sampling(body)
+    read = _SAMPLING.read(body)
+    reject_logit_bias(body)
     stream = optional_bool(body, "stream")
     if body.get("stream_options") is not None and not stream:
         raise BadRequestError("'stream_options' needs 'stream': true", param="stream_options")
@@ -178,13 +172,11 @@ def prepare_completion(body: dict[str, Any], recipe: RecipeContext) -> list[Prep
         max_tokens = DEFAULT_MAX_TOKENS
     if max_tokens == 0 and not echo:
         raise BadRequestError("'max_tokens' must be at least 1 without echo", param="max_tokens")
-    seed = optional_uint(body, "seed", maximum=2**63 - 1)
-    sampling = SamplingOptions(
+    seed = read.get("seed")
+    sampling = _SAMPLING.options(
+        read,
         max_tokens=max(max_tokens, 1),  # DeepInfer generates at least one token
-        temperature=_number(body, "temperature", 0.0, 2.0),
-        top_p=_number(body, "top_p", 1e-9, 1.0),
         ignore_eos=optional_bool(body, "ignore_eos"),
-        top_k=read_top_k(body),
         logprobs=logprobs is not None,
         top_logprobs=logprobs or 0,
         prompt_logprobs=echo and logprobs is not None,

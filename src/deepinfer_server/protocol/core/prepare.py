@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from deepseek_recipe import ConversationRequest, RenderedPrompt
 
@@ -11,6 +12,7 @@ from deepinfer_server.errors import ApiError, ContextLengthError
 from deepinfer_server.ipc.messages import Images, SamplingOptions
 from deepinfer_server.protocol.core.images import image_sources, place_images, resolve_images
 from deepinfer_server.protocol.core.recipe import RecipeContext, recipe_errors
+from deepinfer_server.protocol.core.sampling import ProtocolSampling
 
 
 @dataclass(frozen=True)
@@ -57,13 +59,15 @@ def engine_input(
     ignore_eos: bool,
     overflow: ContextOverflow | None = None,
     *,
-    top_k: int = -1,
+    protocol: ProtocolSampling,
+    sampling: Mapping[str, Any],
     logprobs: bool = False,
 ) -> EngineInput:
     """Encode the conversation (V4.1) and resolve max_tokens against the context (lowered to
     the room left with `--clamp-max-tokens`, where the recipe would refuse it).
 
-    `logprobs` asks for them even when the converted request does not (Responses `include`).
+    `sampling` is what `protocol.read` read of the body. `logprobs` asks for them
+    even when the converted request does not (Responses `include`).
     Images are decoded and checked here (a 400 or 413 for bad ones); each counts at its image
     token count against the context. A prompt that does not fit is a ContextLengthError, or
     `overflow`'s error when the protocol words it its own way.
@@ -92,14 +96,12 @@ def engine_input(
         raise overflow(prompt_tokens, requested, limit) from exc
     inference = converted.inference_options
     logprobs = logprobs or inference.logprobs
-    sampling = SamplingOptions(
+    options = protocol.options(
+        sampling,
+        inference,
         max_tokens=max_tokens,
-        temperature=inference.temperature,
-        top_p=inference.top_p,
         ignore_eos=ignore_eos,
-        seed=inference.seed,
-        top_k=top_k,
         logprobs=logprobs,
         top_logprobs=(inference.top_logprobs or 0) if logprobs else 0,
     )
-    return EngineInput(prompt_token_ids, sampling, images)
+    return EngineInput(prompt_token_ids, options, images)

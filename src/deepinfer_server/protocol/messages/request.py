@@ -14,7 +14,7 @@ from deepinfer_server.ipc.messages import Images, SamplingOptions
 from deepinfer_server.protocol.core.choices import reject_n
 from deepinfer_server.protocol.core.prepare import engine_input
 from deepinfer_server.protocol.core.recipe import RecipeContext, recipe_errors
-from deepinfer_server.protocol.core.sampling import read_top_k
+from deepinfer_server.protocol.core.sampling import SAMPLING, Api
 from deepinfer_server.protocol.core.structured import (
     MESSAGES_CONSTRAINT,
     convert_honouring_tool_choice,
@@ -26,6 +26,8 @@ from deepinfer_server.protocol.messages.compat import (
     normalize_messages_body,
     reject_thread,
 )
+
+_SAMPLING = SAMPLING[Api.MESSAGES]
 
 
 @dataclass(frozen=True)
@@ -43,33 +45,38 @@ class PreparedMessages:
     cache_salt: str | None = None
 
 
-def _convert(body: dict[str, Any], recipe: RecipeContext) -> ConversationRequest:
+def _convert(
+    body: dict[str, Any], recipe: RecipeContext
+) -> tuple[ConversationRequest, dict[str, Any]]:
+    """The converted request, and the sampling fields the server checks."""
     if body.get("max_tokens") is None:  # Anthropic's API requires it; the recipe would not
         raise BadRequestError("max_tokens: Field required", param="max_tokens")
     check_model(body, recipe.served_model_names)
     reject_thread(body)
     reject_n(body, "the Messages API")
-    read_top_k(body)
+    sampling = _SAMPLING.read(body)
     read_constraint(MESSAGES_CONSTRAINT, body, thinking=False)
-    return convert_honouring_tool_choice(
+    converted = convert_honouring_tool_choice(
         lambda b: MessagesRequest(b).convert(recipe.options),
         normalize_messages_body(body),
         {"type": "auto"},
         "output_config.format",
     )
+    return converted, sampling
 
 
 def prepare_messages(body: dict[str, Any], recipe: RecipeContext) -> PreparedMessages:
     """Turn a decoded Messages body into prompt token IDs and sampling options."""
     cache_salt = read_cache_salt(body)
-    converted = _convert(body, recipe)
+    converted, sampling = _convert(body, recipe)
     constraint = read_constraint(MESSAGES_CONSTRAINT, body, converted.conversation.thinking_mode)
     engine = engine_input(
         converted,
         recipe,
         ignore_eos=False,
         overflow=anthropic_context_error,
-        top_k=read_top_k(body),
+        protocol=_SAMPLING,
+        sampling=sampling,
     )
     return PreparedMessages(
         converted,
@@ -89,6 +96,6 @@ def count_message_tokens(body: dict[str, Any], recipe: RecipeContext) -> int:
     `cache_salt` is checked as `/v1/messages` checks it (a salt changes no count).
     """
     read_cache_salt(body)
-    converted = _convert({**body, "max_tokens": 1, "stream": False}, recipe)
+    converted, _ = _convert({**body, "max_tokens": 1, "stream": False}, recipe)
     with recipe_errors():
         return len(recipe.encode(converted.conversation))

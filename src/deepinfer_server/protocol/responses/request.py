@@ -13,6 +13,7 @@ from deepinfer_server.ipc.messages import Images, SamplingOptions
 from deepinfer_server.protocol.core.choices import reject_n
 from deepinfer_server.protocol.core.prepare import engine_input
 from deepinfer_server.protocol.core.recipe import RecipeContext
+from deepinfer_server.protocol.core.sampling import SAMPLING, Api
 from deepinfer_server.protocol.core.structured import (
     RESPONSES_CONSTRAINT,
     convert_honouring_tool_choice,
@@ -83,6 +84,8 @@ INPUT_ITEM_TYPES = frozenset(
     }
 )
 
+_SAMPLING = SAMPLING[Api.RESPONSES]
+
 
 def _check_input_items(body: dict[str, Any]) -> None:
     """400 naming the first `input` item whose type the conversion would drop."""
@@ -139,7 +142,14 @@ def prepare_responses(body: dict[str, Any], recipe: RecipeContext) -> PreparedRe
         convert, body, "auto", "text.format"
     )
     constraint = read_constraint(RESPONSES_CONSTRAINT, body, converted.conversation.thinking_mode)
-    engine = engine_input(converted, recipe, ignore_eos=False, logprobs=_wants_logprobs(body))
+    engine = engine_input(
+        converted,
+        recipe,
+        ignore_eos=False,
+        protocol=_SAMPLING,
+        sampling=_SAMPLING.read(body),
+        logprobs=_wants_logprobs(body),
+    )
     return PreparedResponses(
         converted,
         engine.prompt_token_ids,
