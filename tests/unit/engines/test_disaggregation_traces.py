@@ -169,6 +169,10 @@ class Cluster:
     def hand_off(self, index: int, decode: int) -> None:
         """The router sends a prefilled request to a decode engine."""
         request = self._pick(index, lambda r: r.handoff is not None and r.decode is None)
+        if request is None:  # the router waits for a prefill to answer
+            for prefill in range(len(self.prefills)):
+                self.step_prefill(prefill)
+            request = self._pick(index, lambda r: r.handoff is not None and r.decode is None)
         if request is None:
             return
         request.decode = decode
@@ -286,6 +290,10 @@ class Cluster:
                 if end.finish is Finish.KV_TRANSFER_FAILED:
                     assert end.detail, request
                     assert request.decode_tokens == 0
+                elif end.finish is Finish.OUT_OF_RESOURCES:
+                    # The small pool ran out of blocks mid-decode: a COMPLETION engine stops
+                    # a preempted sequence (it cannot prefill it again).
+                    assert request.decode_tokens < request.max_tokens, request
                 else:
                     assert end.finish is Finish.LENGTH, request
                     assert request.decode_tokens == request.max_tokens, request
@@ -343,7 +351,7 @@ CLOSE = st.one_of(st.none(), st.tuples(st.integers(0, 40), st.integers(0, 1)))
 
 
 @settings(
-    max_examples=25,
+    max_examples=15,
     deadline=None,
     # Examples share the engines: after a failure the next ones start dirty, so shrinking
     # would chase the first failure's leftovers.
@@ -368,5 +376,100 @@ def test_every_trace_returns_both_sides_to_their_baseline(
                 event(f"decode end: {end.finish} {end.detail or ''}".strip())
             if request.decode_aborted:
                 event("decode abort, " + ("decoding" if request.decode_tokens else "not decoding"))
+    finally:
+        cluster.reopen_closed()
+
+
+#: Where a request's client goes away: never, before its prefill step, after the handoff but
+#: before the decode engine steps, while its pull runs, or once it decodes.
+ABORTS = [None, "prefill", "before_pull", "during_pull", "decoding"]
+PLAN = st.tuples(
+    st.integers(0, 1),  # prefill rank
+    st.integers(1, 300),  # prompt words
+    st.integers(1, 40),  # max tokens
+    st.integers(0, 1),  # decode engine
+    st.sampled_from(ABORTS),
+)
+
+
+@settings(
+    max_examples=15,
+    deadline=None,
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    plans=st.lists(PLAN, min_size=1, max_size=8),
+    close=st.one_of(st.none(), st.tuples(st.integers(0, 4), st.integers(0, 1))),
+    late=st.sampled_from([0.0, 5.0, 9.0, 25.0]),
+)
+def test_every_request_plan_returns_both_sides_to_their_baseline(
+    cluster: Cluster,
+    plans: list[tuple[int, int, int, int, str | None]],
+    close: tuple[int, int] | None,
+    late: float,
+) -> None:
+    """Each request goes through prefill, handoff, pull and decode, its client leaving at the
+    phase its plan says; a prefill engine may close between phases and the clock may jump
+    past the transfer or hold timeout while pulls are in flight."""
+    cluster.requests = {}
+
+    def phase(number: int) -> None:
+        if close is not None and close[0] == number:
+            cluster.close_prefill(close[1])
+
+    def abort(where: str, decode: bool) -> None:
+        for request, plan in zip(cluster.requests.values(), plans, strict=True):
+            if plan[4] != where:
+                continue
+            if decode and request.decode is not None and not request.decode_ends:
+                request.decode_aborted = True
+                cluster.decodes[request.decode].driver.abort([request.request_id])
+            elif not decode and not request.prefill_ends:
+                request.prefill_aborted = True
+                cluster.prefills[request.prefill].driver.abort([request.request_id])
+
+    try:
+        for prefill, words, max_tokens, _, _ in plans:
+            cluster.new(prefill, words, max_tokens)
+        if len(cluster.requests) < len(plans):
+            return  # a plan on a closed engine: nothing to follow
+        abort("prefill", decode=False)
+        phase(0)
+        for _ in range(2):
+            for rank in range(2):
+                cluster.step_prefill(rank)
+        phase(1)
+        for request, plan in zip(cluster.requests.values(), plans, strict=True):
+            if request.handoff is not None:
+                request.decode = plan[3]
+                add(
+                    cluster.decodes[plan[3]].driver,
+                    request.request_id,
+                    request.prompt,
+                    request.handoff,
+                    max_tokens=request.max_tokens,
+                )
+        abort("before_pull", decode=True)
+        phase(2)
+        for decode in range(2):
+            cluster.step_decode(decode)
+        abort("during_pull", decode=True)
+        cluster.advance(late)
+        phase(3)
+        for decode in range(2):
+            cluster.settle_decode(decode)
+        abort("decoding", decode=True)
+        phase(4)
+        cluster.drain()
+        cluster.check_baseline()
+        cluster.check_ends()
+        for request, plan in zip(cluster.requests.values(), plans, strict=True):
+            for end in request.decode_ends:
+                event(f"plan {plan[4]}: {end.finish} {end.detail or ''}".strip())
+            if request.decode_aborted:
+                event(
+                    f"plan {plan[4]}: aborted " + ("decoding" if request.decode_tokens else "early")
+                )
     finally:
         cluster.reopen_closed()
