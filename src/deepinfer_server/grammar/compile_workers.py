@@ -1,7 +1,7 @@
 """CompileWorkers: grammars are compiled in worker processes that can be killed.
 
 xgrammar's compile cannot be interrupted, and with some grammars its time and memory grow
-faster than linearly with their size (issue 24), so no grammar is compiled in a server or rank
+faster than linearly with their size, so no grammar is compiled in a server or rank
 process. A small pool of worker processes, each with its own xgrammar compiler over the
 vocabulary, compiles one grammar at a time under an address-space limit (`resource.setrlimit`);
 a compile that outlives its deadline is killed together with its worker, which is replaced in
