@@ -10,7 +10,8 @@ the server's lifecycle:
   read the request the protocol is on through `request_cycle`, `receiving_body`, `responding`,
   and swap its app with `wrap_app`;
 - `HookedServer`, uvicorn's `Server` with the overrides of its methods the server's drain and
-  signals need, as hooks (`on_stop_signal`, `on_started`, `before_shutdown`).
+  signals need, as hooks (`on_stop_signal`, `on_started`, `before_shutdown`,
+  `after_shutdown`).
 
 uvicorn is pinned in pyproject.toml to the minor versions these internals were tested with. Where
 they are not there (another ASGI server, uvicorn's h11 protocol, a uvicorn that changed them),
