@@ -39,7 +39,7 @@ def test_context_overflow_speaks_anthropics_words() -> None:
     """Claude Code retries with a smaller max_tokens only on Anthropic's wording."""
 
     async def body() -> None:
-        async with serve() as h:  # 4096-token context
+        async with serve("--no-clamp-max-tokens") as h:  # 4096-token context, strict
             response = await h.client.post(MESSAGES, json=messages_body(max_tokens=4090))
             assert response.status_code == 400
             error = response.json()["error"]

@@ -55,8 +55,9 @@ class RecipeContext:
     prompt_logprobs_unavailable: str | None = None
     #: The image placeholder the engine expands and how it counts image tokens.
     image_policy: ImagePolicy | None = None
-    #: `--clamp-max-tokens`: a max_tokens beyond the room the prompt leaves is lowered to it.
-    clamp_max_tokens: bool = False
+    #: `--clamp-max-tokens` (the default): a max_tokens beyond the room the prompt leaves is
+    #: lowered to it; False (`--no-clamp-max-tokens`) refuses it.
+    clamp_max_tokens: bool = True
     #: `encoding.encode`, reusing the tokens of an earlier prompt that the new one extends.
     prompt_encoder: PromptEncoder | None = None
 
@@ -74,7 +75,7 @@ class RecipeContext:
         prompt_id_bound: int | None = None,
         prompt_logprobs_unavailable: str | None = None,
         image_policy: ImagePolicy | None = None,
-        clamp_max_tokens: bool = False,
+        clamp_max_tokens: bool = True,
     ) -> RecipeContext:
         """`reasoning_key` (a `reasoning_seal.seal_key`) shared by every API server process
         takes precedence over `reasoning_secret`; `prompt_id_bound` defaults to the
@@ -113,9 +114,10 @@ class RecipeContext:
         return self.served_model_names[0]
 
     def room_for(self, prompt_tokens: int, requested: int | None) -> int | None:
-        """With `--clamp-max-tokens`, the output tokens a request that asked for `requested`
-        gets when prompt plus request would not fit (the room the prompt leaves); None when
-        nothing is to be lowered (the option is off, nothing was asked, or no room is left)."""
+        """With `--clamp-max-tokens` (the default), the output tokens a request that asked for
+        `requested` gets when prompt plus request would not fit (the room the prompt leaves);
+        None when nothing is to be lowered (the option is off, nothing was asked, or no room is
+        left)."""
         room = self.context_limit - prompt_tokens
         if not self.clamp_max_tokens or requested is None or room < 1 or requested <= room:
             return None
