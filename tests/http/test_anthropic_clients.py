@@ -106,7 +106,10 @@ def test_model_retrieve_in_each_protocols_shape() -> None:
             assert openai["id"] == MODEL and openai["object"] == "model"
             assert (await h.client.get("/v1/models/other/name")).json()["id"] == "other/name"
             claude = (await h.client.get(f"/v1/models/{MODEL}", headers=ANTHROPIC)).json()
-            assert claude.keys() == {"type", "id", "display_name", "created_at"}
+            assert claude.keys() == {
+                *("type", "id", "display_name", "created_at"),
+                *("max_input_tokens", "max_tokens", "max_model_len"),
+            }
             assert claude["type"] == "model" and claude["id"] == MODEL
             assert claude["created_at"].endswith("Z")
             listed = (await h.client.get("/v1/models", headers=ANTHROPIC)).json()

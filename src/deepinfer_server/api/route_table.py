@@ -18,7 +18,7 @@ from starlette.routing import compile_path
 from deepinfer_server.api.dialects import Dialect
 from deepinfer_server.api.routes.count_tokens import count_tokens
 from deepinfer_server.api.routes.generation import CHAT, COMPLETIONS, MESSAGES, RESPONSES, generate
-from deepinfer_server.api.routes.meta import health, metrics, server_version
+from deepinfer_server.api.routes.meta import health, metrics, root, server_version
 from deepinfer_server.api.routes.models import list_models, retrieve_model
 from deepinfer_server.api.routes.openapi import openapi_json
 from deepinfer_server.api.routes.router_info import get_load, model_info, server_info
@@ -28,7 +28,7 @@ from deepinfer_server.api.routes.stored_responses import (
     retrieve_response,
 )
 from deepinfer_server.openapi import operations as op
-from deepinfer_server.openapi.schema import Schema
+from deepinfer_server.openapi.schema import Schema, one_of, ref
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -134,7 +134,9 @@ ROUTES: tuple[Endpoint, ...] = (
         list_models,
         Dialect.EITHER,
         op.get(
-            "The served model names (Anthropic's shape with an anthropic-version header)",
+            "The served models with their context window, max_model_len (Anthropic's shape "
+            "with an anthropic-version header)",
+            op.json_content(one_of(ref("ModelList"), ref("AnthropicModelList"))),
             protected=True,
         ),
     ),
@@ -143,7 +145,24 @@ ROUTES: tuple[Endpoint, ...] = (
         "GET",
         retrieve_model,
         Dialect.EITHER,
-        _with(op.get("One served model; 404 for a name not served", protected=True), op.MODEL_ID),
+        _with(
+            op.get(
+                "One served model; 404 for a name not served",
+                op.json_content(one_of(ref("Model"), ref("AnthropicModel"))),
+                protected=True,
+            ),
+            op.MODEL_ID,
+        ),
+    ),
+    Endpoint(
+        "/",
+        "GET",
+        root,
+        Dialect.OPENAI,
+        op.get(
+            "The server's name, version and starting links (HEAD / answers 200 without a body)",
+            op.json_content(ref("ServerRoot")),
+        ),
     ),
     Endpoint(
         "/health", "GET", health, Dialect.OPENAI, op.get("200 {status: ok}, else 503 with a reason")

@@ -14,6 +14,11 @@ STREAM = {"text/event-stream": {"schema": {"type": "string"}}}
 BEARER: list[dict[str, list[str]]] = [{"bearer": []}, {"apiKey": []}]
 
 
+def json_content(schema: Schema) -> dict[str, Any]:
+    """A 200's `content`: `schema` as application/json."""
+    return {"application/json": {"schema": schema}}
+
+
 def generation(summary: str, body: str, envelope: str) -> Schema:
     """A generation POST: its `body` component, JSON or SSE, errors in `envelope`."""
     return {
