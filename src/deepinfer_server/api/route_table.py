@@ -27,6 +27,11 @@ from deepinfer_server.api.routes.stored_responses import (
     list_input_items,
     retrieve_response,
 )
+from deepinfer_server.api.routes.tokenization import (
+    detokenize_route,
+    tokenize_route,
+    tokenizer_info_route,
+)
 from deepinfer_server.openapi import operations as op
 from deepinfer_server.openapi.schema import Schema, one_of, ref
 
@@ -152,6 +157,38 @@ ROUTES: tuple[Endpoint, ...] = (
                 protected=True,
             ),
             op.MODEL_ID,
+        ),
+    ),
+    Endpoint(
+        "/tokenize",
+        "POST",
+        tokenize_route,
+        Dialect.OPENAI,
+        op.post_json(
+            "vLLM's tokenize: a prompt, or Chat messages rendered as /v1/chat/completions renders "
+            "them (count is that request's prompt_tokens)",
+            "TokenizeRequest",
+            "TokenizeResponse",
+        ),
+    ),
+    Endpoint(
+        "/detokenize",
+        "POST",
+        detokenize_route,
+        Dialect.OPENAI,
+        op.post_json(
+            "vLLM's detokenize: token IDs to text", "DetokenizeRequest", "DetokenizeResponse"
+        ),
+    ),
+    Endpoint(
+        "/tokenizer_info",
+        "GET",
+        tokenizer_info_route,
+        Dialect.OPENAI,
+        op.get(
+            "vLLM's tokenizer_info: the tokenizer's configuration (special tokens, class)",
+            op.json_content(ref("TokenizerInfo")),
+            protected=True,
         ),
     ),
     Endpoint(

@@ -1,5 +1,6 @@
 """The response bodies the document describes beyond generation: the model objects (OpenAI's
-with vLLM's `max_model_len`, or Anthropic's) and the server's root."""
+with vLLM's `max_model_len`, or Anthropic's), the server's root and vLLM's tokenizer
+endpoints."""
 
 from __future__ import annotations
 
@@ -61,10 +62,36 @@ ROOT: Schema = obj(
     "What answers at / (a client probing the base URL gets 200)",
 )
 
+TOKENIZE_RESPONSE: Schema = obj(
+    {
+        "count": integer(0),
+        "max_model_len": integer(1, description=_CONTEXT_WINDOW),
+        "tokens": array(integer(0)),
+        "token_strs": nullable(array(string())),
+    },
+    ("count", "max_model_len", "tokens", "token_strs"),
+    "vLLM's tokenize response",
+)
+
+DETOKENIZE_RESPONSE: Schema = obj({"prompt": string()}, ("prompt",), "vLLM's detokenize response")
+
+TOKENIZER_INFO: Schema = obj(
+    {
+        "tokenizer_class": string(),
+        "bos_token": nullable(string()),
+        "eos_token": nullable(string()),
+    },
+    ("tokenizer_class",),
+    "The tokenizer's tokenizer_config.json without file paths, as vLLM's /tokenizer_info",
+)
+
 RESPONSE_SCHEMAS: dict[str, Schema] = {
     "Model": MODEL,
     "ModelList": MODEL_LIST,
     "AnthropicModel": ANTHROPIC_MODEL,
     "AnthropicModelList": ANTHROPIC_MODEL_LIST,
     "ServerRoot": ROOT,
+    "TokenizeResponse": TOKENIZE_RESPONSE,
+    "DetokenizeResponse": DETOKENIZE_RESPONSE,
+    "TokenizerInfo": TOKENIZER_INFO,
 }
