@@ -4,12 +4,17 @@ EOS token with `/tokenize`): the real tokenizer, and for `messages` the renderin
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
 
+from deepinfer_server.model.tokenizer import embedded_tokenizer_json, load_tokenizer_config
 from deepinfer_server.model.tokens import BOS_TOKEN, EOS_TOKEN
+from deepinfer_server.protocol.core.recipe import RecipeContext
+from deepinfer_server.protocol.tokenization.request import tokenizer_info
 from tests.http.harness import MODEL, Harness, run, serve
 
 CONTEXT = 4096  # the harness's --max-model-len
@@ -223,3 +228,28 @@ def test_the_tokenizer_endpoints_need_a_key_when_keys_are_configured() -> None:
                 assert accepted.status_code == 200, path
 
     run(body)
+
+
+def test_tokenizer_info_is_the_checkpoints_config_without_file_paths(tmp_path: Path) -> None:
+    config = {
+        "tokenizer_class": "LlamaTokenizerFast",
+        "bos_token": {"__type": "AddedToken", "content": BOS_TOKEN, "lstrip": False},
+        "eos_token": EOS_TOKEN,
+        "vocab_file": "/somewhere/vocab.json",
+        "model_max_length": 131072,
+    }
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    recipe = RecipeContext.create(
+        embedded_tokenizer_json(),
+        (MODEL,),
+        CONTEXT,
+        default_thinking=True,
+        tokenizer_config=load_tokenizer_config(str(tmp_path)),
+    )
+    assert tokenizer_info(recipe) == {
+        "tokenizer_class": "LlamaTokenizerFast",
+        "bos_token": BOS_TOKEN,
+        "eos_token": EOS_TOKEN,
+        "model_max_length": 131072,
+    }
+    assert load_tokenizer_config(str(tmp_path / "missing"))["eos_token"] == EOS_TOKEN
