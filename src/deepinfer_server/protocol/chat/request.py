@@ -12,6 +12,7 @@ from deepinfer_server.grammar import Constraint
 from deepinfer_server.ipc.messages import Images, SamplingOptions
 from deepinfer_server.protocol.chat.history import merge_assistant_runs
 from deepinfer_server.protocol.core.choices import read_n, seeds_for, with_seed
+from deepinfer_server.protocol.core.effort import check_effort_agrees, read_effort
 from deepinfer_server.protocol.core.prepare import engine_input
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.protocol.core.sampling import SAMPLING, Api, reject_logit_bias
@@ -29,6 +30,7 @@ from deepinfer_server.protocol.core.validation import (
 )
 
 _SAMPLING = SAMPLING[Api.CHAT]
+_ENABLE_THINKING = 'send `thinking: {"type": "enabled"}`'
 
 
 @dataclass(frozen=True)
@@ -91,9 +93,13 @@ def prepare_chat(body: dict[str, Any], recipe: RecipeContext) -> PreparedChat | 
         # The OpenAI client's current name wins over the deprecated max_tokens, as in vLLM.
         body["max_tokens"] = max_completion_tokens
     check_model(body, recipe.served_model_names)
+    effort = read_effort(body.get("reasoning_effort"), "reasoning_effort")
     read_constraint(CHAT_CONSTRAINT, body, thinking=False)
     converted = convert_honouring_tool_choice(
         lambda b: ChatCompletionRequest(b).convert(recipe.options), body, "auto", "response_format"
+    )
+    check_effort_agrees(
+        effort, converted.conversation.thinking_mode, "reasoning_effort", _ENABLE_THINKING
     )
     constraint = read_constraint(CHAT_CONSTRAINT, body, converted.conversation.thinking_mode)
     engine = engine_input(converted, recipe, ignore_eos, protocol=_SAMPLING, sampling=sampling)

@@ -26,6 +26,11 @@ from deepinfer_server.protocol.messages.compat import (
     normalize_messages_body,
     reject_thread,
 )
+from deepinfer_server.protocol.messages.thinking import (
+    check_messages_effort,
+    read_messages_effort,
+    with_explicit_thinking,
+)
 
 _SAMPLING = SAMPLING[Api.MESSAGES]
 
@@ -55,13 +60,15 @@ def _convert(
     reject_thread(body)
     reject_n(body, "the Messages API")
     sampling = _SAMPLING.read(body)
+    effort = read_messages_effort(body)
     read_constraint(MESSAGES_CONSTRAINT, body, thinking=False)
     converted = convert_honouring_tool_choice(
         lambda b: MessagesRequest(b).convert(recipe.options),
-        normalize_messages_body(body),
+        with_explicit_thinking(normalize_messages_body(body)),
         {"type": "auto"},
         "output_config.format",
     )
+    check_messages_effort(effort, converted.conversation.thinking_mode)
     return converted, sampling
 
 
