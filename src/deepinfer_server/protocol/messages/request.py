@@ -28,6 +28,7 @@ from deepinfer_server.protocol.messages.compat import (
 )
 from deepinfer_server.protocol.messages.thinking import (
     check_messages_effort,
+    read_budget,
     read_messages_effort,
     with_explicit_thinking,
 )
@@ -60,6 +61,9 @@ def _convert(
     reject_thread(body)
     reject_n(body, "the Messages API")
     sampling = _SAMPLING.read(body)
+    budget = read_budget(body)
+    if budget is not None:
+        sampling["thinking_budget"] = budget
     effort = read_messages_effort(body)
     read_constraint(MESSAGES_CONSTRAINT, body, thinking=False)
     converted = convert_honouring_tool_choice(
