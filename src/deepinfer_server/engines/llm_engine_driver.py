@@ -161,6 +161,10 @@ class LLMEngineDriver:
         self._budgets = ThinkingBudgets()
         #: Requests whose `</think>` is forced before any output (a budget of 0).
         self._forced_first: set[str] = set()
+        #: Requests whose budget ran out in the last read: their continuation is added after
+        #: the next step, once DeepInfer has finalized the aborted sequence (and a prefix cache
+        #: has kept its prompt for the continuation to fork from).
+        self._due_continuations: list[tuple[str, str, BudgetedRequest, int]] = []
 
     @property
     def num_live(self) -> int:
@@ -247,6 +251,10 @@ class LLMEngineDriver:
             self._forced_first.discard(request_id)
             engine_id = self._budgets.engine_id(request_id)
             self._budgets.forget(request_id)
+            due = [entry for entry in self._due_continuations if entry[0] == request_id]
+            if due:  # its engine request already ended and its continuation is not added yet
+                self._due_continuations.remove(due[0])
+                continue
             self._abort_one(engine_id)
 
     def _abort_one(self, request_id: str) -> None:
@@ -262,8 +270,14 @@ class LLMEngineDriver:
             for request_id in list(self._unplaced_aborts):
                 self._abort_one(request_id)
         unfinished = self._engine.has_unfinished_requests()
+        due, self._due_continuations = self._due_continuations, []
         handles = self._engine.step() if unfinished else self._engine.flush_inflight_reqs()
-        return unfinished, self._read(handles)
+        deltas = self._read(handles)
+        if due:
+            deltas.extend(self._continue_after_budgets(due))
+        # A continuation just added or still to be added is work: no idle wait before the
+        # next iteration.
+        return unfinished or bool(due) or bool(self._due_continuations), deltas
 
     def kv_cache_usage(self) -> float | None:
         """Used KV blocks over allocatable ones, as DeepInfer's stats logger computes it.
@@ -416,17 +430,44 @@ class LLMEngineDriver:
     def _end_reasoning(
         self, request_id: str, tracked: BudgetedRequest, delta: RequestDelta
     ) -> Finish | None:
-        """The budget is spent: force `</think>` (a token of this delta), end the engine
-        request and add the one that continues after `</think>`. The request's finish when
-        nothing is left to continue (no output tokens left, or the engine refuses)."""
+        """The budget is spent: force `</think>` (a token of this delta) and end the engine
+        request; the one that continues after `</think>` is added after the next step. The
+        request's finish when no output token is left for an answer."""
         continuation, tracked = self._budgets.continue_after_budget(request_id)
         self._abort_one(request_id)
         _append_forced(delta.tokens, tracked.end_id)
-        request = tracked.request
-        sampling = request.sampling
-        left = sampling.max_tokens - len(tracked.generated) - 1
+        left = tracked.request.sampling.max_tokens - len(tracked.generated) - 1
         if left < 1:
             return Finish.LENGTH
+        self._due_continuations.append((request_id, continuation, tracked, left))
+        return None
+
+    def _continue_after_budgets(
+        self, due: list[tuple[str, str, BudgetedRequest, int]]
+    ) -> list[RequestDelta]:
+        """Add the continuations of requests whose budget ran out; a finishing delta for each
+        one the engine refuses."""
+        failed: list[RequestDelta] = []
+        for request_id, continuation, tracked, left in due:
+            sampling = self._live.get(request_id)
+            if sampling is None:  # aborted meanwhile
+                continue
+            detail = self._add_continuation(continuation, tracked, left)
+            if detail is not None:
+                delta = RequestDelta(request_id, _empty_tokens(sampling), Finish.ENGINE_ERROR)
+                delta.detail = detail
+                failed.append(delta)
+                del self._live[request_id]
+                self._prompt_logprobs_sent.discard(request_id)
+                self._budgets.forget(request_id)
+        return failed
+
+    def _add_continuation(
+        self, continuation: str, tracked: BudgetedRequest, left: int
+    ) -> str | None:
+        """Add the engine request that continues after a forced `</think>`; why it failed."""
+        request = tracked.request
+        sampling = request.sampling
         extra_args: dict[str, Any] = {}
         if request.cache_salt is not None and self._cache_stats is not None:
             extra_args["cache_salt"] = request.cache_salt
@@ -441,12 +482,10 @@ class LLMEngineDriver:
                 **extra_args,
             )
         except Exception as exc:
-            logger.exception("continuing request %s after its reasoning budget", request_id)
-            delta.detail = f"the engine could not continue after the reasoning budget: {exc}"
-            return Finish.ENGINE_ERROR
+            logger.exception("continuing request %s after its reasoning budget", request.request_id)
+            return f"the engine could not continue after the reasoning budget: {exc}"
         if sequence is None:
-            delta.detail = "the engine could not continue after the reasoning budget"
-            return Finish.ENGINE_ERROR
+            return "the engine could not continue after the reasoning budget"
         if not self._counts_computed:
             self._computed += max(0, prompt.size - int(getattr(sequence, "num_cached_tokens", 0)))
         return None

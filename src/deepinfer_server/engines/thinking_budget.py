@@ -2,18 +2,22 @@
 
 DeepInfer has no reasoning budget of its own. When a request has generated its
 `thinking_budget` reasoning tokens without `</think>`, the driver ends that engine request
-(`abort_request`) and adds a new one whose prompt is the old prompt, the reasoning and
-`</think>`, with the output limit that is left: `</think>` is then the request's next token and
-the answer follows. Every engine with the contract takes the same path (the simulated engine
-too). With `--enable-prefix-caching` the new request reuses the cached prefix, so a budget hit
-costs a prefill of the reasoning's last partial block plus one token; without it, the whole
-prompt and reasoning are prefilled again. Outputs still in flight for the ended engine request
-(DeepInfer's zero-overhead scheduling reports a step late) are discarded: the new engine
-request has an ID of its own.
+(`abort_request`), and after the next step adds one whose prompt is the old prompt, the
+reasoning and `</think>`, with the output limit that is left: the answer follows `</think>`.
+Every engine with the contract takes the same path (the simulated engine too). The new engine
+request has an ID of its own, so outputs still in flight for the ended one (zero-overhead
+scheduling reports a step late) are discarded. It is added one step later so that DeepInfer
+has finalized the ended sequence first: with the server's prefix cache, the ended sequence's
+prompt is then a cache entry, and the continuation forks from it and prefills only the
+reasoning and `</think>`; without the prefix cache it prefills the prompt again as well
+(bench/thinking_budget.py measures both on the twin).
 
-DeepInfer's scheduler also offers `fork_seq` with `replace_last_token_id`, which recomputes
-only the last position; it is reachable only from the engine's C++ scheduler, not through the
-LLMEngine contract, and is left for a GPU build to measure against this path.
+DeepInfer's scheduler also offers `fork_seq(..., replace_last_token_id, ...)`
+(csrc/engine/scheduler.hpp), which forks a running sequence with its last token replaced and
+recomputes only that position. Using it means owning what the LLMEngine contract hides: the
+parent's blocks and shared state slot once its in-flight outputs are flushed, the engine's
+request maps for the fork, its structured-output matcher. It is the cheaper path (one position
+instead of the reasoning) for a GPU build to measure against this one.
 """
 
 from __future__ import annotations
