@@ -185,3 +185,32 @@ def test_a_bad_anthropic_budget_is_a_400_in_anthropics_shape(engine: SimulatedEn
             assert response.json()["error"]["type"] == "invalid_request_error"
 
     run(go)
+
+
+def test_chats_thinking_object_takes_anthropics_budget_too(engine: SimulatedEngine) -> None:
+    """Chat Completions' `thinking` (DeepSeek's, Anthropic-shaped) carries `budget_tokens`."""
+
+    async def body() -> None:
+        async with serve_engine(engine) as h:
+            completion = await h.openai.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": TURN}],
+                extra_body={"thinking": {"type": "enabled", "budget_tokens": 5}},
+            )
+            message = completion.choices[0].message
+            assert getattr(message, "reasoning_content", None) == _reasoning(h, 5)
+            assert message.content == ANSWER
+            both = {"type": "enabled", "budget_tokens": 5}
+            response = await h.client.post(
+                "/v1/chat/completions",
+                json={
+                    "model": MODEL,
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "thinking": both,
+                    "thinking_token_budget": 6,
+                },
+            )
+            assert response.status_code == 400, response.text
+            assert response.json()["error"]["param"] == "thinking.budget_tokens"
+
+    run(body)

@@ -21,6 +21,7 @@ from deepinfer_server.protocol.core.structured import (
     convert_honouring_tool_choice,
     read_constraint,
 )
+from deepinfer_server.protocol.core.thinking_budget import merge_budgets
 from deepinfer_server.protocol.core.validation import (
     check_chat_fields,
     check_model,
@@ -84,6 +85,7 @@ def prepare_chat(body: dict[str, Any], recipe: RecipeContext) -> PreparedChat | 
     n = read_n(body)
     body.pop("n", None)  # the recipe accepts only n = 1; the choices are the server's
     sampling = _SAMPLING.read(body)
+    merge_budgets(sampling, body)
     reject_logit_bias(body)
     ignore_eos = optional_bool(body, "ignore_eos")
     stream_options = read_stream_options(body)

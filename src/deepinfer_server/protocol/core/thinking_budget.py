@@ -12,8 +12,11 @@ needs no budget: the budget is honoured as it stands and the engine gets none.
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
+from deepinfer_server.errors import BadRequestError
 from deepinfer_server.ipc.messages import SamplingOptions
 
 
@@ -30,3 +33,35 @@ def budgeted(sampling: SamplingOptions, thinking: bool, think_end_id: int) -> Sa
         thinking_budget=min(budget, sampling.max_tokens // 2),
         thinking_end_id=think_end_id,
     )
+
+
+def read_budget(body: dict[str, Any]) -> int | None:
+    """`thinking.budget_tokens` of an enabled `thinking` (Anthropic's field, which Chat
+    Completions' `thinking` also takes), None without one, or a 400."""
+    thinking = body.get("thinking")
+    if not isinstance(thinking, dict) or thinking.get("type") != "enabled":
+        return None
+    budget = thinking.get("budget_tokens")
+    if budget is None:
+        return None
+    if budget.__class__ is bool or not isinstance(budget, int) or budget < 0:
+        raise BadRequestError(
+            "'thinking.budget_tokens' must be a non-negative integer",
+            param="thinking.budget_tokens",
+        )
+    return budget
+
+
+def merge_budgets(sampling: dict[str, Any], body: dict[str, Any]) -> None:
+    """Put `thinking.budget_tokens` into the checked sampling fields (`thinking_budget`); a
+    400 when it and `thinking_token_budget` disagree."""
+    budget = read_budget(body)
+    if budget is None:
+        return
+    other = sampling.get("thinking_budget")
+    if other is not None and other != budget:
+        raise BadRequestError(
+            "'thinking.budget_tokens' and 'thinking_token_budget' disagree: send one",
+            param="thinking.budget_tokens",
+        )
+    sampling["thinking_budget"] = budget

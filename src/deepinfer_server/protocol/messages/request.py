@@ -20,6 +20,7 @@ from deepinfer_server.protocol.core.structured import (
     convert_honouring_tool_choice,
     read_constraint,
 )
+from deepinfer_server.protocol.core.thinking_budget import merge_budgets
 from deepinfer_server.protocol.core.validation import check_model, read_cache_salt
 from deepinfer_server.protocol.messages.compat import (
     anthropic_context_error,
@@ -28,7 +29,6 @@ from deepinfer_server.protocol.messages.compat import (
 )
 from deepinfer_server.protocol.messages.thinking import (
     check_messages_effort,
-    read_budget,
     read_messages_effort,
     with_explicit_thinking,
 )
@@ -61,9 +61,7 @@ def _convert(
     reject_thread(body)
     reject_n(body, "the Messages API")
     sampling = _SAMPLING.read(body)
-    budget = read_budget(body)
-    if budget is not None:
-        sampling["thinking_budget"] = budget
+    merge_budgets(sampling, body)
     effort = read_messages_effort(body)
     read_constraint(MESSAGES_CONSTRAINT, body, thinking=False)
     converted = convert_honouring_tool_choice(

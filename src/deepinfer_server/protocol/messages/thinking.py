@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from deepinfer_server.errors import BadRequestError
 from deepinfer_server.protocol.core.effort import check_effort_agrees, read_effort
 
 _EFFORT_PARAM = "output_config.effort"
@@ -38,19 +37,3 @@ def read_messages_effort(body: dict[str, Any]) -> str | None:
 def check_messages_effort(effort: str | None, thinking_mode: bool) -> None:
     """A 400 when `output_config.effort` contradicts the request's thinking."""
     check_effort_agrees(effort, thinking_mode, _EFFORT_PARAM, _ENABLE)
-
-
-def read_budget(body: dict[str, Any]) -> int | None:
-    """`thinking.budget_tokens` of an enabled `thinking` (None without one), or a 400."""
-    thinking = body.get("thinking")
-    if not isinstance(thinking, dict) or thinking.get("type") != "enabled":
-        return None
-    budget = thinking.get("budget_tokens")
-    if budget is None:
-        return None
-    if budget.__class__ is bool or not isinstance(budget, int) or budget < 0:
-        raise BadRequestError(
-            "'thinking.budget_tokens' must be a non-negative integer",
-            param="thinking.budget_tokens",
-        )
-    return budget
