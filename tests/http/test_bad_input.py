@@ -450,3 +450,25 @@ def test_kv_transfer_params_that_do_not_fit_the_servers_role_are_a_400_in_each_s
             assert not h.coordinator.submitted  # nothing was admitted
 
     run(body)
+
+
+def test_a_reasoning_budget_on_a_decode_server_is_a_400_in_each_shape() -> None:
+    """Ending the reasoning re-adds prompt and reasoning, which a decode engine cannot prefill."""
+    budgets: dict[str, dict[str, Any]] = {
+        CHAT: {"thinking_token_budget": 4},
+        RESPONSES: {"thinking_token_budget": 4},
+        MESSAGES: {"thinking": {"type": "enabled", "budget_tokens": 4}},
+    }
+
+    async def body() -> None:
+        async with serve("--disaggregation-mode", "decode") as h:
+            for path in PATHS:
+                handoff = {"kv_transfer_params": {"do_remote_prefill": True}}
+                response = await h.client.post(
+                    path, json={**VALID[path], **budgets[path], **handoff}
+                )
+                assert response.status_code == 400, (path, response.text)
+                assert "cannot honour a reasoning budget" in response.json()["error"]["message"]
+            assert not h.coordinator.submitted
+
+    run(body)

@@ -141,7 +141,11 @@ async def serve_generation(request: Request, protocol: GenerationProtocol) -> Re
             param="n",
         )
     kv_transfer = request_kv_transfer(
-        body, config.disaggregation_mode, len(choices), len(choices[0].prompt_token_ids)
+        body,
+        config.disaggregation_mode,
+        len(choices),
+        len(choices[0].prompt_token_ids),
+        thinking_budget=choices[0].sampling.thinking_budget is not None,
     )
     if kv_transfer is not None and state.prefill_peers is not None:
         state.prefill_peers.seen(kv_transfer, time.monotonic())
