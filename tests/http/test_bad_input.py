@@ -472,3 +472,18 @@ def test_a_reasoning_budget_on_a_decode_server_is_a_400_in_each_shape() -> None:
             assert not h.coordinator.submitted
 
     run(body)
+
+
+def test_a_prefill_server_leaves_the_reasoning_budget_to_the_decode_side() -> None:
+    """A prefill engine computes the prompt and its first token for the handoff: a budget
+    forced there would change the prompt whose KV is handed off."""
+
+    async def body() -> None:
+        async with serve("--disaggregation-mode", "prefill") as h:
+            request = {**VALID[CHAT], "max_tokens": 1, "thinking_token_budget": 0}
+            response = await h.client.post(CHAT, json=request)
+            assert response.status_code == 200, response.text
+            (_, _, sampling), *_ = h.coordinator.submitted
+            assert sampling.thinking_budget is None
+
+    run(body)

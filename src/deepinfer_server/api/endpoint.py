@@ -160,6 +160,10 @@ async def serve_generation(request: Request, protocol: GenerationProtocol) -> Re
         sampling = choices[index].sampling
         if structured is not None:
             sampling = msgspec.structs.replace(sampling, structured=structured)
+        if sampling.thinking_budget is not None and config.disaggregation_mode == "prefill":
+            # A prefill server computes the prompt and its first token for the handoff; the
+            # budget is the decode side's, which refuses it.
+            sampling = msgspec.structs.replace(sampling, thinking_budget=None)
         return state.coordinator.submit(
             state.next_engine_request_id(response_id),
             choices[index].prompt_token_ids,

@@ -181,7 +181,12 @@ class LLMEngineDriver:
             tracked = self._budgets.reasoning(request.request_id)
             assert tracked is not None
             if sampling.max_tokens < 2:
+                # `</think>` is the whole output: no engine request (`_emit_forced_first`).
                 self._budgets.forget(request.request_id)
+                self._live[request.request_id] = sampling
+                self._started[request.request_id] = 0
+                self._forced_first.add(request.request_id)
+                return None
             else:
                 engine_id, tracked = self._budgets.continue_after_budget(request.request_id)
                 prompt = tracked.continuation_prompt()
@@ -245,10 +250,13 @@ class LLMEngineDriver:
         if not live:
             return
         for request_id in live:
-            del self._live[request_id]
+            sampling = self._live.pop(request_id)
             self._prompt_logprobs_sent.discard(request_id)
             self._started.pop(request_id, None)
-            self._forced_first.discard(request_id)
+            if request_id in self._forced_first:
+                self._forced_first.discard(request_id)
+                if sampling.max_tokens < 2:  # the engine never had it
+                    continue
             engine_id = self._budgets.engine_id(request_id)
             self._budgets.forget(request_id)
             due = [entry for entry in self._due_continuations if entry[0] == request_id]
@@ -425,6 +433,9 @@ class LLMEngineDriver:
             if sampling is not None:
                 delta = by_request[request_id] = RequestDelta(request_id, _empty_tokens(sampling))
                 _append_forced(delta.tokens, sampling.thinking_end_id)
+                if sampling.max_tokens < 2:  # nothing left for an answer
+                    delta.finish = Finish.LENGTH
+                    del self._live[request_id]
         self._forced_first.clear()
 
     def _end_reasoning(

@@ -76,3 +76,13 @@ def test_a_budget_of_zero_answers_at_once() -> None:
     _add(driver, budget=0)
     tokens, finish = drain(driver)["r"]
     assert tokens == [_end_id(), *_ids(ANSWER)] and finish is Finish.STOP
+
+
+def test_an_output_limit_of_one_is_the_forced_end_alone() -> None:
+    driver = make_adapter()
+    _add(driver, budget=0, max_tokens=1)
+    tokens, finish = drain(driver)["r"]
+    assert tokens == [_end_id()] and finish is Finish.LENGTH and driver.num_live == 0
+    _add(driver, budget=0, max_tokens=1)
+    driver.abort(["r"])  # before its forced token: the engine never had it
+    assert drain(driver) == {} and not driver._unplaced_aborts
