@@ -40,13 +40,13 @@ def test_context_overflow_speaks_anthropics_words() -> None:
 
     async def body() -> None:
         async with serve("--no-clamp-max-tokens") as h:  # 4096-token context, strict
-            response = await h.client.post(MESSAGES, json=messages_body(max_tokens=4090))
+            response = await h.client.post(MESSAGES, json=messages_body(max_tokens=4094))
             assert response.status_code == 400
             error = response.json()["error"]
             assert error["type"] == "invalid_request_error"
             prompt = error["message"].split(": ", 1)[1].split(" + ")[0]
             assert error["message"] == (
-                f"input length and `max_tokens` exceed context limit: {prompt} + 4090 > 4096, "
+                f"input length and `max_tokens` exceed context limit: {prompt} + 4094 > 4096, "
                 "decrease input length or `max_tokens` and try again"
             )
             long = messages_body(messages=[{"role": "user", "content": "word " * 5000}])
@@ -259,5 +259,75 @@ def test_any_thread_is_refused_with_the_sdks_code() -> None:
             unthreaded = await h.client.post(MESSAGES, json=messages_body(thread=None))
             assert unthreaded.status_code == 200, unthreaded.text
             assert len(h.coordinator.submitted) == 1
+
+    run(body)
+
+
+def test_no_thinking_block_unless_the_request_enables_thinking() -> None:
+    """Anthropic's semantics: a request without `thinking` gets the non-thinking prompt and no
+    thinking block, so the quickstart's `content[0].text` is the answer; `enabled` and
+    `adaptive` think and show it, whatever `--default-thinking` says."""
+
+    async def body() -> None:
+        async with serve("--default-thinking", "enabled") as h:
+            sent: list[tuple[dict[str, Any], int, dict[str, Any]]] = []
+            async with _sdk_client(h, sent) as client:
+                request = {
+                    "model": MODEL,
+                    "max_tokens": 64,
+                    "messages": [{"role": "user", "content": "hi"}],
+                }
+                message = await client.messages.create(**request)
+                assert message.content[0].text == "Hello from the fake engine"
+                assert [block.type for block in message.content] == ["text"]
+                prompt = last_prompt(h.coordinator)
+                assert (
+                    prompt.endswith("<｜Assistant｜></think>") and "Reasoning Effort" not in prompt
+                )
+
+                async with client.messages.stream(**request) as stream:
+                    streamed = await stream.get_final_message()
+                assert [block.type for block in streamed.content] == ["text"]
+
+                for thinking in ({"type": "enabled", "budget_tokens": 1024}, {"type": "adaptive"}):
+                    message = await client.messages.create(**request, thinking=thinking)
+                    assert [block.type for block in message.content] == ["thinking", "text"]
+                    assert last_prompt(h.coordinator).endswith("<｜Assistant｜><think>")
+            assert all(status == 200 for _, status, _ in sent)
+
+    run(body)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"output_config": {"effort": "low"}}, "thinking is off for this request"),
+        (
+            {"thinking": {"type": "disabled"}, "output_config": {"effort": "max"}},
+            "thinking is off for this request",
+        ),
+        (
+            {"thinking": {"type": "adaptive"}, "output_config": {"effort": "none"}},
+            "'none' turns thinking off",
+        ),
+        ({"thinking": {"type": "adaptive"}, "output_config": {"effort": "extreme"}}, "one of"),
+    ],
+    ids=[
+        "effort-without-thinking",
+        "effort-with-thinking-disabled",
+        "none-with-adaptive",
+        "unknown",
+    ],
+)
+def test_an_effort_that_cannot_apply_is_refused(extra: dict[str, Any], message: str) -> None:
+    async def body() -> None:
+        async with serve() as h:
+            for path in (MESSAGES, COUNT):
+                response = await h.client.post(path, json=messages_body(**extra))
+                assert response.status_code == 400, response.text
+                assert response.json()["type"] == "error"
+                error = response.json()["error"]
+                assert error["type"] == "invalid_request_error" and message in error["message"]
+            assert not h.coordinator.submitted
 
     run(body)

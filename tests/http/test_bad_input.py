@@ -450,3 +450,40 @@ def test_kv_transfer_params_that_do_not_fit_the_servers_role_are_a_400_in_each_s
             assert not h.coordinator.submitted  # nothing was admitted
 
     run(body)
+
+
+def test_a_reasoning_budget_on_a_decode_server_is_a_400_in_each_shape() -> None:
+    """Ending the reasoning re-adds prompt and reasoning, which a decode engine cannot prefill."""
+    budgets: dict[str, dict[str, Any]] = {
+        CHAT: {"thinking_token_budget": 4},
+        RESPONSES: {"thinking_token_budget": 4},
+        MESSAGES: {"thinking": {"type": "enabled", "budget_tokens": 4}},
+    }
+
+    async def body() -> None:
+        async with serve("--disaggregation-mode", "decode") as h:
+            for path in PATHS:
+                handoff = {"kv_transfer_params": {"do_remote_prefill": True}}
+                response = await h.client.post(
+                    path, json={**VALID[path], **budgets[path], **handoff}
+                )
+                assert response.status_code == 400, (path, response.text)
+                assert "cannot honour a reasoning budget" in response.json()["error"]["message"]
+            assert not h.coordinator.submitted
+
+    run(body)
+
+
+def test_a_prefill_server_leaves_the_reasoning_budget_to_the_decode_side() -> None:
+    """A prefill engine computes the prompt and its first token for the handoff: a budget
+    forced there would change the prompt whose KV is handed off."""
+
+    async def body() -> None:
+        async with serve("--disaggregation-mode", "prefill") as h:
+            request = {**VALID[CHAT], "max_tokens": 1, "thinking_token_budget": 0}
+            response = await h.client.post(CHAT, json=request)
+            assert response.status_code == 200, response.text
+            (_, _, sampling), *_ = h.coordinator.submitted
+            assert sampling.thinking_budget is None
+
+    run(body)

@@ -16,6 +16,8 @@ import pytest
 from tests.http.harness import MODEL, Harness, Script, run, serve
 
 CACHED = 20  # below every prompt here (about 30 tokens)
+#: Messages think only when asked; thinking's prompt is the one longer than CACHED.
+THINKING: Any = {"type": "adaptive"}
 NO_THINKING = {"thinking": {"type": "disabled"}}
 
 
@@ -89,14 +91,20 @@ def test_anthropic_usage_reads_the_cached_tokens_and_counts_the_rest_as_input() 
         async with serve(script=Script(text="Hi.", cached_tokens=CACHED)) as h:
             client = _anthropic(h)
             message = await client.messages.create(
-                model=MODEL, max_tokens=64, messages=[{"role": "user", "content": "hello"}]
+                model=MODEL,
+                max_tokens=64,
+                messages=[{"role": "user", "content": "hello"}],
+                thinking=THINKING,
             )
             prompt = _prompt_tokens(h)
             assert message.usage.cache_read_input_tokens == CACHED
             assert message.usage.input_tokens == prompt - CACHED
             assert message.usage.cache_creation_input_tokens == 0
             async with client.messages.stream(
-                model=MODEL, max_tokens=64, messages=[{"role": "user", "content": "hello"}]
+                model=MODEL,
+                max_tokens=64,
+                messages=[{"role": "user", "content": "hello"}],
+                thinking=THINKING,
             ) as stream:
                 events = [event async for event in stream]
             start = next(e for e in events if e.type == "message_start")

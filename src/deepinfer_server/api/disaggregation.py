@@ -37,9 +37,16 @@ _PARAM = "kv_transfer_params"
 
 
 def request_kv_transfer(
-    body: dict[str, Any], mode: str, choices: int, prompt_length: int
+    body: dict[str, Any],
+    mode: str,
+    choices: int,
+    prompt_length: int,
+    thinking_budget: bool = False,
 ) -> KVTransferParams | None:
-    """The decode request's handoff (None on the other roles); BadRequestError otherwise."""
+    """The decode request's handoff (None on the other roles); BadRequestError otherwise.
+
+    A decode server cannot honour a reasoning budget: ending the reasoning adds an engine
+    request whose prompt holds the reasoning, which a decode engine would have to prefill."""
     value = body.get(_PARAM)
     try:
         if mode == "null":
@@ -57,6 +64,12 @@ def request_kv_transfer(
         if mode == "prefill":
             check_prefill_request_params(value)
             return None
+        if thinking_budget:
+            raise ValueError(
+                "a decode server cannot honour a reasoning budget (ending the reasoning "
+                "needs a prefill of prompt and reasoning): send the budget to a server "
+                "without a disaggregation role"
+            )
         if value is None:
             raise ValueError(
                 "this is a decode server: it continues prompts a prefill server computed, so a "

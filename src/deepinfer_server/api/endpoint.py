@@ -141,7 +141,11 @@ async def serve_generation(request: Request, protocol: GenerationProtocol) -> Re
             param="n",
         )
     kv_transfer = request_kv_transfer(
-        body, config.disaggregation_mode, len(choices), len(choices[0].prompt_token_ids)
+        body,
+        config.disaggregation_mode,
+        len(choices),
+        len(choices[0].prompt_token_ids),
+        thinking_budget=choices[0].sampling.thinking_budget is not None,
     )
     if kv_transfer is not None and state.prefill_peers is not None:
         state.prefill_peers.seen(kv_transfer, time.monotonic())
@@ -156,6 +160,10 @@ async def serve_generation(request: Request, protocol: GenerationProtocol) -> Re
         sampling = choices[index].sampling
         if structured is not None:
             sampling = msgspec.structs.replace(sampling, structured=structured)
+        if sampling.thinking_budget is not None and config.disaggregation_mode == "prefill":
+            # A prefill server computes the prompt and its first token for the handoff; the
+            # budget is the decode side's, which refuses it.
+            sampling = msgspec.structs.replace(sampling, thinking_budget=None)
         return state.coordinator.submit(
             state.next_engine_request_id(response_id),
             choices[index].prompt_token_ids,

@@ -171,7 +171,9 @@ class ServerConfig:
     default_thinking: Literal["enabled", "disabled"] = option(
         "enabled",
         "--default-thinking",
-        help="thinking mode for requests that do not choose one (default: %(default)s)",
+        help="thinking mode for Chat Completions and Responses requests that do not choose "
+        "one; Messages requests think only with `thinking`, as in Anthropic's API "
+        "(default: %(default)s)",
         choices=["enabled", "disabled"],
     )
     api_key: tuple[str, ...] = option(

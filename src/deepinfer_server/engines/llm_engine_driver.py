@@ -22,6 +22,9 @@ sequences); the driver passes those on. Such an engine's `add_request` also take
 never given one (DeepInfer's own `add_request` has no such argument, and without a cache there
 is nothing to partition).
 DeepInfer's finish strings become `Finish` values here and nowhere else.
+A request with a reasoning budget (`SamplingOptions.thinking_budget`) is followed while it
+reasons; when the budget is spent, `</think>` is forced by ending its engine request and adding
+one that continues from the prompt, the reasoning and `</think>` (`thinking_budget.py`).
 Prefill/decode disaggregation: a decode request's `kv_transfer_params` go to `add_request` in
 `extra`; a PROMPT engine's handoff of a finished request (`pop_kv_handoff`) rides on its
 finishing delta; a failed transfer's finish string, "kv_transfer_failed:<reason>", becomes
@@ -40,6 +43,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from deepinfer_server.engines.thinking_budget import BudgetedRequest, ThinkingBudgets
 from deepinfer_server.errors import ErrorKind
 from deepinfer_server.ipc.codec import unpack_token_ids
 from deepinfer_server.ipc.messages import (
@@ -154,6 +158,13 @@ class LLMEngineDriver:
         self._take_ended = getattr(engine, "take_ended_requests", None)
         self._computed = 0
         self._last_counters = EngineCounters()
+        self._budgets = ThinkingBudgets()
+        #: Requests whose `</think>` is forced before any output (a budget of 0).
+        self._forced_first: set[str] = set()
+        #: Requests whose budget ran out in the last read: their continuation is added after
+        #: the next step, once DeepInfer has finalized the aborted sequence (and a prefix cache
+        #: has kept its prompt for the continuation to fork from).
+        self._due_continuations: list[tuple[str, str, BudgetedRequest, int]] = []
 
     @property
     def num_live(self) -> int:
@@ -163,20 +174,24 @@ class LLMEngineDriver:
     def add(self, request: AddRequest) -> RequestRejected | None:
         """Start a request; a request the engine refuses comes back as a rejection message."""
         sampling = request.sampling
-        # A fresh dict per request: DeepInfer mutates the SamplingParams it is given.
-        params: dict[str, Any] = {
-            "max_tokens": sampling.max_tokens,
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "ignore_eos": sampling.ignore_eos,
-            "seq_seed": sampling.seed,
-            "top_k": sampling.top_k,
-            "top_logprobs": sampling.top_logprobs,
-            "prompt_logprobs": sampling.prompt_logprobs,
-        }
-        if sampling.structured is not None:
-            params["so_args"] = sampling.structured.as_so_args()
         prompt = unpack_token_ids(request.prompt_token_ids)
+        engine_id = request.request_id
+        params = _params(sampling)
+        if self._budgets.track(request, prompt):  # a budget of 0: `</think>` comes first
+            tracked = self._budgets.reasoning(request.request_id)
+            assert tracked is not None
+            if sampling.max_tokens < 2:
+                # `</think>` is the whole output: no engine request (`_emit_forced_first`).
+                self._budgets.forget(request.request_id)
+                self._live[request.request_id] = sampling
+                self._started[request.request_id] = 0
+                self._forced_first.add(request.request_id)
+                return None
+            else:
+                engine_id, tracked = self._budgets.continue_after_budget(request.request_id)
+                prompt = tracked.continuation_prompt()
+                params = _params(sampling, after_reasoning=1)
+                self._forced_first.add(request.request_id)
         try:
             # Text requests pass no multi_modal_data: any dict, even empty, goes to DeepInfer's
             # multimodal processor and holds the sequence back until a later step's fetch
@@ -189,13 +204,15 @@ class LLMEngineDriver:
                 extra_args["extra"] = {"kv_transfer_params": request.kv_transfer_params}
             sequence = self._engine.add_request(
                 "0",
-                request.request_id,
+                engine_id,
                 params,
                 prompt,
                 multi_modal_data=multi_modal_data,
                 **extra_args,
             )
         except (ValueError, TypeError) as exc:
+            self._budgets.forget(request.request_id)
+            self._forced_first.discard(request.request_id)
             return RequestRejected(
                 request.request_id,
                 ErrorKind.ENGINE_REJECTED,
@@ -205,12 +222,16 @@ class LLMEngineDriver:
             # DeepInfer can raise more than input errors here (its grammar worker pool's CPU
             # binding, internal assertions): the request fails, the rank goes on serving.
             logger.exception("add_request failed for request %s", request.request_id)
+            self._budgets.forget(request.request_id)
+            self._forced_first.discard(request.request_id)
             return RequestRejected(
                 request.request_id,
                 ErrorKind.ENGINE_ERROR,
                 f"the engine could not start the request: {type(exc).__name__}: {exc}",
             )
         if sequence is None:
+            self._budgets.forget(request.request_id)
+            self._forced_first.discard(request.request_id)
             return RequestRejected(
                 request.request_id,
                 ErrorKind.ENGINE_REJECTED,
@@ -229,10 +250,20 @@ class LLMEngineDriver:
         if not live:
             return
         for request_id in live:
-            del self._live[request_id]
+            sampling = self._live.pop(request_id)
             self._prompt_logprobs_sent.discard(request_id)
             self._started.pop(request_id, None)
-            self._abort_one(request_id)
+            if request_id in self._forced_first:
+                self._forced_first.discard(request_id)
+                if sampling.max_tokens < 2:  # the engine never had it
+                    continue
+            engine_id = self._budgets.engine_id(request_id)
+            self._budgets.forget(request_id)
+            due = [entry for entry in self._due_continuations if entry[0] == request_id]
+            if due:  # its engine request already ended and its continuation is not added yet
+                self._due_continuations.remove(due[0])
+                continue
+            self._abort_one(engine_id)
 
     def _abort_one(self, request_id: str) -> None:
         found, _ = self._engine.abort_request([request_id])
@@ -247,8 +278,14 @@ class LLMEngineDriver:
             for request_id in list(self._unplaced_aborts):
                 self._abort_one(request_id)
         unfinished = self._engine.has_unfinished_requests()
+        due, self._due_continuations = self._due_continuations, []
         handles = self._engine.step() if unfinished else self._engine.flush_inflight_reqs()
-        return unfinished, self._read(handles)
+        deltas = self._read(handles)
+        if due:
+            deltas.extend(self._continue_after_budgets(due))
+        # A continuation just added or still to be added is work: no idle wait before the
+        # next iteration.
+        return unfinished or bool(due) or bool(self._due_continuations), deltas
 
     def kv_cache_usage(self) -> float | None:
         """Used KV blocks over allocatable ones, as DeepInfer's stats logger computes it.
@@ -305,12 +342,15 @@ class LLMEngineDriver:
     def _read(self, handles: npt.NDArray[np.uint64]) -> list[RequestDelta]:
         reader = self._reader
         by_request: dict[str, RequestDelta] = {}
+        if self._forced_first:
+            self._emit_forced_first(by_request)
         for handle in handles.tolist():
-            request_id = reader.get_request_id(handle)
-            sampling = self._live.get(request_id)
-            if sampling is None:
-                if request_id in self._unplaced_aborts and reader.get_finish_reason(handle):
-                    self._unplaced_aborts.discard(request_id)  # it ended before it was found
+            engine_id = reader.get_request_id(handle)
+            request_id = self._budgets.request_of(engine_id)
+            sampling = self._live.get(request_id) if request_id is not None else None
+            if request_id is None or sampling is None:
+                if engine_id in self._unplaced_aborts and reader.get_finish_reason(handle):
+                    self._unplaced_aborts.discard(engine_id)  # it ended before it was found
                 continue
             delta = by_request.get(request_id)
             if delta is None:
@@ -335,6 +375,11 @@ class LLMEngineDriver:
                 delta.tokens.token_ids.append(token)
                 if delta.tokens.logprobs is not None:
                     self._read_logprobs(delta.tokens, handle)
+            if finish is None and (tracked := self._budgets.reasoning(request_id)) is not None:
+                if token == tracked.end_id:
+                    self._budgets.reasoning_ended(request_id)
+                elif tracked.push(token):
+                    finish = self._end_reasoning(request_id, tracked, delta)
             if finish is not None:
                 delta.finish = finish
                 if finish is Finish.KV_TRANSFER_FAILED:
@@ -343,6 +388,7 @@ class LLMEngineDriver:
                     delta.kv_transfer_params = self._pop_handoff(request_id)
                 del self._live[request_id]
                 self._prompt_logprobs_sent.discard(request_id)
+                self._budgets.forget(request_id)
         if self._take_ended is not None:
             self._read_ended(by_request)
         if self._started:
@@ -353,11 +399,13 @@ class LLMEngineDriver:
         """Finish the requests the engine ended outside its scheduler (a failed KV pull on a
         COMPLETION engine: DeepInfer's output pool makes no handle for those)."""
         assert self._take_ended is not None
-        for request_id, reason in self._take_ended():
-            sampling = self._live.pop(request_id, None)
-            if sampling is None:
+        for engine_id, reason in self._take_ended():
+            request_id = self._budgets.request_of(engine_id)
+            sampling = self._live.pop(request_id, None) if request_id is not None else None
+            if request_id is None or sampling is None:
                 continue
             self._prompt_logprobs_sent.discard(request_id)
+            self._budgets.forget(request_id)
             delta = by_request.get(request_id)
             if delta is None:
                 delta = by_request[request_id] = RequestDelta(request_id, _empty_tokens(sampling))
@@ -378,6 +426,81 @@ class LLMEngineDriver:
             delta.cached_tokens = cached
         self._started.clear()
 
+    def _emit_forced_first(self, by_request: dict[str, RequestDelta]) -> None:
+        """The forced `</think>` of requests with a budget of 0, before their first output."""
+        for request_id in self._forced_first:
+            sampling = self._live.get(request_id)
+            if sampling is not None:
+                delta = by_request[request_id] = RequestDelta(request_id, _empty_tokens(sampling))
+                _append_forced(delta.tokens, sampling.thinking_end_id)
+                if sampling.max_tokens < 2:  # nothing left for an answer
+                    delta.finish = Finish.LENGTH
+                    del self._live[request_id]
+        self._forced_first.clear()
+
+    def _end_reasoning(
+        self, request_id: str, tracked: BudgetedRequest, delta: RequestDelta
+    ) -> Finish | None:
+        """The budget is spent: force `</think>` (a token of this delta) and end the engine
+        request; the one that continues after `</think>` is added after the next step. The
+        request's finish when no output token is left for an answer."""
+        continuation, tracked = self._budgets.continue_after_budget(request_id)
+        self._abort_one(request_id)
+        _append_forced(delta.tokens, tracked.end_id)
+        left = tracked.request.sampling.max_tokens - len(tracked.generated) - 1
+        if left < 1:
+            return Finish.LENGTH
+        self._due_continuations.append((request_id, continuation, tracked, left))
+        return None
+
+    def _continue_after_budgets(
+        self, due: list[tuple[str, str, BudgetedRequest, int]]
+    ) -> list[RequestDelta]:
+        """Add the continuations of requests whose budget ran out; a finishing delta for each
+        one the engine refuses."""
+        failed: list[RequestDelta] = []
+        for request_id, continuation, tracked, left in due:
+            sampling = self._live.get(request_id)
+            if sampling is None:  # aborted meanwhile
+                continue
+            detail = self._add_continuation(continuation, tracked, left)
+            if detail is not None:
+                delta = RequestDelta(request_id, _empty_tokens(sampling), Finish.ENGINE_ERROR)
+                delta.detail = detail
+                failed.append(delta)
+                del self._live[request_id]
+                self._prompt_logprobs_sent.discard(request_id)
+                self._budgets.forget(request_id)
+        return failed
+
+    def _add_continuation(
+        self, continuation: str, tracked: BudgetedRequest, left: int
+    ) -> str | None:
+        """Add the engine request that continues after a forced `</think>`; why it failed."""
+        request = tracked.request
+        sampling = request.sampling
+        extra_args: dict[str, Any] = {}
+        if request.cache_salt is not None and self._cache_stats is not None:
+            extra_args["cache_salt"] = request.cache_salt
+        prompt = tracked.continuation_prompt()
+        try:
+            sequence = self._engine.add_request(
+                "0",
+                continuation,
+                _params(sampling, after_reasoning=sampling.max_tokens - left),
+                prompt,
+                multi_modal_data=request.images.as_multi_modal_data() if request.images else None,
+                **extra_args,
+            )
+        except Exception as exc:
+            logger.exception("continuing request %s after its reasoning budget", request.request_id)
+            return f"the engine could not continue after the reasoning budget: {exc}"
+        if sequence is None:
+            return "the engine could not continue after the reasoning budget"
+        if not self._counts_computed:
+            self._computed += max(0, prompt.size - int(getattr(sequence, "num_cached_tokens", 0)))
+        return None
+
     def _read_logprobs(self, tokens: GeneratedTokens, handle: int) -> None:
         """The logprob of the token just appended, and its alternatives if asked for."""
         reader = self._reader
@@ -387,6 +510,39 @@ class LLMEngineDriver:
             ids = reader.get_top_token_ids(handle)
             values = reader.get_top_logprobs(handle)
             tokens.top_logprobs.append(list(zip(ids, values, strict=True)))
+
+
+def _params(sampling: SamplingOptions, after_reasoning: int = 0) -> dict[str, Any]:
+    """DeepInfer's SamplingParams of a request; `after_reasoning` > 0 for the engine request
+    that continues after a forced `</think>` (that many output tokens already generated):
+    the output limit left, no prompt logprobs again, and its grammar from the first token (the
+    `</think>` that would trigger it is in the prompt)."""
+    # A fresh dict per request: DeepInfer mutates the SamplingParams it is given.
+    params: dict[str, Any] = {
+        "max_tokens": sampling.max_tokens - after_reasoning,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "ignore_eos": sampling.ignore_eos,
+        "seq_seed": sampling.seed,
+        "top_k": sampling.top_k,
+        "top_logprobs": sampling.top_logprobs,
+        "prompt_logprobs": sampling.prompt_logprobs and not after_reasoning,
+    }
+    if sampling.structured is not None:
+        so_args = sampling.structured.as_so_args()
+        if after_reasoning:
+            so_args.pop("trigger_token_ids", None)
+        params["so_args"] = so_args
+    return params
+
+
+def _append_forced(tokens: GeneratedTokens, token: int) -> None:
+    """A token the server forced: certain, so logprob 0 and no other alternative."""
+    tokens.token_ids.append(token)
+    if tokens.logprobs is not None:
+        tokens.logprobs.append(0.0)
+        if tokens.top_logprobs is not None:
+            tokens.top_logprobs.append([(token, 0.0)])
 
 
 def _empty_tokens(sampling: SamplingOptions) -> GeneratedTokens:

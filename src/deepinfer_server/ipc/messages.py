@@ -93,6 +93,10 @@ class SamplingOptions(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fa
     top_logprobs: int = 0
     #: Report the prompt's logprobs (`GeneratedTokens.prompt_logprobs`, prompt length - 1).
     prompt_logprobs: bool = False
+    #: The most reasoning tokens the request may generate (None: no budget); once spent,
+    #: `thinking_end_id` (`</think>`) is the next token and the answer follows.
+    thinking_budget: int | None = None
+    thinking_end_id: int = -1
 
 
 class Images(msgspec.Struct, array_like=True, gc=False):

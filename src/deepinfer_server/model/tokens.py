@@ -10,3 +10,7 @@ EOS_TOKEN = "<｜end▁of▁sentence｜>"
 SYSTEM_TOKEN = "<｜System｜>"
 #: The last reserved slot before the named special tokens: `<｜place▁holder▁no▁799｜>` in V4.
 SYSTEM_TOKEN_ID = 128799
+#: The token that opens a thinking-mode turn's reasoning (the thinking prompt's last token).
+THINK_START_TOKEN = "<think>"
+#: The token that ends the reasoning; the answer follows it.
+THINK_END_TOKEN = "</think>"

@@ -17,13 +17,15 @@ from deepinfer_server.openapi.schema import (
     string,
 )
 from deepinfer_server.protocol.completions.request import MAX_STOP_SEQUENCES
+from deepinfer_server.protocol.core.effort import EFFORT_PROMPT
 from deepinfer_server.protocol.core.sampling import SAMPLING, Api, SamplingField
 from deepinfer_server.protocol.core.validation import PRIORITY_MAX, PRIORITY_MIN
 
 #: deepseek-recipe's own bound on max_tokens (its 400: "the valid range of max_tokens is [1, N]").
 RECIPE_MAX_TOKENS = 393216
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function", "latest_reminder")
-REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "ultra", "max")
+#: The effort table's values (protocol/core/effort.py), in every API.
+REASONING_EFFORTS = tuple(EFFORT_PROMPT)
 THINKING_TYPES = ("adaptive", "enabled", "disabled")
 
 #: The served names (`--served-model-name`), a component the document fills in; another is a 404.

@@ -9,6 +9,7 @@ from deepinfer_server.openapi.fields import (
     KV_TRANSFER_PARAMS,
     MODEL,
     PRIORITY,
+    REASONING_EFFORTS,
     RECIPE_MAX_TOKENS,
     STREAM,
     THINKING,
@@ -97,7 +98,9 @@ _MESSAGES_INPUT: dict[str, Schema] = {
     "tools": array(_ANTHROPIC_TOOL),
     "tool_choice": _ANTHROPIC_TOOL_CHOICE,
     "thinking": THINKING,
-    "output_config": obj({"format": _ANTHROPIC_FORMAT}),
+    "output_config": obj(
+        {"format": _ANTHROPIC_FORMAT, "effort": nullable(string(enum=list(REASONING_EFFORTS)))}
+    ),
     "output_format": _ANTHROPIC_FORMAT,
     "top_k": sampling_fields(Api.MESSAGES, neutral=False)["top_k"],
     "n": integer(1, 1, "The Messages API has no n"),

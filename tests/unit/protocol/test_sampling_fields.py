@@ -42,6 +42,16 @@ PROTOCOLS: dict[Api, tuple[Callable[[dict[str, Any], RecipeContext], Any], dict[
 }
 
 
+#: Fields that reach the engine only for a request that thinks (a reasoning budget), and what
+#: makes each protocol's minimal body think (a raw prompt thinks when it ends in `<think>`).
+_NEEDS_THINKING = frozenset({"thinking_token_budget"})
+_THINKING: dict[Api, dict[str, Any]] = {
+    Api.CHAT: {"thinking": {"type": "enabled"}},
+    Api.RESPONSES: {"reasoning": {"effort": "high"}},
+    Api.COMPLETIONS: {"prompt": "Hi<think>"},
+}
+
+
 @cache
 def _recipe() -> RecipeContext:
     return RecipeContext.create(embedded_tokenizer_json(), (MODEL,), 4096, default_thinking=False)
@@ -68,6 +78,8 @@ def test_every_protocol_is_walked() -> None:
 def test_each_tunable_field_reaches_the_engine(field: SamplingField, api: Api) -> None:
     prepare, minimal, _ = PROTOCOLS[api]
     assert field.option in SamplingOptions.__struct_fields__
+    if field.name in _NEEDS_THINKING:
+        minimal = {**minimal, **_THINKING[api]}
     if api in field.recipe_checked:
         # deepseek-recipe resolves it (V4.1's top_p is always 1.0): its value must be the engine's.
         prepared = _first(prepare({**minimal, field.name: field.maximum}, _recipe()))

@@ -4,7 +4,8 @@ The prompt's token IDs are decoded, the text between the last `<｜User｜>` and
 `<｜Assistant｜>` is taken, and that text, encoded with the full vocabulary (so spellings such as
 `</think>` or DSML markers become their special tokens), is the answer. In thinking mode (the
 prompt ends with `<think>`) an answer without `</think>` is preceded by a fixed reasoning
-sentence and `</think>`. A prompt with no user turn (a legacy completion) is continued with its
+sentence and `</think>`; a prompt that holds the turn's reasoning up to `</think>` already
+gets the answer alone. A prompt with no user turn (a legacy completion) is continued with its
 own text, special tokens left out. Images (`multi_modal_data`) are described before the
 answer by their size and a short digest, so that clients can test image input on a CPU.
 """
@@ -64,8 +65,14 @@ class ScriptWriter:
         else:
             text = self._tokenizer.decode(list(prompt_token_ids), skip_special_tokens=True)
         thinking = bool(prompt_token_ids) and prompt_token_ids[-1] == self._think_start_id
+        # A turn whose reasoning the prompt already holds, ended (the server forces `</think>`
+        # when a reasoning budget is spent): the model goes on with the answer.
+        said = prompt_text.rpartition(ASSISTANT_TOKEN)[2] if ASSISTANT_TOKEN in prompt_text else ""
+        after_reasoning = said.startswith(THINK_START) and THINK_END in said
         if multi_modal_data:
             text = describe_images(multi_modal_data) + text.replace(IMAGE_TOKEN, "").strip()
-        if thinking and THINK_END not in text:
+        if (thinking or after_reasoning) and THINK_END not in text:
             text = f"{REASONING_SENTENCE}{THINK_END}{text}"
+        if after_reasoning:
+            text = text.partition(THINK_END)[2]
         return list(self._tokenizer.encode(text, add_special_tokens=False).ids)

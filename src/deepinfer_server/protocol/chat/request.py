@@ -12,6 +12,7 @@ from deepinfer_server.grammar import Constraint
 from deepinfer_server.ipc.messages import Images, SamplingOptions
 from deepinfer_server.protocol.chat.history import merge_assistant_runs
 from deepinfer_server.protocol.core.choices import read_n, seeds_for, with_seed
+from deepinfer_server.protocol.core.effort import check_effort_agrees, read_effort
 from deepinfer_server.protocol.core.prepare import engine_input
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.protocol.core.sampling import SAMPLING, Api, reject_logit_bias
@@ -20,6 +21,7 @@ from deepinfer_server.protocol.core.structured import (
     convert_honouring_tool_choice,
     read_constraint,
 )
+from deepinfer_server.protocol.core.thinking_budget import merge_budgets
 from deepinfer_server.protocol.core.validation import (
     check_chat_fields,
     check_model,
@@ -29,6 +31,7 @@ from deepinfer_server.protocol.core.validation import (
 )
 
 _SAMPLING = SAMPLING[Api.CHAT]
+_ENABLE_THINKING = 'send `thinking: {"type": "enabled"}`'
 
 
 @dataclass(frozen=True)
@@ -73,10 +76,15 @@ def read_stream_options(body: dict[str, Any]) -> StreamOptions:
 def convert_chat(body: dict[str, Any], recipe: RecipeContext) -> ConversationRequest:
     """A checked Chat Completions body converted by deepseek-recipe: the conversation whose
     prompt the engine gets (`/tokenize` with `messages` renders the same one)."""
+    effort = read_effort(body.get("reasoning_effort"), "reasoning_effort")
     read_constraint(CHAT_CONSTRAINT, body, thinking=False)
-    return convert_honouring_tool_choice(
+    converted = convert_honouring_tool_choice(
         lambda b: ChatCompletionRequest(b).convert(recipe.options), body, "auto", "response_format"
     )
+    check_effort_agrees(
+        effort, converted.conversation.thinking_mode, "reasoning_effort", _ENABLE_THINKING
+    )
+    return converted
 
 
 def prepare_chat(body: dict[str, Any], recipe: RecipeContext) -> PreparedChat | list[PreparedChat]:
@@ -91,6 +99,7 @@ def prepare_chat(body: dict[str, Any], recipe: RecipeContext) -> PreparedChat | 
     n = read_n(body)
     body.pop("n", None)  # the recipe accepts only n = 1; the choices are the server's
     sampling = _SAMPLING.read(body)
+    merge_budgets(sampling, body)
     reject_logit_bias(body)
     ignore_eos = optional_bool(body, "ignore_eos")
     stream_options = read_stream_options(body)

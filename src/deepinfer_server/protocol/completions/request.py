@@ -20,6 +20,7 @@ from deepinfer_server.protocol.chat.request import StreamOptions, read_stream_op
 from deepinfer_server.protocol.core.choices import read_n, seeds_for, with_seed
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.protocol.core.sampling import SAMPLING, Api, reject_logit_bias
+from deepinfer_server.protocol.core.thinking_budget import budgeted
 from deepinfer_server.protocol.core.validation import (
     check_model,
     optional_bool,
@@ -190,6 +191,9 @@ def prepare_completion(body: dict[str, Any], recipe: RecipeContext) -> list[Prep
         prompt_sampling = sampling
         if room is not None:  # --clamp-max-tokens
             prompt_sampling = msgspec.structs.replace(sampling, max_tokens=room)
+        # A raw prompt thinks when it ends as a thinking prompt does, with `<think>`.
+        thinking = bool(ids) and ids[-1] == recipe.think_start_id
+        prompt_sampling = budgeted(prompt_sampling, thinking, recipe.think_end_id)
         if room is None and len(ids) + max_tokens > recipe.context_limit:
             raise ContextLengthError(
                 f"This model's maximum context length is {recipe.context_limit} tokens; the "

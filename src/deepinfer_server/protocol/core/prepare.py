@@ -13,6 +13,7 @@ from deepinfer_server.ipc.messages import Images, SamplingOptions
 from deepinfer_server.protocol.core.images import image_sources, place_images, resolve_images
 from deepinfer_server.protocol.core.recipe import RecipeContext, recipe_errors
 from deepinfer_server.protocol.core.sampling import ProtocolSampling
+from deepinfer_server.protocol.core.thinking_budget import budgeted
 
 
 @dataclass(frozen=True)
@@ -104,4 +105,5 @@ def engine_input(
         logprobs=logprobs,
         top_logprobs=(inference.top_logprobs or 0) if logprobs else 0,
     )
+    options = budgeted(options, converted.conversation.thinking_mode, recipe.think_end_id)
     return EngineInput(prompt_token_ids, options, images)

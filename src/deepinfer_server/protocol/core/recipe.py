@@ -27,6 +27,7 @@ from deepseek_recipe import (
 from deepinfer_server.errors import ApiError, BadRequestError, ContextLengthError, ErrorKind
 from deepinfer_server.model.images import ImagePolicy, recipe_image_policy
 from deepinfer_server.model.tokenizer import EMBEDDED_TOKENIZER_CONFIG
+from deepinfer_server.model.tokens import THINK_END_TOKEN, THINK_START_TOKEN
 from deepinfer_server.protocol.core.images import ImageLimits, new_resolver
 from deepinfer_server.protocol.core.prompt_encoder import PromptEncoder
 from deepinfer_server.protocol.core.reasoning_seal import ReasoningSeal, seal_key
@@ -65,6 +66,9 @@ class RecipeContext:
     #: The tokenizer's `tokenizer_config.json` (the checkpoint's, or the embedded one's), which
     #: `GET /tokenizer_info` reports.
     tokenizer_config: Mapping[str, Any] = field(default_factory=dict)
+    #: The IDs of `<think>` (a thinking prompt's last token) and `</think>` (the reasoning's end).
+    think_start_id: int = -1
+    think_end_id: int = -1
 
     @classmethod
     def create(
@@ -114,6 +118,8 @@ class RecipeContext:
             clamp_max_tokens,
             PromptEncoder(decoder),  # read-only, as the decoder: one parse of the file
             EMBEDDED_TOKENIZER_CONFIG if tokenizer_config is None else tokenizer_config,
+            _token_id(decoder, THINK_START_TOKEN),
+            _token_id(decoder, THINK_END_TOKEN),
         )
 
     @property
@@ -140,6 +146,11 @@ class RecipeContext:
             tokens: list[int] = self.encoding.encode(conversation)
             return tokens
         return self.prompt_encoder.encode(self.encoding, conversation, rendered)
+
+
+def _token_id(decoder: tokenizers.Tokenizer, token: str) -> int:
+    found = decoder.token_to_id(token)
+    return -1 if found is None else int(found)
 
 
 def max_token_bytes(tokenizer_json: str) -> int:

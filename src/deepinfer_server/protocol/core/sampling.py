@@ -161,6 +161,18 @@ SAMPLING_FIELDS: tuple[SamplingField, ...] = (
         description="-1 or 0 disable it (vLLM's extension)",
     ),
     SamplingField(
+        # vLLM's hard reasoning budget (Responses: this server's extension, same name).
+        "thinking_token_budget",
+        int,
+        0,
+        INT32_MAX,
+        frozenset({Api.CHAT, Api.COMPLETIONS, Api.RESPONSES}),
+        option="thinking_budget",
+        range_message=f"'thinking_token_budget' must be between 0 and {INT32_MAX}",
+        description="vLLM's extension: the most reasoning tokens; then `</think>` is forced "
+        "and the answer follows",
+    ),
+    SamplingField(
         # deepseek-recipe's range; DeepInfer takes any uint64.
         "seed",
         int,

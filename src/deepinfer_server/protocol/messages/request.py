@@ -20,11 +20,17 @@ from deepinfer_server.protocol.core.structured import (
     convert_honouring_tool_choice,
     read_constraint,
 )
+from deepinfer_server.protocol.core.thinking_budget import merge_budgets
 from deepinfer_server.protocol.core.validation import check_model, read_cache_salt
 from deepinfer_server.protocol.messages.compat import (
     anthropic_context_error,
     normalize_messages_body,
     reject_thread,
+)
+from deepinfer_server.protocol.messages.thinking import (
+    check_messages_effort,
+    read_messages_effort,
+    with_explicit_thinking,
 )
 
 _SAMPLING = SAMPLING[Api.MESSAGES]
@@ -55,13 +61,16 @@ def _convert(
     reject_thread(body)
     reject_n(body, "the Messages API")
     sampling = _SAMPLING.read(body)
+    merge_budgets(sampling, body)
+    effort = read_messages_effort(body)
     read_constraint(MESSAGES_CONSTRAINT, body, thinking=False)
     converted = convert_honouring_tool_choice(
         lambda b: MessagesRequest(b).convert(recipe.options),
-        normalize_messages_body(body),
+        with_explicit_thinking(normalize_messages_body(body)),
         {"type": "auto"},
         "output_config.format",
     )
+    check_messages_effort(effort, converted.conversation.thinking_mode)
     return converted, sampling
 
 

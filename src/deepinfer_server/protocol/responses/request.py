@@ -11,6 +11,7 @@ from deepinfer_server.errors import BadRequestError, ErrorKind
 from deepinfer_server.grammar import Constraint
 from deepinfer_server.ipc.messages import Images, SamplingOptions
 from deepinfer_server.protocol.core.choices import reject_n
+from deepinfer_server.protocol.core.effort import check_effort_agrees, read_effort
 from deepinfer_server.protocol.core.prepare import engine_input
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.protocol.core.sampling import SAMPLING, Api
@@ -125,6 +126,10 @@ def prepare_responses(body: dict[str, Any], recipe: RecipeContext) -> PreparedRe
     reject_n(body, "the Responses API")
     check_model(body, recipe.served_model_names)
     cache_salt = read_cache_salt(body)
+    reasoning = body.get("reasoning")
+    effort = read_effort(
+        reasoning.get("effort") if isinstance(reasoning, dict) else None, "reasoning.effort"
+    )
     read_constraint(RESPONSES_CONSTRAINT, body, thinking=False)
     body, conversation = restore_reasoning(body, recipe.reasoning_seal)
 
@@ -141,7 +146,9 @@ def prepare_responses(body: dict[str, Any], recipe: RecipeContext) -> PreparedRe
     converted, echo, namespace_tool_map = convert_honouring_tool_choice(
         convert, body, "auto", "text.format"
     )
-    constraint = read_constraint(RESPONSES_CONSTRAINT, body, converted.conversation.thinking_mode)
+    thinking_mode = converted.conversation.thinking_mode
+    check_effort_agrees(effort, thinking_mode, "reasoning.effort", "enable thinking")
+    constraint = read_constraint(RESPONSES_CONSTRAINT, body, thinking_mode)
     engine = engine_input(
         converted,
         recipe,
