@@ -238,3 +238,34 @@ def test_deepinfers_tokenizer_policy_takes_the_checkpoints_tokenizer(checkpoint:
     assert result["system"] < result["vocab_size"] == 129280
     assert result["spans"] == [129280, 129300]
     assert result["dropped"]  # DeepInfer's own bound, which the server applies before admission
+
+
+def test_speculative_tokens_on_deepinfers_scheduler_without_a_draft_model(
+    checkpoint: Path,
+) -> None:
+    """`--speculative-tokens` on DeepInfer's own code as far as the CPU build goes: its C++
+    scheduler and output pool run with DEEPINFER_USE_NEXTN_DECODE=3 (MTP info slots, padded
+    drafts, `draft_tok`/`accept_tok` read through the real bindings by the server's counting
+    driver). The twin's model proposes no drafts (docs/architecture.md says what it lacks), so
+    DeepInfer reports steps without drafts: the answers are those without speculation and the
+    counters stay at zero."""
+    body = """
+        DRIVER = LLMEngineDriver(ENGINE, RequestOutput, count_drafts=True)
+        add("eos", "Hello from the twin")
+        add("length", "one two three four five six", max_tokens=4, ignore_eos=True)
+        add("so", "abc", structured=StructuredOutput(schema_type="regex", schema="[a-z]{1,3}"))
+        counters = None
+        RESULT = {"run": run()}
+        counters = DRIVER.counters()
+        RESULT["drafts"] = None if counters is None else [
+            counters.spec_drafts, counters.spec_draft_tokens, counters.spec_accepted_tokens
+        ]
+        RESULT["text"] = {rid: text_of(entry["tokens"]) for rid, entry in RESULT["run"].items()}
+        """
+    plain = run_in_twin(checkpoint, body)
+    speculative = run_in_twin(checkpoint, body, env={"DEEPINFER_USE_NEXTN_DECODE": "3"})
+    assert speculative["run"] == plain["run"]
+    assert speculative["text"]["eos"] == "Hello from the twin"
+    assert speculative["run"]["length"]["finish"] == "LENGTH"
+    assert len(speculative["run"]["length"]["tokens"]) == 4
+    assert speculative["drafts"] == [0, 0, 0]
