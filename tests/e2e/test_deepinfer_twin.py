@@ -240,32 +240,57 @@ def test_deepinfers_tokenizer_policy_takes_the_checkpoints_tokenizer(checkpoint:
     assert result["dropped"]  # DeepInfer's own bound, which the server applies before admission
 
 
-def test_speculative_tokens_on_deepinfers_scheduler_without_a_draft_model(
-    checkpoint: Path,
-) -> None:
-    """`--speculative-tokens` on DeepInfer's own code as far as the CPU build goes: its C++
-    scheduler and output pool run with DEEPINFER_USE_NEXTN_DECODE=3 (MTP info slots, padded
-    drafts, `draft_tok`/`accept_tok` read through the real bindings by the server's counting
-    driver). The twin's model proposes no drafts (docs/architecture.md says what it lacks), so
-    DeepInfer reports steps without drafts: the answers are those without speculation and the
-    counters stay at zero."""
+def test_speculative_decoding_on_deepinfers_scheduler(checkpoint: Path) -> None:
+    """`--speculative-tokens` on DeepInfer's own code: with DEEPINFER_USE_NEXTN_DECODE=3 the
+    twin's model proposes drafts and verifies them (`TwinModel.verify`), DeepInfer's scheduler
+    appends the accepted ones with its per-token stop checks and its output pool emits several
+    entries per request per step, read by the server's driver, which counts the drafts from
+    the real `draft_tok`/`accept_tok`. The answers (an EOS, max_tokens inside a step, a regex
+    grammar) are those without speculation, in fewer, larger steps."""
     body = """
         DRIVER = LLMEngineDriver(ENGINE, RequestOutput, count_drafts=True)
-        add("eos", "Hello from the twin")
-        add("length", "one two three four five six", max_tokens=4, ignore_eos=True)
-        add("so", "abc", structured=StructuredOutput(schema_type="regex", schema="[a-z]{1,3}"))
-        counters = None
-        RESULT = {"run": run()}
-        counters = DRIVER.counters()
-        RESULT["drafts"] = None if counters is None else [
-            counters.spec_drafts, counters.spec_draft_tokens, counters.spec_accepted_tokens
-        ]
-        RESULT["text"] = {rid: text_of(entry["tokens"]) for rid, entry in RESULT["run"].items()}
+        assert add("eos", "one two three four five six seven eight nine ten") is None
+        assert add("length", "one two three four five six", max_tokens=6, ignore_eos=True) is None
+        assert add("so", "abc def ghi", structured=StructuredOutput(
+            schema_type="regex", schema="[a-z ]{1,40}"
+        )) is None
+        seen = {}
+        for _ in range(2000):
+            unfinished, deltas = DRIVER.iterate()
+            for delta in deltas:
+                entry = seen.setdefault(delta.request_id, {"tokens": [], "finish": None})
+                entry["tokens"].append(delta.tokens.token_ids)
+                if delta.finish is not None:
+                    entry["finish"] = delta.finish.name
+            if not unfinished and not deltas and DRIVER.num_live == 0:
+                break
+        counters = DRIVER.counters() or DRIVER._last_counters
+        RESULT = {
+            "run": {
+                rid: {
+                    "tokens": [t for step in e["tokens"] for t in step],
+                    "finish": e["finish"],
+                    "largest": max(len(step) for step in e["tokens"]),
+                }
+                for rid, e in seen.items()
+            },
+            "drafts": [
+                counters.spec_drafts, counters.spec_draft_tokens, counters.spec_accepted_tokens
+            ],
+        }
+        RESULT["text"] = {rid: text_of(e["tokens"]) for rid, e in RESULT["run"].items()}
         """
-    plain = run_in_twin(checkpoint, body)
-    speculative = run_in_twin(checkpoint, body, env={"DEEPINFER_USE_NEXTN_DECODE": "3"})
-    assert speculative["run"] == plain["run"]
-    assert speculative["text"]["eos"] == "Hello from the twin"
-    assert speculative["run"]["length"]["finish"] == "LENGTH"
-    assert len(speculative["run"]["length"]["tokens"]) == 4
-    assert speculative["drafts"] == [0, 0, 0]
+    # One grammar thread, unbound: this node has fewer cores than DeepInfer's default needs.
+    grammar = {"DEEPINFER_SO_BUILDER_CPUS": "0"}
+    plain = run_in_twin(checkpoint, body, env=grammar)
+    speculative = run_in_twin(checkpoint, body, env={**grammar, "DEEPINFER_USE_NEXTN_DECODE": "3"})
+    answers = {rid: (e["tokens"], e["finish"]) for rid, e in speculative["run"].items()}
+    assert answers == {rid: (e["tokens"], e["finish"]) for rid, e in plain["run"].items()}
+    assert speculative["text"]["eos"] == "one two three four five six seven eight nine ten"
+    assert answers["length"][1] == "LENGTH" and len(answers["length"][0]) == 6
+    assert speculative["text"]["so"] == "abc def ghi"
+    assert {rid: e["largest"] for rid, e in plain["run"].items()} == dict.fromkeys(answers, 1)
+    assert all(e["largest"] > 1 for e in speculative["run"].values())
+    drafts, draft_tokens, accepted = speculative["drafts"]
+    assert plain["drafts"] == [0, 0, 0]
+    assert draft_tokens == 3 * drafts and 0 < accepted < draft_tokens
