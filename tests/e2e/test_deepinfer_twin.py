@@ -99,8 +99,12 @@ def test_structured_output_through_the_server_on_deepinfers_grammar_engine(
 ) -> None:
     # DeepInfer's default of 4 grammar CPUs per GPU does not fit this node (8 GPUs on this
     # machine's cores): without the start-up check every structured request took the rank down.
+    # The server speculates (--speculative-tokens reaches DeepInfer's Python and C++ through
+    # the rank's environment): the grammar's answer comes through drafts, and /metrics counts
+    # them from DeepInfer's own draft_tok/accept_tok.
     env = engine_env("0,1,2,3,4,5,6,7")
-    with LiveServer(str(checkpoint), "--ep", "1", engine="deepinfer", env=env) as server:
+    args = (str(checkpoint), "--ep", "1", "--speculative-tokens", "3")
+    with LiveServer(*args, engine="deepinfer", env=env) as server:
         client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
         schema = {
             "type": "object",
@@ -124,6 +128,14 @@ def test_structured_output_through_the_server_on_deepinfers_grammar_engine(
             extra_body={"thinking": {"type": "disabled"}},
         )
         assert plain.choices[0].message.content == "and now plain text"
+        exposition = httpx.get(server.base_url + "/metrics", timeout=10).text
+        totals = {
+            name: float(line.split()[-1])
+            for line in exposition.splitlines()
+            for name in ("draft_tokens", "accepted_tokens")
+            if line.startswith(f"deepinfer:spec_decode_num_{name}_total{{")
+        }
+        assert 0 < totals["accepted_tokens"] < totals["draft_tokens"]
 
 
 def _echo_with_logprobs(server: LiveServer, checkpoint: Path) -> httpx.Response:
