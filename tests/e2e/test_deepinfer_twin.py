@@ -99,8 +99,12 @@ def test_structured_output_through_the_server_on_deepinfers_grammar_engine(
 ) -> None:
     # DeepInfer's default of 4 grammar CPUs per GPU does not fit this node (8 GPUs on this
     # machine's cores): without the start-up check every structured request took the rank down.
+    # The server speculates (--speculative-tokens reaches DeepInfer's Python and C++ through
+    # the rank's environment): the grammar's answer comes through drafts, and /metrics counts
+    # them from DeepInfer's own draft_tok/accept_tok.
     env = engine_env("0,1,2,3,4,5,6,7")
-    with LiveServer(str(checkpoint), "--ep", "1", engine="deepinfer", env=env) as server:
+    args = (str(checkpoint), "--ep", "1", "--speculative-tokens", "3")
+    with LiveServer(*args, engine="deepinfer", env=env) as server:
         client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
         schema = {
             "type": "object",
@@ -124,6 +128,14 @@ def test_structured_output_through_the_server_on_deepinfers_grammar_engine(
             extra_body={"thinking": {"type": "disabled"}},
         )
         assert plain.choices[0].message.content == "and now plain text"
+        exposition = httpx.get(server.base_url + "/metrics", timeout=10).text
+        totals = {
+            name: float(line.split()[-1])
+            for line in exposition.splitlines()
+            for name in ("draft_tokens", "accepted_tokens")
+            if line.startswith(f"deepinfer:spec_decode_num_{name}_total{{")
+        }
+        assert 0 < totals["accepted_tokens"] < totals["draft_tokens"]
 
 
 def _echo_with_logprobs(server: LiveServer, checkpoint: Path) -> httpx.Response:
@@ -238,3 +250,59 @@ def test_deepinfers_tokenizer_policy_takes_the_checkpoints_tokenizer(checkpoint:
     assert result["system"] < result["vocab_size"] == 129280
     assert result["spans"] == [129280, 129300]
     assert result["dropped"]  # DeepInfer's own bound, which the server applies before admission
+
+
+def test_speculative_decoding_on_deepinfers_scheduler(checkpoint: Path) -> None:
+    """`--speculative-tokens` on DeepInfer's own code: with DEEPINFER_USE_NEXTN_DECODE=3 the
+    twin's model proposes drafts and verifies them (`TwinModel.verify`), DeepInfer's scheduler
+    appends the accepted ones with its per-token stop checks and its output pool emits several
+    entries per request per step, read by the server's driver, which counts the drafts from
+    the real `draft_tok`/`accept_tok`. The answers (an EOS, max_tokens inside a step, a regex
+    grammar) are those without speculation, in fewer, larger steps."""
+    body = """
+        DRIVER = LLMEngineDriver(ENGINE, RequestOutput, count_drafts=True)
+        assert add("eos", "one two three four five six seven eight nine ten") is None
+        assert add("length", "one two three four five six", max_tokens=6, ignore_eos=True) is None
+        assert add("so", "abc def ghi", structured=StructuredOutput(
+            schema_type="regex", schema="[a-z ]{1,40}"
+        )) is None
+        seen = {}
+        for _ in range(2000):
+            unfinished, deltas = DRIVER.iterate()
+            for delta in deltas:
+                entry = seen.setdefault(delta.request_id, {"tokens": [], "finish": None})
+                entry["tokens"].append(delta.tokens.token_ids)
+                if delta.finish is not None:
+                    entry["finish"] = delta.finish.name
+            if not unfinished and not deltas and DRIVER.num_live == 0:
+                break
+        counters = DRIVER.counters() or DRIVER._last_counters
+        RESULT = {
+            "run": {
+                rid: {
+                    "tokens": [t for step in e["tokens"] for t in step],
+                    "finish": e["finish"],
+                    "largest": max(len(step) for step in e["tokens"]),
+                }
+                for rid, e in seen.items()
+            },
+            "drafts": [
+                counters.spec_drafts, counters.spec_draft_tokens, counters.spec_accepted_tokens
+            ],
+        }
+        RESULT["text"] = {rid: text_of(e["tokens"]) for rid, e in RESULT["run"].items()}
+        """
+    # One grammar thread, unbound: this node has fewer cores than DeepInfer's default needs.
+    grammar = {"DEEPINFER_SO_BUILDER_CPUS": "0"}
+    plain = run_in_twin(checkpoint, body, env=grammar)
+    speculative = run_in_twin(checkpoint, body, env={**grammar, "DEEPINFER_USE_NEXTN_DECODE": "3"})
+    answers = {rid: (e["tokens"], e["finish"]) for rid, e in speculative["run"].items()}
+    assert answers == {rid: (e["tokens"], e["finish"]) for rid, e in plain["run"].items()}
+    assert speculative["text"]["eos"] == "one two three four five six seven eight nine ten"
+    assert answers["length"][1] == "LENGTH" and len(answers["length"][0]) == 6
+    assert speculative["text"]["so"] == "abc def ghi"
+    assert {rid: e["largest"] for rid, e in plain["run"].items()} == dict.fromkeys(answers, 1)
+    assert all(e["largest"] > 1 for e in speculative["run"].values())
+    drafts, draft_tokens, accepted = speculative["drafts"]
+    assert plain["drafts"] == [0, 0, 0]
+    assert draft_tokens == 3 * drafts and 0 < accepted < draft_tokens

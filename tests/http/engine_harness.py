@@ -101,8 +101,13 @@ class SimulatedEngine:
 
     @classmethod
     def start(
-        cls, max_model_len: int = 4096, enable_prefix_caching: bool = False
+        cls,
+        max_model_len: int = 4096,
+        enable_prefix_caching: bool = False,
+        speculative_tokens: int = 0,
+        structured: StructuredOutputs | None = None,
     ) -> SimulatedEngine:
+        """A new engine; `structured` shares another engine's grammar compiler."""
         engine = LLMEngine.from_engine_args(
             SimEngineArgs(
                 tokenizer_json=_tokenizer_json(),
@@ -111,13 +116,16 @@ class SimulatedEngine:
                 ttft_ms=0.0,
                 itl_ms=0.0,
                 enable_prefix_caching=enable_prefix_caching,
+                speculative_tokens=speculative_tokens,
             )
         )
-        structured = StructuredOutputs(_tokenizer_json())
-        # Prepared once for the session, as a server has once its background warm-up ended.
-        if importlib.util.find_spec("xgrammar") is not None:
-            assert asyncio.run(structured.wait_ready())
-        return cls(LLMEngineDriver(engine, RequestOutput), structured)
+        if structured is None:
+            structured = StructuredOutputs(_tokenizer_json())
+            # Prepared once for the session, as a server has once its background warm-up ended.
+            if importlib.util.find_spec("xgrammar") is not None:
+                assert asyncio.run(structured.wait_ready())
+        driver = LLMEngineDriver(engine, RequestOutput, count_drafts=speculative_tokens > 0)
+        return cls(driver, structured)
 
     def close(self) -> None:
         self.driver.close()

@@ -46,9 +46,11 @@ from tests.server import LiveServer, free_port
 pytestmark = pytest.mark.prometheus
 
 #: Two ranks of two sequences and no queue: admission capacity 4, so a fifth request is a 429.
+#: The ranks speculate, so the speculative-decoding panels have drafts to show.
 SERVER_ARGS = (
     "--ep", "2", "--dp", "2", "--max-num-seqs", "2", "--max-queued-requests", "0",
     "--sim-ttft-ms", "5", "--sim-itl-ms", "5", "--max-model-len", "4096",
+    "--speculative-tokens", "2",
 )  # fmt: skip
 CAPACITY = 4
 REFUSED_PER_BURST = 3

@@ -127,6 +127,16 @@ class ServerConfig:
         "DeepInfer's 100)",
         type=int,
     )
+    speculative_tokens: int | None = option(
+        None,
+        "--speculative-tokens",
+        help="speculative decoding (DeepInfer's MTP): draft tokens the model proposes per "
+        "sequence per decode step, verified in the same step, so one step can emit up to N+1 "
+        "tokens; the answers are the same, only faster or slower. 0 turns it off "
+        "(DEEPINFER_USE_NEXTN_DECODE; default: that variable, else 0 until a GPU run measures "
+        "the gain)",
+        type=int,
+    )
     enable_prefix_caching: bool | None = option(
         None,
         "--enable-prefix-caching",

@@ -29,6 +29,8 @@ DEFAULT_SERVED_MODEL_NAME = "deepseek-flash"
 #: DeepInfer 0.1.0's prefill attempt intervals (deepinfer/environ.py:174,177).
 DEFAULT_PREFILL_ATTEMPT_INTERVAL = 70
 DEFAULT_PREFILL_ANY_ATTEMPT_INTERVAL = 100
+#: DeepInfer's MTP draft length, read by its Python (environ.py:129) and its C++ (utils.hpp).
+SPECULATIVE_TOKENS_VARIABLE = "DEEPINFER_USE_NEXTN_DECODE"
 MIB = 1024 * 1024
 
 
@@ -67,6 +69,8 @@ class ResolvedConfig:
     max_num_batched_tokens: int | None
     prefill_attempt_interval: int = field(metadata=DERIVED)
     prefill_any_attempt_interval: int = field(metadata=DERIVED)
+    #: Draft tokens per sequence per decode step (DEEPINFER_USE_NEXTN_DECODE); 0: off.
+    speculative_tokens: int = field(metadata=DERIVED)
     enable_prefix_caching: bool = field(metadata=DERIVED)
     prefix_cache_scope: Literal["key", "global"]
     step_timeout: float
@@ -214,6 +218,24 @@ def _interval(flag: str, given: int | None, variable: str, default: int) -> int:
     return given
 
 
+def _speculative_tokens(given: int | None) -> int:
+    """Draft tokens per step: the flag, else the exported DEEPINFER_USE_NEXTN_DECODE, else 0
+    (DeepInfer's own default is 5; this server ships speculation off)."""
+    flag = "--speculative-tokens"
+    if given is None:
+        raw = os.environ.get(SPECULATIVE_TOKENS_VARIABLE, "").strip()
+        if not raw:
+            return 0
+        try:
+            given = int(raw)
+        except ValueError:
+            raise ConfigError(f"{SPECULATIVE_TOKENS_VARIABLE}={raw!r} is not an integer") from None
+        flag = SPECULATIVE_TOKENS_VARIABLE
+    if given < 0:
+        raise ConfigError(f"{flag} must not be negative (0 turns speculation off), got {given}")
+    return given
+
+
 def _check_ranges(config: ServerConfig, max_model_len: int) -> None:
     positive = {
         "--max-model-len": max_model_len,
@@ -354,6 +376,7 @@ def resolve(
             "DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL",
             DEFAULT_PREFILL_ANY_ATTEMPT_INTERVAL,
         ),
+        speculative_tokens=_speculative_tokens(config.speculative_tokens),
         enable_prefix_caching=(
             default_prefix_caching
             if config.enable_prefix_caching is None

@@ -94,6 +94,8 @@ class EngineSpec:
     #: DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL): prompts are scheduled only every so many steps.
     prefill_attempt_interval: int = DEFAULT_PREFILL_ATTEMPT_INTERVAL
     prefill_any_attempt_interval: int = DEFAULT_PREFILL_ANY_ATTEMPT_INTERVAL
+    #: `--speculative-tokens`: MTP draft tokens per sequence per decode step (0: off).
+    speculative_tokens: int = 0
     #: `--enable-prefix-caching`: reuse the KV cache and state of earlier requests' prompts.
     enable_prefix_caching: bool = False
     #: Prepare the grammar compiler once the rank is ready (`BuiltEngine.after_ready`).

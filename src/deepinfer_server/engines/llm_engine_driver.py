@@ -33,6 +33,10 @@ outside its scheduler (DeepInfer's COMPLETION engine, whose pulls fail before th
 exists for DeepInfer) reports them through `take_ended_requests()`. `counters()` reports the
 prompt tokens the engine computed (its `prompt_tokens_computed` when it counts them, else the
 prompt tokens past each request's cached ones) and a decode engine's transfer statistics.
+With speculative decoding (`count_drafts`) it also counts, from each step's `draft_tok` and
+`accept_tok` (drafts + 1 and accepted + 1 on a request's last entry of a step, 1 and 1 on a
+step without drafts), the drafts verified and accepted, as vLLM's spec_decode counters do;
+DeepInfer accepts a prefix of the drafts, so the accepted count also gives the positions.
 """
 
 from __future__ import annotations
@@ -122,6 +126,12 @@ class OutputReader(Protocol):
     @staticmethod
     def get_prompt_logprobs(handle: int) -> list[float]: ...
 
+    @staticmethod
+    def get_draft_tok(handle: int) -> int: ...
+
+    @staticmethod
+    def get_accept_tok(handle: int) -> int: ...
+
 
 #: The finish string of a failed KV transfer, before ":<reason>".
 KV_TRANSFER_FAILED = "kv_transfer_failed"
@@ -137,7 +147,9 @@ def finish_of(reason: str) -> Finish:
 class LLMEngineDriver:
     """Drives one LLMEngine for the rank loop. Not thread-safe: the loop's thread owns it."""
 
-    def __init__(self, engine: LLMEngine, reader: type[OutputReader]) -> None:
+    def __init__(
+        self, engine: LLMEngine, reader: type[OutputReader], *, count_drafts: bool = False
+    ) -> None:
         self._engine = engine
         self._reader = reader
         self._eos_id = int(engine.eos_id)
@@ -165,6 +177,10 @@ class LLMEngineDriver:
         #: the next step, once DeepInfer has finalized the aborted sequence (and a prefix cache
         #: has kept its prompt for the continuation to fork from).
         self._due_continuations: list[tuple[str, str, BudgetedRequest, int]] = []
+        #: Speculative decoding's totals (`EngineCounters.spec_*`), read only when it is on:
+        #: without drafts every step reports 1 and 1, two getter calls per token for nothing.
+        self._count_drafts = count_drafts
+        self._drafts = DraftCounts()
 
     @property
     def num_live(self) -> int:
@@ -321,6 +337,7 @@ class LLMEngineDriver:
         stats = stats_of() if stats_of is not None else None
         held_of = getattr(engine, "held_kv", None)
         counters = EngineCounters(computed, held_kv=int(held_of()) if held_of else 0)
+        self._drafts.fill(counters)
         if stats is not None:
             counters.kv_transfer_bytes = stats.bytes
             counters.kv_transfer_failures = dict(stats.failures)
@@ -334,6 +351,7 @@ class LLMEngineDriver:
             counters.kv_transfer_failures,
             held_kv=counters.held_kv,
         )
+        self._drafts.fill(self._last_counters)
         return counters
 
     def close(self) -> None:
@@ -344,6 +362,8 @@ class LLMEngineDriver:
         by_request: dict[str, RequestDelta] = {}
         if self._forced_first:
             self._emit_forced_first(by_request)
+        if self._count_drafts:
+            self._drafts.count(reader, handles)
         for handle in handles.tolist():
             engine_id = reader.get_request_id(handle)
             request_id = self._budgets.request_of(engine_id)
@@ -543,6 +563,40 @@ def _append_forced(tokens: GeneratedTokens, token: int) -> None:
         tokens.logprobs.append(0.0)
         if tokens.top_logprobs is not None:
             tokens.top_logprobs.append([(token, 0.0)])
+
+
+class DraftCounts:
+    """Speculative decoding's totals since the engine started."""
+
+    def __init__(self) -> None:
+        self.drafts = 0
+        self.draft_tokens = 0
+        self.accepted_tokens = 0
+        self.accepted_per_position: list[int] = []
+
+    def count(self, reader: type[OutputReader], handles: npt.NDArray[np.uint64]) -> None:
+        """Count the drafts of one step's outputs (every handle, even of an aborted request:
+        the engine verified its drafts all the same)."""
+        for handle in handles.tolist():
+            drafted = reader.get_draft_tok(handle) - 1
+            if drafted <= 0:  # not a step's last entry (0), or a step without drafts (1)
+                continue
+            accepted = reader.get_accept_tok(handle) - 1
+            self.drafts += 1
+            self.draft_tokens += drafted
+            self.accepted_tokens += accepted
+            per_position = self.accepted_per_position
+            if len(per_position) < drafted:
+                per_position.extend([0] * (drafted - len(per_position)))
+            for position in range(accepted):
+                per_position[position] += 1
+
+    def fill(self, counters: EngineCounters) -> None:
+        """Copy the totals into `counters`."""
+        counters.spec_drafts = self.drafts
+        counters.spec_draft_tokens = self.draft_tokens
+        counters.spec_accepted_tokens = self.accepted_tokens
+        counters.spec_accepted_per_position = list(self.accepted_per_position)
 
 
 def _empty_tokens(sampling: SamplingOptions) -> GeneratedTokens:

@@ -257,8 +257,8 @@ class PrefixCacheStats(msgspec.Struct, array_like=True, gc=False):
 
 
 class EngineCounters(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    """A rank's disaggregation counters: totals since the rank started, and the samples of
-    its histograms since its last report."""
+    """A rank's engine counters (disaggregation, speculative decoding): totals since the rank
+    started, and the samples of its histograms since its last report."""
 
     #: Prompt tokens the engine's prompt steps computed (prefix-cache and pulled ones excluded).
     prompt_tokens_computed: int = 0
@@ -270,6 +270,12 @@ class EngineCounters(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     kv_transfer_wait_seconds: list[float] = msgspec.field(default_factory=list)
     #: Prompts a prefill engine holds for decode servers now.
     held_kv: int = 0
+    #: Speculative decoding: decode steps of a sequence that verified drafts, the drafts they
+    #: verified and accepted, and the accepted ones by draft position (0 = the first draft).
+    spec_drafts: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_accepted_per_position: list[int] = msgspec.field(default_factory=list)
 
 
 class StepOutputs(_Message):

@@ -293,8 +293,8 @@ class _TenantGauges(Collector):
 
 
 class _EngineTotals(Collector):
-    """The ranks' own totals (prompt tokens computed, KV transfer bytes and failures), summed
-    over the ranks, each rank's as of its last report."""
+    """The ranks' own totals (prompt tokens computed, KV transfer bytes and failures,
+    speculative decoding's drafts), summed over the ranks, each rank's as of its last report."""
 
     def __init__(self, model_name: str, ranks: list[EngineCounters | None]) -> None:
         self._model_name = model_name
@@ -340,6 +340,42 @@ class _EngineTotals(Collector):
         yield moved
         yield failures
         yield held
+        yield from _speculation(labels, ranks)
+
+
+def _speculation(labels: list[str], ranks: list[EngineCounters]) -> Iterator[Metric]:
+    """Speculative decoding's counters, named as vLLM's (zero while it is off)."""
+    families = (
+        ("spec_decode_num_drafts", "Decode steps of a sequence that verified draft tokens."),
+        ("spec_decode_num_draft_tokens", "Draft tokens proposed and verified."),
+        ("spec_decode_num_accepted_tokens", "Draft tokens accepted (emitted as output)."),
+    )
+    totals = (
+        sum(c.spec_drafts for c in ranks),
+        sum(c.spec_draft_tokens for c in ranks),
+        sum(c.spec_accepted_tokens for c in ranks),
+    )
+    for (name, doc), total in zip(families, totals, strict=True):
+        family = CounterMetricFamily(
+            PREFIX + name, doc + " Over every DP rank.", labels=["model_name"]
+        )
+        family.add_metric(labels, total)
+        yield family
+    per_position = CounterMetricFamily(
+        PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+        "Draft tokens accepted at each draft position (0: the first draft of a step), over "
+        "every DP rank.",
+        labels=["model_name", "position"],
+    )
+    by_position: list[int] = []
+    for counters in ranks:
+        for position, count in enumerate(counters.spec_accepted_per_position):
+            if position == len(by_position):
+                by_position.append(0)
+            by_position[position] += count
+    for position, count in enumerate(by_position):
+        per_position.add_metric([*labels, str(position)], count)
+    yield per_position
 
 
 class ServerMetrics:

@@ -279,6 +279,47 @@ def test_deepinfer_ranks_get_the_prefill_intervals(monkeypatch: pytest.MonkeyPat
         assert environment["DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL"] == "100"
 
 
+def test_speculative_tokens_flag_then_deepinfer_variable_then_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("DEEPINFER_USE_NEXTN_DECODE", raising=False)
+    assert parse_config(["--engine", "simulated"]).speculative_tokens == 0
+    monkeypatch.setenv("DEEPINFER_USE_NEXTN_DECODE", "2")
+    assert parse_config(["--engine", "simulated"]).speculative_tokens == 2
+    flag = ["--engine", "simulated", "--speculative-tokens", "4"]
+    assert parse_config(flag).speculative_tokens == 4
+    with pytest.raises(ConfigError, match="--speculative-tokens must not be negative"):
+        parse_config(["--engine", "simulated", "--speculative-tokens", "-1"])
+    monkeypatch.setenv("DEEPINFER_USE_NEXTN_DECODE", "five")
+    with pytest.raises(ConfigError, match="DEEPINFER_USE_NEXTN_DECODE='five'"):
+        parse_config(["--engine", "simulated"])
+
+
+def test_deepinfer_ranks_get_the_speculative_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    monkeypatch.setenv("DEEPINFER_USE_NEXTN_DECODE", "5")  # the flag wins over an export
+    config = parse_config(
+        ["/models/ckpt", "--engine", "deepinfer", "--dp", "2", "--speculative-tokens", "3"]
+    )
+    for environment in DeepInferBackend().rank_environments(config, 29500):
+        assert environment["DEEPINFER_USE_NEXTN_DECODE"] == "3"
+    monkeypatch.delenv("DEEPINFER_USE_NEXTN_DECODE")
+    config = parse_config(["/models/ckpt", "--engine", "deepinfer"])
+    (environment,) = DeepInferBackend().rank_environments(config, 29500)
+    assert environment["DEEPINFER_USE_NEXTN_DECODE"] == "0"  # DeepInfer's own default is 5
+    prepared = Prepared(get_backend("simulated"), None, 29500, "", cast(RecipeContext, None))
+    simulated = parse_config(["--engine", "simulated", "--speculative-tokens", "3"])
+    assert [spec.engine.speculative_tokens for spec in rank_specs(simulated, prepared, "/x")] == [3]
+
+
+def test_the_simulated_engine_takes_one_way_of_emitting_several_tokens_a_step() -> None:
+    config = parse_config(
+        ["--engine", "simulated", "--speculative-tokens", "2", "--sim-tokens-per-step", "3"]
+    )
+    with pytest.raises(ConfigError, match="give one of them"):
+        get_backend("simulated").preflight(config, None)
+
+
 def test_prefix_caching_defaults_per_engine_and_the_flags_reach_every_rank() -> None:
     deepinfer = parse_config(["/models/ckpt", "--engine", "deepinfer", "--dp", "2"])
     assert deepinfer.enable_prefix_caching is False  # until validated on GPUs

@@ -51,6 +51,7 @@ OPTIONS: dict[str, tuple[list[str], Any]] = {
     "max_num_batched_tokens": (["--max-num-batched-tokens", "2048"], 2048),
     "prefill_attempt_interval": (["--prefill-attempt-interval", "5"], 5),
     "prefill_any_attempt_interval": (["--prefill-any-attempt-interval", "6"], 6),
+    "speculative_tokens": (["--speculative-tokens", "3"], 3),
     "enable_prefix_caching": (["--enable-prefix-caching"], True),
     "prefix_cache_scope": (["--prefix-cache-scope", "global"], "global"),
     "step_timeout": (["--step-timeout", "11"], 11.0),
@@ -121,6 +122,7 @@ DERIVED = {
     "max_model_len": 4096,  # else the engine's
     "prefill_attempt_interval": 5,  # else DEEPINFER_PREFILL_ATTEMPT_INTERVAL, else 70
     "prefill_any_attempt_interval": 6,  # else DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL, else 100
+    "speculative_tokens": 3,  # else DEEPINFER_USE_NEXTN_DECODE, else 0
     "enable_prefix_caching": True,  # else the engine's default
     "allowed_media_domains": ("images.example.com",),  # lowercased
     "access_log": False,  # not --disable-access-log
@@ -147,6 +149,7 @@ CLEARED_VARIABLES = (
     "DEEPINFER_REASONING_SECRET",
     "DEEPINFER_PREFILL_ATTEMPT_INTERVAL",
     "DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL",
+    "DEEPINFER_USE_NEXTN_DECODE",
     "DEEPINFER_STATE_DIR",
 )
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from deepinfer_server.ipc.messages import AbortReason
+from deepinfer_server.ipc.messages import AbortReason, EngineCounters
 from deepinfer_server.metrics import RankLoad, RequestRecord, ServerMetrics
 from tests import deploy_queries
 from tests.deploy_queries import NOT_YET_EXPORTED
@@ -21,7 +21,8 @@ TARGET_LABELS = {"job", "instance"}
 
 def exposition_labels() -> dict[str, set[str]]:
     """Sample name -> its label names, in the /metrics text of a server that has seen a
-    successful request, a refused one, an abort and a step on each of two ranks."""
+    successful request, a refused one, an abort, a step on each of two ranks and speculative
+    decoding's drafts on one."""
     metrics = ServerMetrics("deepseek-flash")
     metrics.watch_ranks(
         lambda: [RankLoad(0, 1, 0, 40, 0.25), RankLoad(1, 0, 1, 30, 0.0)], lambda: True
@@ -36,6 +37,17 @@ def exposition_labels() -> dict[str, set[str]]:
     metrics.observe_abort(AbortReason.RANK_FAILURE)
     for rank in (0, 1):
         metrics.observe_step(rank, 0.01)
+    # A speculating rank's drafts (the per-position series exist once a draft was verified).
+    metrics.observe_counters(
+        0,
+        EngineCounters(
+            0,
+            spec_drafts=2,
+            spec_draft_tokens=4,
+            spec_accepted_tokens=3,
+            spec_accepted_per_position=[2, 1],
+        ),
+    )
     labels: dict[str, set[str]] = {}
     for family in text_string_to_metric_families(metrics.exposition().decode()):
         for sample in family.samples:

@@ -14,6 +14,7 @@ from deepinfer_server.engines.deepinfer.preflight import (
     check_batch_limits,
     check_checkpoint,
     check_role,
+    check_speculation,
     run_preflight,
 )
 from deepinfer_server.errors import ConfigError
@@ -30,7 +31,7 @@ STAND_IN = str(TESTS / "fake_deepinfer")
         # config.py:209-212: without chunked prefill a prompt must fit in one step
         (32768, 16, 16384, {}, "--max-model-len 32768"),
         # config.py:224-226: room for every running sequence and its draft tokens
-        (4096, 1025, 4096, {"DEEPINFER_USE_NEXTN_DECODE": "3"}, "--max-num-seqs 1025"),
+        (4096, 1025, 4096, {}, "--max-num-seqs 1025"),
         # scheduler.hpp:116: at least one KV block per step
         (64, 4, 100, {}, "at least 128"),
         # scheduler.hpp:120-121
@@ -41,13 +42,36 @@ def test_batch_limits_the_engine_rejects_are_refused(
     max_model_len: int, seqs: int, batched: int | None, env: dict[str, str], flag: str
 ) -> None:
     with pytest.raises(ConfigError, match=flag):
-        check_batch_limits(max_model_len, seqs, batched, env)
+        check_batch_limits(max_model_len, seqs, batched, env, nextn=3)
 
 
 def test_batch_limits_the_engine_accepts_pass() -> None:
     check_batch_limits(32768, 16, None, {})  # DeepInfer's default: max(len, 4096, seqs*(1+n))
-    check_batch_limits(16384, 16, 16384, {"DEEPINFER_USE_NEXTN_DECODE": "5"})
-    check_batch_limits(32768, 256, 32768, {"DEEPINFER_USE_NEXTN_DECODE": "0"})
+    check_batch_limits(16384, 16, 16384, {}, nextn=5)
+    check_batch_limits(32768, 256, 32768, {})
+    check_batch_limits(4096, 1024, 4096, {}, nextn=3)  # 1024 x 4 fits exactly
+    with pytest.raises(ConfigError, match="--speculative-tokens"):
+        check_batch_limits(4096, 1024, 4096, {}, nextn=4)
+
+
+def test_speculation_needs_the_checkpoints_draft_layers(tmp_path: Path) -> None:
+    checkpoint = write_checkpoint(tmp_path / "ckpt")
+    run_preflight(32768, 16, None, str(checkpoint), environ={}, speculative_tokens=5)
+    config = json.loads((checkpoint / "config.json").read_text())
+    config["text_config"]["num_nextn_predict_layers"] = 0
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    run_preflight(32768, 16, None, str(checkpoint), environ={}, speculative_tokens=0)
+    with pytest.raises(ConfigError, match=r"no draft layers.*--speculative-tokens 0"):
+        run_preflight(32768, 16, None, str(checkpoint), environ={}, speculative_tokens=2)
+
+
+def test_a_confidence_temperature_list_needs_one_entry_per_draft() -> None:
+    variable = "DEEPINFER_DFLASH_CONFIDENCE_HEAD_TEMPERATURE"
+    check_speculation(3, None, {variable: "0.5,0.7,0.9"})
+    check_speculation(3, None, {variable: "0.5"})  # one for every position
+    check_speculation(0, None, {variable: "0.5,0.7"})  # drafts off: never read
+    with pytest.raises(ConfigError, match="has 2 temperatures but --speculative-tokens is 3"):
+        check_speculation(3, None, {variable: "0.5,0.7"})
 
 
 def test_a_complete_checkpoint_passes(tmp_path: Path) -> None:

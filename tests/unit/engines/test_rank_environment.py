@@ -56,9 +56,11 @@ def test_gpus_counted_from_the_driver(tmp_path: Path) -> None:
     assert visible_gpus({}, device_root=tmp_path / "nothing") == []
 
 
-def test_defaults_speculative_decoding_off_and_rendezvous() -> None:
+def test_defaults_and_rendezvous() -> None:
     env = rank_environment(0, EIGHT, 8, 8, 29600, environ={"HOME": "/home/u"})
-    assert env["DEEPINFER_USE_NEXTN_DECODE"] == "0"
+    # Speculative decoding is --speculative-tokens' (DeepInferBackend.rank_environments).
+    assert "DEEPINFER_USE_NEXTN_DECODE" not in env
+    assert env["DEEPINFER_ENABLE_MTP_VARLEN"] == "0"
     assert env["DEEPINFER_ACCELERATOR"] == "nvidia"
     assert env["DEEPINFER_USE_MULTIMODAL_POOL"] == "0"
     assert env["DEEPINFER_JIT_CACHE_DIR"].endswith("deepinfer/jit")
@@ -67,14 +69,14 @@ def test_defaults_speculative_decoding_off_and_rendezvous() -> None:
 
 def test_user_exported_deepinfer_variables_win() -> None:
     user = {
-        "DEEPINFER_USE_NEXTN_DECODE": "3",
+        "DEEPINFER_ENABLE_MTP_VARLEN": "1",
         "DEEPINFER_JIT_CACHE_DIR": "/cache/jit",
         "DEEPINFER_ACCELERATOR": "ascend",
         "MASTER_ADDR": "10.0.0.5",
     }
     env = rank_environment(0, EIGHT, 8, 8, 29600, environ=user)
     # Not set by the server, so the rank inherits the user's value.
-    assert "DEEPINFER_USE_NEXTN_DECODE" not in env
+    assert "DEEPINFER_ENABLE_MTP_VARLEN" not in env
     assert "DEEPINFER_JIT_CACHE_DIR" not in env
     assert "DEEPINFER_ACCELERATOR" not in env
     assert env["MASTER_ADDR"] == "10.0.0.5"

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 from deepinfer_server.config.options import option
+from deepinfer_server.config.resolved import SPECULATIVE_TOKENS_VARIABLE
 from deepinfer_server.engines.backend import EngineBackend
 from deepinfer_server.engines.deepinfer.environment import (
     physical_gpu_count,
@@ -97,7 +98,11 @@ class DeepInferBackend(EngineBackend):
         if config.disaggregation_mode != "null":
             check_role(config.disaggregation_mode, config.enable_prefix_caching, os.environ)
         run_preflight(
-            config.max_model_len, config.max_num_seqs, config.max_num_batched_tokens, checkpoint
+            config.max_model_len,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            checkpoint,
+            speculative_tokens=config.speculative_tokens,
         )
 
     def rank_environments(
@@ -108,6 +113,9 @@ class DeepInferBackend(EngineBackend):
         cadence = {
             "DEEPINFER_PREFILL_ATTEMPT_INTERVAL": str(config.prefill_attempt_interval),
             "DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL": str(config.prefill_any_attempt_interval),
+            # Read by DeepInfer's Python (environ.py) and its C++ scheduler (utils.hpp), which
+            # must agree: set for both before anything from deepinfer is imported.
+            SPECULATIVE_TOKENS_VARIABLE: str(config.speculative_tokens),
         }
         node_gpus = physical_gpu_count() or len(gpus)
         physical_cpus = psutil.cpu_count(logical=False) or os.cpu_count() or 1

@@ -150,4 +150,5 @@ def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:
         spec.rank,
         ", ".join(child.name for child in children) or "no child processes",
     )
-    return BuiltEngine(LLMEngineDriver(engine, RequestOutput), children)
+    driver = LLMEngineDriver(engine, RequestOutput, count_drafts=spec.speculative_tokens > 0)
+    return BuiltEngine(driver, children)

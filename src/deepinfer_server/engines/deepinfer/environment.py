@@ -26,8 +26,9 @@ from deepinfer_server.grammar.compiler import engine_env_defaults
 DEEPINFER_DEFAULTS: dict[str, str] = {
     "DEEPINFER_ACCELERATOR": "nvidia",
     # Speculative decoding (MTP draft tokens) is on in DeepInfer unless told otherwise; this
-    # service ships it off. DEEPINFER_USE_NEXTN_DECODE=N (N draft tokens) turns it on.
-    "DEEPINFER_USE_NEXTN_DECODE": "0",
+    # service ships it off: each rank is given DEEPINFER_USE_NEXTN_DECODE from
+    # --speculative-tokens (`DeepInferBackend.rank_environments`). DSpark's variable draft
+    # length stays off: it profiles at warm-up and is not what the option measures.
     "DEEPINFER_ENABLE_MTP_VARLEN": "0",
     # Text only: skip the 8 GiB pinned /dev/shm pool per engine that image input would use.
     "DEEPINFER_USE_MULTIMODAL_POOL": "0",

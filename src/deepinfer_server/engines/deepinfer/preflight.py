@@ -39,12 +39,13 @@ def check_batch_limits(
     max_num_seqs: int,
     max_num_batched_tokens: int | None,
     environ: Mapping[str, str],
+    nextn: int = 0,
 ) -> None:
     """The scheduler limits of deepinfer/config.py:209-228 and scheduler.hpp:112-121.
 
-    The server never turns on chunked prefill, so a prompt must fit in one step.
+    The server never turns on chunked prefill, so a prompt must fit in one step. `nextn` is
+    `--speculative-tokens`: each running sequence takes 1 + nextn tokens of a decode step.
     """
-    nextn = max(0, _env_int(environ, "DEEPINFER_USE_NEXTN_DECODE", 0))
     decoding = max_num_seqs * (1 + nextn)
     if max_num_batched_tokens is None:
         batched = max(max_model_len, 4096, decoding)  # DeepInfer's default
@@ -53,8 +54,9 @@ def check_batch_limits(
         if batched < decoding:
             raise ConfigError(
                 f"--max-num-batched-tokens {batched} is smaller than --max-num-seqs "
-                f"{max_num_seqs} x (1 + {nextn} draft tokens, DEEPINFER_USE_NEXTN_DECODE) = "
-                f"{decoding}: raise --max-num-batched-tokens or lower --max-num-seqs"
+                f"{max_num_seqs} x (1 + {nextn} draft tokens, --speculative-tokens) = "
+                f"{decoding}: raise --max-num-batched-tokens, lower --max-num-seqs or "
+                "--speculative-tokens"
             )
         if batched < BLOCK_SIZE:
             raise ConfigError(
@@ -111,6 +113,42 @@ def check_checkpoint(directory: Path) -> None:
         raise ConfigError(f"{directory} is missing shards named by {INDEX_FILE}: {shown}")
 
 
+#: deepinfer/environ.py:134-143: one temperature, or one per draft position.
+CONFIDENCE_TEMPERATURE = "DEEPINFER_DFLASH_CONFIDENCE_HEAD_TEMPERATURE"
+
+
+def check_speculation(nextn: int, checkpoint: Path | None, environ: Mapping[str, str]) -> None:
+    """What DeepInfer needs for `--speculative-tokens` N > 0 (its MTP / DFlash drafts).
+
+    The drafts come from the checkpoint's `num_nextn_predict_layers` DFlash layers, which
+    models/deepseek.py loads only when N > 0 (after the weights, minutes into the start); a
+    per-position confidence temperature list must have N entries (environ.py raises
+    otherwise, at the first read inside the engine). N itself has no upper bound in 0.1.0:
+    the layers and the draft length are independent (models/deepseek.py), and each draft
+    costs every running sequence a token of the decode step (`check_batch_limits`).
+    """
+    raw = environ.get(CONFIDENCE_TEMPERATURE, "")
+    if "," in raw and nextn > 0:
+        entries = len(raw.split(","))
+        if entries != nextn:
+            raise ConfigError(
+                f"{CONFIDENCE_TEMPERATURE}={raw!r} has {entries} temperatures but "
+                f"--speculative-tokens is {nextn}: give one per draft position, or one for all"
+            )
+    if nextn == 0 or checkpoint is None:
+        return
+    config = _read_json(checkpoint / "config.json")
+    text = config.get("text_config")
+    settings = text if isinstance(text, dict) else config
+    layers = settings.get("num_nextn_predict_layers", 0)
+    if not isinstance(layers, int) or layers < 1:
+        raise ConfigError(
+            f"--speculative-tokens {nextn}: {checkpoint}/config.json has no draft layers "
+            f"(num_nextn_predict_layers is {layers!r}); DeepInfer drafts with the checkpoint's "
+            "DFlash (MTP) layers: use --speculative-tokens 0 with this checkpoint"
+        )
+
+
 def _read_json(path: Path) -> dict[str, object]:
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
@@ -155,17 +193,15 @@ def run_preflight(
     max_num_batched_tokens: int | None,
     checkpoint: str | None,
     environ: Mapping[str, str] | None = None,
+    speculative_tokens: int = 0,
 ) -> None:
     """Every check, in the order DeepInfer would fail them."""
+    env = os.environ if environ is None else environ
     check_transformers(installed_transformers())
-    check_batch_limits(
-        max_model_len,
-        max_num_seqs,
-        max_num_batched_tokens,
-        os.environ if environ is None else environ,
-    )
+    check_batch_limits(max_model_len, max_num_seqs, max_num_batched_tokens, env, speculative_tokens)
     if checkpoint is not None:
         check_checkpoint(Path(checkpoint))
+    check_speculation(speculative_tokens, None if checkpoint is None else Path(checkpoint), env)
 
 
 def check_role(mode: str, prefix_caching: bool, environ: Mapping[str, str]) -> None:

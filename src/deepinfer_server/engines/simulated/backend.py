@@ -125,6 +125,15 @@ class SimulatedBackend(EngineBackend):
         if options.sim_collective_timeout <= 0:
             raise ConfigError("--sim-collective-timeout must be positive")
 
+    def preflight(self, config: ResolvedConfig, checkpoint: str | None) -> None:
+        options = config.engine_options
+        assert isinstance(options, SimulatedOptions)
+        if config.speculative_tokens and options.sim_tokens_per_step > 1:
+            raise ConfigError(
+                "--sim-tokens-per-step and --speculative-tokens both set the tokens of a decode "
+                "step: give one of them"
+            )
+
     def shared_state(self, config: ResolvedConfig) -> SharedState:
         options = config.engine_options
         assert isinstance(options, SimulatedOptions)

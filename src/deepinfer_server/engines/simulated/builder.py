@@ -27,6 +27,7 @@ def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:
         ttft_ms=options.sim_ttft_ms,
         itl_ms=options.sim_itl_ms,
         tokens_per_step=options.sim_tokens_per_step,
+        speculative_tokens=spec.speculative_tokens,
         zero_overhead_scheduling=not options.sim_disable_zos,
         prefill_attempt_interval=spec.prefill_attempt_interval,
         prefill_any_attempt_interval=spec.prefill_any_attempt_interval,
@@ -44,6 +45,6 @@ def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:
     )
     engine = LLMEngine.from_engine_args(args)
     return BuiltEngine(
-        LLMEngineDriver(engine, RequestOutput),
+        LLMEngineDriver(engine, RequestOutput, count_drafts=spec.speculative_tokens > 0),
         after_ready=engine.prepare_structured_outputs if spec.grammar_warmup else None,
     )

@@ -78,6 +78,8 @@ class SimEngineArgs:
     ttft_ms: float = 20.0
     itl_ms: float = 10.0
     tokens_per_step: int = 1
+    #: MTP draft tokens verified per sequence per decode step (0: no speculation).
+    speculative_tokens: int = 0
     zero_overhead_scheduling: bool = True
     close_timeout: float = 10.0
     prefill_attempt_interval: int = DEFAULT_PREFILL_ATTEMPT_INTERVAL
@@ -105,6 +107,9 @@ class LLMEngine:
         if args.fault == "startup":
             raise RuntimeError("simulated engine start-up failure (--sim-fault startup)")
         self._args = args
+        #: The tokens a decode step takes per sequence (KV room, batch size): its own token
+        #: and the drafts it verifies (DeepInfer's max_num_seqs * (1 + nextn)).
+        self._step_tokens = max(args.tokens_per_step, 1 + args.speculative_tokens)
         self._steps = 0
         self._owner = threading.get_ident()
         self.tokenizer = Tokenizer.from_str(args.tokenizer_json)
@@ -125,7 +130,7 @@ class LLMEngine:
         # DeepInfer's default max_num_batched_tokens (config.py:219-228); without chunked
         # prefill it bounds both the prompt length and the prompt tokens of one step.
         batched_tokens = args.max_num_batched_tokens or max(
-            args.max_model_len, 4096, args.max_num_seqs * args.tokens_per_step
+            args.max_model_len, 4096, args.max_num_seqs * self._step_tokens
         )
         prompt_limit = min(args.max_model_len, batched_tokens)
         self._cache = PrefixCache(
@@ -147,6 +152,7 @@ class LLMEngine:
             args.max_model_len,
             args.tokens_per_step,
             args.max_num_batched_tokens or 0,
+            args.speculative_tokens,
         )
         cadence = PrefillCadence(args.prefill_attempt_interval, args.prefill_any_attempt_interval)
         self._prefill: PrefillRole | None = None
@@ -355,7 +361,7 @@ class LLMEngine:
         if not prompt_step:
             # Before the deferred outputs leave: a preempted sequence's in-flight tokens go.
             scheduled, deferred = schedule_decode(
-                table, deferred, self._args.tokens_per_step, stop_preempted=self._decode is not None
+                table, deferred, self._step_tokens, stop_preempted=self._decode is not None
             )
             for sequence in scheduled:
                 decoded.extend(self._generator.generate(sequence))

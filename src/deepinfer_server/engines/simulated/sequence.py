@@ -59,6 +59,8 @@ class Sequence:
     #: The next token, sampled elsewhere: a prefill server's first token (`fork_seq`'s
     #: `sp_token`) that a decode engine's sequence starts with.
     forced_token: int | None = None
+    #: Decode steps that verified drafts for it (`token_generator.accepted_drafts`).
+    verifications: int = 0
 
     @property
     def length(self) -> int:

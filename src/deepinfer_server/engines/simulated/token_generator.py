@@ -3,6 +3,17 @@
 Each token is the script's (`Sequence.scripted_token`), or under a grammar the matcher's
 choice; then DeepInfer's stop rules. A finished sequence leaves the request table here. A
 matcher failure ends that one request with DeepInfer's structured-output failure.
+
+Speculative decoding (`speculative_tokens` N > 0) as DeepInfer's MTP emits it: a decode step
+verifies N drafts per sequence and emits the accepted ones, then the step's own ("golden")
+token, each in turn through the stop rules and the grammar, so an EOS, max_tokens or the
+length limit inside the drafts ends the sequence there and nothing after it is emitted. The
+drafts a model proposes and the target rejects are never tokens here: what a step emits is
+what the target would have emitted one step at a time, so speculation changes how many tokens
+a step carries, never which. The acceptance is a fixed pattern (`accepted_drafts`). As in
+DeepInfer's `build_request_outputs` (csrc/engine/outputs.hpp), the step's last entry carries
+`draft_tok` = N + 1 and `accept_tok` = accepted + 1, counted before any stop truncates the
+emission; a prompt step has no drafts (1 and 1).
 """
 
 from __future__ import annotations
@@ -30,10 +41,21 @@ class TokenGenerator:
     tokens_per_step: int
     #: What the output records report as `max_num_batched_tokens` (0: not configured).
     max_num_batched_tokens: int
+    #: Drafts verified per sequence per decode step (DEEPINFER_USE_NEXTN_DECODE; 0: none).
+    speculative_tokens: int = 0
 
     def generate(self, sequence: Sequence, budget: int | None = None) -> list[OutputRecord]:
-        """Generate up to `budget` tokens (tokens_per_step by default), stopping per token."""
-        count = self.tokens_per_step if budget is None else budget
+        """Generate up to `budget` tokens (a decode step's by default), stopping per token."""
+        drafts = accepted = 0
+        if budget is not None:
+            count = budget
+        elif self.speculative_tokens:
+            drafts = self.speculative_tokens
+            accepted = accepted_drafts(drafts, sequence.verifications)
+            sequence.verifications += 1
+            count = accepted + 1
+        else:
+            count = self.tokens_per_step
         records: list[OutputRecord] = []
         for _ in range(count):
             try:
@@ -61,7 +83,10 @@ class TokenGenerator:
                 self.table.finish(sequence)
                 break
         # draft_tok/accept_tok are set only on the last entry of a request in a step.
-        records[-1].draft_tok = records[-1].accept_tok = len(records)
+        if drafts:
+            records[-1].draft_tok, records[-1].accept_tok = drafts + 1, accepted + 1
+        else:
+            records[-1].draft_tok = records[-1].accept_tok = len(records)
         return records
 
     def _end_with_grammar_failure(self, sequence: Sequence) -> OutputRecord:
@@ -84,3 +109,13 @@ class TokenGenerator:
         if token != scripted:
             sequence.inserted += 1
         return token
+
+
+def accepted_drafts(drafts: int, verification: int) -> int:
+    """Drafts the target accepts at a sequence's `verification`-th decode step (0-based).
+
+    A fixed cycle, so outputs and counters are reproducible: all `drafts`, then one fewer each
+    step down to none, then all again. Over a cycle half the drafts are accepted and a step
+    emits 1 + drafts / 2 tokens on average; a real model's rate depends on the text.
+    """
+    return drafts - verification % (drafts + 1)

@@ -13,8 +13,11 @@ or the server asks for moves the same bytes it would move on a GPU.
 Before each scheduled sequence's forward (prompt and decode steps) the positions it attends to,
 [0, start) with start = seqlen_k - seqlen_q, must hold exactly its own tokens, and its state slot
 must be at `start` (or a rollback within budget). Then the step's positions [start, seqlen_k)
-are written and the state advanced. Drafted (MTP) positions have no token yet: they are written
-as -1 and never checked, since an accepted position is always written again by the next step.
+are written and the state advanced. A decode step with MTP drafts writes the drafts it verifies
+after the sequence's tokens (the worker appends them to `tokens`): an accepted draft is the
+token the next step reads there; from the first rejected one on, the next step starts there
+and writes over them, its state rolled back within the ring. Positions past the known tokens
+are written as -1.
 """
 
 from __future__ import annotations

@@ -8,13 +8,23 @@ bookkeeping below is `Sampler._get_so_mask`'s `update_so_status` rule
 token comes from the simulated engine's planner and must be allowed by DeepInfer's mask (else
 the lowest allowed token is taken, as an argmax over masked logits would be: token 0 when the
 mask allows nothing).
+
+With DEEPINFER_USE_NEXTN_DECODE = N > 0 it also drafts, as DeepInfer's MTP head would: each
+decode step verifies the drafts it proposed the step before (a prompt step proposes none:
+DeepInfer pads them, and the pads are rejected) and proposes N more. The proposals follow the
+simulated engine's acceptance cycle (`token_generator.accepted_drafts`: all right, then one
+fewer each step, down to none); a wrong proposal is DeepInfer's pad token. Verification is
+real: the target's token at each draft position (the script's, under a grammar the mask's) is
+compared with the draft, the matching prefix is accepted and the first mismatch gives the
+step's own token, with the grammar matcher advanced over the accepted tokens and rolled back
+after, as DeepInfer leaves it for the scheduler to accept them at the next step.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +33,7 @@ from tokenizers import Tokenizer
 
 from deepinfer_server.engines.simulated.logprobs import context_key, prompt_logprobs, token_logprobs
 from deepinfer_server.engines.simulated.script import ScriptWriter
+from deepinfer_server.engines.simulated.token_generator import accepted_drafts
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +47,23 @@ class _Request:
     key: int
     planner: Any = None
     planner_failed: bool = False
+    #: The drafts proposed at its last step, which its next decode step verifies.
+    drafts: list[int] = field(default_factory=list)
+    #: Its draft proposals so far (the acceptance cycle's step).
+    proposals: int = 0
+
+
+@dataclass
+class Verified:
+    """One sequence's decode step with drafts: the accepted drafts and the step's own token
+    (each with its logprob and alternatives), the grammar status, the next drafts."""
+
+    tokens: list[int]
+    logprobs: list[float]
+    top_ids: list[list[int]]
+    top_values: list[list[float]]
+    so_status: int
+    drafts: list[int]
 
 
 class TwinModel:
@@ -77,6 +105,74 @@ class TwinModel:
             top_ids.append(values.top_token_ids)
             top_values.append(values.top_logprobs)
         return tokens, logprobs, top_ids, top_values, so_status
+
+    def draft_tokens(self, seq: Any, count: int) -> list[int]:
+        """The `count` drafts `seq`'s current step verifies (pads where none was proposed)."""
+        request = self._requests.get((seq.request_id, seq.seq_id))
+        drafts = request.drafts if request is not None else []
+        return (drafts + [self.pad_id] * count)[:count]
+
+    @property
+    def pad_id(self) -> int:
+        """DeepInfer's draft pad (`mtp_info_pool.get_nextn_pad_token_ids`)."""
+        return self._vocab_size - 1
+
+    def verify(self, metadata: Any, seq: Any, nextn: int) -> Verified:
+        """One decode step of `seq` verifying its drafts and proposing `nextn` more."""
+        request = self._request(seq, False)
+        params = seq.sampling_params
+        position = seq.get_len() - seq.get_prompt_len()
+        drafts = self.draft_tokens(seq, int(metadata.seqlen_q) - 1)
+        result = Verified([], [], [], [], 0, [])
+        matcher = metadata.so_matcher if params.so_args is not None else None
+        advanced = 0
+        for index in range(len(drafts) + 1):
+            preferred = self._scripted(request, position + index, params)
+            if params.so_args is not None and int(metadata.so_status) > 0:
+                preferred = self._plan(request, params, preferred)
+            if index == 0:
+                status, token = self._constrain(metadata, preferred)
+                result.so_status = status
+            elif result.so_status > 0 and matcher is not None and matcher.constrained():
+                token = self._masked_choice(preferred, self._mask(matcher))
+            else:
+                token = preferred
+            values = token_logprobs(request.key, position + index, token, params, self._vocab_size)
+            result.tokens.append(token)
+            result.logprobs.append(values.logprob)
+            result.top_ids.append(values.top_token_ids)
+            result.top_values.append(values.top_logprobs)
+            if index == len(drafts) or drafts[index] != token:
+                break
+            if result.so_status > 0 and matcher is not None:
+                if not matcher.accept_token(token):
+                    break
+                advanced += 1
+        if advanced:
+            assert matcher is not None
+            matcher.rollback(advanced)
+        # The next drafts: right for as many as the cycle says, then pads.
+        after = position + len(result.tokens)
+        right = accepted_drafts(nextn, request.proposals)
+        request.proposals += 1
+        result.drafts = [
+            self._scripted(request, after + j, params) if j < right else self.pad_id
+            for j in range(nextn)
+        ]
+        request.drafts = result.drafts
+        return result
+
+    def proposed_none(self, seq: Any) -> None:
+        """A prompt step: DeepInfer pads the next step's drafts."""
+        self._request(seq, True).drafts = []
+
+    def _mask(self, matcher: Any) -> torch.Tensor:
+        from deepinfer.structure_output.matcher import allocate_vocab_mask
+
+        mask = allocate_vocab_mask(1, self._vocab_size, pin_memory=False)
+        if not matcher.fill_vocab_mask(mask, 0):
+            raise RuntimeError("filling the structured-output mask failed")
+        return mask[0]
 
     def prompt_logprobs(self, scheduled_seqs: list[Any]) -> list[list[float] | None]:
         """Per sequence: its prompt logprobs when asked for, else None."""

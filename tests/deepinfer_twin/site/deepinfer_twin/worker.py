@@ -37,7 +37,7 @@ from deepinfer._C.engine import (
 )
 from deepinfer.logger import init_logger
 from deepinfer.model_executor.parallel_utils.parallel_state import PG, cp_broadcast_object
-from deepinfer.sequence import DeepInferTopkInfo, SampledInfo, SamplerOutput
+from deepinfer.sequence import DeepInferTopkInfo, MTPPredictInfo, SampledInfo, SamplerOutput
 from deepinfer.worker.base import _init_distributed_environment, set_pdeathsig
 from deepinfer.worker.cache_engine import CacheEngine
 from deepinfer.worker.zos_status import WorkerStepState
@@ -91,7 +91,7 @@ class Worker:
         self.global_rank = (
             parallel_config.engine_rank * parallel_config.context_parallel_size + cp_rank
         )
-        # The twin has no draft model: MTP steps verify no draft (DeepInfer pads the drafts).
+        # MTP: decode steps verify the drafts the twin's model proposed (`TwinModel.verify`).
         self.nextn = envs.DEEPINFER_USE_NEXTN_DECODE
         self.prev_step_state: WorkerStepState | None = None
         self.decode_perf_curve: list[tuple[int, float]] = []
@@ -225,7 +225,7 @@ class Worker:
                 )
         seqs = list(scheduler_outputs.scheduled_seqs)
         if not is_placeholder:
-            self._forward_kv(metadata, seqs)
+            self._forward_kv(metadata, seqs, is_prompt)
         sampler_output = (
             SamplerOutput(post_funcs=[])
             if is_placeholder
@@ -257,8 +257,12 @@ class Worker:
         self.prev_step_state = None
         return request_outputs
 
-    def _forward_kv(self, metadata: list[Any], seqs: list[Any]) -> None:
-        """What the forward reads (checked) and writes, on every CP worker."""
+    def _forward_kv(self, metadata: list[Any], seqs: list[Any], is_prompt: bool) -> None:
+        """What the forward reads (checked) and writes, on every CP worker. A decode step with
+        drafts writes them after the sequence's tokens: the accepted ones are read as its
+        tokens by the next step, the rejected ones are written over."""
+        assert self.model is not None
+        drafting = self.nextn > 0 and not is_prompt
         accesses = [
             Access(
                 request_id=seq.request_id,
@@ -266,7 +270,8 @@ class Worker:
                 block_table=list(twin_probe.block_table(seq)),
                 start=int(meta.seqlen_k) - int(meta.seqlen_q),
                 end=int(meta.seqlen_k),
-                tokens=list(seq.data.get_token_ids()),
+                tokens=list(seq.data.get_token_ids())
+                + (self.model.draft_tokens(seq, int(meta.seqlen_q) - 1) if drafting else []),
             )
             for meta, seq in zip(metadata, seqs, strict=True)
         ]
@@ -281,6 +286,11 @@ class Worker:
 
     def _sample(self, metadata: list[Any], seqs: list[Any], is_prompt: bool) -> SamplerOutput:
         assert self.model is not None
+        if self.nextn > 0:
+            if not is_prompt:
+                return self._verify(metadata, seqs)
+            for seq in seqs:
+                self.model.proposed_none(seq)
         tokens, logprobs, top_ids, top_values, so_status = self.model.sample(
             metadata, seqs, is_prompt
         )
@@ -308,6 +318,75 @@ class Worker:
             output.num_generated_tokens = [count]
             output.num_verified_tokens = [count]
         return output
+
+    def _verify(self, metadata: list[Any], seqs: list[Any]) -> SamplerOutput:
+        """A decode step with drafts, in the layout of DeepInfer's MTP sampler: the step's own
+        tokens per sequence, the verified drafts flat over the step's positions (from each
+        sequence's `first_token_positions`, -1 from the first rejected one), the next drafts."""
+        assert self.model is not None
+        steps = [
+            self.model.verify(meta, seq, self.nextn)
+            for meta, seq in zip(metadata, seqs, strict=True)
+        ]
+        topk = max((len(ids) for step in steps for ids in step.top_ids), default=0)
+        first_positions, flat_ids, flat_logprobs = [], [], []
+        flat_top_ids: list[list[int]] = []
+        flat_top_values: list[list[float]] = []
+        for meta, step in zip(metadata, steps, strict=True):
+            first_positions.append(len(flat_ids))
+            width = int(meta.seqlen_q)
+            accepted = len(step.tokens) - 1
+            for index in range(width):
+                ok = index < accepted
+                flat_ids.append(step.tokens[index] if ok else -1)
+                flat_logprobs.append(step.logprobs[index] if ok else 0.0)
+                ids = step.top_ids[index] if ok else []
+                values = step.top_values[index] if ok else []
+                flat_top_ids.append(ids + [0] * (topk - len(ids)))
+                flat_top_values.append(values + [-9999.0] * (topk - len(values)))
+        golden_top_ids = [step.top_ids[-1] + [0] * (topk - len(step.top_ids[-1])) for step in steps]
+        golden_top_values = [
+            step.top_values[-1] + [-9999.0] * (topk - len(step.top_values[-1])) for step in steps
+        ]
+
+        def top(ids: list[list[int]], values: list[list[float]]) -> DeepInferTopkInfo:
+            if not topk:
+                return DeepInferTopkInfo()
+            return DeepInferTopkInfo(
+                topk=topk,
+                logps=torch.tensor(values, dtype=torch.float),
+                tokens=torch.tensor(ids, dtype=torch.int32),
+            )
+
+        count = len(steps)
+        sampled = SampledInfo(
+            bs=count,
+            token_ids=torch.tensor([step.tokens[-1] for step in steps], dtype=torch.int32),
+            token_logprobs=torch.tensor([step.logprobs[-1] for step in steps], dtype=torch.float32),
+            topk_tokens=top(golden_top_ids, golden_top_values),
+        )
+        verified = SampledInfo(
+            bs=count,
+            nextn=self.nextn,
+            is_verified_token=True,
+            token_ids=torch.tensor(flat_ids, dtype=torch.int32),
+            token_logprobs=torch.tensor(flat_logprobs, dtype=torch.float32),
+            topk_tokens=top(flat_top_ids, flat_top_values),
+        )
+        accepted_counts = [len(step.tokens) - 1 for step in steps]
+        return SamplerOutput(
+            sampled_token=sampled,
+            verified_tokens=verified,
+            first_token_positions=torch.tensor(first_positions, dtype=torch.int32),
+            predict_tokens=MTPPredictInfo(
+                token_ids=torch.tensor([step.drafts for step in steps], dtype=torch.int32)
+            ),
+            so_status=[step.so_status for step in steps],
+            num_generated_tokens=[count + sum(accepted_counts)],
+            num_verified_tokens=[count + sum(int(m.seqlen_q) - 1 for m in metadata)],
+            num_accepted_tokens_gpu=torch.tensor(accepted_counts, dtype=torch.int32),
+            post_funcs=[],
+        )
 
     def _post_process_step(self, step_state: WorkerStepState | None) -> np.ndarray:
         if step_state is None:
