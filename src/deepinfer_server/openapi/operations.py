@@ -50,6 +50,12 @@ def get(summary: str, content: dict[str, Any] | None = None, *, protected: bool 
     return operation
 
 
+def cancel(summary: str) -> Schema:
+    """A POST without a body answering a JSON object, errors in OpenAI's envelope, behind
+    the API keys."""
+    return {**get(summary, protected=True)}
+
+
 def count_tokens(summary: str, envelope: str) -> Schema:
     """Anthropic's token count: the `CountTokensRequest` body, `{input_tokens}`."""
     return {
@@ -82,6 +88,10 @@ INCLUDE = {
     "required": False,
     "schema": {"type": "array", "items": {"type": "string"}},
 }
+STREAM_AGAIN = [
+    {"name": "stream", "in": "query", "required": False, "schema": {"type": "boolean"}},
+    {"name": "starting_after", "in": "query", "required": False, "schema": {"type": "integer"}},
+]
 PAGE = [
     {"name": "after", "in": "query", "required": False, "schema": {"type": "string"}},
     {
