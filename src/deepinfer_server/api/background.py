@@ -9,9 +9,11 @@ until it ends. Its status goes `queued` â†’ `in_progress` (the engine took it) â
 `incomplete`, `failed` or `cancelled`; every change is written to the store, so a
 `GET /v1/responses/{id}` from any API server process (or replica, on PostgreSQL) sees it.
 
-A streamed run's events (each with its `sequence_number`) are written to the store behind the
-stream: one transaction per write, taking every event that came while the previous write ran,
-so a busy store batches more rather than falling behind. `GET ...?stream=true&starting_after=N`
+A streamed run's events (each with its `sequence_number`) are written to the store as they
+come: one transaction per write, taking every event that came while the previous write ran, so a
+busy store batches more rather than falling behind. A stream shows an event once it is stored
+(the store's commit comes before the client's copy), so whatever a client saw can be resumed,
+even after a kill -9. `GET ...?stream=true&starting_after=N`
 replays the stored events past N and follows the rest: from memory in the process that runs it,
 else by reading the store every `RESUME_POLL` seconds, until the terminal event.
 
@@ -146,6 +148,9 @@ class BackgroundRun:
         #: The streamed events so far: sequence numbers and SSE frames, in order.
         self._numbers: list[int] = []
         self._frames: list[str] = []
+        #: How many of them are in the store: a stream shows no event before it is stored,
+        #: so whatever a client saw can be resumed after a kill.
+        self._stored = 0
         self._changed = asyncio.Event()
         self.done = False
         self.cancelled = False
@@ -188,7 +193,6 @@ class BackgroundRun:
                 if self.status != response.get("status"):
                     self.body = response
                     self._unwritten_body = response
-        self._notify()
         self._write_behind()
 
     def _notify(self) -> None:
@@ -213,6 +217,8 @@ class BackgroundRun:
                 if self._unwritten_body is None:
                     self._unwritten_body = body
                 return
+            self._stored = len(self._frames) - len(self._unwritten)
+            self._notify()
 
     async def wait_written(self) -> None:
         """Until what the run has made so far is in the store."""
@@ -303,10 +309,12 @@ class BackgroundRun:
         index = bisect.bisect_right(self._numbers, after)
         while True:
             changed = self._changed
-            while index < len(self._frames):
+            # Once the run is done, its end is stored or will never be: everything goes out.
+            shown = len(self._frames) if self.done else self._stored
+            while index < shown:
                 yield self._frames[index]
                 index += 1
-            if self.done:
+            if self.done and index == len(self._frames):
                 return
             await changed.wait()
 

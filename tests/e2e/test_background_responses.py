@@ -1,0 +1,92 @@
+"""Background responses with real processes and the official openai client: a stream resumed
+from every API server process of a server sharing one SQLite store, and a kill -9 of the server
+mid-stream (after the restart the response is failed and its stream resumes to that end, with
+no gap and no duplicate)."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+import openai
+import orjson
+
+from tests.server import LiveServer, wait_until
+
+MODEL = "deepseek-flash"
+#: The simulated model echoes the input: a long input is a long answer (20 ms a token).
+SLOW = ("--sim-ttft-ms", "5", "--sim-itl-ms", "20", "--max-model-len", "4096")
+LONG_INPUT = " ".join(f"word{index}" for index in range(400))
+
+
+def _client(server: LiveServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+
+
+def _sse_events(text: str) -> list[dict[str, Any]]:
+    return [
+        orjson.loads(line[len("data: ") :])
+        for line in text.splitlines()
+        if line.startswith("data: ")
+    ]
+
+
+def _start_stream(client: openai.OpenAI, events: int) -> tuple[str, list[Any]]:
+    """A background stream left after its first `events` events: its ID and those events."""
+    seen = []
+    with client.responses.create(
+        model=MODEL, input=LONG_INPUT, background=True, stream=True
+    ) as stream:
+        for event in stream:
+            seen.append(event)
+            if len(seen) == events:
+                break
+    return seen[0].response.id, seen
+
+
+def test_every_api_server_resumes_a_background_stream(tmp_path: Path) -> None:
+    state = ("--state-dir", str(tmp_path))
+    with LiveServer(*SLOW, *state, api_servers=2) as server, _client(server) as client:
+        response_id, seen = _start_stream(client, 8)
+        after = seen[-1].sequence_number
+        path = f"/v1/responses/{response_id}?stream=true&starting_after={after}"
+        answers = server.on_every_api_server("GET", path)
+        for index, answer in answers.items():
+            rest = _sse_events(answer.text)
+            numbers = [event.sequence_number for event in seen] + [
+                event["sequence_number"] for event in rest
+            ]
+            assert numbers == list(range(len(numbers))), index
+            assert rest[-1]["type"] == "response.completed", index
+        done = client.responses.retrieve(response_id)
+        assert done.status == "completed" and done.background is True
+        assert "word399" in done.output_text
+
+
+def test_a_kill_mid_stream_marks_it_failed_and_the_stream_resumes_to_that_end(
+    tmp_path: Path,
+) -> None:
+    state = ("--state-dir", str(tmp_path))
+    with LiveServer(*SLOW, *state) as server, _client(server) as client:
+        response_id, seen = _start_stream(client, 12)
+        wait_until(
+            lambda: client.responses.retrieve(response_id).status == "in_progress",
+            10,
+            "the response to be in progress",
+        )
+        server.stop(signal.SIGKILL)
+    with LiveServer(*SLOW, *state) as server, _client(server) as client:
+        # Failed once its lease has passed without a renewal, by the first process to look.
+        wait_until(
+            lambda: client.responses.retrieve(response_id).status == "failed",
+            30,
+            "the killed run to be marked failed",
+        )
+        failed = client.responses.retrieve(response_id)
+        assert failed.error is not None and failed.error.code == "server_error"
+        after = seen[-1].sequence_number
+        rest = list(client.responses.retrieve(response_id, stream=True, starting_after=after))
+    numbers = [event.sequence_number for event in seen + rest]
+    assert numbers == list(range(len(numbers)))  # no gap, no duplicate
+    assert rest[-1].type == "response.failed"
