@@ -18,7 +18,7 @@ import orjson
 import pytest
 
 from deepinfer_server.api import background
-from deepinfer_server.api.background import BackgroundRun, BackgroundRuns, resume
+from deepinfer_server.api.background import BackgroundRun, BackgroundRuns, cancel, resume
 from deepinfer_server.api.transport import HTTP_PROTOCOL
 from deepinfer_server.coordinator.handle import RequestHandle
 from deepinfer_server.ipc.messages import Finish, GeneratedTokens
@@ -315,5 +315,27 @@ def test_runs_left_at_shutdown_are_marked_failed(tmp_path: Path) -> None:
         assert failed.status == "failed" and failed.error is not None
         assert failed.error.message == background.SHUTDOWN_MESSAGE
         assert runs.counts() == {"queued": 0, "in_progress": 0}
+
+    run_stored(tmp_path, test, script=Script(hold=True))
+
+
+def test_a_cancel_reaches_the_process_that_runs_the_response(tmp_path: Path) -> None:
+    """Another API server process (its own store connection and runs) asks through the store;
+    the running process cancels at its next heartbeat, and the answer waits for that."""
+
+    async def test(h: Harness) -> None:
+        other_store = open_store(
+            f"sqlite://{tmp_path / 'responses.sqlite3'}", ttl=3600, max_bytes=2**30
+        )
+        await other_store.open()
+        try:
+            async with h.openai() as client:
+                created = await client.responses.create(model=MODEL, input="Hi", background=True)
+                other = BackgroundRuns(other_store, ServerMetrics(MODEL))
+                body = await cancel(other, _run(h, created.id).scope, created.id)
+        finally:
+            await other_store.close()
+        assert body is not None and body["status"] == "cancelled"
+        assert h.coordinator.num_in_flight == 0
 
     run_stored(tmp_path, test, script=Script(hold=True))

@@ -250,6 +250,7 @@ class BackgroundRun:
             message = SHUTDOWN_MESSAGE if isinstance(exc, ShuttingDownError) else error.message
             final = failed_body(self.body, message, error.kind.value)
             closing = self._failure_events(final)
+        self._running = False  # the generation is over: recording its end is not interrupted
         await self._finish(final, closing)
 
     def _failure_events(self, body: dict[str, Any]) -> list[str]:
@@ -273,14 +274,14 @@ class BackgroundRun:
                 self.response_id,
                 final.get("status"),
             )
-        for frame in closing:
-            number, _ = event_number(frame)
-            self._numbers.append(number)
-            self._frames.append(frame)
-        self.body = final
-        self.done = True
-        self._notify()
-        self._runs.ended(self)
+        finally:
+            for number, frame in events[len(events) - len(closing) :]:
+                self._numbers.append(number)
+                self._frames.append(frame)
+            self.body = final
+            self.done = True
+            self._notify()
+            self._runs.ended(self)
 
     def cancel(self) -> None:
         """Stop the generation (its slot is freed); the run ends `cancelled`."""

@@ -306,11 +306,13 @@ class ResponseStore:
             added += len(text)
             steps.append(Step("UPDATE responses SET body = ? WHERE id = ?", (text, response_id)))
         if events:
+            # Only while it runs: a response deleted or evicted meanwhile keeps no events.
             steps.append(
                 Step(
                     "INSERT INTO response_events (response_id, sequence_number, body) "
-                    "VALUES (?, ?, ?) ON CONFLICT (response_id, sequence_number) DO NOTHING",
-                    [(response_id, number, text) for number, text in events],
+                    "SELECT ?, ?, ? WHERE EXISTS (SELECT 1 FROM background_runs "
+                    "WHERE response_id = ?) ON CONFLICT (response_id, sequence_number) DO NOTHING",
+                    [(response_id, number, text, response_id) for number, text in events],
                     many=True,
                 )
             )

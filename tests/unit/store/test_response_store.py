@@ -511,6 +511,9 @@ def test_a_background_run_from_start_to_end(store_url_of: Callable[[], str]) -> 
         assert not await store.claim_run("resp_bg", "owner-1", stale_before=time.time())
         assert await store.delete("k", "resp_bg")
         assert await store.events_after("resp_bg", -1) == []
+        # A run whose response was deleted while it ran stores no more events.
+        await store.record_progress("resp_bg", None, [(4, "e4")])
+        assert await store.events_after("resp_bg", -1) == []
 
     run_with_store(store_url_of(), body)
 
