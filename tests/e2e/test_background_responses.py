@@ -6,12 +6,14 @@ no gap and no duplicate)."""
 from __future__ import annotations
 
 import signal
+import sqlite3
 from pathlib import Path
 from typing import Any
 
 import openai
 import orjson
 
+from deepinfer_server.api.background import SHUTDOWN_MESSAGE
 from tests.server import LiveServer, wait_until
 
 MODEL = "deepseek-flash"
@@ -45,8 +47,10 @@ def _start_stream(client: openai.OpenAI, events: int) -> tuple[str, list[Any]]:
     return seen[0].response.id, seen
 
 
-def test_every_api_server_resumes_a_background_stream(tmp_path: Path) -> None:
-    state = ("--state-dir", str(tmp_path))
+def test_every_api_server_resumes_a_background_stream_and_a_stop_marks_the_rest_failed(
+    tmp_path: Path,
+) -> None:
+    state = ("--state-dir", str(tmp_path), "--shutdown-timeout", "1")
     with LiveServer(*SLOW, *state, api_servers=2) as server, _client(server) as client:
         response_id, seen = _start_stream(client, 8)
         after = seen[-1].sequence_number
@@ -62,6 +66,14 @@ def test_every_api_server_resumes_a_background_stream(tmp_path: Path) -> None:
         done = client.responses.retrieve(response_id)
         assert done.status == "completed" and done.background is True
         assert "word399" in done.output_text
+        # One still running when the server stops (SIGTERM) past its drain is marked failed.
+        running, _ = _start_stream(client, 4)
+        assert server.stop() == 0
+    with sqlite3.connect(tmp_path / "responses.sqlite3") as db:
+        (body,) = db.execute("SELECT body FROM responses WHERE id = ?", (running,)).fetchone()
+    stopped = orjson.loads(body)
+    assert stopped["status"] == "failed"
+    assert stopped["error"] == {"code": "server_error", "message": SHUTDOWN_MESSAGE}
 
 
 def test_a_kill_mid_stream_marks_it_failed_and_the_stream_resumes_to_that_end(
