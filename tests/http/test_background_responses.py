@@ -21,6 +21,7 @@ from deepinfer_server.api import background
 from deepinfer_server.api.background import BackgroundRun, BackgroundRuns, cancel, resume
 from deepinfer_server.api.transport import HTTP_PROTOCOL
 from deepinfer_server.coordinator.handle import RequestHandle
+from deepinfer_server.errors import ServiceFailedError
 from deepinfer_server.ipc.messages import Finish, GeneratedTokens
 from deepinfer_server.metrics import ServerMetrics
 from deepinfer_server.protocol.core.validation import PRIORITY_MAX
@@ -339,3 +340,21 @@ def test_a_cancel_reaches_the_process_that_runs_the_response(tmp_path: Path) -> 
         assert h.coordinator.num_in_flight == 0
 
     run_stored(tmp_path, test, script=Script(hold=True))
+
+
+def test_a_failure_of_the_generation_is_the_responses(tmp_path: Path) -> None:
+    async def test(h: Harness) -> None:
+        async with h.openai() as client:
+            created = await client.responses.create(model=MODEL, input="Hi", background=True)
+            await _run(h, created.id).wait()
+            failed = await client.responses.retrieve(created.id)
+        assert failed.status == "failed" and failed.error is not None
+        assert failed.error.code == "server_error"
+        assert "rank 0 died" in failed.error.message
+        metrics = h.metrics.exposition().decode()
+        assert (
+            'background_responses_finished_total{model_name="' + MODEL + '",status="failed"} 1.0'
+            in metrics
+        )
+
+    run_stored(tmp_path, test, script=Script(error=ServiceFailedError("rank 0 died")))

@@ -165,8 +165,9 @@ class BackgroundRun:
     def status(self) -> str:
         return str(self.body.get("status"))
 
-    def start(self, stream: TokenStream) -> None:
-        self._task = asyncio.ensure_future(self._main(stream))
+    def start(self, stream: TokenStream, output: ResponsesRun) -> None:
+        """Generate `stream` (made on `watch(output)`) detached from the request."""
+        self._task = asyncio.ensure_future(self._main(stream, output))
 
     def watch(self, output: ProtocolOutput) -> ProtocolOutput:
         """The output to generate into, which marks the run `in_progress` when it starts."""
@@ -225,8 +226,7 @@ class BackgroundRun:
         while self._writing is not None and not self._writing.done():
             await asyncio.shield(self._writing)
 
-    async def _main(self, stream: TokenStream) -> None:
-        output: ResponsesRun = self._runs.outputs.pop(self.response_id)
+    async def _main(self, stream: TokenStream, output: ResponsesRun) -> None:
         closing: list[str] = []
         self._running = True
         try:
@@ -248,7 +248,9 @@ class BackgroundRun:
         except Exception as exc:  # the request's error, as the response's
             error = as_api_error(exc, self.response_id)
             message = SHUTDOWN_MESSAGE if isinstance(exc, ShuttingDownError) else error.message
-            final = failed_body(self.body, message, error.kind.value)
+            # OpenAI's codes of a failed response: the prompt's fault, or the server's.
+            code = "invalid_prompt" if error.status_code < 500 else "server_error"
+            final = failed_body(self.body, message, code)
             closing = self._failure_events(final)
         self._running = False  # the generation is over: recording its end is not interrupted
         await self._finish(final, closing)
@@ -328,10 +330,8 @@ class BackgroundRuns:
         self.store = store
         self.metrics = metrics
         #: This process in the store's `background_runs.owner`.
-        self.owner = f"{uuid.uuid4().hex}"
+        self.owner = uuid.uuid4().hex
         self.runs: dict[str, BackgroundRun] = {}
-        #: Each new run's output, until its task takes it.
-        self.outputs: dict[str, ResponsesRun] = {}
         self._maintenance: asyncio.Task[None] | None = None
         metrics.watch_background(self.counts)
 
@@ -343,9 +343,8 @@ class BackgroundRuns:
                 found[run.status] += 1
         return found
 
-    def add(self, run: BackgroundRun, output: ResponsesRun) -> None:
+    def add(self, run: BackgroundRun) -> None:
         self.runs[run.response_id] = run
-        self.outputs[run.response_id] = output
         self.start()
 
     def ended(self, run: BackgroundRun) -> None:

@@ -200,8 +200,8 @@ class StoredSession:
             ) from None
         run = BackgroundRun(runs, self.response_id, self._scope, queued, streaming)
         stream = TokenStream(handle, run.watch(output), record, self._state.metrics)
-        runs.add(run, output)
-        run.start(stream)
+        runs.add(run)
+        run.start(stream, output)
         if not streaming:
             return Response(orjson.dumps(queued), media_type="application/json")
 
