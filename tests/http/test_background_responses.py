@@ -121,7 +121,10 @@ def test_a_background_stream_survives_its_client_and_resumes_without_gap(
                     break
             await stream.close()  # the client leaves mid-answer
             response_id = seen[0].response.id  # type: ignore[union-attr]
+            assert seen[0].type == "response.created"
+            assert seen[0].response.status == "queued"  # type: ignore[union-attr]
             assert seen[0].response.background is True  # type: ignore[union-attr]
+            assert seen[1].response.status == "in_progress"  # type: ignore[union-attr]
             assert not h.coordinator.closed  # the generation goes on
             _deliver(h, handle, TEXT[10:], Finish.STOP)
             await _run(h, response_id).wait()

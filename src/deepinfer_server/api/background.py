@@ -81,6 +81,12 @@ def failed_body(body: dict[str, Any], message: str, code: str = "server_error") 
     return {**body, "status": "failed", "error": {"code": code, "message": message}}
 
 
+def created_event(body: dict[str, Any]) -> str:
+    """A stream's first event, `response.created` with the response as it is (queued)."""
+    event = {"type": "response.created", "response": body, "sequence_number": 0}
+    return named_event("response.created", orjson.dumps(event).decode())
+
+
 def failed_event(body: dict[str, Any], number: int) -> str:
     """The `response.failed` event that ends the stream of a run that failed."""
     event = {"type": "response.failed", "response": body, "sequence_number": number}
@@ -183,9 +189,13 @@ class BackgroundRun:
         self._write_behind()
 
     def on_payloads(self, payloads: list[str]) -> None:
-        """The sink of the run's token stream: each payload is one event's SSE frame."""
+        """The sink of the run's token stream: each payload is one event's SSE frame (an event
+        numbered like one it has already, the output's `response.created` after the run's own
+        queued one, is left out)."""
         for frame in payloads:
             number, kind = event_number(frame)
+            if self._numbers and number <= self._numbers[-1]:
+                continue
             self._numbers.append(number)
             self._frames.append(frame)
             self._unwritten.append((number, frame))

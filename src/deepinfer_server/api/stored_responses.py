@@ -37,7 +37,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from deepinfer_server.api.background import BackgroundRun
+from deepinfer_server.api.background import BackgroundRun, created_event
 from deepinfer_server.api.sse import FrameWriter, SSEResponse, complete
 from deepinfer_server.api.state import AppState
 from deepinfer_server.api.token_stream import TokenStream
@@ -201,6 +201,8 @@ class StoredSession:
         run = BackgroundRun(runs, self.response_id, self._scope, queued, streaming)
         stream = TokenStream(handle, run.watch(output), record, self._state.metrics)
         runs.add(run)
+        if streaming:  # the stream opens at once, as OpenAI's does: the response, queued
+            run.on_payloads([created_event(queued)])
         run.start(stream, output)
         if not streaming:
             return Response(orjson.dumps(queued), media_type="application/json")
