@@ -211,6 +211,8 @@ def test_cancel_of_a_finished_or_foreground_response(tmp_path: Path) -> None:
             assert done.status == "completed"
             unchanged = await client.responses.cancel(created.id)
             assert unchanged.model_dump() == done.model_dump()
+            with pytest.raises(openai.BadRequestError, match="not created with `stream: true`"):
+                await client.responses.retrieve(created.id, stream=True)
             foreground = await client.responses.create(model=MODEL, input="Hi")
             with pytest.raises(openai.BadRequestError, match="Only background responses"):
                 await client.responses.cancel(foreground.id)

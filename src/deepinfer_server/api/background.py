@@ -144,7 +144,9 @@ class BackgroundRun:
         scope: str,
         body: dict[str, Any],
         streaming: bool,
+        opening: list[str] | None = None,
     ) -> None:
+        """`opening`: the first event frames of a stream, already stored."""
         self._runs = runs
         self.response_id = response_id
         self.scope = scope
@@ -152,11 +154,11 @@ class BackgroundRun:
         self.body = body
         self.streaming = streaming
         #: The streamed events so far: sequence numbers and SSE frames, in order.
-        self._numbers: list[int] = []
-        self._frames: list[str] = []
+        self._frames: list[str] = list(opening or [])
+        self._numbers: list[int] = [event_number(frame)[0] for frame in self._frames]
         #: How many of them are in the store: a stream shows no event before it is stored,
         #: so whatever a client saw can be resumed after a kill.
-        self._stored = 0
+        self._stored = len(self._frames)
         self._changed = asyncio.Event()
         self.done = False
         self.cancelled = False

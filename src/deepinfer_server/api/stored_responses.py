@@ -190,19 +190,19 @@ class StoredSession:
             self._own_input,
             self._previous,
         )
+        # A stream opens at once, as OpenAI's does: the response, queued (stored with it).
+        opening = [created_event(queued)] if streaming else []
         try:
-            await self._store.start_background(new, runs.owner)
+            await self._store.start_background(new, runs.owner, [(0, frame) for frame in opening])
         except ResponseTooLarge as exc:
             raise BadRequestError(
                 f"the input is {exc.size} bytes as stored, more than this server stores for "
                 f"one response ({exc.limit} bytes, --response-store-max-response-mb)",
                 param="input",
             ) from None
-        run = BackgroundRun(runs, self.response_id, self._scope, queued, streaming)
+        run = BackgroundRun(runs, self.response_id, self._scope, queued, streaming, opening)
         stream = TokenStream(handle, run.watch(output), record, self._state.metrics)
         runs.add(run)
-        if streaming:  # the stream opens at once, as OpenAI's does: the response, queued
-            run.on_payloads([created_event(queued)])
         run.start(stream, output)
         if not streaming:
             return Response(orjson.dumps(queued), media_type="application/json")

@@ -280,9 +280,12 @@ class ResponseStore:
             ]
         return steps
 
-    async def start_background(self, response: NewResponse, owner: str) -> None:
-        """Store a background response as it starts (its input items, no output yet), run by
-        `owner` (a process: `heartbeat` says it still runs it)."""
+    async def start_background(
+        self, response: NewResponse, owner: str, events: Sequence[tuple[int, str]] = ()
+    ) -> None:
+        """Store a background response as it starts (its input items, no output yet, the
+        first `events` of its stream), run by `owner` (a process: `heartbeat` says it still
+        runs it)."""
         steps = await self._insert_steps(response)
         steps.append(
             Step(
@@ -291,6 +294,15 @@ class ResponseStore:
                 (response.id, response.scope, owner, time.time()),
             )
         )
+        if events:
+            steps.append(
+                Step(
+                    "INSERT INTO response_events (response_id, sequence_number, body) "
+                    "VALUES (?, ?, ?)",
+                    [(response.id, number, text) for number, text in events],
+                    many=True,
+                )
+            )
         async with self._failures("store a background response", write=True):
             await self._db.write(steps)
 

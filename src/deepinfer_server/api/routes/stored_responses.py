@@ -73,6 +73,12 @@ async def retrieve_response(request: Request) -> Response:
                 param="stream",
                 kind=ErrorKind.UNSUPPORTED,
             )
+        if await store.last_event(response_id) is None:  # its first is stored with it
+            raise BadRequestError(
+                "this background response was not created with `stream: true`; poll it "
+                "without `stream`",
+                param="stream",
+            )
         frames = resume(runs, scope, response_id, after)
 
         async def write_body(write: FrameWriter) -> None:
