@@ -17,8 +17,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
+import time
 from typing import Any
 
+import httpx
 from harness import Server, run_client
 
 #: 5 ms engine steps; a queue, so that 32 streams over 16 running slots wait instead of 429s.
@@ -40,6 +42,23 @@ def _body(mode: str) -> dict[str, Any]:
     if mode == "background":
         body["background"] = True
     return body
+
+
+def _wait_background_idle(port: int, timeout: float = 120.0) -> None:
+    """Until no background response runs: those the last round left (its clients stop at the
+    round's end, their generations do not) would slow the next round."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+        running = sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("deepinfer:background_responses{")
+        )
+        if running == 0:
+            return
+        time.sleep(0.2)
+    raise TimeoutError("background responses still running")
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -83,6 +102,8 @@ def main() -> int:
                     path="/v1/responses",
                 )
                 rows[name].append(_row(result))
+                if name == "background":
+                    _wait_background_idle(server.port)
     keys = list(rows["stateless"][0])
     print("| | " + " | ".join(keys) + " |")
     print("|---|" + "---:|" * len(keys))
