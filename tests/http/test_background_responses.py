@@ -363,3 +363,20 @@ def test_a_failure_of_the_generation_is_the_responses(tmp_path: Path) -> None:
         )
 
     run_stored(tmp_path, test, script=Script(error=ServiceFailedError("rank 0 died")))
+
+
+def test_deleting_a_running_response_stops_its_generation(tmp_path: Path) -> None:
+    async def test(h: Harness) -> None:
+        runs = h.state.background_runs
+        assert runs is not None
+        async with h.openai() as client:
+            created = await client.responses.create(model=MODEL, input="Hi", background=True)
+            run = _run(h, created.id)
+            await client.responses.delete(created.id)
+            await runs.renew()  # the heartbeat: its run is gone from the store
+            await run.wait()
+            assert h.coordinator.num_in_flight == 0
+            with pytest.raises(openai.NotFoundError):
+                await client.responses.retrieve(created.id)
+
+    run_stored(tmp_path, test, script=Script(hold=True))

@@ -373,15 +373,22 @@ class BackgroundRuns:
         while True:
             with contextlib.suppress(StoreUnavailableError):
                 if self.runs:
-                    await self.store.heartbeat(self.owner)
-                    for response_id in await self.store.cancel_requests(self.owner):
-                        run = self.runs.get(response_id)
-                        if run is not None:
-                            run.cancel()
+                    await self.renew()
                 if time.monotonic() - last_sweep >= LEASE:
                     last_sweep = time.monotonic()
                     await self.sweep()
             await asyncio.sleep(HEARTBEAT_INTERVAL)
+
+    async def renew(self) -> None:
+        """Renew this process's runs in the store, and cancel those asked to be cancelled
+        and those no longer there (deleted, evicted, or taken for dead: nobody would see
+        what they make)."""
+        runs = list(self.runs.values())  # each stored before it was added
+        await self.store.heartbeat(self.owner)
+        owned = await self.store.runs_of(self.owner)
+        for run in runs:
+            if owned.get(run.response_id, True):
+                run.cancel()
 
     async def sweep(self) -> None:
         """Mark failed every run whose process stopped renewing it."""

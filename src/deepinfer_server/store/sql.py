@@ -417,7 +417,7 @@ class ResponseStore:
             )
 
     async def request_cancel(self, response_id: str) -> bool:
-        """Ask the process running a background response to cancel it (`cancel_requests`);
+        """Ask the process running a background response to cancel it (`runs_of`);
         False when it runs no more."""
         async with self._failures("cancel a background response", write=True):
             await self._prepare()
@@ -431,15 +431,16 @@ class ResponseStore:
             )
         return changed[0] > 0
 
-    async def cancel_requests(self, owner: str) -> list[str]:
-        """The background responses `owner` runs that were asked to be cancelled."""
-        async with self._failures("read cancelled background responses"):
+    async def runs_of(self, owner: str) -> dict[str, bool]:
+        """The background responses `owner` runs, each with whether it was asked to be
+        cancelled (a run missing here was deleted, evicted, or taken for dead)."""
+        async with self._failures("read background runs"):
             await self._prepare()
             rows = await self._db.fetch(
-                "SELECT response_id FROM background_runs WHERE owner = ? AND cancel_requested = 1",
+                "SELECT response_id, cancel_requested FROM background_runs WHERE owner = ?",
                 (owner,),
             )
-        return [str(row[0]) for row in rows]
+        return {str(found): bool(asked) for found, asked in rows}
 
     async def last_event(self, response_id: str) -> int | None:
         """The sequence number of a response's last stored event (None: it has none)."""

@@ -532,9 +532,9 @@ def test_stale_runs_are_claimed_once_and_cancels_reach_their_owner(
         assert not await store.claim_run("resp_live", "sweeper", stale_before=cutoff)
         assert await store.claim_run("resp_dead", "sweeper", stale_before=cutoff)
         assert await store.stale_runs(cutoff) == []  # claimed: renewed by its new owner
-        assert await store.cancel_requests("owner-1") == []
+        assert await store.runs_of("owner-1") == {"resp_live": False}
         assert await store.request_cancel("resp_live")
-        assert await store.cancel_requests("owner-1") == ["resp_live"]
+        assert await store.runs_of("owner-1") == {"resp_live": True}
         await store.heartbeat("owner-1")
         assert not await store.request_cancel("resp_gone")
 
