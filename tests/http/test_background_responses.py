@@ -380,3 +380,28 @@ def test_deleting_a_running_response_stops_its_generation(tmp_path: Path) -> Non
                 await client.responses.retrieve(created.id)
 
     run_stored(tmp_path, test, script=Script(hold=True))
+
+
+def test_reasoning_blobs_are_not_stored_but_sealed_on_reading(tmp_path: Path) -> None:
+    async def test(h: Harness) -> None:
+        store = h.state.store
+        assert store is not None
+        async with h.openai() as client:
+            created = await client.responses.create(
+                model=MODEL,
+                input="Hi",
+                background=True,
+                include=["reasoning.encrypted_content"],
+            )
+            await _run(h, created.id).wait()
+            stored = await store.response("none", created.id)
+            read = await client.responses.retrieve(
+                created.id, include=["reasoning.encrypted_content"]
+            )
+        assert stored is not None
+        (reasoning,) = [i for i in stored.body["output"] if i["type"] == "reasoning"]
+        assert reasoning["encrypted_content"] is None
+        (sealed,) = [i for i in read.output if i.type == "reasoning"]
+        assert sealed.encrypted_content  # type: ignore[union-attr]
+
+    run_stored(tmp_path, test)

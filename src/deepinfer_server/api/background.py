@@ -46,6 +46,7 @@ from deepinfer_server.errors import ShuttingDownError, StoreUnavailableError
 from deepinfer_server.ipc.messages import Finish, GeneratedTokens
 from deepinfer_server.metrics import ServerMetrics
 from deepinfer_server.protocol.core.named_events import named_event
+from deepinfer_server.protocol.responses.stored import storable_response
 from deepinfer_server.store import ResponseStore
 
 logger = logging.getLogger(__name__)
@@ -281,7 +282,8 @@ class BackgroundRun:
         store = self._runs.store
         try:
             if await store.claim_run(self.response_id, self._runs.owner, stale_before=0.0):
-                await store.finish_background(self.response_id, self.scope, final, events)
+                stored = storable_response(final)  # reasoning blobs are sealed per GET
+                await store.finish_background(self.response_id, self.scope, stored, events)
         except StoreUnavailableError:
             logger.warning(
                 "background response %s ended (%s) but its end was not stored",
