@@ -1,7 +1,8 @@
 """Background responses with real processes and the official openai client: a stream resumed
-from every API server process of a server sharing one SQLite store, and a kill -9 of the server
-mid-stream (after the restart the response is failed and its stream resumes to that end, with
-no gap and no duplicate)."""
+from every API server process of a server sharing one SQLite store (and one left running at a
+stop marked failed), a kill -9 of the server mid-stream (after the restart the response is
+failed and its stream resumes to that end, with no gap and no duplicate), and two replicas on
+one PostgreSQL database resuming and cancelling each other's."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from typing import Any
 
 import openai
 import orjson
+import pytest
 
 from deepinfer_server.api.background import SHUTDOWN_MESSAGE
+from tests.postgres import PostgresServer
 from tests.server import LiveServer, wait_until
 
 MODEL = "deepseek-flash"
@@ -102,3 +105,32 @@ def test_a_kill_mid_stream_marks_it_failed_and_the_stream_resumes_to_that_end(
     numbers = [event.sequence_number for event in seen + rest]
     assert numbers == list(range(len(numbers)))  # no gap, no duplicate
     assert rest[-1].type == "response.failed"
+
+
+@pytest.mark.postgres
+def test_a_replica_resumes_and_cancels_what_another_runs_on_postgres() -> None:
+    """Two servers (replicas behind a router) on one PostgreSQL database: one runs a background
+    stream, the other resumes it to its end, then cancels a second one the first runs."""
+    database = PostgresServer()
+    try:
+        store = ("--response-store", database.new_database())
+        with (
+            LiveServer(*SLOW, *store) as one,
+            LiveServer(*SLOW, *store) as two,
+            _client(one) as first_client,
+            _client(two) as second_client,
+        ):
+            response_id, seen = _start_stream(first_client, 6)
+            after = seen[-1].sequence_number
+            rest = list(
+                second_client.responses.retrieve(response_id, stream=True, starting_after=after)
+            )
+            numbers = [event.sequence_number for event in seen + rest]
+            assert numbers == list(range(len(numbers)))
+            assert rest[-1].type == "response.completed"
+            running, _ = _start_stream(first_client, 2)
+            cancelled = second_client.responses.cancel(running)
+            assert cancelled.status == "cancelled"
+            assert first_client.responses.retrieve(running).status == "cancelled"
+    finally:
+        database.close()
