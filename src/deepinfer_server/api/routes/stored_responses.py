@@ -120,7 +120,7 @@ async def cancel_response(request: Request) -> Response:
         raise response_not_found(response_id)
     state: AppState = request.app.state.server
     if state.background_runs is None or not stored.body.get("background"):
-        raise BadRequestError("Only background responses can be cancelled.")
+        raise BadRequestError("Cannot cancel a synchronous response.")
     body = await cancel(state.background_runs, scope, response_id)
     if body is None:
         raise response_not_found(response_id)
