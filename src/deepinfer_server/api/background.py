@@ -20,7 +20,8 @@ else by reading the store every `RESUME_POLL` seconds, until the terminal event.
 The run dies with its process. Each process renews its runs' lease in the store every
 `HEARTBEAT_INTERVAL` seconds; a run not renewed for `LEASE` seconds (its process was killed) is
 marked `failed` (`server_error`, with a reason and a `response.failed` event for streams) by the
-first process that sees it: a GET of it, or the sweep every process makes every `LEASE` seconds.
+first process that sees it: a GET of it, or the sweep every process makes every
+`SWEEP_INTERVAL` seconds.
 A server that stops gracefully lets running background responses finish during its drain
 (`--shutdown-timeout`), then marks those left `failed` before it exits. Cancelling (`POST
 /v1/responses/{id}/cancel`) aborts the engine request and frees its slot; in another process it
@@ -54,7 +55,11 @@ logger = logging.getLogger(__name__)
 #: Seconds between two renewals of this process's runs in the store.
 HEARTBEAT_INTERVAL = 1.0
 #: Seconds without a renewal after which a run is taken for dead (its process was killed).
-LEASE = 5.0
+#: Longer than the store's own bounds on a write (SQLite's busy timeout, PostgreSQL's statement
+#: timeout), so that a slow renewal is not taken for a dead process.
+LEASE = 10.0
+#: Seconds between two sweeps for runs whose lease has passed.
+SWEEP_INTERVAL = 5.0
 #: Seconds between two reads of the store by a resumed stream another process runs.
 RESUME_POLL = 0.05
 #: Seconds a cancel waits for the run to end (another process acts at its next heartbeat).
@@ -376,7 +381,7 @@ class BackgroundRuns:
             with contextlib.suppress(StoreUnavailableError):
                 if self.runs:
                     await self.renew()
-                if time.monotonic() - last_sweep >= LEASE:
+                if time.monotonic() - last_sweep >= SWEEP_INTERVAL:
                     last_sweep = time.monotonic()
                     await self.sweep()
             await asyncio.sleep(HEARTBEAT_INTERVAL)
