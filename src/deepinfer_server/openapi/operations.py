@@ -50,12 +50,6 @@ def get(summary: str, content: dict[str, Any] | None = None, *, protected: bool 
     return operation
 
 
-def cancel(summary: str) -> Schema:
-    """A POST without a body answering a JSON object, errors in OpenAI's envelope, behind
-    the API keys."""
-    return {**get(summary, protected=True)}
-
-
 def count_tokens(summary: str, envelope: str) -> Schema:
     """Anthropic's token count: the `CountTokensRequest` body, `{input_tokens}`."""
     return {
@@ -113,3 +107,9 @@ LOAD_FORMAT = {
     "required": False,
     "schema": {"type": "string", "enum": ["vllm", "sglang"]},
 }
+
+
+def cancel(summary: str) -> Schema:
+    """A POST without a body answering a JSON object, errors in OpenAI's envelope, behind
+    the API keys."""
+    return {**get(summary, protected=True)}
