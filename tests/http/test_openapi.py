@@ -244,8 +244,9 @@ def test_every_schema_in_the_document_is_valid_json_schema_2020_12() -> None:
     for path, operations in document["paths"].items():
         for method, operation in operations.items():
             body = operation.get("requestBody")
-            if method == "post":
+            if method == "post" and not path.endswith("/cancel"):  # cancel takes no body
                 assert body is not None, path
+            if body is not None:
                 name = body["content"]["application/json"]["schema"]["$ref"].split("/")[-1]
                 assert name in _components(), path
 

@@ -38,7 +38,7 @@ from deepinfer_server.metrics import ChoiceRecords, RequestRecord, ServerMetrics
 from deepinfer_server.protocol.core.choices import ChoiceMerger
 from deepinfer_server.protocol.core.images import mentions_images
 from deepinfer_server.protocol.core.recipe import RecipeContext
-from deepinfer_server.protocol.core.validation import read_priority
+from deepinfer_server.protocol.core.validation import PRIORITY_MAX, read_priority
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +90,17 @@ class Session(Protocol):
         """After the request ended normally: the closing payloads its output held back."""
         ...
 
+    @property
+    def background(self) -> bool:
+        """Whether the request runs detached from its connection (`run_in_background`)."""
+        ...
+
+    async def run_in_background(
+        self, handle: RequestHandle, record: RequestRecord, streaming: bool
+    ) -> Response | SSEResponse:
+        """Start the detached run, which owns `handle` from then on; the answer."""
+        ...
+
 
 @dataclass(frozen=True)
 class GenerationProtocol:
@@ -118,9 +129,18 @@ async def serve_generation(request: Request, protocol: GenerationProtocol) -> Re
     arrival = time.perf_counter()
     received = await read_json_body(request, config, state.receiving)
     raw, body = received.raw, received.value
+    priority_given = body.get("priority") is not None
     priority = read_priority(body)
     tenant = tenant_of(request.state)
     session = None if protocol.open_session is None else await protocol.open_session(request, body)
+    detached = session is not None and session.background
+    if detached:  # work that waits for nothing goes after every other request of its key
+        if priority_given:
+            raise BadRequestError(
+                "a background response runs at the lowest priority: omit `priority`",
+                param="priority",
+            )
+        priority = PRIORITY_MAX
     prepare = protocol.prepare if session is None else session.prepare
     # Images are decoded and resized while preparing: never on the event loop. Image URLs are
     # fetched on it, never on a preparation worker.
@@ -187,7 +207,7 @@ async def serve_generation(request: Request, protocol: GenerationProtocol) -> Re
     except BaseException:
         _release(handles)
         raise
-    if not isinstance(response, SSEResponse):
+    if not isinstance(response, SSEResponse) and not detached:
         _release(handles)
     return response  # type: ignore[return-value]
 
@@ -220,6 +240,8 @@ async def _respond(
         prompts = [cast(Choice, choice).prompt_index for choice in choices]
         request.state.record = ChoiceRecords(records, prompts)
         return await _serve_choices(request, protocol, choices, handles, outputs, records)
+    if session is not None and session.background:
+        return await session.run_in_background(handles[0], records[0], choices[0].stream)
     stream = TokenStream(handles[0], outputs[0], records[0], state.metrics)
     if choices[0].stream:
         request_id: str = request.state.request_id

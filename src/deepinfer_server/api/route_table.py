@@ -23,6 +23,7 @@ from deepinfer_server.api.routes.models import list_models, retrieve_model
 from deepinfer_server.api.routes.openapi import openapi_json
 from deepinfer_server.api.routes.router_info import get_load, model_info, server_info
 from deepinfer_server.api.routes.stored_responses import (
+    cancel_response,
     delete_response,
     list_input_items,
     retrieve_response,
@@ -93,10 +94,23 @@ ROUTES: tuple[Endpoint, ...] = (
         retrieve_response,
         Dialect.OPENAI,
         _with(
-            op.get("A stored response; 404 in another API key's scope", protected=True),
+            op.get(
+                "A stored response (a background one's events again with stream=true); 404 "
+                "in another API key's scope",
+                {**op.JSON_OBJECT, **op.STREAM},
+                protected=True,
+            ),
             op.RESPONSE_ID,
             op.INCLUDE,
+            *op.STREAM_AGAIN,
         ),
+    ),
+    Endpoint(
+        "/v1/responses/{response_id}/cancel",
+        "POST",
+        cancel_response,
+        Dialect.OPENAI,
+        _with(op.cancel("Cancel a background response still running"), op.RESPONSE_ID),
     ),
     Endpoint(
         "/v1/responses/{response_id}",

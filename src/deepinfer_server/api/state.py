@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from deepinfer_server.api.background import BackgroundRuns
 from deepinfer_server.api.disaggregation import PrefillPeers
 from deepinfer_server.api.preparation import PreparationGate
 from deepinfer_server.api.receive_budget import ReceiveBudget
@@ -57,12 +58,17 @@ class AppState:
     store: ResponseStore | None = None
     #: Bytes held by requests still being received (`--max-receive-buffer-mb`).
     receiving: ReceiveBudget = field(init=False)
+    #: This process's background responses (with a store; else None).
+    background_runs: BackgroundRuns | None = field(init=False)
     _engine_requests: int = 0
     #: Work that outlives its request (store writes still running), kept until done.
     _background: set[asyncio.Future[Any]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.receiving = ReceiveBudget(self.config.max_receive_buffer_mb * 1024 * 1024)
+        self.background_runs = (
+            None if self.store is None else BackgroundRuns(self.store, self.metrics)
+        )
 
     async def prepare_body(
         self,

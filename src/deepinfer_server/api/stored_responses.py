@@ -25,6 +25,7 @@ is a 404, exactly as if it did not exist.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import hmac
 import logging
@@ -34,9 +35,15 @@ from typing import Any
 
 import orjson
 from starlette.requests import Request
+from starlette.responses import Response
 
+from deepinfer_server.api.background import BackgroundRun, created_event
+from deepinfer_server.api.sse import FrameWriter, SSEResponse, complete
 from deepinfer_server.api.state import AppState
+from deepinfer_server.api.token_stream import TokenStream
+from deepinfer_server.coordinator.handle import RequestHandle
 from deepinfer_server.errors import BadRequestError, StoreUnavailableError
+from deepinfer_server.metrics import RequestRecord
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.protocol.core.validation import optional_bool
 from deepinfer_server.protocol.responses.output import (
@@ -66,7 +73,7 @@ logger = logging.getLogger(__name__)
 #: running then is reported as failed, and finishes (or fails) in the background.
 WRITE_WAIT = 12.0
 #: Fields of the body the session serves itself (the preparation rejects them otherwise).
-_STORE_FIELDS = ("store", "previous_response_id")
+_STORE_FIELDS = ("store", "previous_response_id", "background")
 _STORED_STATUSES = frozenset({"completed", "incomplete"})
 #: The scope of every request on a server without API keys.
 NO_AUTH_SCOPE = "none"
@@ -95,8 +102,12 @@ class StoredSession:
         response_id: str,
         stored: bool,
         previous_response_id: str | None,
+        background: bool = False,
     ) -> None:
         self._state = state
+        #: `background: true`: generated detached from the request (api/background.py).
+        self.background = background
+        self._prepared: PreparedResponses | None = None
         self._store = store
         self._scope = scope
         self.response_id = response_id
@@ -153,10 +164,54 @@ class StoredSession:
     def make_output(
         self, prepared: PreparedResponses, response_id: str, recipe: RecipeContext
     ) -> ResponsesOutput:
-        self._output = responses_output(
-            prepared, response_id, recipe, StoredEcho(self._stored, self._previous)
-        )
+        self._prepared = prepared
+        self._output = responses_output(prepared, response_id, recipe, self._echo())
         return self._output
+
+    def _echo(self) -> StoredEcho:
+        return StoredEcho(self._stored, self._previous, self.background)
+
+    async def run_in_background(
+        self, handle: RequestHandle, record: RequestRecord, streaming: bool
+    ) -> Response | SSEResponse:
+        """Store the response as queued, start its run (which owns `handle` from here on) and
+        answer: the queued response, or the stream of its events (the client may leave)."""
+        runs, output, prepared = self._state.background_runs, self._output, self._prepared
+        assert runs is not None and output is not None and prepared is not None
+        recipe = self._state.recipe
+        quiet = dataclasses.replace(prepared, stream=False)
+        queued = responses_output(quiet, self.response_id, recipe, self._echo()).response()
+        queued = {**queued, "status": "queued"}
+        new = NewResponse(
+            self.response_id,
+            self._scope,
+            time.time(),
+            storable_response(queued),
+            self._own_input,
+            self._previous,
+        )
+        # A stream opens at once, as OpenAI's does: the response, queued (stored with it).
+        opening = [created_event(queued)] if streaming else []
+        try:
+            await self._store.start_background(new, runs.owner, [(0, frame) for frame in opening])
+        except ResponseTooLarge as exc:
+            raise BadRequestError(
+                f"the input is {exc.size} bytes as stored, more than this server stores for "
+                f"one response ({exc.limit} bytes, --response-store-max-response-mb)",
+                param="input",
+            ) from None
+        run = BackgroundRun(runs, self.response_id, self._scope, queued, streaming, opening)
+        stream = TokenStream(handle, run.watch(output), record, self._state.metrics)
+        runs.add(run)
+        run.start(stream, output)
+        if not streaming:
+            return Response(orjson.dumps(queued), media_type="application/json")
+
+        async def write_body(write: FrameWriter) -> None:
+            async for frame in run.follow(-1):
+                await complete(write(frame.encode()))
+
+        return SSEResponse(write_body)
 
     async def finished(self) -> list[str]:
         """Store the finished response (when asked to); the held closing payloads.
@@ -227,15 +282,26 @@ async def open_session(request: Request, body: dict[str, Any]) -> StoredSession 
     stored = optional_bool(body, "store", default=True) and not prefill_leg
     previous = check_previous_response_id(body)
     references = referenced_ids(input_list(body), reasoning=False)
+    background = optional_bool(body, "background")
+    if background and not stored:
+        raise BadRequestError(
+            "background responses must be stored: omit `store` or set it to true"
+            + (" (a prefill server stores nothing)" if prefill_leg else ""),
+            param="store" if not prefill_leg else "background",
+        )
     if not stored and previous is None and not references:
         return None
-    if optional_bool(body, "background"):
-        raise BadRequestError("background responses are not supported", param="background")
     request_id: str = request.state.request_id
     # Stored IDs must be unique: a client's X-Request-Id may repeat.
     unique = uuid.uuid4().hex if stored and _client_chose_request_id(request) else request_id
     session = StoredSession(
-        state, store, await request_scope(request, store), f"resp_{unique}", stored, previous
+        state,
+        store,
+        await request_scope(request, store),
+        f"resp_{unique}",
+        stored,
+        previous,
+        background,
     )
     await session.expand(body)
     return session

@@ -443,6 +443,14 @@ class ServerMetrics:
         )
         for result in ("stored", "failed"):
             self.store_writes.labels(model_name, result)
+        self.background_ended = counter(
+            "background_responses_finished",
+            "Background responses that ended, by status (completed, incomplete, failed, "
+            "cancelled).",
+            ["status"],
+        )
+        for status in ("completed", "incomplete", "failed", "cancelled"):
+            self.background_ended.labels(model_name, status)
         self.admissions = counter(
             "tenant_admissions",
             "Requests each API key (by its name) sent, by admission's result (admitted, refused).",
@@ -484,6 +492,23 @@ class ServerMetrics:
             registry=self.registry,
         )
         gauge.labels(self.model_name).set_function(used)
+
+    def watch_background(self, counts: Callable[[], dict[str, int]]) -> None:
+        """Expose this process's background responses by status (queued, in_progress), read
+        from `counts`."""
+        gauge = Gauge(
+            PREFIX + "background_responses",
+            "Background responses generating in this server, by status (queued, in_progress).",
+            ["model_name", "status"],
+            registry=self.registry,
+        )
+        for status in ("queued", "in_progress"):
+            gauge.labels(self.model_name, status).set_function(
+                lambda status=status: counts().get(status, 0)  # type: ignore[misc]
+            )
+
+    def observe_background_end(self, status: str) -> None:
+        self.background_ended.labels(self.model_name, status).inc()
 
     def watch_tenants(self, tenant_counts: Callable[[], Iterable[tuple[str, int, int]]]) -> None:
         """Expose each tenant's running and queued requests from `tenant_counts`."""

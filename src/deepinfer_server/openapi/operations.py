@@ -101,6 +101,10 @@ INCLUDE = {
     "required": False,
     "schema": {"type": "array", "items": {"type": "string"}},
 }
+STREAM_AGAIN = [
+    {"name": "stream", "in": "query", "required": False, "schema": {"type": "boolean"}},
+    {"name": "starting_after", "in": "query", "required": False, "schema": {"type": "integer"}},
+]
 PAGE = [
     {"name": "after", "in": "query", "required": False, "schema": {"type": "string"}},
     {
@@ -122,3 +126,9 @@ LOAD_FORMAT = {
     "required": False,
     "schema": {"type": "string", "enum": ["vllm", "sglang"]},
 }
+
+
+def cancel(summary: str) -> Schema:
+    """A POST without a body answering a JSON object, errors in OpenAI's envelope, behind
+    the API keys."""
+    return {**get(summary, protected=True)}

@@ -32,7 +32,6 @@ from deepinfer_server.openapi.schema import (
     Schema,
     array,
     boolean,
-    boolean_false,
     integer,
     nullable,
     obj,
@@ -275,7 +274,14 @@ RESPONSES: Schema = obj(
                 "on a server without a store (--response-store none)",
             }
         ),
-        "background": nullable(boolean_false("background responses are not supported")),
+        "background": nullable(
+            {
+                "type": "boolean",
+                "description": "Generate detached from the request (queued, then polled with "
+                "GET, cancelled with POST .../cancel, a stream resumed with starting_after); "
+                "needs the store, runs at the lowest priority",
+            }
+        ),
         "previous_response_id": nullable(
             {
                 "type": "string",

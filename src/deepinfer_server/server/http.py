@@ -81,6 +81,8 @@ class HttpServer(HookedServer):
             # slowed it by seconds on a small machine, and `/health` does not wait for the
             # grammar compile workers (a structured request that comes first does).
             self._state.structured.start()
+        if self._state.background_runs is not None:
+            self._state.background_runs.start()
         if self._started_callback is not None:
             self._started_callback()
 
@@ -96,6 +98,8 @@ class HttpServer(HookedServer):
             )
             await first_of(self.stop_now.wait(), coordinator.wait_idle(grace))
         coordinator.fail_all(ShuttingDownError())
+        if self._state.background_runs is not None:  # those left are marked failed
+            await self._state.background_runs.stop()
 
     async def after_shutdown(self) -> None:
         self._state.structured.close()

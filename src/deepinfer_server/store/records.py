@@ -31,6 +31,8 @@ class StoredResponse:
     created_at: float
     body: dict[str, Any]
     previous_response_id: str | None = None
+    #: A background response still running: when its process last said so (else None).
+    heartbeat_at: float | None = None
 
     @property
     def output_items(self) -> list[Item]:

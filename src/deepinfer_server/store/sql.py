@@ -3,7 +3,9 @@
 Two tables: `responses` (one row per stored response: its scope, creation time, the response
 object, the response it continues) and `items` (every input and output item of a response, by
 position: inputs first, then outputs), plus `store_meta` (the schema version and the salt of the
-scope hashes). A conversation continued with `previous_response_id` is a chain of responses;
+scope hashes). A background response (`api/background.py`) also has its stream's events in
+`response_events` and, while it runs, a row in `background_runs` (the process running it and its
+last heartbeat). A conversation continued with `previous_response_id` is a chain of responses;
 its items are read back by walking the chain (a recursive query), so no response repeats its
 ancestors' items. Rows older than the time to live are never read and are deleted by `evict()`.
 
@@ -36,10 +38,11 @@ from deepinfer_server.store.records import Item, ItemPage, NewResponse, StoredRe
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = "2"
-#: Versions this server opens and brings to SCHEMA_VERSION (2 added the image blobs: a version 1
-#: store has none, and its tables are unchanged).
-_UPGRADES = frozenset({"1"})
+SCHEMA_VERSION = "3"
+#: Versions this server opens and brings to SCHEMA_VERSION (2 added the image blobs, 3 the
+#: background runs and their events: an older store has none of them, and its tables are
+#: unchanged).
+_UPGRADES = frozenset({"1", "2"})
 #: The deepest `previous_response_id` chain read back (a guard; chains are acyclic).
 MAX_CHAIN = 100_000
 
@@ -77,7 +80,26 @@ SCHEMA = (
         PRIMARY KEY (response_id, hash)
     )""",
     "CREATE INDEX IF NOT EXISTS response_blobs_by_hash ON response_blobs (scope, hash)",
+    # A background response's stream, event by event, for `starting_after` (api/background.py).
+    """CREATE TABLE IF NOT EXISTS response_events (
+        response_id TEXT NOT NULL,
+        sequence_number INTEGER NOT NULL,
+        body TEXT NOT NULL,
+        PRIMARY KEY (response_id, sequence_number)
+    )""",
+    # A background response still running: which process runs it (`owner`), and when that
+    # process last said it still does (`heartbeat_at`). Deleted when it ends.
+    """CREATE TABLE IF NOT EXISTS background_runs (
+        response_id TEXT PRIMARY KEY,
+        scope TEXT NOT NULL,
+        owner TEXT NOT NULL,
+        heartbeat_at DOUBLE PRECISION NOT NULL,
+        cancel_requested INTEGER NOT NULL DEFAULT 0
+    )""",
+    "CREATE INDEX IF NOT EXISTS background_runs_by_owner ON background_runs (owner)",
 )
+#: What goes with a response when it is deleted, besides its items and blobs.
+_RESPONSE_TABLES = ("items", "response_blobs", "response_events", "background_runs")
 #: Blobs no stored response refers to any more.
 _ORPHAN_BLOBS = (
     "DELETE FROM blobs WHERE NOT EXISTS (SELECT 1 FROM response_blobs r "
@@ -189,6 +211,12 @@ class ResponseStore:
     async def save(self, response: NewResponse) -> None:
         """Store a finished response and its items (one transaction); ResponseTooLarge, with
         nothing written, past the cap of one response."""
+        steps = await self._insert_steps(response)
+        async with self._failures("store a response", write=True):
+            await self._db.write(steps)
+
+    async def _insert_steps(self, response: NewResponse) -> list[Step]:
+        """The statements that store `response` (ResponseTooLarge past the cap of one)."""
         body = orjson.dumps(response.body).decode()
         images: dict[str, str] = {}
         inputs = [
@@ -250,8 +278,204 @@ class ResponseStore:
                     many=True,
                 ),
             ]
-        async with self._failures("store a response", write=True):
+        return steps
+
+    async def start_background(
+        self, response: NewResponse, owner: str, events: Sequence[tuple[int, str]] = ()
+    ) -> None:
+        """Store a background response as it starts (its input items, no output yet, the
+        first `events` of its stream), run by `owner` (a process: `heartbeat` says it still
+        runs it)."""
+        steps = await self._insert_steps(response)
+        steps.append(
+            Step(
+                "INSERT INTO background_runs (response_id, scope, owner, heartbeat_at) "
+                "VALUES (?, ?, ?, ?)",
+                (response.id, response.scope, owner, time.time()),
+            )
+        )
+        if events:
+            steps.append(
+                Step(
+                    "INSERT INTO response_events (response_id, sequence_number, body) "
+                    "VALUES (?, ?, ?)",
+                    [(response.id, number, text) for number, text in events],
+                    many=True,
+                )
+            )
+        async with self._failures("store a background response", write=True):
             await self._db.write(steps)
+
+    async def record_progress(
+        self, response_id: str, body: dict[str, Any] | None, events: Sequence[tuple[int, str]]
+    ) -> None:
+        """Append a background response's stream events (sequence number, JSON) and, with
+        `body`, replace its response object (its status), in one transaction."""
+        steps = []
+        added = sum(len(text) for _, text in events)
+        if body is not None:
+            text = orjson.dumps(body).decode()
+            added += len(text)
+            steps.append(Step("UPDATE responses SET body = ? WHERE id = ?", (text, response_id)))
+        if events:
+            # Only while it runs: a response deleted or evicted meanwhile keeps no events.
+            steps.append(
+                Step(
+                    "INSERT INTO response_events (response_id, sequence_number, body) "
+                    "SELECT ?, ?, ? WHERE EXISTS (SELECT 1 FROM background_runs "
+                    "WHERE response_id = ?) ON CONFLICT (response_id, sequence_number) DO NOTHING",
+                    [(response_id, number, text, response_id) for number, text in events],
+                    many=True,
+                )
+            )
+        if not steps:
+            return
+        steps.append(
+            Step("UPDATE responses SET bytes = bytes + ? WHERE id = ?", (added, response_id))
+        )
+        async with self._failures("record a background response's progress", write=True):
+            await self._db.write(steps)
+
+    async def claim_run(self, response_id: str, owner: str, *, stale_before: float) -> bool:
+        """Take the run of a background response for `owner`: when `owner` runs it already
+        (its lease renewed), or its owner's last heartbeat is older than `stale_before` (a
+        process that died). False when the run is gone (ended, deleted) or another process
+        holds it."""
+        async with self._failures("claim a background response", write=True):
+            await self._prepare()
+            changed = await self._db.write(
+                [
+                    Step(
+                        "UPDATE background_runs SET owner = ?, heartbeat_at = ? "
+                        "WHERE response_id = ? AND (owner = ? OR heartbeat_at < ?)",
+                        (owner, time.time(), response_id, owner, stale_before),
+                    )
+                ]
+            )
+        return changed[0] > 0
+
+    async def finish_background(
+        self, response_id: str, scope: str, body: dict[str, Any], events: Sequence[tuple[int, str]]
+    ) -> None:
+        """A background response ended: its last events, its final object and output items;
+        its run is over. Call it after `claim_run` (this writes whatever the run holds)."""
+        outputs = [orjson.dumps(item).decode() for item in _output_items(body)]
+        text = orjson.dumps(body).decode()
+        added = len(text) + sum(len(item) for item in outputs)
+        added += sum(len(event) for _, event in events)
+        async with self._failures("finish a background response", write=True):
+            await self._prepare()
+            found = await self._db.fetch(
+                "SELECT input_count FROM responses WHERE id = ?", (response_id,)
+            )
+            if not found:
+                return  # deleted meanwhile
+            first = int(found[0][0])
+            steps = [
+                Step(
+                    "UPDATE responses SET body = ?, bytes = bytes + ? WHERE id = ?",
+                    (text, added, response_id),
+                ),
+                Step("DELETE FROM background_runs WHERE response_id = ?", (response_id,)),
+            ]
+            if outputs:
+                steps.append(
+                    Step(
+                        "INSERT INTO items (response_id, position, item_id, scope, body) "
+                        "VALUES (?, ?, ?, ?, ?) ON CONFLICT (response_id, position) DO NOTHING",
+                        [
+                            (response_id, first + index, str(item.get("id", "")), scope, row)
+                            for index, (item, row) in enumerate(
+                                zip(_output_items(body), outputs, strict=True)
+                            )
+                        ],
+                        many=True,
+                    )
+                )
+            if events:
+                steps.append(
+                    Step(
+                        "INSERT INTO response_events (response_id, sequence_number, body) "
+                        "VALUES (?, ?, ?) ON CONFLICT (response_id, sequence_number) DO NOTHING",
+                        [(response_id, number, event) for number, event in events],
+                        many=True,
+                    )
+                )
+            await self._db.write(steps)
+
+    async def heartbeat(self, owner: str) -> None:
+        """`owner` still runs its background responses."""
+        async with self._failures("renew background runs", write=True):
+            await self._prepare()
+            await self._db.write(
+                [
+                    Step(
+                        "UPDATE background_runs SET heartbeat_at = ? WHERE owner = ?",
+                        (time.time(), owner),
+                    )
+                ]
+            )
+
+    async def request_cancel(self, response_id: str) -> bool:
+        """Ask the process running a background response to cancel it (`runs_of`);
+        False when it runs no more."""
+        async with self._failures("cancel a background response", write=True):
+            await self._prepare()
+            changed = await self._db.write(
+                [
+                    Step(
+                        "UPDATE background_runs SET cancel_requested = 1 WHERE response_id = ?",
+                        (response_id,),
+                    )
+                ]
+            )
+        return changed[0] > 0
+
+    async def runs_of(self, owner: str) -> dict[str, bool]:
+        """The background responses `owner` runs, each with whether it was asked to be
+        cancelled (a run missing here was deleted, evicted, or taken for dead)."""
+        async with self._failures("read background runs"):
+            await self._prepare()
+            rows = await self._db.fetch(
+                "SELECT response_id, cancel_requested FROM background_runs WHERE owner = ?",
+                (owner,),
+            )
+        return {str(found): bool(asked) for found, asked in rows}
+
+    async def last_event(self, response_id: str) -> int | None:
+        """The sequence number of a response's last stored event (None: it has none)."""
+        async with self._failures("read a response's events"):
+            await self._prepare()
+            rows = await self._db.fetch(
+                "SELECT MAX(sequence_number) FROM response_events WHERE response_id = ?",
+                (response_id,),
+            )
+        return None if not rows or rows[0][0] is None else int(rows[0][0])
+
+    async def stale_runs(self, stale_before: float) -> list[tuple[str, str]]:
+        """(response ID, scope) of the background runs whose owner's last heartbeat is older
+        than `stale_before`."""
+        async with self._failures("list background runs"):
+            await self._prepare()
+            rows = await self._db.fetch(
+                "SELECT response_id, scope FROM background_runs WHERE heartbeat_at < ?",
+                (stale_before,),
+            )
+        return [(str(found), str(scope)) for found, scope in rows]
+
+    async def events_after(
+        self, response_id: str, after: int, limit: int = 1000
+    ) -> list[tuple[int, str]]:
+        """A background response's stored stream events past sequence number `after`, in
+        order (at most `limit`)."""
+        async with self._failures("read a response's events"):
+            await self._prepare()
+            rows = await self._db.fetch(
+                "SELECT sequence_number, body FROM response_events WHERE response_id = ? "
+                "AND sequence_number > ? ORDER BY sequence_number LIMIT ?",
+                (response_id, after, limit),
+            )
+        return [(int(number), str(body)) for number, body in rows]
 
     async def _stored_blobs(self, scope: str, wanted: Collection[str]) -> dict[str, str]:
         """The blobs of this scope with these hashes that are stored (by hash)."""
@@ -281,14 +505,21 @@ class ResponseStore:
         async with self._failures("read a response"):
             await self._prepare()
             rows = await self._db.fetch(
-                "SELECT id, created_at, previous_response_id, body FROM responses "
-                "WHERE id = ? AND scope = ? AND created_at >= ?",
+                "SELECT r.id, r.created_at, r.previous_response_id, r.body, b.heartbeat_at "
+                "FROM responses r LEFT JOIN background_runs b ON b.response_id = r.id "
+                "WHERE r.id = ? AND r.scope = ? AND r.created_at >= ?",
                 (response_id, scope, self._oldest()),
             )
         if not rows:
             return None
-        found, created_at, previous, body = rows[0]
-        return StoredResponse(found, float(created_at), orjson.loads(body), previous)
+        found, created_at, previous, body, heartbeat = rows[0]
+        return StoredResponse(
+            found,
+            float(created_at),
+            orjson.loads(body),
+            previous,
+            None if heartbeat is None else float(heartbeat),
+        )
 
     async def history(self, scope: str, response_id: str) -> list[Item] | None:
         """Every item of the conversation up to and including the response's output, oldest
@@ -383,15 +614,13 @@ class ResponseStore:
             changed = await self._db.write(
                 frees=True,
                 steps=[
-                    Step(
-                        "DELETE FROM items WHERE response_id IN (SELECT id FROM responses "
-                        "WHERE id = ? AND scope = ? AND created_at >= ?)",
-                        (response_id, scope, self._oldest()),
-                    ),
-                    Step(
-                        "DELETE FROM response_blobs WHERE response_id IN (SELECT id FROM "
-                        "responses WHERE id = ? AND scope = ? AND created_at >= ?)",
-                        (response_id, scope, self._oldest()),
+                    *(
+                        Step(
+                            f"DELETE FROM {table} WHERE response_id IN (SELECT id FROM "
+                            "responses WHERE id = ? AND scope = ? AND created_at >= ?)",
+                            (response_id, scope, self._oldest()),
+                        )
+                        for table in _RESPONSE_TABLES
                     ),
                     Step(
                         "DELETE FROM responses WHERE id = ? AND scope = ? AND created_at >= ?",
@@ -447,8 +676,7 @@ class ResponseStore:
         owned = f"response_id IN (SELECT id FROM responses WHERE {where})"
         changed = await self._db.write(
             [
-                Step(f"DELETE FROM items WHERE {owned}", params),
-                Step(f"DELETE FROM response_blobs WHERE {owned}", params),
+                *(Step(f"DELETE FROM {table} WHERE {owned}", params) for table in _RESPONSE_TABLES),
                 Step(f"DELETE FROM responses WHERE {where}", params),
                 Step(_ORPHAN_BLOBS),
             ],

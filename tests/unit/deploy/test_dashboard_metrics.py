@@ -21,8 +21,8 @@ TARGET_LABELS = {"job", "instance"}
 
 def exposition_labels() -> dict[str, set[str]]:
     """Sample name -> its label names, in the /metrics text of a server that has seen a
-    successful request, a refused one, an abort, a step on each of two ranks and speculative
-    decoding's drafts on one."""
+    successful request, a refused one, an abort, a step on each of two ranks, speculative
+    decoding's drafts on one and a queued background response."""
     metrics = ServerMetrics("deepseek-flash")
     metrics.watch_ranks(
         lambda: [RankLoad(0, 1, 0, 40, 0.25), RankLoad(1, 0, 1, 30, 0.0)], lambda: True
@@ -34,6 +34,7 @@ def exposition_labels() -> dict[str, set[str]]:
     metrics.observe_engine_request(record)
     metrics.observe_success(record, 0.07)
     metrics.observe_failure(429)
+    metrics.watch_background(lambda: {"queued": 1, "in_progress": 0})
     metrics.observe_abort(AbortReason.RANK_FAILURE)
     for rank in (0, 1):
         metrics.observe_step(rank, 0.01)

@@ -331,13 +331,26 @@ def test_an_inline_image_is_kept_once_per_scope(store_url_of: Callable[[], str])
     run_with_store(store_url_of(), body)
 
 
-def test_a_version_1_store_is_brought_to_version_2(store_url_of: Callable[[], str]) -> None:
+@pytest.mark.parametrize("old_version", ["1", "2"])
+def test_an_older_store_is_brought_to_version_3(
+    store_url_of: Callable[[], str], old_version: str
+) -> None:
+    """Version 2 added the blobs, 3 the background runs and events: an older store lacks
+    their tables, which the opening creates."""
     url = store_url_of()
 
     async def downgrade(store: ResponseStore) -> None:
         await store.save(response("resp_old", [message("u", "hi")], []))
+        dropped = ["response_events", "background_runs"]
+        if old_version == "1":
+            dropped += ["blobs", "response_blobs"]
         await store._db.write(
-            [Step("UPDATE store_meta SET value = '1' WHERE name = 'schema_version'")]
+            [
+                *(Step(f"DROP TABLE {table}") for table in dropped),
+                Step(
+                    f"UPDATE store_meta SET value = '{old_version}' WHERE name = 'schema_version'"
+                ),
+            ]
         )
 
     async def reopen(store: ResponseStore) -> None:
@@ -345,7 +358,9 @@ def test_a_version_1_store_is_brought_to_version_2(store_url_of: Callable[[], st
         version = await store._db.fetch(
             "SELECT value FROM store_meta WHERE name = 'schema_version'"
         )
-        assert version == [("2",)]
+        assert version == [("3",)]
+        assert await store.events_after("resp_old", -1) == []
+        assert await store.delete("none", "resp_old")
 
     run_with_store(url, downgrade)
     run_with_store(url, reopen)
@@ -463,3 +478,64 @@ def test_an_unwritable_sqlite_store_stops_the_start_with_a_clear_error(tmp_path:
     assert "--state-dir" in str(refused.value) and "--response-store none" in str(refused.value)
     check_store(f"sqlite://{tmp_path / 'state' / 'responses.sqlite3'}")  # creates it
     assert (tmp_path / "state" / "responses.sqlite3").exists()
+
+
+def test_a_background_run_from_start_to_end(store_url_of: Callable[[], str]) -> None:
+    """Stored queued with its inputs, its events appended (a retried write adds nothing),
+    finished with its output items; its run row goes with the end."""
+
+    async def body(store: ResponseStore) -> None:
+        queued = response("resp_bg", [message("u", "hi")], [], scope="k")
+        queued.body["status"] = "queued"
+        await store.start_background(queued, "owner-1")
+        found = await store.response("k", "resp_bg")
+        assert found is not None and found.heartbeat_at is not None
+        assert await store.response("other", "resp_bg") is None
+        events = [(0, "e0"), (1, "e1")]
+        await store.record_progress("resp_bg", {**queued.body, "status": "in_progress"}, events)
+        await store.record_progress("resp_bg", None, [(1, "e1"), (2, "e2")])
+        assert await store.events_after("resp_bg", 0) == [(1, "e1"), (2, "e2")]
+        assert await store.last_event("resp_bg") == 2
+        status = await store.response("k", "resp_bg")
+        assert status is not None and status.body["status"] == "in_progress"
+        assert await store.claim_run("resp_bg", "owner-1", stale_before=0.0)
+        assert not await store.claim_run("resp_bg", "owner-2", stale_before=0.0)
+        answer = message("o", "hello", "assistant")
+        final = {**queued.body, "status": "completed", "output": [answer]}
+        await store.finish_background("resp_bg", "k", final, [(3, "e3")])
+        done = await store.response("k", "resp_bg")
+        assert done is not None and done.heartbeat_at is None
+        assert done.body["status"] == "completed"
+        assert await store.history("k", "resp_bg") == [message("u", "hi"), answer]
+        assert [number for number, _ in await store.events_after("resp_bg", -1)] == [0, 1, 2, 3]
+        assert not await store.claim_run("resp_bg", "owner-1", stale_before=time.time())
+        assert await store.delete("k", "resp_bg")
+        assert await store.events_after("resp_bg", -1) == []
+        # A run whose response was deleted while it ran stores no more events.
+        await store.record_progress("resp_bg", None, [(4, "e4")])
+        assert await store.events_after("resp_bg", -1) == []
+
+    run_with_store(store_url_of(), body)
+
+
+def test_stale_runs_are_claimed_once_and_cancels_reach_their_owner(
+    store_url_of: Callable[[], str],
+) -> None:
+    async def body(store: ResponseStore) -> None:
+        for name in ("resp_live", "resp_dead"):
+            await store.start_background(response(name, [], [], scope="k"), "owner-1")
+        await store._db.write(
+            [Step("UPDATE background_runs SET heartbeat_at = 0 WHERE response_id = 'resp_dead'")]
+        )
+        cutoff = time.time() - 5
+        assert await store.stale_runs(cutoff) == [("resp_dead", "k")]
+        assert not await store.claim_run("resp_live", "sweeper", stale_before=cutoff)
+        assert await store.claim_run("resp_dead", "sweeper", stale_before=cutoff)
+        assert await store.stale_runs(cutoff) == []  # claimed: renewed by its new owner
+        assert await store.runs_of("owner-1") == {"resp_live": False}
+        assert await store.request_cancel("resp_live")
+        assert await store.runs_of("owner-1") == {"resp_live": True}
+        await store.heartbeat("owner-1")
+        assert not await store.request_cancel("resp_gone")
+
+    run_with_store(store_url_of(), body)

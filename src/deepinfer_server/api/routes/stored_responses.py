@@ -1,4 +1,5 @@
-"""GET and DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items: the Responses store.
+"""GET and DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items, POST
+/v1/responses/{id}/cancel: the Responses store (background responses: api/background.py).
 
 Every read is in the request's scope (`api.stored_responses.request_scope`): a response stored
 under another API key is a 404, word for word as one that never existed. A store outage is a
@@ -13,6 +14,8 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from deepinfer_server.api.background import cancel, lost, resume
+from deepinfer_server.api.sse import FrameWriter, SSEResponse, complete
 from deepinfer_server.api.state import AppState
 from deepinfer_server.api.stored_responses import request_scope
 from deepinfer_server.errors import BadRequestError, ErrorKind
@@ -52,17 +55,37 @@ async def retrieve_response(request: Request) -> Response:
     conversation as stored."""
     response_id: str = request.path_params["response_id"]
     store = _store(request, response_id)
-    if request.query_params.get("stream", "false").lower() == "true":
-        raise BadRequestError(
-            "replaying a stored response as a stream is not supported; omit `stream`",
-            param="stream",
-            kind=ErrorKind.UNSUPPORTED,
-        )
+    streaming = request.query_params.get("stream", "false").lower() == "true"
+    after = _starting_after(request)
     scope = await request_scope(request, store)
     stored = await store.response(scope, response_id)
     if stored is None:
         raise response_not_found(response_id)
+    state: AppState = request.app.state.server
+    runs = state.background_runs
     body = stored.body
+    if runs is not None and lost(stored.heartbeat_at):
+        body = await runs.mark_lost(scope, response_id) or body
+    if streaming:
+        if runs is None or not body.get("background"):
+            raise BadRequestError(
+                "only a background response can be streamed again; omit `stream`",
+                param="stream",
+                kind=ErrorKind.UNSUPPORTED,
+            )
+        if await store.last_event(response_id) is None:  # its first is stored with it
+            raise BadRequestError(
+                "this background response was not created with `stream: true`; poll it "
+                "without `stream`",
+                param="stream",
+            )
+        frames = resume(runs, scope, response_id, after)
+
+        async def write_body(write: FrameWriter) -> None:
+            async for frame in frames:
+                await complete(write(frame.encode()))
+
+        return SSEResponse(write_body)  # type: ignore[return-value]  # an ASGI app, as a route answers
     if ENCRYPTED_CONTENT in _include(request):
         try:
             history = await store.history(scope, response_id) or []
@@ -70,8 +93,37 @@ async def retrieve_response(request: Request) -> Response:
             history = []
         inputs = history[: len(history) - len(stored.output_items)]
         asked = ReasoningRequest(encrypted=True, conversation=conversation_digest(inputs))
-        state: AppState = request.app.state.server
         body = ReasoningItems(asked, state.recipe.reasoning_seal).response(body)
+    return _json(body)
+
+
+def _starting_after(request: Request) -> int:
+    raw = request.query_params.get("starting_after")
+    if raw is None:
+        return -1
+    try:
+        return int(raw)
+    except ValueError:
+        raise BadRequestError(
+            "'starting_after' must be an event's sequence number", param="starting_after"
+        ) from None
+
+
+async def cancel_response(request: Request) -> Response:
+    """Cancel a background response still running (its generation stops, its slot is
+    freed); a finished one is returned unchanged."""
+    response_id: str = request.path_params["response_id"]
+    store = _store(request, response_id)
+    scope = await request_scope(request, store)
+    stored = await store.response(scope, response_id)
+    if stored is None:
+        raise response_not_found(response_id)
+    state: AppState = request.app.state.server
+    if state.background_runs is None or not stored.body.get("background"):
+        raise BadRequestError("Cannot cancel a synchronous response.")
+    body = await cancel(state.background_runs, scope, response_id)
+    if body is None:
+        raise response_not_found(response_id)
     return _json(body)
 
 

@@ -42,9 +42,16 @@ class StoredEcho:
 
     store: bool
     previous_response_id: str | None = None
+    background: bool = False
 
     def fields(self) -> dict[str, Any]:
-        return {"store": self.store, "previous_response_id": self.previous_response_id}
+        fields: dict[str, Any] = {
+            "store": self.store,
+            "previous_response_id": self.previous_response_id,
+        }
+        if self.background:
+            fields["background"] = True
+        return fields
 
 
 class ResponsesOutput(NamedEventOutput):

@@ -67,7 +67,11 @@ def _reject_stateful_options(body: dict[str, Any]) -> None:
             kind=ErrorKind.UNSUPPORTED,
         )
     if optional_bool(body, "background"):
-        raise BadRequestError("background responses are not supported", param="background")
+        raise BadRequestError(
+            "background responses need the Responses store: this server stores no responses "
+            "(--response-store none)",
+            param="background",
+        )
 
 
 #: The `input` item types deepseek-recipe converts (an item without `type` is a message); the
