@@ -4,8 +4,9 @@
     python bench/tenant_fairness.py [--heavy 48] [--light-requests 20] [--max-num-seqs 8]
 
 A simulated server (DP 1, --max-num-seqs 8, 10 ms steps) with two API keys. The light tenant
-sends one streaming chat at a time (16 tokens) and records its time to first token; the heavy
-tenant keeps --heavy streams of 256 tokens each going (a new one as soon as one ends), six times
+sends one streaming chat at a time (16 tokens) and records its time to first token (the first
+chunk with text, not the opening chunk with the role); the heavy tenant, a client process of its
+own, keeps --heavy streams of 256 tokens each going (a new one as soon as one ends), six times
 the running slots. Each row measures the light tenant's TTFT p50 alone (idle) and with the
 heavy tenant saturating, and prints their ratio:
 
@@ -18,18 +19,23 @@ heavy tenant saturating, and prints their ratio:
 
 Prefill runs at every step (`--prefill-attempt-interval 1`): DeepInfer's default cadence delays
 every prompt on a busy server by up to 70 steps whoever sent it
-(docs/operations/prefill-cadence.md), which would hide what admission does. One run, one server
-per row.
+(docs/operations/prefill-cadence.md), which would hide what admission does. The servers skip
+the grammar warm-up (`--no-grammar-warmup`): no request here is structured, and the warm-up's
+tens of seconds of CPU in the API and rank processes would fall in one phase or the other. One
+run, one server per row.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import multiprocessing
 import statistics
 import sys
 import tempfile
 import time
+from multiprocessing.synchronize import Event
 from pathlib import Path
 
 import httpx
@@ -53,8 +59,16 @@ def _body(tokens: int) -> dict[str, object]:
     }
 
 
+def _has_text(line: str) -> bool:
+    """Whether an SSE line is a chunk with text (the opening chunk's content is empty)."""
+    if not line.startswith("data:") or '"content"' not in line:
+        return False
+    choices = json.loads(line[5:])["choices"]
+    return bool(choices and choices[0]["delta"].get("content"))
+
+
 async def _ttft(client: httpx.AsyncClient, key: str, tokens: int) -> float:
-    """Seconds from sending to the first content chunk; the stream is read to its end."""
+    """Seconds from sending to the first chunk with text; the stream is read to its end."""
     start = time.perf_counter()
     first = None
     headers = {"Authorization": f"Bearer {key}"}
@@ -63,10 +77,21 @@ async def _ttft(client: httpx.AsyncClient, key: str, tokens: int) -> float:
     ) as response:
         response.raise_for_status()
         async for line in response.aiter_lines():
-            if first is None and line.startswith("data:") and '"content"' in line:
+            if first is None and _has_text(line):
                 first = time.perf_counter() - start
     assert first is not None
     return first
+
+
+async def _stream(client: httpx.AsyncClient, key: str, tokens: int) -> None:
+    """One stream read to its end."""
+    headers = {"Authorization": f"Bearer {key}"}
+    async with client.stream(
+        "POST", "/v1/chat/completions", json=_body(tokens), headers=headers
+    ) as response:
+        response.raise_for_status()
+        async for _ in response.aiter_raw():
+            pass
 
 
 async def _light(client: httpx.AsyncClient, key: str, count: int) -> float:
@@ -74,34 +99,48 @@ async def _light(client: httpx.AsyncClient, key: str, count: int) -> float:
     return statistics.median([await _ttft(client, key, 16) for _ in range(count)])
 
 
-async def _row(port: int, heavy_key: str, args: argparse.Namespace) -> tuple[float, float]:
-    limits = httpx.Limits(max_connections=args.heavy + 4)
-    async with httpx.AsyncClient(
-        base_url=f"http://127.0.0.1:{port}", timeout=600, limits=limits
-    ) as client:
-        await _light(client, LIGHT_KEY, 3)  # warm-up
-        idle = await _light(client, LIGHT_KEY, args.light_requests)
-        stop = asyncio.Event()
-        started = asyncio.Event()
-        running = 0
+def _heavy(port: int, key: str, streams: int, started: Event) -> None:
+    """The heavy tenant (a process of its own): `streams` streams, each followed by the next."""
 
-        async def heavy_stream() -> None:
-            nonlocal running
-            while not stop.is_set():
-                running += 1
-                if running >= args.heavy:
-                    started.set()
-                await _ttft(client, heavy_key, 256)
-                running -= 1
+    async def run() -> None:
+        limits = httpx.Limits(max_connections=streams + 4)
+        async with httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{port}", timeout=600, limits=limits
+        ) as client:
+            sent = 0
 
-        streams = [asyncio.create_task(heavy_stream()) for _ in range(args.heavy)]
-        await started.wait()
-        await asyncio.sleep(args.warm_up)  # the heavy tenant's streams fill the slots
-        saturated = await _light(client, LIGHT_KEY, args.light_requests)
-        stop.set()
-        for stream in streams:
-            stream.cancel()
-        await asyncio.gather(*streams, return_exceptions=True)
+            async def heavy_stream() -> None:
+                nonlocal sent
+                while True:
+                    sent += 1
+                    if sent >= streams:
+                        started.set()
+                    await _stream(client, key, 256)
+
+            await asyncio.gather(*(heavy_stream() for _ in range(streams)))
+
+    asyncio.run(run())
+
+
+async def _light_phase(port: int, count: int) -> float:
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600) as client:
+        return await _light(client, LIGHT_KEY, count)
+
+
+def _row(port: int, heavy_key: str, args: argparse.Namespace) -> tuple[float, float]:
+    asyncio.run(_light_phase(port, 3))  # warm-up
+    idle = asyncio.run(_light_phase(port, args.light_requests))
+    context = multiprocessing.get_context("spawn")
+    started = context.Event()
+    heavy = context.Process(target=_heavy, args=(port, heavy_key, args.heavy, started))
+    heavy.start()
+    try:
+        started.wait()
+        time.sleep(args.warm_up)  # the heavy tenant's streams fill the slots
+        saturated = asyncio.run(_light_phase(port, args.light_requests))
+    finally:
+        heavy.terminate()
+        heavy.join()
     return idle, saturated
 
 
@@ -130,6 +169,7 @@ def main() -> int:
         "1",
         "--api-key-file",
         str(keys),
+        "--no-grammar-warmup",
     ]
     rows = [
         ("one key", LIGHT_KEY, "1"),
@@ -143,7 +183,7 @@ def main() -> int:
     print(f"{'row':<24} {'idle ms':>8} {'saturated ms':>13} {'ratio':>6}")
     for name, heavy_key, share in rows:
         with Server.deepinfer(*common, "--key-running-share", share) as server:
-            idle, saturated = asyncio.run(_row(server.port, heavy_key, args))
+            idle, saturated = _row(server.port, heavy_key, args)
         print(f"{name:<24} {idle * 1000:>8.1f} {saturated * 1000:>13.1f} {saturated / idle:>6.2f}")
     return 0
 

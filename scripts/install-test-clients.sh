@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the real clients that the client test lane (tests/clients, marker `clients`) drives:
-#   - npm: Claude Code, Codex CLI and the Vercel AI SDK (ai, @ai-sdk/openai,
+#   - npm: Claude Code, Codex CLI, OpenCode, Qwen Code and the Vercel AI SDK (ai, @ai-sdk/openai,
 #     @ai-sdk/openai-compatible, zod), into a project-local prefix (default .test-clients/);
 #   - pip: LiteLLM and LangChain's OpenAI integration, into the current Python environment;
 #     GuideLLM into a virtual environment of its own under the prefix (guidellm/: its
@@ -14,6 +14,8 @@ set -euo pipefail
 
 CLAUDE_CODE_VERSION=2.1.332
 CODEX_VERSION=0.171.0
+OPENCODE_VERSION=1.18.33
+QWEN_CODE_VERSION=0.15.10
 # The AI SDK 6 line (AI SDK 7 needs Node 22; Debian's nodejs is 20): its default provider
 # (createOpenAI: the Responses API with store: true) and createOpenAICompatible.
 AI_SDK_PACKAGES=(
@@ -49,6 +51,7 @@ if (( do_npm )); then
     mkdir -p "$prefix"
     wanted=()
     for spec in "@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION" "@openai/codex@$CODEX_VERSION" \
+        "opencode-ai@$OPENCODE_VERSION" "@qwen-code/qwen-code@$QWEN_CODE_VERSION" \
         "${AI_SDK_PACKAGES[@]}"; do
         name="${spec%@*}"
         version="${spec##*@}"
@@ -60,14 +63,15 @@ if (( do_npm )); then
     done
     if (( ${#wanted[@]} )); then
         echo "npm: installing ${wanted[*]} into $prefix"
-        # --foreground-scripts: Claude Code's postinstall puts its native binary in place.
+        # --foreground-scripts: Claude Code's and OpenCode's postinstalls put their native
+        # binaries in place.
         npm install --prefix "$prefix" --no-audit --no-fund --loglevel=error \
             --foreground-scripts "${wanted[@]}"
     fi
     for package in "${AI_SDK_PACKAGES[@]}"; do
         echo "installed: ${package%@*} $(installed_npm_version "${package%@*}")"
     done
-    for bin in claude codex; do
+    for bin in claude codex opencode qwen; do
         "$prefix/node_modules/.bin/$bin" --version </dev/null 2>/dev/null | tail -n 1 \
             | sed "s|^|installed: $bin -> |" \
             || { echo "npm: $prefix/node_modules/.bin/$bin does not run" >&2; exit 1; }

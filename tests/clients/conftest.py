@@ -38,11 +38,6 @@ TRACE_DIR = os.environ.get("DEEPINFER_CLIENT_TRACE_DIR")
 # What the environment of a client subprocess keeps from ours (no keys, no user settings).
 INHERITED_ENV = ("PATH", "LANG", "LC_ALL", "TERM", "TZ", "SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS")
 
-ANTHROPIC_CONTEXT_LIMIT = re.compile(
-    r"input length and `max_tokens` exceed context limit: (\d+) \+ (\d+) > (\d+), "
-    r"decrease input length or `max_tokens` and try again"
-)
-
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(

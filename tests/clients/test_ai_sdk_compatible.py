@@ -43,3 +43,7 @@ def test_generate_object(recorder: Recorder, tmp_path: Path, structured: bool) -
     assert sent["response_format"]["type"] == kind, recorder.report()
     if not structured:  # what OpenAI refuses: no message says "json"
         assert "json" not in json.dumps(sent["messages"]).lower()
+        # ... and the schema is nowhere: not in response_format, not in a prompt of the SDK's.
+        assert sent["response_format"] == {"type": "json_object"}, sent["response_format"]
+        assert [m["role"] for m in sent["messages"]] == ["user"], sent["messages"]
+        assert "string" not in json.dumps(sent["messages"]), sent["messages"]

@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 
 from tests.clients.conftest import (
-    ANTHROPIC_CONTEXT_LIMIT,
     MAX_MODEL_LEN,
     MODEL,
     Recorder,
@@ -23,7 +22,8 @@ from tests.dsml import tool_calls_block
 
 pytestmark = pytest.mark.clients
 
-# Claude Code's own default; the lane keeps it so the context-limit recovery is exercised.
+# Claude Code's own default, beyond the room its prompt leaves: the lane keeps it, so that the
+# server's lowering of it to that room is exercised.
 DEFAULT_MAX_TOKENS = 32000
 
 
@@ -56,25 +56,19 @@ def message_usage(response_text: str) -> dict[str, Any]:
     return {}
 
 
-def check_context_recovery(recorder: Recorder) -> None:
-    """Every /v1/messages call Claude Code made: a 400 only with Anthropic's context-limit wording
-    (which makes it retry with a smaller max_tokens), and every 200 within the context."""
+def check_served_at_once(recorder: Recorder) -> None:
+    """Every request Claude Code made was answered the first time: no 400 (a context overflow
+    would make it retry with a smaller max_tokens, one more round trip per turn), its
+    `HEAD /` probe included. A max_tokens beyond the room its prompt leaves is lowered to it
+    (the server's default), so the answer's usage and the output fit the window."""
     calls = recorder.to("/v1/messages")
     assert calls, recorder.report()
+    for exchange in recorder.exchanges:
+        assert exchange.status == 200, f"a request was refused: {exchange.summary()}"
     for call in calls:
         assert call.query == "beta=true", call.target
-        body = call.json()
-        if call.status == 400:
-            message = call.response_json()["error"]["message"]
-            assert ANTHROPIC_CONTEXT_LIMIT.search(message), (
-                "a context overflow must be worded as Anthropic does so Claude Code retries: "
-                f"{message!r}"
-            )
-        elif call.status == 200:
-            usage = message_usage(call.response_text)
-            assert usage["input_tokens"] + body["max_tokens"] <= MAX_MODEL_LEN, usage
-        else:
-            pytest.fail(f"unexpected status: {call.summary()}")
+        usage = message_usage(call.response_text)
+        assert usage["input_tokens"] < MAX_MODEL_LEN, usage
 
 
 @pytest.mark.timeout(120)
@@ -91,7 +85,7 @@ def test_plain_answer(recorder: Recorder, tmp_path: Path) -> None:
     assert body["stream"] is True
     assert first.headers["anthropic-version"] == "2023-06-01"
     assert first.headers["x-api-key"] == "dummy-key"
-    check_context_recovery(recorder)
+    check_served_at_once(recorder)
 
 
 def run_bash_round_trip(recorder: Recorder, tmp_path: Path, **env: str) -> None:
@@ -124,13 +118,16 @@ def run_bash_round_trip(recorder: Recorder, tmp_path: Path, **env: str) -> None:
     result = messages[-1]["content"][0]
     assert result["type"] == "tool_result" and result["tool_use_id"] == tool_use["id"]  # type: ignore[index]
     assert f"{word}-ran" in str(result["content"])
-    check_context_recovery(recorder)
+    check_served_at_once(recorder)
 
 
 @pytest.mark.timeout(120)
 def test_bash_tool_round_trip(recorder: Recorder, tmp_path: Path) -> None:
     """Default settings: the first request asks max_tokens 32000 with a ~12k-token prompt."""
     run_bash_round_trip(recorder, tmp_path)
+    first = next(c for c in recorder.to("/v1/messages") if c.json().get("tools"))
+    asked = first.json()["max_tokens"]
+    assert message_usage(first.response_text)["input_tokens"] + asked > MAX_MODEL_LEN
 
 
 @pytest.mark.timeout(120)

@@ -116,7 +116,7 @@ def test_chat_n_three_choices_with_summed_usage(client: openai.OpenAI) -> None:
         ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
         ({"prompt": "x", "suffix": "y"}, "suffix"),
         ({"prompt": "x", "presence_penalty": 1}, "presence_penalty"),
-        ({"prompt": "x", "max_tokens": 5000}, "prompt"),
+        ({"prompt": "word " * 5000, "max_tokens": 10}, "prompt"),
         ({"prompt": "x", "temperature": 3}, "temperature"),
     ],
 )

@@ -211,7 +211,7 @@ def _recipe(
     max_model_len: int,
     reasoning_secret: str | None,
     image_limits: ImageLimits,
-    clamp_max_tokens: bool = False,
+    clamp_max_tokens: bool = True,
 ) -> RecipeContext:
     """One recipe context per configuration, built once for the whole session: building one
     loads the tokenizer twice and takes seconds (the context holds no per-request state)."""

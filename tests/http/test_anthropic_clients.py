@@ -39,7 +39,7 @@ def test_context_overflow_speaks_anthropics_words() -> None:
     """Claude Code retries with a smaller max_tokens only on Anthropic's wording."""
 
     async def body() -> None:
-        async with serve() as h:  # 4096-token context
+        async with serve("--no-clamp-max-tokens") as h:  # 4096-token context, strict
             response = await h.client.post(MESSAGES, json=messages_body(max_tokens=4090))
             assert response.status_code == 400
             error = response.json()["error"]
@@ -106,7 +106,10 @@ def test_model_retrieve_in_each_protocols_shape() -> None:
             assert openai["id"] == MODEL and openai["object"] == "model"
             assert (await h.client.get("/v1/models/other/name")).json()["id"] == "other/name"
             claude = (await h.client.get(f"/v1/models/{MODEL}", headers=ANTHROPIC)).json()
-            assert claude.keys() == {"type", "id", "display_name", "created_at"}
+            assert claude.keys() == {
+                *("type", "id", "display_name", "created_at"),
+                *("max_input_tokens", "max_tokens", "max_model_len"),
+            }
             assert claude["type"] == "model" and claude["id"] == MODEL
             assert claude["created_at"].endswith("Z")
             listed = (await h.client.get("/v1/models", headers=ANTHROPIC)).json()

@@ -1,6 +1,7 @@
-"""`--clamp-max-tokens`: a max_tokens beyond the room the prompt leaves is lowered to that room in
-every protocol, and the answer ends with that protocol's length finish; without the option the
-request stays a 400 (Qwen Code asks max_tokens 64000 of any model it does not know)."""
+"""By default (`--clamp-max-tokens`) a max_tokens beyond the room the prompt leaves is lowered to
+that room in every protocol, and the answer ends with that protocol's length finish (OpenCode asks
+max_tokens 32000 with a 7k-token prompt on a 32k window); with `--no-clamp-max-tokens` the request
+stays a 400, and a prompt that alone fills the window is a 400 either way."""
 
 from __future__ import annotations
 
@@ -49,12 +50,13 @@ IDS = ["chat", "chat-max-completion-tokens", "responses", "messages", "completio
 
 
 @pytest.mark.parametrize(("path", "extra", "is_length_finish"), CASES, ids=IDS)
-def test_clamp_max_tokens_lowers_it_to_the_room_left(
-    path: str, extra: dict[str, Any], is_length_finish: Any
+@pytest.mark.parametrize("flags", [(), ("--clamp-max-tokens",)], ids=["default", "explicit"])
+def test_max_tokens_is_lowered_to_the_room_left(
+    path: str, extra: dict[str, Any], is_length_finish: Any, flags: tuple[str, ...]
 ) -> None:
     async def body() -> None:
         script = Script(text="Once upon a time", finish=Finish.LENGTH)
-        async with serve("--clamp-max-tokens", script=script) as h:
+        async with serve(*flags, script=script) as h:
             response = await h.client.post(path, json={"model": MODEL, **extra})
             assert response.status_code == 200, response.text
             _, prompt, sampling = h.coordinator.submitted[-1]
@@ -65,13 +67,16 @@ def test_clamp_max_tokens_lowers_it_to_the_room_left(
 
 
 @pytest.mark.parametrize(("path", "extra", "is_length_finish"), CASES, ids=IDS)
-def test_without_the_option_it_stays_a_400(
+def test_no_clamp_max_tokens_refuses_it_with_a_400(
     path: str, extra: dict[str, Any], is_length_finish: Any
 ) -> None:
     async def body() -> None:
-        async with serve() as h:
+        async with serve("--no-clamp-max-tokens") as h:
             response = await h.client.post(path, json={"model": MODEL, **extra})
             assert response.status_code == 400, response.text
+            error = response.json()["error"]
+            anthropic = "exceed context limit" in error["message"]  # Claude Code's wording
+            assert error.get("code") == "context_length_exceeded" or anthropic, error
             assert not h.coordinator.submitted
 
     run(body)
@@ -79,7 +84,7 @@ def test_without_the_option_it_stays_a_400(
 
 def test_a_request_that_fits_and_a_prompt_that_does_not_are_left_alone() -> None:
     async def body() -> None:
-        async with serve("--clamp-max-tokens") as h:
+        async with serve() as h:
             fits = {"model": MODEL, "messages": USER, "max_tokens": 100}
             assert (await h.client.post("/v1/chat/completions", json=fits)).status_code == 200
             assert h.coordinator.submitted[-1][2].max_tokens == 100

@@ -134,7 +134,7 @@ def test_bad_requests_name_the_param(extra: dict[str, object], param: str) -> No
 
 def test_context_overflow_has_openais_code() -> None:
     async def body() -> None:
-        async with serve() as h:
+        async with serve("--no-clamp-max-tokens") as h:
             response = await h.client.post(CHAT, json=chat_body(max_tokens=10_000))
             assert response.status_code == 400
             assert response.json()["error"]["code"] == "context_length_exceeded"

@@ -53,7 +53,11 @@ def build_app(state: AppState, endpoints: tuple[Endpoint, ...] = ROUTES) -> Star
         )
     if config.api_keys:
         names = tuple(tenant.name for tenant in config.tenants)
-        middleware.append(Middleware(ApiKeyMiddleware, keys=config.api_keys, names=names))
+        # The routes the table declares behind the keys (`security`); /v1's are by prefix.
+        protected = frozenset(e.path for e in endpoints if "security" in e.operation)
+        middleware.append(
+            Middleware(ApiKeyMiddleware, keys=config.api_keys, names=names, protected=protected)
+        )
     routes = [Route(e.path, e.handler, methods=[e.method]) for e in endpoints]
     app = _App(
         routes=routes,

@@ -1,7 +1,8 @@
-"""ApiKeyMiddleware: API keys on every /v1 route (pure ASGI; keys are never logged).
+"""ApiKeyMiddleware: API keys on every /v1 route and on the other routes the route table
+declares protected (vLLM's tokenizer endpoints) (pure ASGI; keys are never logged).
 
 Accepts `Authorization: Bearer KEY` (OpenAI clients) and `x-api-key: KEY` (Anthropic
-clients). Every configured key is compared in constant time. /health, /metrics and /version
+clients). Every configured key is compared in constant time. /, /health, /metrics and /version
 stay open for probes and scrapers. An accepted request's scope says which tenant it belongs to
 (`tenant_of`): the key's name and its index in `config.tenants`, never the key.
 """
@@ -38,13 +39,22 @@ def _presented_key(scope: Scope) -> bytes | None:
 
 
 class ApiKeyMiddleware:
-    """Rejects /v1 requests without one of `keys` with a 401 in the path's error envelope."""
+    """Rejects requests to /v1 or to a `protected` path without one of `keys` with a 401 in the
+    path's error envelope."""
 
-    def __init__(self, app: ASGIApp, keys: tuple[str, ...], names: tuple[str, ...]) -> None:
-        """`keys` and their tenants' `names` in the order of `config.tenants`."""
+    def __init__(
+        self,
+        app: ASGIApp,
+        keys: tuple[str, ...],
+        names: tuple[str, ...],
+        protected: frozenset[str] = frozenset(),
+    ) -> None:
+        """`keys` and their tenants' `names` in the order of `config.tenants`; `protected`:
+        the exact paths outside /v1 that need a key too."""
         self.app = app
         self._keys = [key.encode() for key in keys]
         self._names = names
+        self._protected = protected
 
     def _matching(self, presented: bytes | None) -> int | None:
         """The index of the key presented, or None."""
@@ -55,7 +65,8 @@ class ApiKeyMiddleware:
         return matches.index(True) if any(matches) else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith(PROTECTED_PREFIX):
+        path = scope["path"] if scope["type"] == "http" else ""
+        if not path.startswith(PROTECTED_PREFIX) and path not in self._protected:
             await self.app(scope, receive, send)
             return
         presented = _presented_key(scope)

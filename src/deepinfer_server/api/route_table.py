@@ -18,7 +18,7 @@ from starlette.routing import compile_path
 from deepinfer_server.api.dialects import Dialect
 from deepinfer_server.api.routes.count_tokens import count_tokens
 from deepinfer_server.api.routes.generation import CHAT, COMPLETIONS, MESSAGES, RESPONSES, generate
-from deepinfer_server.api.routes.meta import health, metrics, server_version
+from deepinfer_server.api.routes.meta import health, metrics, root, server_version
 from deepinfer_server.api.routes.models import list_models, retrieve_model
 from deepinfer_server.api.routes.openapi import openapi_json
 from deepinfer_server.api.routes.router_info import get_load, model_info, server_info
@@ -27,8 +27,13 @@ from deepinfer_server.api.routes.stored_responses import (
     list_input_items,
     retrieve_response,
 )
+from deepinfer_server.api.routes.tokenization import (
+    detokenize_route,
+    tokenize_route,
+    tokenizer_info_route,
+)
 from deepinfer_server.openapi import operations as op
-from deepinfer_server.openapi.schema import Schema
+from deepinfer_server.openapi.schema import Schema, one_of, ref
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -134,7 +139,9 @@ ROUTES: tuple[Endpoint, ...] = (
         list_models,
         Dialect.EITHER,
         op.get(
-            "The served model names (Anthropic's shape with an anthropic-version header)",
+            "The served models with their context window, max_model_len (Anthropic's shape "
+            "with an anthropic-version header)",
+            op.json_content(one_of(ref("ModelList"), ref("AnthropicModelList"))),
             protected=True,
         ),
     ),
@@ -143,7 +150,56 @@ ROUTES: tuple[Endpoint, ...] = (
         "GET",
         retrieve_model,
         Dialect.EITHER,
-        _with(op.get("One served model; 404 for a name not served", protected=True), op.MODEL_ID),
+        _with(
+            op.get(
+                "One served model; 404 for a name not served",
+                op.json_content(one_of(ref("Model"), ref("AnthropicModel"))),
+                protected=True,
+            ),
+            op.MODEL_ID,
+        ),
+    ),
+    Endpoint(
+        "/tokenize",
+        "POST",
+        tokenize_route,
+        Dialect.OPENAI,
+        op.post_json(
+            "vLLM's tokenize: a prompt, or Chat messages rendered as /v1/chat/completions renders "
+            "them (count is that request's prompt_tokens)",
+            "TokenizeRequest",
+            "TokenizeResponse",
+        ),
+    ),
+    Endpoint(
+        "/detokenize",
+        "POST",
+        detokenize_route,
+        Dialect.OPENAI,
+        op.post_json(
+            "vLLM's detokenize: token IDs to text", "DetokenizeRequest", "DetokenizeResponse"
+        ),
+    ),
+    Endpoint(
+        "/tokenizer_info",
+        "GET",
+        tokenizer_info_route,
+        Dialect.OPENAI,
+        op.get(
+            "vLLM's tokenizer_info: the tokenizer's configuration (special tokens, class)",
+            op.json_content(ref("TokenizerInfo")),
+            protected=True,
+        ),
+    ),
+    Endpoint(
+        "/",
+        "GET",
+        root,
+        Dialect.OPENAI,
+        op.get(
+            "The server's name, version and starting links (HEAD / answers 200 without a body)",
+            op.json_content(ref("ServerRoot")),
+        ),
     ),
     Endpoint(
         "/health", "GET", health, Dialect.OPENAI, op.get("200 {status: ok}, else 503 with a reason")

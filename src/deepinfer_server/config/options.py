@@ -101,13 +101,15 @@ class ServerConfig:
         type=float,
     )
     clamp_max_tokens: bool = option(
-        False,
+        True,
         "--clamp-max-tokens",
         help="lower a max_tokens (max_completion_tokens, max_output_tokens, Anthropic's "
-        "max_tokens) that does not fit after the prompt to the room --max-model-len leaves, "
-        "instead of refusing the request with 400; the answer then ends with a length finish "
-        "if it fills that room",
-        action="store_true",
+        "max_tokens) that does not fit after the prompt to the room --max-model-len leaves; the "
+        "answer then ends with a length finish if it fills that room (agent CLIs that do not "
+        "know the window ask for more than it leaves); --no-clamp-max-tokens refuses such a "
+        "request with 400 context_length_exceeded instead, as OpenAI, Anthropic and vLLM do "
+        "(default: on); a prompt that alone fills the window is refused either way",
+        action=argparse.BooleanOptionalAction,
     )
     max_num_batched_tokens: int | None = option(
         None,

@@ -13,8 +13,9 @@ import importlib.util
 import json
 import re
 from pathlib import Path
+from typing import Any
 
-from deepinfer_server.model.tokens import SYSTEM_TOKEN, SYSTEM_TOKEN_ID
+from deepinfer_server.model.tokens import BOS_TOKEN, EOS_TOKEN, SYSTEM_TOKEN, SYSTEM_TOKEN_ID
 
 
 def embedded_tokenizer_json() -> str:
@@ -58,15 +59,33 @@ def write_embedded_tokenizer(directory: Path) -> None:
     `huggingface_auto` loader pointed at a simulated server."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "tokenizer.json").write_text(embedded_tokenizer_json(), encoding="utf-8")
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": "<｜begin▁of▁sentence｜>",
-        "eos_token": "<｜end▁of▁sentence｜>",
-        "add_bos_token": False,
-        "add_eos_token": False,
-        "model_max_length": 1048576,
-    }
-    (directory / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    config = json.dumps(EMBEDDED_TOKENIZER_CONFIG)
+    (directory / "tokenizer_config.json").write_text(config, encoding="utf-8")
+
+
+#: The `tokenizer_config.json` of the embedded tokenizer (Hugging Face's fields).
+EMBEDDED_TOKENIZER_CONFIG: dict[str, object] = {
+    "tokenizer_class": "PreTrainedTokenizerFast",
+    "bos_token": BOS_TOKEN,
+    "eos_token": EOS_TOKEN,
+    "add_bos_token": False,
+    "add_eos_token": False,
+    "model_max_length": 1048576,
+}
+
+
+def load_tokenizer_config(model_dir: str | None) -> dict[str, Any]:
+    """The checkpoint's `tokenizer_config.json` when `model_dir` is a directory holding one that
+    parses as an object, else the embedded tokenizer's."""
+    if model_dir is not None:
+        path = Path(model_dir) / "tokenizer_config.json"
+        try:
+            config = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            config = None
+        if isinstance(config, dict):
+            return config
+    return dict(EMBEDDED_TOKENIZER_CONFIG)
 
 
 def load_tokenizer_json(model_dir: str | None) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+#: The token that begins every prompt.
+BOS_TOKEN = "<｜begin▁of▁sentence｜>"
 #: The token that ends every assistant turn (the engine's stop token).
 EOS_TOKEN = "<｜end▁of▁sentence｜>"
 #: The V4.1 encoding's system-turn token, absent from DeepSeek-V4's tokenizer.

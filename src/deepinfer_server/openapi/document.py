@@ -12,6 +12,7 @@ from typing import Any
 from deepinfer_server import __version__
 from deepinfer_server.openapi.errors import ERROR_SCHEMAS
 from deepinfer_server.openapi.requests import REQUEST_BODIES
+from deepinfer_server.openapi.responses import RESPONSE_SCHEMAS
 from deepinfer_server.openapi.schema import Schema
 
 
@@ -46,6 +47,7 @@ def build_document(
         "components": {
             "schemas": {
                 **REQUEST_BODIES,
+                **RESPONSE_SCHEMAS,
                 "ModelName": _model_name(served_model_names),
                 **ERROR_SCHEMAS,
             },

@@ -7,11 +7,16 @@ from typing import Any
 
 from deepinfer_server.openapi.errors import error_responses
 from deepinfer_server.openapi.requests import request_body
-from deepinfer_server.openapi.schema import Schema
+from deepinfer_server.openapi.schema import Schema, ref
 
 JSON_OBJECT = {"application/json": {"schema": {"type": "object"}}}
 STREAM = {"text/event-stream": {"schema": {"type": "string"}}}
 BEARER: list[dict[str, list[str]]] = [{"bearer": []}, {"apiKey": []}]
+
+
+def json_content(schema: Schema) -> dict[str, Any]:
+    """A 200's `content`: `schema` as application/json."""
+    return {"application/json": {"schema": schema}}
 
 
 def generation(summary: str, body: str, envelope: str) -> Schema:
@@ -48,6 +53,20 @@ def get(summary: str, content: dict[str, Any] | None = None, *, protected: bool 
     if protected:
         operation["security"] = BEARER
     return operation
+
+
+def post_json(summary: str, body: str, response: str) -> Schema:
+    """A POST of the `body` component answering the `response` component, errors in OpenAI's
+    envelope, behind the API keys."""
+    return {
+        "summary": summary,
+        "requestBody": request_body(body),
+        "responses": {
+            "200": {"description": "OK", "content": json_content(ref(response))},
+            **error_responses("OpenAIError"),
+        },
+        "security": BEARER,
+    }
 
 
 def count_tokens(summary: str, envelope: str) -> Schema:

@@ -297,12 +297,47 @@ RESPONSES: Schema = obj(
 RESPONSES["anyOf"] = [{"required": ["input"]}, {"required": ["instructions"]}]
 
 #: Component name → request body schema.
+TOKENIZE: Schema = obj(
+    {
+        "model": MODEL,
+        "prompt": string(description="Text, encoded as legacy completions encode a prompt"),
+        "messages": array(_CHAT_MESSAGE, 1),
+        "add_special_tokens": nullable(
+            boolean("prompt: the BOS token first (default true); messages: always there")
+        ),
+        "return_token_strs": nullable(boolean("Also each token's string (default false)")),
+        "add_generation_prompt": nullable(
+            boolean("Default true; false only with continue_final_message")
+        ),
+        "continue_final_message": nullable(
+            boolean("Continue the last (assistant) message instead of opening a new turn")
+        ),
+        "tools": CHAT_COMPLETIONS["properties"]["tools"],
+        "tool_choice": CHAT_COMPLETIONS["properties"]["tool_choice"],
+        "response_format": CHAT_COMPLETIONS["properties"]["response_format"],
+        "thinking": CHAT_COMPLETIONS["properties"]["thinking"],
+        "reasoning_effort": CHAT_COMPLETIONS["properties"]["reasoning_effort"],
+    },
+    (),
+    "vLLM's tokenize request: a prompt, or Chat Completions messages (with the Chat fields that "
+    "shape the prompt) rendered as /v1/chat/completions renders them",
+)
+TOKENIZE["oneOf"] = [{"required": ["prompt"]}, {"required": ["messages"]}]
+
+DETOKENIZE: Schema = obj(
+    {"model": MODEL, "tokens": array(integer(0, description="A token ID of the vocabulary"))},
+    ("tokens",),
+    "vLLM's detokenize request",
+)
+
 REQUEST_BODIES: dict[str, Schema] = {
     "ChatCompletionRequest": CHAT_COMPLETIONS,
     "CompletionRequest": COMPLETIONS,
     "ResponsesRequest": RESPONSES,
     "MessagesRequest": MESSAGES,
     "CountTokensRequest": COUNT_TOKENS,
+    "TokenizeRequest": TOKENIZE,
+    "DetokenizeRequest": DETOKENIZE,
 }
 
 

@@ -36,7 +36,7 @@ from deepinfer_server.engines.registry import get_backend
 from deepinfer_server.errors import ShuttingDownError, StartupError, StoreUnavailableError
 from deepinfer_server.grammar.compile_queue import QueueLimits
 from deepinfer_server.metrics import ServerMetrics
-from deepinfer_server.model.tokenizer import prompt_id_bound
+from deepinfer_server.model.tokenizer import load_tokenizer_config, prompt_id_bound
 from deepinfer_server.protocol.core.images import ImageLimits
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.protocol.core.structured import StructuredOutputs
@@ -155,6 +155,7 @@ def create_recipe(
         prompt_logprobs_unavailable=backend.prompt_logprobs_unavailable(),
         image_policy=backend.image_policy(checkpoint, tokenizer_json),
         clamp_max_tokens=config.clamp_max_tokens,
+        tokenizer_config=load_tokenizer_config(checkpoint),
     )
 
 

@@ -47,7 +47,7 @@ OPTIONS: dict[str, tuple[list[str], Any]] = {
     "max_num_seqs": (["--max-num-seqs", "3"], 3),
     "max_queued_requests": (["--max-queued-requests", "7"], 7),
     "queue_timeout": (["--queue-timeout", "12.5"], 12.5),
-    "clamp_max_tokens": (["--clamp-max-tokens"], True),
+    "clamp_max_tokens": (["--no-clamp-max-tokens"], False),
     "max_num_batched_tokens": (["--max-num-batched-tokens", "2048"], 2048),
     "prefill_attempt_interval": (["--prefill-attempt-interval", "5"], 5),
     "prefill_any_attempt_interval": (["--prefill-any-attempt-interval", "6"], 6),

@@ -55,6 +55,18 @@ def test_interval_one_prefills_at_every_step() -> None:
     assert _step(engine) == ["new"]
 
 
+def test_a_busy_engine_prefills_a_new_prompt_in_its_next_step() -> None:
+    # DeepInfer schedules a request added between two steps into the next one. The TTFT
+    # delay (here one step period) runs from that step's start: added a moment after the
+    # previous step ended, the prompt is still due by the next step's end, not one step later.
+    engine = _engine(prefill_attempt_interval=1, ttft_ms=50.0, itl_ms=50.0)
+    engine.add_request("0", "busy", LONG, prompt("a"))
+    assert _step(engine) == ["busy"]  # an idle engine's prompt step, ending once it is due
+    assert _step(engine) == ["busy"]
+    engine.add_request("0", "new", LONG, prompt("b"))
+    assert _step(engine) == ["new"]
+
+
 def test_a_lone_rank_waits_for_the_any_point_when_its_peer_wants_no_prefill() -> None:
     group = new_lockstep_group(2, 10.0)
     first_token_step: dict[int, int] = {}

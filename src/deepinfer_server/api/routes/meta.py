@@ -1,4 +1,4 @@
-"""GET /health, /metrics and /version."""
+"""GET /, /health, /metrics and /version."""
 
 from __future__ import annotations
 
@@ -12,6 +12,19 @@ from starlette.responses import JSONResponse, Response
 from deepinfer_server import __version__
 from deepinfer_server.api.state import AppState
 from deepinfer_server.metrics import CONTENT_TYPE
+
+#: What GET / answers: the server and where to start. Open, as /health is: it tells no more than
+#: /version, and Claude Code probes its base URL with `HEAD /` before any request.
+_ROOT = {
+    "name": "deepinfer-server",
+    "version": __version__,
+    "links": {"openapi": "/openapi.json", "models": "/v1/models", "health": "/health"},
+}
+
+
+async def root(request: Request) -> Response:
+    """GET / (and HEAD /, which Starlette answers with the same status and headers)."""
+    return JSONResponse(_ROOT)
 
 
 async def health(request: Request) -> Response:

@@ -3,7 +3,8 @@
 Anthropic's SDKs and Claude Code send `anthropic-version` on every request; with that header the
 answers take the shape of Anthropic's models endpoint (`type: "model"`, `display_name`,
 `created_at` as RFC 3339, a list with `has_more`, `first_id`, `last_id`), as Anthropic's own API
-does. Without it they are OpenAI's model objects.
+does. Without it they are OpenAI's model objects. Both carry the context window as vLLM reports
+it (`max_model_len`); Anthropic's shape also as `max_input_tokens` and `max_tokens`, its fields.
 """
 
 from __future__ import annotations
@@ -34,7 +35,17 @@ def _openai_model(state: AppState, name: str) -> dict[str, Any]:
 
 def _anthropic_model(state: AppState, name: str) -> dict[str, Any]:
     created = datetime.fromtimestamp(state.started_at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return {"type": "model", "id": name, "display_name": name, "created_at": created}
+    window = state.config.max_model_len
+    return {
+        "type": "model",
+        "id": name,
+        "display_name": name,
+        "created_at": created,
+        # The output limit is the window too: a request's is lowered to what its prompt leaves.
+        "max_input_tokens": window,
+        "max_tokens": window,
+        "max_model_len": window,
+    }
 
 
 async def list_models(request: Request) -> Response:

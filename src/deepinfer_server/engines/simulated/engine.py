@@ -17,7 +17,7 @@ the tokens (`token_generator`), grammar builds (`matcher_builds`), the prefix ca
 slots (`prefix_cache`, `state_slots`; DeepInfer's with the server's `--enable-prefix-caching`)
 and the timing (`step_clock`: every step lasts `itl_ms` while there is work, a prompt step at
 least its computed tokens over `prefill_tokens_per_s`; a request is schedulable `ttft_ms`
-after `add_request`).
+after `add_request`, or, while requests run, after the start of the step it can first join).
 """
 
 from __future__ import annotations
@@ -218,8 +218,13 @@ class LLMEngine:
         and is kept in."""
         self._check_thread()
         self._votes = None
-        # The TTFT delay runs from arrival: preparing the script below overlaps it.
+        # The TTFT delay runs from arrival: preparing the script below overlaps it. While
+        # requests run, the engine takes a new one between two steps, in the host work that
+        # overlaps the next step: it arrived when that step began, so DeepInfer's next step()
+        # can prefill it, as it does a request added before an idle engine's step().
         arrived = time.monotonic()
+        if self._table.running:
+            arrived = self._clock.period_start(arrived)
         if sampling_params is None:
             sampling_params = {}
         if isinstance(sampling_params, dict):

@@ -32,6 +32,12 @@ class StepClock:
             deadline = min(deadline, max(started, first_ready))
         return deadline
 
+    def period_start(self, now: float) -> float:
+        """When the step that the engine would start at `now` begins: the previous step's end
+        while the cadence runs (the host's work between two steps overlaps the next one), else
+        `now`."""
+        return self._deadline if now <= self._deadline + self._itl else now
+
     def sleep_until(self, deadline: float) -> None:
         """Wait for the step's end; the next step's period runs from it."""
         # A GPU step ends on time; an OS timer wakes a sleeper 0.1-0.2 ms late (timer slack,

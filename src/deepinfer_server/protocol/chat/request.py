@@ -70,6 +70,15 @@ def read_stream_options(body: dict[str, Any]) -> StreamOptions:
     )
 
 
+def convert_chat(body: dict[str, Any], recipe: RecipeContext) -> ConversationRequest:
+    """A checked Chat Completions body converted by deepseek-recipe: the conversation whose
+    prompt the engine gets (`/tokenize` with `messages` renders the same one)."""
+    read_constraint(CHAT_CONSTRAINT, body, thinking=False)
+    return convert_honouring_tool_choice(
+        lambda b: ChatCompletionRequest(b).convert(recipe.options), body, "auto", "response_format"
+    )
+
+
 def prepare_chat(body: dict[str, Any], recipe: RecipeContext) -> PreparedChat | list[PreparedChat]:
     """Turn a decoded Chat Completions body into prompt token IDs and sampling options.
 
@@ -91,10 +100,7 @@ def prepare_chat(body: dict[str, Any], recipe: RecipeContext) -> PreparedChat | 
         # The OpenAI client's current name wins over the deprecated max_tokens, as in vLLM.
         body["max_tokens"] = max_completion_tokens
     check_model(body, recipe.served_model_names)
-    read_constraint(CHAT_CONSTRAINT, body, thinking=False)
-    converted = convert_honouring_tool_choice(
-        lambda b: ChatCompletionRequest(b).convert(recipe.options), body, "auto", "response_format"
-    )
+    converted = convert_chat(body, recipe)
     constraint = read_constraint(CHAT_CONSTRAINT, body, converted.conversation.thinking_mode)
     engine = engine_input(converted, recipe, ignore_eos, protocol=_SAMPLING, sampling=sampling)
     prepared = PreparedChat(

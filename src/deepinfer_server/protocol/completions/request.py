@@ -15,6 +15,7 @@ import msgspec
 
 from deepinfer_server.errors import BadRequestError, ContextLengthError, ErrorKind
 from deepinfer_server.ipc.messages import SamplingOptions
+from deepinfer_server.model.tokens import BOS_TOKEN
 from deepinfer_server.protocol.chat.request import StreamOptions, read_stream_options
 from deepinfer_server.protocol.core.choices import read_n, seeds_for, with_seed
 from deepinfer_server.protocol.core.recipe import RecipeContext
@@ -28,7 +29,6 @@ from deepinfer_server.protocol.core.validation import (
 
 _SAMPLING = SAMPLING[Api.COMPLETIONS]
 
-BOS_TOKEN = "<｜begin▁of▁sentence｜>"
 #: OpenAI's and vLLM's default for completions.
 DEFAULT_MAX_TOKENS = 16
 MAX_LOGPROBS = 20
@@ -72,10 +72,10 @@ def _prompts(body: dict[str, Any], recipe: RecipeContext) -> list[tuple[list[int
     """Each prompt as (token IDs, text)."""
     prompt = body.get("prompt")
     if isinstance(prompt, str):
-        return [_text_prompt(prompt, recipe)]
+        return [text_prompt(prompt, recipe)]
     if isinstance(prompt, list) and prompt:
         if all(isinstance(item, str) for item in prompt):
-            return [_text_prompt(item, recipe) for item in prompt]
+            return [text_prompt(item, recipe) for item in prompt]
         if _is_ids(prompt):
             return [_ids_prompt(prompt, recipe)]
         if all(isinstance(item, list) and item and _is_ids(item) for item in prompt):
@@ -106,7 +106,9 @@ def _ids_prompt(ids: list[int], recipe: RecipeContext) -> tuple[list[int], str]:
     return list(ids), recipe.decoder.decode(ids, skip_special_tokens=False)
 
 
-def _text_prompt(text: str, recipe: RecipeContext) -> tuple[list[int], str]:
+def text_prompt(text: str, recipe: RecipeContext) -> tuple[list[int], str]:
+    """A text prompt's token IDs (with the BOS token first, added unless the text has it)
+    and the text."""
     ids = list(recipe.tokenizer.encode(text))
     bos = recipe.tokenizer.encode(BOS_TOKEN)
     if ids[: len(bos)] != bos:

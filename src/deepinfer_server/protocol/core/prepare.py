@@ -64,7 +64,7 @@ def engine_input(
     logprobs: bool = False,
 ) -> EngineInput:
     """Encode the conversation (V4.1) and resolve max_tokens against the context (lowered to
-    the room left with `--clamp-max-tokens`, where the recipe would refuse it).
+    the room left with `--clamp-max-tokens`, the default, where the recipe would refuse it).
 
     `sampling` is what `protocol.read` read of the body. `logprobs` asks for them
     even when the converted request does not (Responses `include`).

@@ -7,8 +7,9 @@ translated into the server's ApiError tree here (`recipe_errors`), never above.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 import tokenizers
@@ -25,6 +26,7 @@ from deepseek_recipe import (
 
 from deepinfer_server.errors import ApiError, BadRequestError, ContextLengthError, ErrorKind
 from deepinfer_server.model.images import ImagePolicy, recipe_image_policy
+from deepinfer_server.model.tokenizer import EMBEDDED_TOKENIZER_CONFIG
 from deepinfer_server.protocol.core.images import ImageLimits, new_resolver
 from deepinfer_server.protocol.core.prompt_encoder import PromptEncoder
 from deepinfer_server.protocol.core.reasoning_seal import ReasoningSeal, seal_key
@@ -55,10 +57,14 @@ class RecipeContext:
     prompt_logprobs_unavailable: str | None = None
     #: The image placeholder the engine expands and how it counts image tokens.
     image_policy: ImagePolicy | None = None
-    #: `--clamp-max-tokens`: a max_tokens beyond the room the prompt leaves is lowered to it.
-    clamp_max_tokens: bool = False
+    #: `--clamp-max-tokens` (the default): a max_tokens beyond the room the prompt leaves is
+    #: lowered to it; False (`--no-clamp-max-tokens`) refuses it.
+    clamp_max_tokens: bool = True
     #: `encoding.encode`, reusing the tokens of an earlier prompt that the new one extends.
     prompt_encoder: PromptEncoder | None = None
+    #: The tokenizer's `tokenizer_config.json` (the checkpoint's, or the embedded one's), which
+    #: `GET /tokenizer_info` reports.
+    tokenizer_config: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def create(
@@ -74,11 +80,13 @@ class RecipeContext:
         prompt_id_bound: int | None = None,
         prompt_logprobs_unavailable: str | None = None,
         image_policy: ImagePolicy | None = None,
-        clamp_max_tokens: bool = False,
+        clamp_max_tokens: bool = True,
+        tokenizer_config: Mapping[str, Any] | None = None,
     ) -> RecipeContext:
         """`reasoning_key` (a `reasoning_seal.seal_key`) shared by every API server process
         takes precedence over `reasoning_secret`; `prompt_id_bound` defaults to the
-        tokenizer's vocabulary with its added tokens."""
+        tokenizer's vocabulary with its added tokens, `tokenizer_config` to the embedded
+        tokenizer's."""
         tokenizer = Tokenizer.from_str(tokenizer_json)
         # Only the served names are accepted, all as DeepSeek-V4.1-Flash: the recipe's default
         # table would also accept "DeepSeek-V4-Pro" and render it with the wrong encoding.
@@ -105,6 +113,7 @@ class RecipeContext:
             image_policy or recipe_image_policy(tokenizer_json),
             clamp_max_tokens,
             PromptEncoder(decoder),  # read-only, as the decoder: one parse of the file
+            EMBEDDED_TOKENIZER_CONFIG if tokenizer_config is None else tokenizer_config,
         )
 
     @property
@@ -113,9 +122,10 @@ class RecipeContext:
         return self.served_model_names[0]
 
     def room_for(self, prompt_tokens: int, requested: int | None) -> int | None:
-        """With `--clamp-max-tokens`, the output tokens a request that asked for `requested`
-        gets when prompt plus request would not fit (the room the prompt leaves); None when
-        nothing is to be lowered (the option is off, nothing was asked, or no room is left)."""
+        """With `--clamp-max-tokens` (the default), the output tokens a request that asked for
+        `requested` gets when prompt plus request would not fit (the room the prompt leaves);
+        None when nothing is to be lowered (the option is off, nothing was asked, or no room is
+        left)."""
         room = self.context_limit - prompt_tokens
         if not self.clamp_max_tokens or requested is None or room < 1 or requested <= room:
             return None
