@@ -25,6 +25,10 @@ _API_PREFIX = re.compile(r"\[api (\d+)\]")
 _probes = itertools.count()
 
 
+#: The start-up line's address: `serving <models> on 127.0.0.1:<port>`.
+_SERVING = re.compile(r"serving .* on 127\.0\.0\.1:(\d+)")
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -85,8 +89,10 @@ class LiveServer:
         production (off by default: about 20 s of CPU per server, which most tests never use;
         their first structured request prepares them, as `--no-grammar-warmup` says)."""
         self.api_servers = api_servers
-        self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
+        #: The port the server bound (`--port 0`: the system picks it, the start-up line names
+        #: it), known once the server serves; unless `args` give a port of their own.
+        self.port = 0
+        self.base_url = ""
         self.args = [
             sys.executable,
             "-m",
@@ -96,7 +102,7 @@ class LiveServer:
             "--host",
             "127.0.0.1",
             "--port",
-            str(self.port),
+            "0",
             *(["--api-server-count", str(api_servers)] if api_servers > 1 else []),
             *([] if grammar_warmup else ["--no-grammar-warmup"]),
             *args,
@@ -126,10 +132,23 @@ class LiveServer:
             self._lines.put(line)
         self._lines.put(None)
 
+    def _wait_for_port(self, deadline: float) -> None:
+        """Read the bound port off the start-up line (`serving ... on 127.0.0.1:PORT`)."""
+        try:
+            line = self.wait_for_line("[startup]", deadline - time.monotonic(), _SERVING)
+        except TimeoutError:
+            raise TimeoutError(f"the server never said it serves; log:\n{self.log}") from None
+        match = _SERVING.search(line)
+        assert match is not None, line
+        self.port = int(match.group(1))
+        self.base_url = f"http://127.0.0.1:{self.port}"
+
     def wait_until_healthy(self, timeout: float) -> None:
         """Block until `/health` answers 200 (every rank is ready and HTTP is served), as a
         load balancer's readiness probe would; raise if the server exits first."""
         deadline = time.monotonic() + timeout
+        if not self.port:
+            self._wait_for_port(deadline)
         with httpx.Client(base_url=self.base_url, timeout=2.0) as probe:
             while True:
                 if self.process.poll() is not None:
@@ -164,12 +183,19 @@ class LiveServer:
                 with contextlib.suppress(queue.Empty):
                     self._lines.get(timeout=0.05)
 
-    def wait_for_line(self, text: str, timeout: float) -> str:
-        """Block until a log line containing `text` appears (an event, not a sleep). For tests
-        whose feature is the line itself; a state change is awaited on /health or /metrics."""
+    def wait_for_line(
+        self, text: str, timeout: float, pattern: re.Pattern[str] | None = None
+    ) -> str:
+        """Block until a log line containing `text` (and matching `pattern`, if given) appears
+        (an event, not a sleep). For tests whose feature is the line itself; a state change is
+        awaited on /health or /metrics."""
         deadline = time.monotonic() + timeout
+
+        def wanted(line: str) -> bool:
+            return text in line and (pattern is None or pattern.search(line) is not None)
+
         for line in self.lines:
-            if text in line:
+            if wanted(line):
                 return line
         while True:
             remaining = deadline - time.monotonic()
@@ -180,8 +206,10 @@ class LiveServer:
             except queue.Empty:
                 continue
             if line is None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.process.wait(5)
                 raise RuntimeError(f"server exited ({self.process.poll()}); log:\n{self.log}")
-            if text in line:
+            if wanted(line):
                 return line
 
     @property

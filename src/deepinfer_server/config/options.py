@@ -46,7 +46,13 @@ class ServerConfig:
         nargs="+",
     )
     host: str = option("0.0.0.0", "--host", help="HTTP listen address (default: %(default)s)")
-    port: int = option(8000, "--port", help="HTTP port (default: %(default)s)", type=int)
+    port: int = option(
+        8000,
+        "--port",
+        help="HTTP port; 0 takes a free one the system picks, named in the start-up line "
+        "(default: %(default)s)",
+        type=int,
+    )
     expert_parallel_size: int | None = option(
         None,
         "--expert-parallel-size",

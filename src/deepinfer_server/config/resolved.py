@@ -257,8 +257,10 @@ def _check_ranges(config: ServerConfig, max_model_len: int) -> None:
     for flag, amount in non_negative.items():
         if amount < 0:
             raise ConfigError(f"{flag} must not be negative, got {amount}")
-    if not 0 < config.port < 65536:
-        raise ConfigError(f"--port must be in 1..65535, got {config.port}")
+    if not 0 <= config.port < 65536:
+        raise ConfigError(
+            f"--port must be in 0..65535 (0: one the system picks), got {config.port}"
+        )
     if config.media_fetch_timeout <= 0:
         raise ConfigError("--media-fetch-timeout must be positive")
     for entry in config.allowed_media_domains:

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
+import socket
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from typing import Any
 
@@ -250,6 +252,21 @@ async def wait_for_ranks(
         for sig in signals:
             loop.remove_signal_handler(sig)
     return None
+
+
+def bind_listener(config: ResolvedConfig) -> tuple[socket.socket, ResolvedConfig]:
+    """The server's TCP socket, bound but not listening (connections are refused until an API
+    server serves on it), and the configuration with the port it is bound to: `--port 0` takes
+    one the operating system picks, which the start-up line then names."""
+    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((config.host, config.port))
+    except OSError:
+        sock.close()
+        raise
+    return sock, dataclasses.replace(config, port=int(sock.getsockname()[1]))
 
 
 def log_serving(config: ResolvedConfig, master_port: int) -> None:

@@ -25,6 +25,7 @@ from deepinfer_server.errors import ConfigError
 from deepinfer_server.metrics import ServerMetrics
 from deepinfer_server.server.http import (
     WRITES_AT_SHUTDOWN,
+    bind_listener,
     build_server,
     log_serving,
     response_store,
@@ -45,7 +46,12 @@ logger = logging.getLogger("deepinfer_server")
 
 async def serve(config: ResolvedConfig, prepared: Prepared) -> int:
     """Run the single-process server until it is told to stop; returns the exit code."""
-    with tempfile.TemporaryDirectory(prefix="deepinfer-server-") as workdir:
+    try:
+        listener, config = bind_listener(config)
+    except OSError as exc:
+        logger.error("cannot listen on %s:%d: %s", config.host, config.port, exc)
+        return 1
+    with tempfile.TemporaryDirectory(prefix="deepinfer-server-") as workdir, listener:
         ranks = RankGroup(
             rank_specs(config, prepared, workdir), prepared.backend.shared_state(config)
         )
@@ -73,7 +79,7 @@ async def serve(config: ResolvedConfig, prepared: Prepared) -> int:
                     metrics,
                     store=store,
                 )
-                await server.serve()
+                await server.serve(sockets=[listener])
                 await server.state.wait_background(WRITES_AT_SHUTDOWN)
             if not server.started:
                 return 1

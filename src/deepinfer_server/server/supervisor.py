@@ -43,7 +43,7 @@ from deepinfer_server.ipc.control import (
 )
 from deepinfer_server.protocol.core.reasoning_seal import seal_key
 from deepinfer_server.server.api_worker import WorkerSpec, run_api_worker
-from deepinfer_server.server.http import STOP_SIGNALS, log_serving
+from deepinfer_server.server.http import STOP_SIGNALS, bind_listener, log_serving
 from deepinfer_server.server.ranks import REAP_TIMEOUT, RankGroup, describe_exit
 from deepinfer_server.server.startup import (
     RANK_STOP_TIMEOUT,
@@ -64,20 +64,6 @@ _PING_INTERVAL = 1.0
 #: (stopped, or its event loop blocked), and it is killed and the service fails, naming it.
 #: Shorter than the ranks' bound on an unread link (`rank.links.LINK_STALL_SECONDS`).
 API_SERVER_TIMEOUT = 10.0
-
-
-def bind_listener(host: str, port: int) -> socket.socket:
-    """The server's TCP socket, bound but not listening: connections are refused until an API
-    server process serves (it listens)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    return sock
 
 
 class _Worker:
@@ -319,7 +305,7 @@ async def supervise(config: ResolvedConfig, prepared: Prepared) -> int:
     """Run the server with `config.api_server_count` API server processes; the exit code."""
     loop = asyncio.get_running_loop()
     try:
-        listener = bind_listener(config.host, config.port)
+        listener, config = bind_listener(config)
     except OSError as exc:
         logger.error("cannot listen on %s:%d: %s", config.host, config.port, exc)
         return 1

@@ -29,7 +29,7 @@ def test_the_reference_lists_every_option_with_its_expanded_help() -> None:
     flags = {flag for action in build_parser()._actions for flag in action.option_strings}
     assert listed == flags | {"MODEL"}
     assert "%(" not in rendered  # argparse's placeholders are expanded, as `--help` does
-    assert "| `--port` `N` | 8000 | HTTP port |" in rendered
+    assert "| `--port` `N` | 8000 | HTTP port; 0 takes a free one" in rendered
     assert "| `--expert-parallel-size`, `--ep` `N` | DP\\*CP |" in rendered
     assert "| `--engine` `{deepinfer,simulated}` | deepinfer |" in rendered
     assert "## --engine simulated" in rendered and "`--sim-itl-ms` `F` | 10.0 |" in rendered

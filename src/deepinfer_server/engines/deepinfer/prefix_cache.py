@@ -116,7 +116,6 @@ class PrefixCache:
         self.query_tokens = 0
         self.hit_tokens = 0
         self.evictions = 0
-        self.snapshots_skipped = 0
         self.disabled = disabled_reason(engine)
         if self.disabled is None:
             copy_clone_unpins(engine.deferred_release)
@@ -362,7 +361,8 @@ class PrefixCache:
                 continue
             slot = self._spare_state_slot(len(scheduled))
             if slot is None:
-                self.snapshots_skipped += 1
+                # No spare state slot this step: the prompt is not kept, and a later request
+                # with its prefix prefills in full, as without the cache.
                 continue
             pairs.append((int(seq.state_id), slot))
             self._snapshots[seq_id] = (seq, slot)
