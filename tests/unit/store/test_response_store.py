@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -22,28 +22,7 @@ from deepinfer_server.store.records import NewResponse
 from deepinfer_server.store.sql import fair_level
 from tests.postgres import PostgresServer
 
-#: The PostgreSQL cases start a real server: lane `postgres`, and e2e (not the fast lane).
-BACKENDS = ["sqlite", pytest.param("postgres", marks=[pytest.mark.postgres, pytest.mark.e2e])]
 MIB = 1024 * 1024
-
-
-@pytest.fixture(scope="module")
-def postgres_server() -> Iterator[PostgresServer]:
-    server = PostgresServer()
-    try:
-        yield server
-    finally:
-        server.close()
-
-
-@pytest.fixture(params=BACKENDS)
-def store_url_of(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], str]:
-    """A fresh store's URL (every call in one test gives the same store)."""
-    if request.param == "sqlite":
-        url = f"sqlite://{tmp_path / 'responses.sqlite3'}"
-    else:
-        url = request.getfixturevalue("postgres_server").new_database()
-    return lambda: url
 
 
 Body = Callable[[ResponseStore], Coroutine[Any, Any, None]]
