@@ -196,6 +196,27 @@ def test_a_background_turn_is_appended_when_it_completes(tmp_path: Path) -> None
     run_stored(tmp_path, test, script=Script("Done later"))
 
 
+def test_a_prefill_server_reads_the_conversation_and_leaves_the_turn_to_the_decode_side(
+    tmp_path: Path,
+) -> None:
+    async def test(h: Harness) -> None:
+        assert h.state.store is not None
+        conversations = ConversationStore(h.state.store)
+        earlier = {"type": "message", "role": "user", "content": "Earlier words"}
+        conversation = await conversations.create("none", {}, [earlier])
+        response = await h.client.post(
+            "/v1/responses",
+            json={"model": MODEL, "input": "Hi", "conversation": conversation.id, "stream": True},
+        )
+        assert response.status_code == 200, response.text
+        assert "Earlier words" in last_prompt(h.coordinator)
+        assert "event: response.completed" in response.text  # its end is not held back
+        page = await conversations.items("none", conversation.id, limit=None)
+        assert page is not None and len(page.items) == 1
+
+    run_stored(tmp_path, test, "--disaggregation-mode", "prefill", script=Script("Hello"))
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [

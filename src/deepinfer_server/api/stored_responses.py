@@ -248,12 +248,13 @@ class StoredSession:
         return SSEResponse(write_body)
 
     async def finished(self) -> list[str]:
-        """Store the finished response (when asked to); the held closing payloads.
-        StoreUnavailableError when it was asked to be stored and is not."""
+        """Store the finished response (when asked to) and append its turn to its
+        conversation; the held closing payloads. StoreUnavailableError when either is asked
+        for and not done."""
         output = self._output
         assert output is not None, "finished() before make_output()"
         if not self._stored and not self._appending:
-            return []
+            return output.held  # a prefill server's turn: nothing to write, its end goes out
         response = output.final if output.final is not None else output.response()
         if response.get("status") in _STORED_STATUSES:
             await self._write(response)

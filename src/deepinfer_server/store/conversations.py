@@ -33,6 +33,7 @@ import orjson
 
 from deepinfer_server.errors import StoreUnavailableError
 from deepinfer_server.store.database import Database, Step
+from deepinfer_server.store.fairness import fair_level
 from deepinfer_server.store.records import Item
 
 if TYPE_CHECKING:
@@ -329,8 +330,6 @@ class ConversationStore:
     async def evict(self) -> int:
         """Delete expired conversations, then each scope's least recently changed while it
         exceeds its cap (module docstring); the number of conversations deleted."""
-        from deepinfer_server.store.sql import fair_level
-
         store = self._store
         async with store.connection("evict old conversations", write=True) as db:
             deleted = await self._delete_before(db, self._oldest(), None)

@@ -35,6 +35,7 @@ from deepinfer_server.errors import StoreUnavailableError
 from deepinfer_server.store import blobs
 from deepinfer_server.store.conversations import CONVERSATION_SCHEMA
 from deepinfer_server.store.database import Database, Step
+from deepinfer_server.store.fairness import fair_level
 from deepinfer_server.store.records import Item, ItemPage, NewResponse, StoredResponse
 
 logger = logging.getLogger(__name__)
@@ -760,20 +761,6 @@ class ResponseStore:
             )
             raise StoreUnavailableError() from exc
         self._failing.pop(kind, None)
-
-
-def fair_level(usage: dict[str, int], cap: int) -> int:
-    """The largest size each scope may keep so that the store fits in `cap` (scopes below it
-    keep everything; those above are cut down to it): the fair share of the backstop."""
-    if sum(usage.values()) <= cap:
-        return max(usage.values(), default=0)
-    remaining, sizes = cap, sorted(usage.values())
-    for index, size in enumerate(sizes):
-        share = remaining // (len(sizes) - index)
-        if size > share:
-            return share
-        remaining -= size
-    return sizes[-1]
 
 
 def _output_items(body: dict[str, Any]) -> list[Item]:

@@ -17,9 +17,9 @@ from deepinfer_server.errors import ConfigError, StoreUnavailableError
 from deepinfer_server.store import BrokenHistory, ResponseStore, ResponseTooLarge
 from deepinfer_server.store.conversations import ConversationStore
 from deepinfer_server.store.database import Step
+from deepinfer_server.store.fairness import fair_level
 from deepinfer_server.store.location import check_store, open_store
 from deepinfer_server.store.records import NewResponse
-from deepinfer_server.store.sql import fair_level
 from tests.postgres import PostgresServer
 
 MIB = 1024 * 1024
