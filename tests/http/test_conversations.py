@@ -5,13 +5,16 @@ streamed and in the background); API-key scopes; what is refused."""
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 
+from deepinfer_server.store import ResponseStore
 from deepinfer_server.store.conversations import ConversationStore
+from deepinfer_server.store.sqlite import SqliteDatabase
 from tests.http.agent_harness import last_prompt
 from tests.http.harness import MODEL, Harness, Script, run, serve
 from tests.http.test_stored_responses import KEY_A, KEY_B, run_stored
@@ -305,5 +308,42 @@ def test_without_a_store_conversations_are_refused() -> None:
     async def body() -> None:
         async with serve() as h:
             await test(h)
+
+    run(body)
+
+
+def test_a_turn_not_appended_is_told_to_the_client(tmp_path: Path) -> None:
+    """A locked store at the end of a `store: false` turn: a 503 naming the conversation, and
+    the conversation unchanged."""
+    path = tmp_path / "responses.sqlite3"
+
+    async def body() -> None:
+        store = ResponseStore(SqliteDatabase(path, busy_timeout_ms=200), ttl=3600, max_bytes=2**30)
+        await store.open()
+        outside = sqlite3.connect(path, isolation_level=None)
+        try:
+            async with serve(store=store) as h:
+                conversation = await ConversationStore(store).create("none", {}, [])
+                outside.execute("BEGIN IMMEDIATE")
+                answered = await h.client.post(
+                    "/v1/responses",
+                    json={
+                        "model": MODEL,
+                        "input": "hi",
+                        "store": False,
+                        "conversation": conversation.id,
+                    },
+                )
+                outside.execute("ROLLBACK")
+                assert answered.status_code == 503, answered.text
+                error = answered.json()["error"]
+                assert error["code"] == "response_store_unavailable"
+                assert f"adding its turn to conversation {conversation.id!r}" in error["message"]
+                assert "'store': false" not in error["message"]  # it was sent
+                page = await ConversationStore(store).items("none", conversation.id)
+                assert page is not None and page.items == []
+        finally:
+            outside.close()
+            await store.close()
 
     run(body)

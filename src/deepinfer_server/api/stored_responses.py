@@ -306,9 +306,9 @@ class StoredSession:
                 WRITE_WAIT,
             )
             raise StoreUnavailableError(
-                f"the response was generated but storing it did not finish within "
-                f"{WRITE_WAIT:g}s (the response store is busy or unreachable); retry, or send "
-                "'store': false"
+                f"the response was generated but {self._storing} did not finish within "
+                f"{WRITE_WAIT:g}s (the response store is busy or unreachable); retry"
+                + (", or send 'store': false" if self._stored else "")
             )
         failure = write.exception()
         if isinstance(failure, ResponseTooLarge):  # a 400: the same request would fail again
@@ -320,10 +320,19 @@ class StoredSession:
                 param="store",
             )
         if failure is not None:
+            what = "could not be stored" if not self._appending else f"{self._storing} failed"
             raise StoreUnavailableError(
-                "the response was generated but could not be stored (the response store "
-                "failed); retry later, or send 'store': false"
+                f"the response was generated but {what} (the response store failed); retry "
+                "later" + (", or send 'store': false" if self._stored else "")
             )
+
+    @property
+    def _storing(self) -> str:
+        """What the write after the generation does, for its errors."""
+        if not self._appending:
+            return "storing it"
+        turn = f"adding its turn to conversation {self._conversation!r}"
+        return f"storing it and {turn}" if self._stored else turn
 
     def _on_written(self, write: asyncio.Future[None]) -> None:
         failed = write.cancelled() or write.exception() is not None
