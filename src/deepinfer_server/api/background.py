@@ -36,7 +36,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 import orjson
@@ -151,8 +151,12 @@ class BackgroundRun:
         body: dict[str, Any],
         streaming: bool,
         opening: list[str] | None = None,
+        before_end: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
     ) -> None:
-        """`opening`: the first event frames of a stream, already stored."""
+        """`opening`: the first event frames of a stream, already stored; `before_end`: what
+        is done with the final response before its end is stored (a conversation's turn is
+        appended, so that whoever sees the end finds it there)."""
+        self._before_end = before_end
         self._runs = runs
         self.response_id = response_id
         self.scope = scope
@@ -285,6 +289,13 @@ class BackgroundRun:
         events = [*self._unwritten, *((event_number(frame)[0], frame) for frame in closing)]
         self._unwritten, self._unwritten_body = [], None
         store = self._runs.store
+        if self._before_end is not None:
+            try:
+                await self._before_end(final)
+            except StoreUnavailableError:
+                logger.warning(
+                    "background response %s: its conversation was not updated", self.response_id
+                )
         try:
             if await store.claim_run(self.response_id, self._runs.owner, stale_before=0.0):
                 stored = storable_response(final)  # reasoning blobs are sealed per GET

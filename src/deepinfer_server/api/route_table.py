@@ -16,6 +16,16 @@ from starlette.responses import Response
 from starlette.routing import compile_path
 
 from deepinfer_server.api.dialects import Dialect
+from deepinfer_server.api.routes.conversations import (
+    create_conversation,
+    create_items,
+    delete_conversation,
+    delete_item,
+    list_items,
+    retrieve_conversation,
+    retrieve_item,
+    update_conversation,
+)
 from deepinfer_server.api.routes.count_tokens import count_tokens
 from deepinfer_server.api.routes.generation import CHAT, COMPLETIONS, MESSAGES, RESPONSES, generate
 from deepinfer_server.api.routes.meta import health, metrics, root, server_version
@@ -129,6 +139,88 @@ ROUTES: tuple[Endpoint, ...] = (
             op.RESPONSE_ID,
             op.INCLUDE,
             *op.PAGE,
+        ),
+    ),
+    Endpoint(
+        "/v1/conversations",
+        "POST",
+        create_conversation,
+        Dialect.OPENAI,
+        op.post_object(
+            "Create a conversation (OpenAI's Conversations API)", "ConversationCreateRequest"
+        ),
+    ),
+    Endpoint(
+        "/v1/conversations/{conversation_id}",
+        "GET",
+        retrieve_conversation,
+        Dialect.OPENAI,
+        _with(
+            op.get("A conversation; 404 in another API key's scope", protected=True),
+            op.CONVERSATION_ID,
+        ),
+    ),
+    Endpoint(
+        "/v1/conversations/{conversation_id}",
+        "POST",
+        update_conversation,
+        Dialect.OPENAI,
+        _with(
+            op.post_object("Replace a conversation's metadata", "ConversationUpdateRequest"),
+            op.CONVERSATION_ID,
+        ),
+    ),
+    Endpoint(
+        "/v1/conversations/{conversation_id}",
+        "DELETE",
+        delete_conversation,
+        Dialect.OPENAI,
+        _with(op.get("Delete a conversation and its items", protected=True), op.CONVERSATION_ID),
+    ),
+    Endpoint(
+        "/v1/conversations/{conversation_id}/items",
+        "GET",
+        list_items,
+        Dialect.OPENAI,
+        _with(
+            op.get("A conversation's items, a page at a time", protected=True),
+            op.CONVERSATION_ID,
+            op.INCLUDE,
+            *op.PAGE,
+        ),
+    ),
+    Endpoint(
+        "/v1/conversations/{conversation_id}/items",
+        "POST",
+        create_items,
+        Dialect.OPENAI,
+        _with(
+            op.post_object("Add up to 20 items to a conversation", "ConversationItemsRequest"),
+            op.CONVERSATION_ID,
+            op.INCLUDE,
+        ),
+    ),
+    Endpoint(
+        "/v1/conversations/{conversation_id}/items/{item_id}",
+        "GET",
+        retrieve_item,
+        Dialect.OPENAI,
+        _with(
+            op.get("One item of a conversation", protected=True),
+            op.CONVERSATION_ID,
+            op.ITEM_ID,
+            op.INCLUDE,
+        ),
+    ),
+    Endpoint(
+        "/v1/conversations/{conversation_id}/items/{item_id}",
+        "DELETE",
+        delete_item,
+        Dialect.OPENAI,
+        _with(
+            op.get("Delete an item of a conversation (answers the conversation)", protected=True),
+            op.CONVERSATION_ID,
+            op.ITEM_ID,
         ),
     ),
     Endpoint(

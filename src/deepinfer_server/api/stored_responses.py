@@ -17,6 +17,11 @@ of one: a 400 the same way); it is logged and counted (`response_store_writes{re
 A request whose own input alone is past the cap of one stored response is refused with a 400
 before it reaches the engine.
 
+With `conversation` (OpenAI's Conversations API, `store/conversations.py`), the conversation's
+items come before the request's input, and once the response is `completed` or `incomplete`
+its input and output items are appended to the conversation, before the client hears the end
+(the JSON body, or a stream's terminal event), whether or not the response itself is stored.
+
 Scope: the API key the request authenticated with, as an HMAC under the store's salt (the key is
 never stored), or "none" on a server without `--api-key`. A stored object read in another scope
 is a 404, exactly as if it did not exist.
@@ -46,6 +51,10 @@ from deepinfer_server.errors import BadRequestError, StoreUnavailableError
 from deepinfer_server.metrics import RequestRecord
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.protocol.core.validation import optional_bool
+from deepinfer_server.protocol.responses.conversations import (
+    conversation_not_found,
+    read_conversation,
+)
 from deepinfer_server.protocol.responses.output import (
     ResponsesOutput,
     StoredEcho,
@@ -64,6 +73,7 @@ from deepinfer_server.protocol.responses.stored import (
     with_id,
 )
 from deepinfer_server.store import BrokenHistory, ResponseStore, ResponseTooLarge
+from deepinfer_server.store.conversations import ConversationStore
 from deepinfer_server.store.records import NewResponse
 
 logger = logging.getLogger(__name__)
@@ -73,7 +83,7 @@ logger = logging.getLogger(__name__)
 #: running then is reported as failed, and finishes (or fails) in the background.
 WRITE_WAIT = 12.0
 #: Fields of the body the session serves itself (the preparation rejects them otherwise).
-_STORE_FIELDS = ("store", "previous_response_id", "background")
+_STORE_FIELDS = ("store", "previous_response_id", "background", "conversation")
 _STORED_STATUSES = frozenset({"completed", "incomplete"})
 #: The scope of every request on a server without API keys.
 NO_AUTH_SCOPE = "none"
@@ -103,6 +113,8 @@ class StoredSession:
         stored: bool,
         previous_response_id: str | None,
         background: bool = False,
+        conversation: str | None = None,
+        appends: bool = True,
     ) -> None:
         self._state = state
         #: `background: true`: generated detached from the request (api/background.py).
@@ -113,6 +125,11 @@ class StoredSession:
         self.response_id = response_id
         self._stored = stored
         self._previous = previous_response_id
+        #: The conversation the response belongs to, and whether its turn is appended to it
+        #: (a prefill server's is not: the decode server that answers appends it).
+        self._conversation = conversation
+        self._appends = appends
+        self._conversations = ConversationStore(store)
         self._body: dict[str, Any] = {}
         self._own_input: list[Any] = []
         self._output: ResponsesOutput | None = None
@@ -121,7 +138,15 @@ class StoredSession:
         """Read what the request continues from the store: the body to prepare, and the
         request's own input items as they will be stored."""
         history: list[Any] = []
-        if self._previous is not None:
+        trusted_history: set[int] | None = None  # all of it
+        if self._conversation is not None:
+            page = await self._conversations.items(
+                self._scope, self._conversation, limit=None, order="asc"
+            )
+            if page is None:
+                raise conversation_not_found(self._conversation)
+            history, trusted_history = page.items, set(page.trusted)
+        elif self._previous is not None:
             try:
                 found = await self._store.history(self._scope, self._previous)
             except BrokenHistory as broken:
@@ -133,7 +158,8 @@ class StoredSession:
         wanted = referenced_ids(own)
         found_items = await self._store.items(self._scope, wanted) if wanted else {}
         own, from_store = resolve_references(own, found_items)
-        trusted = set(range(len(history))) | {len(history) + index for index in from_store}
+        trusted = set(range(len(history))) if trusted_history is None else trusted_history
+        trusted |= {len(history) + index for index in from_store}
         expanded = seal_stored_reasoning(
             [*history, *own], trusted, self._state.recipe.reasoning_seal
         )
@@ -169,7 +195,7 @@ class StoredSession:
         return self._output
 
     def _echo(self) -> StoredEcho:
-        return StoredEcho(self._stored, self._previous, self.background)
+        return StoredEcho(self._stored, self._previous, self.background, self._conversation)
 
     async def run_in_background(
         self, handle: RequestHandle, record: RequestRecord, streaming: bool
@@ -200,7 +226,15 @@ class StoredSession:
                 f"one response ({exc.limit} bytes, --response-store-max-response-mb)",
                 param="input",
             ) from None
-        run = BackgroundRun(runs, self.response_id, self._scope, queued, streaming, opening)
+        run = BackgroundRun(
+            runs,
+            self.response_id,
+            self._scope,
+            queued,
+            streaming,
+            opening,
+            before_end=self._append_turn if self._appending else None,
+        )
         stream = TokenStream(handle, run.watch(output), record, self._state.metrics)
         runs.add(run)
         run.start(stream, output)
@@ -214,27 +248,55 @@ class StoredSession:
         return SSEResponse(write_body)
 
     async def finished(self) -> list[str]:
-        """Store the finished response (when asked to); the held closing payloads.
-        StoreUnavailableError when it was asked to be stored and is not."""
+        """Store the finished response (when asked to) and append its turn to its
+        conversation; the held closing payloads. StoreUnavailableError when either is asked
+        for and not done."""
         output = self._output
         assert output is not None, "finished() before make_output()"
-        if not self._stored:
-            return []
+        if not self._stored and not self._appending:
+            return output.held  # a prefill server's turn: nothing to write, its end goes out
         response = output.final if output.final is not None else output.response()
         if response.get("status") in _STORED_STATUSES:
             await self._write(response)
         return output.held
 
+    @property
+    def _appending(self) -> bool:
+        return self._conversation is not None and self._appends
+
+    async def _append_turn(self, response: dict[str, Any]) -> None:
+        """Append the turn (its input and output items) to its conversation, when it ended
+        `completed` or `incomplete`; a conversation deleted meanwhile takes nothing."""
+        if self._conversation is None or response.get("status") not in _STORED_STATUSES:
+            return
+        output = storable_response(response).get("output") or []
+        items = [*self._own_input, *(item for item in output if isinstance(item, dict))]
+        if not await self._conversations.append(
+            self._scope, self._conversation, items, generated=True
+        ):
+            logger.info(
+                "conversation %s was deleted before %s ended; its turn is not kept",
+                self._conversation,
+                self.response_id,
+            )
+
+    async def _persist(self, response: dict[str, Any]) -> None:
+        if self._stored:
+            await self._store.save(
+                NewResponse(
+                    self.response_id,
+                    self._scope,
+                    time.time(),
+                    storable_response(response),
+                    self._own_input,
+                    self._previous,
+                )
+            )
+        if self._appending:
+            await self._append_turn(response)
+
     async def _write(self, response: dict[str, Any]) -> None:
-        record = NewResponse(
-            self.response_id,
-            self._scope,
-            time.time(),
-            storable_response(response),
-            self._own_input,
-            self._previous,
-        )
-        write = asyncio.ensure_future(self._store.save(record))
+        write = asyncio.ensure_future(self._persist(response))
         self._state.background(write, self._on_written)
         done, _ = await asyncio.wait({write}, timeout=WRITE_WAIT)
         if not done:
@@ -244,9 +306,9 @@ class StoredSession:
                 WRITE_WAIT,
             )
             raise StoreUnavailableError(
-                f"the response was generated but storing it did not finish within "
-                f"{WRITE_WAIT:g}s (the response store is busy or unreachable); retry, or send "
-                "'store': false"
+                f"the response was generated but {self._storing} did not finish within "
+                f"{WRITE_WAIT:g}s (the response store is busy or unreachable); retry"
+                + (", or send 'store': false" if self._stored else "")
             )
         failure = write.exception()
         if isinstance(failure, ResponseTooLarge):  # a 400: the same request would fail again
@@ -258,10 +320,19 @@ class StoredSession:
                 param="store",
             )
         if failure is not None:
+            what = "could not be stored" if not self._appending else f"{self._storing} failed"
             raise StoreUnavailableError(
-                "the response was generated but could not be stored (the response store "
-                "failed); retry later, or send 'store': false"
+                f"the response was generated but {what} (the response store failed); retry "
+                "later" + (", or send 'store': false" if self._stored else "")
             )
+
+    @property
+    def _storing(self) -> str:
+        """What the write after the generation does, for its errors."""
+        if not self._appending:
+            return "storing it"
+        turn = f"adding its turn to conversation {self._conversation!r}"
+        return f"storing it and {turn}" if self._stored else turn
 
     def _on_written(self, write: asyncio.Future[None]) -> None:
         failed = write.cancelled() or write.exception() is not None
@@ -280,6 +351,7 @@ async def open_session(request: Request, body: dict[str, Any]) -> StoredSession 
     # stores): kept here it would be a row no client sees, taking the key's store quota.
     prefill_leg = state.config.disaggregation_mode == "prefill"
     stored = optional_bool(body, "store", default=True) and not prefill_leg
+    conversation = read_conversation(body)
     previous = check_previous_response_id(body)
     references = referenced_ids(input_list(body), reasoning=False)
     background = optional_bool(body, "background")
@@ -289,7 +361,7 @@ async def open_session(request: Request, body: dict[str, Any]) -> StoredSession 
             + (" (a prefill server stores nothing)" if prefill_leg else ""),
             param="store" if not prefill_leg else "background",
         )
-    if not stored and previous is None and not references:
+    if not stored and previous is None and not references and conversation is None:
         return None
     request_id: str = request.state.request_id
     # Stored IDs must be unique: a client's X-Request-Id may repeat.
@@ -302,6 +374,8 @@ async def open_session(request: Request, body: dict[str, Any]) -> StoredSession 
         stored,
         previous,
         background,
+        conversation,
+        appends=not prefill_leg,
     )
     await session.expand(body)
     return session

@@ -55,6 +55,12 @@ def get(summary: str, content: dict[str, Any] | None = None, *, protected: bool 
     return operation
 
 
+def post_object(summary: str, body: str) -> Schema:
+    """A POST of the `body` component answering a JSON object, errors in OpenAI's envelope,
+    behind the API keys."""
+    return {**get(summary, protected=True), "requestBody": request_body(body)}
+
+
 def post_json(summary: str, body: str, response: str) -> Schema:
     """A POST of the `body` component answering the `response` component, errors in OpenAI's
     envelope, behind the API keys."""
@@ -95,6 +101,13 @@ def count_tokens(summary: str, envelope: str) -> Schema:
 
 MODEL_ID = {"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}
 RESPONSE_ID = {"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}
+CONVERSATION_ID = {
+    "name": "conversation_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string"},
+}
+ITEM_ID = {"name": "item_id", "in": "path", "required": True, "schema": {"type": "string"}}
 INCLUDE = {
     "name": "include",
     "in": "query",

@@ -288,10 +288,15 @@ RESPONSES: Schema = obj(
                 "description": "Continue a stored response (its whole conversation comes first)",
             }
         ),
-        "conversation": {
-            "type": "null",
-            "description": "Not supported: the Conversations API is not served",
-        },
+        "conversation": nullable(
+            one_of(
+                string(),
+                obj({"id": string()}, ("id",)),
+                description="A conversation (its ID, or {id}): its items come before `input`, "
+                "and the turn's input and output are appended to it; not with "
+                "previous_response_id; needs the store",
+            )
+        ),
         "metadata": nullable(ANY_OBJECT),
         "user": string(),
         "cache_salt": nullable(CACHE_SALT),
@@ -336,6 +341,27 @@ DETOKENIZE: Schema = obj(
     "vLLM's detokenize request",
 )
 
+_METADATA: Schema = {
+    "type": "object",
+    "maxProperties": 16,
+    "propertyNames": {"maxLength": 64},
+    "additionalProperties": string(maxLength=512),
+}
+_CONVERSATION_ITEMS = array(_RESPONSES_INPUT_ITEM, 0, 20)
+CONVERSATION_CREATE: Schema = obj(
+    {"items": nullable(_CONVERSATION_ITEMS), "metadata": nullable(_METADATA)},
+    (),
+    "A new conversation: up to 20 first items and its metadata",
+)
+CONVERSATION_UPDATE: Schema = obj(
+    {"metadata": nullable(_METADATA)}, ("metadata",), "The conversation's new metadata"
+)
+CONVERSATION_ITEMS: Schema = obj(
+    {"items": array(_RESPONSES_INPUT_ITEM, 1, 20)},
+    ("items",),
+    "Items to add at the end of a conversation (up to 20)",
+)
+
 REQUEST_BODIES: dict[str, Schema] = {
     "ChatCompletionRequest": CHAT_COMPLETIONS,
     "CompletionRequest": COMPLETIONS,
@@ -344,6 +370,9 @@ REQUEST_BODIES: dict[str, Schema] = {
     "CountTokensRequest": COUNT_TOKENS,
     "TokenizeRequest": TOKENIZE,
     "DetokenizeRequest": DETOKENIZE,
+    "ConversationCreateRequest": CONVERSATION_CREATE,
+    "ConversationUpdateRequest": CONVERSATION_UPDATE,
+    "ConversationItemsRequest": CONVERSATION_ITEMS,
 }
 
 

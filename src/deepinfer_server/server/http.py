@@ -41,6 +41,7 @@ from deepinfer_server.protocol.core.images import ImageLimits
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.protocol.core.structured import StructuredOutputs
 from deepinfer_server.store import ResponseStore
+from deepinfer_server.store.conversations import ConversationStore
 from deepinfer_server.store.location import open_store
 
 logger = logging.getLogger("deepinfer_server")
@@ -112,7 +113,8 @@ async def response_store(
     config: ResolvedConfig, *, evicts: bool
 ) -> AsyncIterator[ResponseStore | None]:
     """This process's connection to the Responses store (None without one), evicting old
-    responses now and then when `evicts` (one API server process of several does)."""
+    responses and conversations now and then when `evicts` (one API server process of several
+    does)."""
     if config.response_store is None:
         yield None
         return
@@ -126,11 +128,18 @@ async def response_store(
     with contextlib.suppress(StoreUnavailableError):  # logged; the requests that need it: 503
         await store.open()
     logger.info("[startup] Responses store: %s", store.description)
-    eviction = asyncio.ensure_future(store.evict_periodically(EVICT_INTERVAL)) if evicts else None
+    evictions = (
+        [
+            asyncio.ensure_future(store.evict_periodically(EVICT_INTERVAL)),
+            asyncio.ensure_future(ConversationStore(store).evict_periodically(EVICT_INTERVAL)),
+        ]
+        if evicts
+        else []
+    )
     try:
         yield store
     finally:
-        if eviction is not None:
+        for eviction in evictions:
             eviction.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await eviction

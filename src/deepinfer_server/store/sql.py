@@ -33,16 +33,18 @@ import orjson
 
 from deepinfer_server.errors import StoreUnavailableError
 from deepinfer_server.store import blobs
+from deepinfer_server.store.conversations import CONVERSATION_SCHEMA
 from deepinfer_server.store.database import Database, Step
+from deepinfer_server.store.fairness import fair_level
 from deepinfer_server.store.records import Item, ItemPage, NewResponse, StoredResponse
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = "3"
+SCHEMA_VERSION = "4"
 #: Versions this server opens and brings to SCHEMA_VERSION (2 added the image blobs, 3 the
-#: background runs and their events: an older store has none of them, and its tables are
-#: unchanged).
-_UPGRADES = frozenset({"1", "2"})
+#: background runs and their events, 4 the conversations: an older store has none of them, and
+#: its tables are unchanged).
+_UPGRADES = frozenset({"1", "2", "3"})
 #: The deepest `previous_response_id` chain read back (a guard; chains are acyclic).
 MAX_CHAIN = 100_000
 
@@ -97,6 +99,7 @@ SCHEMA = (
         cancel_requested INTEGER NOT NULL DEFAULT 0
     )""",
     "CREATE INDEX IF NOT EXISTS background_runs_by_owner ON background_runs (owner)",
+    *CONVERSATION_SCHEMA,
 )
 #: What goes with a response when it is deleted, besides its items and blobs.
 _RESPONSE_TABLES = ("items", "response_blobs", "response_events", "background_runs")
@@ -202,6 +205,14 @@ class ResponseStore:
                 await self._prepare()
                 self._salt = await self._read_salt()
         return self._salt
+
+    @contextlib.asynccontextmanager
+    async def connection(self, doing: str, *, write: bool = False) -> AsyncIterator[Database]:
+        """The database, its schema ready, for another module's queries on it (the
+        conversations'); its failures are this store's (`StoreUnavailableError`)."""
+        async with self._failures(doing, write=write):
+            await self._prepare()
+            yield self._db
 
     def check_size(self, size: int) -> None:
         """Raise ResponseTooLarge when a response of `size` bytes would not be stored."""
@@ -750,20 +761,6 @@ class ResponseStore:
             )
             raise StoreUnavailableError() from exc
         self._failing.pop(kind, None)
-
-
-def fair_level(usage: dict[str, int], cap: int) -> int:
-    """The largest size each scope may keep so that the store fits in `cap` (scopes below it
-    keep everything; those above are cut down to it): the fair share of the backstop."""
-    if sum(usage.values()) <= cap:
-        return max(usage.values(), default=0)
-    remaining, sizes = cap, sorted(usage.values())
-    for index, size in enumerate(sizes):
-        share = remaining // (len(sizes) - index)
-        if size > share:
-            return share
-        remaining -= size
-    return sizes[-1]
 
 
 def _output_items(body: dict[str, Any]) -> list[Item]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -15,34 +15,14 @@ import pytest
 from deepinfer_server.config.response_store import parse_duration, store_url
 from deepinfer_server.errors import ConfigError, StoreUnavailableError
 from deepinfer_server.store import BrokenHistory, ResponseStore, ResponseTooLarge
+from deepinfer_server.store.conversations import ConversationStore
 from deepinfer_server.store.database import Step
+from deepinfer_server.store.fairness import fair_level
 from deepinfer_server.store.location import check_store, open_store
 from deepinfer_server.store.records import NewResponse
-from deepinfer_server.store.sql import fair_level
 from tests.postgres import PostgresServer
 
-#: The PostgreSQL cases start a real server: lane `postgres`, and e2e (not the fast lane).
-BACKENDS = ["sqlite", pytest.param("postgres", marks=[pytest.mark.postgres, pytest.mark.e2e])]
 MIB = 1024 * 1024
-
-
-@pytest.fixture(scope="module")
-def postgres_server() -> Iterator[PostgresServer]:
-    server = PostgresServer()
-    try:
-        yield server
-    finally:
-        server.close()
-
-
-@pytest.fixture(params=BACKENDS)
-def store_url_of(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], str]:
-    """A fresh store's URL (every call in one test gives the same store)."""
-    if request.param == "sqlite":
-        url = f"sqlite://{tmp_path / 'responses.sqlite3'}"
-    else:
-        url = request.getfixturevalue("postgres_server").new_database()
-    return lambda: url
 
 
 Body = Callable[[ResponseStore], Coroutine[Any, Any, None]]
@@ -331,17 +311,19 @@ def test_an_inline_image_is_kept_once_per_scope(store_url_of: Callable[[], str])
     run_with_store(store_url_of(), body)
 
 
-@pytest.mark.parametrize("old_version", ["1", "2"])
-def test_an_older_store_is_brought_to_version_3(
+@pytest.mark.parametrize("old_version", ["1", "2", "3"])
+def test_an_older_store_is_brought_to_version_4(
     store_url_of: Callable[[], str], old_version: str
 ) -> None:
-    """Version 2 added the blobs, 3 the background runs and events: an older store lacks
-    their tables, which the opening creates."""
+    """Version 2 added the blobs, 3 the background runs and events, 4 the conversations: an
+    older store lacks their tables, which the opening creates."""
     url = store_url_of()
 
     async def downgrade(store: ResponseStore) -> None:
         await store.save(response("resp_old", [message("u", "hi")], []))
-        dropped = ["response_events", "background_runs"]
+        dropped = ["conversation_items", "conversations"]
+        if old_version in ("1", "2"):
+            dropped += ["response_events", "background_runs"]
         if old_version == "1":
             dropped += ["blobs", "response_blobs"]
         await store._db.write(
@@ -358,8 +340,9 @@ def test_an_older_store_is_brought_to_version_3(
         version = await store._db.fetch(
             "SELECT value FROM store_meta WHERE name = 'schema_version'"
         )
-        assert version == [("3",)]
+        assert version == [("4",)]
         assert await store.events_after("resp_old", -1) == []
+        assert await ConversationStore(store).get("none", "conv_none") is None
         assert await store.delete("none", "resp_old")
 
     run_with_store(url, downgrade)

@@ -45,7 +45,7 @@ def _store(request: Request, response_id: str) -> ResponseStore:
     return state.store
 
 
-def _include(request: Request) -> list[str]:
+def include_values(request: Request) -> list[str]:
     params = request.query_params
     return [*params.getlist("include"), *params.getlist("include[]")]
 
@@ -86,7 +86,7 @@ async def retrieve_response(request: Request) -> Response:
                 await complete(write(frame.encode()))
 
         return SSEResponse(write_body)  # type: ignore[return-value]  # an ASGI app, as a route answers
-    if ENCRYPTED_CONTENT in _include(request):
+    if ENCRYPTED_CONTENT in include_values(request):
         try:
             history = await store.history(scope, response_id) or []
         except BrokenHistory:  # sealed after what is left of the conversation
@@ -135,7 +135,7 @@ async def delete_response(request: Request) -> Response:
     return _json({"id": response_id, "object": "response", "deleted": True})
 
 
-def _limit(request: Request) -> int:
+def page_limit(request: Request) -> int:
     raw = request.query_params.get("limit")
     if raw is None:
         return DEFAULT_PAGE
@@ -148,7 +148,7 @@ def _limit(request: Request) -> int:
     return limit
 
 
-def _order(request: Request) -> Literal["asc", "desc"]:
+def page_order(request: Request) -> Literal["asc", "desc"]:
     order = request.query_params.get("order", "desc")
     if order == "asc":
         return "asc"
@@ -161,7 +161,7 @@ async def list_input_items(request: Request) -> Response:
     """The response's own input items (item references resolved), a page at a time."""
     response_id: str = request.path_params["response_id"]
     store = _store(request, response_id)
-    limit, order = _limit(request), _order(request)
+    limit, order = page_limit(request), page_order(request)
     page = await store.input_items(
         await request_scope(request, store),
         response_id,

@@ -43,6 +43,8 @@ class StoredEcho:
     store: bool
     previous_response_id: str | None = None
     background: bool = False
+    #: The conversation the response belongs to (`conversation` on the request).
+    conversation: str | None = None
 
     def fields(self) -> dict[str, Any]:
         fields: dict[str, Any] = {
@@ -51,6 +53,8 @@ class StoredEcho:
         }
         if self.background:
             fields["background"] = True
+        if self.conversation is not None:
+            fields["conversation"] = {"id": self.conversation}
         return fields
 
 
@@ -74,7 +78,8 @@ class ResponsesOutput(NamedEventOutput):
         super().__init__(generator, ResponsesResponse, response_id, prepared, recipe)
         self._items = items
         self._echo = None if stored is None else stored.fields()
-        self._hold = stored is not None and stored.store
+        # A conversation's turn is appended to it before the client hears the end, too.
+        self._hold = stored is not None and (stored.store or stored.conversation is not None)
         #: The held terminal event (a stored stream), and the response object it carries.
         self.held: list[str] = []
         self.final: dict[str, Any] | None = None

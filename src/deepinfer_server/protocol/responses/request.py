@@ -61,8 +61,8 @@ def _reject_stateful_options(body: dict[str, Any]) -> None:
         )
     if body.get("conversation") is not None:
         raise BadRequestError(
-            "the Conversations API is not served: continue a conversation with "
-            "`previous_response_id`, or send it whole in `input`",
+            "conversations need the Responses store: this server stores none "
+            "(--response-store none); send the whole conversation in `input`",
             param="conversation",
             kind=ErrorKind.UNSUPPORTED,
         )
