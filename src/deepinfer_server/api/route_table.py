@@ -16,6 +16,17 @@ from starlette.responses import Response
 from starlette.routing import compile_path
 
 from deepinfer_server.api.dialects import Dialect
+from deepinfer_server.api.routes.batches import (
+    cancel_batch,
+    create_batch,
+    create_file,
+    delete_file,
+    file_content,
+    list_batches,
+    list_files,
+    retrieve_batch,
+    retrieve_file,
+)
 from deepinfer_server.api.routes.count_tokens import count_tokens
 from deepinfer_server.api.routes.generation import CHAT, COMPLETIONS, MESSAGES, RESPONSES, generate
 from deepinfer_server.api.routes.meta import health, metrics, root, server_version
@@ -130,6 +141,80 @@ ROUTES: tuple[Endpoint, ...] = (
             op.INCLUDE,
             *op.PAGE,
         ),
+    ),
+    Endpoint(
+        "/v1/files",
+        "POST",
+        create_file,
+        Dialect.OPENAI,
+        op.upload("Upload a batch input file (JSONL, purpose 'batch')", "FileUpload"),
+    ),
+    Endpoint(
+        "/v1/files",
+        "GET",
+        list_files,
+        Dialect.OPENAI,
+        _with(op.get("The API key's files, newest first", protected=True), op.PURPOSE, *op.PAGE),
+    ),
+    Endpoint(
+        "/v1/files/{file_id}",
+        "GET",
+        retrieve_file,
+        Dialect.OPENAI,
+        _with(op.get("A file", protected=True), op.FILE_ID),
+    ),
+    Endpoint(
+        "/v1/files/{file_id}/content",
+        "GET",
+        file_content,
+        Dialect.OPENAI,
+        _with(
+            op.get(
+                "A file's content (a batch's output and error files: JSONL)",
+                {"application/jsonl": {"schema": {"type": "string"}}},
+                protected=True,
+            ),
+            op.FILE_ID,
+        ),
+    ),
+    Endpoint(
+        "/v1/files/{file_id}",
+        "DELETE",
+        delete_file,
+        Dialect.OPENAI,
+        _with(op.get("Delete a file", protected=True), op.FILE_ID),
+    ),
+    Endpoint(
+        "/v1/batches",
+        "POST",
+        create_batch,
+        Dialect.OPENAI,
+        op.post_object(
+            "Create a batch from an input file, run at the lowest priority (input_file_id, "
+            "endpoint, completion_window '24h', metadata)",
+            "BatchRequest",
+        ),
+    ),
+    Endpoint(
+        "/v1/batches",
+        "GET",
+        list_batches,
+        Dialect.OPENAI,
+        _with(op.get("The API key's batches, newest first", protected=True), *op.PAGE),
+    ),
+    Endpoint(
+        "/v1/batches/{batch_id}",
+        "GET",
+        retrieve_batch,
+        Dialect.OPENAI,
+        _with(op.get("A batch, with its request_counts", protected=True), op.BATCH_ID),
+    ),
+    Endpoint(
+        "/v1/batches/{batch_id}/cancel",
+        "POST",
+        cancel_batch,
+        Dialect.OPENAI,
+        _with(op.cancel("Cancel a batch (cancelling, then cancelled)"), op.BATCH_ID),
     ),
     Endpoint(
         "/v1/messages",

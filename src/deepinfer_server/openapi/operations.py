@@ -132,3 +132,24 @@ def cancel(summary: str) -> Schema:
     """A POST without a body answering a JSON object, errors in OpenAI's envelope, behind
     the API keys."""
     return {**get(summary, protected=True)}
+
+
+FILE_ID = {"name": "file_id", "in": "path", "required": True, "schema": {"type": "string"}}
+BATCH_ID = {"name": "batch_id", "in": "path", "required": True, "schema": {"type": "string"}}
+PURPOSE = {"name": "purpose", "in": "query", "required": False, "schema": {"type": "string"}}
+
+
+def upload(summary: str, body: str) -> Schema:
+    """A multipart POST of the `body` component answering a JSON object, behind the keys."""
+    return {
+        **get(summary, protected=True),
+        "requestBody": {
+            "required": True,
+            "content": {"multipart/form-data": {"schema": ref(body)}},
+        },
+    }
+
+
+def post_object(summary: str, body: str) -> Schema:
+    """A POST of the `body` component answering a JSON object, behind the API keys."""
+    return {**get(summary, protected=True), "requestBody": request_body(body)}

@@ -85,12 +85,16 @@ class HttpServer(HookedServer):
             self._state.structured.start()
         if self._state.background_runs is not None:
             self._state.background_runs.start()
+        if self._state.batches is not None:
+            self._state.batches.start()
         if self._started_callback is not None:
             self._started_callback()
 
     async def before_shutdown(self) -> None:
         coordinator = self._state.coordinator
         coordinator.draining = True
+        if self._state.batches is not None:  # their lines are given back for the next start
+            await self._state.batches.stop()
         grace = self._state.config.shutdown_timeout
         if grace > 0 and coordinator.num_in_flight:
             logger.info(

@@ -33,16 +33,17 @@ import orjson
 
 from deepinfer_server.errors import StoreUnavailableError
 from deepinfer_server.store import blobs
+from deepinfer_server.store.batch_tables import BATCH_TABLES
 from deepinfer_server.store.database import Database, Step
 from deepinfer_server.store.records import Item, ItemPage, NewResponse, StoredResponse
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = "3"
+SCHEMA_VERSION = "4"
 #: Versions this server opens and brings to SCHEMA_VERSION (2 added the image blobs, 3 the
-#: background runs and their events: an older store has none of them, and its tables are
-#: unchanged).
-_UPGRADES = frozenset({"1", "2"})
+#: background runs and their events, 4 the batch jobs' tables (`batch_tables.py`): an older
+#: store has none of them, and its tables are unchanged).
+_UPGRADES = frozenset({"1", "2", "3"})
 #: The deepest `previous_response_id` chain read back (a guard; chains are acyclic).
 MAX_CHAIN = 100_000
 
@@ -97,6 +98,7 @@ SCHEMA = (
         cancel_requested INTEGER NOT NULL DEFAULT 0
     )""",
     "CREATE INDEX IF NOT EXISTS background_runs_by_owner ON background_runs (owner)",
+    *BATCH_TABLES,
 )
 #: What goes with a response when it is deleted, besides its items and blobs.
 _RESPONSE_TABLES = ("items", "response_blobs", "response_events", "background_runs")
@@ -202,6 +204,21 @@ class ResponseStore:
                 await self._prepare()
                 self._salt = await self._read_salt()
         return self._salt
+
+    @property
+    def database(self) -> Database:
+        """The database, for the queries of other tables (`batches.BatchStore`)."""
+        return self._db
+
+    async def ready(self) -> None:
+        """Connect and create the schema, once (call it within `failures`)."""
+        await self._prepare()
+
+    def failures(
+        self, doing: str, *, write: bool = False
+    ) -> contextlib.AbstractAsyncContextManager[None]:
+        """Database failures as StoreUnavailableError, as for the store's own calls."""
+        return self._failures(doing, write=write)
 
     def check_size(self, size: int) -> None:
         """Raise ResponseTooLarge when a response of `size` bytes would not be stored."""

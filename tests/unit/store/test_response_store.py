@@ -331,17 +331,19 @@ def test_an_inline_image_is_kept_once_per_scope(store_url_of: Callable[[], str])
     run_with_store(store_url_of(), body)
 
 
-@pytest.mark.parametrize("old_version", ["1", "2"])
-def test_an_older_store_is_brought_to_version_3(
+@pytest.mark.parametrize("old_version", ["1", "2", "3"])
+def test_an_older_store_is_brought_to_version_4(
     store_url_of: Callable[[], str], old_version: str
 ) -> None:
-    """Version 2 added the blobs, 3 the background runs and events: an older store lacks
-    their tables, which the opening creates."""
+    """Version 2 added the blobs, 3 the background runs and events, 4 the batch jobs: an
+    older store lacks their tables, which the opening creates."""
     url = store_url_of()
 
     async def downgrade(store: ResponseStore) -> None:
         await store.save(response("resp_old", [message("u", "hi")], []))
-        dropped = ["response_events", "background_runs"]
+        dropped = ["files", "batches", "batch_lines"]
+        if old_version in ("1", "2"):
+            dropped += ["response_events", "background_runs"]
         if old_version == "1":
             dropped += ["blobs", "response_blobs"]
         await store._db.write(
@@ -358,8 +360,9 @@ def test_an_older_store_is_brought_to_version_3(
         version = await store._db.fetch(
             "SELECT value FROM store_meta WHERE name = 'schema_version'"
         )
-        assert version == [("3",)]
+        assert version == [("4",)]
         assert await store.events_after("resp_old", -1) == []
+        assert await store._db.fetch("SELECT COUNT(*) FROM batch_lines") == [(0,)]
         assert await store.delete("none", "resp_old")
 
     run_with_store(url, downgrade)
