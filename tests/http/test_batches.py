@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,8 @@ import orjson
 import pytest
 
 from deepinfer_server.api.batches.runner import BatchRunner
+from deepinfer_server.coordinator.handle import RequestHandle
+from deepinfer_server.ipc.messages import Finish, GeneratedTokens
 from deepinfer_server.protocol.core.validation import PRIORITY_MAX
 from deepinfer_server.store.batches import BatchStore
 from tests.http.harness import MODEL, Harness, Script
@@ -59,6 +62,14 @@ async def _until(
 async def _content(client: openai.AsyncOpenAI, file_id: str) -> list[dict[str, Any]]:
     content = await client.files.content(file_id)
     return [orjson.loads(line) for line in content.text.splitlines()]
+
+
+def _answer(h: Harness, handle: RequestHandle, text: str) -> None:
+    """The engine's whole answer for a held request: `text`, then a stop."""
+    handle.started(0)
+    ids = list(h.state.recipe.tokenizer.encode("Thinking.</think>" + text))
+    handle.deliver(GeneratedTokens(ids), Finish.STOP, time.perf_counter(), 0.001)
+    handle.flush()
 
 
 def test_a_batch_runs_every_line_through_the_endpoint_at_the_lowest_priority(
@@ -234,12 +245,12 @@ def test_a_batch_stopped_midway_is_finished_by_another_process_each_line_once(
             await h.coordinator.wait_admitted(2)
             first, _ = sorted(h.coordinator.handles)
             # One line answered, one still running when the process stops.
-            h.coordinator.script = Script("Answered once")
-            h.coordinator._play(h.coordinator.handles[first])
+            _answer(h, h.coordinator.handles[first], "Answered once")
             while (await client.batches.retrieve(batch.id)).request_counts.completed < 1:  # type: ignore[union-attr]
                 await asyncio.sleep(0.01)
             await runner.stop()
             assert h.coordinator.handles == {}  # the running line's slot freed
+            h.coordinator.script = Script("Answered once")
             store = BatchStore(h.state.store)
             # A process that claims lines then dies holds them until its lease ends.
             dead = await store.claim(batch.id, "dead", 1, lease=-1.0)

@@ -29,6 +29,14 @@ from deepinfer_server.api.routes.batches import (
 )
 from deepinfer_server.api.routes.count_tokens import count_tokens
 from deepinfer_server.api.routes.generation import CHAT, COMPLETIONS, MESSAGES, RESPONSES, generate
+from deepinfer_server.api.routes.message_batches import (
+    cancel_message_batch,
+    create_message_batch,
+    delete_message_batch,
+    list_message_batches,
+    message_batch_results,
+    retrieve_message_batch,
+)
 from deepinfer_server.api.routes.meta import health, metrics, root, server_version
 from deepinfer_server.api.routes.models import list_models, retrieve_model
 from deepinfer_server.api.routes.openapi import openapi_json
@@ -222,6 +230,72 @@ ROUTES: tuple[Endpoint, ...] = (
         generate(MESSAGES),
         Dialect.ANTHROPIC,
         op.generation("Anthropic Messages", "MessagesRequest", _ANTHROPIC),
+    ),
+    Endpoint(
+        "/v1/messages/batches",
+        "POST",
+        create_message_batch,
+        Dialect.ANTHROPIC,
+        op.post_object(
+            "Create a message batch of requests: [{custom_id, params}], run at the lowest priority",
+            "MessageBatchRequest",
+            _ANTHROPIC,
+        ),
+    ),
+    Endpoint(
+        "/v1/messages/batches",
+        "GET",
+        list_message_batches,
+        Dialect.ANTHROPIC,
+        _with(
+            op.get(
+                "The API key's message batches, newest first", protected=True, envelope=_ANTHROPIC
+            ),
+            op.AFTER_ID,
+            op.PAGE[1],
+        ),
+    ),
+    Endpoint(
+        "/v1/messages/batches/{batch_id}",
+        "GET",
+        retrieve_message_batch,
+        Dialect.ANTHROPIC,
+        _with(
+            op.get("A message batch, with its request_counts", protected=True, envelope=_ANTHROPIC),
+            op.BATCH_ID,
+        ),
+    ),
+    Endpoint(
+        "/v1/messages/batches/{batch_id}",
+        "DELETE",
+        delete_message_batch,
+        Dialect.ANTHROPIC,
+        _with(
+            op.get("Delete an ended message batch", protected=True, envelope=_ANTHROPIC),
+            op.BATCH_ID,
+        ),
+    ),
+    Endpoint(
+        "/v1/messages/batches/{batch_id}/cancel",
+        "POST",
+        cancel_message_batch,
+        Dialect.ANTHROPIC,
+        _with(op.cancel("Cancel a message batch (canceling, then ended)", _ANTHROPIC), op.BATCH_ID),
+    ),
+    Endpoint(
+        "/v1/messages/batches/{batch_id}/results",
+        "GET",
+        message_batch_results,
+        Dialect.ANTHROPIC,
+        _with(
+            op.get(
+                "An ended message batch's results (JSONL)",
+                {"application/x-jsonl": {"schema": {"type": "string"}}},
+                protected=True,
+                envelope=_ANTHROPIC,
+            ),
+            op.BATCH_ID,
+        ),
     ),
     Endpoint(
         "/v1/messages/count_tokens",

@@ -273,7 +273,8 @@ class ServerConfig:
         100,
         "--batch-max-file-mb",
         help="the largest batch input file (POST /v1/files, purpose 'batch') and Message "
-        "Batches request body, in MiB; larger is refused with a 413 (default: %(default)s)",
+        "Batches request (POST /v1/messages/batches), in MiB; larger is refused with a 413 "
+        "(default: %(default)s)",
         type=int,
     )
     batch_max_lines: int = option(

@@ -363,7 +363,25 @@ FILE_UPLOAD: Schema = obj(
     "OpenAI's file upload (multipart/form-data)",
 )
 
+MESSAGE_BATCH: Schema = obj(
+    {
+        "requests": array(
+            obj(
+                {
+                    "custom_id": string("Unique in the batch", pattern="^[a-zA-Z0-9_-]{1,64}$"),
+                    "params": ref("MessagesRequest"),
+                },
+                ("custom_id", "params"),
+            ),
+            min_items=1,
+        )
+    },
+    ("requests",),
+    "Anthropic's message batch creation request",
+)
+
 REQUEST_BODIES: dict[str, Schema] = {
+    "MessageBatchRequest": MESSAGE_BATCH,
     "BatchRequest": BATCH,
     "FileUpload": FILE_UPLOAD,
     "ChatCompletionRequest": CHAT_COMPLETIONS,

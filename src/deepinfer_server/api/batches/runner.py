@@ -209,6 +209,11 @@ class BatchRunner:
     async def _answer(self, batch: BatchRow, line: ClaimedLine) -> None:
         try:
             outcome = await self._request(batch, line)
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # Stopped (a cancel, a shutdown): the app answered the abort as a client that
+                # left, which is no answer of the line's.
+                raise asyncio.CancelledError
             if outcome is None:
                 await self.store.release(line)
             else:

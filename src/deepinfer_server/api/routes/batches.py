@@ -65,7 +65,7 @@ def _runner(request: Request) -> tuple[AppState, BatchRunner]:
     return state, state.batches
 
 
-async def _scoped(request: Request) -> tuple[AppState, BatchRunner, str]:
+async def scoped(request: Request) -> tuple[AppState, BatchRunner, str]:
     state, runner = _runner(request)
     assert state.store is not None
     return state, runner, await request_scope(request, state.store)
@@ -106,7 +106,7 @@ def page(data: list[dict[str, Any]], limit: int) -> dict[str, Any]:
 
 async def create_file(request: Request) -> Response:
     """Store a batch input file (multipart: `file`, `purpose: "batch"`)."""
-    state, runner, scope = await _scoped(request)
+    state, runner, scope = await scoped(request)
     media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if media_type != "multipart/form-data":
         raise BadRequestError(
@@ -148,7 +148,7 @@ async def create_file(request: Request) -> Response:
 
 
 async def list_files(request: Request) -> Response:
-    _, runner, scope = await _scoped(request)
+    _, runner, scope = await scoped(request)
     limit = page_limit(request)
     rows = await runner.store.files(
         scope, request.query_params.get("purpose"), request.query_params.get("after"), limit + 1
@@ -157,7 +157,7 @@ async def list_files(request: Request) -> Response:
 
 
 async def retrieve_file(request: Request) -> Response:
-    _, runner, scope = await _scoped(request)
+    _, runner, scope = await scoped(request)
     file_id: str = request.path_params["file_id"]
     row = await runner.store.file(scope, file_id)
     if row is None:
@@ -166,7 +166,7 @@ async def retrieve_file(request: Request) -> Response:
 
 
 async def file_content(request: Request) -> Response:
-    _, runner, scope = await _scoped(request)
+    _, runner, scope = await scoped(request)
     file_id: str = request.path_params["file_id"]
     content = await runner.store.file_content(scope, file_id)
     if content is None:
@@ -175,7 +175,7 @@ async def file_content(request: Request) -> Response:
 
 
 async def delete_file(request: Request) -> Response:
-    _, runner, scope = await _scoped(request)
+    _, runner, scope = await scoped(request)
     file_id: str = request.path_params["file_id"]
     if not await runner.store.delete_file(scope, file_id):
         raise not_found("file", file_id)
@@ -221,7 +221,7 @@ async def check_active(state: AppState, store: BatchStore, scope: str) -> None:
 
 async def create_batch(request: Request) -> Response:
     """Create a batch from an uploaded input file; its lines are stored with it."""
-    state, runner, scope = await _scoped(request)
+    state, runner, scope = await scoped(request)
     body = (await read_json_body(request, state.config, state.receiving)).value
     endpoint = body.get("endpoint")
     if endpoint not in ENDPOINTS:
@@ -264,7 +264,7 @@ async def create_batch(request: Request) -> Response:
 
 
 async def retrieve_batch(request: Request) -> Response:
-    _, runner, scope = await _scoped(request)
+    _, runner, scope = await scoped(request)
     batch_id: str = request.path_params["batch_id"]
     row = await runner.store.batch(scope, batch_id)
     if row is None or row.kind != "openai":
@@ -273,7 +273,7 @@ async def retrieve_batch(request: Request) -> Response:
 
 
 async def list_batches(request: Request) -> Response:
-    _, runner, scope = await _scoped(request)
+    _, runner, scope = await scoped(request)
     limit = page_limit(request)
     rows = await runner.store.batches(scope, "openai", request.query_params.get("after"), limit + 1)
     return _json(page([batch_object(row) for row in rows], limit))
@@ -282,7 +282,7 @@ async def list_batches(request: Request) -> Response:
 async def cancel_batch(request: Request) -> Response:
     """Cancel a batch: `cancelling` until no line of it runs, then `cancelled` (a finished
     batch is returned unchanged)."""
-    _, runner, scope = await _scoped(request)
+    _, runner, scope = await scoped(request)
     batch_id: str = request.path_params["batch_id"]
     row = await runner.store.batch(scope, batch_id)
     if row is None or row.kind != "openai":
