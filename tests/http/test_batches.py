@@ -18,6 +18,7 @@ import pytest
 from deepinfer_server.api.batches.runner import BatchRunner
 from deepinfer_server.coordinator.handle import RequestHandle
 from deepinfer_server.ipc.messages import Finish, GeneratedTokens
+from deepinfer_server.metrics import ServerMetrics
 from deepinfer_server.protocol.core.validation import PRIORITY_MAX
 from deepinfer_server.store.batches import BatchStore
 from tests.http.harness import MODEL, Harness, Script
@@ -72,6 +73,17 @@ def _answer(h: Harness, handle: RequestHandle, text: str) -> None:
     handle.flush()
 
 
+def _samples(metrics: ServerMetrics, name: str) -> dict[str, float]:
+    """A counter's samples by their one label besides the model's."""
+    found = {}
+    for family in metrics.registry.collect():
+        for sample in family.samples:
+            if sample.name == name:
+                (label,) = (v for k, v in sample.labels.items() if k != "model_name")
+                found[label] = sample.value
+    return found
+
+
 def test_a_batch_runs_every_line_through_the_endpoint_at_the_lowest_priority(
     tmp_path: Path,
 ) -> None:
@@ -116,6 +128,12 @@ def test_a_batch_runs_every_line_through_the_endpoint_at_the_lowest_priority(
         assert by_id["too-long"]["response"]["status_code"] == 400
         assert "max_tokens" in by_id["too-long"]["response"]["body"]["error"]["message"]
         assert "endpoint" in by_id["elsewhere"]["error"]["message"]
+        assert _samples(h.metrics, "deepinfer:batch_lines_finished_total") == {
+            "succeeded": 2.0,
+            "errored": 1.0,  # a 400 of the endpoint's; malformed lines never ran
+            "retried": 0.0,
+        }
+        assert _samples(h.metrics, "deepinfer:batches_finished_total")["completed"] == 1.0
         # Every line that reached the engine went at the lowest priority.
         placements = list(h.coordinator.placement.values())
         assert len(placements) == 2
@@ -174,6 +192,8 @@ def test_cancelling_a_batch_frees_its_slots_and_ends_cancelled(tmp_path: Path) -
         assert done.cancelled_at is not None and done.output_file_id is None
         assert done.request_counts is not None and done.request_counts.completed == 0
         assert h.coordinator.handles == {}
+        assert _samples(h.metrics, "deepinfer:batch_lines_finished_total")["retried"] == 2.0
+        assert _samples(h.metrics, "deepinfer:batches_finished_total")["cancelled"] == 1.0
         assert len(h.coordinator.closed) == 2 and all(
             aborted for _, aborted, _ in h.coordinator.closed
         )
@@ -255,7 +275,9 @@ def test_a_batch_stopped_midway_is_finished_by_another_process_each_line_once(
             # A process that claims lines then dies holds them until its lease ends.
             dead = await store.claim(batch.id, "dead", 1, lease=-1.0)
             assert [line.line for line in dead] == [1]
-            successor = BatchRunner(store, h.state.config.api_keys, concurrency=4)
+            successor = BatchRunner(
+                store, h.state.config.api_keys, concurrency=4, metrics=ServerMetrics(MODEL)
+            )
             successor.bind(h.app)
             successor.wake()
             try:

@@ -77,7 +77,10 @@ class AppState:
             None
             if self.store is None
             else BatchRunner(
-                BatchStore(self.store), self.config.api_keys, self.config.batch_concurrency
+                BatchStore(self.store),
+                self.config.api_keys,
+                self.config.batch_concurrency,
+                self.metrics,
             )
         )
 

@@ -32,6 +32,7 @@ from starlette.types import ASGIApp
 
 from deepinfer_server.api.store_scope import NO_AUTH_SCOPE, key_scope
 from deepinfer_server.errors import StoreUnavailableError
+from deepinfer_server.metrics import ServerMetrics
 from deepinfer_server.protocol.core.validation import PRIORITY_MAX
 from deepinfer_server.store.batches import PENDING, BatchRow, BatchStore, ClaimedLine, FileRow
 
@@ -84,8 +85,15 @@ def openai_line(batch_id: str, line: int, custom_id: str, result: dict[str, Any]
 class BatchRunner:
     """This process's share of the work on every batch in the store (module docstring)."""
 
-    def __init__(self, store: BatchStore, api_keys: tuple[str, ...], concurrency: int) -> None:
+    def __init__(
+        self,
+        store: BatchStore,
+        api_keys: tuple[str, ...],
+        concurrency: int,
+        metrics: ServerMetrics,
+    ) -> None:
         self.store = store
+        self.metrics = metrics
         self._api_keys = api_keys
         self.concurrency = concurrency
         #: This process in `batch_lines.claimed_by`.
@@ -97,6 +105,7 @@ class BatchRunner:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._renewed = 0.0
+        metrics.watch_batches(lambda: len(self._running))
 
     def bind(self, app: ASGIApp) -> None:
         """The app whose routes answer the lines (`api.app.build_app`)."""
@@ -215,11 +224,14 @@ class BatchRunner:
                 # left, which is no answer of the line's.
                 raise asyncio.CancelledError
             if outcome is None:
+                self.metrics.observe_batch_line("retried")
                 await self.store.release(line)
             else:
                 status, result = outcome
-                await self.store.record(line, status, result)
+                if await self.store.record(line, status, result):
+                    self.metrics.observe_batch_line(status)
         except asyncio.CancelledError:
+            self.metrics.observe_batch_line("retried")
             with contextlib.suppress(StoreUnavailableError):
                 await asyncio.shield(self.store.release(line))
         except StoreUnavailableError:
@@ -299,4 +311,5 @@ class BatchRunner:
                 else:
                     error_id = file.id
         if await self.store.finish(batch, status, files, output_id, error_id):
+            self.metrics.observe_batch_end(status)
             logger.info("batch %s %s", batch.id, status)
