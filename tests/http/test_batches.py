@@ -297,3 +297,33 @@ def test_a_batch_stopped_midway_is_finished_by_another_process_each_line_once(
         assert len(answered) == 5
 
     run_stored(tmp_path, test, *KEYS, "--batch-concurrency", "2", script=Script(hold=True))
+
+
+def test_a_batch_takes_only_idle_running_slots_and_leaves_one_for_interactive_requests(
+    tmp_path: Path,
+) -> None:
+    async def test(h: Harness) -> None:
+        runner = h.state.batches
+        assert runner is not None
+        async with h.openai(KEY_A) as client:
+            file_id = await _upload(client, [_line(f"n{i}", _chat(str(i))) for i in range(5)])
+            await client.batches.create(
+                input_file_id=file_id, endpoint=CHAT, completion_window="24h"
+            )
+            await h.coordinator.wait_admitted(2)  # 3 slots: one kept free
+            await runner.work()  # another look: nothing more to take
+            assert len(h.coordinator.handles) == 2
+            # An interactive request takes the slot kept free, at its own priority...
+            interactive = asyncio.ensure_future(
+                client.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": "hi"}]
+                )
+            )
+            await h.coordinator.wait_admitted(3)
+            await runner.work()  # ...and the batch waits while no slot is idle
+            assert len(h.coordinator.handles) == 3
+            priorities = sorted(p for _, p in h.coordinator.placement.values())
+            assert priorities == [0, PRIORITY_MAX, PRIORITY_MAX]
+            interactive.cancel()
+
+    run_stored(tmp_path, test, *KEYS, "--max-num-seqs", "3", script=Script(hold=True))

@@ -81,8 +81,15 @@ class AppState:
                 self.config.api_keys,
                 self.config.batch_concurrency,
                 self.metrics,
+                self._idle_slots,
             )
         )
+
+    def _idle_slots(self) -> int:
+        """Running slots a batch line may take now: those idle, but one kept for interactive
+        requests (on a server with more than one)."""
+        capacity = self.config.running_capacity
+        return capacity - self.coordinator.admitted - (1 if capacity > 1 else 0)
 
     async def prepare_body(
         self,

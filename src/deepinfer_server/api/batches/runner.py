@@ -3,12 +3,16 @@
 Every line is answered by the server's own app, in process (the ASGI app called directly, as a
 request of the batch's API key: the same authentication, validation, admission and error
 envelopes as the live endpoint), at the lowest admission priority (`PRIORITY_MAX`), at most
-`--batch-concurrency` lines at a time per process. A line is claimed in the store with a lease
-(`LEASE`, renewed every `HEARTBEAT_INTERVAL` while it runs) and its result written as soon as
-it ends, by the claim that holds it only: a batch resumes where it stopped after a restart, and
-several processes or replicas work through one batch without answering a line twice. A line
-whose process died is claimed again once its lease ends. A line admission turns away for now
-(429, or 503 while the server drains) is given back and tried again later.
+`--batch-concurrency` lines at a time per process, and only while the engines have a running
+slot idle besides one kept for interactive requests (`idle_slots`): admission does not preempt,
+so a line that took the last slot would make the next interactive request wait for it.
+
+A line is claimed in the store with a lease (`LEASE`, renewed every `HEARTBEAT_INTERVAL` while
+it runs) and its result written as soon as it ends, by the claim that holds it only: a batch
+resumes where it stopped after a restart, and several processes or replicas work through one
+batch without answering a line twice. A line whose process died is claimed again once its lease
+ends. A line admission turns away for now (429, or 503 while the server drains) is given back
+and tried again later.
 
 A batch goes `validating` → `in_progress` (taken by a runner) → `finalizing` (no line left)
 → `completed`, with its output and error files written in the same transaction as its end;
@@ -24,6 +28,7 @@ import hashlib
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -91,8 +96,11 @@ class BatchRunner:
         api_keys: tuple[str, ...],
         concurrency: int,
         metrics: ServerMetrics,
+        idle_slots: Callable[[], int] = lambda: 1 << 30,
     ) -> None:
+        """`idle_slots`: the running slots the server may give a batch line now."""
         self.store = store
+        self._idle_slots = idle_slots
         self.metrics = metrics
         self._api_keys = api_keys
         self.concurrency = concurrency
@@ -193,7 +201,7 @@ class BatchRunner:
             if await self.store.move(batch.id, "finalizing", sources=("in_progress",)):
                 await self._finalize(batch, "expired")
             return
-        free = self.concurrency - len(self._running)
+        free = min(self.concurrency - len(self._running), self._idle_slots())
         if free <= 0:
             return
         if self._running:  # renewed before a claim: the lease of every line runs from now
