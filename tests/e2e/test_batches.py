@@ -1,6 +1,7 @@
 """Batches with real processes and the official openai client: a kill -9 of the server in the
 middle of a batch, and a restart on the same store that finishes it with every line answered
-once (the lines recorded before the kill are kept as they were, none is answered twice)."""
+once (the lines recorded before the kill are kept as they were, none is answered twice); two
+replicas on one PostgreSQL database working through one batch together, no line run twice."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ from pathlib import Path
 
 import openai
 import orjson
+import pytest
 
+from tests.metrics_scrape import scrape, value
+from tests.postgres import PostgresServer
 from tests.server import LiveServer, wait_until
 
 MODEL = "deepseek-flash"
@@ -22,6 +26,26 @@ LINES = 12
 
 def _client(server: LiveServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+
+
+def _input(lines: int) -> bytes:
+    words = " ".join(f"word{index}" for index in range(20))
+    return b"".join(
+        orjson.dumps(
+            {
+                "custom_id": f"line-{n}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {
+                    "model": MODEL,
+                    "messages": [{"role": "user", "content": f"{n} {words}"}],
+                    "max_tokens": 24,
+                },
+            }
+        )
+        + b"\n"
+        for n in range(lines)
+    )
 
 
 def _answered(tmp_path: Path, batch_id: str) -> dict[int, str]:
@@ -38,21 +62,7 @@ def test_a_batch_killed_midway_finishes_after_a_restart_with_every_line_answered
     tmp_path: Path,
 ) -> None:
     state = ("--state-dir", str(tmp_path))
-    words = " ".join(f"word{index}" for index in range(20))
-    lines = [
-        {
-            "custom_id": f"line-{n}",
-            "method": "POST",
-            "url": "/v1/chat/completions",
-            "body": {
-                "model": MODEL,
-                "messages": [{"role": "user", "content": f"{n} {words}"}],
-                "max_tokens": 24,
-            },
-        }
-        for n in range(LINES)
-    ]
-    data = b"".join(orjson.dumps(line) + b"\n" for line in lines)
+    data = _input(LINES)
     with LiveServer(*SLOW, *state) as server, _client(server) as client:
         upload = client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
         batch = client.batches.create(
@@ -83,3 +93,44 @@ def test_a_batch_killed_midway_finishes_after_a_restart_with_every_line_answered
     for line in output:
         assert line["response"]["status_code"] == 200
         assert line["response"]["body"]["choices"][0]["message"]["content"]
+
+
+@pytest.mark.postgres
+def test_two_replicas_work_through_one_batch_without_running_a_line_twice() -> None:
+    database = PostgresServer()
+    try:
+        store = ("--response-store", database.new_database())
+        with (
+            LiveServer(*SLOW, *store) as one,
+            LiveServer(*SLOW, *store) as two,
+            _client(one) as client,
+        ):
+            upload = client.files.create(
+                file=("in.jsonl", io.BytesIO(_input(LINES))), purpose="batch"
+            )
+            batch = client.batches.create(
+                input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+            )
+            wait_until(
+                lambda: client.batches.retrieve(batch.id).status == "completed",
+                90,
+                "the batch to complete",
+            )
+            done = client.batches.retrieve(batch.id)
+            assert done.request_counts is not None and done.request_counts.completed == LINES
+            answered = [
+                value(scrape(server.base_url), "deepinfer:batch_lines_finished_total", result=r)
+                for server in (one, two)
+                for r in ("succeeded", "errored")
+            ]
+            generated = [
+                count
+                for server in (one, two)
+                for (name, _), count in scrape(server.base_url).items()
+                if name == "deepinfer:request_success_total"
+            ]
+        assert sum(answered) == LINES
+        assert answered[0] > 0 and answered[2] > 0  # both replicas answered lines
+        assert sum(generated) == LINES  # no line went to the engine twice
+    finally:
+        database.close()
