@@ -41,6 +41,7 @@ from deepinfer_server.protocol.core.images import ImageLimits
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.protocol.core.structured import StructuredOutputs
 from deepinfer_server.store import ResponseStore
+from deepinfer_server.store.batches import BatchStore
 from deepinfer_server.store.location import open_store
 
 logger = logging.getLogger("deepinfer_server")
@@ -130,11 +131,19 @@ async def response_store(
     with contextlib.suppress(StoreUnavailableError):  # logged; the requests that need it: 503
         await store.open()
     logger.info("[startup] Responses store: %s", store.description)
-    eviction = asyncio.ensure_future(store.evict_periodically(EVICT_INTERVAL)) if evicts else None
+    evictions = (
+        [
+            asyncio.ensure_future(store.evict_periodically(EVICT_INTERVAL)),
+            # Files and ended batches go after the same time to live.
+            asyncio.ensure_future(BatchStore(store).evict_periodically(EVICT_INTERVAL)),
+        ]
+        if evicts
+        else []
+    )
     try:
         yield store
     finally:
-        if eviction is not None:
+        for eviction in evictions:
             eviction.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await eviction

@@ -12,6 +12,8 @@ answered once.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import Sequence
@@ -20,6 +22,7 @@ from typing import Any
 
 import orjson
 
+from deepinfer_server.errors import StoreUnavailableError
 from deepinfer_server.store.database import Step
 from deepinfer_server.store.sql import ResponseStore
 
@@ -506,16 +509,37 @@ class BatchStore:
             changed = await self._db.write(steps)
         return changed[-1] > 0
 
-    async def status_counts(self) -> tuple[dict[str, int], dict[str, int]]:
-        """Every batch by status, and every batch line by status (for `/metrics`)."""
-        async with self._store.failures("count batches"):
+    async def evict(self, before: float) -> int:
+        """Delete the files and the ended batches (with their lines) created before `before`
+        (the store's time to live); the number of rows deleted. A batch still at work is kept
+        whatever its age (its completion window ends it)."""
+        ended = "status NOT IN (?, ?, ?, ?)"
+        async with self._store.failures("evict old batches", write=True):
             await self._store.ready()
-            batches = await self._db.fetch("SELECT status, COUNT(*) FROM batches GROUP BY status")
-            lines = await self._db.fetch("SELECT status, COUNT(*) FROM batch_lines GROUP BY status")
-        return (
-            {str(row[0]): int(row[1]) for row in batches},
-            {str(row[0]): int(row[1]) for row in lines},
-        )
+            changed = await self._db.write(
+                [
+                    Step(
+                        "DELETE FROM batch_lines WHERE batch_id IN (SELECT id FROM batches "
+                        f"WHERE created_at < ? AND {ended})",
+                        (before, *ACTIVE_STATUSES),
+                    ),
+                    Step(
+                        f"DELETE FROM batches WHERE created_at < ? AND {ended}",
+                        (before, *ACTIVE_STATUSES),
+                    ),
+                    Step("DELETE FROM files WHERE created_at < ?", (before,)),
+                ],
+                frees=True,
+            )
+        return changed[1] + changed[2]
+
+    async def evict_periodically(self, interval: float) -> None:
+        """`evict()` past the store's time to live every `interval` seconds, until cancelled
+        (a failure is logged and tried again next time)."""
+        while True:
+            with contextlib.suppress(StoreUnavailableError):
+                await self.evict(time.time() - self._store.ttl)
+            await asyncio.sleep(interval)
 
 
 def _batch_row(row: Sequence[Any], counts: dict[str, int]) -> BatchRow:

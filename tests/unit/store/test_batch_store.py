@@ -5,6 +5,7 @@ a batch ends once, and files and batches are scoped."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -115,5 +116,24 @@ def test_listing_pages_newest_first(store_url_of: object, lines: int) -> None:
         first = await store.files("k1", None, None, 1)
         after = await store.files("k1", None, first[0].id, 10)
         assert [f.id for f in first + after] == listed
+
+    run_with_store(store_url_of(), body)  # type: ignore[operator]
+
+
+def test_files_and_ended_batches_are_evicted_after_the_time_to_live(store_url_of: object) -> None:
+    async def body(responses: ResponseStore) -> None:
+        store = BatchStore(responses)
+        batch_id = await _batch(store, 2)
+        await store.add_file("k1", "batch", "in.jsonl", "{}\n", "file-in")
+        later = time.time() + 1
+        assert await store.evict(later) == 1  # the file; the batch is still at work
+        assert await store.batch("k1", batch_id) is not None
+        await store.move(batch_id, "cancelling", sources=("validating",))
+        row = await store.batch("k1", batch_id)
+        assert row is not None and await store.finish(row, "cancelled", [], None, None)
+        assert await store.evict(row.created_at) == 0  # not older than the time to live
+        assert await store.evict(later) == 1
+        assert await store.batch("k1", batch_id) is None
+        assert await store.results(batch_id) == []
 
     run_with_store(store_url_of(), body)  # type: ignore[operator]
