@@ -400,16 +400,20 @@ class BatchStore:
             for row in rows
         ]
 
-    async def renew(self, owner: str, lease: float) -> None:
-        """`owner` still works on the lines it holds: their lease ends `lease` from now."""
+    async def renew(self, lines: Sequence[ClaimedLine], lease: float) -> None:
+        """The process holding `lines` still works on them: their lease ends `lease` from now
+        (a line its process no longer runs is left to its lease: it is claimed again)."""
+        if not lines:
+            return
         async with self._store.failures("renew batch lines", write=True):
             await self._store.ready()
             await self._db.write(
                 [
                     Step(
-                        "UPDATE batch_lines SET lease_until = ? WHERE claimed_by = ? "
-                        "AND status = ?",
-                        (time.time() + lease, owner, PENDING),
+                        "UPDATE batch_lines SET lease_until = ? WHERE claim IN ("
+                        + ", ".join("?" * len(lines))
+                        + ") AND status = ?",
+                        (time.time() + lease, *(line.claim for line in lines), PENDING),
                     )
                 ]
             )

@@ -70,7 +70,14 @@ def test_a_lease_that_ended_frees_its_lines_for_another_process(store_url_of: ob
         taken = await store.claim(batch_id, "alive", 2, lease=60)
         assert [line.line for line in taken] == [0, 1]
         assert not await store.record(dead[0], "succeeded", {})  # its claim is gone
-        await store.renew("alive", lease=60)
+        await store.renew(dead, lease=60)  # a claim that is gone renews nothing
+        assert await store.claim(batch_id, "other", 2, lease=60) == []
+        stale = await store.claim(batch_id, "late", 1, lease=-1.0)
+        assert stale == []  # every line is held
+        await store.release(taken[0])
+        mine = await store.claim(batch_id, "slow", 1, lease=-1.0)  # its lease already ended...
+        await store.renew(mine, lease=60)  # ...and renewed by its process
+        assert await store.claim(batch_id, "other", 2, lease=60) == []
         await store.release(taken[1])
         assert [line.line for line in await store.claim(batch_id, "other", 2, lease=60)] == [1]
         row = await store.batch(None, batch_id)

@@ -175,7 +175,7 @@ class BatchRunner:
     async def work(self) -> None:
         """One look at every batch at work: renew, claim lines, finish batches."""
         if self._running and time.monotonic() - self._renewed >= HEARTBEAT_INTERVAL:
-            await self.store.renew(self.owner, LEASE)
+            await self.store.renew([line for line, _ in self._running.values()], LEASE)
             self._renewed = time.monotonic()
         for batch_id, status in await self.store.active_batches():
             if status == "validating":
@@ -244,6 +244,10 @@ class BatchRunner:
                 await asyncio.shield(self.store.release(line))
         except StoreUnavailableError:
             pass  # its lease ends; it is claimed again
+        except Exception:
+            # Not the request's answer (the app answers every error itself): left to its
+            # lease, it is tried again.
+            logger.exception("batch %s line %d: no answer", batch.id, line.line)
         finally:
             self._running.pop((batch.id, line.line), None)
             self._wake.set()

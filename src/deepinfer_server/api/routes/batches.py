@@ -42,7 +42,7 @@ from deepinfer_server.errors import (
 from deepinfer_server.store.batches import BatchStore
 
 #: The most files or batches one page lists, and a page's default (OpenAI's).
-MAX_PAGE = 10_000
+MAX_PAGE = 100
 DEFAULT_PAGE = 20
 #: Room for the multipart framing and the other fields around a file of the largest size.
 _FORM_SLACK = 64 * 1024
