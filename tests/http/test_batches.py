@@ -225,6 +225,13 @@ def test_the_limits_per_api_key(tmp_path: Path) -> None:
                     endpoint=CHAT,
                     completion_window="1h",  # type: ignore[arg-type]
                 )
+            for window in ({}, [None]):  # not a string: a 400, never a server error
+                answer = await h.client.post(
+                    "/v1/batches",
+                    json={"input_file_id": one, "endpoint": CHAT, "completion_window": window},
+                    headers={"Authorization": f"Bearer {KEY_A}"},
+                )
+                assert answer.status_code == 400, answer.text
             await client.batches.create(input_file_id=one, endpoint=CHAT, completion_window="24h")
             with pytest.raises(openai.RateLimitError, match="batch-max-active"):
                 await client.batches.create(

@@ -224,10 +224,10 @@ async def create_batch(request: Request) -> Response:
     state, runner, scope = await scoped(request)
     body = (await read_json_body(request, state.config, state.receiving)).value
     endpoint = body.get("endpoint")
-    if endpoint not in ENDPOINTS:
+    if not isinstance(endpoint, str) or endpoint not in ENDPOINTS:
         raise BadRequestError(f"'endpoint' must be one of {', '.join(ENDPOINTS)}", param="endpoint")
     window = body.get("completion_window")
-    if window not in WINDOWS:
+    if not isinstance(window, str) or window not in WINDOWS:
         raise BadRequestError("'completion_window' must be '24h'", param="completion_window")
     metadata = _metadata(body.get("metadata"))
     extra = sorted(set(body) - {"endpoint", "completion_window", "metadata", "input_file_id"})
