@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import anthropic
@@ -105,6 +107,42 @@ def test_litellm_openai_route(recorder: Recorder) -> None:
     chat = recorder.to("/v1/chat/completions")
     assert [call.status for call in chat] == [200, 200], recorder.report()
     assert chat[1].json()["tools"][0]["type"] == "function"
+
+
+def test_litellm_batch_api(recorder: Recorder, tmp_path: Path) -> None:
+    """LiteLLM's files and batches API (its openai provider) unchanged against the server."""
+    llm = litellm()
+    word = marker()
+    common: dict[str, Any] = dict(
+        custom_llm_provider="openai", api_base=f"{recorder.base_url}/v1", api_key="dummy-key"
+    )
+    path = tmp_path / "batch.jsonl"
+    line = {
+        "custom_id": "only",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": MODEL, "messages": [{"role": "user", "content": word}], "max_tokens": 64},
+    }
+    path.write_text(json.dumps(line) + "\n")
+    with path.open("rb") as file:
+        uploaded = checked(recorder, llm.create_file, file=file, purpose="batch", **common)
+    batch = checked(
+        recorder,
+        llm.create_batch,
+        completion_window="24h",
+        endpoint="/v1/chat/completions",
+        input_file_id=uploaded.id,
+        **common,
+    )
+    deadline = time.monotonic() + 30
+    while batch.status != "completed" and time.monotonic() < deadline:
+        time.sleep(0.1)  # polling, as LiteLLM's users do
+        batch = checked(recorder, llm.retrieve_batch, batch_id=batch.id, **common)
+    assert batch.status == "completed", recorder.report()
+    content = checked(recorder, llm.file_content, file_id=batch.output_file_id, **common)
+    (answer,) = [json.loads(text) for text in content.text.splitlines()]
+    assert answer["custom_id"] == "only" and answer["response"]["status_code"] == 200
+    assert word in answer["response"]["body"]["choices"][0]["message"]["content"]
 
 
 def test_litellm_anthropic_route_custom_tools(recorder: Recorder) -> None:

@@ -258,7 +258,11 @@ async def serve(
     app = build_app(state)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-        yield Harness(client, coordinator, metrics, state, app)
+        try:
+            yield Harness(client, coordinator, metrics, state, app)
+        finally:
+            if state.batches is not None:  # started by the first batch
+                await state.batches.stop()
 
 
 @asynccontextmanager

@@ -67,5 +67,7 @@ def build_app(state: AppState, endpoints: tuple[Endpoint, ...] = ROUTES) -> Star
     # A trailing slash is a 404 in the protocol's envelope, not a 307 to the same POST.
     app.router.redirect_slashes = False
     app.state.server = state
+    if state.batches is not None:
+        state.batches.bind(app)
     app.state.endpoints = endpoints
     return app

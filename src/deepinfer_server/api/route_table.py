@@ -16,6 +16,17 @@ from starlette.responses import Response
 from starlette.routing import compile_path
 
 from deepinfer_server.api.dialects import Dialect
+from deepinfer_server.api.routes.batches import (
+    cancel_batch,
+    create_batch,
+    create_file,
+    delete_file,
+    file_content,
+    list_batches,
+    list_files,
+    retrieve_batch,
+    retrieve_file,
+)
 from deepinfer_server.api.routes.conversations import (
     create_conversation,
     create_items,
@@ -28,6 +39,14 @@ from deepinfer_server.api.routes.conversations import (
 )
 from deepinfer_server.api.routes.count_tokens import count_tokens
 from deepinfer_server.api.routes.generation import CHAT, COMPLETIONS, MESSAGES, RESPONSES, generate
+from deepinfer_server.api.routes.message_batches import (
+    cancel_message_batch,
+    create_message_batch,
+    delete_message_batch,
+    list_message_batches,
+    message_batch_results,
+    retrieve_message_batch,
+)
 from deepinfer_server.api.routes.meta import health, metrics, root, server_version
 from deepinfer_server.api.routes.models import list_models, retrieve_model
 from deepinfer_server.api.routes.openapi import openapi_json
@@ -224,11 +243,151 @@ ROUTES: tuple[Endpoint, ...] = (
         ),
     ),
     Endpoint(
+        "/v1/files",
+        "POST",
+        create_file,
+        Dialect.OPENAI,
+        op.upload("Upload a batch input file (JSONL, purpose 'batch')", "FileUpload"),
+    ),
+    Endpoint(
+        "/v1/files",
+        "GET",
+        list_files,
+        Dialect.OPENAI,
+        _with(op.get("The API key's files, newest first", protected=True), op.PURPOSE, *op.PAGE),
+    ),
+    Endpoint(
+        "/v1/files/{file_id}",
+        "GET",
+        retrieve_file,
+        Dialect.OPENAI,
+        _with(op.get("A file", protected=True), op.FILE_ID),
+    ),
+    Endpoint(
+        "/v1/files/{file_id}/content",
+        "GET",
+        file_content,
+        Dialect.OPENAI,
+        _with(
+            op.get(
+                "A file's content (a batch's output and error files: JSONL)",
+                {"application/jsonl": {"schema": {"type": "string"}}},
+                protected=True,
+            ),
+            op.FILE_ID,
+        ),
+    ),
+    Endpoint(
+        "/v1/files/{file_id}",
+        "DELETE",
+        delete_file,
+        Dialect.OPENAI,
+        _with(op.get("Delete a file", protected=True), op.FILE_ID),
+    ),
+    Endpoint(
+        "/v1/batches",
+        "POST",
+        create_batch,
+        Dialect.OPENAI,
+        op.post_object(
+            "Create a batch from an input file, run at the lowest priority (input_file_id, "
+            "endpoint, completion_window '24h', metadata)",
+            "BatchRequest",
+        ),
+    ),
+    Endpoint(
+        "/v1/batches",
+        "GET",
+        list_batches,
+        Dialect.OPENAI,
+        _with(op.get("The API key's batches, newest first", protected=True), *op.PAGE),
+    ),
+    Endpoint(
+        "/v1/batches/{batch_id}",
+        "GET",
+        retrieve_batch,
+        Dialect.OPENAI,
+        _with(op.get("A batch, with its request_counts", protected=True), op.BATCH_ID),
+    ),
+    Endpoint(
+        "/v1/batches/{batch_id}/cancel",
+        "POST",
+        cancel_batch,
+        Dialect.OPENAI,
+        _with(op.cancel("Cancel a batch (cancelling, then cancelled)"), op.BATCH_ID),
+    ),
+    Endpoint(
         "/v1/messages",
         "POST",
         generate(MESSAGES),
         Dialect.ANTHROPIC,
         op.generation("Anthropic Messages", "MessagesRequest", _ANTHROPIC),
+    ),
+    Endpoint(
+        "/v1/messages/batches",
+        "POST",
+        create_message_batch,
+        Dialect.ANTHROPIC,
+        op.post_object(
+            "Create a message batch of requests: [{custom_id, params}], run at the lowest priority",
+            "MessageBatchRequest",
+            _ANTHROPIC,
+        ),
+    ),
+    Endpoint(
+        "/v1/messages/batches",
+        "GET",
+        list_message_batches,
+        Dialect.ANTHROPIC,
+        _with(
+            op.get(
+                "The API key's message batches, newest first", protected=True, envelope=_ANTHROPIC
+            ),
+            op.AFTER_ID,
+            op.PAGE[1],
+        ),
+    ),
+    Endpoint(
+        "/v1/messages/batches/{batch_id}",
+        "GET",
+        retrieve_message_batch,
+        Dialect.ANTHROPIC,
+        _with(
+            op.get("A message batch, with its request_counts", protected=True, envelope=_ANTHROPIC),
+            op.BATCH_ID,
+        ),
+    ),
+    Endpoint(
+        "/v1/messages/batches/{batch_id}",
+        "DELETE",
+        delete_message_batch,
+        Dialect.ANTHROPIC,
+        _with(
+            op.get("Delete an ended message batch", protected=True, envelope=_ANTHROPIC),
+            op.BATCH_ID,
+        ),
+    ),
+    Endpoint(
+        "/v1/messages/batches/{batch_id}/cancel",
+        "POST",
+        cancel_message_batch,
+        Dialect.ANTHROPIC,
+        _with(op.cancel("Cancel a message batch (canceling, then ended)", _ANTHROPIC), op.BATCH_ID),
+    ),
+    Endpoint(
+        "/v1/messages/batches/{batch_id}/results",
+        "GET",
+        message_batch_results,
+        Dialect.ANTHROPIC,
+        _with(
+            op.get(
+                "An ended message batch's results (JSONL)",
+                {"application/x-jsonl": {"schema": {"type": "string"}}},
+                protected=True,
+                envelope=_ANTHROPIC,
+            ),
+            op.BATCH_ID,
+        ),
     ),
     Endpoint(
         "/v1/messages/count_tokens",

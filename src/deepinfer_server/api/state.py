@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from deepinfer_server.api.background import BackgroundRuns
+from deepinfer_server.api.batches.runner import BatchRunner
 from deepinfer_server.api.disaggregation import PrefillPeers
 from deepinfer_server.api.preparation import PreparationGate
 from deepinfer_server.api.receive_budget import ReceiveBudget
@@ -19,6 +20,7 @@ from deepinfer_server.metrics.aggregate import Snapshot, merge_loads, merged_exp
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.protocol.core.structured import StructuredOutputs
 from deepinfer_server.store import ResponseStore
+from deepinfer_server.store.batches import BatchStore
 
 # Bodies larger than this are prepared on a worker thread, keeping the event loop responsive.
 LARGE_BODY_BYTES = 64 * 1024
@@ -60,6 +62,8 @@ class AppState:
     receiving: ReceiveBudget = field(init=False)
     #: This process's background responses (with a store; else None).
     background_runs: BackgroundRuns | None = field(init=False)
+    #: This process's share of the batch jobs (with a store; else None).
+    batches: BatchRunner | None = field(init=False)
     _engine_requests: int = 0
     #: Work that outlives its request (store writes still running), kept until done.
     _background: set[asyncio.Future[Any]] = field(default_factory=set)
@@ -69,6 +73,23 @@ class AppState:
         self.background_runs = (
             None if self.store is None else BackgroundRuns(self.store, self.metrics)
         )
+        self.batches = (
+            None
+            if self.store is None
+            else BatchRunner(
+                BatchStore(self.store),
+                self.config.api_keys,
+                self.config.batch_concurrency,
+                self.metrics,
+                self._idle_slots,
+            )
+        )
+
+    def _idle_slots(self) -> int:
+        """Running slots a batch line may take now: those idle, but one kept for interactive
+        requests (on a server with more than one)."""
+        capacity = self.config.running_capacity
+        return capacity - self.coordinator.admitted - (1 if capacity > 1 else 0)
 
     async def prepare_body(
         self,

@@ -31,8 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
-import hmac
 import logging
 import time
 import uuid
@@ -45,6 +43,7 @@ from starlette.responses import Response
 from deepinfer_server.api.background import BackgroundRun, created_event
 from deepinfer_server.api.sse import FrameWriter, SSEResponse, complete
 from deepinfer_server.api.state import AppState
+from deepinfer_server.api.store_scope import NO_AUTH_SCOPE, key_scope
 from deepinfer_server.api.token_stream import TokenStream
 from deepinfer_server.coordinator.handle import RequestHandle
 from deepinfer_server.errors import BadRequestError, StoreUnavailableError
@@ -85,8 +84,6 @@ WRITE_WAIT = 12.0
 #: Fields of the body the session serves itself (the preparation rejects them otherwise).
 _STORE_FIELDS = ("store", "previous_response_id", "background", "conversation")
 _STORED_STATUSES = frozenset({"completed", "incomplete"})
-#: The scope of every request on a server without API keys.
-NO_AUTH_SCOPE = "none"
 
 
 async def request_scope(request: Request, store: ResponseStore) -> str:
@@ -94,7 +91,7 @@ async def request_scope(request: Request, store: ResponseStore) -> str:
     key: bytes | None = getattr(request.state, "api_key", None)
     if key is None:
         return NO_AUTH_SCOPE
-    return hmac.new(await store.scope_salt(), key, hashlib.sha256).hexdigest()
+    return key_scope(await store.scope_salt(), key)
 
 
 def _client_chose_request_id(request: Request) -> bool:

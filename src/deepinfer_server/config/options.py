@@ -269,6 +269,35 @@ class ServerConfig:
         "answer is reported as not stored (default: %(default)s)",
         type=int,
     )
+    batch_max_file_mb: int = option(
+        100,
+        "--batch-max-file-mb",
+        help="the largest batch input file (POST /v1/files, purpose 'batch') and Message "
+        "Batches request (POST /v1/messages/batches), in MiB; larger is refused with a 413 "
+        "(default: %(default)s)",
+        type=int,
+    )
+    batch_max_lines: int = option(
+        50_000,
+        "--batch-max-lines",
+        help="the most requests in one batch (lines of its input file), as OpenAI allows; "
+        "more is refused with a 400 (default: %(default)s)",
+        type=int,
+    )
+    batch_max_active: int = option(
+        10,
+        "--batch-max-active",
+        help="the most batches one API key may have unfinished at once; another is refused "
+        "with a 429 (default: %(default)s)",
+        type=int,
+    )
+    batch_concurrency: int = option(
+        8,
+        "--batch-concurrency",
+        help="the batch requests each API server process has in flight at once, at the "
+        "lowest admission priority (default: %(default)s)",
+        type=int,
+    )
     allowed_origins: tuple[str, ...] = option(
         (),
         "--allowed-origins",

@@ -131,6 +131,11 @@ class ResolvedConfig:
     #: The largest response stored, at most a key's cap.
     response_store_max_response_bytes: int = field(metadata=DERIVED)
 
+    batch_max_file_mb: int
+    batch_max_lines: int
+    batch_max_active: int
+    batch_concurrency: int
+
     @property
     def response_store_scope_max_bytes(self) -> int:
         """One scope's cap: an API key's, or without API keys (one scope) the store's."""
@@ -314,6 +319,10 @@ def _check_ranges(config: ServerConfig, max_model_len: int) -> None:
         "--response-store-max-mb": config.response_store_max_mb,
         "--response-store-key-max-mb": config.response_store_key_max_mb,
         "--response-store-max-response-mb": config.response_store_max_response_mb,
+        "--batch-max-file-mb": config.batch_max_file_mb,
+        "--batch-max-lines": config.batch_max_lines,
+        "--batch-max-active": config.batch_max_active,
+        "--batch-concurrency": config.batch_concurrency,
     }
     for flag, mib in store_caps.items():
         if mib < 1:

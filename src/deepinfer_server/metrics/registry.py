@@ -451,6 +451,21 @@ class ServerMetrics:
         )
         for status in ("completed", "incomplete", "failed", "cancelled"):
             self.background_ended.labels(model_name, status)
+        self.batch_lines = counter(
+            "batch_lines_finished",
+            "Batch requests this server took off a batch, by result (succeeded, errored, "
+            "retried: given back unanswered, admission full or the server stopping).",
+            ["result"],
+        )
+        for result in ("succeeded", "errored", "retried"):
+            self.batch_lines.labels(model_name, result)
+        self.batches_ended = counter(
+            "batches_finished",
+            "Batches this server ended, by status (completed, cancelled, expired).",
+            ["status"],
+        )
+        for status in ("completed", "cancelled", "expired"):
+            self.batches_ended.labels(model_name, status)
         self.admissions = counter(
             "tenant_admissions",
             "Requests each API key (by its name) sent, by admission's result (admitted, refused).",
@@ -506,6 +521,22 @@ class ServerMetrics:
             gauge.labels(self.model_name, status).set_function(
                 lambda status=status: counts().get(status, 0)  # type: ignore[misc]
             )
+
+    def watch_batches(self, running: Callable[[], int]) -> None:
+        """Expose the batch requests this process is answering, read from `running`."""
+        gauge = Gauge(
+            PREFIX + "batch_lines_running",
+            "Batch requests this server is answering (at the lowest priority).",
+            ["model_name"],
+            registry=self.registry,
+        )
+        gauge.labels(self.model_name).set_function(running)
+
+    def observe_batch_line(self, result: str) -> None:
+        self.batch_lines.labels(self.model_name, result).inc()
+
+    def observe_batch_end(self, status: str) -> None:
+        self.batches_ended.labels(self.model_name, status).inc()
 
     def observe_background_end(self, status: str) -> None:
         self.background_ended.labels(self.model_name, status).inc()

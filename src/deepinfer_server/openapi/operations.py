@@ -35,17 +35,24 @@ def generation(summary: str, body: str, envelope: str) -> Schema:
     }
 
 
-def get(summary: str, content: dict[str, Any] | None = None, *, protected: bool = False) -> Schema:
-    """A GET answering `content` (a JSON object by default), errors in OpenAI's envelope;
-    `protected`: behind the API keys."""
+def get(
+    summary: str,
+    content: dict[str, Any] | None = None,
+    *,
+    protected: bool = False,
+    envelope: str = "OpenAIError",
+) -> Schema:
+    """A GET answering `content` (a JSON object by default), errors in `envelope` (OpenAI's
+    by default); `protected`: behind the API keys."""
+    api = envelope.removesuffix("Error")
     operation: Schema = {
         "summary": summary,
         "responses": {
             "200": {"description": "OK", "content": content or JSON_OBJECT},
             "default": {
-                "description": "An error in OpenAI's envelope",
+                "description": f"An error in {api}'s envelope",
                 "content": {
-                    "application/json": {"schema": {"$ref": "#/components/schemas/OpenAIError"}}
+                    "application/json": {"schema": {"$ref": f"#/components/schemas/{envelope}"}}
                 },
             },
         },
@@ -53,12 +60,6 @@ def get(summary: str, content: dict[str, Any] | None = None, *, protected: bool 
     if protected:
         operation["security"] = BEARER
     return operation
-
-
-def post_object(summary: str, body: str) -> Schema:
-    """A POST of the `body` component answering a JSON object, errors in OpenAI's envelope,
-    behind the API keys."""
-    return {**get(summary, protected=True), "requestBody": request_body(body)}
 
 
 def post_json(summary: str, body: str, response: str) -> Schema:
@@ -141,7 +142,30 @@ LOAD_FORMAT = {
 }
 
 
-def cancel(summary: str) -> Schema:
-    """A POST without a body answering a JSON object, errors in OpenAI's envelope, behind
+def cancel(summary: str, envelope: str = "OpenAIError") -> Schema:
+    """A POST without a body answering a JSON object, errors in `envelope`, behind the API
+    keys."""
+    return {**get(summary, protected=True, envelope=envelope)}
+
+
+FILE_ID = {"name": "file_id", "in": "path", "required": True, "schema": {"type": "string"}}
+BATCH_ID = {"name": "batch_id", "in": "path", "required": True, "schema": {"type": "string"}}
+AFTER_ID = {"name": "after_id", "in": "query", "required": False, "schema": {"type": "string"}}
+PURPOSE = {"name": "purpose", "in": "query", "required": False, "schema": {"type": "string"}}
+
+
+def upload(summary: str, body: str) -> Schema:
+    """A multipart POST of the `body` component answering a JSON object, behind the keys."""
+    return {
+        **get(summary, protected=True),
+        "requestBody": {
+            "required": True,
+            "content": {"multipart/form-data": {"schema": ref(body)}},
+        },
+    }
+
+
+def post_object(summary: str, body: str, envelope: str = "OpenAIError") -> Schema:
+    """A POST of the `body` component answering a JSON object, errors in `envelope`, behind
     the API keys."""
-    return {**get(summary, protected=True)}
+    return {**get(summary, protected=True, envelope=envelope), "requestBody": request_body(body)}

@@ -361,8 +361,54 @@ CONVERSATION_ITEMS: Schema = obj(
     ("items",),
     "Items to add at the end of a conversation (up to 20)",
 )
+BATCH: Schema = obj(
+    {
+        "input_file_id": string("A file uploaded with purpose 'batch'"),
+        "endpoint": string(
+            "The endpoint every line calls",
+            enum=["/v1/chat/completions", "/v1/completions", "/v1/responses"],
+        ),
+        "completion_window": string("The only window offered", enum=["24h"]),
+        "metadata": {
+            "type": ["object", "null"],
+            "maxProperties": 16,
+            "additionalProperties": {"type": "string", "maxLength": 512},
+        },
+    },
+    ("input_file_id", "endpoint", "completion_window"),
+    "OpenAI's batch creation request",
+)
+
+FILE_UPLOAD: Schema = obj(
+    {
+        "file": {"type": "string", "contentMediaType": "application/octet-stream"},
+        "purpose": string("What the file is for: batch input only", enum=["batch"]),
+    },
+    ("file", "purpose"),
+    "OpenAI's file upload (multipart/form-data)",
+)
+
+MESSAGE_BATCH: Schema = obj(
+    {
+        "requests": array(
+            obj(
+                {
+                    "custom_id": string("Unique in the batch", pattern="^[a-zA-Z0-9_-]{1,64}$"),
+                    "params": ref("MessagesRequest"),
+                },
+                ("custom_id", "params"),
+            ),
+            min_items=1,
+        )
+    },
+    ("requests",),
+    "Anthropic's message batch creation request",
+)
 
 REQUEST_BODIES: dict[str, Schema] = {
+    "MessageBatchRequest": MESSAGE_BATCH,
+    "BatchRequest": BATCH,
+    "FileUpload": FILE_UPLOAD,
     "ChatCompletionRequest": CHAT_COMPLETIONS,
     "CompletionRequest": COMPLETIONS,
     "ResponsesRequest": RESPONSES,

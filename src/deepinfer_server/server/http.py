@@ -41,6 +41,7 @@ from deepinfer_server.protocol.core.images import ImageLimits
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.protocol.core.structured import StructuredOutputs
 from deepinfer_server.store import ResponseStore
+from deepinfer_server.store.batches import BatchStore
 from deepinfer_server.store.conversations import ConversationStore
 from deepinfer_server.store.location import open_store
 
@@ -86,12 +87,16 @@ class HttpServer(HookedServer):
             self._state.structured.start()
         if self._state.background_runs is not None:
             self._state.background_runs.start()
+        if self._state.batches is not None:
+            self._state.batches.start()
         if self._started_callback is not None:
             self._started_callback()
 
     async def before_shutdown(self) -> None:
         coordinator = self._state.coordinator
         coordinator.draining = True
+        if self._state.batches is not None:  # their lines are given back for the next start
+            await self._state.batches.stop()
         grace = self._state.config.shutdown_timeout
         if grace > 0 and coordinator.num_in_flight:
             logger.info(
@@ -132,6 +137,8 @@ async def response_store(
         [
             asyncio.ensure_future(store.evict_periodically(EVICT_INTERVAL)),
             asyncio.ensure_future(ConversationStore(store).evict_periodically(EVICT_INTERVAL)),
+            # Files and ended batches go after the same time to live.
+            asyncio.ensure_future(BatchStore(store).evict_periodically(EVICT_INTERVAL)),
         ]
         if evicts
         else []

@@ -33,6 +33,7 @@ import orjson
 
 from deepinfer_server.errors import StoreUnavailableError
 from deepinfer_server.store import blobs
+from deepinfer_server.store.batch_tables import BATCH_TABLES
 from deepinfer_server.store.conversations import CONVERSATION_SCHEMA
 from deepinfer_server.store.database import Database, Step
 from deepinfer_server.store.fairness import fair_level
@@ -42,8 +43,9 @@ logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = "4"
 #: Versions this server opens and brings to SCHEMA_VERSION (2 added the image blobs, 3 the
-#: background runs and their events, 4 the conversations: an older store has none of them, and
-#: its tables are unchanged).
+#: background runs and their events, 4 the conversations and the batch jobs' tables
+#: (`conversations.py`, `batch_tables.py`): an older store has none of them, and its tables are
+#: unchanged).
 _UPGRADES = frozenset({"1", "2", "3"})
 #: The deepest `previous_response_id` chain read back (a guard; chains are acyclic).
 MAX_CHAIN = 100_000
@@ -100,6 +102,7 @@ SCHEMA = (
     )""",
     "CREATE INDEX IF NOT EXISTS background_runs_by_owner ON background_runs (owner)",
     *CONVERSATION_SCHEMA,
+    *BATCH_TABLES,
 )
 #: What goes with a response when it is deleted, besides its items and blobs.
 _RESPONSE_TABLES = ("items", "response_blobs", "response_events", "background_runs")
@@ -213,6 +216,21 @@ class ResponseStore:
         async with self._failures(doing, write=write):
             await self._prepare()
             yield self._db
+
+    @property
+    def database(self) -> Database:
+        """The database, for the queries of other tables (`batches.BatchStore`)."""
+        return self._db
+
+    async def ready(self) -> None:
+        """Connect and create the schema, once (call it within `failures`)."""
+        await self._prepare()
+
+    def failures(
+        self, doing: str, *, write: bool = False
+    ) -> contextlib.AbstractAsyncContextManager[None]:
+        """Database failures as StoreUnavailableError, as for the store's own calls."""
+        return self._failures(doing, write=write)
 
     def check_size(self, size: int) -> None:
         """Raise ResponseTooLarge when a response of `size` bytes would not be stored."""

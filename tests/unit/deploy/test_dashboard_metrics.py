@@ -35,6 +35,7 @@ def exposition_labels() -> dict[str, set[str]]:
     metrics.observe_success(record, 0.07)
     metrics.observe_failure(429)
     metrics.watch_background(lambda: {"queued": 1, "in_progress": 0})
+    metrics.watch_batches(lambda: 2)
     metrics.observe_abort(AbortReason.RANK_FAILURE)
     for rank in (0, 1):
         metrics.observe_step(rank, 0.01)

@@ -315,13 +315,14 @@ def test_an_inline_image_is_kept_once_per_scope(store_url_of: Callable[[], str])
 def test_an_older_store_is_brought_to_version_4(
     store_url_of: Callable[[], str], old_version: str
 ) -> None:
-    """Version 2 added the blobs, 3 the background runs and events, 4 the conversations: an
+    """Version 2 added the blobs, 3 the background runs and events, 4 the conversations and the
+    batch jobs: an
     older store lacks their tables, which the opening creates."""
     url = store_url_of()
 
     async def downgrade(store: ResponseStore) -> None:
         await store.save(response("resp_old", [message("u", "hi")], []))
-        dropped = ["conversation_items", "conversations"]
+        dropped = ["conversation_items", "conversations", "files", "batches", "batch_lines"]
         if old_version in ("1", "2"):
             dropped += ["response_events", "background_runs"]
         if old_version == "1":
@@ -343,6 +344,7 @@ def test_an_older_store_is_brought_to_version_4(
         assert version == [("4",)]
         assert await store.events_after("resp_old", -1) == []
         assert await ConversationStore(store).get("none", "conv_none") is None
+        assert await store._db.fetch("SELECT COUNT(*) FROM batch_lines") == [(0,)]
         assert await store.delete("none", "resp_old")
 
     run_with_store(url, downgrade)

@@ -1,0 +1,294 @@
+"""OpenAI's Files (`/v1/files`, batch input files and batches' output files) and Batches
+(`/v1/batches`), on the Responses store; the work is `api/batches/runner.py`'s.
+
+Scoped like stored responses (`api.stored_responses.request_scope`): another API key's file or
+batch is a 404. Limits (per API key): `--batch-max-file-mb` (413), `--batch-max-lines` (400),
+`--batch-max-active` unfinished batches (429). Without a store (`--response-store none`) every
+route is a 400 that says so.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import orjson
+from starlette.datastructures import UploadFile
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Message
+
+from deepinfer_server.api.batches.openai_batches import (
+    ENDPOINTS,
+    METADATA_KEY_CHARS,
+    METADATA_PAIRS,
+    METADATA_VALUE_CHARS,
+    WINDOWS,
+    batch_object,
+    file_object,
+    read_lines,
+)
+from deepinfer_server.api.batches.runner import BatchRunner
+from deepinfer_server.api.body import read_body, read_json_body
+from deepinfer_server.api.state import AppState
+from deepinfer_server.api.stored_responses import request_scope
+from deepinfer_server.errors import (
+    BadRequestError,
+    ErrorKind,
+    OverloadedError,
+    RequestTooLargeError,
+    StoredObjectNotFound,
+)
+from deepinfer_server.store.batches import BatchStore
+
+#: The most files or batches one page lists, and a page's default (OpenAI's).
+MAX_PAGE = 100
+DEFAULT_PAGE = 20
+#: Room for the multipart framing and the other fields around a file of the largest size.
+_FORM_SLACK = 64 * 1024
+#: The purposes of the files this server stores: batch input files (it writes the others).
+_UPLOAD_PURPOSES = ("batch",)
+
+
+def _json(body: dict[str, Any]) -> Response:
+    return Response(orjson.dumps(body), media_type="application/json")
+
+
+def _runner(request: Request) -> tuple[AppState, BatchRunner]:
+    state: AppState = request.app.state.server
+    if state.batches is None:
+        raise BadRequestError(
+            "this server keeps no files or batches: it runs without a store "
+            "(--response-store none)",
+            kind=ErrorKind.UNSUPPORTED,
+        )
+    return state, state.batches
+
+
+async def scoped(request: Request) -> tuple[AppState, BatchRunner, str]:
+    state, runner = _runner(request)
+    assert state.store is not None
+    return state, runner, await request_scope(request, state.store)
+
+
+def not_found(kind: str, object_id: str) -> StoredObjectNotFound:
+    return StoredObjectNotFound(f"No {kind} found with id {object_id!r}.", kind=ErrorKind.NOT_FOUND)
+
+
+def page_limit(request: Request) -> int:
+    """`limit` of a list (1 to `MAX_PAGE`, default `DEFAULT_PAGE`)."""
+    raw = request.query_params.get("limit")
+    if raw is None:
+        return DEFAULT_PAGE
+    try:
+        limit = int(raw)
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= MAX_PAGE:
+        raise BadRequestError(f"'limit' must be between 1 and {MAX_PAGE}", param="limit")
+    return limit
+
+
+def page(data: list[dict[str, Any]], limit: int) -> dict[str, Any]:
+    """A list object of `data` (which holds one more than `limit` when there are more)."""
+    shown = data[:limit]
+    return {
+        "object": "list",
+        "data": shown,
+        "first_id": shown[0]["id"] if shown else None,
+        "last_id": shown[-1]["id"] if shown else None,
+        "has_more": len(data) > limit,
+    }
+
+
+# Files.
+
+
+async def create_file(request: Request) -> Response:
+    """Store a batch input file (multipart: `file`, `purpose: "batch"`)."""
+    state, runner, scope = await scoped(request)
+    media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media_type != "multipart/form-data":
+        raise BadRequestError(
+            "upload a file as multipart/form-data with the fields `file` and `purpose`",
+            kind=ErrorKind.UNSUPPORTED_MEDIA_TYPE,
+        )
+    limit = state.config.batch_max_file_mb * 1024 * 1024
+    raw = await read_body(
+        request, limit + _FORM_SLACK, state.config.body_read_timeout, state.receiving
+    )
+
+    async def replay() -> Message:
+        return {"type": "http.request", "body": raw, "more_body": False}
+
+    async with Request(request.scope, replay).form(max_files=1, max_fields=8) as form:
+        purpose = form.get("purpose")
+        upload = form.get("file")
+        if purpose not in _UPLOAD_PURPOSES:
+            raise BadRequestError(
+                "'purpose' must be 'batch': this server stores batch input files only",
+                param="purpose",
+            )
+        if not isinstance(upload, UploadFile):
+            raise BadRequestError("the form has no `file`", param="file")
+        data = await upload.read()
+        filename = upload.filename or "upload.jsonl"
+    if len(data) > limit:
+        raise RequestTooLargeError(
+            f"the file is {len(data)} bytes; this server takes batch input files of at most "
+            f"{limit} bytes (--batch-max-file-mb)",
+            param="file",
+        )
+    try:
+        content = data.decode()
+    except UnicodeDecodeError:
+        raise BadRequestError("a batch input file must be UTF-8 JSONL", param="file") from None
+    row = await runner.store.add_file(scope, str(purpose), filename, content)
+    return _json(file_object(row))
+
+
+async def list_files(request: Request) -> Response:
+    _, runner, scope = await scoped(request)
+    limit = page_limit(request)
+    rows = await runner.store.files(
+        scope, request.query_params.get("purpose"), request.query_params.get("after"), limit + 1
+    )
+    return _json(page([file_object(row) for row in rows], limit))
+
+
+async def retrieve_file(request: Request) -> Response:
+    _, runner, scope = await scoped(request)
+    file_id: str = request.path_params["file_id"]
+    row = await runner.store.file(scope, file_id)
+    if row is None:
+        raise not_found("file", file_id)
+    return _json(file_object(row))
+
+
+async def file_content(request: Request) -> Response:
+    _, runner, scope = await scoped(request)
+    file_id: str = request.path_params["file_id"]
+    content = await runner.store.file_content(scope, file_id)
+    if content is None:
+        raise not_found("file", file_id)
+    return Response(content.encode(), media_type="application/jsonl")
+
+
+async def delete_file(request: Request) -> Response:
+    _, runner, scope = await scoped(request)
+    file_id: str = request.path_params["file_id"]
+    if not await runner.store.delete_file(scope, file_id):
+        raise not_found("file", file_id)
+    return _json({"id": file_id, "object": "file", "deleted": True})
+
+
+# Batches.
+
+
+def _metadata(value: Any) -> dict[str, str] | None:
+    if value is None:
+        return None
+    if (
+        not isinstance(value, dict)
+        or len(value) > METADATA_PAIRS
+        or not all(
+            isinstance(key, str)
+            and isinstance(text, str)
+            and len(key) <= METADATA_KEY_CHARS
+            and len(text) <= METADATA_VALUE_CHARS
+            for key, text in value.items()
+        )
+    ):
+        raise BadRequestError(
+            f"'metadata' must be an object of at most {METADATA_PAIRS} string values "
+            f"(keys up to {METADATA_KEY_CHARS} characters, values up to "
+            f"{METADATA_VALUE_CHARS})",
+            param="metadata",
+        )
+    return value
+
+
+async def check_active(state: AppState, store: BatchStore, scope: str) -> None:
+    """429 when the API key has `--batch-max-active` batches unfinished."""
+    limit = state.config.batch_max_active
+    if await store.active_count(scope) >= limit:
+        raise OverloadedError(
+            f"this API key has {limit} batches unfinished, the most it may have "
+            "(--batch-max-active): wait for one to end, or cancel one",
+            retry_after_seconds=60,
+        )
+
+
+async def create_batch(request: Request) -> Response:
+    """Create a batch from an uploaded input file; its lines are stored with it."""
+    state, runner, scope = await scoped(request)
+    body = (await read_json_body(request, state.config, state.receiving)).value
+    endpoint = body.get("endpoint")
+    if not isinstance(endpoint, str) or endpoint not in ENDPOINTS:
+        raise BadRequestError(f"'endpoint' must be one of {', '.join(ENDPOINTS)}", param="endpoint")
+    window = body.get("completion_window")
+    if not isinstance(window, str) or window not in WINDOWS:
+        raise BadRequestError("'completion_window' must be '24h'", param="completion_window")
+    metadata = _metadata(body.get("metadata"))
+    extra = sorted(set(body) - {"endpoint", "completion_window", "metadata", "input_file_id"})
+    if extra:
+        raise BadRequestError(f"unknown parameter {extra[0]!r}", param=extra[0])
+    file_id = body.get("input_file_id")
+    if not isinstance(file_id, str):
+        raise BadRequestError("'input_file_id' must be a file's id", param="input_file_id")
+    file = await runner.store.file(scope, file_id)
+    content = None if file is None else await runner.store.file_content(scope, file_id)
+    if file is None or content is None or file.purpose != "batch":
+        raise BadRequestError(
+            f"no batch input file {file_id!r} (upload one with purpose 'batch')",
+            param="input_file_id",
+        )
+    lines = read_lines(content, str(endpoint))
+    if not lines:
+        raise BadRequestError("the input file has no requests", param="input_file_id")
+    if len(lines) > state.config.batch_max_lines:
+        raise BadRequestError(
+            f"the input file has {len(lines)} requests; a batch has at most "
+            f"{state.config.batch_max_lines} (--batch-max-lines)",
+            param="input_file_id",
+        )
+    await check_active(state, runner.store, scope)
+    batch_id = f"batch_{uuid.uuid4().hex}"
+    await runner.store.add_batch(
+        scope, "openai", str(endpoint), file_id, metadata, WINDOWS[window], lines, batch_id
+    )
+    runner.wake()
+    row = await runner.store.batch(scope, batch_id)
+    assert row is not None
+    return _json(batch_object(row))
+
+
+async def retrieve_batch(request: Request) -> Response:
+    _, runner, scope = await scoped(request)
+    batch_id: str = request.path_params["batch_id"]
+    row = await runner.store.batch(scope, batch_id)
+    if row is None or row.kind != "openai":
+        raise not_found("batch", batch_id)
+    return _json(batch_object(row))
+
+
+async def list_batches(request: Request) -> Response:
+    _, runner, scope = await scoped(request)
+    limit = page_limit(request)
+    rows = await runner.store.batches(scope, "openai", request.query_params.get("after"), limit + 1)
+    return _json(page([batch_object(row) for row in rows], limit))
+
+
+async def cancel_batch(request: Request) -> Response:
+    """Cancel a batch: `cancelling` until no line of it runs, then `cancelled` (a finished
+    batch is returned unchanged)."""
+    _, runner, scope = await scoped(request)
+    batch_id: str = request.path_params["batch_id"]
+    row = await runner.store.batch(scope, batch_id)
+    if row is None or row.kind != "openai":
+        raise not_found("batch", batch_id)
+    await runner.store.move(batch_id, "cancelling", sources=("validating", "in_progress"))
+    runner.wake()
+    row = await runner.store.batch(scope, batch_id)
+    assert row is not None
+    return _json(batch_object(row))

@@ -1,0 +1,60 @@
+"""The tables of batch jobs (OpenAI's Files and Batches, Anthropic's Message Batches): their
+DDL, created with the rest of the store's schema (`sql.SCHEMA`); the queries are `batches.py`.
+
+`files`: an uploaded file, or a batch's output or error file, its content as text. `batches`:
+one row per batch (its scope, kind, endpoint, status and the time it reached each status).
+`batch_lines`: one row per request of a batch, its request body (None for a malformed line),
+its status (`pending` until answered) and result, and, while a process works on it, the process
+(`claimed_by`), the claim (`claim`) and when its lease ends (`lease_until`).
+"""
+
+from __future__ import annotations
+
+BATCH_TABLES = (
+    """CREATE TABLE IF NOT EXISTS files (
+        id TEXT PRIMARY KEY,
+        scope TEXT NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL,
+        purpose TEXT NOT NULL,
+        filename TEXT NOT NULL,
+        bytes BIGINT NOT NULL,
+        content TEXT NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS files_by_scope ON files (scope, created_at, id)",
+    """CREATE TABLE IF NOT EXISTS batches (
+        id TEXT PRIMARY KEY,
+        scope TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL,
+        expires_at DOUBLE PRECISION NOT NULL,
+        endpoint TEXT NOT NULL,
+        input_file_id TEXT,
+        metadata TEXT,
+        status TEXT NOT NULL,
+        in_progress_at DOUBLE PRECISION,
+        finalizing_at DOUBLE PRECISION,
+        completed_at DOUBLE PRECISION,
+        failed_at DOUBLE PRECISION,
+        expired_at DOUBLE PRECISION,
+        cancelling_at DOUBLE PRECISION,
+        cancelled_at DOUBLE PRECISION,
+        output_file_id TEXT,
+        error_file_id TEXT
+    )""",
+    "CREATE INDEX IF NOT EXISTS batches_by_scope ON batches (scope, kind, created_at, id)",
+    "CREATE INDEX IF NOT EXISTS batches_by_status ON batches (status)",
+    """CREATE TABLE IF NOT EXISTS batch_lines (
+        batch_id TEXT NOT NULL,
+        line INTEGER NOT NULL,
+        custom_id TEXT NOT NULL,
+        body TEXT,
+        status TEXT NOT NULL,
+        result TEXT,
+        claimed_by TEXT,
+        claim TEXT,
+        lease_until DOUBLE PRECISION,
+        PRIMARY KEY (batch_id, line)
+    )""",
+    "CREATE INDEX IF NOT EXISTS batch_lines_by_status ON batch_lines (batch_id, status)",
+    "CREATE INDEX IF NOT EXISTS batch_lines_by_owner ON batch_lines (claimed_by)",
+)
