@@ -80,12 +80,16 @@ class LiveServer:
         *args: str,
         engine: str = "simulated",
         env: dict[str, str] | None = None,
-        startup_timeout: float = 60.0,
+        startup_timeout: float | None = None,
         file_limit: int | None = None,
         api_servers: int = 1,
         grammar_warmup: bool = False,
     ) -> None:
-        """`grammar_warmup`: prepare the grammar compile workers once the server listens, as in
+        """`startup_timeout`: seconds to be healthy; by default 60 on the simulated engine and
+        180 on DeepInfer's (the twin's ranks import torch and build DeepInfer's engine: 25-45 s
+        each on a loaded machine, and a test may start several ranks at once).
+
+        `grammar_warmup`: prepare the grammar compile workers once the server listens, as in
         production (off by default: about 20 s of CPU per server, which most tests never use;
         their first structured request prepares them, as `--no-grammar-warmup` says)."""
         self.api_servers = api_servers
@@ -120,7 +124,11 @@ class LiveServer:
         self._pump_thread = threading.Thread(target=self._pump, daemon=True)
         self._pump_thread.start()
         try:
-            self.wait_until_healthy(startup_timeout)
+            self.wait_until_healthy(
+                startup_timeout
+                if startup_timeout is not None
+                else (180.0 if engine == "deepinfer" else 60.0)
+            )
         except BaseException:
             self.kill_tree()
             raise

@@ -131,10 +131,10 @@ def test_responses_function_tool_round_trip(client: openai.OpenAI) -> None:
     ("extra", "param"),
     [
         ({"previous_response_id": "resp_123"}, "previous_response_id"),
-        ({"background": True}, "background"),
+        ({"background": True, "store": False}, "store"),
     ],
 )
-def test_responses_unknown_previous_response_and_background_are_400(
+def test_responses_unknown_previous_response_and_unstored_background_are_400(
     client: openai.OpenAI, extra: dict[str, object], param: str
 ) -> None:
     with pytest.raises(openai.BadRequestError) as excinfo:

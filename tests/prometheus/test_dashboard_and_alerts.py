@@ -156,7 +156,7 @@ class Load:
         self.caused["404"] += 1
         with pytest.raises(openai.BadRequestError):
             self.client.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=100_000
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], temperature=-1
             )
         self.caused["400"] += 1
 
