@@ -30,6 +30,7 @@ from deepinfer_server.api.batches.openai_batches import (
 )
 from deepinfer_server.api.batches.runner import BatchRunner
 from deepinfer_server.api.body import read_body, read_json_body
+from deepinfer_server.api.routes.stored_responses import page_limit
 from deepinfer_server.api.state import AppState
 from deepinfer_server.api.stored_responses import request_scope
 from deepinfer_server.errors import (
@@ -41,9 +42,6 @@ from deepinfer_server.errors import (
 )
 from deepinfer_server.store.batches import BatchStore
 
-#: The most files or batches one page lists, and a page's default (OpenAI's).
-MAX_PAGE = 100
-DEFAULT_PAGE = 20
 #: Room for the multipart framing and the other fields around a file of the largest size.
 _FORM_SLACK = 64 * 1024
 #: The purposes of the files this server stores: batch input files (it writes the others).
@@ -73,20 +71,6 @@ async def scoped(request: Request) -> tuple[AppState, BatchRunner, str]:
 
 def not_found(kind: str, object_id: str) -> StoredObjectNotFound:
     return StoredObjectNotFound(f"No {kind} found with id {object_id!r}.", kind=ErrorKind.NOT_FOUND)
-
-
-def page_limit(request: Request) -> int:
-    """`limit` of a list (1 to `MAX_PAGE`, default `DEFAULT_PAGE`)."""
-    raw = request.query_params.get("limit")
-    if raw is None:
-        return DEFAULT_PAGE
-    try:
-        limit = int(raw)
-    except ValueError:
-        limit = 0
-    if not 1 <= limit <= MAX_PAGE:
-        raise BadRequestError(f"'limit' must be between 1 and {MAX_PAGE}", param="limit")
-    return limit
 
 
 def page(data: list[dict[str, Any]], limit: int) -> dict[str, Any]:
