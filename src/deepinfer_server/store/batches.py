@@ -130,8 +130,7 @@ class BatchStore:
             filename,
             len(content.encode()),
         )
-        async with self._store.failures("store a file", write=True):
-            await self._store.ready()
+        async with self._store.connection("store a file", write=True):
             await self._db.write([self._file_step(scope, row, content)])
         return row
 
@@ -160,15 +159,13 @@ class BatchStore:
             params += [after, scope]
         sql += " ORDER BY created_at DESC, id DESC LIMIT ?"
         params.append(limit)
-        async with self._store.failures("list files"):
-            await self._store.ready()
+        async with self._store.connection("list files"):
             rows = await self._db.fetch(sql, params)
         return [FileRow(r[0], float(r[1]), r[2], r[3], int(r[4])) for r in rows]
 
     async def file(self, scope: str, file_id: str) -> FileRow | None:
         """A file of `scope`, or None."""
-        async with self._store.failures("read a file"):
-            await self._store.ready()
+        async with self._store.connection("read a file"):
             rows = await self._db.fetch(
                 "SELECT id, created_at, purpose, filename, bytes FROM files "
                 "WHERE id = ? AND scope = ?",
@@ -181,8 +178,7 @@ class BatchStore:
 
     async def file_content(self, scope: str, file_id: str) -> str | None:
         """A file's content, or None."""
-        async with self._store.failures("read a file"):
-            await self._store.ready()
+        async with self._store.connection("read a file"):
             rows = await self._db.fetch(
                 "SELECT content FROM files WHERE id = ? AND scope = ?", (file_id, scope)
             )
@@ -190,8 +186,7 @@ class BatchStore:
 
     async def delete_file(self, scope: str, file_id: str) -> bool:
         """Delete a file; whether it was there."""
-        async with self._store.failures("delete a file", write=True):
-            await self._store.ready()
+        async with self._store.connection("delete a file", write=True):
             changed = await self._db.write(
                 [Step("DELETE FROM files WHERE id = ? AND scope = ?", (file_id, scope))],
                 frees=True,
@@ -202,8 +197,7 @@ class BatchStore:
 
     async def active_count(self, scope: str) -> int:
         """How many of a scope's batches are still at work."""
-        async with self._store.failures("count batches"):
-            await self._store.ready()
+        async with self._store.connection("count batches"):
             rows = await self._db.fetch(
                 "SELECT COUNT(*) FROM batches WHERE scope = ? AND status IN (?, ?, ?, ?)",
                 (scope, *ACTIVE_STATUSES),
@@ -259,8 +253,7 @@ class BatchStore:
                     many=True,
                 )
             )
-        async with self._store.failures("store a batch", write=True):
-            await self._store.ready()
+        async with self._store.connection("store a batch", write=True):
             await self._db.write(steps)
 
     async def batch(self, scope: str | None, batch_id: str) -> BatchRow | None:
@@ -270,8 +263,7 @@ class BatchStore:
         if scope is not None:
             sql += " AND scope = ?"
             params.append(scope)
-        async with self._store.failures("read a batch"):
-            await self._store.ready()
+        async with self._store.connection("read a batch"):
             rows = await self._db.fetch(sql, params)
             if not rows:
                 return None
@@ -290,8 +282,7 @@ class BatchStore:
             params += [after, scope]
         sql += " ORDER BY created_at DESC, id DESC LIMIT ?"
         params.append(limit)
-        async with self._store.failures("list batches"):
-            await self._store.ready()
+        async with self._store.connection("list batches"):
             rows = await self._db.fetch(sql, params)
             counts = await self._counts([row[0] for row in rows])
         return [_batch_row(row, counts.get(row[0], {})) for row in rows]
@@ -312,8 +303,7 @@ class BatchStore:
 
     async def active_batches(self) -> list[tuple[str, str]]:
         """Every batch still at work, of every scope: (ID, status), oldest first."""
-        async with self._store.failures("list batches"):
-            await self._store.ready()
+        async with self._store.connection("list batches"):
             rows = await self._db.fetch(
                 "SELECT id, status FROM batches WHERE status IN (?, ?, ?, ?) "
                 "ORDER BY created_at, id",
@@ -327,8 +317,7 @@ class BatchStore:
         params: list[Any] = [status]
         if column:
             params.append(time.time())
-        async with self._store.failures("update a batch", write=True):
-            await self._store.ready()
+        async with self._store.connection("update a batch", write=True):
             changed = await self._db.write(
                 [
                     Step(
@@ -343,8 +332,7 @@ class BatchStore:
 
     async def delete_batch(self, scope: str, batch_id: str) -> bool:
         """Delete a finished batch and its lines; whether it was there."""
-        async with self._store.failures("delete a batch", write=True):
-            await self._store.ready()
+        async with self._store.connection("delete a batch", write=True):
             changed = await self._db.write(
                 [
                     Step(
@@ -366,8 +354,7 @@ class BatchStore:
         now = time.time()
         claim = uuid.uuid4().hex
         free = "(claimed_by IS NULL OR lease_until < ?)"
-        async with self._store.failures("claim batch lines", write=True):
-            await self._store.ready()
+        async with self._store.connection("claim batch lines", write=True):
             await self._db.write(
                 [
                     Step(
@@ -405,8 +392,7 @@ class BatchStore:
         (a line its process no longer runs is left to its lease: it is claimed again)."""
         if not lines:
             return
-        async with self._store.failures("renew batch lines", write=True):
-            await self._store.ready()
+        async with self._store.connection("renew batch lines", write=True):
             await self._db.write(
                 [
                     Step(
@@ -420,8 +406,7 @@ class BatchStore:
 
     async def release(self, line: ClaimedLine) -> None:
         """Give a claimed line back unanswered (it is claimed again later)."""
-        async with self._store.failures("release a batch line", write=True):
-            await self._store.ready()
+        async with self._store.connection("release a batch line", write=True):
             await self._db.write(
                 [
                     Step(
@@ -434,8 +419,7 @@ class BatchStore:
 
     async def record(self, line: ClaimedLine, status: str, result: dict[str, Any]) -> bool:
         """A claimed line's answer; False (nothing written) when the claim no longer holds it."""
-        async with self._store.failures("record a batch line", write=True):
-            await self._store.ready()
+        async with self._store.connection("record a batch line", write=True):
             changed = await self._db.write(
                 [
                     Step(
@@ -457,8 +441,7 @@ class BatchStore:
 
     async def held(self, batch_id: str) -> int:
         """How many of a batch's unanswered lines some process holds under a live lease."""
-        async with self._store.failures("read batch lines"):
-            await self._store.ready()
+        async with self._store.connection("read batch lines"):
             rows = await self._db.fetch(
                 "SELECT COUNT(*) FROM batch_lines WHERE batch_id = ? AND status = ? "
                 "AND claimed_by IS NOT NULL AND lease_until >= ?",
@@ -468,8 +451,7 @@ class BatchStore:
 
     async def results(self, batch_id: str) -> list[LineResult]:
         """Every line of a batch, in order."""
-        async with self._store.failures("read batch lines"):
-            await self._store.ready()
+        async with self._store.connection("read batch lines"):
             rows = await self._db.fetch(
                 "SELECT line, custom_id, status, result FROM batch_lines WHERE batch_id = ? "
                 "ORDER BY line",
@@ -508,8 +490,7 @@ class BatchStore:
                 ),
             )
         )
-        async with self._store.failures("finish a batch", write=True):
-            await self._store.ready()
+        async with self._store.connection("finish a batch", write=True):
             changed = await self._db.write(steps)
         return changed[-1] > 0
 
@@ -518,8 +499,7 @@ class BatchStore:
         (the store's time to live); the number of rows deleted. A batch still at work is kept
         whatever its age (its completion window ends it)."""
         ended = "status NOT IN (?, ?, ?, ?)"
-        async with self._store.failures("evict old batches", write=True):
-            await self._store.ready()
+        async with self._store.connection("evict old batches", write=True):
             changed = await self._db.write(
                 [
                     Step(

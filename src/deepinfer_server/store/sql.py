@@ -212,25 +212,17 @@ class ResponseStore:
     @contextlib.asynccontextmanager
     async def connection(self, doing: str, *, write: bool = False) -> AsyncIterator[Database]:
         """The database, its schema ready, for another module's queries on it (the
-        conversations'); its failures are this store's (`StoreUnavailableError`)."""
+        conversations' and the batches'); its failures are this store's
+        (`StoreUnavailableError`)."""
         async with self._failures(doing, write=write):
             await self._prepare()
             yield self._db
 
     @property
     def database(self) -> Database:
-        """The database, for the queries of other tables (`batches.BatchStore`)."""
+        """The database itself, which `batches.BatchStore` keeps (it queries it within
+        `connection`)."""
         return self._db
-
-    async def ready(self) -> None:
-        """Connect and create the schema, once (call it within `failures`)."""
-        await self._prepare()
-
-    def failures(
-        self, doing: str, *, write: bool = False
-    ) -> contextlib.AbstractAsyncContextManager[None]:
-        """Database failures as StoreUnavailableError, as for the store's own calls."""
-        return self._failures(doing, write=write)
 
     def check_size(self, size: int) -> None:
         """Raise ResponseTooLarge when a response of `size` bytes would not be stored."""
