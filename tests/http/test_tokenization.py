@@ -168,6 +168,17 @@ def test_continue_final_message_continues_the_assistant_turn() -> None:
             "messages",
             "unsupported_parameter",
         ),
+        (
+            {
+                "messages": [
+                    {"role": "assistant", "content": "a", "reasoning_content": "x"},
+                    {"role": "assistant", "content": "b", "reasoning_content": [{"x": 1}]},
+                ]
+            },
+            400,
+            "messages[1].reasoning_content",
+            None,
+        ),
     ],
     ids=[
         "both",
@@ -181,6 +192,7 @@ def test_continue_final_message_continues_the_assistant_turn() -> None:
         "chat-template",
         "bad-role",
         "image",
+        "reasoning-not-text",
     ],
 )
 def test_bad_tokenize_requests_are_400s_in_openais_envelope(

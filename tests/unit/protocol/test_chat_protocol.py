@@ -193,6 +193,16 @@ def test_a_batch_without_a_stop_makes_one_chunk() -> None:
             },
             "messages[0]",
         ),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "Hi"},
+                    {"role": "assistant", "content": "a", "reasoning_content": "thought"},
+                    {"role": "assistant", "content": "b", "reasoning_content": [{"x": 1}]},
+                ]
+            },
+            "messages[2].reasoning_content",
+        ),
     ],
 )
 def test_server_side_rejections_name_the_param(extra: dict[str, Any], param: str) -> None:
