@@ -31,6 +31,7 @@ repository, else the configured package index (PyPI's `deepinfer==0.1.0`).
 from __future__ import annotations
 
 import argparse
+import compileall
 import hashlib
 import os
 import shutil
@@ -294,6 +295,14 @@ def compile_engine_module(source: Path, build_dir: Path) -> Path:
     return build_dir / "_C.so"
 
 
+def compile_bytecode(directory: Path) -> None:
+    """Write the twin's bytecode next to its sources (kept in the cache; what is current is
+    skipped): every rank and CP worker imports DeepInfer, and with PYTHONDONTWRITEBYTECODE set
+    each would otherwise compile its modules again."""
+    if not compileall.compile_dir(directory, quiet=1):
+        raise SystemExit(f"could not compile the twin's Python files in {directory}")
+
+
 def build(cache_dir: Path, sdist_arg: str | None) -> Path:
     """The twin's directory, built or taken from the cache."""
     with tempfile.TemporaryDirectory(prefix="deepinfer-twin-") as tmp:
@@ -302,6 +311,7 @@ def build(cache_dir: Path, sdist_arg: str | None) -> Path:
         target = cache_dir / cache_key(sdist)
         marker = target / "deepinfer" / "_C.ok"
         if marker.is_file() and marker.read_text().startswith(f"layout {LAYOUT_REVISION}\n"):
+            compile_bytecode(target)
             return target
         started = time.monotonic()
         source = unpack(sdist, work / "src")
@@ -320,6 +330,7 @@ def build(cache_dir: Path, sdist_arg: str | None) -> Path:
             # The object files outlive a failed attempt, so a retry compiles only what changed.
             module = compile_engine_module(source, cache_dir / f".build-{target.name}")
         shutil.copy2(module, staging / "deepinfer" / f"_C{suffix}")
+        compile_bytecode(staging)
         elapsed = time.monotonic() - started
         (staging / "deepinfer" / "_C.ok").write_text(
             f"layout {LAYOUT_REVISION}\nbuilt in {elapsed:.0f} s from {sdist.name}\n"

@@ -96,7 +96,7 @@ PY
     if (( ${#missing[@]} )); then
         echo "pip: installing ${missing[*]} with $("$python" -c 'import sys; print(sys.executable)')"
         if [[ -n "${UV:-}" ]]; then  # uv, where the caller has it (CI does): seconds, not minutes
-            "$UV" pip install --quiet --python "$python" "${missing[@]}"
+            "$UV" pip install --quiet --compile-bytecode --python "$python" "${missing[@]}"
         else
             "$python" -m pip install --quiet --disable-pip-version-check "${missing[@]}"
         fi
