@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from deepinfer_server.errors import BadRequestError
-
 
 def _parts(content: Any) -> list[Any]:
     if content is None or content == "":
@@ -47,20 +45,12 @@ def _merge(run: list[dict[str, Any]]) -> dict[str, Any]:
 def merge_assistant_runs(messages: list[Any]) -> list[Any]:
     """The messages with each run of consecutive assistant messages merged into one.
 
-    Raises:
-        BadRequestError: an assistant message's `reasoning_content` is not a string (the merge
-            joins them, and the recipe reads only strings).
-    """
+    The messages must have passed `check_chat_fields`, which checks that each assistant
+    `reasoning_content` the merge joins is a string."""
     merged: list[Any] = []
     run: list[dict[str, Any]] = []
-    for index, message in enumerate([*messages, None]):
+    for message in [*messages, None]:
         if isinstance(message, dict) and message.get("role") == "assistant":
-            reasoning = message.get("reasoning_content")
-            if reasoning is not None and not isinstance(reasoning, str):
-                raise BadRequestError(
-                    f"'messages[{index}].reasoning_content' must be a string",
-                    param=f"messages[{index}].reasoning_content",
-                )
             run.append(message)
             continue
         if run:

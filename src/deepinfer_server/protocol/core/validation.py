@@ -160,6 +160,12 @@ def check_chat_fields(body: dict[str, Any]) -> None:
                 "or developer",
                 param=f"messages[{index}].role",
             )
+        reasoning = message.get("reasoning_content")
+        if role == "assistant" and reasoning is not None and not isinstance(reasoning, str):
+            raise BadRequestError(
+                f"'messages[{index}].reasoning_content' must be a string",
+                param=f"messages[{index}].reasoning_content",
+            )
         reject_file_parts(message, index)
     for name in _NUMBERS:
         value = body.get(name)
