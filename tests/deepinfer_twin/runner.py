@@ -8,19 +8,27 @@ helpers to add requests and iterate; `body` assigns `RESULT`, which comes back a
 fields: the engine is the server's prefix-caching subclass), `max_num_seqs`, `max_model_len`,
 `context_parallel_size`; `build: False` builds nothing (the body builds the engine and assigns
 ENGINE). `run_in_twin_ranks` runs one such process per DP rank at once.
+
+Each body runs in a child forked from this test process's zygote (`zygote.py`), which imported
+DeepInfer once; a body whose environment changes what DeepInfer read at import runs in a fresh
+interpreter instead, as every body did before the zygote.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import textwrap
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tests.deepinfer_twin import engine_pythonpath
+from tests.deepinfer_twin.zygote import shared_zygote
 from tests.server import free_port
 
 PRELUDE = '''
@@ -109,6 +117,37 @@ def _environment(env: dict[str, str] | None, gpus: str, master_port: int) -> dic
     }
 
 
+def _start(script: str, argv: list[str], env: dict[str, str]) -> Callable[[float], Any]:
+    """Start `script` in a twin process; a function that waits for it (a timeout in seconds)
+    and returns its RESULT."""
+    zygote = shared_zygote(_environment(None, "0", 0))
+    if zygote is not None and zygote.serves(env):
+        child = zygote.fork(script, argv, env)
+
+        def forked(timeout: float) -> Any:
+            return _result(*zygote.wait(child, timeout))
+
+        return forked
+    process = subprocess.Popen(
+        [sys.executable, "-c", script, *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+    def spawned(timeout: float) -> Any:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+        return _result(process.returncode, stdout, stderr)
+
+    return spawned
+
+
 def _result(returncode: int, stdout: str, stderr: str) -> Any:
     for line in reversed(stdout.splitlines()):
         if line.startswith("RESULT="):
@@ -127,14 +166,8 @@ def run_in_twin(
     script = PRELUDE + textwrap.dedent(body) + EPILOGUE
     options = engine or {}
     gpus = ",".join(str(gpu) for gpu in range(options.get("context_parallel_size", 1)))
-    completed = subprocess.run(
-        [sys.executable, "-c", script, str(checkpoint), json.dumps(options)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=_environment(env, gpus, free_port() + 50),
-    )
-    return _result(completed.returncode, completed.stdout, completed.stderr)
+    argv = [str(checkpoint), json.dumps(options)]
+    return _start(script, argv, _environment(env, gpus, free_port() + 50))(timeout)
 
 
 def run_in_twin_ranks(
@@ -149,26 +182,18 @@ def run_in_twin_ranks(
     server's ranks); each rank's RESULT. `body` must iterate in lockstep on every rank."""
     script = PRELUDE + textwrap.dedent(body) + EPILOGUE
     master_port = free_port() + 50
-    processes = []
+    waits = []
     for rank in range(ranks):
         options = {**(engine or {}), "data_parallel_size": ranks, "engine_rank": rank}
-        processes.append(
-            subprocess.Popen(
-                [sys.executable, "-c", script, str(checkpoint), json.dumps(options)],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env=_environment(env, str(rank), master_port),
-            )
-        )
+        argv = [str(checkpoint), json.dumps(options)]
+        waits.append(_start(script, argv, _environment(env, str(rank), master_port)))
+    deadline = time.monotonic() + timeout
     results = []
     try:
-        for process in processes:
-            stdout, stderr = process.communicate(timeout=timeout)
-            results.append(_result(process.returncode, stdout, stderr))
+        for wait in waits:
+            results.append(wait(max(deadline - time.monotonic(), 0.1)))
     finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.communicate()
+        for wait in waits[len(results) + 1 :]:  # the rest are killed at their (spent) deadline
+            with contextlib.suppress(Exception):
+                wait(0.1)
     return results
