@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import multiprocessing.context
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -32,6 +35,38 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "deepinfer_twin" in item.keywords:
             item.add_marker(skip)
+
+
+class _ServerProcessInFastLane(AssertionError):
+    """A test without the `e2e` marker started a server, rank or worker process."""
+
+
+@pytest.fixture(autouse=True)
+def fast_lane_starts_no_process(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The fast lane (`-m "not e2e"`) starts no server process: a test without the `e2e` marker
+    that starts the server (`python -m deepinfer_server`) or a spawned process (how the server
+    starts its ranks and API server processes) fails, naming the marker it lacks. Grammar
+    compile workers (forked from their fork server) are the in-process tests' compiler and
+    stay allowed."""
+    if request.node.get_closest_marker("e2e") is not None:
+        yield
+        return
+    refusal = f"{request.node.nodeid} starts a process: mark it `e2e` (it is not the fast lane)"
+
+    class GuardedPopen(subprocess.Popen):  # type: ignore[type-arg]
+        def __init__(self, args: Any, *rest: Any, **options: Any) -> None:
+            command = args if isinstance(args, str) else " ".join(map(str, args))
+            if "deepinfer_server" in command or "deepinfer-server" in command:
+                raise _ServerProcessInFastLane(refusal)
+            super().__init__(args, *rest, **options)
+
+    def refuse(self: multiprocessing.process.BaseProcess) -> None:
+        raise _ServerProcessInFastLane(refusal)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(subprocess, "Popen", GuardedPopen)
+        patch.setattr(multiprocessing.context.SpawnProcess, "start", refuse)
+        yield
 
 
 @pytest.fixture(scope="session", autouse=True)
