@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.checkpoint import write_checkpoint
+from deepinfer_server.coordinator.outcomes import error_for_finish
+from deepinfer_server.ipc.messages import Finish
+from tests.checkpoint import IMAGE_PLACEHOLDER, write_checkpoint
 from tests.deepinfer_twin.runner import run_in_twin
 
 pytestmark = pytest.mark.deepinfer_twin
@@ -106,6 +108,8 @@ def test_preemption_ends_a_structured_request_and_recomputes_a_plain_one(
     # generated under its grammar; the repeated last token of DeepInfer's finishing output is
     # not output, and nothing follows the finish.
     assert structured["finish"] == "OUT_OF_RESOURCES", structured["finish"]
+    error = error_for_finish(Finish.OUT_OF_RESOURCES)
+    assert (error.status_code, error.code) == (503, "insufficient_system_resource")
     assert 0 < len(structured["tokens"]) + structured["hidden"] < 900
     assert set(result["so_text"]) == {"a"}
     assert structured["after"] == 0
@@ -125,3 +129,72 @@ def test_preemption_ends_a_structured_request_and_recomputes_a_plain_one(
     end = result["after_plain"]
     assert (end["unfinished"], end["live"], end["free_blocks"]) == (0, 0, usable)
     assert result["violations"] == []
+
+
+MULTIMODAL = (
+    COLLECT
+    + """
+import io
+from PIL import Image
+from deepinfer_server.ipc.messages import Images
+
+def png(width, height):
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), (200, 40, 90)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+def add_image(request_id, data):
+    return DRIVER.add(AddRequest(
+        request_id, pack_token_ids(prompt(PLACEHOLDER + "what is this?")),
+        SamplingOptions(max_tokens=200), images=Images(sizes=[(64, 64)], data=[data]),
+    ))
+
+seen = {}
+assert add("text", "still serving", max_tokens=64, ignore_eos=True) is None
+collect(seen, 3)
+assert add_image("broken", b"not an image") is None
+assert add_image("good", png(64, 64)) is None
+collect(seen, 3000)
+# DeepInfer's own sign of an image its entrypoint could not fetch: image_bytes None ends the
+# request "ve_error" at its prefill. The server never sends it; its finish must still end it.
+Images.as_multi_modal_data = lambda self: {"image_sizes": list(self.sizes), "image_bytes": None}
+assert add_image("unfetched", png(64, 64)) is None
+assert add("after", "and after", max_tokens=16) is None
+collect(seen, 3000)
+RESULT = {
+    "run": {
+        request_id: {**entry, "text": text_of(entry["tokens"])}
+        for request_id, entry in seen.items()
+    },
+    "state": state(),
+    "total_blocks": ENGINE.cache_config.num_gpu_blocks,
+    "workers": [child.name for child in __import__("multiprocessing").active_children()],
+}
+"""
+)
+
+
+def test_an_image_deepinfer_cannot_prepare_fails_that_request_alone(checkpoint: Path) -> None:
+    # DeepInfer's multimodal worker decodes each image (PIL) in a process of its own; one that
+    # fails comes back as None, and the next step() aborts that request
+    # (`fetch_to_abort_requests`). The server checks images before the engine sees them, so
+    # this image is sent to the driver directly.
+    result = run_in_twin(checkpoint, MULTIMODAL.replace("PLACEHOLDER", repr(IMAGE_PLACEHOLDER)))
+    run = result["run"]
+    assert (run["broken"]["finish"], run["broken"]["tokens"]) == ("ABORTED", [])
+    error = error_for_finish(Finish.ABORTED)
+    assert (error.status_code, error.code) == (500, "engine_aborted")
+    assert "images" in error.message
+    assert (run["unfetched"]["finish"], run["unfetched"]["tokens"]) == ("ENGINE_ERROR", [])
+    # The other requests, before and after, and the next image, are served as ever.
+    assert run["text"]["finish"] == "LENGTH"
+    assert run["text"]["text"].startswith("still serving")
+    assert run["good"]["finish"] == "STOP"
+    assert run["good"]["text"].startswith("[image 1: ")
+    assert run["good"]["text"].endswith("what is this?")
+    assert (run["after"]["finish"], run["after"]["text"]) == ("STOP", "and after")
+    assert all(entry["after"] == 0 for entry in run.values())
+    state = result["state"]
+    usable = result["total_blocks"] - 1
+    assert (state["unfinished"], state["live"], state["free_blocks"]) == (0, 0, usable)
+    assert "multi-modal-worker-0" in result["workers"]
