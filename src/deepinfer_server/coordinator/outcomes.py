@@ -14,7 +14,12 @@ _FINISH_ERRORS: dict[Finish, tuple[ErrorKind, str]] = {
         ErrorKind.ENGINE_OUT_OF_RESOURCES,
         "the engine ran out of KV-cache memory for this request; retry later",
     ),
-    Finish.ABORTED: (ErrorKind.ENGINE_ABORTED, "the engine aborted the request"),
+    # The driver reports only the aborts it did not ask for: in DeepInfer 0.1.0 those are its
+    # multimodal processor's (`fetch_to_abort_requests`), for images it could not prepare.
+    Finish.ABORTED: (
+        ErrorKind.ENGINE_ABORTED,
+        "the engine aborted the request: it could not prepare the request's images",
+    ),
     Finish.GRAMMAR_FAILED: (
         ErrorKind.ENGINE_GRAMMAR_FAILED,
         "the engine's structured-output grammar failed for this request (xgrammar error or "

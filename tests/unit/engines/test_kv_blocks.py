@@ -136,3 +136,35 @@ def test_a_too_long_sequence_is_ignored_even_while_blocks_are_short() -> None:
     engine.add_request("0", "b", {"max_tokens": 4}, np.concatenate([prompt("x")] * 31))
     order = [(rid, reason) for batch in run_to_end(engine) for rid, _, reason in batch if reason]
     assert order == [("b", "prompt_length_exceeded"), ("a", "length")]
+
+
+class _FreeMatcher:
+    """A grammar that allows every token: what matters here is only that there is one."""
+
+    def choose(self, preferred: int) -> int:
+        return preferred
+
+
+def test_a_preempted_structured_request_ends_and_its_neighbour_completes() -> None:
+    # As DeepInfer's `_preempt` (scheduler.hpp) with stop_preempted_request=False: a sequence
+    # under a grammar cannot be recomputed and ends "insufficient_system_resource"; the twin
+    # shows the same on DeepInfer's own scheduler (tests/e2e/test_deepinfer_twin_failures.py).
+    engine = make_engine(kv_blocks=4)  # 3 allocatable blocks
+    params = {"max_tokens": 300, "ignore_eos": True}
+    structured = engine.add_request("0", "so", dict(params), prompt("story so"))
+    assert structured is not None
+    structured.matcher = _FreeMatcher()  # type: ignore[assignment]
+    for _ in range(20):  # a head start: the longest output is preempted first
+        engine.has_unfinished_requests()
+        engine.step()
+    engine.add_request("0", "plain", dict(params), prompt("story plain"))
+    counts: dict[str, int] = {}
+    finishes: dict[str, str] = {}
+    for batch in run_to_end(engine):
+        for request_id, _, reason in batch:
+            counts[request_id] = counts.get(request_id, 0) + 1
+            if reason:
+                finishes[request_id] = reason
+    assert finishes == {"so": "insufficient_system_resource", "plain": "length"}
+    assert counts["plain"] == 300
+    assert engine.scheduler.get_num_free_gpu_blocks() == 3

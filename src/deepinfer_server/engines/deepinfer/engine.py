@@ -71,10 +71,13 @@ def engine_args_kwargs(spec: EngineSpec) -> dict[str, Any]:
         "gpu_memory_utilization": options.gpu_memory_utilization,
         "max_num_seqs": spec.max_num_seqs,
         "max_num_batched_tokens": spec.max_num_batched_tokens,
-        # A request preempted for lack of KV cache is recomputed (no duplicate tokens) rather
-        # than ended with "insufficient_system_resource"; the server clamps max_tokens to the
-        # context, so recomputation can never exceed the prompt limit. A COMPLETION engine
-        # has no prefill to recompute with: DeepInfer requires it to end them.
+        # A plain request preempted for lack of KV cache is recomputed (no duplicate tokens)
+        # rather than ended with "insufficient_system_resource"; the server clamps max_tokens
+        # to the context, so recomputation can never exceed the prompt limit. A structured
+        # request ends all the same once its grammar has started (every one past its prefill:
+        # scheduler.hpp `_preempt`): DeepInfer cannot recompute a grammar's state, and the
+        # client gets a 503 insufficient_system_resource. A COMPLETION engine has no prefill to
+        # recompute with: DeepInfer requires it to end them.
         "stop_preempted_request": spec.disaggregation_mode == "decode",
         "disable_log_stats": options.disable_log_stats,
         "engine_type": EngineType[ENGINE_TYPES[spec.disaggregation_mode]],
