@@ -13,7 +13,8 @@
    CPU per request (µs) of each and the difference, and requests/s. Prompt steps are made
    near-free (`--sim-prefill-tokens-per-s`) so that the request path, not the engine, sets the
    pace with the cache off. The API process's part is the prefix-aware routing, which exists
-   only with more than one DP rank (the ranks' own cache is the engine's work).
+   only with more than one DP rank (the ranks' own cache is the engine's work); its own work
+   per request (the prefix directory's hashing, lookup and record) is also timed in process.
 
     python bench/throughput_ab.py --base REV [--rounds 3] [--duration 8] [--concurrency 32,128]
         [--prefix-dp 1,2] [--only ab|prefix]
@@ -22,6 +23,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -194,6 +196,47 @@ def _cached_fraction(server: Server) -> float:
     return totals["hits"] / totals["queries"] if totals["queries"] else 0.0
 
 
+#: Run in a child with a side's sources: the prefix directory's work for one request (hash the
+#: prompt's blocks, look them up on every rank, record them), µs, over random prompts of
+#: argv[1] tokens sharing all but their last 40.
+_DIRECTORY_PROBE = """
+import sys, time, numpy as np
+from deepinfer_server.coordinator.prefix_directory import PrefixDirectory
+tokens, ranks, requests = int(sys.argv[1]), int(sys.argv[2]), 2000
+directory = PrefixDirectory(ranks, 65536, 32)
+for rank in range(ranks):
+    directory.rank_holds(rank, 64)
+rng = np.random.default_rng(0)
+shared = rng.integers(0, 128000, tokens - 40, dtype=np.int32)
+prompts = [
+    np.concatenate([shared, rng.integers(0, 128000, 40, dtype=np.int32)]).astype("<i4").tobytes()
+    for _ in range(requests)
+]
+started = time.perf_counter()
+for number, prompt in enumerate(prompts):
+    hashes = directory.block_hashes(prompt, b"partition")
+    directory.held_tokens(hashes)
+    directory.record(number % ranks, str(number), hashes)
+print((time.perf_counter() - started) / requests * 1e6)
+"""
+
+
+def _directory_us(side: Side, prompt_tokens: int, ranks: int) -> float:
+    command = [sys.executable, "-c", _DIRECTORY_PROBE, str(prompt_tokens), str(ranks)]
+    done = subprocess.run(command, env=side.env, capture_output=True, text=True, check=True)
+    return float(done.stdout)
+
+
+def _prompt_tokens(server: Server, body: dict[str, Any]) -> int:
+    """The prompt tokens of `body` (its marker replaced) as the server counts them."""
+    request = json.loads(json.dumps(body).replace(MARKER, "0"))
+    request.update(stream=False, max_tokens=1)
+    url = f"http://127.0.0.1:{server.port}/v1/chat/completions"
+    response = httpx.post(url, json=request, timeout=60)
+    response.raise_for_status()
+    return int(response.json()["usage"]["prompt_tokens"])
+
+
 def _median(rounds: list[dict[str, float]], key: str) -> float:
     return statistics.median(r[key] for r in rounds)
 
@@ -261,6 +304,7 @@ def prefix_cost(this: Side, dps: list[int], concurrency: int, args: argparse.Nam
                 servers, load, concurrency, args.duration, args.prefix_rounds, MARKER, primer
             )
             cached = {name: _cached_fraction(server) for name, server in servers.items()}
+            prompt_tokens = _prompt_tokens(servers["off"], load)
         for name, rounds in results.items():
             print(
                 f"{dp:>3} {name:<13} {_median(rounds, 'rps'):>11,.0f} "
@@ -277,6 +321,13 @@ def prefix_cost(this: Side, dps: list[int], concurrency: int, args: argparse.Nam
             f"{dp:>3} on - off: {statistics.median(differences):+,.0f} µs API CPU per request "
             f"(rounds: {', '.join(f'{d:+,.0f}' for d in differences)})"
         )
+        if dp > 1:
+            print(
+                f"{dp:>3} the prefix directory's own work (in process, {prompt_tokens:,}-token "
+                f"prompts): {_directory_us(this, prompt_tokens, dp):,.0f} µs per request"
+            )
+        else:
+            print(f"{dp:>3} (one rank: the API process keeps no prefix directory)")
 
 
 def _numbers(text: str) -> list[int]:
