@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,18 @@ from typing import Any
 import psutil
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+
+def extract_src(revision: str, into: Path) -> Path:
+    """The `src/` of git revision `revision`, extracted under `into` (a directory to put on
+    PYTHONPATH in place of this checkout's)."""
+    archive = into / "src.tar"
+    with archive.open("wb") as out:
+        subprocess.run(["git", "archive", revision, "src"], cwd=ROOT, stdout=out, check=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(into, filter="data")
+    return into / "src"
 
 
 def free_port() -> int:
@@ -44,7 +57,9 @@ class Server:
     port: int
 
     @classmethod
-    def deepinfer(cls, *args: str) -> Server:
+    def deepinfer(cls, *args: str, env: dict[str, str] | None = None) -> Server:
+        """deepinfer-server on the simulated engine; `env`, when given, is its environment (a
+        PYTHONPATH that selects another revision's sources, say)."""
         port = free_port()
         command = [
             sys.executable,
@@ -61,7 +76,7 @@ class Server:
             "warning",
             *args,
         ]
-        return cls._launch(port, command)
+        return cls._launch(port, command, env)
 
     @classmethod
     def paced_floor(cls, tick_ms: float) -> Server:
@@ -78,8 +93,10 @@ class Server:
         return cls._launch(port, [sys.executable, str(HERE / script), "--port", str(port), *args])
 
     @classmethod
-    def _launch(cls, port: int, command: list[str]) -> Server:
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    def _launch(cls, port: int, command: list[str], env: dict[str, str] | None = None) -> Server:
+        process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
+        )
         _wait_listening(port, process)
         return cls(process, port)
 
@@ -143,8 +160,10 @@ def run_client(
     requests: int | None = None,
     frame_gaps: bool = False,
     path: str = "/v1/chat/completions",
+    distinct: str | None = None,
 ) -> dict[str, Any]:
-    """Run bench/loadgen.py in its own process; returns its JSON result."""
+    """Run bench/loadgen.py in its own process; returns its JSON result. With `distinct`, that
+    string in the body is replaced by a number of its own in every request."""
     command = [
         sys.executable,
         str(HERE / "loadgen.py"),
@@ -165,6 +184,8 @@ def run_client(
         command += ["--requests", str(requests)]
     if frame_gaps:
         command.append("--frame-gaps")
+    if distinct is not None:
+        command += ["--distinct", distinct]
     if os.cpu_count() and os.cpu_count() > 1:  # type: ignore[operator]
         command += ["--cpu", str(os.cpu_count() - 1)]  # type: ignore[operator]
     output = subprocess.run(command, capture_output=True, text=True, check=True).stdout

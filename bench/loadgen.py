@@ -4,7 +4,9 @@
 Each of `--concurrency` workers keeps one HTTP/1.1 keep-alive connection and sends the same
 request in a loop until `--duration` seconds have passed (or `--requests` completed). It parses
 only what it must: chunked framing and SSE `data:` lines; with `--timing` it also records the
-arrival time of every chunk and the cumulative token count from continuous usage stats.
+arrival time of every chunk and the cumulative token count from continuous usage stats. With
+`--distinct MARKER` the first MARKER in the body becomes a number of its own in every request
+(distinct prompts after a shared prefix, for the prefix cache).
 Prints one JSON object with counts, durations, latencies and its own CPU time.
 """
 
@@ -104,10 +106,33 @@ async def _one(
         totals.errors += 1
 
 
+@dataclass
+class Requests:
+    """The request to send: the same bytes every time, or with `marker` in the body replaced by
+    a new number each time."""
+
+    host: str
+    port: int
+    path: str
+    body: bytes
+    marker: bytes | None = None
+    sent: int = 0
+
+    def __post_init__(self) -> None:
+        self._same = build_request(self.host, self.port, self.path, self.body)
+
+    def next(self) -> bytes:
+        if self.marker is None:
+            return self._same
+        self.sent += 1
+        body = self.body.replace(self.marker, str(self.sent).encode(), 1)
+        return build_request(self.host, self.port, self.path, body)
+
+
 async def _worker(
     host: str,
     port: int,
-    request: bytes,
+    requests: Requests,
     deadline: float,
     budget: list[int],
     timing: bool,
@@ -118,6 +143,7 @@ async def _worker(
     try:
         while time.perf_counter() < deadline and budget[0] > 0:
             budget[0] -= 1
+            request = requests.next()
             try:
                 # --duration bounds the run: a request still streaming then is cut (the
                 # connection closes, and the server aborts it), its tokens so far counted.
@@ -141,7 +167,10 @@ def build_request(host: str, port: int, path: str, body: bytes) -> bytes:
 
 async def run(args: argparse.Namespace) -> dict[str, object]:
     body = json.dumps(json.loads(args.body)).encode()
-    request = build_request(args.host, args.port, args.path, body)
+    marker = args.distinct.encode() if args.distinct else None
+    if marker is not None and marker not in body:
+        raise SystemExit(f"--distinct {args.distinct!r} is not in the body")
+    requests = Requests(args.host, args.port, args.path, body, marker)
     totals = Totals()
     budget = [args.requests]
     started = time.perf_counter()
@@ -152,7 +181,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
             _worker(
                 args.host,
                 args.port,
-                request,
+                requests,
                 deadline,
                 budget,
                 args.timing,
@@ -191,6 +220,9 @@ def main() -> int:
     parser.add_argument("--timing", action="store_true", help="record TTFT and ITL per token")
     parser.add_argument(
         "--frame-gaps", action="store_true", help="record the gaps between SSE chunks as ITL"
+    )
+    parser.add_argument(
+        "--distinct", help="a string in the body to replace by a new number in every request"
     )
     parser.add_argument("--cpu", type=int, help="pin this process to one CPU")
     args = parser.parse_args()

@@ -18,7 +18,6 @@ import json
 import os
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from collections.abc import Callable
@@ -26,6 +25,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+from harness import extract_src  # noqa: E402
+
 PROMPT = "Summarise the plot of a long novel about a lighthouse keeper in three sentences. " * 4
 _SAMPLING = {"temperature": 0.7, "top_p": 0.95, "top_k": 40, "presence_penalty": 0.0}
 BODIES: dict[str, dict[str, Any]] = {
@@ -79,15 +81,6 @@ def _child(requests: int) -> None:
     print(json.dumps(result))
 
 
-def _extract(revision: str, into: Path) -> Path:
-    archive = into / "src.tar"
-    with archive.open("wb") as out:
-        subprocess.run(["git", "archive", revision, "src"], cwd=ROOT, stdout=out, check=True)
-    with tarfile.open(archive) as tar:
-        tar.extractall(into, filter="data")
-    return into / "src"
-
-
 def _round(src: Path, requests: int) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(src)}
     command = [sys.executable, __file__, "--child", "--requests", str(requests)]
@@ -107,7 +100,7 @@ def main() -> int:
         _child(args.requests)
         return 0
     with tempfile.TemporaryDirectory() as tmp:
-        sides = {"base": _extract(args.base, Path(tmp)), "this": ROOT / "src"}
+        sides = {"base": extract_src(args.base, Path(tmp)), "this": ROOT / "src"}
         best: dict[str, dict[str, float]] = {side: {} for side in sides}
         order = list(sides)
         for _ in range(args.rounds):
