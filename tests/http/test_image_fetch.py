@@ -19,7 +19,7 @@ import pytest
 
 from deepinfer_server.api.app import build_app
 from deepinfer_server.api.image_fetch import FETCH_FAILED
-from deepinfer_server.api.preparation import PREPARATION_WORKERS
+from deepinfer_server.api.preparation_gate import PREPARATION_WORKERS
 from deepinfer_server.cli import parse_config
 from deepinfer_server.config.media_origins import parse_origin
 from deepinfer_server.errors import ConfigError
