@@ -18,11 +18,12 @@ from typing import Any
 import pytest
 
 from deepinfer_server.api.app import build_app
-from deepinfer_server.api.preparation import PREPARATION_WORKERS
+from deepinfer_server.api.image_fetch import FETCH_FAILED
+from deepinfer_server.api.preparation_gate import PREPARATION_WORKERS
 from deepinfer_server.cli import parse_config
 from deepinfer_server.config.media_origins import parse_origin
 from deepinfer_server.errors import ConfigError
-from deepinfer_server.protocol.core.image_fetch import FETCH_FAILED, AllowedOrigins
+from deepinfer_server.protocol.core.images import AllowedOrigins
 from tests.e2e.test_images import png
 from tests.http.harness import MODEL, run, serve
 
@@ -248,7 +249,7 @@ def test_every_fetch_failure_reads_the_same(
                 assert response.json()["error"]["param"] == "messages[0]"
             assert not h.coordinator.submitted
 
-    with caplog.at_level(logging.WARNING, "deepinfer_server.protocol.core.image_fetch"):
+    with caplog.at_level(logging.WARNING, "deepinfer_server.api.image_fetch"):
         run(body)
     for url, detail in failures.items():  # the detail is the operator's, in the log
         assert any(url in r.message and detail in r.message for r in caplog.records), url

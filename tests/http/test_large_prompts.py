@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from deepinfer_server.api.preparation import PreparationGate
+from deepinfer_server.api.preparation_gate import PreparationGate
 from deepinfer_server.errors import OverloadedError
 from tests.http.harness import MODEL, Script, run, serve
 

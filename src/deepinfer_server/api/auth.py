@@ -73,7 +73,7 @@ class ApiKeyMiddleware:
         index = self._matching(presented)
         if index is not None:
             state = scope.setdefault("state", {})
-            # The Responses store's scope is the key (`api.stored_responses.request_scope`).
+            # The Responses store's scope is the key (`api.store_scope.request_scope`).
             state["api_key"] = presented
             state["tenant"] = index
             state["tenant_name"] = self._names[index]  # for the access log

@@ -16,7 +16,7 @@ from typing import TypeVar
 from starlette.types import Receive
 
 from deepinfer_server.api.disconnect import until_disconnect
-from deepinfer_server.protocol.core.image_fetch import fetch_images
+from deepinfer_server.api.image_fetch import fetch_images
 from deepinfer_server.protocol.core.images import FETCHED_IMAGES, ImageLimits, ImagesToFetch
 
 T = TypeVar("T")

@@ -11,7 +11,7 @@ from typing import Any, Protocol, TypeVar
 from deepinfer_server.api.background import BackgroundRuns
 from deepinfer_server.api.batches.runner import BatchRunner
 from deepinfer_server.api.disaggregation import PrefillPeers
-from deepinfer_server.api.preparation import PreparationGate
+from deepinfer_server.api.preparation_gate import PreparationGate
 from deepinfer_server.api.receive_budget import ReceiveBudget
 from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.coordinator.coordinator import Coordinator

@@ -1,7 +1,7 @@
 """OpenAI's Files (`/v1/files`, batch input files and batches' output files) and Batches
 (`/v1/batches`), on the Responses store; the work is `api/batches/runner.py`'s.
 
-Scoped like stored responses (`api.stored_responses.request_scope`): another API key's file or
+Scoped like stored responses (`api.store_scope.request_scope`): another API key's file or
 batch is a 404. Limits (per API key): `--batch-max-file-mb` (413), `--batch-max-lines` (400),
 `--batch-max-active` unfinished batches (429). Without a store (`--response-store none`) every
 route is a 400 that says so.
@@ -32,7 +32,7 @@ from deepinfer_server.api.batches.runner import BatchRunner
 from deepinfer_server.api.body import read_body, read_json_body
 from deepinfer_server.api.routes.stored_responses import page_limit
 from deepinfer_server.api.state import AppState
-from deepinfer_server.api.stored_responses import request_scope
+from deepinfer_server.api.store_scope import request_scope
 from deepinfer_server.errors import (
     BadRequestError,
     ErrorKind,

@@ -2,7 +2,7 @@
 metadata, delete) and its items (`/v1/conversations/{id}/items[/{item_id}]`: add, list a page
 at a time, retrieve, delete), on the Responses store (`store/conversations.py`).
 
-Every call is in the request's scope (`api.stored_responses.request_scope`): a conversation of
+Every call is in the request's scope (`api.store_scope.request_scope`): a conversation of
 another API key is a 404, word for word as one that never existed. A store outage is a 503;
 without a store (`--response-store none`) creating one is a 400 and every ID a 404.
 """
@@ -18,7 +18,7 @@ from starlette.responses import Response
 from deepinfer_server.api.body import read_json_body
 from deepinfer_server.api.routes.stored_responses import include_values, page_limit, page_order
 from deepinfer_server.api.state import AppState
-from deepinfer_server.api.stored_responses import request_scope
+from deepinfer_server.api.store_scope import request_scope
 from deepinfer_server.errors import BadRequestError, ErrorKind
 from deepinfer_server.protocol.responses.conversations import (
     check_include,

@@ -15,7 +15,7 @@ from starlette.responses import Response
 
 from deepinfer_server.api.endpoint import GenerationProtocol, json_frame, serve_generation
 from deepinfer_server.api.sse import DONE_FRAME, data_frames
-from deepinfer_server.api.stored_responses import open_session
+from deepinfer_server.api.store_session import open_session
 from deepinfer_server.protocol.chat.output import ChatOutput
 from deepinfer_server.protocol.chat.request import prepare_chat
 from deepinfer_server.protocol.completions.output import CompletionOutput

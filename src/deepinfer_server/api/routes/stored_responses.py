@@ -1,7 +1,7 @@
 """GET and DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items, POST
 /v1/responses/{id}/cancel: the Responses store (background responses: api/background.py).
 
-Every read is in the request's scope (`api.stored_responses.request_scope`): a response stored
+Every read is in the request's scope (`api.store_scope.request_scope`): a response stored
 under another API key is a 404, word for word as one that never existed. A store outage is a
 503 (`StoreUnavailableError`); without a store (`--response-store none`) every ID is a 404.
 """
@@ -17,7 +17,7 @@ from starlette.responses import Response
 from deepinfer_server.api.background import cancel, lost, resume
 from deepinfer_server.api.sse import FrameWriter, SSEResponse, complete
 from deepinfer_server.api.state import AppState
-from deepinfer_server.api.stored_responses import request_scope
+from deepinfer_server.api.store_scope import request_scope
 from deepinfer_server.errors import BadRequestError, ErrorKind
 from deepinfer_server.protocol.responses.reasoning import (
     ENCRYPTED_CONTENT,

@@ -6,7 +6,8 @@ per image; its resolver decodes each image (OpenCV: PNG, JPEG, WebP, GIF), rejec
 oversized ones, and resizes and re-encodes it as the V4.1 vision encoder expects. This module
 applies the server's limits (images per request, bytes per image) and turns the result into
 `ipc.messages.Images`. External URLs are fetched only from `--allowed-media-domains`
-(`image_fetch.py`); otherwise only `data:` URLs and inline base64 are accepted.
+(`AllowedOrigins` here; the API layer's `api.image_fetch` fetches them); otherwise only `data:`
+URLs and inline base64 are accepted.
 
 Preparation never fetches: it may run on a preparation worker, which a slow host must not hold.
 An image URL not fetched yet stops it with `ImagesToFetch`; the API layer fetches the URLs on
@@ -18,11 +19,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+import httpx
 import msgspec
 from deepseek_recipe import (
     BytesImageSource,
@@ -37,13 +39,61 @@ from deepseek_recipe import (
 )
 
 from deepinfer_server.config import ResolvedConfig
+from deepinfer_server.config.media_origins import parse_origin
 from deepinfer_server.errors import BadRequestError, ErrorKind
 from deepinfer_server.ipc.messages import Images
 from deepinfer_server.model.images import ImagePolicy
-from deepinfer_server.protocol.core.image_fetch import AllowedOrigins, check_fetchable
 
 #: deepseek-recipe ImageError kinds that mean "too large" (413); the others are 400s.
 _TOO_LARGE = frozenset({"ImageTooLarge", "TotalSizeTooLarge", "ImageDimensionsTooLarge"})
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+@dataclass(frozen=True)
+class AllowedOrigins:
+    """The hosts and ports image URLs may be fetched from (`parse_origin` entries)."""
+
+    origins: frozenset[tuple[str, int | None]] = frozenset()
+
+    @classmethod
+    def of(cls, entries: Iterable[str]) -> AllowedOrigins:
+        return cls(frozenset(parse_origin(entry) for entry in entries))
+
+    def __bool__(self) -> bool:
+        return bool(self.origins)
+
+    def allows(self, url: str) -> bool:
+        """Whether `url` is http(s) on an allowed host and port (parsed as httpx parses what
+        it fetches: the check and the fetch never disagree about the host)."""
+        try:
+            parsed = httpx.URL(url)
+        except httpx.InvalidURL:
+            return False
+        default = _DEFAULT_PORTS.get(parsed.scheme)
+        host = parsed.raw_host.decode("ascii").lower()  # IDNA names as punycode
+        if default is None or not host:
+            return False
+        port = default if parsed.port is None else parsed.port
+        return (port == default and (host, None) in self.origins) or (host, port) in self.origins
+
+
+def check_fetchable(url: str, allowed: AllowedOrigins, param: str | None) -> None:
+    """400 for a URL this server never fetches (decided from the URL alone)."""
+    if not allowed:
+        raise BadRequestError(
+            "image URLs are not fetched by this server: send the image inline as a "
+            "`data:image/...;base64,...` URL",
+            param=param,
+            kind=ErrorKind.UNSUPPORTED,
+            code="unsupported_content",
+        )
+    if not allowed.allows(url):
+        raise BadRequestError(
+            f"image URL {url!r} is not on this server's --allowed-media-domains (hosts on "
+            "their default port, or host:port entries)",
+            param=param,
+            kind=ErrorKind.UNSUPPORTED,
+        )
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ from starlette.responses import Response
 from deepinfer_server.api.background import BackgroundRun, created_event
 from deepinfer_server.api.sse import FrameWriter, SSEResponse, complete
 from deepinfer_server.api.state import AppState
-from deepinfer_server.api.store_scope import NO_AUTH_SCOPE, key_scope
+from deepinfer_server.api.store_scope import request_scope
 from deepinfer_server.api.token_stream import TokenStream
 from deepinfer_server.coordinator.handle import RequestHandle
 from deepinfer_server.errors import BadRequestError, StoreUnavailableError
@@ -84,14 +84,6 @@ WRITE_WAIT = 12.0
 #: Fields of the body the session serves itself (the preparation rejects them otherwise).
 _STORE_FIELDS = ("store", "previous_response_id", "background", "conversation")
 _STORED_STATUSES = frozenset({"completed", "incomplete"})
-
-
-async def request_scope(request: Request, store: ResponseStore) -> str:
-    """Who may read what this request stores: its API key as a keyed hash, or "none"."""
-    key: bytes | None = getattr(request.state, "api_key", None)
-    if key is None:
-        return NO_AUTH_SCOPE
-    return key_scope(await store.scope_salt(), key)
 
 
 def _client_chose_request_id(request: Request) -> bool:

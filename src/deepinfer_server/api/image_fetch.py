@@ -11,7 +11,9 @@ that awaits it (the client left) ends it at once. The body may not exceed `--max
 and must begin as a PNG, JPEG, GIF or WebP file does.
 
 A URL that is not allowed is a 400 saying so: that is decided from the URL alone, before anything
-is sent. Every failure of a fetch itself (refused, timed out, an HTTP error, a redirect that is
+is sent (`AllowedOrigins` and `check_fetchable` in `protocol.core.images`, which preparation
+applies too). The fetching itself is the HTTP layer's: the protocol layer never opens a
+connection. Every failure of a fetch itself (refused, timed out, an HTTP error, a redirect that is
 not allowed, too large, not an image) is one and the same 400: its wording would otherwise tell a
 client what listens where behind an allowed host. The detail goes to the server's log.
 """
@@ -20,70 +22,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
-from dataclasses import dataclass
 
 import httpx
 
-from deepinfer_server.config.media_origins import parse_origin
-from deepinfer_server.errors import BadRequestError, ErrorKind
+from deepinfer_server.errors import BadRequestError
+from deepinfer_server.protocol.core.images import AllowedOrigins, check_fetchable
 
 logger = logging.getLogger(__name__)
 
 _MAX_REDIRECTS = 3
-_DEFAULT_PORTS = {"http": 80, "https": 443}
 #: What an image file starts with (PNG, JPEG, GIF); WebP is RIFF....WEBP.
 _IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a")
 
 #: The one message of every failed fetch.
 FETCH_FAILED = "the image could not be fetched from its URL"
-
-
-@dataclass(frozen=True)
-class AllowedOrigins:
-    """The hosts and ports image URLs may be fetched from (`parse_origin` entries)."""
-
-    origins: frozenset[tuple[str, int | None]] = frozenset()
-
-    @classmethod
-    def of(cls, entries: Iterable[str]) -> AllowedOrigins:
-        return cls(frozenset(parse_origin(entry) for entry in entries))
-
-    def __bool__(self) -> bool:
-        return bool(self.origins)
-
-    def allows(self, url: str) -> bool:
-        """Whether `url` is http(s) on an allowed host and port (parsed as httpx parses what
-        it fetches: the check and the fetch never disagree about the host)."""
-        try:
-            parsed = httpx.URL(url)
-        except httpx.InvalidURL:
-            return False
-        default = _DEFAULT_PORTS.get(parsed.scheme)
-        host = parsed.raw_host.decode("ascii").lower()  # IDNA names as punycode
-        if default is None or not host:
-            return False
-        port = default if parsed.port is None else parsed.port
-        return (port == default and (host, None) in self.origins) or (host, port) in self.origins
-
-
-def check_fetchable(url: str, allowed: AllowedOrigins, param: str | None) -> None:
-    """400 for a URL this server never fetches (decided from the URL alone)."""
-    if not allowed:
-        raise BadRequestError(
-            "image URLs are not fetched by this server: send the image inline as a "
-            "`data:image/...;base64,...` URL",
-            param=param,
-            kind=ErrorKind.UNSUPPORTED,
-            code="unsupported_content",
-        )
-    if not allowed.allows(url):
-        raise BadRequestError(
-            f"image URL {url!r} is not on this server's --allowed-media-domains (hosts on "
-            "their default port, or host:port entries)",
-            param=param,
-            kind=ErrorKind.UNSUPPORTED,
-        )
 
 
 class _FetchFailed(Exception):
