@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing.context
+import os
+import shlex
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,6 +44,19 @@ class _ServerProcessInFastLane(AssertionError):
     """A test without the `e2e` marker started a server, rank or worker process."""
 
 
+def _starts_the_server(args: Any) -> bool:
+    """Whether a command runs `python -m deepinfer_server` or the `deepinfer-server` script
+    (judged by its words, not its paths: a checkout may be named after the project)."""
+    if isinstance(args, (str, bytes, os.PathLike)):
+        words = shlex.split(os.fsdecode(args)) if isinstance(args, (str, bytes)) else [args]
+    else:
+        words = list(args)
+    words = [os.fsdecode(word) for word in words]
+    if words and os.path.basename(words[0]) == "deepinfer-server":
+        return True
+    return any(a == "-m" and b == "deepinfer_server" for a, b in itertools.pairwise(words))
+
+
 @pytest.fixture(autouse=True)
 def fast_lane_starts_no_process(request: pytest.FixtureRequest) -> Iterator[None]:
     """The fast lane (`-m "not e2e"`) starts no server process: a test without the `e2e` marker
@@ -55,8 +71,7 @@ def fast_lane_starts_no_process(request: pytest.FixtureRequest) -> Iterator[None
 
     class GuardedPopen(subprocess.Popen):  # type: ignore[type-arg]
         def __init__(self, args: Any, *rest: Any, **options: Any) -> None:
-            command = args if isinstance(args, str) else " ".join(map(str, args))
-            if "deepinfer_server" in command or "deepinfer-server" in command:
+            if _starts_the_server(args):
                 raise _ServerProcessInFastLane(refusal)
             super().__init__(args, *rest, **options)
 

@@ -32,7 +32,8 @@ from pathlib import Path
 
 #: Runs in the zygote: the imports, the report of what they read, then the fork loop.
 ZYGOTE = r"""
-import json, os, select, signal, sys, traceback
+import ctypes, json, os, select, signal, sys, traceback
+ZYGOTE_PID = os.getpid()
 import numpy, torch, tokenizers
 from deepinfer._C.engine import RequestOutput
 from deepinfer.engine.arg_utils import EngineArgs
@@ -42,12 +43,20 @@ from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver
 from deepinfer_server.engines.deepinfer.prefix_engine import prefix_caching_engine
 import deepinfer_server.ipc.codec, deepinfer_server.ipc.messages
 
+# Read at start-up by the twin's hooks, the interpreter or OpenMP rather than by DeepInfer.
+_FIXED_AT_START = ("DEEPINFER_TWIN_GPUS", "DEEPINFER_TWIN_GPU_CAPABILITY",
+                   "DEEPINFER_TEST_RECORD_DIR", "PYTHONPATH", "OMP_NUM_THREADS")
+
 def _read_at_import():
-    return {name: os.environ.get(name) for name, descriptor in _descriptors.items()
+    read = {name: os.environ.get(name) for name, descriptor in _descriptors.items()
             if envs.__dict__.get(name, descriptor) is not descriptor}
+    return read | {name: os.environ.get(name) for name in _FIXED_AT_START}
 
 def _child(request):
     os.setpgid(0, 0)
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: dies with the zygote
+    if os.getppid() != ZYGOTE_PID:
+        os._exit(1)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     for stream, path in ((1, request["stdout"]), (2, request["stderr"])):
@@ -178,6 +187,9 @@ class Zygote:
         except queue.Empty:
             self.kill(child)
             raise subprocess.TimeoutExpired(["twin body", str(child.pid)], timeout) from None
+        with self._exits_lock:  # a later child may get the same pid
+            self._exits.pop(child.pid, None)
+        self.kill(child)  # whatever the body started and left running
         stdout = child.stdout.read_text(errors="replace")
         stderr = child.stderr.read_text(errors="replace")
         child.stdout.unlink(missing_ok=True)

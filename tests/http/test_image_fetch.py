@@ -140,7 +140,7 @@ class _Dripper:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             await reader.readuntil(b"\r\n\r\n")
-        except asyncio.IncompleteReadError:  # on a loaded machine the deadline can come first
+        except (asyncio.IncompleteReadError, ConnectionError):  # the deadline came first
             async with self.cut:
                 self.cut_by_client += 1
                 self.cut.notify_all()
