@@ -1,6 +1,6 @@
 """Drive DeepInfer's own LLMEngine (the CPU twin) through the server's engine driver.
 
-`run_in_twin(checkpoint, body)` runs `body` in a fresh process that has the twin on its path:
+`run_in_twin(checkpoint, body)` runs `body` in a process of its own with the twin on its path:
 the prelude below builds one DP rank's `LLMEngine` exactly as the server's rank does
 (`engines/deepinfer/engine.py`), wraps it in the server's `LLMEngineDriver`, and gives `body`
 helpers to add requests and iterate; `body` assigns `RESULT`, which comes back as JSON.

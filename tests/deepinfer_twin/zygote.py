@@ -22,6 +22,7 @@ import itertools
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -136,7 +137,6 @@ class Zygote:
     """One pre-imported twin process; `fork` runs a script in a child of it."""
 
     def __init__(self, env: dict[str, str]) -> None:
-        self._env = env
         self._process = subprocess.Popen(
             [sys.executable, "-c", ZYGOTE],
             stdin=subprocess.PIPE,
@@ -211,6 +211,7 @@ class Zygote:
             self._process.wait()
         if self._process.stdout is not None:
             self._process.stdout.close()
+        shutil.rmtree(self._directory, ignore_errors=True)
 
     def _pump(self) -> None:
         assert self._process.stdout is not None
@@ -227,21 +228,21 @@ class Zygote:
 
 
 _zygote: Zygote | None = None
-_zygote_env: dict[str, str] | None = None
+_zygote_failed = False
 
 
 def shared_zygote(env: dict[str, str]) -> Zygote | None:
     """This test process's zygote (started on first use with `env`, the base environment of
     twin bodies); None where it cannot start (it is then a fresh interpreter per body)."""
-    global _zygote, _zygote_env
+    global _zygote, _zygote_failed
     if _zygote is not None and _zygote.alive():
         return _zygote
-    if _zygote_env is not None and _zygote is None:
+    if _zygote_failed:
         return None  # it failed to start once: do not pay for that again
-    _zygote_env = env
     try:
         _zygote = Zygote(env)
     except RuntimeError:
+        _zygote_failed = True
         return None
     atexit.register(_zygote.close)
     return _zygote
