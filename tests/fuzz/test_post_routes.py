@@ -1,7 +1,8 @@
 """Schemathesis over every POST route of /openapi.json, against a live simulated server.
 
 Fails on any 5xx, on any request that takes longer than REQUEST_TIMEOUT (a hang), and on any
-slot still held once the run is over (`/get_load` back to 0, `/health` still ok). Bounded:
+slot still held once the run is over (`/get_load` back to 0, `/health` still ok: checked as the
+server's fixture ends, so that each pytest-xdist worker checks the server its cases used). Bounded:
 MAX_EXAMPLES cases per route and mode (schemathesis sends schema-valid and schema-violating
 bodies), no shrinking; the whole lane takes a few minutes on 2 cores.
 
@@ -71,6 +72,7 @@ def fuzz_server() -> Iterator[LiveServer]:
     ) as server:
         _warm_up_the_grammar_compiler(server)
         yield server
+        _check_nothing_is_held_and_the_server_is_healthy(server)
 
 
 def _warm_up_the_grammar_compiler(server: LiveServer) -> None:
@@ -169,10 +171,10 @@ def _fail(route: str, what: str, curl: str) -> None:
     _FAILURES.setdefault((route, what), curl)
 
 
-def test_after_the_run_no_slot_is_held_and_the_server_is_healthy(
-    fuzz_server: LiveServer,
-) -> None:
-    """Runs after the cases (file order): every request the run made has freed its slot."""
+def _check_nothing_is_held_and_the_server_is_healthy(fuzz_server: LiveServer) -> None:
+    """After the cases this process ran (the fixture's teardown, so that it runs last in each
+    pytest-xdist worker): every request they made has freed its slot, the server and its ranks
+    are alive, and keep-going mode's failures are listed."""
     print("\nstatuses:", dict(sorted(_STATUSES.items())))
     listed = [f"{route}: {what}\n  {curl}" for (route, what), curl in sorted(_FAILURES.items())]
     base = fuzz_server.base_url
