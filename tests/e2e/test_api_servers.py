@@ -175,7 +175,7 @@ def test_metrics_count_each_request_once_whichever_process_answers(
         assert requests < 30, "the kernel gave every request to one API server process"
         request_id = f"counted-{requests}"
         reply = httpx.post(
-            url, json={**ENDLESS, "max_tokens": 2}, headers={"X-Request-Id": request_id}
+            url, json={**ENDLESS, "max_tokens": 2}, headers={"X-Request-Id": request_id}, timeout=30
         )
         assert reply.status_code == 200
         answered_by.add(two_api_servers.answered_by(request_id))

@@ -78,7 +78,7 @@ def test_bad_requests_are_4xx_and_keep_the_connection_usable(shared_server: Live
     connection.close()
     assert server_errors(shared_server) == 0
     # Nothing a refused request took is still held.
-    assert httpx.get(f"{shared_server.base_url}/get_load").json() == {"load": 0}
+    assert httpx.get(f"{shared_server.base_url}/get_load", timeout=30).json() == {"load": 0}
 
 
 def test_an_upload_aborted_mid_body_is_a_quiet_499(shared_server: LiveServer) -> None:

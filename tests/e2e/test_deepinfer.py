@@ -225,7 +225,7 @@ def test_hung_step_is_detected_by_the_step_timeout() -> None:
         )
         assert response.status_code == 503
         assert "completed no engine step" in response.json()["error"]["message"]
-        health = httpx.get(server.base_url + "/health")
+        health = httpx.get(server.base_url + "/health", timeout=30)
         assert health.status_code == 503 and "hung" in health.json()["reason"]
         ranks = server.rank_processes()
         assert server.stop(signal.SIGTERM) == 0
@@ -283,7 +283,7 @@ def test_the_servers_secrets_do_not_reach_the_engine_processes(
     env = _env(tmp_path, DEEPINFER_API_KEY="key-123", DEEPINFER_REASONING_SECRET="seal-456")
     with LiveServer(str(checkpoint), "--ep", "2", engine="deepinfer", env=env) as server:
         reply = httpx.get(
-            server.base_url + "/v1/models", headers={"Authorization": "Bearer key-123"}
+            server.base_url + "/v1/models", headers={"Authorization": "Bearer key-123"}, timeout=30
         )
         assert reply.status_code == 200  # the HTTP process still has the key
         engine_family = _engine_family(server)

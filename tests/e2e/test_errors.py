@@ -145,14 +145,14 @@ def test_openai_client_raises_typed_errors(client: openai.OpenAI) -> None:
 
 
 def test_unknown_route_and_method(shared_server: LiveServer) -> None:
-    _assert_envelope(httpx.get(shared_server.base_url + "/v1/nothing"), 404)
-    _assert_envelope(httpx.get(shared_server.base_url + "/v1/chat/completions"), 405)
+    _assert_envelope(httpx.get(shared_server.base_url + "/v1/nothing", timeout=30), 404)
+    _assert_envelope(httpx.get(shared_server.base_url + "/v1/chat/completions", timeout=30), 405)
 
 
 def test_sse_framing_and_usage_null_on_every_chunk(shared_server: LiveServer) -> None:
     body = {"model": MODEL, "messages": USER, "stream": True, "thinking": {"type": "disabled"}}
     with httpx.stream(
-        "POST", shared_server.base_url + "/v1/chat/completions", json=body
+        "POST", shared_server.base_url + "/v1/chat/completions", json=body, timeout=30
     ) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
@@ -165,6 +165,6 @@ def test_sse_framing_and_usage_null_on_every_chunk(shared_server: LiveServer) ->
 
 
 def test_health_ok(shared_server: LiveServer) -> None:
-    response = httpx.get(shared_server.base_url + "/health")
+    response = httpx.get(shared_server.base_url + "/health", timeout=30)
     assert response.status_code == 200
     assert response.json() == {"status": "ok"}

@@ -34,9 +34,9 @@ def test_kv_usage_rises_while_a_request_runs_and_falls_when_it_ends() -> None:
                 lambda: max(usage["0"](), usage["1"]()) > 0, 20, "KV usage reported while running"
             )
             assert sorted([usage["0"](), usage["1"]()]) in ([0.0, 0.1], [0.0, 0.2])
-            assert httpx.get(f"{server.base_url}/get_load").json() == {"load": 1}
+            assert httpx.get(f"{server.base_url}/get_load", timeout=30).json() == {"load": 1}
         # Closing the stream aborts the request: its blocks are freed and reported.
         wait_until(
             lambda: usage["0"]() == usage["1"]() == 0.0, 20, "KV usage back to 0 after the abort"
         )
-        assert httpx.get(f"{server.base_url}/get_load").json() == {"load": 0}
+        assert httpx.get(f"{server.base_url}/get_load", timeout=30).json() == {"load": 0}

@@ -74,11 +74,18 @@ def test_metrics_count_exactly_what_requests_did(metered: LiveServer) -> None:
             "stream": True,
             "stream_options": {"include_usage": True},
         },
+        timeout=30,
     ) as stream:
         streamed = [e for e in sse_events(stream) if isinstance(e, dict)]
     usages.append(streamed[-1]["usage"])
-    assert httpx.post(url, json={"model": "other", "messages": MESSAGES}).status_code == 404
-    assert httpx.post(url, json={"model": MODEL, "messages": MESSAGES, "n": 0}).status_code == 400
+    assert (
+        httpx.post(url, json={"model": "other", "messages": MESSAGES}, timeout=30).status_code
+        == 404
+    )
+    assert (
+        httpx.post(url, json={"model": MODEL, "messages": MESSAGES, "n": 0}, timeout=30).status_code
+        == 400
+    )
     after = scrape(metered.base_url)
 
     def delta(name: str, **labels: str) -> float:
@@ -108,8 +115,8 @@ def test_metrics_under_overload_disconnects_timeouts_and_stops(metered: LiveServ
     url = metered.base_url + "/v1/chat/completions"
     before = scrape(metered.base_url)
     with (
-        httpx.stream("POST", url, json={**ENDLESS, "stream": True}) as first,
-        httpx.stream("POST", url, json={**ENDLESS, "stream": True}) as second,
+        httpx.stream("POST", url, json={**ENDLESS, "stream": True}, timeout=30) as first,
+        httpx.stream("POST", url, json={**ENDLESS, "stream": True}, timeout=30) as second,
     ):
         first_events, second_events = sse_events(first), sse_events(second)
         next(first_events), next(second_events)
@@ -161,7 +168,7 @@ def test_body_read_timeout_against_a_client_that_drips_its_body() -> None:
             reply = _read_http_response(slow)
         assert reply.startswith("HTTP/1.1 408")
         assert "body_timeout" in reply
-        assert httpx.get(server.base_url + "/health").status_code == 200
+        assert httpx.get(server.base_url + "/health", timeout=30).status_code == 200
 
 
 @pytest.mark.parametrize("api_servers", API_SERVER_COUNTS)
@@ -171,13 +178,13 @@ def test_sigterm_drains_in_flight_requests(api_servers: int) -> None:
     ) as server:
         url = server.base_url + "/v1/chat/completions"
         with httpx.stream(
-            "POST", url, json={**ENDLESS, "max_tokens": 60, "stream": True}
+            "POST", url, json={**ENDLESS, "max_tokens": 60, "stream": True}, timeout=30
         ) as stream:
             events = sse_events(stream)
             next(events)
             server.process.send_signal(signal.SIGTERM)
             server.wait_for_health("draining", timeout=10)  # 503 from the drain's start
-            refused = httpx.post(url, json=ENDLESS)
+            refused = httpx.post(url, json=ENDLESS, timeout=30)
             assert refused.status_code == 503
             rest = list(events)
         assert rest[-1] == "[DONE]"
@@ -197,7 +204,7 @@ def test_second_sigint_stops_a_drain_at_once(api_servers: int) -> None:
         "--shutdown-timeout", "120", "--sim-itl-ms", "20", api_servers=api_servers
     ) as server:
         url = server.base_url + "/v1/chat/completions"
-        with httpx.stream("POST", url, json={**ENDLESS, "stream": True}) as stream:
+        with httpx.stream("POST", url, json={**ENDLESS, "stream": True}, timeout=30) as stream:
             events = sse_events(stream)
             next(events)
             server.process.send_signal(signal.SIGINT)
@@ -214,7 +221,9 @@ def test_debug_log_level_tells_admission_routing_and_aborts() -> None:
     with LiveServer("--log-level", "debug", "--sim-itl-ms", "5") as server:
         url = server.base_url + "/v1/chat/completions"
         headers = {"X-Request-Id": "dbg-1"}
-        with httpx.stream("POST", url, json={**ENDLESS, "stream": True}, headers=headers) as s:
+        with httpx.stream(
+            "POST", url, json={**ENDLESS, "stream": True}, headers=headers, timeout=30
+        ) as s:
             next(sse_events(s))
         # The debug lines are the feature here: waiting for them is what the test checks.
         server.wait_for_line("to DP rank 0", timeout=10)

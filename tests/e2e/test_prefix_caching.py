@@ -108,14 +108,16 @@ def test_the_next_turn_goes_to_the_rank_that_holds_the_first() -> None:
             "thinking": {"type": "disabled"},
         }
         # A long request holds rank 0, so the first turn goes to rank 1 (the least loaded).
-        with httpx.stream("POST", f"{server.base_url}/v1/chat/completions", json=busy) as held:
+        with httpx.stream(
+            "POST", f"{server.base_url}/v1/chat/completions", json=busy, timeout=30
+        ) as held:
             lines = held.iter_lines()  # kept: a discarded iterator would close the stream
             next(lines)
-            assert httpx.get(f"{server.base_url}/get_load").json() == {"load": 1}
+            assert httpx.get(f"{server.base_url}/get_load", timeout=30).json() == {"load": 1}
             client.chat.completions.create(model=MODEL, messages=first, extra_body=extra)
         # Closing the stream aborted it: both ranks are idle, rank 0 would be the least loaded.
         wait_until(
-            lambda: httpx.get(f"{server.base_url}/get_load").json() == {"load": 0},
+            lambda: httpx.get(f"{server.base_url}/get_load", timeout=30).json() == {"load": 0},
             20,
             "the aborted request no longer counts",
         )

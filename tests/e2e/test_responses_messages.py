@@ -65,7 +65,9 @@ def test_responses_stream_named_events_without_done(shared_server: LiveServer) -
         "stream": True,
         "reasoning": {"effort": "high"},
     }
-    with httpx.stream("POST", shared_server.base_url + "/v1/responses", json=body) as stream:
+    with httpx.stream(
+        "POST", shared_server.base_url + "/v1/responses", json=body, timeout=30
+    ) as stream:
         lines = list(stream.iter_lines())
     raw_done = any("[DONE]" in line for line in lines)
     events = list(_named_events_from(lines))
@@ -246,6 +248,7 @@ def test_messages_errors_use_anthropics_shape(
     raw = httpx.post(
         shared_server.base_url + "/v1/messages",
         json={"model": MODEL, "max_tokens": 8, "messages": []},
+        timeout=30,
     )
     assert raw.status_code == 400
     body = raw.json()
@@ -255,6 +258,7 @@ def test_messages_errors_use_anthropics_shape(
         shared_server.base_url + "/v1/messages",
         content=b"{",
         headers={"content-type": "application/json"},
+        timeout=30,
     )
     assert malformed.json()["error"]["type"] == "invalid_request_error"
 
@@ -269,7 +273,11 @@ def test_disconnect_aborts_the_engine_request(shared_server: LiveServer, path: s
     request_id = f"disconnect-{path.rsplit('/', 1)[-1]}"
     before = scrape(shared_server.base_url)
     with httpx.stream(
-        "POST", shared_server.base_url + path, json=body, headers={"X-Request-Id": request_id}
+        "POST",
+        shared_server.base_url + path,
+        json=body,
+        headers={"X-Request-Id": request_id},
+        timeout=30,
     ) as stream:
         events = _named_events(stream)
         next(events), next(events), next(events)

@@ -343,7 +343,9 @@ PD_QUESTION = "Tell me about the lighthouse keeper and the storm that night. " *
 def pd_handoff(prefill: LiveServer, decode: LiveServer) -> None:
     """One request through both legs, as a PD gateway sends it."""
     body = {"model": MODEL, "messages": [{"role": "user", "content": PD_QUESTION}]}
-    leg = httpx.post(f"{prefill.base_url}/v1/chat/completions", json={**body, "max_tokens": 1})
+    leg = httpx.post(
+        f"{prefill.base_url}/v1/chat/completions", json={**body, "max_tokens": 1}, timeout=30
+    )
     assert leg.status_code == 200, leg.text
     params = leg.json()["kv_transfer_params"]
     answer = httpx.post(
