@@ -181,6 +181,10 @@ def find_sdist(explicit: str | None, workdir: Path) -> Path:
     return download_sdist(workdir)
 
 
+#: The index pip uses when none is configured.
+PIP_DEFAULT_INDEX = "https://pypi.org/simple"
+
+
 def package_index_url() -> str:
     """The index pip is configured with (PIP_INDEX_URL, pip's config, else pip's default)."""
     configured = os.environ.get("PIP_INDEX_URL")
@@ -194,9 +198,10 @@ def package_index_url() -> str:
     )
     if completed.returncode == 0 and completed.stdout.strip():
         return completed.stdout.strip()
-    from pip._internal.models.index import PyPI
-
-    return str(PyPI.simple_url)
+    # pip's default, written out: importing pip here (its `PyPI.simple_url`) would make
+    # setuptools leave distutils to the standard library in this process, and torch's
+    # extension builder then fails on setuptools' own assertion.
+    return PIP_DEFAULT_INDEX
 
 
 def download_sdist(workdir: Path) -> Path:
