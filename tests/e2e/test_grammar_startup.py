@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import openai
@@ -85,3 +86,8 @@ def test_four_concurrent_first_schemas_on_a_fresh_server_are_all_answered(
         in metrics
     )
     assert _workers_ready(fresh_server) == "3.0"  # two compile at once, one stands by
+    # Its compile workers built and checked the four so_args: the API process itself never
+    # loaded xgrammar, nor PyTorch with it (about 260 MiB of resident memory per process).
+    mapped = Path(f"/proc/{fresh_server.process.pid}/maps").read_text()
+    assert "xgrammar" not in mapped
+    assert "libtorch" not in mapped

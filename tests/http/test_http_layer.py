@@ -228,13 +228,9 @@ def test_finish_length_reaches_the_client() -> None:
 def test_structured_output_without_xgrammar_is_a_clear_400_but_strict_tools_still_work(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from deepinfer_server.grammar import GrammarUnavailable
     from deepinfer_server.protocol.core import structured
 
-    def unavailable(*args: object, **kwargs: object) -> None:
-        raise GrammarUnavailable()
-
-    monkeypatch.setattr(structured.Vocab, "from_tokenizer_json", unavailable)
+    monkeypatch.setattr(structured, "xgrammar_installed", lambda: False)
 
     async def body() -> None:
         tokenizer_json = embedded_tokenizer_json()

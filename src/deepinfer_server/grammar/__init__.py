@@ -6,7 +6,7 @@ GrammarUnavailable. Reading requests (`chat_constraint` and siblings) never need
 
 from __future__ import annotations
 
-from deepinfer_server.grammar._xgr import Vocab
+from deepinfer_server.grammar._xgr import Vocab, VocabSource
 from deepinfer_server.grammar.compiler import GrammarBounds, GrammarCompiler, engine_env_defaults
 from deepinfer_server.grammar.constraint import (
     Constraint,
@@ -31,6 +31,7 @@ __all__ = [
     "ToolConstraint",
     "ToolSpec",
     "Vocab",
+    "VocabSource",
     "build_so_args",
     "chat_constraint",
     "engine_env_defaults",

@@ -30,6 +30,20 @@ def clean_error(exc: BaseException) -> str:
     return _CPP_PREFIX.sub("", text)
 
 
+@dataclass(frozen=True)
+class VocabSource:
+    """What a `Vocab` is built from: enough for a process that never builds one itself (the
+    API process hands it to its compile workers)."""
+
+    tokenizer_json: str = field(repr=False)
+    #: The model's (mask) size when it exceeds the tokenizer's.
+    vocab_size: int | None = None
+
+    def build(self) -> Vocab:
+        """The Vocab (imports xgrammar; cached per process)."""
+        return _vocab(self.tokenizer_json, self.vocab_size)
+
+
 @dataclass(frozen=True, eq=False)
 class Vocab:
     """A tokenizer as grammars see it: xgrammar TokenizerInfo plus the ids the server needs.
@@ -53,6 +67,11 @@ class Vocab:
         added tokens, the vocab type read from the tokenizer, EOS as the only stop token.
         `vocab_size` is the model's (mask) size when it exceeds the tokenizer's."""
         return _vocab(tokenizer_json, vocab_size)
+
+    @property
+    def source(self) -> VocabSource:
+        """What this vocabulary was built from."""
+        return VocabSource(self.tokenizer_json, self.requested_size)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text` (added tokens such as `｜DSML｜` become their own ids)."""

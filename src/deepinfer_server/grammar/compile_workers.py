@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import dataclasses
 import logging
 import multiprocessing
 import os
@@ -35,6 +36,11 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any, Literal
+
+from deepinfer_server.grammar._xgr import clean_error
+from deepinfer_server.grammar.constraint import Constraint
+from deepinfer_server.grammar.errors import GrammarError
+from deepinfer_server.grammar.so_args import build_so_args, check_size, check_so_args
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +84,7 @@ def _remove_shared_file() -> None:
             os.remove(path)
 
 
-Outcome = Literal["ok", "invalid", "memory", "timeout", "died", "busy"]
+Outcome = Literal["ok", "invalid", "rejected", "memory", "timeout", "died", "busy"]
 
 
 #: Why a grammar that allows no text at all is invalid.
@@ -92,12 +98,16 @@ NO_TEXT = (
 class CompileOutcome:
     """What compiling one grammar gave: `ok` with the compiled grammar's size (and its
     serialized form when asked), or why not (`invalid` with xgrammar's message, `memory`,
-    `timeout`, `died`; `busy`: no worker was free in time, which is not the grammar's fault)."""
+    `timeout`, `died`; `busy`: no worker was free in time, which is not the grammar's fault).
+    For a constraint (`CompileWorkers.build`), the so_args built from it, or `rejected` with
+    the message and field of the GrammarError that building them raised."""
 
     outcome: Outcome
     message: str = ""
     memory_bytes: int = 0
     serialized: str | None = None
+    so_args: dict[str, Any] | None = None
+    param: str | None = None
 
 
 @dataclass(frozen=True)
@@ -136,7 +146,7 @@ def _worker_main(
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's to handle
-    from deepinfer_server.grammar._xgr import Vocab, clean_error, xgrammar
+    from deepinfer_server.grammar._xgr import Vocab, xgrammar
 
     xgr = xgrammar()
     vocab = Vocab.from_tokenizer_json(tokenizer_json, vocab_size)
@@ -148,32 +158,62 @@ def _worker_main(
     connection.send(os.getpid())
     while True:
         try:
-            schema_type, schema, serialize = connection.recv()
+            job = connection.recv()
         except (EOFError, OSError):
             return
-        try:
-            if schema_type == "json":
-                compiled = compiler.compile_json_schema(schema, strict_mode=True)
-            elif schema_type == "regex":
-                compiled = compiler.compile_regex(schema)
-            else:
-                compiled = compiler.compile_grammar(schema)
-            if not _admits_text(xgr, compiled):
-                outcome = CompileOutcome("invalid", NO_TEXT)
-            else:
-                text = compiled.serialize_json() if serialize else None
-                outcome = CompileOutcome("ok", "", int(compiled.memory_size_bytes), text)
-            del compiled
-        except MemoryError:
-            outcome = CompileOutcome("memory")
-        except Exception as exc:  # xgrammar reports a failed allocation as std::bad_alloc
-            memory = "bad_alloc" in str(exc)
-            outcome = CompileOutcome("memory" if memory else "invalid", clean_error(exc))
+        if job[0] == "constraint":
+            _, constraint, max_bytes = job
+            outcome = _build(xgr, compiler, vocab, constraint, max_bytes)
+        else:
+            _, schema_type, schema, serialize = job
+            outcome = _compile(xgr, compiler, schema_type, schema, serialize)
         grown = _status_kib("VmRSS") * 1024 - resident
         leave = outcome.outcome == "memory" or grown > limits.recycle_bytes
         connection.send((outcome, leave))
         if leave:
             return
+
+
+def _compile(
+    xgr: Any, compiler: Any, schema_type: str, schema: str, serialize: bool
+) -> CompileOutcome:
+    """(In a worker.) Compile one grammar: its CompileOutcome."""
+    try:
+        if schema_type == "json":
+            compiled = compiler.compile_json_schema(schema, strict_mode=True)
+        elif schema_type == "regex":
+            compiled = compiler.compile_regex(schema)
+        else:
+            compiled = compiler.compile_grammar(schema)
+        if not _admits_text(xgr, compiled):
+            return CompileOutcome("invalid", NO_TEXT)
+        text = compiled.serialize_json() if serialize else None
+        return CompileOutcome("ok", "", int(compiled.memory_size_bytes), text)
+    except MemoryError:
+        return CompileOutcome("memory")
+    except Exception as exc:  # xgrammar reports a failed allocation as std::bad_alloc
+        memory = "bad_alloc" in str(exc)
+        return CompileOutcome("memory" if memory else "invalid", clean_error(exc))
+
+
+def _build(
+    xgr: Any, compiler: Any, vocab: Any, constraint: Constraint, max_bytes: int
+) -> CompileOutcome:
+    """(In a worker.) Build a constraint's so_args (a JSON schema becomes grammar text for
+    some: xgrammar's work, with its time and memory, as a compile's), check them as DeepInfer
+    would and within `max_bytes`, and compile them: the CompileOutcome, with the so_args."""
+    try:
+        so_args = build_so_args(constraint, vocab)
+        check_so_args(so_args, constraint.param)
+        check_size(str(so_args["schema_type"]), so_args["schema"], max_bytes, constraint.param)
+    except GrammarError as exc:
+        return CompileOutcome("rejected", exc.message, param=exc.param)
+    except MemoryError:
+        return CompileOutcome("memory")
+    except Exception as exc:
+        return CompileOutcome("invalid", clean_error(exc))
+    outcome = _compile(xgr, compiler, so_args["schema_type"], so_args["schema"], False)
+    return dataclasses.replace(outcome, so_args=so_args)
 
 
 @dataclass
@@ -258,6 +298,14 @@ class CompileWorkers:
     ) -> CompileOutcome:
         """Compile on the next free worker: at most `timeout` seconds waiting for one (more
         while one starts: `busy` past it), then at most `timeout` seconds compiling."""
+        return self._run(("so_args", schema_type, schema, serialize), timeout)
+
+    def build(self, constraint: Constraint, max_bytes: int, timeout: float) -> CompileOutcome:
+        """Build a constraint's so_args and compile them on the next free worker, within the
+        same bounds as `compile` (the grammar text within `max_bytes`)."""
+        return self._run(("constraint", constraint, max_bytes), timeout)
+
+    def _run(self, job: tuple[Any, ...], timeout: float) -> CompileOutcome:
         self.start()  # a no-op once started
         with self._lock:
             starting = self._starting
@@ -269,7 +317,7 @@ class CompileWorkers:
         except queue.Empty:
             return CompileOutcome("busy", f"no grammar compile worker was free within {wait:g} s")
         try:
-            worker.connection.send((schema_type, schema, serialize))
+            worker.connection.send(job)
             if not worker.connection.poll(timeout):
                 self._replace(worker, kill=True)
                 return CompileOutcome("timeout")

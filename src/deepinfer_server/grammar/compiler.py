@@ -5,9 +5,12 @@ grammar's size, the compile time (half of DeepInfer's DEEPINFER_XGRAMMAR_TIMEOUT
 grammar that passes here compiles in time in the engine too), the compile's memory (an
 address-space limit per worker) and the compiled grammar's size (so that the engine's cache,
 bounded through `engine_env_defaults()`, holds several; CVE-2025-32381: xgrammar's cache grows
-without limit unless given one, and DeepInfer's default limit is 10 GiB). `check()` (the API
-process) keeps only digests of the grammars that passed; `compile()` (the simulated engine)
-keeps the compiled grammars in an LRU bounded in bytes by their own size estimate.
+without limit unless given one, and DeepInfer's default limit is 10 GiB). `so_args_for()` (the API
+process) has a worker build a request's so_args from its constraint and compile them, and keeps
+the so_args of the constraints that passed; `check()` keeps only digests of the grammars that
+passed; `compile()` (the simulated engine) keeps the compiled grammars in an LRU bounded in bytes
+by their own size estimate. Building so_args needs xgrammar too (a JSON schema becomes grammar
+text for some), so the API process never imports it: the workers' fork server does.
 """
 
 from __future__ import annotations
@@ -20,11 +23,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from deepinfer_server.grammar._xgr import Vocab, xgrammar
+from deepinfer_server.grammar._xgr import Vocab, VocabSource, xgrammar
 from deepinfer_server.grammar.compile_workers import CompileOutcome, CompileWorkers, WorkerLimits
 from deepinfer_server.grammar.constraint import Constraint
 from deepinfer_server.grammar.errors import CompileRefused, GrammarError
-from deepinfer_server.grammar.so_args import SCHEMA_TYPES, build_so_args
+from deepinfer_server.grammar.so_args import PASSED_THROUGH, check_size, check_so_args
 
 TIMEOUT_ENV = "DEEPINFER_XGRAMMAR_TIMEOUT"
 CACHE_LIMIT_ENV = "DEEPINFER_XGRAMMAR_CACHE_LIMIT_BYTES"
@@ -63,29 +66,17 @@ def compile_timeout_s() -> float:
         return float(DEEPINFER_DEFAULT_TIMEOUT_S)
 
 
-def check_so_args(so_args: Mapping[str, Any], param: str) -> None:
-    """The checks DeepInfer makes (synchronously or as a failed request), as a GrammarError."""
-    if "serialized" in so_args or "bound_token_ids" in so_args:
-        raise GrammarError("so_args may not hold 'serialized' or 'bound_token_ids'", param)
-    if so_args.get("schema_type") not in SCHEMA_TYPES:
-        raise GrammarError(f"schema_type must be one of {SCHEMA_TYPES}", param)
-    if not isinstance(so_args.get("schema"), str):
-        raise GrammarError("so_args needs a string 'schema'", param)
-    trigger = so_args.get("trigger_token_ids") or []
-    if not isinstance(trigger, list) or any(type(t) is not int or t < 0 for t in trigger):
-        raise GrammarError("trigger_token_ids must be a list of non-negative integers", param)
-    bound = so_args.get("bound_token_id")
-    if bound is not None and (type(bound) is not int or bound < 0 or not trigger):
-        raise GrammarError("bound_token_id must be a non-negative integer with a trigger", param)
-
-
 class GrammarCompiler:
     """Per-process compiler: `so_args_for(constraint)` -> validated so_args; `check()` and
-    `compile()` (an xgrammar CompiledGrammar) for so_args. Thread-safe; blocking."""
+    `compile()` (an xgrammar CompiledGrammar) for so_args. Thread-safe; blocking.
+
+    Over a `VocabSource` (the API process) it never loads xgrammar itself: the workers build
+    and check each constraint's so_args (`so_args_for`). Over a `Vocab` (a rank, a test) it also
+    compiles for a matcher (`compile`)."""
 
     def __init__(
         self,
-        vocab: Vocab,
+        vocab: Vocab | VocabSource,
         *,
         bounds: GrammarBounds | None = None,
         cache_bytes: int = 256 * 1024**2,
@@ -93,8 +84,8 @@ class GrammarCompiler:
         workers: int = 2,
         spare_workers: int = 0,
     ) -> None:
-        self._xgr = xgrammar()
-        self.vocab = vocab
+        self._vocab = vocab if isinstance(vocab, Vocab) else None
+        self._source = vocab.source if isinstance(vocab, Vocab) else vocab
         self.bounds = bounds or GrammarBounds()
         timeout = self.bounds.compile_timeout_s
         self.timeout_s = compile_timeout_s() / 2 if timeout is None else timeout
@@ -105,11 +96,21 @@ class GrammarCompiler:
         #: at the time bound is replaced at once while its successor starts.
         self.slots = workers
         count = workers + spare_workers
-        self._workers = CompileWorkers(vocab.tokenizer_json, vocab.requested_size, count, limits)
+        source = self._source
+        self._workers = CompileWorkers(source.tokenizer_json, source.vocab_size, count, limits)
         self._checked: OrderedDict[bytes, None] = OrderedDict()
+        #: The so_args of constraints that passed, by the constraint's digest.
+        self._built: OrderedDict[bytes, dict[str, Any]] = OrderedDict()
         self._compiled: OrderedDict[bytes, tuple[Any, int]] = OrderedDict()
         self._used = 0
         self._lock = threading.Lock()
+
+    @property
+    def vocab(self) -> Vocab:
+        """The vocabulary as xgrammar sees it (built, with xgrammar, on first use)."""
+        if self._vocab is None:
+            self._vocab = self._source.build()
+        return self._vocab
 
     @property
     def workers(self) -> CompileWorkers:
@@ -117,11 +118,31 @@ class GrammarCompiler:
         return self._workers
 
     def so_args_for(self, constraint: Constraint) -> dict[str, Any]:
-        """Build the so_args for a request's constraint and check that they compile within
-        the bounds (GrammarError, a 400, if not)."""
-        so_args = build_so_args(constraint, self.vocab)
-        self.check(so_args, constraint.param)
-        return so_args
+        """The so_args for a request's constraint, built and compiled once within the bounds
+        by a worker (GrammarError, a 400, if they do not compile); cached by the constraint."""
+        key = _constraint_key(constraint)
+        known = self._known_constraint(key)
+        if known is not None:
+            return known
+        param = constraint.param
+        schema_type = PASSED_THROUGH.get(constraint.kind or "")
+        if schema_type is not None and constraint.tools is None:  # refused without a worker
+            check_size(schema_type, constraint.spec, self.bounds.max_grammar_bytes, param)
+        outcome = self._workers.build(constraint, self.bounds.max_grammar_bytes, self.timeout_s)
+        if outcome.outcome == "rejected":  # as building them raised it, naming its field
+            raise GrammarError(outcome.message, outcome.param or param)
+        so_args = outcome.so_args
+        self._judge(outcome, str(so_args["schema_type"]) if so_args else constraint.kind, param)
+        assert so_args is not None
+        with self._lock:
+            self._built[key] = so_args
+            while len(self._built) > self._cache_entries:
+                self._built.popitem(last=False)
+        return dict(so_args)
+
+    def known_so_args(self, constraint: Constraint) -> dict[str, Any] | None:
+        """The so_args of a constraint that passed `so_args_for()` before, or None."""
+        return self._known_constraint(_constraint_key(constraint))
 
     def check(self, so_args: Mapping[str, Any], param: str = "response_format") -> None:
         """Raise GrammarError unless so_args compile, as DeepInfer would, within the bounds."""
@@ -136,13 +157,6 @@ class GrammarCompiler:
             while len(self._checked) > self._cache_entries:
                 self._checked.popitem(last=False)
 
-    def known(self, so_args: Mapping[str, Any], param: str = "response_format") -> bool:
-        """Whether so_args passed `check()` before (GrammarError if they are out of bounds
-        without compiling)."""
-        _, _, key = self._key(so_args, param)
-        with self._lock:
-            return key in self._checked
-
     def compile(self, so_args: Mapping[str, Any], param: str = "response_format") -> Any:
         """The CompiledGrammar for so_args (cached); GrammarError as `check()`."""
         schema_type, schema, key = self._key(so_args, param)
@@ -153,7 +167,8 @@ class GrammarCompiler:
                 return hit[0]
         outcome = self._run(schema_type, schema, param, serialize=True)
         assert outcome.serialized is not None
-        compiled = self._xgr.CompiledGrammar.deserialize_json(outcome.serialized, self.vocab.info)
+        xgr = xgrammar()
+        compiled = xgr.CompiledGrammar.deserialize_json(outcome.serialized, self.vocab.info)
         self._store(key, compiled, outcome.memory_bytes)
         return compiled
 
@@ -167,23 +182,32 @@ class GrammarCompiler:
         with self._lock:
             self._compiled.clear()
             self._checked.clear()
+            self._built.clear()
             self._used = 0
         self._workers.close()
+
+    def _known_constraint(self, key: bytes) -> dict[str, Any] | None:
+        with self._lock:
+            so_args = self._built.get(key)
+            if so_args is None:
+                return None
+            self._built.move_to_end(key)
+            return dict(so_args)
 
     def _key(self, so_args: Mapping[str, Any], param: str) -> tuple[str, str, bytes]:
         check_so_args(so_args, param)
         schema_type, schema = str(so_args["schema_type"]), str(so_args["schema"])
-        size = len(schema.encode())
-        limit = self.bounds.max_grammar_bytes
-        if size > limit:
-            raise GrammarError(
-                f"the {schema_type} grammar is {size} bytes; the limit is {limit}", param
-            )
+        check_size(schema_type, schema, self.bounds.max_grammar_bytes, param)
         digest = hashlib.sha256(f"{schema_type}\0{schema}".encode()).digest()
         return schema_type, schema, digest
 
     def _run(self, schema_type: str, schema: str, param: str, serialize: bool) -> CompileOutcome:
         outcome = self._workers.compile(schema_type, schema, self.timeout_s, serialize)
+        self._judge(outcome, schema_type, param)
+        return outcome
+
+    def _judge(self, outcome: CompileOutcome, schema_type: str | None, param: str) -> None:
+        """Raise what a failed compile (or one over the compiled-size bound) means."""
         if outcome.outcome == "ok":
             limit = self.bounds.max_compiled_bytes
             if outcome.memory_bytes > limit:
@@ -192,7 +216,7 @@ class GrammarCompiler:
                     f"the limit is {limit}",
                     param,
                 )
-            return outcome
+            return
         if outcome.outcome == "invalid":
             raise GrammarError(f"invalid {schema_type} grammar: {outcome.message}", param)
         if outcome.outcome == "memory":
@@ -222,3 +246,9 @@ class GrammarCompiler:
             while self._used > self._cache_bytes or len(self._compiled) > self._cache_entries:
                 _, (_, dropped) = self._compiled.popitem(last=False)
                 self._used -= dropped
+
+
+def _constraint_key(constraint: Constraint) -> bytes:
+    """A digest of everything the constraint holds (frozen dataclasses of text, numbers and
+    tuples: their repr is canonical)."""
+    return hashlib.sha256(repr(constraint).encode()).digest()

@@ -18,6 +18,7 @@ We never set "bound_token_id" (it would force the trigger right after a bound to
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
@@ -28,6 +29,9 @@ from deepinfer_server.grammar.ebnf import literal, prefixed
 from deepinfer_server.grammar.errors import GrammarError
 
 SCHEMA_TYPES = ("json", "regex", "ebnf")
+#: The schema type of the answer formats whose grammar text is the request's own, unchanged
+#: when no tool is constrained.
+PASSED_THROUGH = {"json_schema": "json", "json_object": "json", "regex": "regex", "ebnf": "ebnf"}
 
 
 @lru_cache(maxsize=8)
@@ -102,3 +106,27 @@ def build_so_args(constraint: Constraint, vocab: Vocab) -> dict[str, Any]:
     trigger, rest = dsml_trigger(vocab)
     head = f"{literal(rest)} " if rest else ""
     return _args("ebnf", f"root ::= {head}{body}\n{rules}\n", trigger)
+
+
+def check_so_args(so_args: Mapping[str, Any], param: str) -> None:
+    """The checks DeepInfer makes (synchronously or as a failed request), as a GrammarError."""
+    if "serialized" in so_args or "bound_token_ids" in so_args:
+        raise GrammarError("so_args may not hold 'serialized' or 'bound_token_ids'", param)
+    if so_args.get("schema_type") not in SCHEMA_TYPES:
+        raise GrammarError(f"schema_type must be one of {SCHEMA_TYPES}", param)
+    if not isinstance(so_args.get("schema"), str):
+        raise GrammarError("so_args needs a string 'schema'", param)
+    trigger = so_args.get("trigger_token_ids") or []
+    if not isinstance(trigger, list) or any(type(t) is not int or t < 0 for t in trigger):
+        raise GrammarError("trigger_token_ids must be a list of non-negative integers", param)
+    bound = so_args.get("bound_token_id")
+    if bound is not None and (type(bound) is not int or bound < 0 or not trigger):
+        raise GrammarError("bound_token_id must be a non-negative integer with a trigger", param)
+
+
+def check_size(schema_type: str, schema: str, limit: int, param: str) -> None:
+    """GrammarError unless the grammar text is at most `limit` bytes (UTF-8)."""
+    size = len(schema.encode())
+    if size > limit:
+        message = f"the {schema_type} grammar is {size} bytes; the limit is {limit}"
+        raise GrammarError(message, param)

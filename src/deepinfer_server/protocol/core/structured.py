@@ -36,8 +36,7 @@ from deepinfer_server.grammar import (
     GrammarCompiler,
     GrammarError,
     GrammarUnavailable,
-    Vocab,
-    build_so_args,
+    VocabSource,
     chat_constraint,
     messages_constraint,
     responses_constraint,
@@ -195,6 +194,11 @@ def is_forced_tool_call(constraint: Constraint | None) -> bool:
     )
 
 
+def xgrammar_installed() -> bool:
+    """Whether the grammar engine (the [grammar] extra) is installed; not imported here."""
+    return importlib.util.find_spec("xgrammar") is not None
+
+
 class StructuredOutputs:
     """The API process's grammar compiler, its compile workers and the fair queue before them."""
 
@@ -264,11 +268,10 @@ class StructuredOutputs:
                     self._warn_unconstrained()
                     return None
                 raise
-            so_args = await asyncio.to_thread(build_so_args, constraint, compiler.vocab)
-            param = constraint.param
-            if not compiler.known(so_args, param):
+            so_args = compiler.known_so_args(constraint)
+            if so_args is None:  # a worker builds and compiles them, in `key`'s turn
                 assert self._queue is not None
-                await self._queue.run(key, lambda: compiler.check(so_args, param))
+                so_args = await self._queue.run(key, lambda: compiler.so_args_for(constraint))
         trigger = so_args.get("trigger_token_ids")
         return StructuredOutput(
             schema_type=str(so_args["schema_type"]),
@@ -289,12 +292,14 @@ class StructuredOutputs:
         assert self._prepared is not None
         started = time.perf_counter()
         try:
-            if importlib.util.find_spec("xgrammar") is not None:
-                # The workers' fork server loads beside this process's vocabulary.
-                start_fork_server(self._tokenizer_json, self._vocab_size)
-            vocab = Vocab.from_tokenizer_json(self._tokenizer_json, self._vocab_size)
+            if not xgrammar_installed():
+                raise GrammarUnavailable()
+            # Only the workers' fork server imports xgrammar (and PyTorch): the workers build
+            # each request's so_args, so this process never holds either.
+            start_fork_server(self._tokenizer_json, self._vocab_size)
+            source = VocabSource(self._tokenizer_json, self._vocab_size)
             compiler = GrammarCompiler(
-                vocab, workers=self._workers, spare_workers=self._spare_workers
+                source, workers=self._workers, spare_workers=self._spare_workers
             )
         except GrammarUnavailable as exc:
             self._prepared.set_exception(exc)
