@@ -319,6 +319,25 @@ def test_a_role_that_is_not_a_string_is_a_400(role: Any) -> None:
     run(body)
 
 
+@pytest.mark.parametrize("calls", [True, False, 0.0, "call", {"id": "x"}])
+def test_assistant_tool_calls_that_are_not_an_array_are_a_400(calls: Any) -> None:
+    # Found by the fuzz lane: two assistant messages in a row are merged (their tool calls
+    # joined), which iterated `true` and answered 500.
+    async def body() -> None:
+        async with serve() as h:
+            turns = [
+                {"role": "assistant", "content": "a"},
+                {"role": "assistant", "tool_calls": calls},
+            ]
+            request = {**VALID[CHAT], "messages": [{"role": "user", "content": "hi"}, *turns]}
+            response = await h.client.post(CHAT, json=request)
+            assert response.status_code == 400, response.text
+            assert response.json()["error"]["param"] == "messages[2].tool_calls"
+            assert failures(h.metrics) == {"400": 1}
+
+    run(body)
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [("store", "a"), ("store", 1), ("background", 247), ("background", "true"), ("store", [])],

@@ -46,7 +46,7 @@ def merge_assistant_runs(messages: list[Any]) -> list[Any]:
     """The messages with each run of consecutive assistant messages merged into one.
 
     The messages must have passed `check_chat_fields`, which checks that each assistant
-    `reasoning_content` the merge joins is a string."""
+    `reasoning_content` the merge joins is a string and its `tool_calls` an array."""
     merged: list[Any] = []
     run: list[dict[str, Any]] = []
     for message in [*messages, None]:

@@ -166,6 +166,12 @@ def check_chat_fields(body: dict[str, Any]) -> None:
                 f"'messages[{index}].reasoning_content' must be a string",
                 param=f"messages[{index}].reasoning_content",
             )
+        calls = message.get("tool_calls")
+        if role == "assistant" and calls is not None and not isinstance(calls, list):
+            raise BadRequestError(
+                f"'messages[{index}].tool_calls' must be an array",
+                param=f"messages[{index}].tool_calls",
+            )
         reject_file_parts(message, index)
     for name in _NUMBERS:
         value = body.get(name)
