@@ -303,7 +303,8 @@ class Coordinator:
     async def wait_idle(self, timeout: float) -> bool:
         """Wait until no request is in flight, at most `timeout` seconds; True if idle."""
         try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self._idle.wait()
         except TimeoutError:
             return False
         return True

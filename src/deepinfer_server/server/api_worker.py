@@ -105,7 +105,8 @@ class ControlPeers:
         self._pending[token] = (replies, complete)
         self._control.send(SnapshotRequest(self.index, token, metrics))
         try:
-            await asyncio.wait_for(complete, SNAPSHOT_TIMEOUT)
+            async with asyncio.timeout(SNAPSHOT_TIMEOUT):
+                await complete
         except TimeoutError:
             logger.warning(
                 "metrics: %d of %d API server processes did not answer within %gs",

@@ -212,7 +212,8 @@ class Supervisor:
         while not all(done(w) for w in self._workers):
             self._changed.clear()
             try:
-                await asyncio.wait_for(self._changed.wait(), max(0.0, deadline - loop.time()))
+                async with asyncio.timeout_at(deadline):
+                    await self._changed.wait()
             except TimeoutError:
                 return False
         return True
