@@ -30,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -84,7 +85,7 @@ def _remove_shared_file() -> None:
             os.remove(path)
 
 
-Outcome = Literal["ok", "invalid", "rejected", "memory", "timeout", "died", "busy"]
+Outcome = Literal["ok", "invalid", "rejected", "error", "memory", "timeout", "died", "busy"]
 
 
 #: Why a grammar that allows no text at all is invalid.
@@ -100,7 +101,8 @@ class CompileOutcome:
     serialized form when asked), or why not (`invalid` with xgrammar's message, `memory`,
     `timeout`, `died`; `busy`: no worker was free in time, which is not the grammar's fault).
     For a constraint (`CompileWorkers.build`), the so_args built from it, or `rejected` with
-    the message and field of the GrammarError that building them raised."""
+    the message and field of the GrammarError that building them raised (`error`: building
+    them failed otherwise, the server's fault: the message is the traceback)."""
 
     outcome: Outcome
     message: str = ""
@@ -196,6 +198,11 @@ def _compile(
         return CompileOutcome("memory" if memory else "invalid", clean_error(exc))
 
 
+def _out_of_memory(exc: BaseException | None) -> bool:
+    """Whether `exc` is an allocation that failed (xgrammar reports it as std::bad_alloc)."""
+    return isinstance(exc, MemoryError) or (exc is not None and "bad_alloc" in str(exc))
+
+
 def _build(
     xgr: Any, compiler: Any, vocab: Any, constraint: Constraint, max_bytes: int
 ) -> CompileOutcome:
@@ -207,11 +214,13 @@ def _build(
         check_so_args(so_args, constraint.param)
         check_size(str(so_args["schema_type"]), so_args["schema"], max_bytes, constraint.param)
     except GrammarError as exc:
+        if _out_of_memory(exc.__cause__):  # xgrammar's schema conversion hit the bound
+            return CompileOutcome("memory")
         return CompileOutcome("rejected", exc.message, param=exc.param)
-    except MemoryError:
-        return CompileOutcome("memory")
     except Exception as exc:
-        return CompileOutcome("invalid", clean_error(exc))
+        if _out_of_memory(exc):
+            return CompileOutcome("memory")
+        return CompileOutcome("error", "".join(traceback.format_exception(exc)))
     outcome = _compile(xgr, compiler, so_args["schema_type"], so_args["schema"], False)
     return dataclasses.replace(outcome, so_args=so_args)
 

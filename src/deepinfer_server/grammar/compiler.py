@@ -124,21 +124,30 @@ class GrammarCompiler:
         known = self._known_constraint(key)
         if known is not None:
             return known
+        self.precheck(constraint)
         param = constraint.param
-        schema_type = PASSED_THROUGH.get(constraint.kind or "")
-        if schema_type is not None and constraint.tools is None:  # refused without a worker
-            check_size(schema_type, constraint.spec, self.bounds.max_grammar_bytes, param)
         outcome = self._workers.build(constraint, self.bounds.max_grammar_bytes, self.timeout_s)
         if outcome.outcome == "rejected":  # as building them raised it, naming its field
             raise GrammarError(outcome.message, outcome.param or param)
+        if outcome.outcome == "error":  # the server's fault, not the request's: a 500
+            raise RuntimeError(f"building so_args failed in a compile worker:\n{outcome.message}")
         so_args = outcome.so_args
-        self._judge(outcome, str(so_args["schema_type"]) if so_args else constraint.kind, param)
+        schema_type = str(so_args["schema_type"]) if so_args else _schema_type_of(constraint)
+        self._judge(outcome, schema_type, param)
         assert so_args is not None
         with self._lock:
             self._built[key] = so_args
             while len(self._built) > self._cache_entries:
                 self._built.popitem(last=False)
         return dict(so_args)
+
+    def precheck(self, constraint: Constraint) -> None:
+        """What can be refused without a worker: an answer format whose grammar is the
+        request's own text, over the size bound (GrammarError)."""
+        schema_type = PASSED_THROUGH.get(constraint.kind or "")
+        if schema_type is not None and constraint.tools is None:
+            limit = self.bounds.max_grammar_bytes
+            check_size(schema_type, constraint.spec, limit, constraint.param)
 
     def known_so_args(self, constraint: Constraint) -> dict[str, Any] | None:
         """The so_args of a constraint that passed `so_args_for()` before, or None."""
@@ -246,6 +255,14 @@ class GrammarCompiler:
             while self._used > self._cache_bytes or len(self._compiled) > self._cache_entries:
                 _, (_, dropped) = self._compiled.popitem(last=False)
                 self._used -= dropped
+
+
+def _schema_type_of(constraint: Constraint) -> str:
+    """The schema type of the so_args a constraint becomes (for messages about a build that
+    gave none back): the request's own type for a lone answer format, else EBNF."""
+    if constraint.tools is None and constraint.kind in PASSED_THROUGH:
+        return PASSED_THROUGH[constraint.kind]
+    return "ebnf"
 
 
 def _constraint_key(constraint: Constraint) -> bytes:

@@ -270,6 +270,7 @@ class StructuredOutputs:
                 raise
             so_args = compiler.known_so_args(constraint)
             if so_args is None:  # a worker builds and compiles them, in `key`'s turn
+                compiler.precheck(constraint)  # a 400 over the size bound needs no turn
                 assert self._queue is not None
                 so_args = await self._queue.run(key, lambda: compiler.so_args_for(constraint))
         trigger = so_args.get("trigger_token_ids")
