@@ -191,11 +191,10 @@ def _compile(
             return CompileOutcome("invalid", NO_TEXT)
         text = compiled.serialize_json() if serialize else None
         return CompileOutcome("ok", "", int(compiled.memory_size_bytes), text)
-    except MemoryError:
-        return CompileOutcome("memory")
-    except Exception as exc:  # xgrammar reports a failed allocation as std::bad_alloc
-        memory = "bad_alloc" in str(exc)
-        return CompileOutcome("memory" if memory else "invalid", clean_error(exc))
+    except Exception as exc:
+        if _out_of_memory(exc):
+            return CompileOutcome("memory")
+        return CompileOutcome("invalid", clean_error(exc))
 
 
 def _out_of_memory(exc: BaseException | None) -> bool:

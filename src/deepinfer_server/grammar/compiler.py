@@ -27,7 +27,7 @@ from deepinfer_server.grammar._xgr import Vocab, VocabSource, xgrammar
 from deepinfer_server.grammar.compile_workers import CompileOutcome, CompileWorkers, WorkerLimits
 from deepinfer_server.grammar.constraint import Constraint
 from deepinfer_server.grammar.errors import CompileRefused, GrammarError
-from deepinfer_server.grammar.so_args import PASSED_THROUGH, check_size, check_so_args
+from deepinfer_server.grammar.so_args import check_size, check_so_args, own_schema_type
 
 TIMEOUT_ENV = "DEEPINFER_XGRAMMAR_TIMEOUT"
 CACHE_LIMIT_ENV = "DEEPINFER_XGRAMMAR_CACHE_LIMIT_BYTES"
@@ -132,8 +132,9 @@ class GrammarCompiler:
         if outcome.outcome == "error":  # the server's fault, not the request's: a 500
             raise RuntimeError(f"building so_args failed in a compile worker:\n{outcome.message}")
         so_args = outcome.so_args
-        schema_type = str(so_args["schema_type"]) if so_args else _schema_type_of(constraint)
-        self._judge(outcome, schema_type, param)
+        # A build that gave no so_args back (killed, out of memory) names what they would be.
+        schema_type = str(so_args["schema_type"]) if so_args else own_schema_type(constraint)
+        self._judge(outcome, schema_type or "ebnf", param)
         assert so_args is not None
         with self._lock:
             self._built[key] = so_args
@@ -144,8 +145,8 @@ class GrammarCompiler:
     def precheck(self, constraint: Constraint) -> None:
         """What can be refused without a worker: an answer format whose grammar is the
         request's own text, over the size bound (GrammarError)."""
-        schema_type = PASSED_THROUGH.get(constraint.kind or "")
-        if schema_type is not None and constraint.tools is None:
+        schema_type = own_schema_type(constraint)
+        if schema_type is not None:
             limit = self.bounds.max_grammar_bytes
             check_size(schema_type, constraint.spec, limit, constraint.param)
 
@@ -215,7 +216,7 @@ class GrammarCompiler:
         self._judge(outcome, schema_type, param)
         return outcome
 
-    def _judge(self, outcome: CompileOutcome, schema_type: str | None, param: str) -> None:
+    def _judge(self, outcome: CompileOutcome, schema_type: str, param: str) -> None:
         """Raise what a failed compile (or one over the compiled-size bound) means."""
         if outcome.outcome == "ok":
             limit = self.bounds.max_compiled_bytes
@@ -255,14 +256,6 @@ class GrammarCompiler:
             while self._used > self._cache_bytes or len(self._compiled) > self._cache_entries:
                 _, (_, dropped) = self._compiled.popitem(last=False)
                 self._used -= dropped
-
-
-def _schema_type_of(constraint: Constraint) -> str:
-    """The schema type of the so_args a constraint becomes (for messages about a build that
-    gave none back): the request's own type for a lone answer format, else EBNF."""
-    if constraint.tools is None and constraint.kind in PASSED_THROUGH:
-        return PASSED_THROUGH[constraint.kind]
-    return "ebnf"
 
 
 def _constraint_key(constraint: Constraint) -> bytes:

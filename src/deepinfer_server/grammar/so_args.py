@@ -31,7 +31,13 @@ from deepinfer_server.grammar.errors import GrammarError
 SCHEMA_TYPES = ("json", "regex", "ebnf")
 #: The schema type of the answer formats whose grammar text is the request's own, unchanged
 #: when no tool is constrained.
-PASSED_THROUGH = {"json_schema": "json", "json_object": "json", "regex": "regex", "ebnf": "ebnf"}
+_PASSED_THROUGH = {"json_schema": "json", "json_object": "json", "regex": "regex", "ebnf": "ebnf"}
+
+
+def own_schema_type(constraint: Constraint) -> str | None:
+    """The schema type of a lone answer format whose so_args schema is the request's own text
+    (None with tools, or for a choice list: their grammar is built, in EBNF)."""
+    return _PASSED_THROUGH.get(constraint.kind or "") if constraint.tools is None else None
 
 
 @lru_cache(maxsize=8)
@@ -81,14 +87,11 @@ def _args(schema_type: str, schema: str, trigger: tuple[int, ...] | None) -> dic
 def build_so_args(constraint: Constraint, vocab: Vocab) -> dict[str, Any]:
     """The so_args DeepInfer reads for this constraint (raises GrammarError on bad input)."""
     think = vocab.think_end_ids if constraint.thinking else None
+    own = own_schema_type(constraint)
+    if own is not None:
+        return _args(own, constraint.spec, think)
     tools = constraint.tools
     if tools is None:
-        if constraint.kind in ("json_schema", "json_object"):
-            return _args("json", constraint.spec, think)
-        if constraint.kind == "regex":
-            return _args("regex", constraint.spec, think)
-        if constraint.kind == "ebnf":
-            return _args("ebnf", constraint.spec, think)
         root, rules = _answer_rules(constraint)
         return _args("ebnf", f"root ::= {root}\n{rules}\n", think)
     allowed = tools.allowed
