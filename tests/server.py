@@ -27,6 +27,14 @@ _probes = itertools.count()
 
 #: The start-up line's address: `serving <models> on 127.0.0.1:<port>`.
 _SERVING = re.compile(r"serving .* on 127\.0\.0\.1:(\d+)")
+_GRACEFUL_STOP_S = 15.0
+
+
+def _measured_by_coverage() -> bool:
+    """Whether the server's processes measure their coverage: coverage.py's
+    `patch = ["subprocess"]` (pyproject.toml) sets the variable in a measured test process, and
+    every Python process started from it then writes its data as it exits."""
+    return "COVERAGE_PROCESS_CONFIG" in os.environ
 
 
 def free_port() -> int:
@@ -284,6 +292,11 @@ class LiveServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if _measured_by_coverage():
+            # Coverage writes each process's data as it exits: a graceful stop first, so the
+            # server's processes count towards the coverage floor (a kill would lose it).
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.stop(signal.SIGTERM, timeout=_GRACEFUL_STOP_S)
         self.kill_tree()
 
     def kill_tree(self) -> None:
