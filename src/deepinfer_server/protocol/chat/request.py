@@ -19,6 +19,7 @@ from deepinfer_server.protocol.core.sampling import SAMPLING, Api, reject_logit_
 from deepinfer_server.protocol.core.structured import (
     CHAT_CONSTRAINT,
     convert_honouring_tool_choice,
+    in_thinking_mode,
     read_constraint,
 )
 from deepinfer_server.protocol.core.thinking_budget import merge_budgets
@@ -73,18 +74,20 @@ def read_stream_options(body: dict[str, Any]) -> StreamOptions:
     )
 
 
-def convert_chat(body: dict[str, Any], recipe: RecipeContext) -> ConversationRequest:
+def convert_chat(
+    body: dict[str, Any], recipe: RecipeContext
+) -> tuple[ConversationRequest, Constraint | None]:
     """A checked Chat Completions body converted by deepseek-recipe: the conversation whose
-    prompt the engine gets (`/tokenize` with `messages` renders the same one)."""
+    prompt the engine gets (`/tokenize` with `messages` renders the same one), and what the
+    request constrains."""
     effort = read_effort(body.get("reasoning_effort"), "reasoning_effort")
-    read_constraint(CHAT_CONSTRAINT, body, thinking=False)
+    constraint = read_constraint(CHAT_CONSTRAINT, body)
     converted = convert_honouring_tool_choice(
         lambda b: ChatCompletionRequest(b).convert(recipe.options), body, "auto", "response_format"
     )
-    check_effort_agrees(
-        effort, converted.conversation.thinking_mode, "reasoning_effort", _ENABLE_THINKING
-    )
-    return converted
+    thinking = converted.conversation.thinking_mode
+    check_effort_agrees(effort, thinking, "reasoning_effort", _ENABLE_THINKING)
+    return converted, in_thinking_mode(constraint, thinking)
 
 
 def prepare_chat(body: dict[str, Any], recipe: RecipeContext) -> PreparedChat | list[PreparedChat]:
@@ -109,8 +112,7 @@ def prepare_chat(body: dict[str, Any], recipe: RecipeContext) -> PreparedChat | 
         # The OpenAI client's current name wins over the deprecated max_tokens, as in vLLM.
         body["max_tokens"] = max_completion_tokens
     check_model(body, recipe.served_model_names)
-    converted = convert_chat(body, recipe)
-    constraint = read_constraint(CHAT_CONSTRAINT, body, converted.conversation.thinking_mode)
+    converted, constraint = convert_chat(body, recipe)
     engine = engine_input(converted, recipe, ignore_eos, protocol=_SAMPLING, sampling=sampling)
     prepared = PreparedChat(
         converted,

@@ -7,7 +7,7 @@ translated into the server's ApiError tree here (`recipe_errors`), never above.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -193,14 +193,30 @@ def _conversion_error(exc: ConversionError) -> ApiError:
     return BadRequestError(message, param=param, kind=kind, code=code)
 
 
-@contextlib.contextmanager
-def recipe_errors() -> Iterator[None]:
-    """Translate deepseek-recipe's request exceptions into the server's ApiErrors."""
-    try:
-        yield
-    except ConversionError as exc:
-        raise _conversion_error(exc) from exc
-    except ValueError as exc:
-        raise BadRequestError(str(exc)) from exc
-    except RecursionError as exc:
-        raise BadRequestError("the request is nested too deeply") from exc
+class _RecipeErrors:
+    """Translates deepseek-recipe's request exceptions into the server's ApiErrors.
+
+    A class rather than a generator-based context manager: it is entered several times per
+    request, and this costs a fifth as much."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: BaseException | None, trace: object) -> None:
+        if isinstance(exc, ConversionError):
+            raise _conversion_error(exc) from exc
+        if isinstance(exc, ValueError):
+            raise BadRequestError(str(exc)) from exc
+        if isinstance(exc, RecursionError):
+            raise BadRequestError("the request is nested too deeply") from exc
+
+
+_RECIPE_ERRORS = _RecipeErrors()
+
+
+def recipe_errors() -> _RecipeErrors:
+    """A context that translates deepseek-recipe's request exceptions into the server's
+    ApiErrors."""
+    return _RECIPE_ERRORS

@@ -18,6 +18,7 @@ from deepinfer_server.protocol.core.sampling import SAMPLING, Api
 from deepinfer_server.protocol.core.structured import (
     MESSAGES_CONSTRAINT,
     convert_honouring_tool_choice,
+    in_thinking_mode,
     read_constraint,
 )
 from deepinfer_server.protocol.core.thinking_budget import merge_budgets
@@ -53,8 +54,9 @@ class PreparedMessages:
 
 def _convert(
     body: dict[str, Any], recipe: RecipeContext
-) -> tuple[ConversationRequest, dict[str, Any]]:
-    """The converted request, and the sampling fields the server checks."""
+) -> tuple[ConversationRequest, dict[str, Any], Constraint | None]:
+    """The converted request, the sampling fields the server checks, and what the request
+    constrains."""
     if body.get("max_tokens") is None:  # Anthropic's API requires it; the recipe would not
         raise BadRequestError("max_tokens: Field required", param="max_tokens")
     check_model(body, recipe.served_model_names)
@@ -63,22 +65,22 @@ def _convert(
     sampling = _SAMPLING.read(body)
     merge_budgets(sampling, body)
     effort = read_messages_effort(body)
-    read_constraint(MESSAGES_CONSTRAINT, body, thinking=False)
+    constraint = read_constraint(MESSAGES_CONSTRAINT, body)
     converted = convert_honouring_tool_choice(
         lambda b: MessagesRequest(b).convert(recipe.options),
         with_explicit_thinking(normalize_messages_body(body)),
         {"type": "auto"},
         "output_config.format",
     )
-    check_messages_effort(effort, converted.conversation.thinking_mode)
-    return converted, sampling
+    thinking = converted.conversation.thinking_mode
+    check_messages_effort(effort, thinking)
+    return converted, sampling, in_thinking_mode(constraint, thinking)
 
 
 def prepare_messages(body: dict[str, Any], recipe: RecipeContext) -> PreparedMessages:
     """Turn a decoded Messages body into prompt token IDs and sampling options."""
     cache_salt = read_cache_salt(body)
-    converted, sampling = _convert(body, recipe)
-    constraint = read_constraint(MESSAGES_CONSTRAINT, body, converted.conversation.thinking_mode)
+    converted, sampling, constraint = _convert(body, recipe)
     engine = engine_input(
         converted,
         recipe,
@@ -105,6 +107,6 @@ def count_message_tokens(body: dict[str, Any], recipe: RecipeContext) -> int:
     `cache_salt` is checked as `/v1/messages` checks it (a salt changes no count).
     """
     read_cache_salt(body)
-    converted, _ = _convert({**body, "max_tokens": 1, "stream": False}, recipe)
+    converted, _, _ = _convert({**body, "max_tokens": 1, "stream": False}, recipe)
     with recipe_errors():
         return len(recipe.encode(converted.conversation))

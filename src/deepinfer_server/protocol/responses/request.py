@@ -18,6 +18,7 @@ from deepinfer_server.protocol.core.sampling import SAMPLING, Api
 from deepinfer_server.protocol.core.structured import (
     RESPONSES_CONSTRAINT,
     convert_honouring_tool_choice,
+    in_thinking_mode,
     read_constraint,
 )
 from deepinfer_server.protocol.core.validation import check_model, optional_bool, read_cache_salt
@@ -134,7 +135,7 @@ def prepare_responses(body: dict[str, Any], recipe: RecipeContext) -> PreparedRe
     effort = read_effort(
         reasoning.get("effort") if isinstance(reasoning, dict) else None, "reasoning.effort"
     )
-    read_constraint(RESPONSES_CONSTRAINT, body, thinking=False)
+    constraint = read_constraint(RESPONSES_CONSTRAINT, body)
     body, conversation = restore_reasoning(body, recipe.reasoning_seal)
 
     def convert(
@@ -152,7 +153,7 @@ def prepare_responses(body: dict[str, Any], recipe: RecipeContext) -> PreparedRe
     )
     thinking_mode = converted.conversation.thinking_mode
     check_effort_agrees(effort, thinking_mode, "reasoning.effort", "enable thinking")
-    constraint = read_constraint(RESPONSES_CONSTRAINT, body, thinking_mode)
+    constraint = in_thinking_mode(constraint, thinking_mode)
     engine = engine_input(
         converted,
         recipe,

@@ -121,7 +121,7 @@ def _chat_tokens(body: dict[str, Any], recipe: RecipeContext) -> list[int]:
             )
         # DeepSeek's own spelling of the same: the last assistant message is continued.
         chat["messages"][-1] = {**last, "prefix": True}
-    converted = convert_chat(chat, recipe)
+    converted, _ = convert_chat(chat, recipe)
     if image_sources(converted):
         raise BadRequestError(
             "images are not supported by /tokenize: their token count depends on the decoded "
