@@ -13,6 +13,7 @@ timeouts happen without waiting for them; pulls run in real threads of their own
 from __future__ import annotations
 
 import itertools
+import socket
 import time
 import types
 from collections.abc import Iterator
@@ -29,7 +30,7 @@ from deepinfer_server.engines.simulated.engine import LLMEngine
 from deepinfer_server.ipc.kv_transfer import KVTransferParams
 from deepinfer_server.ipc.messages import Finish, RequestDelta
 
-from .test_simulated_disaggregation import _free_port, add, make
+from .test_simulated_disaggregation import add, make
 
 pytest.importorskip("mooncake.engine", reason="needs the disaggregation extra")
 pytestmark = pytest.mark.disaggregation
@@ -91,6 +92,22 @@ class Request:
     decode_tokens: int = 0
 
 
+def _free_port_pair() -> int:
+    """A port that is free on every address, as is the next one (a rank listens on each):
+    a free port alone left the next one to chance, and an outgoing connection of a server
+    started beside this test once held it."""
+    for _ in range(100):
+        with socket.socket() as first, socket.socket() as second:
+            first.bind(("0.0.0.0", 0))
+            port = int(first.getsockname()[1])
+            try:
+                second.bind(("0.0.0.0", port + 1))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("no two consecutive free ports")
+
+
 class Cluster:
     """Two PROMPT ranks sharing a bootstrap port and two COMPLETION engines."""
 
@@ -100,7 +117,7 @@ class Cluster:
             disaggregation, "time", types.SimpleNamespace(monotonic=self.clock.monotonic)
         )
         self._patch.start()
-        self._bootstrap_port = _free_port()  # rank 1 listens on the next port
+        self._bootstrap_port = _free_port_pair()  # rank 1 listens on the next port
         self._ids = itertools.count()
         self.prefills = [self._prefill(rank) for rank in range(2)]
         self.decodes = [
