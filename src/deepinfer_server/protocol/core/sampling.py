@@ -1,11 +1,14 @@
-"""The sampling fields of every protocol, declared once.
+"""The sampling fields of every protocol's body, declared once, as typed msgspec Structs.
 
-Each `SamplingField` says which protocols take the field, its bounds, who checks it and which
-`SamplingOptions` field it fills. From the declaration come, per protocol (`SAMPLING`), the
-server's checks and their 400s (`ProtocolSampling.read`), the one mapping to the engine's
-options (`ProtocolSampling.options`), and the OpenAPI schemas (`openapi/fields.py`). A new
-sampling field is one entry in `SAMPLING_FIELDS` (plus the engine's side of its
-`SamplingOptions` field).
+Each protocol's sampling fields are one Struct (`BODIES`): a field is its name, its JSON type and
+bounds (`msgspec.Meta`) and how it reaches the engine (`Engine`: the `SamplingOptions` field it
+fills, and who checks it). From those declarations come, per protocol (`SAMPLING`), the body's
+validation and its 400s (`ProtocolSampling.read`: msgspec converts the body; a field it refuses
+gets the field's own message), the one mapping to the engine's options
+(`ProtocolSampling.options`), and the OpenAPI schemas (`openapi/fields.py`). A new sampling field
+is one Struct field (plus the engine's side of its `SamplingOptions` field);
+`tests/unit/protocol/test_sampling_fields.py` fails when it reaches neither the engine nor the
+OpenAPI document.
 
 DeepInfer 0.1.0's SamplingParams has temperature, top_p and top_k and nothing else that shapes
 the distribution: penalties, `min_p`, `min_tokens` and `logit_bias` are accepted only at their
@@ -16,12 +19,15 @@ parameter.
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
+import msgspec
 from deepseek_recipe import InferenceOptions
+from msgspec import Meta
 
 from deepinfer_server.errors import BadRequestError, ErrorKind
 from deepinfer_server.ipc.messages import SamplingOptions
@@ -48,15 +54,9 @@ def _same(value: float) -> float:
 
 
 @dataclass(frozen=True, slots=True)
-class SamplingField:
-    """One sampling field of the request bodies."""
+class Engine:
+    """How a declared sampling field reaches the engine (the marker in its annotation)."""
 
-    name: str
-    #: `int` or `float`: what JSON value the field takes (a boolean is neither).
-    kind: type[int] | type[float]
-    minimum: float
-    maximum: float
-    apis: frozenset[Api]
     #: The `SamplingOptions` field it fills; None for a field accepted only at `neutral`.
     option: str | None = None
     #: The one value a field the engine cannot apply is accepted at (it leaves sampling as is).
@@ -68,6 +68,117 @@ class SamplingField:
     range_message: str = ""
     #: The engine's value for a checked request value.
     to_engine: Callable[[Any], Any] = _same
+
+
+def _unsupported(value: float, lacks: str) -> Meta:
+    return Meta(
+        ge=value, le=value, description=f"Accepted only as {value:g}: the engine has no {lacks}"
+    )
+
+
+_NEUTRAL_ZERO = Engine(neutral=0.0)
+
+# The declarations. A field's JSON type is its annotation's (an int field takes no float, and no
+# field takes a bool); `Meta` bounds it and describes it; `Engine` maps it.
+PresencePenalty = Annotated[float, _unsupported(0.0, "penalties"), _NEUTRAL_ZERO]
+FrequencyPenalty = Annotated[float, _unsupported(0.0, "penalties"), _NEUTRAL_ZERO]
+RepetitionPenalty = Annotated[float, _unsupported(1.0, "penalties"), Engine(neutral=1.0)]
+MinP = Annotated[float, _unsupported(0.0, "min_p"), _NEUTRAL_ZERO]
+# DeepInfer can keep EOS off the first generated token only (`first_n_token_no_eos`), not off
+# the first n, and never stop strings: vLLM's min_tokens is refused beyond 0.
+MinTokens = Annotated[int, _unsupported(0, "minimum length (vLLM's min_tokens)"), Engine(neutral=0)]
+Temperature = Annotated[float, Meta(ge=0, le=2), Engine("temperature", recipe_checked=CONVERTED)]
+# deepseek-recipe's range is (0, 1] in 32-bit floats (a 64-bit denormal rounds to 0).
+TopP = Annotated[float, Meta(ge=1e-9, le=1), Engine("top_p", recipe_checked=CONVERTED)]
+TopK = Annotated[
+    int,
+    Meta(ge=-1, le=INT32_MAX, description="-1 or 0 disable it (vLLM's extension)"),
+    Engine(
+        "top_k",
+        range_message=f"'top_k' must be -1 or 0 (disabled) or between 1 and {INT32_MAX}",
+        # DeepInfer's off is -1 only; vLLM's clients also send 0.
+        to_engine=lambda value: -1 if value == 0 else value,
+    ),
+]
+# vLLM's hard reasoning budget (Responses: this server's extension, same name).
+ThinkingTokenBudget = Annotated[
+    int,
+    Meta(
+        ge=0,
+        le=INT32_MAX,
+        description="vLLM's extension: the most reasoning tokens; then `</think>` is forced "
+        "and the answer follows",
+    ),
+    Engine(
+        "thinking_budget",
+        range_message=f"'thinking_token_budget' must be between 0 and {INT32_MAX}",
+    ),
+]
+# deepseek-recipe's range; DeepInfer takes any uint64.
+Seed = Annotated[
+    int,
+    Meta(ge=0, le=SEED_MAX),
+    Engine(
+        "seed",
+        recipe_checked=frozenset({Api.CHAT}),
+        range_message=f"'seed' must be between 0 and {SEED_MAX}",
+    ),
+]
+
+
+class SamplingBody(msgspec.Struct, kw_only=True, frozen=True):
+    """The sampling fields of every protocol's body (null is absent)."""
+
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+
+
+class ResponsesSampling(SamplingBody, kw_only=True, frozen=True):
+    """The Responses API's sampling fields."""
+
+    thinking_token_budget: ThinkingTokenBudget | None = None
+
+
+class MessagesSampling(SamplingBody, kw_only=True, frozen=True):
+    """Anthropic's Messages API's sampling fields."""
+
+    top_k: TopK | None = None
+
+
+class OpenAISampling(SamplingBody, kw_only=True, frozen=True):
+    """Chat Completions' and Completions' sampling fields (OpenAI's and vLLM's)."""
+
+    presence_penalty: PresencePenalty | None = None
+    frequency_penalty: FrequencyPenalty | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+    min_p: MinP | None = None
+    min_tokens: MinTokens | None = None
+    top_k: TopK | None = None
+    thinking_token_budget: ThinkingTokenBudget | None = None
+    seed: Seed | None = None
+
+
+#: Each protocol's sampling fields.
+BODIES: dict[Api, type[SamplingBody]] = {
+    Api.CHAT: OpenAISampling,
+    Api.COMPLETIONS: OpenAISampling,
+    Api.MESSAGES: MessagesSampling,
+    Api.RESPONSES: ResponsesSampling,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingField:
+    """One declared sampling field, as its Struct annotation declares it."""
+
+    name: str
+    #: `int` or `float`: what JSON value the field takes (a boolean is neither).
+    kind: type[int] | type[float]
+    minimum: float
+    maximum: float
+    engine: Engine
+    #: The protocols whose body takes it.
+    apis: frozenset[Api]
     #: The OpenAPI description.
     description: str = ""
     #: The JSON value types it takes (an exact int, or any number); a bool is never one.
@@ -76,6 +187,25 @@ class SamplingField:
     def __post_init__(self) -> None:
         exact_int = self.kind is int and self.neutral is None
         object.__setattr__(self, "_types", int if exact_int else (int, float))
+
+    @property
+    def option(self) -> str | None:
+        """The `SamplingOptions` field it fills (None: accepted only at `neutral`)."""
+        return self.engine.option
+
+    @property
+    def neutral(self) -> float | None:
+        """The one value it is accepted at, when the engine cannot apply it."""
+        return self.engine.neutral
+
+    @property
+    def recipe_checked(self) -> frozenset[Api]:
+        """The protocols where deepseek-recipe checks it."""
+        return self.engine.recipe_checked
+
+    def to_engine(self, value: Any) -> Any:
+        """The engine's value for a checked request value."""
+        return self.engine.to_engine(value)
 
     def check(self, raw: object) -> Any:
         """The engine's value for a present request value, or a 400 naming the field."""
@@ -92,10 +222,12 @@ class SamplingField:
                 )
             return value
         if not self.minimum <= value <= self.maximum:
-            raise BadRequestError(self.range_message or self._type_message(), param=self.name)
+            raise BadRequestError(
+                self.engine.range_message or self._type_message(), param=self.name
+            )
         if self.kind is float:
             value = float(value)
-        return value if self.to_engine is _same else self.to_engine(value)
+        return self.to_engine(value)
 
     def _type_message(self) -> str:
         if self.neutral is not None:
@@ -105,101 +237,73 @@ class SamplingField:
         return f"'{self.name}' must be a number between {self.minimum:g} and {self.maximum:g}"
 
 
-_OPENAI = frozenset({Api.CHAT, Api.COMPLETIONS})
-
-
-def _neutral(name: str, value: float, kind: type[int] | type[float], lacks: str) -> SamplingField:
-    return SamplingField(
-        name,
-        kind,
-        value,
-        value,
-        _OPENAI,
-        neutral=value,
-        description=f"Accepted only as {value:g}: the engine has no {lacks}",
+def _declared(name: str, annotation: Any, apis: frozenset[Api]) -> SamplingField:
+    """A Struct field's declaration: `Annotated[int | float, Meta(...), Engine(...)] | None`."""
+    declared = next(
+        (arg for arg in typing.get_args(annotation) if typing.get_origin(arg) is Annotated),
+        None,
     )
+    if declared is None:
+        raise TypeError(f"sampling field {name!r} must be Annotated[..., Meta, Engine] | None")
+    kind, *marks = typing.get_args(declared)
+    meta = next((mark for mark in marks if isinstance(mark, Meta)), None)
+    engine = next((mark for mark in marks if isinstance(mark, Engine)), None)
+    if kind not in (int, float) or meta is None or engine is None:
+        raise TypeError(f"sampling field {name!r} needs an int or float with a Meta and an Engine")
+    if meta.ge is None or meta.le is None:
+        raise TypeError(f"sampling field {name!r} needs both bounds (ge and le)")
+    return SamplingField(name, kind, meta.ge, meta.le, engine, apis, meta.description or "")
 
 
-#: Every sampling field, in the order the server checks them.
-SAMPLING_FIELDS: tuple[SamplingField, ...] = (
-    _neutral("presence_penalty", 0.0, float, "penalties"),
-    _neutral("frequency_penalty", 0.0, float, "penalties"),
-    _neutral("repetition_penalty", 1.0, float, "penalties"),
-    _neutral("min_p", 0.0, float, "min_p"),
-    # DeepInfer can keep EOS off the first generated token only (`first_n_token_no_eos`), not
-    # off the first n, and never stop strings: vLLM's min_tokens is refused beyond 0.
-    _neutral("min_tokens", 0, int, "minimum length (vLLM's min_tokens)"),
-    SamplingField(
-        "temperature",
-        float,
-        0,
-        2,
-        frozenset(Api),
-        option="temperature",
-        recipe_checked=CONVERTED,
-    ),
-    SamplingField(
-        # deepseek-recipe's range is (0, 1] in 32-bit floats (a 64-bit denormal rounds to 0).
-        "top_p",
-        float,
-        1e-9,
-        1,
-        frozenset(Api),
-        option="top_p",
-        recipe_checked=CONVERTED,
-    ),
-    SamplingField(
-        "top_k",
-        int,
-        -1,
-        INT32_MAX,
-        frozenset({Api.CHAT, Api.COMPLETIONS, Api.MESSAGES}),
-        option="top_k",
-        range_message=f"'top_k' must be -1 or 0 (disabled) or between 1 and {INT32_MAX}",
-        # DeepInfer's off is -1 only; vLLM's clients also send 0.
-        to_engine=lambda value: -1 if value == 0 else value,
-        description="-1 or 0 disable it (vLLM's extension)",
-    ),
-    SamplingField(
-        # vLLM's hard reasoning budget (Responses: this server's extension, same name).
-        "thinking_token_budget",
-        int,
-        0,
-        INT32_MAX,
-        frozenset({Api.CHAT, Api.COMPLETIONS, Api.RESPONSES}),
-        option="thinking_budget",
-        range_message=f"'thinking_token_budget' must be between 0 and {INT32_MAX}",
-        description="vLLM's extension: the most reasoning tokens; then `</think>` is forced "
-        "and the answer follows",
-    ),
-    SamplingField(
-        # deepseek-recipe's range; DeepInfer takes any uint64.
-        "seed",
-        int,
-        0,
-        SEED_MAX,
-        _OPENAI,
-        option="seed",
-        recipe_checked=frozenset({Api.CHAT}),
-        range_message=f"'seed' must be between 0 and {SEED_MAX}",
-    ),
+def sampling_fields_of(
+    body: type[msgspec.Struct], apis_of: Mapping[str, frozenset[Api]]
+) -> tuple[SamplingField, ...]:
+    """The declarations of `body`'s fields, in order (the order the server checks them);
+    `apis_of` names the protocols that take each. A TypeError for a field declared without
+    its bounds or its engine mapping."""
+    hints = typing.get_type_hints(body, include_extras=True)
+    return tuple(_declared(name, hints[name], apis_of[name]) for name in body.__struct_fields__)
+
+
+def _fields() -> dict[Api, tuple[SamplingField, ...]]:
+    """Each protocol's declared fields (a field shared by several is one declaration)."""
+    apis_of: dict[str, set[Api]] = {}
+    for api, body in BODIES.items():
+        for name in body.__struct_fields__:
+            apis_of.setdefault(name, set()).add(api)
+    frozen = {name: frozenset(apis) for name, apis in apis_of.items()}
+    declared = {
+        field.name: field
+        for body in dict.fromkeys(BODIES.values())
+        for field in sampling_fields_of(body, frozen)
+    }
+    return {
+        api: tuple(declared[name] for name in body.__struct_fields__)
+        for api, body in BODIES.items()
+    }
+
+
+_BY_API = _fields()
+#: Every declared sampling field, once each.
+SAMPLING_FIELDS: tuple[SamplingField, ...] = tuple(
+    {field.name: field for fields in _BY_API.values() for field in fields}.values()
 )
 
 
 class ProtocolSampling:
     """One protocol's sampling fields: the server's checks of its body, and its engine options."""
 
-    __slots__ = ("_checked", "_from_recipe", "api", "fields")
+    __slots__ = ("_checked", "_from_recipe", "api", "body", "fields")
 
     def __init__(self, api: Api) -> None:
         self.api = api
+        #: The Struct that declares `api`'s sampling fields.
+        self.body = BODIES[api]
         #: The fields `api`'s body takes, in declaration order.
-        self.fields = tuple(field for field in SAMPLING_FIELDS if api in field.apis)
+        self.fields = _BY_API[api]
         # The fields the server checks itself (deepseek-recipe checks the others), and the
         # SamplingOptions fields deepseek-recipe's InferenceOptions fills.
-        self._checked = tuple(
-            (field.name, field) for field in self.fields if api not in field.recipe_checked
-        )
+        self._checked = tuple(field for field in self.fields if api not in field.recipe_checked)
         self._from_recipe = tuple(
             field.option
             for field in self.fields
@@ -207,11 +311,25 @@ class ProtocolSampling:
         )
 
     def read(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """Check the fields the server checks: the engine's values of the present ones, by
-        `SamplingOptions` field name (a 400 naming the field otherwise)."""
+        """The engine's values of the present fields the server checks, by `SamplingOptions`
+        field name; a 400 naming the first field (in declaration order) its Struct refuses."""
+        try:
+            typed = msgspec.convert(body, self.body)
+        except msgspec.ValidationError:
+            # Each field's own message; none when only a field deepseek-recipe checks was
+            # refused (the recipe's 400 names it).
+            return self._read_each(body)
         values: dict[str, Any] = {}
-        for name, field in self._checked:
-            value = body.get(name)
+        for field in self._checked:
+            value = getattr(typed, field.name)
+            if value is not None and field.option is not None:
+                values[field.option] = field.to_engine(value)
+        return values
+
+    def _read_each(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        values: dict[str, Any] = {}
+        for field in self._checked:
+            value = body.get(field.name)
             if value is not None:
                 checked = field.check(value)
                 if field.option is not None:
