@@ -62,7 +62,7 @@ def main() -> None:
     print(f"TokenizerInfo build: {time.perf_counter() - started:.2f} s (vocab {vocab.vocab_size})")
     compiler = GrammarCompiler(vocab)
     for name, (body, echo) in CASES.items():
-        constraint = chat_constraint(body, thinking=False)
+        constraint = chat_constraint(body)
         assert constraint is not None
         so_args = compiler.so_args_for(constraint)  # includes the first compile
         started = time.perf_counter()

@@ -13,6 +13,7 @@ from deepinfer_server.grammar.constraint import (
     ToolConstraint,
     ToolSpec,
     chat_constraint,
+    in_thinking_mode,
     messages_constraint,
     responses_constraint,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "build_so_args",
     "chat_constraint",
     "engine_env_defaults",
+    "in_thinking_mode",
     "messages_constraint",
     "responses_constraint",
 ]

@@ -1,12 +1,13 @@
 """What a request asks to constrain, read from raw request bodies of every protocol.
 
-The readers take the decoded JSON body (a dict) and whether thinking mode is on (the recipe's
-converted conversation knows), and return a `Constraint` or None. Bad options raise
-GrammarError naming the request field.
+The readers take the decoded JSON body (a dict) and return a `Constraint` or None, not yet in
+thinking mode: only the recipe's converted conversation knows the mode, which
+`in_thinking_mode` sets. Bad options raise GrammarError naming the request field.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -73,8 +74,16 @@ class Constraint:
     kind: Kind | None
     spec: str
     tools: ToolConstraint | None
-    thinking: bool
     param: str = "response_format"
+    #: Whether the answer follows the request's reasoning (`in_thinking_mode`).
+    thinking: bool = False
+
+
+def in_thinking_mode(constraint: Constraint | None, thinking: bool) -> Constraint | None:
+    """The constraint for a request converted in thinking mode (`thinking`) or not."""
+    if constraint is None or constraint.thinking == thinking:
+        return constraint
+    return dataclasses.replace(constraint, thinking=thinking)
 
 
 def _schema_text(value: Any, param: str) -> str:
@@ -202,14 +211,14 @@ def _tool_constraint(
 
 
 def _combine(
-    fmt: tuple[Kind, str] | None, param: str, tools: ToolConstraint | None, thinking: bool
+    fmt: tuple[Kind, str] | None, param: str, tools: ToolConstraint | None
 ) -> Constraint | None:
     if fmt is None and tools is None:
         return None
     if fmt is None or (tools is not None and tools.mode in ("required", "named")):
         # A forced tool call is the whole answer; an answer format applies to text answers.
-        return Constraint(None, "", tools, thinking, "tool_choice")
-    return Constraint(fmt[0], fmt[1], tools, thinking, param)
+        return Constraint(None, "", tools, "tool_choice")
+    return Constraint(fmt[0], fmt[1], tools, param)
 
 
 def _openai_choice(choice: Any, flat: bool) -> tuple[str, str | None]:
@@ -227,7 +236,7 @@ def _openai_choice(choice: Any, flat: bool) -> tuple[str, str | None]:
     raise GrammarError(f"unsupported tool_choice {choice!r}", "tool_choice")
 
 
-def chat_constraint(body: Mapping[str, Any], thinking: bool) -> Constraint | None:
+def chat_constraint(body: Mapping[str, Any]) -> Constraint | None:
     """Chat Completions: response_format, vLLM structured_outputs/guided_*, tool_choice, strict
     tools."""
     fmt = _answer_format(body.get("response_format"), "response_format", "json_schema")
@@ -242,10 +251,10 @@ def chat_constraint(body: Mapping[str, Any], thinking: bool) -> Constraint | Non
     tools = _tool_constraint(
         _chat_tools(body.get("tools"), False, flat=False), mode, name, parallel, fmt is not None
     )
-    return _combine(fmt, param, tools, thinking)
+    return _combine(fmt, param, tools)
 
 
-def responses_constraint(body: Mapping[str, Any], thinking: bool) -> Constraint | None:
+def responses_constraint(body: Mapping[str, Any]) -> Constraint | None:
     """Responses: text.format, tool_choice ("required", {"type":"function","name"}), tools
     (function tools are strict unless they say `strict: false`, as in OpenAI's API)."""
     text = body.get("text")
@@ -257,10 +266,10 @@ def responses_constraint(body: Mapping[str, Any], thinking: bool) -> Constraint 
     tools = _tool_constraint(
         _chat_tools(body.get("tools"), True, flat=True), mode, name, parallel, fmt is not None
     )
-    return _combine(fmt, "text.format", tools, thinking)
+    return _combine(fmt, "text.format", tools)
 
 
-def messages_constraint(body: Mapping[str, Any], thinking: bool) -> Constraint | None:
+def messages_constraint(body: Mapping[str, Any]) -> Constraint | None:
     """Anthropic Messages: output_config.format (or the older output_format) and tool_choice
     {"type": "any"} / {"type": "tool", "name"}; tools with `strict: true`."""
     config = body.get("output_config")
@@ -285,4 +294,4 @@ def messages_constraint(body: Mapping[str, Any], thinking: bool) -> Constraint |
     tools = _tool_constraint(
         _anthropic_tools(body.get("tools")), mode, name, parallel, fmt is not None
     )
-    return _combine(fmt, param, tools, thinking)
+    return _combine(fmt, param, tools)

@@ -71,7 +71,7 @@ def test_each_case_ends_alone_and_the_engine_keeps_serving(
     case: GrammarAbuseCase, api_compiler: GrammarCompiler, engine: LLMEngine
 ) -> None:
     try:
-        constraint = chat_constraint(case.body, False)
+        constraint = chat_constraint(case.body)
         assert constraint is not None
         so_args = api_compiler.so_args_for(constraint)
     except GrammarError:
@@ -92,7 +92,7 @@ def test_the_planner_does_bounded_work_per_token(
 ) -> None:
     """Endless grammars once ran xgrammar's jump-forward (100 MB for `a{100000000}`) or a plan
     walk proportional to max_tokens inside the rank loop."""
-    constraint = chat_constraint(case.body, False)
+    constraint = chat_constraint(case.body)
     assert constraint is not None
     try:
         so_args = api_compiler.so_args_for(constraint)

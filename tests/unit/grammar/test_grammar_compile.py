@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("xgrammar")
 
-from deepinfer_server.grammar import GrammarError, chat_constraint
+from deepinfer_server.grammar import GrammarError, chat_constraint, in_thinking_mode
 from deepinfer_server.grammar._xgr import Vocab
 from deepinfer_server.grammar.compiler import GrammarBounds, GrammarCompiler, engine_env_defaults
 from deepinfer_server.model.tokenizer import embedded_tokenizer_json
@@ -51,7 +51,7 @@ def test_pydantic_schemas_compile(compiler: GrammarCompiler) -> None:
         tags: list[str]
         address: Address
 
-    constraint = chat_constraint(_schema_body(Person.model_json_schema()), thinking=True)
+    constraint = in_thinking_mode(chat_constraint(_schema_body(Person.model_json_schema())), True)
     assert constraint is not None
     so_args = compiler.so_args_for(constraint)
     assert so_args["schema_type"] == "json"
@@ -69,7 +69,7 @@ def test_pydantic_schemas_compile(compiler: GrammarCompiler) -> None:
     ],
 )
 def test_invalid_grammars_are_400s(compiler: GrammarCompiler, body: Any, param: str) -> None:
-    constraint = chat_constraint(body, thinking=False)
+    constraint = chat_constraint(body)
     assert constraint is not None
     with pytest.raises(GrammarError) as info:
         compiler.so_args_for(constraint)
@@ -85,7 +85,7 @@ def test_invalid_tool_schema_names_tools(compiler: GrammarCompiler) -> None:
             "parameters": {"type": "object", "properties": {"x": {"type": 7}}, "required": ["x"]},
         },
     }
-    constraint = chat_constraint({"tools": [tool], "tool_choice": "required"}, False)
+    constraint = chat_constraint({"tools": [tool], "tool_choice": "required"})
     assert constraint is not None
     with pytest.raises(GrammarError) as info:
         compiler.so_args_for(constraint)
@@ -95,7 +95,7 @@ def test_invalid_tool_schema_names_tools(compiler: GrammarCompiler) -> None:
 def test_size_limit_and_cache(compiler: GrammarCompiler) -> None:
     small = GrammarCompiler(compiler.vocab, bounds=GrammarBounds(max_grammar_bytes=64))
     big = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(20)}}
-    constraint = chat_constraint(_schema_body(big), False)
+    constraint = chat_constraint(_schema_body(big))
     assert constraint is not None
     with pytest.raises(GrammarError, match="limit"):
         small.so_args_for(constraint)
@@ -109,20 +109,18 @@ def test_size_limit_and_cache(compiler: GrammarCompiler) -> None:
 
 def test_tool_so_args_shapes(compiler: GrammarCompiler) -> None:
     vocab = compiler.vocab
-    required = chat_constraint({"tools": [WEATHER_TOOL], "tool_choice": "required"}, False)
+    required = chat_constraint({"tools": [WEATHER_TOOL], "tool_choice": "required"})
     assert required is not None
     so_args = compiler.so_args_for(required)
     assert so_args["schema_type"] == "ebnf" and "trigger_token_ids" not in so_args
     strict_tool = _strict(WEATHER_TOOL)
-    auto = chat_constraint({"tools": [strict_tool]}, False)
+    auto = chat_constraint({"tools": [strict_tool]})
     assert auto is not None
     trigger = compiler.so_args_for(auto)["trigger_token_ids"]
     assert vocab.tokenizer.decode(trigger, skip_special_tokens=False) == "｜DSML｜ calls"
-    thinking = chat_constraint({"tools": [strict_tool]}, True)
+    thinking = in_thinking_mode(chat_constraint({"tools": [strict_tool]}), True)
     assert thinking is not None
     assert compiler.so_args_for(thinking)["trigger_token_ids"] == list(vocab.think_end_ids)
-    both = chat_constraint(
-        {"tools": [WEATHER_TOOL], "response_format": {"type": "json_object"}}, False
-    )
+    both = chat_constraint({"tools": [WEATHER_TOOL], "response_format": {"type": "json_object"}})
     assert both is not None
     assert compiler.so_args_for(both)["schema_type"] == "ebnf"

@@ -23,7 +23,7 @@ from deepseek_recipe import (
     Tokenizer,
 )
 
-from deepinfer_server.grammar import Constraint, chat_constraint
+from deepinfer_server.grammar import Constraint, chat_constraint, in_thinking_mode
 from deepinfer_server.grammar._xgr import Vocab
 from deepinfer_server.grammar.compiler import GrammarBounds, GrammarCompiler
 from deepinfer_server.grammar.matcher import SimulatedMatcher
@@ -111,7 +111,7 @@ def test_json_schema_from_any_stream(compiler: GrammarCompiler, echo: str) -> No
     body = {
         "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}
     }
-    constraint = chat_constraint(body, False)
+    constraint = chat_constraint(body)
     assert constraint is not None
     text = _generate(compiler, constraint, echo, budget=64)
     _check_person(json.loads(text))
@@ -132,7 +132,7 @@ def test_json_schema_from_any_stream(compiler: GrammarCompiler, echo: str) -> No
     ],
 )
 def test_other_kinds(compiler: GrammarCompiler, options: dict[str, Any], check: Any) -> None:
-    constraint = chat_constraint({"structured_outputs": options}, False)
+    constraint = chat_constraint({"structured_outputs": options})
     assert constraint is not None
     for echo in ("no way", "x12!", "yes"):
         assert check(_generate(compiler, constraint, echo, budget=32))
@@ -142,7 +142,7 @@ def test_thinking_trigger_leaves_reasoning_free(compiler: GrammarCompiler) -> No
     body = {
         "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}
     }
-    constraint = chat_constraint(body, True)
+    constraint = in_thinking_mode(chat_constraint(body), True)
     assert constraint is not None
     reasoning = "I think <｜DSML｜ calls> {not json at all"
     text = _generate(compiler, constraint, reasoning + "</think>Hello", budget=80)
@@ -202,7 +202,7 @@ def test_forced_tool_call_parses(compiler: GrammarCompiler, tool_choice: Any, ec
         "tool_choice": tool_choice,
         "thinking": {"type": "disabled"},
     }
-    constraint = chat_constraint(body, thinking=False)
+    constraint = chat_constraint(body)
     assert constraint is not None
     text = _generate(compiler, constraint, echo, budget=200)
     message = _parse(body, text)
@@ -223,7 +223,7 @@ def test_strict_tools_under_auto(compiler: GrammarCompiler) -> None:
         "tools": [strict],
         "thinking": {"type": "disabled"},
     }
-    constraint = chat_constraint(body, thinking=False)
+    constraint = chat_constraint(body)
     assert constraint is not None
     plain = _generate(compiler, constraint, "Just text, no call.", budget=40)
     assert plain == "Just text, no call."
@@ -242,7 +242,7 @@ def test_tools_or_json(compiler: GrammarCompiler) -> None:
         "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}},
         "thinking": {"type": "disabled"},
     }
-    constraint = chat_constraint(body, thinking=False)
+    constraint = chat_constraint(body)
     assert constraint is not None
     _check_person(json.loads(_generate(compiler, constraint, "plain words", budget=64)))
     call = "\n\n" + tool_calls_block("get_weather", city="Rome")

@@ -8,7 +8,7 @@ from typing import Any
 from deepseek_recipe import ChatCompletionRequest, ConversationRequest
 
 from deepinfer_server.errors import BadRequestError
-from deepinfer_server.grammar import Constraint
+from deepinfer_server.grammar import Constraint, in_thinking_mode
 from deepinfer_server.ipc.messages import Images, SamplingOptions
 from deepinfer_server.protocol.chat.history import merge_assistant_runs
 from deepinfer_server.protocol.core.choices import read_n, seeds_for, with_seed
@@ -19,7 +19,6 @@ from deepinfer_server.protocol.core.sampling import SAMPLING, Api, reject_logit_
 from deepinfer_server.protocol.core.structured import (
     CHAT_CONSTRAINT,
     convert_honouring_tool_choice,
-    in_thinking_mode,
     read_constraint,
 )
 from deepinfer_server.protocol.core.thinking_budget import merge_budgets

@@ -16,7 +16,6 @@ mode are served as deepseek-recipe renders them, unconstrained (logged once).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import importlib.util
 import logging
 import threading
@@ -52,7 +51,7 @@ T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
 #: How each protocol's body names its structured-output options.
-ConstraintReader = Callable[[Mapping[str, Any], bool], Constraint | None]
+ConstraintReader = Callable[[Mapping[str, Any]], Constraint | None]
 CHAT_CONSTRAINT: ConstraintReader = chat_constraint
 RESPONSES_CONSTRAINT: ConstraintReader = responses_constraint
 MESSAGES_CONSTRAINT: ConstraintReader = messages_constraint
@@ -196,14 +195,7 @@ def read_constraint(reader: ConstraintReader, body: Mapping[str, Any]) -> Constr
     (`in_thinking_mode` sets it once the recipe has converted the request).
     """
     with grammar_errors():
-        return reader(body, False)
-
-
-def in_thinking_mode(constraint: Constraint | None, thinking: bool) -> Constraint | None:
-    """The constraint for a request converted in thinking mode (`thinking`) or not."""
-    if constraint is None or constraint.thinking == thinking:
-        return constraint
-    return dataclasses.replace(constraint, thinking=thinking)
+        return reader(body)
 
 
 def is_forced_tool_call(constraint: Constraint | None) -> bool:

@@ -9,7 +9,7 @@ from typing import Any
 from deepseek_recipe import ConversationRequest, MessagesRequest
 
 from deepinfer_server.errors import BadRequestError
-from deepinfer_server.grammar import Constraint
+from deepinfer_server.grammar import Constraint, in_thinking_mode
 from deepinfer_server.ipc.messages import Images, SamplingOptions
 from deepinfer_server.protocol.core.choices import reject_n
 from deepinfer_server.protocol.core.prepare import engine_input
@@ -18,7 +18,6 @@ from deepinfer_server.protocol.core.sampling import SAMPLING, Api
 from deepinfer_server.protocol.core.structured import (
     MESSAGES_CONSTRAINT,
     convert_honouring_tool_choice,
-    in_thinking_mode,
     read_constraint,
 )
 from deepinfer_server.protocol.core.thinking_budget import merge_budgets

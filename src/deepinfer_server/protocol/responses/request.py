@@ -8,7 +8,7 @@ from typing import Any
 from deepseek_recipe import ConversationRequest, ResponsesRequest
 
 from deepinfer_server.errors import BadRequestError, ErrorKind
-from deepinfer_server.grammar import Constraint
+from deepinfer_server.grammar import Constraint, in_thinking_mode
 from deepinfer_server.ipc.messages import Images, SamplingOptions
 from deepinfer_server.protocol.core.choices import reject_n
 from deepinfer_server.protocol.core.effort import check_effort_agrees, read_effort
@@ -18,7 +18,6 @@ from deepinfer_server.protocol.core.sampling import SAMPLING, Api
 from deepinfer_server.protocol.core.structured import (
     RESPONSES_CONSTRAINT,
     convert_honouring_tool_choice,
-    in_thinking_mode,
     read_constraint,
 )
 from deepinfer_server.protocol.core.validation import check_model, optional_bool, read_cache_salt
