@@ -17,6 +17,7 @@ from functools import cache
 from typing import Any
 
 import jsonschema
+import msgspec
 import pytest
 from starlette.routing import Route
 
@@ -25,12 +26,16 @@ from deepinfer_server.api.route_table import ROUTES
 from deepinfer_server.api.routes.openapi import openapi_document
 from deepinfer_server.errors import ApiError, ContextLengthError
 from deepinfer_server.model.tokenizer import embedded_tokenizer_json
-from deepinfer_server.protocol.chat.request import prepare_chat
-from deepinfer_server.protocol.completions.request import prepare_completion
+from deepinfer_server.protocol.chat.request import ChatBody, prepare_chat
+from deepinfer_server.protocol.completions.request import CompletionBody, prepare_completion
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.protocol.core.validation import read_priority
-from deepinfer_server.protocol.messages.request import count_message_tokens, prepare_messages
-from deepinfer_server.protocol.responses.request import prepare_responses
+from deepinfer_server.protocol.messages.request import (
+    MessagesBody,
+    count_message_tokens,
+    prepare_messages,
+)
+from deepinfer_server.protocol.responses.request import ResponsesBody, prepare_responses
 from tests.http.harness import MODEL, run, serve
 
 Prepare = Callable[[dict[str, Any], RecipeContext], object]
@@ -353,6 +358,27 @@ def test_every_field_the_protocol_layer_reads_is_described(path: str) -> None:
     assert "model" in read  # the recording works
     missing = sorted(field for field in read if not _described(component, field))
     assert missing == [], f"{path} reads fields its OpenAPI schema does not describe: {missing}"
+
+
+#: Each POST API's typed body: the fields msgspec converts (the recording above sees only the
+#: reads of the dict itself).
+_TYPED_BODIES: dict[str, type[msgspec.Struct]] = {
+    "/v1/chat/completions": ChatBody,
+    "/v1/completions": CompletionBody,
+    "/v1/responses": ResponsesBody,
+    "/v1/messages": MessagesBody,
+    "/v1/messages/count_tokens": MessagesBody,
+}
+
+
+@pytest.mark.parametrize("path", list(POST_APIS))
+def test_every_typed_body_field_is_described(path: str) -> None:
+    component = _components()[POST_APIS[path][0]]
+    struct = _TYPED_BODIES[path]
+    fields = set(struct.__struct_fields__) - (_COUNT_TOKENS_SETS if "count" in path else set())
+    assert {"temperature", "cache_salt"} <= fields
+    missing = sorted(field for field in fields if not _described(component, field))
+    assert missing == [], f"{path}'s {struct.__name__} has fields its schema lacks: {missing}"
 
 
 def _scalar(schema: dict[str, Any]) -> dict[str, Any] | None:

@@ -102,7 +102,8 @@ _MESSAGES_INPUT: dict[str, Schema] = {
         {"format": _ANTHROPIC_FORMAT, "effort": nullable(string(enum=list(REASONING_EFFORTS)))}
     ),
     "output_format": _ANTHROPIC_FORMAT,
-    "top_k": sampling_fields(Api.MESSAGES, neutral=False)["top_k"],
+    # Checked on count_tokens as on /v1/messages (no count depends on them).
+    **sampling_fields(Api.MESSAGES, neutral=False),
     "n": integer(1, 1, "The Messages API has no n"),
     "cache_salt": nullable(CACHE_SALT),
     "thread": {
@@ -119,7 +120,6 @@ MESSAGES: Schema = obj(
         "max_tokens": integer(
             1, UINT32_MAX, f"Required; above {RECIPE_MAX_TOKENS} it is lowered to that"
         ),
-        **sampling_fields(Api.MESSAGES, neutral=False),
         "priority": nullable(PRIORITY),
         "stop_sequences": array(string(), 0, MAX_STOP_SEQUENCES),
         "stream": STREAM,

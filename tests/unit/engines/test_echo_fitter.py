@@ -12,7 +12,13 @@ pytest.importorskip("xgrammar")
 
 from deepinfer_server.engines.simulated import echo_fitter
 from deepinfer_server.engines.simulated.echo_fitter import MAX_FILL_TOKENS, EchoFitter
-from deepinfer_server.grammar import GrammarCompiler, SimulatedMatcher, Vocab, chat_constraint
+from deepinfer_server.grammar import (
+    GrammarCompiler,
+    SimulatedMatcher,
+    Vocab,
+    chat_constraint,
+    in_thinking_mode,
+)
 from deepinfer_server.grammar.compiler import GrammarBounds
 from deepinfer_server.model.tokenizer import embedded_tokenizer_json
 from tests.dsml import WEATHER_TOOL, tool_calls_block
@@ -51,7 +57,9 @@ def compiler() -> Iterator[GrammarCompiler]:
 
 
 def _fitter(compiler: GrammarCompiler, body: dict[str, Any], thinking: bool = False) -> EchoFitter:
-    constraint = chat_constraint({"messages": [{"role": "user", "content": "x"}], **body}, thinking)
+    constraint = in_thinking_mode(
+        chat_constraint({"messages": [{"role": "user", "content": "x"}], **body}), thinking
+    )
     assert constraint is not None
     so_args = compiler.so_args_for(constraint)
     return EchoFitter(compiler.compile(so_args), compiler.vocab, so_args)

@@ -7,39 +7,48 @@ from typing import Any
 
 from deepseek_recipe import ChatCompletionRequest, ConversationRequest
 
-from deepinfer_server.errors import BadRequestError
 from deepinfer_server.grammar import Constraint, in_thinking_mode
 from deepinfer_server.ipc.messages import Images, SamplingOptions
 from deepinfer_server.protocol.chat.history import merge_assistant_runs
-from deepinfer_server.protocol.core.choices import read_n, seeds_for, with_seed
+from deepinfer_server.protocol.core.body import (
+    NO_STREAM_OPTIONS,
+    CacheSalt,
+    StreamOptions,
+    UInt32,
+)
+from deepinfer_server.protocol.core.choices import Choices, seeds_for, with_seed
 from deepinfer_server.protocol.core.effort import check_effort_agrees, read_effort
 from deepinfer_server.protocol.core.prepare import engine_input
 from deepinfer_server.protocol.core.recipe import RecipeContext
-from deepinfer_server.protocol.core.sampling import SAMPLING, Api, reject_logit_bias
+from deepinfer_server.protocol.core.sampling import (
+    SAMPLING,
+    Api,
+    OpenAISampling,
+    reject_logit_bias,
+)
 from deepinfer_server.protocol.core.structured import (
     CHAT_CONSTRAINT,
     convert_honouring_tool_choice,
     read_constraint,
 )
 from deepinfer_server.protocol.core.thinking_budget import merge_budgets
-from deepinfer_server.protocol.core.validation import (
-    check_chat_fields,
-    check_model,
-    optional_bool,
-    optional_uint,
-    read_cache_salt,
-)
+from deepinfer_server.protocol.core.validation import check_chat_fields, check_model
 
 _SAMPLING = SAMPLING[Api.CHAT]
 _ENABLE_THINKING = 'send `thinking: {"type": "enabled"}`'
 
 
-@dataclass(frozen=True)
-class StreamOptions:
-    """What a streamed response reports about usage."""
+class ChatBody(OpenAISampling, kw_only=True, frozen=True):
+    """The Chat Completions fields the server reads itself (deepseek-recipe converts the
+    body's messages, tools and the rest)."""
 
-    include_usage: bool = False
-    continuous_usage_stats: bool = False
+    n: Choices | None = None
+    ignore_eos: bool | None = None
+    stream_options: StreamOptions | None = None
+    max_tokens: UInt32 | None = None
+    #: The OpenAI client's current name wins over the deprecated max_tokens, as in vLLM.
+    max_completion_tokens: UInt32 | None = None
+    cache_salt: CacheSalt | None = None
 
 
 @dataclass(frozen=True)
@@ -58,19 +67,6 @@ class PreparedChat:
     prompt_index: int = 0
     #: `cache_salt`: only requests with the same salt share cached prefixes.
     cache_salt: str | None = None
-
-
-def read_stream_options(body: dict[str, Any]) -> StreamOptions:
-    """`stream_options` (chat and completions)."""
-    options = body.get("stream_options")
-    if options is None:
-        return StreamOptions()
-    if not isinstance(options, dict):
-        raise BadRequestError("'stream_options' must be an object", param="stream_options")
-    return StreamOptions(
-        include_usage=optional_bool(options, "include_usage"),
-        continuous_usage_stats=optional_bool(options, "continuous_usage_stats"),
-    )
 
 
 def convert_chat(
@@ -96,32 +92,28 @@ def prepare_chat(body: dict[str, Any], recipe: RecipeContext) -> PreparedChat | 
     Raises BadRequestError (400) or ModelNotFoundError (404); never anything else on bad input.
     """
     check_chat_fields(body)
-    cache_salt = read_cache_salt(body)
+    typed = _SAMPLING.typed(body, ChatBody)
     body["messages"] = merge_assistant_runs(body["messages"])
-    n = read_n(body)
+    n = typed.n or 1
     body.pop("n", None)  # the recipe accepts only n = 1; the choices are the server's
-    sampling = _SAMPLING.read(body)
+    sampling = _SAMPLING.values(typed)
     merge_budgets(sampling, body)
     reject_logit_bias(body)
-    ignore_eos = optional_bool(body, "ignore_eos")
-    stream_options = read_stream_options(body)
-    optional_uint(body, "max_tokens")  # here, so that the 400 names the param
-    max_completion_tokens = optional_uint(body, "max_completion_tokens")
-    if max_completion_tokens is not None:
-        # The OpenAI client's current name wins over the deprecated max_tokens, as in vLLM.
-        body["max_tokens"] = max_completion_tokens
+    if typed.max_completion_tokens is not None:
+        body["max_tokens"] = typed.max_completion_tokens
     check_model(body, recipe.served_model_names)
     converted, constraint = convert_chat(body, recipe)
+    ignore_eos = bool(typed.ignore_eos)
     engine = engine_input(converted, recipe, ignore_eos, protocol=_SAMPLING, sampling=sampling)
     prepared = PreparedChat(
         converted,
         engine.prompt_token_ids,
         engine.sampling,
         converted.stream,
-        stream_options,
+        typed.stream_options or NO_STREAM_OPTIONS,
         constraint,
         images=engine.images,
-        cache_salt=cache_salt,
+        cache_salt=typed.cache_salt,
     )
     if n == 1:
         return prepared

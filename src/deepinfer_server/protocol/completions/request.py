@@ -9,24 +9,30 @@ configuration adds; a token-ID prompt goes to the engine unchanged. A list of pr
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
+from msgspec import Meta
 
 from deepinfer_server.errors import BadRequestError, ContextLengthError, ErrorKind
 from deepinfer_server.ipc.messages import SamplingOptions
 from deepinfer_server.model.tokens import BOS_TOKEN
-from deepinfer_server.protocol.chat.request import StreamOptions, read_stream_options
-from deepinfer_server.protocol.core.choices import read_n, seeds_for, with_seed
-from deepinfer_server.protocol.core.recipe import RecipeContext
-from deepinfer_server.protocol.core.sampling import SAMPLING, Api, reject_logit_bias
-from deepinfer_server.protocol.core.thinking_budget import budgeted
-from deepinfer_server.protocol.core.validation import (
-    check_model,
-    optional_bool,
-    optional_uint,
-    read_cache_salt,
+from deepinfer_server.protocol.core.body import (
+    NO_STREAM_OPTIONS,
+    CacheSalt,
+    StreamOptions,
+    UInt32,
 )
+from deepinfer_server.protocol.core.choices import Choices, seeds_for, with_seed
+from deepinfer_server.protocol.core.recipe import RecipeContext
+from deepinfer_server.protocol.core.sampling import (
+    SAMPLING,
+    Api,
+    OpenAISampling,
+    reject_logit_bias,
+)
+from deepinfer_server.protocol.core.thinking_budget import budgeted
+from deepinfer_server.protocol.core.validation import check_model
 
 _SAMPLING = SAMPLING[Api.COMPLETIONS]
 
@@ -34,6 +40,20 @@ _SAMPLING = SAMPLING[Api.COMPLETIONS]
 DEFAULT_MAX_TOKENS = 16
 MAX_LOGPROBS = 20
 MAX_STOP_SEQUENCES = 16
+
+
+class CompletionBody(OpenAISampling, kw_only=True, frozen=True):
+    """The Completions fields the server reads (and the prompt: `_prompts`, `text_prompt`)."""
+
+    n: Choices | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    echo: bool | None = None
+    #: `logprobs: k`: report the top k alternatives of each token.
+    logprobs: Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)] | None = None
+    max_tokens: UInt32 | None = None
+    ignore_eos: bool | None = None
+    cache_salt: CacheSalt | None = None
 
 
 @dataclass(frozen=True)
@@ -152,17 +172,16 @@ def prepare_completion(body: dict[str, Any], recipe: RecipeContext) -> list[Prep
     if not isinstance(body.get("model"), str):
         raise BadRequestError("'model' is required and must be a string", param="model")
     check_model(body, recipe.served_model_names)
-    cache_salt = read_cache_salt(body)
-    n = read_n(body)
+    typed = _SAMPLING.typed(body, CompletionBody)
+    n = typed.n or 1
     _reject_unsupported(body, n)
-    read = _SAMPLING.read(body)
+    read = _SAMPLING.values(typed)
     reject_logit_bias(body)
-    stream = optional_bool(body, "stream")
-    if body.get("stream_options") is not None and not stream:
+    stream = bool(typed.stream)
+    if typed.stream_options is not None and not stream:
         raise BadRequestError("'stream_options' needs 'stream': true", param="stream_options")
-    stream_options = read_stream_options(body)
-    echo = optional_bool(body, "echo")
-    logprobs = optional_uint(body, "logprobs", maximum=MAX_LOGPROBS)
+    echo = bool(typed.echo)
+    logprobs = typed.logprobs
     if echo and logprobs is not None and recipe.prompt_logprobs_unavailable:
         raise BadRequestError(
             f"'echo' with 'logprobs' needs prompt logprobs, and "
@@ -170,16 +189,14 @@ def prepare_completion(body: dict[str, Any], recipe: RecipeContext) -> list[Prep
             param="echo",
             kind=ErrorKind.UNSUPPORTED,
         )
-    max_tokens = optional_uint(body, "max_tokens")
-    if max_tokens is None:
-        max_tokens = DEFAULT_MAX_TOKENS
+    max_tokens = DEFAULT_MAX_TOKENS if typed.max_tokens is None else typed.max_tokens
     if max_tokens == 0 and not echo:
         raise BadRequestError("'max_tokens' must be at least 1 without echo", param="max_tokens")
     seed = read.get("seed")
     sampling = _SAMPLING.options(
         read,
         max_tokens=max(max_tokens, 1),  # DeepInfer generates at least one token
-        ignore_eos=optional_bool(body, "ignore_eos"),
+        ignore_eos=bool(typed.ignore_eos),
         logprobs=logprobs is not None,
         top_logprobs=logprobs or 0,
         prompt_logprobs=echo and logprobs is not None,
@@ -206,7 +223,7 @@ def prepare_completion(body: dict[str, Any], recipe: RecipeContext) -> list[Prep
                     ids,
                     with_seed(prompt_sampling, choice_seed),
                     stream,
-                    stream_options,
+                    typed.stream_options or NO_STREAM_OPTIONS,
                     text,
                     echo,
                     logprobs,
@@ -214,7 +231,7 @@ def prepare_completion(body: dict[str, Any], recipe: RecipeContext) -> list[Prep
                     max_tokens > 0,
                     index=prompt_index * n + i,
                     prompt_index=prompt_index,
-                    cache_salt=cache_salt,
+                    cache_salt=typed.cache_salt,
                 )
             )
     return prepared

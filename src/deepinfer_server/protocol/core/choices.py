@@ -8,27 +8,25 @@ single-choice response or stream; `ChoiceMerger` renumbers the choices and sums 
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 import orjson
+from msgspec import Meta
 
 from deepinfer_server.errors import BadRequestError
 from deepinfer_server.ipc.messages import SamplingOptions
+from deepinfer_server.protocol.core.body import Said
 
 #: vLLM has no limit; each choice takes an admission slot, so keep a sane bound.
 MAX_N = 128
 _SEED_MASK = 2**63 - 1
 
 
-def read_n(body: dict[str, Any]) -> int:
-    """`n`: how many choices to generate (1 when absent)."""
-    n = body.get("n")
-    if n is None:
-        return 1
-    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
-        raise BadRequestError(f"'n' must be an integer between 1 and {MAX_N}", param="n")
-    return n
+#: `n`: how many choices to generate (1 when absent).
+Choices = Annotated[
+    int, Meta(ge=1, le=MAX_N), Said(f"'n' must be an integer between 1 and {MAX_N}")
+]
 
 
 def reject_n(body: dict[str, Any], api: str) -> None:

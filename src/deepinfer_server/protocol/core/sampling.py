@@ -23,7 +23,7 @@ import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 from deepseek_recipe import InferenceOptions
@@ -31,6 +31,7 @@ from msgspec import Meta
 
 from deepinfer_server.errors import BadRequestError, ErrorKind
 from deepinfer_server.ipc.messages import SamplingOptions
+from deepinfer_server.protocol.core.body import read_body
 
 INT32_MAX = 2**31 - 1
 SEED_MAX = 2**63 - 1
@@ -86,7 +87,9 @@ RepetitionPenalty = Annotated[float, _unsupported(1.0, "penalties"), Engine(neut
 MinP = Annotated[float, _unsupported(0.0, "min_p"), _NEUTRAL_ZERO]
 # DeepInfer can keep EOS off the first generated token only (`first_n_token_no_eos`), not off
 # the first n, and never stop strings: vLLM's min_tokens is refused beyond 0.
-MinTokens = Annotated[int, _unsupported(0, "minimum length (vLLM's min_tokens)"), Engine(neutral=0)]
+MinTokens = Annotated[
+    float, _unsupported(0, "minimum length (vLLM's min_tokens)"), Engine(neutral=0)
+]
 Temperature = Annotated[float, Meta(ge=0, le=2), Engine("temperature", recipe_checked=CONVERTED)]
 # deepseek-recipe's range is (0, 1] in 32-bit floats (a 64-bit denormal rounds to 0).
 TopP = Annotated[float, Meta(ge=1e-9, le=1), Engine("top_p", recipe_checked=CONVERTED)]
@@ -157,6 +160,8 @@ class OpenAISampling(SamplingBody, kw_only=True, frozen=True):
     thinking_token_budget: ThinkingTokenBudget | None = None
     seed: Seed | None = None
 
+
+B = TypeVar("B", bound=SamplingBody)
 
 #: Each protocol's sampling fields.
 BODIES: dict[Api, type[SamplingBody]] = {
@@ -293,7 +298,7 @@ SAMPLING_FIELDS: tuple[SamplingField, ...] = tuple(
 class ProtocolSampling:
     """One protocol's sampling fields: the server's checks of its body, and its engine options."""
 
-    __slots__ = ("_checked", "_from_recipe", "api", "body", "fields")
+    __slots__ = ("_checked", "_checks", "_deferred", "_from_recipe", "api", "body", "fields")
 
     def __init__(self, api: Api) -> None:
         self.api = api
@@ -304,6 +309,10 @@ class ProtocolSampling:
         # The fields the server checks itself (deepseek-recipe checks the others), and the
         # SamplingOptions fields deepseek-recipe's InferenceOptions fills.
         self._checked = tuple(field for field in self.fields if api not in field.recipe_checked)
+        self._checks = {field.name: field.check for field in self._checked}
+        self._deferred = frozenset(
+            field.name for field in self.fields if api in field.recipe_checked
+        )
         self._from_recipe = tuple(
             field.option
             for field in self.fields
@@ -313,27 +322,22 @@ class ProtocolSampling:
     def read(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """The engine's values of the present fields the server checks, by `SamplingOptions`
         field name; a 400 naming the first field (in declaration order) its Struct refuses."""
-        try:
-            typed = msgspec.convert(body, self.body)
-        except msgspec.ValidationError:
-            # Each field's own message; none when only a field deepseek-recipe checks was
-            # refused (the recipe's 400 names it).
-            return self._read_each(body)
+        return self.values(self.typed(body, self.body))
+
+    def typed(self, body: Mapping[str, Any], struct: type[B]) -> B:
+        """`body` typed as `struct` (this protocol's sampling Struct, or a body Struct that
+        extends it); a sampling field's 400 is its own, and a field deepseek-recipe checks is
+        left to the recipe's 400 (read as absent)."""
+        return read_body(body, struct, checks=self._checks, deferred=self._deferred)
+
+    def values(self, typed: SamplingBody) -> dict[str, Any]:
+        """The engine's values of `typed`'s present fields that the server checks, by
+        `SamplingOptions` field name."""
         values: dict[str, Any] = {}
         for field in self._checked:
             value = getattr(typed, field.name)
             if value is not None and field.option is not None:
                 values[field.option] = field.to_engine(value)
-        return values
-
-    def _read_each(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        values: dict[str, Any] = {}
-        for field in self._checked:
-            value = body.get(field.name)
-            if value is not None:
-                checked = field.check(value)
-                if field.option is not None:
-                    values[field.option] = checked
         return values
 
     def options(

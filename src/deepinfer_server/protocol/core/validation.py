@@ -74,19 +74,6 @@ def optional_uint(body: dict[str, Any], name: str, maximum: int = UINT32_MAX) ->
     return value
 
 
-def read_cache_salt(body: dict[str, Any]) -> str | None:
-    """vLLM's `cache_salt`: requests with different salts never share cached prompt prefixes.
-    A non-empty string when given, as vLLM validates it."""
-    value = body.get("cache_salt")
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value:
-        raise BadRequestError(
-            "Parameter 'cache_salt' must be a non-empty string if provided.", param="cache_salt"
-        )
-    return value
-
-
 #: The range of a request's `priority` (a signed 32-bit integer; vLLM takes any integer).
 PRIORITY_MIN = -(2**31)
 PRIORITY_MAX = 2**31 - 1

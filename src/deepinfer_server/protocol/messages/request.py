@@ -4,24 +4,25 @@ preparation and token counting."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from deepseek_recipe import ConversationRequest, MessagesRequest
 
 from deepinfer_server.errors import BadRequestError
 from deepinfer_server.grammar import Constraint, in_thinking_mode
 from deepinfer_server.ipc.messages import Images, SamplingOptions
+from deepinfer_server.protocol.core.body import CacheSalt
 from deepinfer_server.protocol.core.choices import reject_n
 from deepinfer_server.protocol.core.prepare import engine_input
 from deepinfer_server.protocol.core.recipe import RecipeContext, recipe_errors
-from deepinfer_server.protocol.core.sampling import SAMPLING, Api
+from deepinfer_server.protocol.core.sampling import SAMPLING, Api, MessagesSampling
 from deepinfer_server.protocol.core.structured import (
     MESSAGES_CONSTRAINT,
     convert_honouring_tool_choice,
     read_constraint,
 )
 from deepinfer_server.protocol.core.thinking_budget import merge_budgets
-from deepinfer_server.protocol.core.validation import check_model, read_cache_salt
+from deepinfer_server.protocol.core.validation import check_model
 from deepinfer_server.protocol.messages.compat import (
     anthropic_context_error,
     normalize_messages_body,
@@ -51,17 +52,32 @@ class PreparedMessages:
     cache_salt: str | None = None
 
 
-def _convert(
-    body: dict[str, Any], recipe: RecipeContext
-) -> tuple[ConversationRequest, dict[str, Any], Constraint | None]:
-    """The converted request, the sampling fields the server checks, and what the request
-    constrains."""
+class MessagesBody(MessagesSampling, kw_only=True, frozen=True):
+    """The Messages fields the server reads itself as typed fields (deepseek-recipe converts
+    the messages, system, tools and the rest)."""
+
+    #: An extension field, as vLLM's.
+    cache_salt: CacheSalt | None = None
+
+
+class _Converted(NamedTuple):
+    request: ConversationRequest
+    #: The engine's values of the sampling fields the server checks.
+    sampling: dict[str, Any]
+    constraint: Constraint | None
+    cache_salt: str | None
+
+
+def _convert(body: dict[str, Any], recipe: RecipeContext) -> _Converted:
+    """The converted request, the sampling fields the server checks, what the request
+    constrains, and its cache salt."""
     if body.get("max_tokens") is None:  # Anthropic's API requires it; the recipe would not
         raise BadRequestError("max_tokens: Field required", param="max_tokens")
     check_model(body, recipe.served_model_names)
     reject_thread(body)
     reject_n(body, "the Messages API")
-    sampling = _SAMPLING.read(body)
+    typed = _SAMPLING.typed(body, MessagesBody)
+    sampling = _SAMPLING.values(typed)
     merge_budgets(sampling, body)
     effort = read_messages_effort(body)
     constraint = read_constraint(MESSAGES_CONSTRAINT, body)
@@ -73,13 +89,12 @@ def _convert(
     )
     thinking = converted.conversation.thinking_mode
     check_messages_effort(effort, thinking)
-    return converted, sampling, in_thinking_mode(constraint, thinking)
+    return _Converted(converted, sampling, in_thinking_mode(constraint, thinking), typed.cache_salt)
 
 
 def prepare_messages(body: dict[str, Any], recipe: RecipeContext) -> PreparedMessages:
     """Turn a decoded Messages body into prompt token IDs and sampling options."""
-    cache_salt = read_cache_salt(body)
-    converted, sampling, constraint = _convert(body, recipe)
+    converted, sampling, constraint, cache_salt = _convert(body, recipe)
     engine = engine_input(
         converted,
         recipe,
@@ -105,7 +120,6 @@ def count_message_tokens(body: dict[str, Any], recipe: RecipeContext) -> int:
     A count_tokens body has no `max_tokens`; any value converts the same prompt. Its
     `cache_salt` is checked as `/v1/messages` checks it (a salt changes no count).
     """
-    read_cache_salt(body)
-    converted, _, _ = _convert({**body, "max_tokens": 1, "stream": False}, recipe)
+    converted = _convert({**body, "max_tokens": 1, "stream": False}, recipe)
     with recipe_errors():
-        return len(recipe.encode(converted.conversation))
+        return len(recipe.encode(converted.request.conversation))

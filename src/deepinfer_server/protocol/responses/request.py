@@ -10,17 +10,18 @@ from deepseek_recipe import ConversationRequest, ResponsesRequest
 from deepinfer_server.errors import BadRequestError, ErrorKind
 from deepinfer_server.grammar import Constraint, in_thinking_mode
 from deepinfer_server.ipc.messages import Images, SamplingOptions
+from deepinfer_server.protocol.core.body import CacheSalt
 from deepinfer_server.protocol.core.choices import reject_n
 from deepinfer_server.protocol.core.effort import check_effort_agrees, read_effort
 from deepinfer_server.protocol.core.prepare import engine_input
 from deepinfer_server.protocol.core.recipe import RecipeContext
-from deepinfer_server.protocol.core.sampling import SAMPLING, Api
+from deepinfer_server.protocol.core.sampling import SAMPLING, Api, ResponsesSampling
 from deepinfer_server.protocol.core.structured import (
     RESPONSES_CONSTRAINT,
     convert_honouring_tool_choice,
     read_constraint,
 )
-from deepinfer_server.protocol.core.validation import check_model, optional_bool, read_cache_salt
+from deepinfer_server.protocol.core.validation import check_model, optional_bool
 from deepinfer_server.protocol.responses.reasoning import (
     ReasoningRequest,
     restore_reasoning,
@@ -92,6 +93,14 @@ INPUT_ITEM_TYPES = frozenset(
 _SAMPLING = SAMPLING[Api.RESPONSES]
 
 
+class ResponsesBody(ResponsesSampling, kw_only=True, frozen=True):
+    """The Responses fields the server reads itself as typed fields (deepseek-recipe converts
+    the input, tools and the rest; `reasoning`, `include` and the stateful options are read on
+    their own)."""
+
+    cache_salt: CacheSalt | None = None
+
+
 def _check_input_items(body: dict[str, Any]) -> None:
     """400 naming the first `input` item whose type the conversion would drop."""
     items = body.get("input")
@@ -129,7 +138,7 @@ def prepare_responses(body: dict[str, Any], recipe: RecipeContext) -> PreparedRe
     _check_input_items(body)
     reject_n(body, "the Responses API")
     check_model(body, recipe.served_model_names)
-    cache_salt = read_cache_salt(body)
+    typed = _SAMPLING.typed(body, ResponsesBody)
     reasoning = body.get("reasoning")
     effort = read_effort(
         reasoning.get("effort") if isinstance(reasoning, dict) else None, "reasoning.effort"
@@ -158,7 +167,7 @@ def prepare_responses(body: dict[str, Any], recipe: RecipeContext) -> PreparedRe
         recipe,
         ignore_eos=False,
         protocol=_SAMPLING,
-        sampling=_SAMPLING.read(body),
+        sampling=_SAMPLING.values(typed),
         logprobs=_wants_logprobs(body),
     )
     return PreparedResponses(
@@ -171,5 +180,5 @@ def prepare_responses(body: dict[str, Any], recipe: RecipeContext) -> PreparedRe
         constraint,
         ReasoningRequest.of(body, conversation),
         images=engine.images,
-        cache_salt=cache_salt,
+        cache_salt=typed.cache_salt,
     )

@@ -1,0 +1,185 @@
+"""A request body's server-read fields as one typed msgspec Struct, and each field's own 400.
+
+Each protocol declares the fields the server reads itself as a Struct (deepseek-recipe reads the
+rest of the dict body, so unknown fields pass). `read_body` converts the decoded body with
+msgspec; when msgspec refuses it, the first refused field in declaration order gets its own 400,
+worded from its declaration: its JSON type and `msgspec.Meta` bounds, or its `Said` texts.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, TypeVar
+
+import msgspec
+from msgspec import Meta
+
+from deepinfer_server.errors import BadRequestError
+
+UINT32_MAX = 2**32 - 1
+
+S = TypeVar("S", bound=msgspec.Struct)
+
+#: A field's own check of a present value: raises the field's 400 (a BadRequestError).
+Check = Callable[[object], object]
+
+
+@dataclass(frozen=True, slots=True)
+class Said:
+    """A field's own 400 texts, where the ones worded from its type and bounds do not fit."""
+
+    #: For a value of another JSON type.
+    type: str
+    #: For a value out of bounds (default: `type`'s text).
+    range: str = ""
+
+
+#: An unsigned 32-bit integer.
+UInt32 = Annotated[int, Meta(ge=0, le=UINT32_MAX)]
+#: vLLM's `cache_salt`: requests with different salts never share cached prompt prefixes. A
+#: non-empty string when given, as vLLM validates it.
+CacheSalt = Annotated[
+    str,
+    Meta(min_length=1),
+    Said("Parameter 'cache_salt' must be a non-empty string if provided."),
+]
+
+
+class StreamOptions(msgspec.Struct, kw_only=True, frozen=True):
+    """`stream_options` (chat and completions): what a streamed response reports about usage."""
+
+    include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None
+
+
+#: A stream without `stream_options`.
+NO_STREAM_OPTIONS = StreamOptions()
+
+
+@dataclass(frozen=True, slots=True)
+class _Declared:
+    """One Struct field as its annotation declares it."""
+
+    name: str
+    annotation: Any
+    base: Any
+    meta: Meta | None
+    said: Said | None
+
+
+def read_body(
+    body: Mapping[str, Any],
+    struct: type[S],
+    *,
+    checks: Mapping[str, Check] | None = None,
+    deferred: frozenset[str] = frozenset(),
+) -> S:
+    """`body`'s fields typed as `struct` declares them; a 400 naming the first refused field.
+
+    `checks` are fields' own checks (run instead of the declared wording); a refused field
+    named in `deferred` is another layer's to refuse (deepseek-recipe's): it is read as absent.
+    """
+    try:
+        return msgspec.convert(body, struct)
+    except msgspec.ValidationError:
+        pass
+    raise_first_refusal(body, struct, checks or {}, deferred)
+    try:
+        return msgspec.convert({k: v for k, v in body.items() if k not in deferred}, struct)
+    except msgspec.ValidationError as exc:  # a refusal the declared wording missed
+        raise BadRequestError(f"invalid request: {exc}") from exc
+
+
+def raise_first_refusal(
+    body: Mapping[str, Any],
+    struct: type[msgspec.Struct],
+    checks: Mapping[str, Check],
+    deferred: frozenset[str] = frozenset(),
+) -> None:
+    """The 400 of the first field of `struct` (in declaration order) that `body` gets wrong."""
+    for field in _declared(struct):
+        value = body.get(field.name)
+        if value is None or field.name in deferred:
+            continue
+        check = checks.get(field.name)
+        if check is not None:
+            check(value)
+            continue
+        try:
+            msgspec.convert(value, field.annotation)
+        except msgspec.ValidationError as exc:
+            raise _refusal(field, value, exc) from None
+
+
+def _refusal(field: _Declared, value: object, exc: msgspec.ValidationError) -> BadRequestError:
+    name, base = field.name, field.base
+    if isinstance(base, type) and issubclass(base, msgspec.Struct):
+        if isinstance(value, dict):
+            raise_first_refusal(value, base, {})
+            return BadRequestError(f"'{name}': {exc}", param=name)
+        return BadRequestError(f"'{name}' must be an object", param=name)
+    of_type = _is_json_type(value, base)
+    if field.said is not None:
+        text = field.said.type if not of_type else field.said.range or field.said.type
+        return BadRequestError(text, param=name)
+    if not of_type:
+        return BadRequestError(f"'{name}' must be {_TYPE_WORDS.get(base, 'valid')}", param=name)
+    return BadRequestError(_range_text(name, base, field.meta), param=name)
+
+
+_TYPE_WORDS: dict[Any, str] = {
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+}
+
+
+def _is_json_type(value: object, base: Any) -> bool:
+    if base is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if base is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    return isinstance(value, base) if isinstance(base, type) else True
+
+
+def _range_text(name: str, base: Any, meta: Meta | None) -> str:
+    if base is str:
+        return f"'{name}' must be a non-empty string"
+    low = None if meta is None else meta.ge
+    high = None if meta is None else meta.le
+    if low is not None and high is not None:
+        return f"'{name}' must be between {_number(low)} and {_number(high)}"
+    if low is not None:
+        return f"'{name}' must be at least {_number(low)}"
+    return f"'{name}' must be at most {_number(high)}"
+
+
+def _number(bound: float | None) -> str:
+    return str(bound) if isinstance(bound, int) else f"{bound:g}"
+
+
+@functools.cache
+def _declared(struct: type[msgspec.Struct]) -> tuple[_Declared, ...]:
+    hints = typing.get_type_hints(struct, include_extras=True)
+    return tuple(_declare(name, hints[name]) for name in struct.__struct_fields__)
+
+
+def _declare(name: str, annotation: Any) -> _Declared:
+    """`annotation` is `T`, `T | None`, or either with `Annotated[T, Meta, Said]`."""
+    inner = annotation
+    if typing.get_origin(inner) in (typing.Union, types.UnionType):
+        options = [arg for arg in typing.get_args(inner) if arg is not type(None)]
+        inner = options[0] if len(options) == 1 else inner
+    base: Any = inner
+    marks: tuple[Any, ...] = ()
+    if typing.get_origin(inner) is Annotated:
+        base, *rest = typing.get_args(inner)
+        marks = tuple(rest)
+    meta = next((mark for mark in marks if isinstance(mark, Meta)), None)
+    said = next((mark for mark in marks if isinstance(mark, Said)), None)
+    return _Declared(name, annotation, base, meta, said)
