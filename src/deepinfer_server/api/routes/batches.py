@@ -30,7 +30,7 @@ from deepinfer_server.api.batches.openai_batches import (
 )
 from deepinfer_server.api.batches.runner import BatchRunner
 from deepinfer_server.api.body import read_body, read_json_body
-from deepinfer_server.api.routes.stored_responses import page_limit
+from deepinfer_server.api.routes.paging import page_limit
 from deepinfer_server.api.state import AppState
 from deepinfer_server.api.store_scope import request_scope
 from deepinfer_server.errors import (

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from deepinfer_server.api.body import read_json_body
-from deepinfer_server.api.routes.stored_responses import include_values, page_limit, page_order
+from deepinfer_server.api.routes.paging import include_values, page_limit, page_order
 from deepinfer_server.api.state import AppState
 from deepinfer_server.api.store_scope import request_scope
 from deepinfer_server.errors import BadRequestError, ErrorKind

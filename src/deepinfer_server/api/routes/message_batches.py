@@ -23,7 +23,7 @@ from deepinfer_server.api.batches.message_batches import (
 )
 from deepinfer_server.api.body import read_body, require_json_content_type
 from deepinfer_server.api.routes.batches import check_active, not_found, page, scoped
-from deepinfer_server.api.routes.stored_responses import page_limit
+from deepinfer_server.api.routes.paging import page_limit
 from deepinfer_server.errors import BadRequestError
 from deepinfer_server.protocol.core.validation import decode_json
 from deepinfer_server.store.batches import BatchRow

@@ -8,13 +8,14 @@ under another API key is a 404, word for word as one that never existed. A store
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
 from deepinfer_server.api.background import cancel, lost, resume
+from deepinfer_server.api.routes.paging import include_values, page_limit, page_order
 from deepinfer_server.api.sse import FrameWriter, SSEResponse, complete
 from deepinfer_server.api.state import AppState
 from deepinfer_server.api.store_scope import request_scope
@@ -29,8 +30,6 @@ from deepinfer_server.protocol.responses.stored import response_not_found
 from deepinfer_server.store import BrokenHistory, ResponseStore
 
 #: The most input items one page lists (OpenAI's bound), and a page's default.
-MAX_PAGE = 100
-DEFAULT_PAGE = 20
 _NO_STORE_HINT = " This server stores no responses (--response-store none)."
 
 
@@ -43,11 +42,6 @@ def _store(request: Request, response_id: str) -> ResponseStore:
     if state.store is None:
         raise response_not_found(response_id, _NO_STORE_HINT)
     return state.store
-
-
-def include_values(request: Request) -> list[str]:
-    params = request.query_params
-    return [*params.getlist("include"), *params.getlist("include[]")]
 
 
 async def retrieve_response(request: Request) -> Response:
@@ -133,28 +127,6 @@ async def delete_response(request: Request) -> Response:
     if not await store.delete(await request_scope(request, store), response_id):
         raise response_not_found(response_id)
     return _json({"id": response_id, "object": "response", "deleted": True})
-
-
-def page_limit(request: Request) -> int:
-    raw = request.query_params.get("limit")
-    if raw is None:
-        return DEFAULT_PAGE
-    try:
-        limit = int(raw)
-    except ValueError:
-        limit = 0
-    if not 1 <= limit <= MAX_PAGE:
-        raise BadRequestError(f"'limit' must be an integer from 1 to {MAX_PAGE}", param="limit")
-    return limit
-
-
-def page_order(request: Request) -> Literal["asc", "desc"]:
-    order = request.query_params.get("order", "desc")
-    if order == "asc":
-        return "asc"
-    if order == "desc":
-        return "desc"
-    raise BadRequestError("'order' must be 'asc' or 'desc'", param="order")
 
 
 async def list_input_items(request: Request) -> Response:
