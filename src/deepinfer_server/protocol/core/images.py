@@ -77,16 +77,20 @@ class AllowedOrigins:
         return (port == default and (host, None) in self.origins) or (host, port) in self.origins
 
 
+def _not_fetched(param: str | None) -> BadRequestError:
+    return BadRequestError(
+        "image URLs are not fetched by this server: send the image inline as a "
+        "`data:image/...;base64,...` URL",
+        param=param,
+        kind=ErrorKind.UNSUPPORTED,
+        code="unsupported_content",
+    )
+
+
 def check_fetchable(url: str, allowed: AllowedOrigins, param: str | None) -> None:
     """400 for a URL this server never fetches (decided from the URL alone)."""
     if not allowed:
-        raise BadRequestError(
-            "image URLs are not fetched by this server: send the image inline as a "
-            "`data:image/...;base64,...` URL",
-            param=param,
-            kind=ErrorKind.UNSUPPORTED,
-            code="unsupported_content",
-        )
+        raise _not_fetched(param)
     if not allowed.allows(url):
         raise BadRequestError(
             f"image URL {url!r} is not on this server's --allowed-media-domains (hosts on "
@@ -145,13 +149,7 @@ def _encoded_size(source: ImageSource) -> int:
     if source.kind == "bytes":
         return len(source.data or b"")
     if source.kind != "data_url":
-        raise BadRequestError(
-            "image URLs are not fetched by this server: send the image inline as a "
-            "`data:image/...;base64,...` URL",
-            param=source.path.lstrip(".") or None,
-            kind=ErrorKind.UNSUPPORTED,
-            code="unsupported_content",
-        )
+        raise _not_fetched(source.path.lstrip(".") or None)
     header, _, payload = (source.data_url or "").partition(",")
     if not header.endswith(";base64"):
         return len(payload)  # percent-encoded: at least as long as its bytes
