@@ -18,6 +18,7 @@ from typing import Any
 
 import jsonschema
 import msgspec
+import msgspec.inspect
 import pytest
 from starlette.routing import Route
 
@@ -26,16 +27,14 @@ from deepinfer_server.api.route_table import ROUTES
 from deepinfer_server.api.routes.openapi import openapi_document
 from deepinfer_server.errors import ApiError, ContextLengthError
 from deepinfer_server.model.tokenizer import embedded_tokenizer_json
-from deepinfer_server.protocol.chat.request import ChatBody, prepare_chat
-from deepinfer_server.protocol.completions.request import CompletionBody, prepare_completion
+from deepinfer_server.protocol.chat.request import prepare_chat
+from deepinfer_server.protocol.completions.request import prepare_completion
+from deepinfer_server.protocol.core import sampling as sampling_module
+from deepinfer_server.protocol.core.body import read_body
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.protocol.core.validation import read_priority
-from deepinfer_server.protocol.messages.request import (
-    MessagesBody,
-    count_message_tokens,
-    prepare_messages,
-)
-from deepinfer_server.protocol.responses.request import ResponsesBody, prepare_responses
+from deepinfer_server.protocol.messages.request import count_message_tokens, prepare_messages
+from deepinfer_server.protocol.responses.request import prepare_responses
 from tests.http.harness import MODEL, run, serve
 
 Prepare = Callable[[dict[str, Any], RecipeContext], object]
@@ -360,25 +359,44 @@ def test_every_field_the_protocol_layer_reads_is_described(path: str) -> None:
     assert missing == [], f"{path} reads fields its OpenAPI schema does not describe: {missing}"
 
 
-#: Each POST API's typed body: the fields msgspec converts (the recording above sees only the
-#: reads of the dict itself).
-_TYPED_BODIES: dict[str, type[msgspec.Struct]] = {
-    "/v1/chat/completions": ChatBody,
-    "/v1/completions": CompletionBody,
-    "/v1/responses": ResponsesBody,
-    "/v1/messages": MessagesBody,
-    "/v1/messages/count_tokens": MessagesBody,
-}
+def _typed_structs(path: str, monkeypatch: pytest.MonkeyPatch) -> set[type[msgspec.Struct]]:
+    """The Structs `path`'s preparation reads its body as (msgspec reads the dict below
+    Python, so the recording above does not see those fields)."""
+    used: set[type[msgspec.Struct]] = set()
+    real = read_body
+
+    def recording(body: Any, struct: type[msgspec.Struct], **options: Any) -> Any:
+        used.add(struct)
+        return real(body, struct, **options)
+
+    monkeypatch.setattr(sampling_module, "read_body", recording)
+    _, prepare, minimal = POST_APIS[path]
+    prepare(copy.deepcopy(minimal), _recipe())
+    return used
+
+
+def _struct_paths(struct: type[msgspec.Struct], prefix: str = "") -> Iterator[str]:
+    """Every field of `struct` as a path (`stream_options.include_usage`), nested Structs too."""
+    info = msgspec.inspect.type_info(struct)
+    assert isinstance(info, msgspec.inspect.StructType)
+    for field in info.fields:
+        yield f"{prefix}{field.name}"
+        kinds = (
+            field.type.types if isinstance(field.type, msgspec.inspect.UnionType) else (field.type,)
+        )
+        for kind in kinds:
+            if isinstance(kind, msgspec.inspect.StructType):
+                yield from _struct_paths(kind.cls, f"{prefix}{field.name}.")
 
 
 @pytest.mark.parametrize("path", list(POST_APIS))
-def test_every_typed_body_field_is_described(path: str) -> None:
+def test_every_typed_body_field_is_described(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     component = _components()[POST_APIS[path][0]]
-    struct = _TYPED_BODIES[path]
-    fields = set(struct.__struct_fields__) - (_COUNT_TOKENS_SETS if "count" in path else set())
-    assert {"temperature", "cache_salt"} <= fields
+    structs = _typed_structs(path, monkeypatch)
+    assert structs, f"{path}'s preparation reads no typed body"
+    fields = {field for struct in structs for field in _struct_paths(struct)}
     missing = sorted(field for field in fields if not _described(component, field))
-    assert missing == [], f"{path}'s {struct.__name__} has fields its schema lacks: {missing}"
+    assert missing == [], f"{path}'s typed body has fields its schema lacks: {missing}"
 
 
 def _scalar(schema: dict[str, Any]) -> dict[str, Any] | None:

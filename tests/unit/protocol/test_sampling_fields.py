@@ -1,8 +1,8 @@
 """The sampling-field declaration walked: every declared field reaches the engine's options (or
 is refused beyond its neutral value) and the OpenAPI document of every protocol that takes it.
 
-A field added to `SAMPLING_FIELDS` without a `SamplingOptions` field, a protocol that drops it on
-the way to the engine, or a body schema that misses it, fails here.
+A field added to a protocol's sampling Struct without a `SamplingOptions` field, a protocol that
+drops it on the way to the engine, or a body schema that misses it, fails here.
 """
 
 from __future__ import annotations

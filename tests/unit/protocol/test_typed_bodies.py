@@ -11,7 +11,7 @@ import pytest
 from deepinfer_server.errors import BadRequestError
 from deepinfer_server.protocol.chat.request import ChatBody
 from deepinfer_server.protocol.completions.request import CompletionBody
-from deepinfer_server.protocol.core.body import Said, read_body
+from deepinfer_server.protocol.core.body import Said, declared_fields, read_body
 from deepinfer_server.protocol.core.sampling import SAMPLING, Api
 
 UINT32_MAX = 2**32 - 1
@@ -97,3 +97,36 @@ def test_the_wording_comes_from_the_declaration() -> None:
         with pytest.raises(BadRequestError) as refused:
             read_body(body, Body)
         assert refused.value.message == message
+
+
+def test_a_bound_no_wording_fits_gets_msgspecs_own_and_never_a_500() -> None:
+    class Body(msgspec.Struct, kw_only=True):
+        above: Annotated[int, msgspec.Meta(gt=0)] | None = None
+        code: Annotated[str, msgspec.Meta(pattern="^[a-z]+$")] | None = None
+        big: Annotated[float, msgspec.Meta(le=4294967295.0)] | None = None
+        needed: int = 0
+
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"above": 0}, "'above' is not valid: Expected `int` >= 1"),
+        ({"code": "A"}, "'code' is not valid: Expected `str` matching regex"),
+        ({"big": 5e9}, "'big' must be at most 4294967295"),
+        ({"needed": None}, "'needed' must be an integer"),
+    ]
+    for body, message in cases:
+        with pytest.raises(BadRequestError) as refused:
+            read_body(body, Body)
+        assert refused.value.message.startswith(message)
+        assert refused.value.param == next(iter(body))
+
+
+def test_a_field_declared_in_a_shape_without_wording_is_refused_at_declaration() -> None:
+    class Union(msgspec.Struct, kw_only=True):
+        either: int | str | None = None
+
+    class Listed(msgspec.Struct, kw_only=True):
+        names: list[str] | None = None
+
+    for struct in (Union, Listed):
+        with pytest.raises(TypeError):
+            declared_fields(struct)
+    assert declared_fields(ChatBody) == ChatBody.__struct_fields__

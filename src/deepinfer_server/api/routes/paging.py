@@ -9,6 +9,7 @@ from starlette.requests import Request
 
 from deepinfer_server.errors import BadRequestError
 
+#: The most items one page lists (OpenAI's bound), and a page's default.
 MAX_PAGE = 100
 DEFAULT_PAGE = 20
 

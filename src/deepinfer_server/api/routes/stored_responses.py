@@ -29,7 +29,6 @@ from deepinfer_server.protocol.responses.reasoning import (
 from deepinfer_server.protocol.responses.stored import response_not_found
 from deepinfer_server.store import BrokenHistory, ResponseStore
 
-#: The most input items one page lists (OpenAI's bound), and a page's default.
 _NO_STORE_HINT = " This server stores no responses (--response-store none)."
 
 

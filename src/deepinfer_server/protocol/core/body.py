@@ -19,8 +19,7 @@ import msgspec
 from msgspec import Meta
 
 from deepinfer_server.errors import BadRequestError
-
-UINT32_MAX = 2**32 - 1
+from deepinfer_server.protocol.core.validation import UINT32_MAX
 
 S = TypeVar("S", bound=msgspec.Struct)
 
@@ -66,9 +65,12 @@ class _Declared:
 
     name: str
     annotation: Any
+    #: bool, int, float, str or a Struct.
     base: Any
     meta: Meta | None
     said: Said | None
+    #: Whether null is accepted (read as absent).
+    nullable: bool
 
 
 def read_body(
@@ -80,8 +82,10 @@ def read_body(
 ) -> S:
     """`body`'s fields typed as `struct` declares them; a 400 naming the first refused field.
 
-    `checks` are fields' own checks (run instead of the declared wording); a refused field
-    named in `deferred` is another layer's to refuse (deepseek-recipe's): it is read as absent.
+    When msgspec refuses the body, each present field is checked in declaration order: by its
+    own check in `checks` (which must refuse what its declaration refuses), or else against its
+    annotation, and the first refused one gets its 400. A refused field named in `deferred` is
+    another layer's to refuse (deepseek-recipe's): it is read as absent.
     """
     try:
         return msgspec.convert(body, struct)
@@ -103,7 +107,7 @@ def raise_first_refusal(
     """The 400 of the first field of `struct` (in declaration order) that `body` gets wrong."""
     for field in _declared(struct):
         value = body.get(field.name)
-        if value is None or field.name in deferred:
+        if field.name in deferred or (value is None and field.nullable):
             continue
         check = checks.get(field.name)
         if check is not None:
@@ -117,18 +121,19 @@ def raise_first_refusal(
 
 def _refusal(field: _Declared, value: object, exc: msgspec.ValidationError) -> BadRequestError:
     name, base = field.name, field.base
-    if isinstance(base, type) and issubclass(base, msgspec.Struct):
+    if _is_struct(base):
         if isinstance(value, dict):
             raise_first_refusal(value, base, {})
             return BadRequestError(f"'{name}': {exc}", param=name)
         return BadRequestError(f"'{name}' must be an object", param=name)
     of_type = _is_json_type(value, base)
     if field.said is not None:
-        text = field.said.type if not of_type else field.said.range or field.said.type
-        return BadRequestError(text, param=name)
+        said = field.said.type if not of_type else field.said.range or field.said.type
+        return BadRequestError(said, param=name)
     if not of_type:
-        return BadRequestError(f"'{name}' must be {_TYPE_WORDS.get(base, 'valid')}", param=name)
-    return BadRequestError(_range_text(name, base, field.meta), param=name)
+        return BadRequestError(f"'{name}' must be {_TYPE_WORDS[base]}", param=name)
+    bounds = _range_text(name, base, field.meta)
+    return BadRequestError(bounds or f"'{name}' is not valid: {exc}", param=name)
 
 
 _TYPE_WORDS: dict[Any, str] = {
@@ -144,23 +149,32 @@ def _is_json_type(value: object, base: Any) -> bool:
         return isinstance(value, int) and not isinstance(value, bool)
     if base is float:
         return isinstance(value, int | float) and not isinstance(value, bool)
-    return isinstance(value, base) if isinstance(base, type) else True
+    return isinstance(value, base)
 
 
-def _range_text(name: str, base: Any, meta: Meta | None) -> str:
+def _range_text(name: str, base: Any, meta: Meta | None) -> str | None:
+    """The wording of a value of the right type out of its declared bounds (None: no wording
+    fits; msgspec's own is used)."""
+    if meta is None:
+        return None
     if base is str:
-        return f"'{name}' must be a non-empty string"
-    low = None if meta is None else meta.ge
-    high = None if meta is None else meta.le
+        if meta.min_length == 1 and meta.max_length is None and meta.pattern is None:
+            return f"'{name}' must be a non-empty string"
+        return None
+    if meta.gt is not None or meta.lt is not None or meta.multiple_of is not None:
+        return None
+    low, high = meta.ge, meta.le
     if low is not None and high is not None:
         return f"'{name}' must be between {_number(low)} and {_number(high)}"
     if low is not None:
         return f"'{name}' must be at least {_number(low)}"
-    return f"'{name}' must be at most {_number(high)}"
+    if high is not None:
+        return f"'{name}' must be at most {_number(high)}"
+    return None
 
 
-def _number(bound: float | None) -> str:
-    return str(bound) if isinstance(bound, int) else f"{bound:g}"
+def _number(bound: float) -> str:
+    return str(int(bound)) if float(bound).is_integer() else f"{bound:g}"
 
 
 @functools.cache
@@ -169,17 +183,37 @@ def _declared(struct: type[msgspec.Struct]) -> tuple[_Declared, ...]:
     return tuple(_declare(name, hints[name]) for name in struct.__struct_fields__)
 
 
+def declared_fields(struct: type[msgspec.Struct]) -> tuple[str, ...]:
+    """`struct`'s field names, once its declarations are checked: each field is `T`, `T | None`,
+    or either with `Annotated[T, Meta, Said]`, where T is bool, int, float, str or a Struct
+    (whose fields are checked too); a TypeError otherwise."""
+    for field in _declared(struct):
+        if _is_struct(field.base):
+            declared_fields(field.base)
+    return struct.__struct_fields__
+
+
+def _is_struct(base: Any) -> bool:
+    return isinstance(base, type) and issubclass(base, msgspec.Struct)
+
+
 def _declare(name: str, annotation: Any) -> _Declared:
-    """`annotation` is `T`, `T | None`, or either with `Annotated[T, Meta, Said]`."""
+    """One field's declaration (see `declared_fields`)."""
     inner = annotation
+    nullable = False
     if typing.get_origin(inner) in (typing.Union, types.UnionType):
         options = [arg for arg in typing.get_args(inner) if arg is not type(None)]
-        inner = options[0] if len(options) == 1 else inner
+        nullable = len(options) < len(typing.get_args(inner))
+        if len(options) != 1:
+            raise TypeError(f"body field {name!r}: one type (or it or null), not {annotation}")
+        inner = options[0]
     base: Any = inner
     marks: tuple[Any, ...] = ()
     if typing.get_origin(inner) is Annotated:
         base, *rest = typing.get_args(inner)
         marks = tuple(rest)
+    if base not in _TYPE_WORDS and not _is_struct(base):
+        raise TypeError(f"body field {name!r}: bool, int, float, str or a Struct, not {base}")
     meta = next((mark for mark in marks if isinstance(mark, Meta)), None)
     said = next((mark for mark in marks if isinstance(mark, Said)), None)
-    return _Declared(name, annotation, base, meta, said)
+    return _Declared(name, annotation, base, meta, said, nullable)

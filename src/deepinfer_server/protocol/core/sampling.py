@@ -2,10 +2,11 @@
 
 Each protocol's sampling fields are one Struct (`BODIES`): a field is its name, its JSON type and
 bounds (`msgspec.Meta`) and how it reaches the engine (`Engine`: the `SamplingOptions` field it
-fills, and who checks it). From those declarations come, per protocol (`SAMPLING`), the body's
-validation and its 400s (`ProtocolSampling.read`: msgspec converts the body; a field it refuses
-gets the field's own message), the one mapping to the engine's options
-(`ProtocolSampling.options`), and the OpenAPI schemas (`openapi/fields.py`). A new sampling field
+fills, and who checks it). Each protocol's typed body (`ChatBody`, ...) extends its sampling
+Struct. From those declarations come, per protocol (`SAMPLING`), the body's validation and its
+400s (`ProtocolSampling.typed`: msgspec converts the body; a field it refuses gets the field's
+own message), the one mapping to the engine's options (`ProtocolSampling.values` and
+`ProtocolSampling.options`), and the OpenAPI schemas (`openapi/fields.py`). A new sampling field
 is one Struct field (plus the engine's side of its `SamplingOptions` field);
 `tests/unit/protocol/test_sampling_fields.py` fails when it reaches neither the engine nor the
 OpenAPI document.
@@ -257,6 +258,9 @@ def _declared(name: str, annotation: Any, apis: frozenset[Api]) -> SamplingField
         raise TypeError(f"sampling field {name!r} needs an int or float with a Meta and an Engine")
     if meta.ge is None or meta.le is None:
         raise TypeError(f"sampling field {name!r} needs both bounds (ge and le)")
+    if engine.neutral is not None and not meta.ge == meta.le == engine.neutral:
+        # msgspec would accept what the field's own check refuses.
+        raise TypeError(f"sampling field {name!r}: a neutral-only field's bounds are its value")
     return SamplingField(name, kind, meta.ge, meta.le, engine, apis, meta.description or "")
 
 
