@@ -392,6 +392,28 @@ def test_get_include_seals_reasoning(tmp_path: Path) -> None:
     run_stored(tmp_path, test, script=Script("Deep thought.</think>Hi"))
 
 
+def test_an_include_is_honoured_or_refused(tmp_path: Path) -> None:
+    """`include` on a stored response and its input items: what the store holds as it is (images
+    with their URLs) or seals (reasoning) is honoured; anything else is a 400 naming it."""
+
+    async def test(h: Harness) -> None:
+        created = (await h.client.post(RESPONSES, json={"model": MODEL, "input": "hi"})).json()
+        response = f"{RESPONSES}/{created['id']}"
+        image = {"include": "message.input_image.image_url"}
+        for path in (response, f"{response}/input_items"):
+            assert (await h.client.get(path, params=image)).status_code == 200
+            refused = await h.client.get(path, params={"include": "file_search_call.results"})
+            assert refused.status_code == 400, refused.text
+            error = refused.json()["error"]
+            assert error["param"] == "include" and "file_search_call.results" in error["message"]
+        items = await h.client.get(
+            f"{response}/input_items", params={"include": "reasoning.encrypted_content"}
+        )
+        assert items.status_code == 400  # input items carry no reasoning to seal
+
+    run_stored(tmp_path, test, script=Script("Deep thought.</think>Hi"))
+
+
 def test_a_store_outage_fails_only_what_needs_the_store(tmp_path: Path) -> None:
     async def body() -> None:
         broken = tmp_path / "a-directory"

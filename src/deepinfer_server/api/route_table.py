@@ -64,6 +64,7 @@ from deepinfer_server.api.routes.tokenization import (
 )
 from deepinfer_server.openapi import operations as op
 from deepinfer_server.openapi.schema import Schema, one_of, ref
+from deepinfer_server.protocol.responses.stored import ITEMS_INCLUDE, RESPONSE_INCLUDE
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -130,7 +131,7 @@ ROUTES: tuple[Endpoint, ...] = (
                 protected=True,
             ),
             op.RESPONSE_ID,
-            op.INCLUDE,
+            op.include(RESPONSE_INCLUDE),
             *op.STREAM_AGAIN,
         ),
     ),
@@ -156,7 +157,7 @@ ROUTES: tuple[Endpoint, ...] = (
         _with(
             op.get("A stored response's input items, a page at a time", protected=True),
             op.RESPONSE_ID,
-            op.INCLUDE,
+            op.include(ITEMS_INCLUDE),
             *op.PAGE,
         ),
     ),
@@ -204,7 +205,7 @@ ROUTES: tuple[Endpoint, ...] = (
         _with(
             op.get("A conversation's items, a page at a time", protected=True),
             op.CONVERSATION_ID,
-            op.INCLUDE,
+            op.include(ITEMS_INCLUDE),
             *op.PAGE,
         ),
     ),
@@ -216,7 +217,7 @@ ROUTES: tuple[Endpoint, ...] = (
         _with(
             op.post_object("Add up to 20 items to a conversation", "ConversationItemsRequest"),
             op.CONVERSATION_ID,
-            op.INCLUDE,
+            op.include(ITEMS_INCLUDE),
         ),
     ),
     Endpoint(
@@ -228,7 +229,7 @@ ROUTES: tuple[Endpoint, ...] = (
             op.get("One item of a conversation", protected=True),
             op.CONVERSATION_ID,
             op.ITEM_ID,
-            op.INCLUDE,
+            op.include(ITEMS_INCLUDE),
         ),
     ),
     Endpoint(

@@ -109,12 +109,18 @@ CONVERSATION_ID = {
     "schema": {"type": "string"},
 }
 ITEM_ID = {"name": "item_id", "in": "path", "required": True, "schema": {"type": "string"}}
-INCLUDE = {
-    "name": "include",
-    "in": "query",
-    "required": False,
-    "schema": {"type": "array", "items": {"type": "string"}},
-}
+
+
+def include(supported: frozenset[str]) -> dict[str, Any]:
+    """The `include` query parameter of an endpoint that honours `supported` (others: a 400)."""
+    return {
+        "name": "include",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "array", "items": {"type": "string", "enum": sorted(supported)}},
+    }
+
+
 STREAM_AGAIN = [
     {"name": "stream", "in": "query", "required": False, "schema": {"type": "boolean"}},
     {"name": "starting_after", "in": "query", "required": False, "schema": {"type": "integer"}},

@@ -21,12 +21,12 @@ from deepinfer_server.api.state import AppState
 from deepinfer_server.api.store_scope import request_scope
 from deepinfer_server.errors import BadRequestError, ErrorKind
 from deepinfer_server.protocol.responses.conversations import (
-    check_include,
     conversation_not_found,
     item_not_found,
     read_items,
     read_metadata,
 )
+from deepinfer_server.protocol.responses.stored import ITEMS_INCLUDE, check_include
 from deepinfer_server.store.conversations import ConversationStore
 
 _NO_STORE = "this server stores no conversations (--response-store none)"
@@ -110,7 +110,7 @@ async def delete_conversation(request: Request) -> Response:
 
 async def list_items(request: Request) -> Response:
     """The conversation's items, a page at a time (newest first unless `order=asc`)."""
-    check_include(include_values(request))
+    check_include(include_values(request), ITEMS_INCLUDE, "conversation items")
     limit, order = page_limit(request), page_order(request)
     conversations, scope, conversation_id = await _opened(request)
     page = await conversations.items(
@@ -123,7 +123,7 @@ async def list_items(request: Request) -> Response:
 
 async def create_items(request: Request) -> Response:
     """Add up to 20 items at the end of the conversation; the items added."""
-    check_include(include_values(request))
+    check_include(include_values(request), ITEMS_INCLUDE, "conversation items")
     body = await _body(request)
     conversations, scope, conversation_id = await _opened(request)
     items = read_items(body.get("items"), required=True)
@@ -133,7 +133,7 @@ async def create_items(request: Request) -> Response:
 
 
 async def retrieve_item(request: Request) -> Response:
-    check_include(include_values(request))
+    check_include(include_values(request), ITEMS_INCLUDE, "conversation items")
     conversations, scope, conversation_id = await _opened(request)
     item_id: str = request.path_params["item_id"]
     if await conversations.get(scope, conversation_id) is None:

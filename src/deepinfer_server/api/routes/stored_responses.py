@@ -26,7 +26,12 @@ from deepinfer_server.protocol.responses.reasoning import (
     ReasoningRequest,
     conversation_digest,
 )
-from deepinfer_server.protocol.responses.stored import response_not_found
+from deepinfer_server.protocol.responses.stored import (
+    ITEMS_INCLUDE,
+    RESPONSE_INCLUDE,
+    check_include,
+    response_not_found,
+)
 from deepinfer_server.store import BrokenHistory, ResponseStore
 
 _NO_STORE_HINT = " This server stores no responses (--response-store none)."
@@ -50,6 +55,8 @@ async def retrieve_response(request: Request) -> Response:
     store = _store(request, response_id)
     streaming = request.query_params.get("stream", "false").lower() == "true"
     after = _starting_after(request)
+    include = include_values(request)
+    check_include(include, RESPONSE_INCLUDE, "a stored response")
     scope = await request_scope(request, store)
     stored = await store.response(scope, response_id)
     if stored is None:
@@ -79,7 +86,7 @@ async def retrieve_response(request: Request) -> Response:
                 await complete(write(frame.encode()))
 
         return SSEResponse(write_body)  # type: ignore[return-value]  # an ASGI app, as a route answers
-    if ENCRYPTED_CONTENT in include_values(request):
+    if ENCRYPTED_CONTENT in include:
         try:
             history = await store.history(scope, response_id) or []
         except BrokenHistory:  # sealed after what is left of the conversation
@@ -133,6 +140,7 @@ async def list_input_items(request: Request) -> Response:
     response_id: str = request.path_params["response_id"]
     store = _store(request, response_id)
     limit, order = page_limit(request), page_order(request)
+    check_include(include_values(request), ITEMS_INCLUDE, "input items")
     page = await store.input_items(
         await request_scope(request, store),
         response_id,

@@ -22,9 +22,6 @@ MAX_METADATA_PAIRS = 16
 MAX_METADATA_KEY = 64
 MAX_METADATA_VALUE = 512
 _ROLES = frozenset({"user", "assistant", "system", "developer"})
-#: `include` values a conversation's items honour: images are always stored and listed with
-#: their URLs, so asking for them changes nothing.
-INCLUDABLE = frozenset({"message.input_image.image_url"})
 
 
 def read_conversation(body: dict[str, Any]) -> str | None:
@@ -119,18 +116,6 @@ def _checked_item(item: Any, where: str) -> Item:
             )
     stored: Item = with_id(item)
     return stored
-
-
-def check_include(values: list[str]) -> None:
-    """A 400 for an `include` value a conversation's items cannot honour."""
-    for value in values:
-        if value not in INCLUDABLE:
-            raise BadRequestError(
-                f"include {value!r} is not supported for conversation items; supported: "
-                + ", ".join(sorted(INCLUDABLE)),
-                param="include",
-                kind=ErrorKind.UNSUPPORTED,
-            )
 
 
 def conversation_not_found(conversation_id: str) -> StoredObjectNotFound:

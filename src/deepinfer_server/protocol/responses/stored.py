@@ -15,7 +15,11 @@ from typing import Any
 
 from deepinfer_server.errors import BadRequestError, ErrorKind, StoredObjectNotFound
 from deepinfer_server.protocol.core.reasoning_seal import ReasoningSeal
-from deepinfer_server.protocol.responses.reasoning import ConversationDigest, reasoning_text
+from deepinfer_server.protocol.responses.reasoning import (
+    ENCRYPTED_CONTENT,
+    ConversationDigest,
+    reasoning_text,
+)
 
 Item = dict[str, Any]
 
@@ -31,6 +35,25 @@ _ID_PREFIXES = {
 }
 #: Part types of a message's string content, by role.
 _TEXT_PART = {"assistant": "output_text"}
+#: `include` values stored items honour as they are: images are always stored and listed with
+#: their URLs, so asking for them changes nothing.
+ITEMS_INCLUDE = frozenset({"message.input_image.image_url"})
+#: `include` values `GET /v1/responses/{id}` honours: the stored items' own, and its reasoning
+#: sealed for the conversation as stored.
+RESPONSE_INCLUDE = ITEMS_INCLUDE | {ENCRYPTED_CONTENT}
+
+
+def check_include(values: list[str], supported: frozenset[str], where: str) -> None:
+    """A 400 for an `include` value that `where` (conversation items, a stored response...)
+    cannot honour."""
+    for value in values:
+        if value not in supported:
+            raise BadRequestError(
+                f"include {value!r} is not supported for {where}; supported: "
+                + ", ".join(sorted(supported)),
+                param="include",
+                kind=ErrorKind.UNSUPPORTED,
+            )
 
 
 def input_list(body: dict[str, Any]) -> list[Any]:
