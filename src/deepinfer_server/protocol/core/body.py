@@ -22,6 +22,7 @@ from deepinfer_server.errors import BadRequestError
 from deepinfer_server.protocol.core.validation import UINT32_MAX
 
 S = TypeVar("S", bound=msgspec.Struct)
+M = TypeVar("M")
 
 #: A field's own check of a present value: raises the field's 400 (a BadRequestError).
 Check = Callable[[object], object]
@@ -60,17 +61,21 @@ NO_STREAM_OPTIONS = StreamOptions()
 
 
 @dataclass(frozen=True, slots=True)
-class _Declared:
-    """One Struct field as its annotation declares it."""
+class Declared:
+    """One Struct field as its annotation declares it (see `declarations`)."""
 
     name: str
     annotation: Any
     #: bool, int, float, str or a Struct.
     base: Any
-    meta: Meta | None
-    said: Said | None
+    #: What `Annotated` adds to the type: its `Meta`, its `Said`, a caller's own markers.
+    marks: tuple[Any, ...]
     #: Whether null is accepted (read as absent).
     nullable: bool
+
+    def mark(self, kind: type[M]) -> M | None:
+        """The field's marker of type `kind`, if it has one."""
+        return next((mark for mark in self.marks if isinstance(mark, kind)), None)
 
 
 def read_body(
@@ -105,7 +110,7 @@ def raise_first_refusal(
     deferred: frozenset[str] = frozenset(),
 ) -> None:
     """The 400 of the first field of `struct` (in declaration order) that `body` gets wrong."""
-    for field in _declared(struct):
+    for field in declarations(struct):
         value = body.get(field.name)
         if field.name in deferred or (value is None and field.nullable):
             continue
@@ -119,20 +124,19 @@ def raise_first_refusal(
             raise _refusal(field, value, exc) from None
 
 
-def _refusal(field: _Declared, value: object, exc: msgspec.ValidationError) -> BadRequestError:
-    name, base = field.name, field.base
+def _refusal(field: Declared, value: object, exc: msgspec.ValidationError) -> BadRequestError:
+    name, base, said = field.name, field.base, field.mark(Said)
     if _is_struct(base):
         if isinstance(value, dict):
             raise_first_refusal(value, base, {})
             return BadRequestError(f"'{name}': {exc}", param=name)
         return BadRequestError(f"'{name}' must be an object", param=name)
     of_type = _is_json_type(value, base)
-    if field.said is not None:
-        said = field.said.type if not of_type else field.said.range or field.said.type
-        return BadRequestError(said, param=name)
+    if said is not None:
+        return BadRequestError(said.type if not of_type else said.range or said.type, param=name)
     if not of_type:
         return BadRequestError(f"'{name}' must be {_TYPE_WORDS[base]}", param=name)
-    bounds = _range_text(name, base, field.meta)
+    bounds = _range_text(name, base, field.mark(Meta))
     return BadRequestError(bounds or f"'{name}' is not valid: {exc}", param=name)
 
 
@@ -178,16 +182,18 @@ def _number(bound: float) -> str:
 
 
 @functools.cache
-def _declared(struct: type[msgspec.Struct]) -> tuple[_Declared, ...]:
+def declarations(struct: type[msgspec.Struct]) -> tuple[Declared, ...]:
+    """`struct`'s fields as their annotations declare them, in order: each is `T`, `T | None`,
+    or either with `Annotated[T, ...]`, where T is bool, int, float, str or a Struct; a
+    TypeError otherwise."""
     hints = typing.get_type_hints(struct, include_extras=True)
     return tuple(_declare(name, hints[name]) for name in struct.__struct_fields__)
 
 
 def declared_fields(struct: type[msgspec.Struct]) -> tuple[str, ...]:
-    """`struct`'s field names, once its declarations are checked: each field is `T`, `T | None`,
-    or either with `Annotated[T, Meta, Said]`, where T is bool, int, float, str or a Struct
-    (whose fields are checked too); a TypeError otherwise."""
-    for field in _declared(struct):
+    """`struct`'s field names, once its declarations and those of the Structs it nests are
+    checked (`declarations`)."""
+    for field in declarations(struct):
         if _is_struct(field.base):
             declared_fields(field.base)
     return struct.__struct_fields__
@@ -197,8 +203,8 @@ def _is_struct(base: Any) -> bool:
     return isinstance(base, type) and issubclass(base, msgspec.Struct)
 
 
-def _declare(name: str, annotation: Any) -> _Declared:
-    """One field's declaration (see `declared_fields`)."""
+def _declare(name: str, annotation: Any) -> Declared:
+    """One field's declaration (see `declarations`)."""
     inner = annotation
     nullable = False
     if typing.get_origin(inner) in (typing.Union, types.UnionType):
@@ -214,6 +220,4 @@ def _declare(name: str, annotation: Any) -> _Declared:
         marks = tuple(rest)
     if base not in _TYPE_WORDS and not _is_struct(base):
         raise TypeError(f"body field {name!r}: bool, int, float, str or a Struct, not {base}")
-    meta = next((mark for mark in marks if isinstance(mark, Meta)), None)
-    said = next((mark for mark in marks if isinstance(mark, Said)), None)
-    return _Declared(name, annotation, base, meta, said, nullable)
+    return Declared(name, annotation, base, marks, nullable)

@@ -20,7 +20,6 @@ parameter.
 from __future__ import annotations
 
 import dataclasses
-import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -32,7 +31,7 @@ from msgspec import Meta
 
 from deepinfer_server.errors import BadRequestError, ErrorKind
 from deepinfer_server.ipc.messages import SamplingOptions
-from deepinfer_server.protocol.core.body import read_body
+from deepinfer_server.protocol.core.body import Declared, declarations, read_body
 
 INT32_MAX = 2**31 - 1
 SEED_MAX = 2**63 - 1
@@ -243,19 +242,14 @@ class SamplingField:
         return f"'{self.name}' must be a number between {self.minimum:g} and {self.maximum:g}"
 
 
-def _declared(name: str, annotation: Any, apis: frozenset[Api]) -> SamplingField:
-    """A Struct field's declaration: `Annotated[int | float, Meta(...), Engine(...)] | None`."""
-    declared = next(
-        (arg for arg in typing.get_args(annotation) if typing.get_origin(arg) is Annotated),
-        None,
-    )
-    if declared is None:
-        raise TypeError(f"sampling field {name!r} must be Annotated[..., Meta, Engine] | None")
-    kind, *marks = typing.get_args(declared)
-    meta = next((mark for mark in marks if isinstance(mark, Meta)), None)
-    engine = next((mark for mark in marks if isinstance(mark, Engine)), None)
-    if kind not in (int, float) or meta is None or engine is None:
-        raise TypeError(f"sampling field {name!r} needs an int or float with a Meta and an Engine")
+def _sampling_field(field: Declared, apis: frozenset[Api]) -> SamplingField:
+    """A sampling field's declaration: `Annotated[int | float, Meta(...), Engine(...)] | None`."""
+    name, kind = field.name, field.base
+    meta, engine = field.mark(Meta), field.mark(Engine)
+    if not field.nullable or kind not in (int, float) or meta is None or engine is None:
+        raise TypeError(
+            f"sampling field {name!r} must be Annotated[int or float, Meta, Engine] | None"
+        )
     if meta.ge is None or meta.le is None:
         raise TypeError(f"sampling field {name!r} needs both bounds (ge and le)")
     if engine.neutral is not None and not meta.ge == meta.le == engine.neutral:
@@ -270,8 +264,7 @@ def sampling_fields_of(
     """The declarations of `body`'s fields, in order (the order the server checks them);
     `apis_of` names the protocols that take each. A TypeError for a field declared without
     its bounds or its engine mapping."""
-    hints = typing.get_type_hints(body, include_extras=True)
-    return tuple(_declared(name, hints[name], apis_of[name]) for name in body.__struct_fields__)
+    return tuple(_sampling_field(field, apis_of[field.name]) for field in declarations(body))
 
 
 def _fields() -> dict[Api, tuple[SamplingField, ...]]:
