@@ -72,7 +72,10 @@ class EngineCoordinator(FakeCoordinator):
             if handle.engine_finished:  # closed (the client left): stop running it
                 self.driver.abort([request_id])
                 return
-            _, deltas = self.driver.iterate()
+            _, all_deltas = self.driver.iterate()
+            # An earlier request aborted by its client can still have outputs in flight (a
+            # speculative step's deferred tokens): they are not this request's.
+            deltas = [delta for delta in all_deltas if delta.request_id == request_id]
             due = False
             for delta in deltas:
                 generated.extend(delta.tokens.token_ids)
