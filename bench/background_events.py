@@ -1,7 +1,7 @@
 """What storing a background response's stream costs, by the number of events per transaction.
 
 A background stream's events are written to the Responses store before the stream shows them
-(`api/background.py`), one transaction per write, each taking every event that came while the
+(`services/background.py`), one transaction per write, each taking every event that came while the
 last one ran: one event per transaction when the store keeps up, more when it does not. This
 writes the same events (a 300-byte `response.output_text.delta` frame each, as a short token
 makes) through `ResponseStore.record_progress` with 1, 4, 16 and 64 events per transaction, on

@@ -15,7 +15,7 @@ import openai
 import orjson
 import pytest
 
-from deepinfer_server.api.background import SHUTDOWN_MESSAGE
+from deepinfer_server.services.background import SHUTDOWN_MESSAGE
 from tests.postgres import PostgresServer
 from tests.server import LiveServer, wait_until
 

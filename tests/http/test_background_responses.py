@@ -17,14 +17,14 @@ import openai
 import orjson
 import pytest
 
-from deepinfer_server.api import background
-from deepinfer_server.api.background import BackgroundRun, BackgroundRuns, cancel, resume
 from deepinfer_server.api.transport import HTTP_PROTOCOL
 from deepinfer_server.coordinator.handle import RequestHandle
 from deepinfer_server.errors import ServiceFailedError
 from deepinfer_server.ipc.messages import Finish, GeneratedTokens
 from deepinfer_server.metrics import ServerMetrics
 from deepinfer_server.protocol.core.validation import PRIORITY_MAX
+from deepinfer_server.services import background
+from deepinfer_server.services.background import BackgroundRun, BackgroundRuns, cancel, resume
 from deepinfer_server.store.location import open_store
 from deepinfer_server.store.records import NewResponse
 from tests.http.harness import MODEL, Harness, Script, listening

@@ -16,11 +16,11 @@ import openai
 import orjson
 import pytest
 
-from deepinfer_server.api.batches.runner import BatchRunner
 from deepinfer_server.coordinator.handle import RequestHandle
 from deepinfer_server.ipc.messages import Finish, GeneratedTokens
 from deepinfer_server.metrics import ServerMetrics
 from deepinfer_server.protocol.core.validation import PRIORITY_MAX
+from deepinfer_server.services.batch_runner import BatchRunner
 from deepinfer_server.store.batches import BatchStore
 from tests.http.harness import MODEL, Harness, Script
 from tests.http.test_stored_responses import KEY_A, KEY_B, run_stored

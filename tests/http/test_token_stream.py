@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from deepinfer_server.api.sse import send_now
-from deepinfer_server.api.token_stream import TokenStream
 from deepinfer_server.coordinator.handle import RequestHandle
 from deepinfer_server.errors import ClientDisconnected, ServiceFailedError
 from deepinfer_server.ipc.messages import AbortReason, Finish, GeneratedTokens
 from deepinfer_server.metrics import RequestRecord, ServerMetrics
+from deepinfer_server.services.token_stream import TokenStream
 
 
 class _Output:

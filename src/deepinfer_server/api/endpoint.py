@@ -29,7 +29,6 @@ from deepinfer_server.api.fan_out import merge_streams, submit_all
 from deepinfer_server.api.image_urls import prepare_fetching_images
 from deepinfer_server.api.sse import FrameWriter, SSEResponse, complete, write_all
 from deepinfer_server.api.state import AppState
-from deepinfer_server.api.token_stream import ProtocolOutput, TokenStream
 from deepinfer_server.coordinator.handle import RequestHandle
 from deepinfer_server.errors import ApiError, BadRequestError
 from deepinfer_server.grammar import Constraint
@@ -39,6 +38,7 @@ from deepinfer_server.protocol.core.choices import ChoiceMerger
 from deepinfer_server.protocol.core.images import mentions_images
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.protocol.core.validation import PRIORITY_MAX, read_priority
+from deepinfer_server.services.token_stream import ProtocolOutput, TokenStream
 
 logger = logging.getLogger(__name__)
 

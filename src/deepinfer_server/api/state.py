@@ -8,8 +8,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from deepinfer_server.api.background import BackgroundRuns
-from deepinfer_server.api.batches.runner import BatchRunner
 from deepinfer_server.api.disaggregation import PrefillPeers
 from deepinfer_server.api.preparation_gate import PreparationGate
 from deepinfer_server.api.receive_budget import ReceiveBudget
@@ -19,6 +17,8 @@ from deepinfer_server.metrics import RankLoad, ServerMetrics
 from deepinfer_server.metrics.aggregate import Snapshot, merge_loads, merged_exposition
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.protocol.core.structured import StructuredOutputs
+from deepinfer_server.services.background import BackgroundRuns
+from deepinfer_server.services.batch_runner import BatchRunner
 from deepinfer_server.store import ResponseStore
 from deepinfer_server.store.batches import BatchStore
 

@@ -40,11 +40,9 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from deepinfer_server.api.background import BackgroundRun, created_event
 from deepinfer_server.api.sse import FrameWriter, SSEResponse, complete
 from deepinfer_server.api.state import AppState
 from deepinfer_server.api.store_scope import request_scope
-from deepinfer_server.api.token_stream import TokenStream
 from deepinfer_server.coordinator.handle import RequestHandle
 from deepinfer_server.errors import BadRequestError, StoreUnavailableError
 from deepinfer_server.metrics import RequestRecord
@@ -71,6 +69,8 @@ from deepinfer_server.protocol.responses.stored import (
     storable_response,
     with_id,
 )
+from deepinfer_server.services.background import BackgroundRun, created_event
+from deepinfer_server.services.token_stream import TokenStream
 from deepinfer_server.store import BrokenHistory, ResponseStore, ResponseTooLarge
 from deepinfer_server.store.conversations import ConversationStore
 from deepinfer_server.store.records import NewResponse
@@ -106,7 +106,7 @@ class StoredSession:
         appends: bool = True,
     ) -> None:
         self._state = state
-        #: `background: true`: generated detached from the request (api/background.py).
+        #: `background: true`: generated detached from the request (services/background.py).
         self.background = background
         self._prepared: PreparedResponses | None = None
         self._store = store

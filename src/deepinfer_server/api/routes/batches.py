@@ -1,5 +1,5 @@
 """OpenAI's Files (`/v1/files`, batch input files and batches' output files) and Batches
-(`/v1/batches`), on the Responses store; the work is `api/batches/runner.py`'s.
+(`/v1/batches`), on the Responses store; the work is `services/batch_runner.py`'s.
 
 Scoped like stored responses (`api.store_scope.request_scope`): another API key's file or
 batch is a 404. Limits (per API key): `--batch-max-file-mb` (413), `--batch-max-lines` (400),
@@ -28,7 +28,6 @@ from deepinfer_server.api.batches.openai_batches import (
     file_object,
     read_lines,
 )
-from deepinfer_server.api.batches.runner import BatchRunner
 from deepinfer_server.api.body import read_body, read_json_body
 from deepinfer_server.api.routes.paging import page_limit
 from deepinfer_server.api.state import AppState
@@ -40,6 +39,7 @@ from deepinfer_server.errors import (
     RequestTooLargeError,
     StoredObjectNotFound,
 )
+from deepinfer_server.services.batch_runner import BatchRunner
 from deepinfer_server.store.batches import BatchStore
 
 #: Room for the multipart framing and the other fields around a file of the largest size.

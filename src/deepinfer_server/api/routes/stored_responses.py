@@ -1,5 +1,5 @@
 """GET and DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items, POST
-/v1/responses/{id}/cancel: the Responses store (background responses: api/background.py).
+/v1/responses/{id}/cancel: the Responses store (background responses: services/background.py).
 
 Every read is in the request's scope (`api.store_scope.request_scope`): a response stored
 under another API key is a 404, word for word as one that never existed. A store outage is a
@@ -14,7 +14,6 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from deepinfer_server.api.background import cancel, lost, resume
 from deepinfer_server.api.routes.paging import include_values, page_limit, page_order
 from deepinfer_server.api.sse import FrameWriter, SSEResponse, complete
 from deepinfer_server.api.state import AppState
@@ -32,6 +31,7 @@ from deepinfer_server.protocol.responses.stored import (
     check_include,
     response_not_found,
 )
+from deepinfer_server.services.background import cancel, lost, resume
 from deepinfer_server.store import BrokenHistory, ResponseStore
 
 _NO_STORE_HINT = " This server stores no responses (--response-store none)."

@@ -42,12 +42,12 @@ from typing import Any, Protocol
 import orjson
 
 from deepinfer_server.api.error_responses import as_api_error
-from deepinfer_server.api.token_stream import ProtocolOutput, TokenStream
 from deepinfer_server.errors import ShuttingDownError, StoreUnavailableError
 from deepinfer_server.ipc.messages import Finish, GeneratedTokens
 from deepinfer_server.metrics import ServerMetrics
 from deepinfer_server.protocol.core.named_events import named_event
 from deepinfer_server.protocol.responses.stored import storable_response
+from deepinfer_server.services.token_stream import ProtocolOutput, TokenStream
 from deepinfer_server.store import ResponseStore
 
 logger = logging.getLogger(__name__)
