@@ -23,8 +23,9 @@ from deepinfer_server.errors import ServiceFailedError
 from deepinfer_server.ipc.messages import Finish, GeneratedTokens
 from deepinfer_server.metrics import ServerMetrics
 from deepinfer_server.protocol.core.validation import PRIORITY_MAX
-from deepinfer_server.services import background
-from deepinfer_server.services.background import BackgroundRun, BackgroundRuns, cancel, resume
+from deepinfer_server.services import background, background_runs
+from deepinfer_server.services.background import BackgroundRun
+from deepinfer_server.services.background_runs import BackgroundRuns, cancel, resume
 from deepinfer_server.store.location import open_store
 from deepinfer_server.store.records import NewResponse
 from tests.http.harness import MODEL, Harness, Script, listening
@@ -287,7 +288,7 @@ def test_a_run_whose_process_died_is_marked_failed(tmp_path: Path) -> None:
             with sqlite3.connect(tmp_path / "responses.sqlite3") as db:
                 db.execute(
                     "UPDATE background_runs SET heartbeat_at = ?",
-                    (time.time() - background.LEASE - 1,),
+                    (time.time() - background_runs.LEASE - 1,),
                 )
             failed = await client.responses.retrieve("resp_dead")
             assert failed.status == "failed" and failed.error is not None

@@ -21,8 +21,9 @@ from starlette.responses import Response
 from starlette.types import Scope
 
 from deepinfer_server.api.dialects import PathDialects
-from deepinfer_server.errors import ApiError, ClientDisconnected, ErrorKind, InternalError
+from deepinfer_server.errors import ApiError, ClientDisconnected, ErrorKind
 from deepinfer_server.protocol.core.error_shapes import anthropic_error_body, openai_error_body
+from deepinfer_server.services.failures import api_error_of
 
 logger = logging.getLogger(__name__)
 
@@ -56,13 +57,10 @@ def envelope(anthropic: bool) -> Callable[[ApiError], dict[str, Any]]:
 
 def as_api_error(exc: BaseException, request_id: str = "-") -> ApiError:
     """Any exception as an ApiError; unexpected ones become a 500 and are logged with the ID."""
-    if isinstance(exc, ApiError):
-        return exc
     if isinstance(exc, ClientDisconnect):
         logger.info("request %s: the client disconnected while sending its body", request_id)
         return ClientDisconnected()
-    logger.error("request %s: unexpected error", request_id, exc_info=exc)
-    return InternalError()
+    return api_error_of(exc, request_id)
 
 
 def error_response(error: ApiError, scope: Scope) -> Response:

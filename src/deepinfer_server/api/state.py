@@ -17,7 +17,7 @@ from deepinfer_server.metrics import RankLoad, ServerMetrics
 from deepinfer_server.metrics.aggregate import Snapshot, merge_loads, merged_exposition
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.protocol.core.structured import StructuredOutputs
-from deepinfer_server.services.background import BackgroundRuns
+from deepinfer_server.services.background_runs import BackgroundRuns
 from deepinfer_server.services.batch_runner import BatchRunner
 from deepinfer_server.store import ResponseStore
 from deepinfer_server.store.batches import BatchStore

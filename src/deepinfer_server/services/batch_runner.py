@@ -28,20 +28,26 @@ import hashlib
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import httpx
 import orjson
-from starlette.types import ASGIApp
 
-from deepinfer_server.api.store_scope import NO_AUTH_SCOPE, key_scope
 from deepinfer_server.errors import StoreUnavailableError
 from deepinfer_server.metrics import ServerMetrics
 from deepinfer_server.protocol.core.validation import PRIORITY_MAX
+from deepinfer_server.services.store_scope import NO_AUTH_SCOPE, key_scope
 from deepinfer_server.store.batches import PENDING, BatchRow, BatchStore, ClaimedLine, FileRow
 
 logger = logging.getLogger(__name__)
+
+_Message = MutableMapping[str, Any]
+#: An ASGI application (the server's own app answers the lines), as httpx calls one in process.
+ASGIApp = Callable[
+    [_Message, Callable[[], Awaitable[_Message]], Callable[[_Message], Awaitable[None]]],
+    Awaitable[None],
+]
 
 #: Seconds a claimed line stays this process's without a renewal (past the store's own bounds
 #: on a slow write, as for background responses).
@@ -116,7 +122,7 @@ class BatchRunner:
         metrics.watch_batches(lambda: len(self._running))
 
     def bind(self, app: ASGIApp) -> None:
-        """The app whose routes answer the lines (`api.app.build_app`)."""
+        """The app whose routes answer the lines (the HTTP layer's, bound when it is built)."""
         self._app = app
 
     def start(self) -> None:

@@ -31,7 +31,7 @@ from deepinfer_server.protocol.responses.stored import (
     check_include,
     response_not_found,
 )
-from deepinfer_server.services.background import cancel, lost, resume
+from deepinfer_server.services.background_runs import cancel, lost, resume
 from deepinfer_server.store import BrokenHistory, ResponseStore
 
 _NO_STORE_HINT = " This server stores no responses (--response-store none)."
