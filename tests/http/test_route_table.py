@@ -1,7 +1,10 @@
 """The route table is the one list of endpoints: the app's routes, the OpenAPI document's
-operations and the API each path speaks (its error envelope) all follow from it."""
+operations, the paths behind the API keys and the API each path speaks (its error envelope) all
+follow from it, so that a new endpoint is one entry plus its handler."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import httpx
 import pytest
@@ -10,8 +13,9 @@ from starlette.responses import JSONResponse, Response
 
 from deepinfer_server.api.app import build_app
 from deepinfer_server.api.dialects import Dialect, PathDialects
-from deepinfer_server.api.error_responses import path_dialects
-from deepinfer_server.api.route_table import ROUTES, Endpoint
+from deepinfer_server.api.path_errors import path_dialects
+from deepinfer_server.api.route import Endpoint
+from deepinfer_server.api.route_table import ROUTES
 from deepinfer_server.openapi import operations
 from tests.http.harness import run, serve
 
@@ -91,3 +95,40 @@ def test_the_document_lists_the_tables_operations_in_its_order() -> None:
             return list((await h.client.get("/openapi.json")).json()["paths"])
 
     assert run(body) == list(dict.fromkeys(e.openapi_path for e in ROUTES))
+
+
+def test_each_entry_has_a_handler_and_a_documented_operation_once() -> None:
+    seen = set()
+    for endpoint in ROUTES:
+        assert callable(endpoint.handler), endpoint.path
+        assert endpoint.operation["summary"] and "200" in endpoint.operation["responses"]
+        assert (endpoint.path, endpoint.method) not in seen, endpoint.path
+        seen.add((endpoint.path, endpoint.method))
+
+
+def test_the_protected_routes_are_the_ones_the_table_declares_and_documents() -> None:
+    outside_v1 = {e.path for e in ROUTES if e.protected and not e.path.startswith("/v1/")}
+    assert outside_v1 == {"/tokenize", "/detokenize", "/tokenizer_info"}
+    # Every /v1 route is behind the keys by its prefix: its entry must say so too.
+    assert all(e.protected for e in ROUTES if e.path.startswith("/v1/"))
+
+    async def body() -> dict[str, Any]:
+        async with serve() as h:
+            document: dict[str, Any] = (await h.client.get("/openapi.json")).json()
+            return document
+
+    document = run(body)
+    for endpoint in ROUTES:
+        operation = document["paths"][endpoint.openapi_path][endpoint.method.lower()]
+        assert ("security" in operation) is endpoint.protected, endpoint.path
+
+
+def test_a_protected_route_outside_v1_needs_a_key_and_an_open_one_does_not() -> None:
+    async def body() -> None:
+        async with serve("--api-key", "k") as h:
+            assert (await h.client.get("/tokenizer_info")).status_code == 401
+            assert (await h.client.get("/version")).status_code == 200
+            keyed = {"authorization": "Bearer k"}
+            assert (await h.client.get("/tokenizer_info", headers=keyed)).status_code == 200
+
+    run(body)

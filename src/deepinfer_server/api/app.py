@@ -10,9 +10,14 @@ from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from deepinfer_server.api.auth import ApiKeyMiddleware
-from deepinfer_server.api.error_responses import handle_api_error, handle_http_exception
+from deepinfer_server.api.path_errors import (
+    handle_api_error,
+    handle_http_exception,
+    speaks_anthropic,
+)
 from deepinfer_server.api.request_context import RequestContextMiddleware
-from deepinfer_server.api.route_table import ROUTES, Endpoint
+from deepinfer_server.api.route import Endpoint
+from deepinfer_server.api.route_table import ROUTES
 from deepinfer_server.api.sse import keep_server_send
 from deepinfer_server.api.state import AppState
 from deepinfer_server.errors import ApiError
@@ -53,10 +58,16 @@ def build_app(state: AppState, endpoints: tuple[Endpoint, ...] = ROUTES) -> Star
         )
     if config.api_keys:
         names = tuple(tenant.name for tenant in config.tenants)
-        # The routes the table declares behind the keys (`security`); /v1's are by prefix.
-        protected = frozenset(e.path for e in endpoints if "security" in e.operation)
+        # The routes the table declares behind the keys; /v1's are by their prefix too.
+        protected = frozenset(e.path for e in endpoints if e.protected)
         middleware.append(
-            Middleware(ApiKeyMiddleware, keys=config.api_keys, names=names, protected=protected)
+            Middleware(
+                ApiKeyMiddleware,
+                keys=config.api_keys,
+                names=names,
+                protected=protected,
+                speaks_anthropic=speaks_anthropic,
+            )
         )
     routes = [Route(e.path, e.handler, methods=[e.method]) for e in endpoints]
     app = _App(

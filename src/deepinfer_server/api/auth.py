@@ -1,5 +1,6 @@
 """ApiKeyMiddleware: API keys on every /v1 route and on the other routes the route table
-declares protected (vLLM's tokenizer endpoints) (pure ASGI; keys are never logged).
+declares protected (`Endpoint.protected`: vLLM's tokenizer endpoints) (pure ASGI; keys are
+never logged).
 
 Accepts `Authorization: Bearer KEY` (OpenAI clients) and `x-api-key: KEY` (Anthropic
 clients). Every configured key is compared in constant time. /, /health, /metrics and /version
@@ -10,11 +11,12 @@ stay open for probes and scrapers. An accepted request's scope says which tenant
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from deepinfer_server.api.error_responses import envelope, speaks_anthropic
+from deepinfer_server.api.error_responses import envelope
 from deepinfer_server.errors import AuthenticationError
 
 PROTECTED_PREFIX = "/v1/"
@@ -48,10 +50,14 @@ class ApiKeyMiddleware:
         keys: tuple[str, ...],
         names: tuple[str, ...],
         protected: frozenset[str] = frozenset(),
+        speaks_anthropic: Callable[[Scope], bool] = lambda scope: False,
     ) -> None:
         """`keys` and their tenants' `names` in the order of `config.tenants`; `protected`:
-        the exact paths outside /v1 that need a key too."""
+        the exact paths outside /v1 that need a key too (the route table's protected routes);
+        `speaks_anthropic`: whether a request's client speaks Anthropic's API (the route
+        table's dialect of its path), for the 401's envelope and wording."""
         self.app = app
+        self._speaks_anthropic = speaks_anthropic
         self._keys = [key.encode() for key in keys]
         self._names = names
         self._protected = protected
@@ -80,7 +86,7 @@ class ApiKeyMiddleware:
             await self.app(scope, receive, send)
             return
         # Each protocol's clients send the key their own way: say it their way.
-        anthropic = speaks_anthropic(scope)
+        anthropic = self._speaks_anthropic(scope)
         how = "'x-api-key: <key>'" if anthropic else "'Authorization: Bearer <key>'"
         error = AuthenticationError(f"Invalid or missing API key: send {how}")
         await send(

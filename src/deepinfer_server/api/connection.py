@@ -44,7 +44,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from deepinfer_server.api.error_responses import error_response, raw_error_response
+from deepinfer_server.api.path_errors import error_response, raw_error_response
 from deepinfer_server.api.receive_budget import ReceiveBudget, ReceiveBufferFullError
 from deepinfer_server.api.request_head import HeadLimits, HeadScanner, HeadTooLarge
 from deepinfer_server.api.transport import (

@@ -25,6 +25,12 @@ class Dialect(enum.Enum):
     EITHER = "either"
 
 
+def sends_anthropic_version(scope: Scope) -> bool:
+    """Whether the request has an `anthropic-version` header: on a path both APIs share
+    (`Dialect.EITHER`), what tells Anthropic's clients apart."""
+    return any(name == _ANTHROPIC_VERSION for name, _ in scope.get("headers", ()))
+
+
 def path_prefix(path: str) -> str:
     """The fixed part of a route's path: up to its first parameter, without a trailing slash."""
     return path.split("{", 1)[0].rstrip("/") or "/"
@@ -64,5 +70,4 @@ class PathDialects:
         path: str = scope["path"]
         if path.startswith(self.anthropic):
             return True
-        sends_version = any(name == _ANTHROPIC_VERSION for name, _ in scope.get("headers", ()))
-        return sends_version and path.startswith(self.either)
+        return path.startswith(self.either) and sends_anthropic_version(scope)

@@ -21,7 +21,8 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from deepinfer_server.api.disconnect import CLIENT_LEFT
-from deepinfer_server.api.error_responses import as_api_error, error_response
+from deepinfer_server.api.error_responses import as_api_error
+from deepinfer_server.api.path_errors import error_response
 from deepinfer_server.errors import ERROR_TABLE, ErrorKind
 from deepinfer_server.metrics import ChoiceRecords, RequestRecord
 

@@ -1,5 +1,6 @@
-"""The OpenAPI operation objects the route table (`api/route_table.py`) declares its endpoints
-with: a generation POST, a GET, and the parameters they share."""
+"""The OpenAPI operation objects the route table (`api/route_table/`) declares its endpoints
+with: a generation POST, a GET, and the parameters they share. Whether an operation is behind
+the API keys (its `security`, `BEARER`) is declared on its route, not here."""
 
 from __future__ import annotations
 
@@ -31,7 +32,6 @@ def generation(summary: str, body: str, envelope: str) -> Schema:
             },
             **error_responses(envelope),
         },
-        "security": BEARER,
     }
 
 
@@ -39,11 +39,10 @@ def get(
     summary: str,
     content: dict[str, Any] | None = None,
     *,
-    protected: bool = False,
     envelope: str = "OpenAIError",
 ) -> Schema:
     """A GET answering `content` (a JSON object by default), errors in `envelope` (OpenAI's
-    by default); `protected`: behind the API keys."""
+    by default)."""
     api = envelope.removesuffix("Error")
     operation: Schema = {
         "summary": summary,
@@ -57,14 +56,12 @@ def get(
             },
         },
     }
-    if protected:
-        operation["security"] = BEARER
     return operation
 
 
 def post_json(summary: str, body: str, response: str) -> Schema:
     """A POST of the `body` component answering the `response` component, errors in OpenAI's
-    envelope, behind the API keys."""
+    envelope."""
     return {
         "summary": summary,
         "requestBody": request_body(body),
@@ -72,7 +69,6 @@ def post_json(summary: str, body: str, response: str) -> Schema:
             "200": {"description": "OK", "content": json_content(ref(response))},
             **error_responses("OpenAIError"),
         },
-        "security": BEARER,
     }
 
 
@@ -96,7 +92,6 @@ def count_tokens(summary: str, envelope: str) -> Schema:
             },
             **error_responses(envelope),
         },
-        "security": BEARER,
     }
 
 
@@ -149,9 +144,8 @@ LOAD_FORMAT = {
 
 
 def cancel(summary: str, envelope: str = "OpenAIError") -> Schema:
-    """A POST without a body answering a JSON object, errors in `envelope`, behind the API
-    keys."""
-    return {**get(summary, protected=True, envelope=envelope)}
+    """A POST without a body answering a JSON object, errors in `envelope`."""
+    return get(summary, envelope=envelope)
 
 
 FILE_ID = {"name": "file_id", "in": "path", "required": True, "schema": {"type": "string"}}
@@ -161,9 +155,9 @@ PURPOSE = {"name": "purpose", "in": "query", "required": False, "schema": {"type
 
 
 def upload(summary: str, body: str) -> Schema:
-    """A multipart POST of the `body` component answering a JSON object, behind the keys."""
+    """A multipart POST of the `body` component answering a JSON object."""
     return {
-        **get(summary, protected=True),
+        **get(summary),
         "requestBody": {
             "required": True,
             "content": {"multipart/form-data": {"schema": ref(body)}},
@@ -172,6 +166,5 @@ def upload(summary: str, body: str) -> Schema:
 
 
 def post_object(summary: str, body: str, envelope: str = "OpenAIError") -> Schema:
-    """A POST of the `body` component answering a JSON object, errors in `envelope`, behind
-    the API keys."""
-    return {**get(summary, protected=True, envelope=envelope), "requestBody": request_body(body)}
+    """A POST of the `body` component answering a JSON object, errors in `envelope`."""
+    return {**get(summary, envelope=envelope), "requestBody": request_body(body)}

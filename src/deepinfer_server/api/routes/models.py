@@ -15,7 +15,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from deepinfer_server.api.error_responses import speaks_anthropic
+from deepinfer_server.api.dialects import sends_anthropic_version
 from deepinfer_server.api.state import AppState
 from deepinfer_server.protocol.core.validation import check_model
 
@@ -51,7 +51,8 @@ def _anthropic_model(state: AppState, name: str) -> dict[str, Any]:
 async def list_models(request: Request) -> Response:
     state: AppState = request.app.state.server
     names = state.config.served_model_names
-    if speaks_anthropic(request.scope):
+    # Served on the paths both APIs share: the header tells Anthropic's clients apart.
+    if sends_anthropic_version(request.scope):
         data = [_anthropic_model(state, name) for name in names]
         return JSONResponse(
             {"data": data, "has_more": False, "first_id": names[0], "last_id": names[-1]}
@@ -63,6 +64,6 @@ async def retrieve_model(request: Request) -> Response:
     state: AppState = request.app.state.server
     name: str = request.path_params["model_id"]
     check_model({"model": name}, state.config.served_model_names)
-    if speaks_anthropic(request.scope):
+    if sends_anthropic_version(request.scope):
         return JSONResponse(_anthropic_model(state, name))
     return JSONResponse(_openai_model(state, name))

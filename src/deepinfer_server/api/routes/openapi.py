@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from deepinfer_server.api.route import Endpoint
 from deepinfer_server.api.state import AppState
 from deepinfer_server.openapi import build_document
-
-if TYPE_CHECKING:  # the route table imports this module's handler
-    from deepinfer_server.api.route_table import Endpoint
+from deepinfer_server.openapi.operations import BEARER
+from deepinfer_server.openapi.schema import Schema
 
 
 @cache
@@ -23,8 +23,15 @@ def openapi_document(
     """The document of a server of these model names serving `endpoints` (the route table's
     `ROUTES`, or the table an app was built with); built once per arguments, the caller must
     not change it."""
-    operations = ((e.method.lower(), e.openapi_path, e.operation) for e in endpoints)
+    operations = ((e.method.lower(), e.openapi_path, _operation(e)) for e in endpoints)
     return build_document(served_model_names, operations)
+
+
+def _operation(endpoint: Endpoint) -> Schema:
+    """The endpoint's operation, with the API keys as its `security` when it is protected."""
+    if not endpoint.protected:
+        return endpoint.operation
+    return {**endpoint.operation, "security": BEARER}
 
 
 @cache

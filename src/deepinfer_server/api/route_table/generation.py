@@ -1,0 +1,101 @@
+"""The route table's generation family: OpenAI's and Anthropic's generation endpoints, Anthropic's
+token count and vLLM's tokenizer endpoints."""
+
+from __future__ import annotations
+
+from deepinfer_server.api.dialects import Dialect
+from deepinfer_server.api.route import Endpoint
+from deepinfer_server.api.routes.count_tokens import count_tokens
+from deepinfer_server.api.routes.generation import CHAT, COMPLETIONS, MESSAGES, RESPONSES, generate
+from deepinfer_server.api.routes.tokenization import (
+    detokenize_route,
+    tokenize_route,
+    tokenizer_info_route,
+)
+from deepinfer_server.openapi import operations as op
+from deepinfer_server.openapi.schema import ref
+
+_OPENAI = "OpenAIError"
+_ANTHROPIC = "AnthropicError"
+
+#: In the order the document lists them.
+GENERATION: tuple[Endpoint, ...] = (
+    Endpoint(
+        "/v1/chat/completions",
+        "POST",
+        generate(CHAT),
+        Dialect.OPENAI,
+        op.generation("OpenAI Chat Completions", "ChatCompletionRequest", _OPENAI),
+        protected=True,
+    ),
+    Endpoint(
+        "/v1/completions",
+        "POST",
+        generate(COMPLETIONS),
+        Dialect.OPENAI,
+        op.generation(
+            "OpenAI legacy completions, as vLLM serves them", "CompletionRequest", _OPENAI
+        ),
+        protected=True,
+    ),
+    Endpoint(
+        "/v1/responses",
+        "POST",
+        generate(RESPONSES),
+        Dialect.OPENAI,
+        op.generation("OpenAI Responses (stored unless store: false)", "ResponsesRequest", _OPENAI),
+        protected=True,
+    ),
+    Endpoint(
+        "/v1/messages",
+        "POST",
+        generate(MESSAGES),
+        Dialect.ANTHROPIC,
+        op.generation("Anthropic Messages", "MessagesRequest", _ANTHROPIC),
+        protected=True,
+    ),
+    Endpoint(
+        "/v1/messages/count_tokens",
+        "POST",
+        count_tokens,
+        Dialect.ANTHROPIC,
+        op.count_tokens(
+            "Anthropic token count: the prompt tokens /v1/messages would encode", _ANTHROPIC
+        ),
+        protected=True,
+    ),
+    Endpoint(
+        "/tokenize",
+        "POST",
+        tokenize_route,
+        Dialect.OPENAI,
+        op.post_json(
+            "vLLM's tokenize: a prompt, or Chat messages rendered as /v1/chat/completions renders "
+            "them (count is that request's prompt_tokens)",
+            "TokenizeRequest",
+            "TokenizeResponse",
+        ),
+        protected=True,
+    ),
+    Endpoint(
+        "/detokenize",
+        "POST",
+        detokenize_route,
+        Dialect.OPENAI,
+        op.post_json(
+            "vLLM's detokenize: token IDs to text", "DetokenizeRequest", "DetokenizeResponse"
+        ),
+        protected=True,
+    ),
+    Endpoint(
+        "/tokenizer_info",
+        "GET",
+        tokenizer_info_route,
+        Dialect.OPENAI,
+        op.get(
+            "vLLM's tokenizer_info: the tokenizer's configuration (special tokens, class)",
+            op.json_content(ref("TokenizerInfo")),
+        ),
+        protected=True,
+    ),
+)

@@ -1,0 +1,165 @@
+"""The route table's stored objects: stored Responses (a background one's events and cancel)
+and OpenAI's Conversations."""
+
+from __future__ import annotations
+
+from deepinfer_server.api.dialects import Dialect
+from deepinfer_server.api.route import Endpoint, with_parameters
+from deepinfer_server.api.routes.conversations import (
+    create_conversation,
+    create_items,
+    delete_conversation,
+    delete_item,
+    list_items,
+    retrieve_conversation,
+    retrieve_item,
+    update_conversation,
+)
+from deepinfer_server.api.routes.stored_responses import (
+    cancel_response,
+    delete_response,
+    list_input_items,
+    retrieve_response,
+)
+from deepinfer_server.openapi import operations as op
+from deepinfer_server.protocol.responses.stored import ITEMS_INCLUDE, RESPONSE_INCLUDE
+
+#: In the order the document lists them.
+STORED: tuple[Endpoint, ...] = (
+    Endpoint(
+        "/v1/responses/{response_id}",
+        "GET",
+        retrieve_response,
+        Dialect.OPENAI,
+        with_parameters(
+            op.get(
+                "A stored response (a background one's events again with stream=true); 404 "
+                "in another API key's scope",
+                {**op.JSON_OBJECT, **op.STREAM},
+            ),
+            op.RESPONSE_ID,
+            op.include(RESPONSE_INCLUDE),
+            *op.STREAM_AGAIN,
+        ),
+        protected=True,
+    ),
+    Endpoint(
+        "/v1/responses/{response_id}/cancel",
+        "POST",
+        cancel_response,
+        Dialect.OPENAI,
+        with_parameters(op.cancel("Cancel a background response still running"), op.RESPONSE_ID),
+        protected=True,
+    ),
+    Endpoint(
+        "/v1/responses/{response_id}",
+        "DELETE",
+        delete_response,
+        Dialect.OPENAI,
+        with_parameters(op.get("Delete a stored response"), op.RESPONSE_ID),
+        protected=True,
+    ),
+    Endpoint(
+        "/v1/responses/{response_id}/input_items",
+        "GET",
+        list_input_items,
+        Dialect.OPENAI,
+        with_parameters(
+            op.get("A stored response's input items, a page at a time"),
+            op.RESPONSE_ID,
+            op.include(ITEMS_INCLUDE),
+            *op.PAGE,
+        ),
+        protected=True,
+    ),
+    Endpoint(
+        "/v1/conversations",
+        "POST",
+        create_conversation,
+        Dialect.OPENAI,
+        op.post_object(
+            "Create a conversation (OpenAI's Conversations API)", "ConversationCreateRequest"
+        ),
+        protected=True,
+    ),
+    Endpoint(
+        "/v1/conversations/{conversation_id}",
+        "GET",
+        retrieve_conversation,
+        Dialect.OPENAI,
+        with_parameters(
+            op.get("A conversation; 404 in another API key's scope"),
+            op.CONVERSATION_ID,
+        ),
+        protected=True,
+    ),
+    Endpoint(
+        "/v1/conversations/{conversation_id}",
+        "POST",
+        update_conversation,
+        Dialect.OPENAI,
+        with_parameters(
+            op.post_object("Replace a conversation's metadata", "ConversationUpdateRequest"),
+            op.CONVERSATION_ID,
+        ),
+        protected=True,
+    ),
+    Endpoint(
+        "/v1/conversations/{conversation_id}",
+        "DELETE",
+        delete_conversation,
+        Dialect.OPENAI,
+        with_parameters(op.get("Delete a conversation and its items"), op.CONVERSATION_ID),
+        protected=True,
+    ),
+    Endpoint(
+        "/v1/conversations/{conversation_id}/items",
+        "GET",
+        list_items,
+        Dialect.OPENAI,
+        with_parameters(
+            op.get("A conversation's items, a page at a time"),
+            op.CONVERSATION_ID,
+            op.include(ITEMS_INCLUDE),
+            *op.PAGE,
+        ),
+        protected=True,
+    ),
+    Endpoint(
+        "/v1/conversations/{conversation_id}/items",
+        "POST",
+        create_items,
+        Dialect.OPENAI,
+        with_parameters(
+            op.post_object("Add up to 20 items to a conversation", "ConversationItemsRequest"),
+            op.CONVERSATION_ID,
+            op.include(ITEMS_INCLUDE),
+        ),
+        protected=True,
+    ),
+    Endpoint(
+        "/v1/conversations/{conversation_id}/items/{item_id}",
+        "GET",
+        retrieve_item,
+        Dialect.OPENAI,
+        with_parameters(
+            op.get("One item of a conversation"),
+            op.CONVERSATION_ID,
+            op.ITEM_ID,
+            op.include(ITEMS_INCLUDE),
+        ),
+        protected=True,
+    ),
+    Endpoint(
+        "/v1/conversations/{conversation_id}/items/{item_id}",
+        "DELETE",
+        delete_item,
+        Dialect.OPENAI,
+        with_parameters(
+            op.get("Delete an item of a conversation (answers the conversation)"),
+            op.CONVERSATION_ID,
+            op.ITEM_ID,
+        ),
+        protected=True,
+    ),
+)
