@@ -10,9 +10,9 @@ route is a 400 that says so.
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
-import orjson
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import Response
@@ -29,6 +29,7 @@ from deepinfer_server.api.batches.openai_batches import (
     read_lines,
 )
 from deepinfer_server.api.body import read_body, read_json_body
+from deepinfer_server.api.routes.answers import fetched_page, json_answer
 from deepinfer_server.api.routes.paging import page_limit
 from deepinfer_server.api.state import AppState
 from deepinfer_server.api.store_scope import request_scope
@@ -42,14 +43,12 @@ from deepinfer_server.errors import (
 from deepinfer_server.services.batch_runner import BatchRunner
 from deepinfer_server.store.batches import BatchStore
 
+Found = TypeVar("Found")
+
 #: Room for the multipart framing and the other fields around a file of the largest size.
 _FORM_SLACK = 64 * 1024
 #: The purposes of the files this server stores: batch input files (it writes the others).
 _UPLOAD_PURPOSES = ("batch",)
-
-
-def _json(body: dict[str, Any]) -> Response:
-    return Response(orjson.dumps(body), media_type="application/json")
 
 
 def _runner(request: Request) -> tuple[AppState, BatchRunner]:
@@ -71,18 +70,6 @@ async def scoped(request: Request) -> tuple[AppState, BatchRunner, str]:
 
 def not_found(kind: str, object_id: str) -> StoredObjectNotFound:
     return StoredObjectNotFound(f"No {kind} found with id {object_id!r}.", kind=ErrorKind.NOT_FOUND)
-
-
-def page(data: list[dict[str, Any]], limit: int) -> dict[str, Any]:
-    """A list object of `data` (which holds one more than `limit` when there are more)."""
-    shown = data[:limit]
-    return {
-        "object": "list",
-        "data": shown,
-        "first_id": shown[0]["id"] if shown else None,
-        "last_id": shown[-1]["id"] if shown else None,
-        "has_more": len(data) > limit,
-    }
 
 
 # Files.
@@ -128,7 +115,7 @@ async def create_file(request: Request) -> Response:
     except UnicodeDecodeError:
         raise BadRequestError("a batch input file must be UTF-8 JSONL", param="file") from None
     row = await runner.store.add_file(scope, str(purpose), filename, content)
-    return _json(file_object(row))
+    return json_answer(file_object(row))
 
 
 async def list_files(request: Request) -> Response:
@@ -137,24 +124,27 @@ async def list_files(request: Request) -> Response:
     rows = await runner.store.files(
         scope, request.query_params.get("purpose"), request.query_params.get("after"), limit + 1
     )
-    return _json(page([file_object(row) for row in rows], limit))
+    return json_answer(fetched_page([file_object(row) for row in rows], limit))
+
+
+async def _read_file(
+    request: Request, read: Callable[[BatchStore, str, str], Awaitable[Found | None]]
+) -> Found:
+    """What `read` finds of the path's file in the request's scope (a 404 when nothing)."""
+    _, runner, scope = await scoped(request)
+    file_id: str = request.path_params["file_id"]
+    found = await read(runner.store, scope, file_id)
+    if found is None:
+        raise not_found("file", file_id)
+    return found
 
 
 async def retrieve_file(request: Request) -> Response:
-    _, runner, scope = await scoped(request)
-    file_id: str = request.path_params["file_id"]
-    row = await runner.store.file(scope, file_id)
-    if row is None:
-        raise not_found("file", file_id)
-    return _json(file_object(row))
+    return json_answer(file_object(await _read_file(request, BatchStore.file)))
 
 
 async def file_content(request: Request) -> Response:
-    _, runner, scope = await scoped(request)
-    file_id: str = request.path_params["file_id"]
-    content = await runner.store.file_content(scope, file_id)
-    if content is None:
-        raise not_found("file", file_id)
+    content = await _read_file(request, BatchStore.file_content)
     return Response(content.encode(), media_type="application/jsonl")
 
 
@@ -163,7 +153,7 @@ async def delete_file(request: Request) -> Response:
     file_id: str = request.path_params["file_id"]
     if not await runner.store.delete_file(scope, file_id):
         raise not_found("file", file_id)
-    return _json({"id": file_id, "object": "file", "deleted": True})
+    return json_answer({"id": file_id, "object": "file", "deleted": True})
 
 
 # Batches.
@@ -244,7 +234,7 @@ async def create_batch(request: Request) -> Response:
     runner.wake()
     row = await runner.store.batch(scope, batch_id)
     assert row is not None
-    return _json(batch_object(row))
+    return json_answer(batch_object(row))
 
 
 async def retrieve_batch(request: Request) -> Response:
@@ -253,14 +243,14 @@ async def retrieve_batch(request: Request) -> Response:
     row = await runner.store.batch(scope, batch_id)
     if row is None or row.kind != "openai":
         raise not_found("batch", batch_id)
-    return _json(batch_object(row))
+    return json_answer(batch_object(row))
 
 
 async def list_batches(request: Request) -> Response:
     _, runner, scope = await scoped(request)
     limit = page_limit(request)
     rows = await runner.store.batches(scope, "openai", request.query_params.get("after"), limit + 1)
-    return _json(page([batch_object(row) for row in rows], limit))
+    return json_answer(fetched_page([batch_object(row) for row in rows], limit))
 
 
 async def cancel_batch(request: Request) -> Response:
@@ -275,4 +265,4 @@ async def cancel_batch(request: Request) -> Response:
     runner.wake()
     row = await runner.store.batch(scope, batch_id)
     assert row is not None
-    return _json(batch_object(row))
+    return json_answer(batch_object(row))

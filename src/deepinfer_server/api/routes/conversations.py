@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
 from deepinfer_server.api.body import read_json_body
+from deepinfer_server.api.routes.answers import json_answer, list_page
 from deepinfer_server.api.routes.paging import include_values, page_limit, page_order
 from deepinfer_server.api.state import AppState
 from deepinfer_server.api.store_scope import request_scope
@@ -30,23 +30,6 @@ from deepinfer_server.protocol.responses.stored import ITEMS_INCLUDE, check_incl
 from deepinfer_server.store.conversations import ConversationStore
 
 _NO_STORE = "this server stores no conversations (--response-store none)"
-
-
-def _json(body: dict[str, Any]) -> Response:
-    return Response(orjson.dumps(body), media_type="application/json")
-
-
-def _page(items: list[dict[str, Any]], has_more: bool) -> Response:
-    ids = [item.get("id") for item in items]
-    return _json(
-        {
-            "object": "list",
-            "data": items,
-            "first_id": ids[0] if ids else None,
-            "last_id": ids[-1] if ids else None,
-            "has_more": has_more,
-        }
-    )
 
 
 async def _opened(request: Request) -> tuple[ConversationStore, str, str]:
@@ -78,7 +61,7 @@ async def create_conversation(request: Request) -> Response:
     items = read_items(body.get("items"))
     scope = await request_scope(request, state.store)
     conversation = await ConversationStore(state.store).create(scope, metadata, items)
-    return _json(conversation.body())
+    return json_answer(conversation.body())
 
 
 async def retrieve_conversation(request: Request) -> Response:
@@ -86,7 +69,7 @@ async def retrieve_conversation(request: Request) -> Response:
     found = await conversations.get(scope, conversation_id)
     if found is None:
         raise conversation_not_found(conversation_id)
-    return _json(found.body())
+    return json_answer(found.body())
 
 
 async def update_conversation(request: Request) -> Response:
@@ -98,14 +81,14 @@ async def update_conversation(request: Request) -> Response:
     found = await conversations.update(scope, conversation_id, read_metadata(body["metadata"]))
     if found is None:
         raise conversation_not_found(conversation_id)
-    return _json(found.body())
+    return json_answer(found.body())
 
 
 async def delete_conversation(request: Request) -> Response:
     conversations, scope, conversation_id = await _opened(request)
     if not await conversations.delete(scope, conversation_id):
         raise conversation_not_found(conversation_id)
-    return _json({"id": conversation_id, "object": "conversation.deleted", "deleted": True})
+    return json_answer({"id": conversation_id, "object": "conversation.deleted", "deleted": True})
 
 
 async def list_items(request: Request) -> Response:
@@ -118,7 +101,7 @@ async def list_items(request: Request) -> Response:
     )
     if page is None:
         raise conversation_not_found(conversation_id)
-    return _page(page.items, page.has_more)
+    return json_answer(list_page(page.items, page.has_more))
 
 
 async def create_items(request: Request) -> Response:
@@ -129,7 +112,7 @@ async def create_items(request: Request) -> Response:
     items = read_items(body.get("items"), required=True)
     if not await conversations.append(scope, conversation_id, items, generated=False):
         raise conversation_not_found(conversation_id)
-    return _page(items, False)
+    return json_answer(list_page(items, False))
 
 
 async def retrieve_item(request: Request) -> Response:
@@ -141,7 +124,7 @@ async def retrieve_item(request: Request) -> Response:
     item = await conversations.item(scope, conversation_id, item_id)
     if item is None:
         raise item_not_found(item_id)
-    return _json(item)
+    return json_answer(item)
 
 
 async def delete_item(request: Request) -> Response:
@@ -156,4 +139,4 @@ async def delete_item(request: Request) -> Response:
     found = await conversations.get(scope, conversation_id)
     if found is None:
         raise conversation_not_found(conversation_id)
-    return _json(found.body())
+    return json_answer(found.body())

@@ -22,17 +22,14 @@ from deepinfer_server.api.batches.message_batches import (
     result_line,
 )
 from deepinfer_server.api.body import read_body, require_json_content_type
-from deepinfer_server.api.routes.batches import check_active, not_found, page, scoped
+from deepinfer_server.api.routes.answers import fetched_page, json_answer
+from deepinfer_server.api.routes.batches import check_active, not_found, scoped
 from deepinfer_server.api.routes.paging import page_limit
 from deepinfer_server.errors import BadRequestError
 from deepinfer_server.protocol.core.validation import decode_json
 from deepinfer_server.store.batches import BatchRow
 
 _KIND = "anthropic"
-
-
-def _json(body: object) -> Response:
-    return Response(orjson.dumps(body), media_type="application/json")
 
 
 def _base_url(request: Request) -> str:
@@ -71,21 +68,21 @@ async def create_message_batch(request: Request) -> Response:
     runner.wake()
     row = await runner.store.batch(scope, batch_id)
     assert row is not None
-    return _json(batch_object(row, _base_url(request)))
+    return json_answer(batch_object(row, _base_url(request)))
 
 
 async def retrieve_message_batch(request: Request) -> Response:
     row, _ = await _batch(request)
-    return _json(batch_object(row, _base_url(request)))
+    return json_answer(batch_object(row, _base_url(request)))
 
 
 async def list_message_batches(request: Request) -> Response:
     _, runner, scope = await scoped(request)
     limit = page_limit(request)
     rows = await runner.store.batches(scope, _KIND, request.query_params.get("after_id"), limit + 1)
-    listed = page([batch_object(row, _base_url(request)) for row in rows], limit)
-    del listed["object"]
-    return _json(listed)
+    listed = fetched_page([batch_object(row, _base_url(request)) for row in rows], limit)
+    # Anthropic's list is OpenAI's without its `object`.
+    return json_answer({key: value for key, value in listed.items() if key != "object"})
 
 
 async def cancel_message_batch(request: Request) -> Response:
@@ -96,7 +93,7 @@ async def cancel_message_batch(request: Request) -> Response:
     runner.wake()
     found = await runner.store.batch(scope, row.id)
     assert found is not None
-    return _json(batch_object(found, _base_url(request)))
+    return json_answer(batch_object(found, _base_url(request)))
 
 
 async def delete_message_batch(request: Request) -> Response:
@@ -109,7 +106,7 @@ async def delete_message_batch(request: Request) -> Response:
     _, runner, _ = await scoped(request)
     if not await runner.store.delete_batch(scope, row.id):
         raise not_found("message batch", row.id)
-    return _json({"id": row.id, "type": "message_batch_deleted"})
+    return json_answer({"id": row.id, "type": "message_batch_deleted"})
 
 
 async def message_batch_results(request: Request) -> Response:

@@ -8,12 +8,10 @@ under another API key is a 404, word for word as one that never existed. A store
 
 from __future__ import annotations
 
-from typing import Any
-
-import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from deepinfer_server.api.routes.answers import json_answer, list_page
 from deepinfer_server.api.routes.paging import include_values, page_limit, page_order
 from deepinfer_server.api.sse import FrameWriter, SSEResponse, complete
 from deepinfer_server.api.state import AppState
@@ -35,10 +33,6 @@ from deepinfer_server.services.background_runs import cancel, lost, resume
 from deepinfer_server.store import BrokenHistory, ResponseStore
 
 _NO_STORE_HINT = " This server stores no responses (--response-store none)."
-
-
-def _json(body: dict[str, Any]) -> Response:
-    return Response(orjson.dumps(body), media_type="application/json")
 
 
 def _store(request: Request, response_id: str) -> ResponseStore:
@@ -94,7 +88,7 @@ async def retrieve_response(request: Request) -> Response:
         inputs = history[: len(history) - len(stored.output_items)]
         asked = ReasoningRequest(encrypted=True, conversation=conversation_digest(inputs))
         body = ReasoningItems(asked, state.recipe.reasoning_seal).response(body)
-    return _json(body)
+    return json_answer(body)
 
 
 def _starting_after(request: Request) -> int:
@@ -124,7 +118,7 @@ async def cancel_response(request: Request) -> Response:
     body = await cancel(state.background_runs, scope, response_id)
     if body is None:
         raise response_not_found(response_id)
-    return _json(body)
+    return json_answer(body)
 
 
 async def delete_response(request: Request) -> Response:
@@ -132,7 +126,7 @@ async def delete_response(request: Request) -> Response:
     store = _store(request, response_id)
     if not await store.delete(await request_scope(request, store), response_id):
         raise response_not_found(response_id)
-    return _json({"id": response_id, "object": "response", "deleted": True})
+    return json_answer({"id": response_id, "object": "response", "deleted": True})
 
 
 async def list_input_items(request: Request) -> Response:
@@ -150,13 +144,4 @@ async def list_input_items(request: Request) -> Response:
     )
     if page is None:
         raise response_not_found(response_id)
-    ids = [item.get("id") for item in page.items]
-    return _json(
-        {
-            "object": "list",
-            "data": page.items,
-            "first_id": ids[0] if ids else None,
-            "last_id": ids[-1] if ids else None,
-            "has_more": page.has_more,
-        }
-    )
+    return json_answer(list_page(page.items, page.has_more))
