@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from deepinfer_server.api.dialects import Dialect
-from deepinfer_server.api.route import Endpoint, with_parameters
+from deepinfer_server.api.route import Endpoint, Handler, with_parameters
 from deepinfer_server.api.routes.batches import (
     cancel_batch,
     create_batch,
@@ -24,8 +24,27 @@ from deepinfer_server.api.routes.message_batches import (
     retrieve_message_batch,
 )
 from deepinfer_server.openapi import operations as op
+from deepinfer_server.openapi.schema import Schema
 
 _ANTHROPIC = "AnthropicError"
+
+
+def _jsonl_download(
+    path: str,
+    handler: Handler,
+    summary: str,
+    media_type: str,
+    parameter: Schema,
+    dialect: Dialect = Dialect.OPENAI,
+) -> Endpoint:
+    """A protected GET of a JSONL document (a file's content, a batch's results)."""
+    envelope = _ANTHROPIC if dialect is Dialect.ANTHROPIC else "OpenAIError"
+    content = {media_type: {"schema": {"type": "string"}}}
+    operation = op.get(summary, content, envelope=envelope)
+    return Endpoint(
+        path, "GET", handler, dialect, with_parameters(operation, parameter), protected=True
+    )
+
 
 #: In the order the document lists them.
 BATCHES: tuple[Endpoint, ...] = (
@@ -53,19 +72,12 @@ BATCHES: tuple[Endpoint, ...] = (
         with_parameters(op.get("A file"), op.FILE_ID),
         protected=True,
     ),
-    Endpoint(
+    _jsonl_download(
         "/v1/files/{file_id}/content",
-        "GET",
         file_content,
-        Dialect.OPENAI,
-        with_parameters(
-            op.get(
-                "A file's content (a batch's output and error files: JSONL)",
-                {"application/jsonl": {"schema": {"type": "string"}}},
-            ),
-            op.FILE_ID,
-        ),
-        protected=True,
+        "A file's content (a batch's output and error files: JSONL)",
+        "application/jsonl",
+        op.FILE_ID,
     ),
     Endpoint(
         "/v1/files/{file_id}",
@@ -167,19 +179,12 @@ BATCHES: tuple[Endpoint, ...] = (
         ),
         protected=True,
     ),
-    Endpoint(
+    _jsonl_download(
         "/v1/messages/batches/{batch_id}/results",
-        "GET",
         message_batch_results,
+        "An ended message batch's results (JSONL)",
+        "application/x-jsonl",
+        op.BATCH_ID,
         Dialect.ANTHROPIC,
-        with_parameters(
-            op.get(
-                "An ended message batch's results (JSONL)",
-                {"application/x-jsonl": {"schema": {"type": "string"}}},
-                envelope=_ANTHROPIC,
-            ),
-            op.BATCH_ID,
-        ),
-        protected=True,
     ),
 )
