@@ -31,6 +31,7 @@ _NEW = Endpoint(
     _echo_count,
     Dialect.ANTHROPIC,
     operations.count_tokens("A count", "AnthropicError"),
+    protected=True,
 )
 
 
@@ -42,16 +43,20 @@ def test_a_route_added_to_the_table_is_served_documented_and_speaks_its_api() ->
     table = (*ROUTES, _NEW)
 
     async def body() -> None:
-        async with serve() as h:
+        async with serve("--api-key", "k") as h:
             app = build_app(h.state, table)
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-                answer = await client.post("/v2/count/7")
+                assert (await client.post("/v2/count/7")).status_code == 401  # protected
+                keyed = {"authorization": "Bearer k"}
+                answer = await client.post("/v2/count/7", headers=keyed)
                 assert answer.status_code == 200 and answer.json() == {"counted": 7}
                 document = (await client.get("/openapi.json")).json()
-            assert document["paths"]["/v2/count/{n}"]["post"]["summary"] == "A count"
+            operation = document["paths"]["/v2/count/{n}"]["post"]
+            assert operation["summary"] == "A count" and operation["security"]
             # The app built from today's table neither serves nor documents it.
-            assert (await h.client.post("/v2/count/7")).status_code == 404
+            keyed = {"authorization": "Bearer k"}
+            assert (await h.client.post("/v2/count/7", headers=keyed)).status_code == 404
             today = (await h.client.get("/openapi.json")).json()
             assert "/v2/count/{n}" not in today["paths"]
 

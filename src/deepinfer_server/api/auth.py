@@ -14,6 +14,7 @@ import hmac
 from collections.abc import Callable
 
 import orjson
+from starlette.routing import compile_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from deepinfer_server.api.error_responses import envelope
@@ -53,14 +54,16 @@ class ApiKeyMiddleware:
         speaks_anthropic: Callable[[Scope], bool] = lambda scope: False,
     ) -> None:
         """`keys` and their tenants' `names` in the order of `config.tenants`; `protected`:
-        the exact paths outside /v1 that need a key too (the route table's protected routes);
+        the route paths outside /v1 that need a key too (the route table's protected routes, with
+        their parameters: `/x/{n:int}` protects `/x/7`);
         `speaks_anthropic`: whether a request's client speaks Anthropic's API (the route
         table's dialect of its path), for the 401's envelope and wording."""
         self.app = app
         self._speaks_anthropic = speaks_anthropic
         self._keys = [key.encode() for key in keys]
         self._names = names
-        self._protected = protected
+        self._protected = frozenset(path for path in protected if "{" not in path)
+        self._protected_patterns = tuple(compile_path(path)[0] for path in protected if "{" in path)
 
     def _matching(self, presented: bytes | None) -> int | None:
         """The index of the key presented, or None."""
@@ -70,9 +73,15 @@ class ApiKeyMiddleware:
         matches = [hmac.compare_digest(presented, key) for key in self._keys]
         return matches.index(True) if any(matches) else None
 
+    def _is_protected(self, path: str) -> bool:
+        """Whether a path outside /v1 is one of the protected routes'."""
+        if path in self._protected:
+            return True
+        return any(pattern.match(path) for pattern in self._protected_patterns)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"] if scope["type"] == "http" else ""
-        if not path.startswith(PROTECTED_PREFIX) and path not in self._protected:
+        if not path.startswith(PROTECTED_PREFIX) and not self._is_protected(path):
             await self.app(scope, receive, send)
             return
         presented = _presented_key(scope)
