@@ -1,4 +1,4 @@
-"""Endpoint: one entry of the route table (`api/route_table.py`), declared with its handler.
+"""Endpoint: one entry of the route table (`api/route_table/`), declared with its handler.
 
 An entry says all the server knows of an endpoint: its path and method, its handler, the API
 its clients speak (its error envelope), whether it is behind the API keys, and its OpenAPI

@@ -1,6 +1,6 @@
 """The server's OpenAPI 3.1 document (served at GET /openapi.json).
 
-Each operation is declared with its route in the route table (`api/route_table.py`), so a route
+Each operation is declared with its route in the route table (`api/route_table/`), so a route
 cannot be added without its description.
 """
 
