@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 from deepinfer_server.errors import BadRequestError
 from deepinfer_server.store.batches import PENDING, BatchRow, LineResult, NewLine
@@ -60,6 +60,38 @@ def read_requests(body: dict[str, Any]) -> list[NewLine]:
     return lines
 
 
+class MessageRequestCounts(TypedDict):
+    """A message batch's requests by what became of them."""
+
+    processing: int
+    succeeded: int
+    errored: int
+    canceled: int
+    expired: int
+
+
+class MessageBatchObject(TypedDict):
+    """Anthropic's `message_batch` object (times as RFC 3339)."""
+
+    id: str
+    type: Literal["message_batch"]
+    processing_status: str
+    request_counts: MessageRequestCounts
+    ended_at: str | None
+    created_at: str | None
+    expires_at: str | None
+    archived_at: None
+    cancel_initiated_at: str | None
+    results_url: str | None
+
+
+class ResultLine(TypedDict):
+    """One line of a message batch's results: its `custom_id` and what became of it."""
+
+    custom_id: str
+    result: dict[str, Any]
+
+
 def _processing_status(status: str) -> str:
     if status in ("validating", "in_progress", "finalizing"):
         return "in_progress"
@@ -71,21 +103,23 @@ def _unanswered(status: str) -> str:
     return "expired" if status == "expired" else "canceled"
 
 
-def batch_object(row: BatchRow, base_url: str) -> dict[str, Any]:
+def batch_object(row: BatchRow, base_url: str) -> MessageBatchObject:
     """The `message_batch` object."""
     counts = row.counts
     processing = _processing_status(row.status)
     pending = counts.get(PENDING, 0)
     ended = processing == "ended"
-    request_counts = {
+    request_counts: MessageRequestCounts = {
         "processing": 0 if ended else pending,
         "succeeded": counts.get("succeeded", 0),
         "errored": counts.get("errored", 0),
         "canceled": 0,
         "expired": 0,
     }
-    if ended:
-        request_counts[_unanswered(row.status)] += pending
+    if ended and row.status == "expired":
+        request_counts["expired"] += pending
+    elif ended:
+        request_counts["canceled"] += pending
     ended_at = next(
         (
             row.times[status]
@@ -108,7 +142,7 @@ def batch_object(row: BatchRow, base_url: str) -> dict[str, Any]:
     }
 
 
-def result_line(row: BatchRow, line: LineResult) -> dict[str, Any]:
+def result_line(row: BatchRow, line: LineResult) -> ResultLine:
     """One line of a batch's results."""
     result: dict[str, Any]
     response = (line.result or {}).get("response") or {}

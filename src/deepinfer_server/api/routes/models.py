@@ -10,7 +10,7 @@ it (`max_model_len`); Anthropic's shape also as `max_input_tokens` and `max_toke
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Literal, TypedDict
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -20,7 +20,31 @@ from deepinfer_server.api.state import AppState
 from deepinfer_server.protocol.core.validation import check_model
 
 
-def _openai_model(state: AppState, name: str) -> dict[str, Any]:
+class OpenAIModel(TypedDict):
+    """OpenAI's model object, with vLLM's `root`, `parent` and `max_model_len`."""
+
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    root: str
+    parent: None
+    max_model_len: int
+
+
+class AnthropicModel(TypedDict):
+    """Anthropic's model object, with the context window as vLLM reports it too."""
+
+    type: Literal["model"]
+    id: str
+    display_name: str
+    created_at: str
+    max_input_tokens: int
+    max_tokens: int
+    max_model_len: int
+
+
+def _openai_model(state: AppState, name: str) -> OpenAIModel:
     config = state.config
     return {
         "id": name,
@@ -33,7 +57,7 @@ def _openai_model(state: AppState, name: str) -> dict[str, Any]:
     }
 
 
-def _anthropic_model(state: AppState, name: str) -> dict[str, Any]:
+def _anthropic_model(state: AppState, name: str) -> AnthropicModel:
     created = datetime.fromtimestamp(state.started_at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     window = state.config.max_model_len
     return {

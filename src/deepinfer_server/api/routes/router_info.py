@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -48,7 +48,17 @@ async def get_load(request: Request) -> Response:
     return JSONResponse({"load": sum(load.running + load.waiting for load in loads)})
 
 
-def _common(state: AppState) -> dict[str, Any]:
+class ModelFields(TypedDict):
+    """What SGLang's server info and model info both say of the model."""
+
+    served_model_name: str
+    model_path: str
+    tokenizer_path: str
+    max_model_len: int
+    context_length: int
+
+
+def _common(state: AppState) -> ModelFields:
     config = state.config
     return {
         "served_model_name": config.served_model_name,
