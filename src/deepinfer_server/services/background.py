@@ -50,6 +50,10 @@ from deepinfer_server.store import ResponseStore
 
 logger = logging.getLogger(__name__)
 
+#: A Responses `response` object as JSON: opaque here, where only its `status` is read (the
+#: protocol's output makes it, the store keeps it).
+ResponseObject = dict[str, Any]
+
 
 ACTIVE = frozenset({"queued", "in_progress"})
 TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
@@ -62,18 +66,18 @@ def event_number(frame: str) -> tuple[int, str]:
     return int(event["sequence_number"]), str(event["type"])
 
 
-def failed_body(body: dict[str, Any], message: str, code: str = "server_error") -> dict[str, Any]:
+def failed_body(body: ResponseObject, message: str, code: str = "server_error") -> ResponseObject:
     """The response object of a run that failed."""
     return {**body, "status": "failed", "error": {"code": code, "message": message}}
 
 
-def created_event(body: dict[str, Any]) -> str:
+def created_event(body: ResponseObject) -> str:
     """A stream's first event, `response.created` with the response as it is (queued)."""
     event = {"type": "response.created", "response": body, "sequence_number": 0}
     return named_event("response.created", orjson.dumps(event).decode())
 
 
-def failed_event(body: dict[str, Any], number: int) -> str:
+def failed_event(body: ResponseObject, number: int) -> str:
     """The `response.failed` event that ends the stream of a run that failed."""
     event = {"type": "response.failed", "response": body, "sequence_number": number}
     return named_event("response.failed", orjson.dumps(event).decode())
@@ -115,9 +119,9 @@ class ResponsesRun(ProtocolOutput, Protocol):
     """What a run reads of its Responses output besides the `ProtocolOutput`."""
 
     held: list[str]
-    final: dict[str, Any] | None
+    final: ResponseObject | None
 
-    def response(self) -> dict[str, Any]: ...
+    def response(self) -> ResponseObject: ...
 
 
 class RunHost(Protocol):
@@ -146,10 +150,10 @@ class BackgroundRun:
         runs: RunHost,
         response_id: str,
         scope: str,
-        body: dict[str, Any],
+        body: ResponseObject,
         streaming: bool,
         opening: list[str] | None = None,
-        before_end: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
+        before_end: Callable[[ResponseObject], Awaitable[None]] | None = None,
     ) -> None:
         """`opening`: the first event frames of a stream, already stored; `before_end`: what
         is done with the final response before its end is stored (a conversation's turn is
@@ -171,7 +175,7 @@ class BackgroundRun:
         self.done = False
         self.cancelled = False
         self._unwritten: list[tuple[int, str]] = []
-        self._unwritten_body: dict[str, Any] | None = None
+        self._unwritten_body: ResponseObject | None = None
         self._writing: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._running = False
@@ -193,7 +197,7 @@ class BackgroundRun:
         if self.status == "queued":
             self._set_body({**self.body, "status": "in_progress"})
 
-    def _set_body(self, body: dict[str, Any]) -> None:
+    def _set_body(self, body: ResponseObject) -> None:
         self.body = body
         self._unwritten_body = body
         self._write_behind()
@@ -275,12 +279,12 @@ class BackgroundRun:
         self._running = False  # the generation is over: recording its end is not interrupted
         await self._finish(final, closing)
 
-    def _failure_events(self, body: dict[str, Any]) -> list[str]:
+    def _failure_events(self, body: ResponseObject) -> list[str]:
         if not self.streaming:
             return []
         return [failed_event(body, self._numbers[-1] + 1 if self._numbers else 0)]
 
-    async def _finish(self, final: dict[str, Any], closing: list[str]) -> None:
+    async def _finish(self, final: ResponseObject, closing: list[str]) -> None:
         if self._writing is not None:
             with contextlib.suppress(Exception):
                 await self._writing

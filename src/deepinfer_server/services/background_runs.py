@@ -11,7 +11,6 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
 
 from deepinfer_server.errors import StoreUnavailableError
 from deepinfer_server.metrics import ServerMetrics
@@ -19,6 +18,7 @@ from deepinfer_server.services.background import (
     ACTIVE,
     TERMINAL_EVENTS,
     BackgroundRun,
+    ResponseObject,
     event_number,
     failed_body,
     failed_event,
@@ -108,7 +108,7 @@ class BackgroundRuns:
         for response_id, scope in await self.store.stale_runs(time.time() - LEASE):
             await self.mark_lost(scope, response_id)
 
-    async def mark_lost(self, scope: str, response_id: str) -> dict[str, Any] | None:
+    async def mark_lost(self, scope: str, response_id: str) -> ResponseObject | None:
         """Mark failed a run whose process stopped renewing it (unless another process did
         first, or it ended meanwhile); the response as it is now stored."""
         store = self.store
@@ -183,7 +183,7 @@ async def resume(
         await asyncio.sleep(RESUME_POLL)
 
 
-async def cancel(runs: BackgroundRuns, scope: str, response_id: str) -> dict[str, Any] | None:
+async def cancel(runs: BackgroundRuns, scope: str, response_id: str) -> ResponseObject | None:
     """Cancel a background response that is still running; the response as it is then (a
     finished one unchanged). None when it is not stored for this scope."""
     store = runs.store

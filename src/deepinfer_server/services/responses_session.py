@@ -59,7 +59,7 @@ from deepinfer_server.protocol.responses.stored import (
     storable_response,
     with_id,
 )
-from deepinfer_server.services.background import BackgroundRun, created_event
+from deepinfer_server.services.background import BackgroundRun, ResponseObject, created_event
 from deepinfer_server.services.background_runs import BackgroundRuns
 from deepinfer_server.services.token_stream import TokenStream
 from deepinfer_server.store import BrokenHistory, ResponseStore, ResponseTooLarge
@@ -200,7 +200,7 @@ class ResponsesSession:
 
     async def start_in_background(
         self, handle: RequestHandle, record: RequestRecord, streaming: bool
-    ) -> tuple[BackgroundRun, dict[str, Any]]:
+    ) -> tuple[BackgroundRun, ResponseObject]:
         """Store the response as queued and start its run (which owns `handle` from here on);
         the run and the queued response (the run's events, when `streaming`, open with it)."""
         runs, output, prepared = self._host.background_runs, self._output, self._prepared
@@ -258,7 +258,7 @@ class ResponsesSession:
     def _appending(self) -> bool:
         return self._conversation is not None and self._appends
 
-    async def _append_turn(self, response: dict[str, Any]) -> None:
+    async def _append_turn(self, response: ResponseObject) -> None:
         """Append the turn (its input and output items) to its conversation, when it ended
         `completed` or `incomplete`; a conversation deleted meanwhile takes nothing."""
         if self._conversation is None or response.get("status") not in _STORED_STATUSES:
@@ -274,7 +274,7 @@ class ResponsesSession:
                 self.response_id,
             )
 
-    async def _persist(self, response: dict[str, Any]) -> None:
+    async def _persist(self, response: ResponseObject) -> None:
         if self._stored:
             await self._store.save(
                 NewResponse(
@@ -289,7 +289,7 @@ class ResponsesSession:
         if self._appending:
             await self._append_turn(response)
 
-    async def _write(self, response: dict[str, Any]) -> None:
+    async def _write(self, response: ResponseObject) -> None:
         write = asyncio.ensure_future(self._persist(response))
         self._host.background(write, self._on_written)
         done, _ = await asyncio.wait({write}, timeout=WRITE_WAIT)
