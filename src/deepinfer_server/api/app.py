@@ -30,14 +30,9 @@ class _App(Starlette):
         return keep_server_send(super().build_middleware_stack())
 
 
-def build_app(state: AppState, endpoints: tuple[Endpoint, ...] = ROUTES) -> Starlette:
-    """The ASGI app serving `endpoints` (the route table); every error leaves it in its
-    protocol's envelope, with X-Request-Id.
-
-    Middleware, outermost first: request ID, error boundary, failure metrics and access log;
-    CORS (when origins are configured; it answers preflight requests itself); API keys (when
-    configured).
-    """
+def _middleware(state: AppState, endpoints: tuple[Endpoint, ...]) -> list[Middleware]:
+    """Outermost first: request ID, error boundary, failure metrics and access log; CORS (when
+    origins are configured; it answers preflight requests itself); API keys (when configured)."""
     config = state.config
     middleware = [
         Middleware(
@@ -69,10 +64,16 @@ def build_app(state: AppState, endpoints: tuple[Endpoint, ...] = ROUTES) -> Star
                 speaks_anthropic=speaks_anthropic,
             )
         )
+    return middleware
+
+
+def build_app(state: AppState, endpoints: tuple[Endpoint, ...] = ROUTES) -> Starlette:
+    """The ASGI app serving `endpoints` (the route table); every error leaves it in its
+    protocol's envelope, with X-Request-Id (`_middleware`)."""
     routes = [Route(e.path, e.handler, methods=[e.method]) for e in endpoints]
     app = _App(
         routes=routes,
-        middleware=middleware,
+        middleware=_middleware(state, endpoints),
         exception_handlers={ApiError: handle_api_error, HTTPException: handle_http_exception},
     )
     # A trailing slash is a 404 in the protocol's envelope, not a 307 to the same POST.

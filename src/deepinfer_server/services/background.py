@@ -183,6 +183,7 @@ class BackgroundRun:
 
     @property
     def status(self) -> str:
+        """The response's status as last stored."""
         return str(self.body.get("status"))
 
     def start(self, stream: TokenStream, output: ResponsesRun) -> None:

@@ -69,10 +69,12 @@ class BackgroundRuns:
         return found
 
     def add(self, run: BackgroundRun) -> None:
+        """Hold `run` (already stored) and make sure the heartbeat runs."""
         self.runs[run.response_id] = run
         self.start()
 
     def ended(self, run: BackgroundRun) -> None:
+        """Let go of a run that recorded its end, and count it."""
         self.runs.pop(run.response_id, None)
         self.metrics.observe_background_end(run.status)
 

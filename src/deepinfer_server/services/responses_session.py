@@ -191,6 +191,8 @@ class ResponsesSession:
     def make_output(
         self, prepared: PreparedResponses, response_id: str, recipe: RecipeContext
     ) -> ResponsesOutput:
+        """The Responses output, echoing what the session stores (`store`, `background`, the
+        previous response, the conversation)."""
         self._prepared = prepared
         self._output = responses_output(prepared, response_id, recipe, self._echo())
         return self._output

@@ -140,10 +140,12 @@ async def _read_file(
 
 
 async def retrieve_file(request: Request) -> Response:
+    """The `file` object."""
     return json_answer(file_object(await _read_file(request, BatchStore.file)))
 
 
 async def file_content(request: Request) -> Response:
+    """The file's content, as stored (JSONL)."""
     content = await _read_file(request, BatchStore.file_content)
     return Response(content.encode(), media_type="application/jsonl")
 

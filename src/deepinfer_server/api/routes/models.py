@@ -73,6 +73,7 @@ def _anthropic_model(state: AppState, name: str) -> AnthropicModel:
 
 
 async def list_models(request: Request) -> Response:
+    """The served model names, in the shape of the API the client speaks."""
     state: AppState = request.app.state.server
     names = state.config.served_model_names
     # Served on the paths both APIs share: the header tells Anthropic's clients apart.
@@ -85,6 +86,7 @@ async def list_models(request: Request) -> Response:
 
 
 async def retrieve_model(request: Request) -> Response:
+    """One served model (404 for a name not served), in the client's API's shape."""
     state: AppState = request.app.state.server
     name: str = request.path_params["model_id"]
     check_model({"model": name}, state.config.served_model_names)
