@@ -13,6 +13,9 @@ from deepinfer_server.openapi.schema import Schema, ref
 JSON_OBJECT = {"application/json": {"schema": {"type": "object"}}}
 STREAM = {"text/event-stream": {"schema": {"type": "string"}}}
 BEARER: list[dict[str, list[str]]] = [{"bearer": []}, {"apiKey": []}]
+#: The error envelopes' components: OpenAI's, and Anthropic's for the paths that speak it.
+OPENAI_ENVELOPE = "OpenAIError"
+ANTHROPIC_ENVELOPE = "AnthropicError"
 
 
 def json_content(schema: Schema) -> dict[str, Any]:
@@ -39,7 +42,7 @@ def get(
     summary: str,
     content: dict[str, Any] | None = None,
     *,
-    envelope: str = "OpenAIError",
+    envelope: str = OPENAI_ENVELOPE,
 ) -> Schema:
     """A GET answering `content` (a JSON object by default), errors in `envelope` (OpenAI's
     by default)."""
@@ -67,7 +70,7 @@ def post_json(summary: str, body: str, response: str) -> Schema:
         "requestBody": request_body(body),
         "responses": {
             "200": {"description": "OK", "content": json_content(ref(response))},
-            **error_responses("OpenAIError"),
+            **error_responses(OPENAI_ENVELOPE),
         },
     }
 
@@ -143,7 +146,7 @@ LOAD_FORMAT = {
 }
 
 
-def cancel(summary: str, envelope: str = "OpenAIError") -> Schema:
+def cancel(summary: str, envelope: str = OPENAI_ENVELOPE) -> Schema:
     """A POST without a body answering a JSON object, errors in `envelope`."""
     return get(summary, envelope=envelope)
 
@@ -165,6 +168,6 @@ def upload(summary: str, body: str) -> Schema:
     }
 
 
-def post_object(summary: str, body: str, envelope: str = "OpenAIError") -> Schema:
+def post_object(summary: str, body: str, envelope: str = OPENAI_ENVELOPE) -> Schema:
     """A POST of the `body` component answering a JSON object, errors in `envelope`."""
     return {**get(summary, envelope=envelope), "requestBody": request_body(body)}

@@ -26,8 +26,6 @@ from deepinfer_server.api.routes.message_batches import (
 from deepinfer_server.openapi import operations as op
 from deepinfer_server.openapi.schema import Schema
 
-_ANTHROPIC = "AnthropicError"
-
 
 def _jsonl_download(
     path: str,
@@ -38,7 +36,7 @@ def _jsonl_download(
     dialect: Dialect = Dialect.OPENAI,
 ) -> Endpoint:
     """A protected GET of a JSONL document (a file's content, a batch's results)."""
-    envelope = _ANTHROPIC if dialect is Dialect.ANTHROPIC else "OpenAIError"
+    envelope = op.ANTHROPIC_ENVELOPE if dialect is Dialect.ANTHROPIC else op.OPENAI_ENVELOPE
     content = {media_type: {"schema": {"type": "string"}}}
     operation = op.get(summary, content, envelope=envelope)
     return Endpoint(
@@ -131,7 +129,7 @@ BATCHES: tuple[Endpoint, ...] = (
         op.post_object(
             "Create a message batch of requests: [{custom_id, params}], run at the lowest priority",
             "MessageBatchRequest",
-            _ANTHROPIC,
+            op.ANTHROPIC_ENVELOPE,
         ),
         protected=True,
     ),
@@ -141,7 +139,7 @@ BATCHES: tuple[Endpoint, ...] = (
         list_message_batches,
         Dialect.ANTHROPIC,
         with_parameters(
-            op.get("The API key's message batches, newest first", envelope=_ANTHROPIC),
+            op.get("The API key's message batches, newest first", envelope=op.ANTHROPIC_ENVELOPE),
             op.AFTER_ID,
             op.PAGE[1],
         ),
@@ -153,7 +151,7 @@ BATCHES: tuple[Endpoint, ...] = (
         retrieve_message_batch,
         Dialect.ANTHROPIC,
         with_parameters(
-            op.get("A message batch, with its request_counts", envelope=_ANTHROPIC),
+            op.get("A message batch, with its request_counts", envelope=op.ANTHROPIC_ENVELOPE),
             op.BATCH_ID,
         ),
         protected=True,
@@ -164,7 +162,7 @@ BATCHES: tuple[Endpoint, ...] = (
         delete_message_batch,
         Dialect.ANTHROPIC,
         with_parameters(
-            op.get("Delete an ended message batch", envelope=_ANTHROPIC),
+            op.get("Delete an ended message batch", envelope=op.ANTHROPIC_ENVELOPE),
             op.BATCH_ID,
         ),
         protected=True,
@@ -175,7 +173,8 @@ BATCHES: tuple[Endpoint, ...] = (
         cancel_message_batch,
         Dialect.ANTHROPIC,
         with_parameters(
-            op.cancel("Cancel a message batch (canceling, then ended)", _ANTHROPIC), op.BATCH_ID
+            op.cancel("Cancel a message batch (canceling, then ended)", op.ANTHROPIC_ENVELOPE),
+            op.BATCH_ID,
         ),
         protected=True,
     ),

@@ -15,9 +15,6 @@ from deepinfer_server.api.routes.tokenization import (
 from deepinfer_server.openapi import operations as op
 from deepinfer_server.openapi.schema import ref
 
-_OPENAI = "OpenAIError"
-_ANTHROPIC = "AnthropicError"
-
 #: In the order the document lists them.
 GENERATION: tuple[Endpoint, ...] = (
     Endpoint(
@@ -25,7 +22,7 @@ GENERATION: tuple[Endpoint, ...] = (
         "POST",
         generate(CHAT),
         Dialect.OPENAI,
-        op.generation("OpenAI Chat Completions", "ChatCompletionRequest", _OPENAI),
+        op.generation("OpenAI Chat Completions", "ChatCompletionRequest", op.OPENAI_ENVELOPE),
         protected=True,
     ),
     Endpoint(
@@ -34,7 +31,9 @@ GENERATION: tuple[Endpoint, ...] = (
         generate(COMPLETIONS),
         Dialect.OPENAI,
         op.generation(
-            "OpenAI legacy completions, as vLLM serves them", "CompletionRequest", _OPENAI
+            "OpenAI legacy completions, as vLLM serves them",
+            "CompletionRequest",
+            op.OPENAI_ENVELOPE,
         ),
         protected=True,
     ),
@@ -43,7 +42,9 @@ GENERATION: tuple[Endpoint, ...] = (
         "POST",
         generate(RESPONSES),
         Dialect.OPENAI,
-        op.generation("OpenAI Responses (stored unless store: false)", "ResponsesRequest", _OPENAI),
+        op.generation(
+            "OpenAI Responses (stored unless store: false)", "ResponsesRequest", op.OPENAI_ENVELOPE
+        ),
         protected=True,
     ),
     Endpoint(
@@ -51,7 +52,7 @@ GENERATION: tuple[Endpoint, ...] = (
         "POST",
         generate(MESSAGES),
         Dialect.ANTHROPIC,
-        op.generation("Anthropic Messages", "MessagesRequest", _ANTHROPIC),
+        op.generation("Anthropic Messages", "MessagesRequest", op.ANTHROPIC_ENVELOPE),
         protected=True,
     ),
     Endpoint(
@@ -60,7 +61,8 @@ GENERATION: tuple[Endpoint, ...] = (
         count_tokens,
         Dialect.ANTHROPIC,
         op.count_tokens(
-            "Anthropic token count: the prompt tokens /v1/messages would encode", _ANTHROPIC
+            "Anthropic token count: the prompt tokens /v1/messages would encode",
+            op.ANTHROPIC_ENVELOPE,
         ),
         protected=True,
     ),
