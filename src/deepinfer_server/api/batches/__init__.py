@@ -1,2 +1,3 @@
-"""Batch jobs: OpenAI's Files and Batches on one runner (`runner.py`) that answers each line
-through the server's own request path, at the lowest admission priority."""
+"""Batch jobs as HTTP shows them: OpenAI's Files and Batches objects and Anthropic's Message
+Batches (the lines are answered by `services/batch_runner.py`, through the server's own request
+path, at the lowest admission priority)."""
