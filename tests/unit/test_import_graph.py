@@ -4,18 +4,21 @@ and under TYPE_CHECKING included (a cycle hidden in a function is still a cycle)
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import grimp
+import pytest
 
 Graph = dict[str, set[str]]
 
 
-def _import_graph() -> Graph:
-    """Each module of deepinfer_server and the package modules it imports."""
+def _import_graph(package: str = "deepinfer_server", cache_dir: str | None = None) -> Graph:
+    """Each module of `package` and the package's modules it imports."""
     # exclude_type_checking_imports=False: imports under TYPE_CHECKING are edges too; grimp
     # reads the whole module's syntax tree, so imports inside functions are edges as well.
+    kwargs = {} if cache_dir is None else {"cache_dir": cache_dir}
     graph = grimp.build_graph(
-        "deepinfer_server", include_external_packages=False, exclude_type_checking_imports=False
+        package, include_external_packages=False, exclude_type_checking_imports=False, **kwargs
     )
     return {module: graph.find_modules_directly_imported_by(module) for module in graph.modules}
 
@@ -96,6 +99,21 @@ def test_the_cycle_finder_finds_a_cycle_and_only_one() -> None:
     graph: Graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}}
     assert cycles(graph) == ["a -> b -> c -> a (3 modules in the circle)", "e -> e"]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_imports_inside_functions_and_under_type_checking_are_edges(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    package = tmp_path / "hidden_cycle"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("def f() -> None:\n    import hidden_cycle.b\n")
+    (package / "b.py").write_text(
+        "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    import hidden_cycle.a\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    graph = _import_graph("hidden_cycle", cache_dir=str(tmp_path / "cache"))
+    assert cycles(graph) == ["hidden_cycle.a -> hidden_cycle.b -> hidden_cycle.a"]
 
 
 def test_no_module_imports_itself_back() -> None:
