@@ -5,7 +5,7 @@ Persistence only: this package knows rows, scopes and expiry, never the Response
 blocks the event loop (aiosqlite runs SQLite on a thread of its own; psycopg is asynchronous).
 """
 
-from deepinfer_server.store.records import ItemPage, StoredResponse
-from deepinfer_server.store.sql import BrokenHistory, ResponseStore, ResponseTooLarge
+from deepinfer_server.store.records import BrokenHistory, ItemPage, ResponseTooLarge, StoredResponse
+from deepinfer_server.store.responses import ResponseStore
 
 __all__ = ["BrokenHistory", "ItemPage", "ResponseStore", "ResponseTooLarge", "StoredResponse"]

@@ -1,5 +1,5 @@
 """The tables of batch jobs (OpenAI's Files and Batches, Anthropic's Message Batches): their
-DDL, created with the rest of the store's schema (`sql.SCHEMA`); the queries are `batches.py`.
+DDL, created with the rest of the store's schema (`schema.SCHEMA`); the queries are `batches.py`.
 
 `files`: an uploaded file, or a batch's output or error file, its content as text. `batches`:
 one row per batch (its scope, kind, endpoint, status and the time it reached each status).

@@ -24,7 +24,7 @@ import orjson
 
 from deepinfer_server.errors import StoreUnavailableError
 from deepinfer_server.store.database import Step
-from deepinfer_server.store.sql import ResponseStore
+from deepinfer_server.store.root import StoreRoot
 
 #: Statuses of a batch still at work (the others are final).
 ACTIVE_STATUSES = ("validating", "in_progress", "finalizing", "cancelling")
@@ -109,7 +109,7 @@ _BATCH_COLUMNS = (
 class BatchStore:
     """The batch jobs of every process (and replica) sharing the Responses store's database."""
 
-    def __init__(self, store: ResponseStore) -> None:
+    def __init__(self, store: StoreRoot) -> None:
         self._store = store
         self._db = store.database
 

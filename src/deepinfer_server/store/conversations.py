@@ -1,10 +1,8 @@
 """ConversationStore: OpenAI's Conversations (`/v1/conversations`) on the Responses store.
 
-Two tables of the store's schema (`CONVERSATION_SCHEMA`, created with the rest of it):
-`conversations` (its scope, creation and last-change times, metadata, the bytes its items
-take, the position its next item takes) and `conversation_items` (every item, by position,
-and whether this server generated it: a turn's input and output, whose reasoning is trusted
-when it returns to a prompt, as a stored response's is; items a client adds are not).
+Its tables are declared in `conversation_tables.py`: `conversations` (one row each, with the
+bytes its items take) and `conversation_items` (every item, by position, and whether this
+server generated it).
 
 An append takes its positions from the conversation's row in the same transaction that
 inserts the items (`UPDATE` first: PostgreSQL locks the row, SQLite's writer lock holds
@@ -27,7 +25,7 @@ import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import orjson
 
@@ -35,34 +33,9 @@ from deepinfer_server.errors import StoreUnavailableError
 from deepinfer_server.store.database import Database, Step
 from deepinfer_server.store.fairness import fair_level
 from deepinfer_server.store.records import Item
-
-if TYPE_CHECKING:
-    from deepinfer_server.store.sql import ResponseStore
+from deepinfer_server.store.root import StoreRoot
 
 logger = logging.getLogger(__name__)
-
-CONVERSATION_SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS conversations (
-        id TEXT PRIMARY KEY,
-        scope TEXT NOT NULL,
-        created_at DOUBLE PRECISION NOT NULL,
-        updated_at DOUBLE PRECISION NOT NULL,
-        metadata TEXT NOT NULL,
-        bytes BIGINT NOT NULL,
-        next_position INTEGER NOT NULL
-    )""",
-    "CREATE INDEX IF NOT EXISTS conversations_by_age ON conversations (updated_at, id)",
-    """CREATE TABLE IF NOT EXISTS conversation_items (
-        conversation_id TEXT NOT NULL,
-        position INTEGER NOT NULL,
-        item_id TEXT NOT NULL,
-        generated INTEGER NOT NULL,
-        body TEXT NOT NULL,
-        PRIMARY KEY (conversation_id, position)
-    )""",
-    "CREATE INDEX IF NOT EXISTS conversation_items_by_id "
-    "ON conversation_items (conversation_id, item_id)",
-)
 
 #: The least recently changed conversation of a scope past which its items' bytes exceed a
 #: cap (it and older ones go).
@@ -110,7 +83,7 @@ class ConversationStore:
     """The conversations of every API server process (and replica) sharing `store`'s
     database, with its time to live and caps (module docstring)."""
 
-    def __init__(self, store: ResponseStore) -> None:
+    def __init__(self, store: StoreRoot) -> None:
         self._store = store
 
     async def create(
