@@ -10,6 +10,11 @@ its status (`pending` until answered) and result, and, while a process works on 
 
 from __future__ import annotations
 
+from deepinfer_server.store.scoped import ScopedTable
+
+#: Statuses of a batch still at work (the others are final).
+ACTIVE_STATUSES = ("validating", "in_progress", "finalizing", "cancelling")
+
 BATCH_TABLES = (
     """CREATE TABLE IF NOT EXISTS files (
         id TEXT PRIMARY KEY,
@@ -57,4 +62,17 @@ BATCH_TABLES = (
     )""",
     "CREATE INDEX IF NOT EXISTS batch_lines_by_status ON batch_lines (batch_id, status)",
     "CREATE INDEX IF NOT EXISTS batch_lines_by_owner ON batch_lines (claimed_by)",
+)
+
+#: Files live for the store's time to live. Their `bytes` are counted, so a per-key cap can be
+#: given to `evict` (none is, by default).
+FILES = ScopedTable("files")
+#: Batches live for the store's time to live once ended (one still at work is kept whatever its
+#: age: its completion window ends it); their lines go with them.
+BATCHES = ScopedTable(
+    "batches",
+    size=None,
+    children=(("batch_lines", "batch_id"),),
+    evictable="status NOT IN (?, ?, ?, ?)",
+    evictable_params=ACTIVE_STATUSES,
 )

@@ -12,8 +12,6 @@ answered once.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 import uuid
 from collections.abc import Sequence
@@ -22,12 +20,11 @@ from typing import Any
 
 import orjson
 
-from deepinfer_server.errors import StoreUnavailableError
+from deepinfer_server.store.batch_tables import ACTIVE_STATUSES, BATCHES, FILES
 from deepinfer_server.store.database import Step
 from deepinfer_server.store.root import StoreRoot
+from deepinfer_server.store.scoped import evict_periodically
 
-#: Statuses of a batch still at work (the others are final).
-ACTIVE_STATUSES = ("validating", "in_progress", "finalizing", "cancelling")
 #: The statuses whose time the `batches` table keeps (`<status>_at`).
 _TIMED = frozenset(
     {"in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled"}
@@ -151,12 +148,9 @@ class BatchStore:
         if purpose is not None:
             sql += " AND purpose = ?"
             params.append(purpose)
-        if after is not None:
-            sql += (
-                " AND (created_at, id) < (SELECT created_at, id FROM files WHERE id = ? "
-                "AND scope = ?)"
-            )
-            params += [after, scope]
+        page, past = FILES.after(scope, after)
+        sql += page
+        params += past
         sql += " ORDER BY created_at DESC, id DESC LIMIT ?"
         params.append(limit)
         async with self._store.connection("list files"):
@@ -274,12 +268,9 @@ class BatchStore:
         """A scope's batches of `kind`, newest first, past the batch `after`."""
         sql = f"SELECT {_BATCH_COLUMNS} FROM batches WHERE scope = ? AND kind = ?"
         params: list[Any] = [scope, kind]
-        if after is not None:
-            sql += (
-                " AND (created_at, id) < (SELECT created_at, id FROM batches WHERE id = ? "
-                "AND scope = ?)"
-            )
-            params += [after, scope]
+        page, past = BATCHES.after(scope, after)
+        sql += page
+        params += past
         sql += " ORDER BY created_at DESC, id DESC LIMIT ?"
         params.append(limit)
         async with self._store.connection("list batches"):
@@ -498,32 +489,13 @@ class BatchStore:
         """Delete the files and the ended batches (with their lines) created before `before`
         (the store's time to live); the number of rows deleted. A batch still at work is kept
         whatever its age (its completion window ends it)."""
-        ended = "status NOT IN (?, ?, ?, ?)"
-        async with self._store.connection("evict old batches", write=True):
-            changed = await self._db.write(
-                [
-                    Step(
-                        "DELETE FROM batch_lines WHERE batch_id IN (SELECT id FROM batches "
-                        f"WHERE created_at < ? AND {ended})",
-                        (before, *ACTIVE_STATUSES),
-                    ),
-                    Step(
-                        f"DELETE FROM batches WHERE created_at < ? AND {ended}",
-                        (before, *ACTIVE_STATUSES),
-                    ),
-                    Step("DELETE FROM files WHERE created_at < ?", (before,)),
-                ],
-                frees=True,
-            )
-        return changed[1] + changed[2]
+        async with self._store.connection("evict old batches", write=True) as db:
+            return await BATCHES.evict(db, before) + await FILES.evict(db, before)
 
     async def evict_periodically(self, interval: float) -> None:
         """`evict()` past the store's time to live every `interval` seconds, until cancelled
         (a failure is logged and tried again next time)."""
-        while True:
-            with contextlib.suppress(StoreUnavailableError):
-                await self.evict(time.time() - self._store.ttl)
-            await asyncio.sleep(interval)
+        await evict_periodically(lambda: self.evict(time.time() - self._store.ttl), interval)
 
 
 def _batch_row(row: Sequence[Any], counts: dict[str, int]) -> BatchRow:

@@ -9,6 +9,8 @@ to a prompt, as a stored response's is; items a client adds are not).
 
 from __future__ import annotations
 
+from deepinfer_server.store.scoped import ScopedTable
+
 CONVERSATION_TABLES = (
     """CREATE TABLE IF NOT EXISTS conversations (
         id TEXT PRIMARY KEY,
@@ -30,4 +32,8 @@ CONVERSATION_TABLES = (
     )""",
     "CREATE INDEX IF NOT EXISTS conversation_items_by_id "
     "ON conversation_items (conversation_id, item_id)",
+)
+#: Conversations live for the time to live past their last change; their items go with them.
+CONVERSATIONS = ScopedTable(
+    "conversations", age="updated_at", children=(("conversation_items", "conversation_id"),)
 )

@@ -18,8 +18,6 @@ evict its stored responses, nor the reverse.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import secrets
 import time
@@ -29,22 +27,13 @@ from typing import Any, Literal
 
 import orjson
 
-from deepinfer_server.errors import StoreUnavailableError
+from deepinfer_server.store.conversation_tables import CONVERSATIONS
 from deepinfer_server.store.database import Database, Step
-from deepinfer_server.store.fairness import fair_level
 from deepinfer_server.store.records import Item
 from deepinfer_server.store.root import StoreRoot
+from deepinfer_server.store.scoped import evict_periodically
 
 logger = logging.getLogger(__name__)
-
-#: The least recently changed conversation of a scope past which its items' bytes exceed a
-#: cap (it and older ones go).
-_SIZE_CUTOFF = """
-SELECT updated_at, id FROM (
-    SELECT updated_at, id, SUM(bytes) OVER (ORDER BY updated_at DESC, id DESC) AS newer
-    FROM conversations WHERE scope = ?
-) AS ranked WHERE newer > ? ORDER BY updated_at DESC, id DESC LIMIT 1
-"""
 
 
 @dataclass(frozen=True)
@@ -144,21 +133,10 @@ class ConversationStore:
     async def delete(self, scope: str, conversation_id: str) -> bool:
         """Delete the conversation and its items; False when it is not stored for this scope."""
         async with self._store.connection("delete a conversation", write=True) as db:
-            changed = await db.write(
-                [
-                    Step(
-                        "DELETE FROM conversation_items WHERE conversation_id IN (SELECT id "
-                        "FROM conversations WHERE id = ? AND scope = ? AND updated_at >= ?)",
-                        (conversation_id, scope, self._oldest()),
-                    ),
-                    Step(
-                        "DELETE FROM conversations WHERE id = ? AND scope = ? AND updated_at >= ?",
-                        (conversation_id, scope, self._oldest()),
-                    ),
-                ],
-                frees=True,
+            deleted = await CONVERSATIONS.delete(
+                db, *CONVERSATIONS.live(conversation_id, scope, self._oldest())
             )
-        return changed[-1] > 0
+        return deleted > 0
 
     async def append(
         self, scope: str, conversation_id: str, items: Sequence[Item], *, generated: bool
@@ -303,58 +281,19 @@ class ConversationStore:
     async def evict(self) -> int:
         """Delete expired conversations, then each scope's least recently changed while it
         exceeds its cap (module docstring); the number of conversations deleted."""
-        store = self._store
-        async with store.connection("evict old conversations", write=True) as db:
-            deleted = await self._delete_before(db, self._oldest(), None)
-            rows = await db.fetch("SELECT scope, SUM(bytes) FROM conversations GROUP BY scope", ())
-            usage = {str(scope): int(size) for scope, size in rows}
-            level = min(store.scope_max_bytes, fair_level(usage, store.max_bytes))
-            for scope in sorted(scope for scope, size in usage.items() if size > level):
-                cutoff = await db.fetch(_SIZE_CUTOFF, (scope, level))
-                if cutoff:
-                    updated_at, last = cutoff[0]
-                    deleted += await self._delete_before(db, float(updated_at), str(last), scope)
+        async with self._store.connection("evict old conversations", write=True) as db:
+            deleted = await CONVERSATIONS.evict(db, self._oldest(), self._store.caps)
         if deleted:
             logger.info("response store: evicted %d conversation(s)", deleted)
         return deleted
 
     async def evict_periodically(self, interval: float) -> None:
         """`evict()` now and then every `interval` seconds, until cancelled."""
-        while True:
-            with contextlib.suppress(StoreUnavailableError):
-                await self.evict()
-            await asyncio.sleep(interval)
-
-    @staticmethod
-    async def _delete_before(
-        db: Database, updated_at: float, last: str | None, scope: str | None = None
-    ) -> int:
-        where = "updated_at < ?"
-        params: tuple[Any, ...] = (updated_at,)
-        if last is not None:
-            where += " OR (updated_at = ? AND id <= ?)"
-            params = (updated_at, updated_at, last)
-        if scope is not None:
-            where = f"scope = ? AND ({where})"
-            params = (scope, *params)
-        changed = await db.write(
-            [
-                Step(
-                    "DELETE FROM conversation_items WHERE conversation_id IN "
-                    f"(SELECT id FROM conversations WHERE {where})",
-                    params,
-                ),
-                Step(f"DELETE FROM conversations WHERE {where}", params),
-            ],
-            frees=True,
-        )
-        return changed[-1]
+        await evict_periodically(self.evict, interval)
 
     async def _live(self, db: Database, scope: str, conversation_id: str) -> str | None:
-        rows = await db.fetch(
-            "SELECT id FROM conversations WHERE id = ? AND scope = ? AND updated_at >= ?",
-            (conversation_id, scope, self._oldest()),
-        )
+        where, params = CONVERSATIONS.live(conversation_id, scope, self._oldest())
+        rows = await db.fetch(f"SELECT id FROM conversations WHERE {where}", params)
         return str(rows[0][0]) if rows else None
 
     def _oldest(self) -> float:

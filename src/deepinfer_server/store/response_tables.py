@@ -11,6 +11,8 @@ row in `background_runs` (the process running it and its last heartbeat).
 
 from __future__ import annotations
 
+from deepinfer_server.store.scoped import ScopedTable
+
 RESPONSE_TABLES = (
     """CREATE TABLE IF NOT EXISTS responses (
         id TEXT PRIMARY KEY,
@@ -62,10 +64,16 @@ RESPONSE_TABLES = (
     )""",
     "CREATE INDEX IF NOT EXISTS background_runs_by_owner ON background_runs (owner)",
 )
-#: What goes with a response when it is deleted, besides its items and blobs.
-RESPONSE_CHILDREN = ("items", "response_blobs", "response_events", "background_runs")
-#: Blobs no stored response refers to any more.
-ORPHAN_BLOBS = (
-    "DELETE FROM blobs WHERE NOT EXISTS (SELECT 1 FROM response_blobs r "
-    "WHERE r.scope = blobs.scope AND r.hash = blobs.hash)"
+#: Stored responses: their items, image references, events and run go with them, and then the
+#: blobs no stored response refers to any more.
+RESPONSES = ScopedTable(
+    "responses",
+    children=tuple(
+        (table, "response_id")
+        for table in ("items", "response_blobs", "response_events", "background_runs")
+    ),
+    cleanup=(
+        "DELETE FROM blobs WHERE NOT EXISTS (SELECT 1 FROM response_blobs r "
+        "WHERE r.scope = blobs.scope AND r.hash = blobs.hash)",
+    ),
 )

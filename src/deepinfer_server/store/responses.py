@@ -17,20 +17,16 @@ Every write is one short transaction. Database failures surface as `StoreUnavail
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Literal
 
 import orjson
 
-from deepinfer_server.errors import StoreUnavailableError
 from deepinfer_server.store.background_runs import BackgroundRuns
-from deepinfer_server.store.database import Step
-from deepinfer_server.store.fairness import fair_level
 from deepinfer_server.store.records import BrokenHistory, Item, ItemPage, StoredResponse
-from deepinfer_server.store.response_tables import ORPHAN_BLOBS, RESPONSE_CHILDREN
+from deepinfer_server.store.response_tables import RESPONSES
+from deepinfer_server.store.scoped import evict_periodically
 
 logger = logging.getLogger(__name__)
 
@@ -47,15 +43,6 @@ WITH RECURSIVE chain(id, previous_response_id, depth) AS (
         WHERE r.scope = ? AND r.created_at >= ? AND chain.depth < ?
 )
 SELECT id, previous_response_id, depth FROM chain ORDER BY depth DESC
-"""
-
-#: The newest response of a scope past which its stored bytes exceed a cap (it and older
-#: ones go).
-_SIZE_CUTOFF = """
-SELECT created_at, id FROM (
-    SELECT created_at, id, SUM(bytes) OVER (ORDER BY created_at DESC, id DESC) AS newer
-    FROM responses WHERE scope = ?
-) AS ranked WHERE newer > ? ORDER BY created_at DESC, id DESC LIMIT 1
 """
 
 
@@ -181,25 +168,10 @@ class ResponseStore(BackgroundRuns):
         """Delete the response and its items; False when it is not stored for this scope."""
         async with self._failures("delete a response", write=True):
             await self._prepare()
-            changed = await self._db.write(
-                frees=True,
-                steps=[
-                    *(
-                        Step(
-                            f"DELETE FROM {table} WHERE response_id IN (SELECT id FROM "
-                            "responses WHERE id = ? AND scope = ? AND created_at >= ?)",
-                            (response_id, scope, self._oldest()),
-                        )
-                        for table in RESPONSE_CHILDREN
-                    ),
-                    Step(
-                        "DELETE FROM responses WHERE id = ? AND scope = ? AND created_at >= ?",
-                        (response_id, scope, self._oldest()),
-                    ),
-                    Step(ORPHAN_BLOBS),
-                ],
+            deleted = await RESPONSES.delete(
+                self._db, *RESPONSES.live(response_id, scope, self._oldest())
             )
-        return changed[-2] > 0
+        return deleted > 0
 
     async def evict(self) -> int:
         """Delete expired responses, then each scope's oldest while it exceeds its cap (the
@@ -207,17 +179,7 @@ class ResponseStore(BackgroundRuns):
         responses deleted."""
         async with self._failures("evict old responses", write=True):
             await self._prepare()
-            deleted = await self._delete_before(self._oldest(), None)
-            rows = await self._db.fetch(
-                "SELECT scope, SUM(bytes) FROM responses GROUP BY scope", ()
-            )
-            usage = {str(scope): int(size) for scope, size in rows}
-            level = min(self.scope_max_bytes, fair_level(usage, self.max_bytes))
-            for scope in sorted(scope for scope, size in usage.items() if size > level):
-                cutoff = await self._db.fetch(_SIZE_CUTOFF, (scope, level))
-                if cutoff:
-                    created_at, last = cutoff[0]
-                    deleted += await self._delete_before(float(created_at), str(last), scope)
+            deleted = await RESPONSES.evict(self._db, self._oldest(), self.caps)
         if deleted:
             logger.info("response store: evicted %d response(s)", deleted)
         return deleted
@@ -225,34 +187,4 @@ class ResponseStore(BackgroundRuns):
     async def evict_periodically(self, interval: float) -> None:
         """`evict()` now and then every `interval` seconds, until cancelled (a failure is
         logged and tried again next time)."""
-        while True:
-            with contextlib.suppress(StoreUnavailableError):
-                await self.evict()
-            await asyncio.sleep(interval)
-
-    async def _delete_before(
-        self, created_at: float, last: str | None, scope: str | None = None
-    ) -> int:
-        """Delete responses older than `created_at` (and, with `last`, those created at that
-        time whose ID sorts up to `last`), of one scope or of all."""
-        where = "created_at < ?"
-        params: tuple[Any, ...] = (created_at,)
-        if last is not None:
-            where += " OR (created_at = ? AND id <= ?)"
-            params = (created_at, created_at, last)
-        if scope is not None:
-            where = f"scope = ? AND ({where})"
-            params = (scope, *params)
-        owned = f"response_id IN (SELECT id FROM responses WHERE {where})"
-        changed = await self._db.write(
-            [
-                *(
-                    Step(f"DELETE FROM {table} WHERE {owned}", params)
-                    for table in RESPONSE_CHILDREN
-                ),
-                Step(f"DELETE FROM responses WHERE {where}", params),
-                Step(ORPHAN_BLOBS),
-            ],
-            frees=True,
-        )
-        return changed[-2]
+        await evict_periodically(self.evict, interval)

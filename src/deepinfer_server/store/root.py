@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 from deepinfer_server.errors import StoreUnavailableError
 from deepinfer_server.store.database import Database, Step
 from deepinfer_server.store.schema import SCHEMA, SCHEMA_VERSION, UPGRADES
+from deepinfer_server.store.scoped import Caps
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,12 @@ class StoreRoot:
     def database(self) -> Database:
         """The database itself (query it within `connection`)."""
         return self._db
+
+    @property
+    def caps(self) -> Caps:
+        """The byte caps the scoped tables that count bytes share (each has caps of its own,
+        of these sizes: a key's conversations never evict its responses, nor the reverse)."""
+        return Caps(max_bytes=self.max_bytes, scope_max_bytes=self.scope_max_bytes)
 
     @property
     def failure(self) -> str | None:
