@@ -13,6 +13,7 @@ import orjson
 from deepinfer_server.store.database import Step
 from deepinfer_server.store.records import JsonObject, NewResponse
 from deepinfer_server.store.response_rows import ResponseRows, output_items
+from deepinfer_server.store.response_tables import RUN_LEASE
 
 
 class BackgroundRuns(ResponseRows):
@@ -29,7 +30,7 @@ class BackgroundRuns(ResponseRows):
             Step(
                 "INSERT INTO background_runs (response_id, scope, owner, heartbeat_at) "
                 "VALUES (?, ?, ?, ?)",
-                (response.id, response.scope, owner, time.time()),
+                (response.id, response.scope, owner, RUN_LEASE.stamp(time.time())),
             )
         )
         if events:
@@ -74,19 +75,24 @@ class BackgroundRuns(ResponseRows):
         async with self._failures("record a background response's progress", write=True):
             await self._db.write(steps)
 
-    async def claim_run(self, response_id: str, owner: str, *, stale_before: float) -> bool:
+    async def claim_run(
+        self, response_id: str, owner: str, *, stale_before: float | None = None
+    ) -> bool:
         """Take the run of a background response for `owner`: when `owner` runs it already
-        (its lease renewed), or its owner's last heartbeat is older than `stale_before` (a
-        process that died). False when the run is gone (ended, deleted) or another process
-        holds it."""
+        (its lease renewed), or its owner's last heartbeat is older than `stale_before` (by
+        default, `lease.LEASE` ago: a process that died). False when the run is gone (ended,
+        deleted) or another process holds it."""
+        now = time.time()
+        cutoff = RUN_LEASE.cutoff(now) if stale_before is None else stale_before
+        assign, values = RUN_LEASE.take(owner, RUN_LEASE.stamp(now))
+        where, params = RUN_LEASE.takeable(owner, cutoff)
         async with self._failures("claim a background response", write=True):
             await self._prepare()
             changed = await self._db.write(
                 [
                     Step(
-                        "UPDATE background_runs SET owner = ?, heartbeat_at = ? "
-                        "WHERE response_id = ? AND (owner = ? OR heartbeat_at < ?)",
-                        (owner, time.time(), response_id, owner, stale_before),
+                        f"UPDATE background_runs SET {assign} WHERE response_id = ? AND {where}",
+                        (*values, response_id, *params),
                     )
                 ]
             )
@@ -142,16 +148,12 @@ class BackgroundRuns(ResponseRows):
             await self._db.write(steps)
 
     async def heartbeat(self, owner: str) -> None:
-        """`owner` still runs its background responses."""
+        """`owner` still runs its background responses: their lease is renewed."""
+        assign, values = RUN_LEASE.renew(RUN_LEASE.stamp(time.time()))
         async with self._failures("renew background runs", write=True):
             await self._prepare()
             await self._db.write(
-                [
-                    Step(
-                        "UPDATE background_runs SET heartbeat_at = ? WHERE owner = ?",
-                        (time.time(), owner),
-                    )
-                ]
+                [Step(f"UPDATE background_runs SET {assign} WHERE owner = ?", (*values, owner))]
             )
 
     async def request_cancel(self, response_id: str) -> bool:
@@ -190,14 +192,16 @@ class BackgroundRuns(ResponseRows):
             )
         return None if not rows or rows[0][0] is None else int(rows[0][0])
 
-    async def stale_runs(self, stale_before: float) -> list[tuple[str, str]]:
+    async def stale_runs(self, stale_before: float | None = None) -> list[tuple[str, str]]:
         """(response ID, scope) of the background runs whose owner's last heartbeat is older
-        than `stale_before`."""
+        than `stale_before` (by default, `lease.LEASE` ago)."""
+        where, params = RUN_LEASE.ended(
+            RUN_LEASE.cutoff(time.time()) if stale_before is None else stale_before
+        )
         async with self._failures("list background runs"):
             await self._prepare()
             rows = await self._db.fetch(
-                "SELECT response_id, scope FROM background_runs WHERE heartbeat_at < ?",
-                (stale_before,),
+                f"SELECT response_id, scope FROM background_runs WHERE {where}", params
             )
         return [(str(found), str(scope)) for found, scope in rows]
 

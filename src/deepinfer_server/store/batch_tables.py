@@ -10,6 +10,7 @@ its status (`pending` until answered) and result, and, while a process works on 
 
 from __future__ import annotations
 
+from deepinfer_server.store.lease import Lease
 from deepinfer_server.store.scoped import ScopedTable
 
 #: Statuses of a batch still at work (the others are final).
@@ -76,3 +77,5 @@ BATCHES = ScopedTable(
     evictable="status NOT IN (?, ?, ?, ?)",
     evictable_params=ACTIVE_STATUSES,
 )
+#: A batch line a process answers: its lease ends at `lease_until` (`api/batches/runner.py`).
+LINE_LEASE = Lease("batch_lines", holder="claimed_by", time="lease_until", ends=True)

@@ -20,8 +20,10 @@ from typing import Any
 
 import orjson
 
-from deepinfer_server.store.batch_tables import ACTIVE_STATUSES, BATCHES, FILES
+from deepinfer_server.store.batch_tables import ACTIVE_STATUSES, BATCHES, FILES, LINE_LEASE
 from deepinfer_server.store.database import Step
+from deepinfer_server.store.lease import LEASE
+from deepinfer_server.store.records import JsonObject
 from deepinfer_server.store.root import StoreRoot
 from deepinfer_server.store.scoped import evict_periodically
 
@@ -339,30 +341,32 @@ class BatchStore:
 
     # Lines.
 
-    async def claim(self, batch_id: str, owner: str, limit: int, lease: float) -> list[ClaimedLine]:
+    async def claim(
+        self, batch_id: str, owner: str, limit: int, lease: float = LEASE
+    ) -> list[ClaimedLine]:
         """Claim up to `limit` unanswered lines nobody holds (or whose lease ended) for
         `owner` until `lease` seconds from now; the lines claimed."""
         now = time.time()
         claim = uuid.uuid4().hex
-        free = "(claimed_by IS NULL OR lease_until < ?)"
+        assign, values = LINE_LEASE.take(owner, LINE_LEASE.stamp(now, lease))
+        free, cutoff = LINE_LEASE.free(LINE_LEASE.cutoff(now, lease))
         async with self._store.connection("claim batch lines", write=True):
             await self._db.write(
                 [
                     Step(
-                        "UPDATE batch_lines SET claimed_by = ?, claim = ?, lease_until = ? "
+                        f"UPDATE batch_lines SET {assign}, claim = ? "
                         f"WHERE batch_id = ? AND status = ? AND {free} AND line IN ("
                         "SELECT line FROM batch_lines WHERE batch_id = ? AND status = ? "
                         f"AND {free} ORDER BY line LIMIT ?)",
                         (
-                            owner,
+                            *values,
                             claim,
-                            now + lease,
                             batch_id,
                             PENDING,
-                            now,
+                            *cutoff,
                             batch_id,
                             PENDING,
-                            now,
+                            *cutoff,
                             limit,
                         ),
                     )
@@ -378,19 +382,20 @@ class BatchStore:
             for row in rows
         ]
 
-    async def renew(self, lines: Sequence[ClaimedLine], lease: float) -> None:
+    async def renew(self, lines: Sequence[ClaimedLine], lease: float = LEASE) -> None:
         """The process holding `lines` still works on them: their lease ends `lease` from now
         (a line its process no longer runs is left to its lease: it is claimed again)."""
         if not lines:
             return
+        assign, values = LINE_LEASE.renew(LINE_LEASE.stamp(time.time(), lease))
         async with self._store.connection("renew batch lines", write=True):
             await self._db.write(
                 [
                     Step(
-                        "UPDATE batch_lines SET lease_until = ? WHERE claim IN ("
+                        f"UPDATE batch_lines SET {assign} WHERE claim IN ("
                         + ", ".join("?" * len(lines))
                         + ") AND status = ?",
-                        (time.time() + lease, *(line.claim for line in lines), PENDING),
+                        (*values, *(line.claim for line in lines), PENDING),
                     )
                 ]
             )
@@ -401,22 +406,21 @@ class BatchStore:
             await self._db.write(
                 [
                     Step(
-                        "UPDATE batch_lines SET claimed_by = NULL, claim = NULL, "
-                        "lease_until = NULL WHERE batch_id = ? AND line = ? AND claim = ?",
+                        f"UPDATE batch_lines SET {LINE_LEASE.release()}, claim = NULL "
+                        "WHERE batch_id = ? AND line = ? AND claim = ?",
                         (line.batch_id, line.line, line.claim),
                     )
                 ]
             )
 
-    async def record(self, line: ClaimedLine, status: str, result: dict[str, Any]) -> bool:
+    async def record(self, line: ClaimedLine, status: str, result: JsonObject) -> bool:
         """A claimed line's answer; False (nothing written) when the claim no longer holds it."""
         async with self._store.connection("record a batch line", write=True):
             changed = await self._db.write(
                 [
                     Step(
-                        "UPDATE batch_lines SET status = ?, result = ?, claimed_by = NULL, "
-                        "lease_until = NULL WHERE batch_id = ? AND line = ? AND claim = ? "
-                        "AND status = ?",
+                        f"UPDATE batch_lines SET status = ?, result = ?, {LINE_LEASE.release()} "
+                        "WHERE batch_id = ? AND line = ? AND claim = ? AND status = ?",
                         (
                             status,
                             orjson.dumps(result).decode(),
@@ -432,11 +436,11 @@ class BatchStore:
 
     async def held(self, batch_id: str) -> int:
         """How many of a batch's unanswered lines some process holds under a live lease."""
+        live, cutoff = LINE_LEASE.live(LINE_LEASE.cutoff(time.time()))
         async with self._store.connection("read batch lines"):
             rows = await self._db.fetch(
-                "SELECT COUNT(*) FROM batch_lines WHERE batch_id = ? AND status = ? "
-                "AND claimed_by IS NOT NULL AND lease_until >= ?",
-                (batch_id, PENDING, time.time()),
+                f"SELECT COUNT(*) FROM batch_lines WHERE batch_id = ? AND status = ? AND {live}",
+                (batch_id, PENDING, *cutoff),
             )
         return int(rows[0][0])
 

@@ -11,6 +11,7 @@ row in `background_runs` (the process running it and its last heartbeat).
 
 from __future__ import annotations
 
+from deepinfer_server.store.lease import Lease
 from deepinfer_server.store.scoped import ScopedTable
 
 RESPONSE_TABLES = (
@@ -77,3 +78,5 @@ RESPONSES = ScopedTable(
         "WHERE r.scope = blobs.scope AND r.hash = blobs.hash)",
     ),
 )
+#: A background response's run: its process renews `heartbeat_at` (`api/background.py`).
+RUN_LEASE = Lease("background_runs", holder="owner", time="heartbeat_at", ends=False)
