@@ -30,7 +30,7 @@ import orjson
 from deepinfer_server.store.conversation_tables import CONVERSATIONS
 from deepinfer_server.store.database import Database, Step
 from deepinfer_server.store.records import Item
-from deepinfer_server.store.root import StoreRoot
+from deepinfer_server.store.root import Operations
 from deepinfer_server.store.scoped import evict_periodically
 
 logger = logging.getLogger(__name__)
@@ -68,12 +68,9 @@ def new_conversation_id() -> str:
     return f"conv_{secrets.token_hex(24)}"
 
 
-class ConversationStore:
+class ConversationStore(Operations):
     """The conversations of every API server process (and replica) sharing `store`'s
     database, with its time to live and caps (module docstring)."""
-
-    def __init__(self, store: StoreRoot) -> None:
-        self._store = store
 
     async def create(
         self, scope: str, metadata: dict[str, str], items: Sequence[Item]
@@ -295,7 +292,3 @@ class ConversationStore:
         where, params = CONVERSATIONS.live(conversation_id, scope, self._oldest())
         rows = await db.fetch(f"SELECT id FROM conversations WHERE {where}", params)
         return str(rows[0][0]) if rows else None
-
-    def _oldest(self) -> float:
-        """The last change of the oldest conversation still alive."""
-        return time.time() - self._store.ttl

@@ -159,3 +159,16 @@ class StoreRoot:
             )
             raise StoreUnavailableError() from exc
         self._failing.pop(kind, None)
+
+
+class Operations:
+    """The base of a store-backed object's operations (its module's store class): the root
+    they run on (`connection`, its caps and time to live) and its database."""
+
+    def __init__(self, store: StoreRoot) -> None:
+        self._store = store
+        self._db = store.database
+
+    def _oldest(self) -> float:
+        """The time (creation or last change) of the oldest row still alive."""
+        return time.time() - self._store.ttl
