@@ -28,7 +28,6 @@ from deepinfer_server.store.batch_tables import ACTIVE_STATUSES, BATCHES
 from deepinfer_server.store.database import Step
 from deepinfer_server.store.files import FileStore, file_step
 from deepinfer_server.store.records import JsonObject
-from deepinfer_server.store.scoped import evict_periodically
 
 __all__ = [
     "PENDING",
@@ -216,8 +215,3 @@ class BatchStore(FileStore, BatchLines):
         async with self._store.connection("evict old batches", write=True) as db:
             batches = await BATCHES.evict(db, before)
         return batches + await self.evict_files(before)
-
-    async def evict_periodically(self, interval: float) -> None:
-        """`evict()` past the store's time to live every `interval` seconds, until cancelled
-        (a failure is logged and tried again next time)."""
-        await evict_periodically(lambda: self.evict(time.time() - self._store.ttl), interval)

@@ -33,7 +33,12 @@ CONVERSATION_TABLES = (
     "CREATE INDEX IF NOT EXISTS conversation_items_by_id "
     "ON conversation_items (conversation_id, item_id)",
 )
-#: Conversations live for the time to live past their last change; their items go with them.
+#: Conversations live for the time to live past their last change, under caps of their own (of
+#: the responses' sizes: a key's conversations never evict its responses, nor the reverse);
+#: their items go with them.
 CONVERSATIONS = ScopedTable(
-    "conversations", age="updated_at", children=(("conversation_items", "conversation_id"),)
+    "conversations",
+    age="updated_at",
+    capped=True,
+    children=(("conversation_items", "conversation_id"),),
 )

@@ -29,9 +29,8 @@ import orjson
 
 from deepinfer_server.store.conversation_tables import CONVERSATIONS
 from deepinfer_server.store.database import Database, Step
-from deepinfer_server.store.records import Item
+from deepinfer_server.store.records import Item, JsonObject
 from deepinfer_server.store.root import Operations
-from deepinfer_server.store.scoped import evict_periodically
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +43,7 @@ class Conversation:
     created_at: float
     metadata: dict[str, str]
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> JsonObject:
         """OpenAI's `conversation` object."""
         return {
             "id": self.id,
@@ -278,15 +277,7 @@ class ConversationStore(Operations):
     async def evict(self) -> int:
         """Delete expired conversations, then each scope's least recently changed while it
         exceeds its cap (module docstring); the number of conversations deleted."""
-        async with self._store.connection("evict old conversations", write=True) as db:
-            deleted = await CONVERSATIONS.evict(db, self._oldest(), self._store.caps)
-        if deleted:
-            logger.info("response store: evicted %d conversation(s)", deleted)
-        return deleted
-
-    async def evict_periodically(self, interval: float) -> None:
-        """`evict()` now and then every `interval` seconds, until cancelled."""
-        await evict_periodically(self.evict, interval)
+        return await self._store.evict_table(CONVERSATIONS)
 
     async def _live(self, db: Database, scope: str, conversation_id: str) -> str | None:
         where, params = CONVERSATIONS.live(conversation_id, scope, self._oldest())

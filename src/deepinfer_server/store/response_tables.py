@@ -69,6 +69,7 @@ RESPONSE_TABLES = (
 #: blobs no stored response refers to any more.
 RESPONSES = ScopedTable(
     "responses",
+    capped=True,
     children=tuple(
         (table, "response_id")
         for table in ("items", "response_blobs", "response_events", "background_runs")

@@ -26,7 +26,6 @@ import orjson
 from deepinfer_server.store.background_runs import BackgroundRuns
 from deepinfer_server.store.records import BrokenHistory, Item, ItemPage, StoredResponse
 from deepinfer_server.store.response_tables import RESPONSES
-from deepinfer_server.store.scoped import evict_periodically
 
 logger = logging.getLogger(__name__)
 
@@ -177,14 +176,4 @@ class ResponseStore(BackgroundRuns):
         """Delete expired responses, then each scope's oldest while it exceeds its cap (the
         scope's own, or the level the whole store's cap sets, `fair_level`); the number of
         responses deleted."""
-        async with self._failures("evict old responses", write=True):
-            await self._prepare()
-            deleted = await RESPONSES.evict(self._db, self._oldest(), self.caps)
-        if deleted:
-            logger.info("response store: evicted %d response(s)", deleted)
-        return deleted
-
-    async def evict_periodically(self, interval: float) -> None:
-        """`evict()` now and then every `interval` seconds, until cancelled (a failure is
-        logged and tried again next time)."""
-        await evict_periodically(self.evict, interval)
+        return await self.evict_table(RESPONSES)

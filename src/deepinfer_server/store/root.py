@@ -10,6 +10,7 @@ stores of each object (`responses.ResponseStore`, `conversations.ConversationSto
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import secrets
@@ -18,8 +19,8 @@ from collections.abc import AsyncIterator
 
 from deepinfer_server.errors import StoreUnavailableError
 from deepinfer_server.store.database import Database, Step
-from deepinfer_server.store.schema import SCHEMA, SCHEMA_VERSION, UPGRADES
-from deepinfer_server.store.scoped import Caps
+from deepinfer_server.store.schema import SCHEMA, SCHEMA_VERSION, SCOPED_TABLES, UPGRADES
+from deepinfer_server.store.scoped import Caps, ScopedTable
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +97,27 @@ class StoreRoot:
         async with self._failures(doing, write=write):
             await self._prepare()
             yield self._db
+
+    async def evict_table(self, table: ScopedTable) -> int:
+        """Delete a scoped table's expired rows, then, under the store's byte caps, each
+        scope's oldest while it exceeds its cap (`ScopedTable.evict`); how many."""
+        async with self._failures(f"evict old {table.name}", write=True):
+            await self._prepare()
+            deleted = await table.evict(
+                self._db, self._oldest(), self.caps if table.capped else None
+            )
+        if deleted:
+            logger.info("response store: evicted %d row(s) of %s", deleted, table.name)
+        return deleted
+
+    async def evict_periodically(self, interval: float) -> None:
+        """Evict every scoped table (`schema.SCOPED_TABLES`) now and then every `interval`
+        seconds, until cancelled (a failure is logged and tried again next time)."""
+        while True:
+            for table in SCOPED_TABLES:
+                with contextlib.suppress(StoreUnavailableError):
+                    await self.evict_table(table)
+            await asyncio.sleep(interval)
 
     def _oldest(self) -> float:
         """The time (creation or last change) of the oldest row still alive."""

@@ -12,13 +12,10 @@ the most. A row's parts (`children`) go with it, in the same transaction.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from deepinfer_server.errors import StoreUnavailableError
 from deepinfer_server.store.database import Database, Step
 from deepinfer_server.store.fairness import fair_level
 
@@ -41,11 +38,13 @@ class ScopedTable:
     live counts from); `size`: the column of each row's bytes (None: no byte caps);
     `children`: (table, column of the row's ID) of its parts; `cleanup`: statements run after
     a delete (what no row refers to any more); `evictable`: a condition a row must meet to be
-    evicted at all (with `evictable_params`)."""
+    evicted at all (with `evictable_params`); `capped`: the store's byte caps apply to it (its
+    `size` counted per scope), else only its time to live."""
 
     name: str
     age: str = "created_at"
     size: str | None = "bytes"
+    capped: bool = False
     children: tuple[tuple[str, str], ...] = ()
     cleanup: tuple[str, ...] = ()
     evictable: str | None = None
@@ -129,12 +128,3 @@ class ScopedTable:
             f"(ORDER BY {order}) AS newer FROM {self.name} WHERE scope = ?) AS ranked "
             f"WHERE newer > ? ORDER BY {order} LIMIT 1"
         )
-
-
-async def evict_periodically(evict: Callable[[], Awaitable[int]], interval: float) -> None:
-    """`evict()` now and then every `interval` seconds, until cancelled (a failure is logged
-    where it happened, and tried again next time)."""
-    while True:
-        with contextlib.suppress(StoreUnavailableError):
-            await evict()
-        await asyncio.sleep(interval)
