@@ -64,7 +64,7 @@ class ResponseStore(BackgroundRuns):
                 "SELECT r.id, r.created_at, r.previous_response_id, r.body, b.heartbeat_at "
                 "FROM responses r LEFT JOIN background_runs b ON b.response_id = r.id "
                 "WHERE r.id = ? AND r.scope = ? AND r.created_at >= ?",
-                (response_id, scope, self._oldest()),
+                (response_id, scope, self.oldest()),
             )
         if not rows:
             return None
@@ -82,7 +82,7 @@ class ResponseStore(BackgroundRuns):
         first: each response of its `previous_response_id` chain contributes its input items,
         then its output items. None when the response is not stored for this scope; raises
         BrokenHistory when a response it continues is gone."""
-        oldest = self._oldest()
+        oldest = self.oldest()
         async with self._failures("read a conversation"):
             await self._prepare()
             chain = await self._db.fetch(
@@ -117,7 +117,7 @@ class ResponseStore(BackgroundRuns):
                 "WHERE i.scope = ? AND r.created_at >= ? AND i.item_id IN ("
                 + ", ".join("?" * len(wanted))
                 + ") ORDER BY r.created_at, i.position",
-                (scope, self._oldest(), *wanted),
+                (scope, self.oldest(), *wanted),
             )
             found = {item_id: orjson.loads(body) for item_id, body in rows}
             inflated = await self._inflated(scope, list(found.values()))
@@ -138,7 +138,7 @@ class ResponseStore(BackgroundRuns):
             await self._prepare()
             found = await self._db.fetch(
                 "SELECT input_count FROM responses WHERE id = ? AND scope = ? AND created_at >= ?",
-                (response_id, scope, self._oldest()),
+                (response_id, scope, self.oldest()),
             )
             if not found:
                 return None
@@ -168,7 +168,7 @@ class ResponseStore(BackgroundRuns):
         async with self._failures("delete a response", write=True):
             await self._prepare()
             deleted = await RESPONSES.delete(
-                self._db, *RESPONSES.live(response_id, scope, self._oldest())
+                self._db, *RESPONSES.live(response_id, scope, self.oldest())
             )
         return deleted > 0
 

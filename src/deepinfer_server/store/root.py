@@ -104,7 +104,7 @@ class StoreRoot:
         async with self._failures(f"evict old {table.name}", write=True):
             await self._prepare()
             deleted = await table.evict(
-                self._db, self._oldest(), self.caps if table.capped else None
+                self._db, self.oldest(), self.caps if table.capped else None
             )
         if deleted:
             logger.info("response store: evicted %d row(s) of %s", deleted, table.name)
@@ -119,7 +119,7 @@ class StoreRoot:
                     await self.evict_table(table)
             await asyncio.sleep(interval)
 
-    def _oldest(self) -> float:
+    def oldest(self) -> float:
         """The time (creation or last change) of the oldest row still alive."""
         return time.time() - self.ttl
 
@@ -193,4 +193,4 @@ class Operations:
 
     def _oldest(self) -> float:
         """The time (creation or last change) of the oldest row still alive."""
-        return time.time() - self._store.ttl
+        return self._store.oldest()
