@@ -64,6 +64,7 @@ class ConversationItems:
 
 
 def new_conversation_id() -> str:
+    """A new conversation's ID (`conv_` and 48 random hex digits)."""
     return f"conv_{secrets.token_hex(24)}"
 
 

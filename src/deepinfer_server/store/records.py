@@ -40,6 +40,7 @@ class StoredResponse:
 
     @property
     def output_items(self) -> list[Item]:
+        """The items of its `output`."""
         output = self.body.get("output")
         return output if isinstance(output, list) else []
 
