@@ -50,12 +50,8 @@ class BatchStore(FileStore, BatchLines):
 
     async def active_count(self, scope: str) -> int:
         """How many of a scope's batches are still at work."""
-        async with self._store.connection("count batches"):
-            rows = await self._db.fetch(
-                "SELECT COUNT(*) FROM batches WHERE scope = ? AND status IN (?, ?, ?, ?)",
-                (scope, *ACTIVE_STATUSES),
-            )
-        return int(rows[0][0])
+        async with self._store.connection("count batches") as db:
+            return await BATCHES.count(db, scope, "status IN (?, ?, ?, ?)", ACTIVE_STATUSES)
 
     async def add_batch(
         self,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from deepinfer_server.store import blobs
+from deepinfer_server.store.blobs import extract, inflate, references
 from deepinfer_server.store.database import Database, Step
 from deepinfer_server.store.records import Item, JsonObject, NewResponse, ResponseTooLarge
 from deepinfer_server.store.root import StoreRoot
@@ -95,11 +95,11 @@ class ResponseRows(StoreRoot):
         """The items with their images' data URLs back in place of references."""
         wanted: set[str] = set()
         for item in items:
-            blobs.references(item, wanted)
+            references(item, wanted)
         if not wanted:
             return items
         found = await self._stored_blobs(scope, wanted)
-        return [blobs.inflate(item, found) for item in items]
+        return [inflate(item, found) for item in items]
 
 
 def output_items(body: JsonObject) -> list[Item]:
@@ -110,7 +110,7 @@ def output_items(body: JsonObject) -> list[Item]:
 
 def _encode(response: NewResponse) -> _Encoded:
     images: dict[str, str] = {}
-    inputs = [orjson.dumps(blobs.extract(item, images)).decode() for item in response.input_items]
+    inputs = [orjson.dumps(extract(item, images)).decode() for item in response.input_items]
     outputs = output_items(response.body)
     texts = [*inputs, *(orjson.dumps(item).decode() for item in outputs)]
     rows = [

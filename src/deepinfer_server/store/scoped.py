@@ -1,10 +1,11 @@
-"""Scoped tables: rows that belong to one scope (one API key), with a time to live, byte caps
-and fair per-scope eviction, declared once per table (`ScopedTable`) and shared by every
-store-backed object (responses, conversations, files, batches).
+"""Scoped tables: rows that belong to one scope (one API key), with a time to live, byte caps,
+counts (for a cap on their number, `count`) and fair per-scope eviction, declared once per
+table (`ScopedTable`) and shared by every store-backed object (responses, conversations,
+files, batches).
 
 A row is read only in its own scope (a row of another scope does not exist), and only while
 it is younger than the time to live (its `age` column: creation, or last change). `evict()`
-deletes the expired rows, then, for a table whose rows count their bytes, each scope's oldest
+deletes the expired rows, then, for a table under the byte caps (`capped`), each scope's oldest
 while the scope holds more than its cap, so one key's traffic never evicts another's; the whole
 table's cap is a backstop that evicts fairly (`fairness.fair_level`), from the scopes holding
 the most. A row's parts (`children`) go with it, in the same transaction.
@@ -103,6 +104,15 @@ class ScopedTable:
             "WHERE id = ? AND scope = ?)",
             (after, scope),
         )
+
+    async def count(
+        self, db: Database, scope: str, where: str = "1 = 1", params: Sequence[Any] = ()
+    ) -> int:
+        """How many rows of `scope` match `where` (for a cap on their number)."""
+        rows = await db.fetch(
+            f"SELECT COUNT(*) FROM {self.name} WHERE scope = ? AND {where}", (scope, *params)
+        )
+        return int(rows[0][0])
 
     async def evict(self, db: Database, oldest: float, caps: Caps | None = None) -> int:
         """Delete the rows older than `oldest`, then, with `caps` (and a `size` column), each
