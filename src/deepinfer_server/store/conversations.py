@@ -18,7 +18,6 @@ evict its stored responses, nor the reverse.
 
 from __future__ import annotations
 
-import logging
 import secrets
 import time
 from collections.abc import Sequence
@@ -31,8 +30,6 @@ from deepinfer_server.store.conversation_tables import CONVERSATIONS
 from deepinfer_server.store.database import Database, Step
 from deepinfer_server.store.records import Item, JsonObject
 from deepinfer_server.store.root import Operations
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

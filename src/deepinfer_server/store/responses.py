@@ -17,7 +17,6 @@ Every write is one short transaction. Database failures surface as `StoreUnavail
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Literal
 
@@ -26,8 +25,6 @@ import orjson
 from deepinfer_server.store.background_runs import BackgroundRuns
 from deepinfer_server.store.records import BrokenHistory, Item, ItemPage, StoredResponse
 from deepinfer_server.store.response_tables import RESPONSES
-
-logger = logging.getLogger(__name__)
 
 #: The deepest `previous_response_id` chain read back (a guard; chains are acyclic).
 MAX_CHAIN = 100_000
