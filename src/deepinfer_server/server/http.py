@@ -41,8 +41,6 @@ from deepinfer_server.protocol.core.images import ImageLimits
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.protocol.core.structured import StructuredOutputs
 from deepinfer_server.store import ResponseStore
-from deepinfer_server.store.batches import BatchStore
-from deepinfer_server.store.conversations import ConversationStore
 from deepinfer_server.store.location import open_store
 
 logger = logging.getLogger("deepinfer_server")
@@ -135,10 +133,8 @@ async def response_store(
     logger.info("[startup] Responses store: %s", store.description)
     evictions = (
         [
+            # Responses, conversations, files and ended batches (`store.schema.SCOPED_TABLES`).
             asyncio.ensure_future(store.evict_periodically(EVICT_INTERVAL)),
-            asyncio.ensure_future(ConversationStore(store).evict_periodically(EVICT_INTERVAL)),
-            # Files and ended batches go after the same time to live.
-            asyncio.ensure_future(BatchStore(store).evict_periodically(EVICT_INTERVAL)),
         ]
         if evicts
         else []

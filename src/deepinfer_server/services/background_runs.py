@@ -24,15 +24,10 @@ from deepinfer_server.services.background import (
     failed_event,
 )
 from deepinfer_server.store import ResponseStore
+from deepinfer_server.store.lease import HEARTBEAT_INTERVAL, LEASE
 
 logger = logging.getLogger(__name__)
 
-#: Seconds between two renewals of this process's runs in the store.
-HEARTBEAT_INTERVAL = 1.0
-#: Seconds without a renewal after which a run is taken for dead (its process was killed).
-#: Longer than the store's own bounds on a write (SQLite's busy timeout, PostgreSQL's statement
-#: timeout), so that a slow renewal is not taken for a dead process.
-LEASE = 10.0
 #: Seconds between two sweeps for runs whose lease has passed.
 SWEEP_INTERVAL = 5.0
 #: Seconds between two reads of the store by a resumed stream another process runs.

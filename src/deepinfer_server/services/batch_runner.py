@@ -39,6 +39,7 @@ from deepinfer_server.metrics import ServerMetrics
 from deepinfer_server.protocol.core.validation import PRIORITY_MAX
 from deepinfer_server.services.store_scope import NO_AUTH_SCOPE, key_scope
 from deepinfer_server.store.batches import PENDING, BatchRow, BatchStore, ClaimedLine, FileRow
+from deepinfer_server.store.lease import HEARTBEAT_INTERVAL, LEASE
 
 logger = logging.getLogger(__name__)
 
@@ -49,11 +50,6 @@ ASGIApp = Callable[
     Awaitable[None],
 ]
 
-#: Seconds a claimed line stays this process's without a renewal (past the store's own bounds
-#: on a slow write, as for background responses).
-LEASE = 10.0
-#: Seconds between two renewals of the lines this process holds.
-HEARTBEAT_INTERVAL = 1.0
 #: Seconds between two looks at the store for batches (a new batch here wakes the runner now).
 POLL_INTERVAL = 1.0
 #: Statuses of a line's answer that mean "not now" (admission full, the server draining): the

@@ -1,5 +1,5 @@
 """The tables of batch jobs (OpenAI's Files and Batches, Anthropic's Message Batches): their
-DDL, created with the rest of the store's schema (`sql.SCHEMA`); the queries are `batches.py`.
+DDL, created with the rest of the store's schema (`schema.SCHEMA`); the queries are `batches.py`.
 
 `files`: an uploaded file, or a batch's output or error file, its content as text. `batches`:
 one row per batch (its scope, kind, endpoint, status and the time it reached each status).
@@ -9,6 +9,12 @@ its status (`pending` until answered) and result, and, while a process works on 
 """
 
 from __future__ import annotations
+
+from deepinfer_server.store.lease import Lease
+from deepinfer_server.store.scoped import ScopedTable
+
+#: Statuses of a batch still at work (the others are final).
+ACTIVE_STATUSES = ("validating", "in_progress", "finalizing", "cancelling")
 
 BATCH_TABLES = (
     """CREATE TABLE IF NOT EXISTS files (
@@ -58,3 +64,18 @@ BATCH_TABLES = (
     "CREATE INDEX IF NOT EXISTS batch_lines_by_status ON batch_lines (batch_id, status)",
     "CREATE INDEX IF NOT EXISTS batch_lines_by_owner ON batch_lines (claimed_by)",
 )
+
+#: Files live for the store's time to live. Their `bytes` are counted, so a per-key cap can be
+#: given to `evict` (none is, by default).
+FILES = ScopedTable("files")
+#: Batches live for the store's time to live once ended (one still at work is kept whatever its
+#: age: its completion window ends it); their lines go with them.
+BATCHES = ScopedTable(
+    "batches",
+    size=None,
+    children=(("batch_lines", "batch_id"),),
+    evictable="status NOT IN (?, ?, ?, ?)",
+    evictable_params=ACTIVE_STATUSES,
+)
+#: A batch line a process answers: its lease ends at `lease_until` (`services/batch_runner.py`).
+LINE_LEASE = Lease("batch_lines", holder="claimed_by", time="lease_until", ends=True)

@@ -1,208 +1,57 @@
-"""BatchStore: the queries of batch jobs (tables in `batch_tables.py`), on the Responses
-store's database, the same on SQLite and PostgreSQL.
+"""BatchStore: batch jobs (OpenAI's Batches, Anthropic's Message Batches) on the store's
+database (tables in `batch_tables.py`), the same on SQLite and PostgreSQL, with their files
+(`files.py`) and lines (`batch_lines.py`).
 
 Files and batches are scoped like stored responses: a row read in another scope does not
-exist. A batch's lines are claimed a few at a time by the process that runs them, with a lease
-it renews (`renew`); a line whose lease ended (its process died) is claimed again by any
-process. Claiming is one `UPDATE ... WHERE` that re-checks the line is free, so two processes
-(or replicas on PostgreSQL, whose UPDATE re-reads a row another transaction changed) never hold
-one line at once, and a result is written only by the claim that holds it, so every line is
-answered once.
+exist. They live for the store's time to live (a batch still at work whatever its age).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
-import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
-from deepinfer_server.errors import StoreUnavailableError
+from deepinfer_server.store.batch_lines import BatchLines, insert_lines, json_or_none
+from deepinfer_server.store.batch_records import (
+    BATCH_COLUMNS,
+    PENDING,
+    TIMED,
+    BatchRow,
+    ClaimedLine,
+    FileRow,
+    LineResult,
+    NewLine,
+    batch_row,
+)
+from deepinfer_server.store.batch_tables import ACTIVE_STATUSES, BATCHES
 from deepinfer_server.store.database import Step
-from deepinfer_server.store.sql import ResponseStore
+from deepinfer_server.store.files import FileStore, file_step
+from deepinfer_server.store.records import JsonObject
 
-#: Statuses of a batch still at work (the others are final).
-ACTIVE_STATUSES = ("validating", "in_progress", "finalizing", "cancelling")
-#: The statuses whose time the `batches` table keeps (`<status>_at`).
-_TIMED = frozenset(
-    {"in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled"}
-)
-#: A line not answered yet.
-PENDING = "pending"
-
-
-@dataclass(frozen=True)
-class FileRow:
-    """A stored file, without its content."""
-
-    id: str
-    created_at: float
-    purpose: str
-    filename: str
-    bytes: int
+__all__ = [
+    "PENDING",
+    "BatchRow",
+    "BatchStore",
+    "ClaimedLine",
+    "FileRow",
+    "LineResult",
+    "NewLine",
+]
 
 
-@dataclass(frozen=True)
-class NewLine:
-    """One request of a new batch: its body, or (a malformed line) its result already."""
-
-    custom_id: str
-    body: dict[str, Any] | None
-    status: str = PENDING
-    result: dict[str, Any] | None = None
-
-
-@dataclass(frozen=True)
-class BatchRow:
-    """A stored batch, with its lines counted by status."""
-
-    id: str
-    scope: str
-    kind: str
-    created_at: float
-    expires_at: float
-    endpoint: str
-    input_file_id: str | None
-    metadata: dict[str, Any] | None
-    status: str
-    #: The time it reached each status it went through (`<status>` → seconds).
-    times: dict[str, float]
-    output_file_id: str | None
-    error_file_id: str | None
-    #: Its lines by status (`pending`, `succeeded`, `errored`, `canceled`, `expired`).
-    counts: dict[str, int]
-
-
-@dataclass(frozen=True)
-class ClaimedLine:
-    """A line a process holds: answer it, then `record` with its claim."""
-
-    batch_id: str
-    line: int
-    custom_id: str
-    body: dict[str, Any]
-    claim: str
-
-
-@dataclass(frozen=True)
-class LineResult:
-    """A line as it ended (or `pending`, not answered)."""
-
-    line: int
-    custom_id: str
-    status: str
-    result: dict[str, Any] | None
-
-
-_BATCH_COLUMNS = (
-    "id, scope, kind, created_at, expires_at, endpoint, input_file_id, metadata, status, "
-    + ", ".join(f"{status}_at" for status in sorted(_TIMED))
-    + ", output_file_id, error_file_id"
-)
-
-
-class BatchStore:
-    """The batch jobs of every process (and replica) sharing the Responses store's database."""
-
-    def __init__(self, store: ResponseStore) -> None:
-        self._store = store
-        self._db = store.database
+class BatchStore(FileStore, BatchLines):
+    """The batch jobs of every process (and replica) sharing the store's database: their
+    files, batches and lines."""
 
     async def scope_salt(self) -> bytes:
         """The salt of the store's scope hashes."""
         return await self._store.scope_salt()
 
-    # Files.
-
-    async def add_file(
-        self, scope: str, purpose: str, filename: str, content: str, file_id: str | None = None
-    ) -> FileRow:
-        """Store a file; the row stored (a batch's output file has the ID given, stored once)."""
-        row = FileRow(
-            file_id or f"file-{uuid.uuid4().hex}",
-            time.time(),
-            purpose,
-            filename,
-            len(content.encode()),
-        )
-        async with self._store.connection("store a file", write=True):
-            await self._db.write([self._file_step(scope, row, content)])
-        return row
-
-    @staticmethod
-    def _file_step(scope: str, row: FileRow, content: str) -> Step:
-        return Step(
-            "INSERT INTO files (id, scope, created_at, purpose, filename, bytes, content) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
-            (row.id, scope, row.created_at, row.purpose, row.filename, row.bytes, content),
-        )
-
-    async def files(
-        self, scope: str, purpose: str | None, after: str | None, limit: int
-    ) -> list[FileRow]:
-        """A scope's files, newest first, past the file `after` (a page of `limit`)."""
-        sql = "SELECT id, created_at, purpose, filename, bytes FROM files WHERE scope = ?"
-        params: list[Any] = [scope]
-        if purpose is not None:
-            sql += " AND purpose = ?"
-            params.append(purpose)
-        if after is not None:
-            sql += (
-                " AND (created_at, id) < (SELECT created_at, id FROM files WHERE id = ? "
-                "AND scope = ?)"
-            )
-            params += [after, scope]
-        sql += " ORDER BY created_at DESC, id DESC LIMIT ?"
-        params.append(limit)
-        async with self._store.connection("list files"):
-            rows = await self._db.fetch(sql, params)
-        return [FileRow(r[0], float(r[1]), r[2], r[3], int(r[4])) for r in rows]
-
-    async def file(self, scope: str, file_id: str) -> FileRow | None:
-        """A file of `scope`, or None."""
-        async with self._store.connection("read a file"):
-            rows = await self._db.fetch(
-                "SELECT id, created_at, purpose, filename, bytes FROM files "
-                "WHERE id = ? AND scope = ?",
-                (file_id, scope),
-            )
-        if not rows:
-            return None
-        row = rows[0]
-        return FileRow(str(row[0]), float(row[1]), str(row[2]), str(row[3]), int(row[4]))
-
-    async def file_content(self, scope: str, file_id: str) -> str | None:
-        """A file's content, or None."""
-        async with self._store.connection("read a file"):
-            rows = await self._db.fetch(
-                "SELECT content FROM files WHERE id = ? AND scope = ?", (file_id, scope)
-            )
-        return None if not rows else str(rows[0][0])
-
-    async def delete_file(self, scope: str, file_id: str) -> bool:
-        """Delete a file; whether it was there."""
-        async with self._store.connection("delete a file", write=True):
-            changed = await self._db.write(
-                [Step("DELETE FROM files WHERE id = ? AND scope = ?", (file_id, scope))],
-                frees=True,
-            )
-        return changed[0] > 0
-
-    # Batches.
-
     async def active_count(self, scope: str) -> int:
         """How many of a scope's batches are still at work."""
-        async with self._store.connection("count batches"):
-            rows = await self._db.fetch(
-                "SELECT COUNT(*) FROM batches WHERE scope = ? AND status IN (?, ?, ?, ?)",
-                (scope, *ACTIVE_STATUSES),
-            )
-        return int(rows[0][0])
+        async with self._store.connection("count batches") as db:
+            return await BATCHES.count(db, scope, "status IN (?, ?, ?, ?)", ACTIVE_STATUSES)
 
     async def add_batch(
         self,
@@ -210,7 +59,7 @@ class BatchStore:
         kind: str,
         endpoint: str,
         input_file_id: str | None,
-        metadata: dict[str, Any] | None,
+        metadata: JsonObject | None,
         window: float,
         lines: Sequence[NewLine],
         batch_id: str,
@@ -229,36 +78,18 @@ class BatchStore:
                     now + window,
                     endpoint,
                     input_file_id,
-                    None if metadata is None else orjson.dumps(metadata).decode(),
+                    json_or_none(metadata),
                     "validating",
                 ),
             )
         ]
-        if lines:
-            steps.append(
-                Step(
-                    "INSERT INTO batch_lines (batch_id, line, custom_id, body, status, result) "
-                    "VALUES (?, ?, ?, ?, ?, ?)",
-                    [
-                        (
-                            batch_id,
-                            index,
-                            line.custom_id,
-                            None if line.body is None else orjson.dumps(line.body).decode(),
-                            line.status,
-                            None if line.result is None else orjson.dumps(line.result).decode(),
-                        )
-                        for index, line in enumerate(lines)
-                    ],
-                    many=True,
-                )
-            )
+        steps += insert_lines(batch_id, lines)
         async with self._store.connection("store a batch", write=True):
             await self._db.write(steps)
 
     async def batch(self, scope: str | None, batch_id: str) -> BatchRow | None:
         """A batch of `scope` (None: of any scope, for the runner), or None."""
-        sql = f"SELECT {_BATCH_COLUMNS} FROM batches WHERE id = ?"
+        sql = f"SELECT {BATCH_COLUMNS} FROM batches WHERE id = ?"
         params: list[Any] = [batch_id]
         if scope is not None:
             sql += " AND scope = ?"
@@ -268,24 +99,21 @@ class BatchStore:
             if not rows:
                 return None
             counts = await self._counts([batch_id])
-        return _batch_row(rows[0], counts.get(batch_id, {}))
+        return batch_row(rows[0], counts.get(batch_id, {}))
 
     async def batches(self, scope: str, kind: str, after: str | None, limit: int) -> list[BatchRow]:
         """A scope's batches of `kind`, newest first, past the batch `after`."""
-        sql = f"SELECT {_BATCH_COLUMNS} FROM batches WHERE scope = ? AND kind = ?"
+        sql = f"SELECT {BATCH_COLUMNS} FROM batches WHERE scope = ? AND kind = ?"
         params: list[Any] = [scope, kind]
-        if after is not None:
-            sql += (
-                " AND (created_at, id) < (SELECT created_at, id FROM batches WHERE id = ? "
-                "AND scope = ?)"
-            )
-            params += [after, scope]
+        page, past = BATCHES.after(scope, after)
+        sql += page
+        params += past
         sql += " ORDER BY created_at DESC, id DESC LIMIT ?"
         params.append(limit)
         async with self._store.connection("list batches"):
             rows = await self._db.fetch(sql, params)
             counts = await self._counts([row[0] for row in rows])
-        return [_batch_row(row, counts.get(row[0], {})) for row in rows]
+        return [batch_row(row, counts.get(row[0], {})) for row in rows]
 
     async def _counts(self, batch_ids: Sequence[str]) -> dict[str, dict[str, int]]:
         if not batch_ids:
@@ -313,7 +141,7 @@ class BatchStore:
 
     async def move(self, batch_id: str, status: str, *, sources: Sequence[str]) -> bool:
         """Set a batch's status (and its time) if it is in one of `sources`; whether it was."""
-        column = f", {status}_at = ?" if status in _TIMED else ""
+        column = f", {status}_at = ?" if status in TIMED else ""
         params: list[Any] = [status]
         if column:
             params.append(time.time())
@@ -346,124 +174,6 @@ class BatchStore:
             )
         return changed[-1] > 0
 
-    # Lines.
-
-    async def claim(self, batch_id: str, owner: str, limit: int, lease: float) -> list[ClaimedLine]:
-        """Claim up to `limit` unanswered lines nobody holds (or whose lease ended) for
-        `owner` until `lease` seconds from now; the lines claimed."""
-        now = time.time()
-        claim = uuid.uuid4().hex
-        free = "(claimed_by IS NULL OR lease_until < ?)"
-        async with self._store.connection("claim batch lines", write=True):
-            await self._db.write(
-                [
-                    Step(
-                        "UPDATE batch_lines SET claimed_by = ?, claim = ?, lease_until = ? "
-                        f"WHERE batch_id = ? AND status = ? AND {free} AND line IN ("
-                        "SELECT line FROM batch_lines WHERE batch_id = ? AND status = ? "
-                        f"AND {free} ORDER BY line LIMIT ?)",
-                        (
-                            owner,
-                            claim,
-                            now + lease,
-                            batch_id,
-                            PENDING,
-                            now,
-                            batch_id,
-                            PENDING,
-                            now,
-                            limit,
-                        ),
-                    )
-                ]
-            )
-            rows = await self._db.fetch(
-                "SELECT line, custom_id, body FROM batch_lines WHERE batch_id = ? AND claim = ? "
-                "AND status = ? ORDER BY line",
-                (batch_id, claim, PENDING),
-            )
-        return [
-            ClaimedLine(batch_id, int(row[0]), str(row[1]), orjson.loads(row[2]), claim)
-            for row in rows
-        ]
-
-    async def renew(self, lines: Sequence[ClaimedLine], lease: float) -> None:
-        """The process holding `lines` still works on them: their lease ends `lease` from now
-        (a line its process no longer runs is left to its lease: it is claimed again)."""
-        if not lines:
-            return
-        async with self._store.connection("renew batch lines", write=True):
-            await self._db.write(
-                [
-                    Step(
-                        "UPDATE batch_lines SET lease_until = ? WHERE claim IN ("
-                        + ", ".join("?" * len(lines))
-                        + ") AND status = ?",
-                        (time.time() + lease, *(line.claim for line in lines), PENDING),
-                    )
-                ]
-            )
-
-    async def release(self, line: ClaimedLine) -> None:
-        """Give a claimed line back unanswered (it is claimed again later)."""
-        async with self._store.connection("release a batch line", write=True):
-            await self._db.write(
-                [
-                    Step(
-                        "UPDATE batch_lines SET claimed_by = NULL, claim = NULL, "
-                        "lease_until = NULL WHERE batch_id = ? AND line = ? AND claim = ?",
-                        (line.batch_id, line.line, line.claim),
-                    )
-                ]
-            )
-
-    async def record(self, line: ClaimedLine, status: str, result: dict[str, Any]) -> bool:
-        """A claimed line's answer; False (nothing written) when the claim no longer holds it."""
-        async with self._store.connection("record a batch line", write=True):
-            changed = await self._db.write(
-                [
-                    Step(
-                        "UPDATE batch_lines SET status = ?, result = ?, claimed_by = NULL, "
-                        "lease_until = NULL WHERE batch_id = ? AND line = ? AND claim = ? "
-                        "AND status = ?",
-                        (
-                            status,
-                            orjson.dumps(result).decode(),
-                            line.batch_id,
-                            line.line,
-                            line.claim,
-                            PENDING,
-                        ),
-                    )
-                ]
-            )
-        return changed[0] > 0
-
-    async def held(self, batch_id: str) -> int:
-        """How many of a batch's unanswered lines some process holds under a live lease."""
-        async with self._store.connection("read batch lines"):
-            rows = await self._db.fetch(
-                "SELECT COUNT(*) FROM batch_lines WHERE batch_id = ? AND status = ? "
-                "AND claimed_by IS NOT NULL AND lease_until >= ?",
-                (batch_id, PENDING, time.time()),
-            )
-        return int(rows[0][0])
-
-    async def results(self, batch_id: str) -> list[LineResult]:
-        """Every line of a batch, in order."""
-        async with self._store.connection("read batch lines"):
-            rows = await self._db.fetch(
-                "SELECT line, custom_id, status, result FROM batch_lines WHERE batch_id = ? "
-                "ORDER BY line",
-                (batch_id,),
-            )
-        return [
-            LineResult(
-                int(r[0]), str(r[1]), str(r[2]), None if r[3] is None else orjson.loads(r[3])
-            )
-            for r in rows
-        ]
-
     async def finish(
         self,
         batch: BatchRow,
@@ -474,7 +184,7 @@ class BatchStore:
     ) -> bool:
         """End a batch (from `finalizing` or `cancelling`) with its output files, in one
         transaction; whether this call ended it (another process may have first)."""
-        steps = [self._file_step(batch.scope, row, content) for row, content in files]
+        steps = [file_step(batch.scope, row, content) for row, content in files]
         steps.append(
             Step(
                 f"UPDATE batches SET status = ?, {status}_at = ?, output_file_id = ?, "
@@ -498,53 +208,6 @@ class BatchStore:
         """Delete the files and the ended batches (with their lines) created before `before`
         (the store's time to live); the number of rows deleted. A batch still at work is kept
         whatever its age (its completion window ends it)."""
-        ended = "status NOT IN (?, ?, ?, ?)"
-        async with self._store.connection("evict old batches", write=True):
-            changed = await self._db.write(
-                [
-                    Step(
-                        "DELETE FROM batch_lines WHERE batch_id IN (SELECT id FROM batches "
-                        f"WHERE created_at < ? AND {ended})",
-                        (before, *ACTIVE_STATUSES),
-                    ),
-                    Step(
-                        f"DELETE FROM batches WHERE created_at < ? AND {ended}",
-                        (before, *ACTIVE_STATUSES),
-                    ),
-                    Step("DELETE FROM files WHERE created_at < ?", (before,)),
-                ],
-                frees=True,
-            )
-        return changed[1] + changed[2]
-
-    async def evict_periodically(self, interval: float) -> None:
-        """`evict()` past the store's time to live every `interval` seconds, until cancelled
-        (a failure is logged and tried again next time)."""
-        while True:
-            with contextlib.suppress(StoreUnavailableError):
-                await self.evict(time.time() - self._store.ttl)
-            await asyncio.sleep(interval)
-
-
-def _batch_row(row: Sequence[Any], counts: dict[str, int]) -> BatchRow:
-    timed = sorted(_TIMED)
-    times = {
-        status: float(value)
-        for status, value in zip(timed, row[9 : 9 + len(timed)], strict=True)
-        if value is not None
-    }
-    return BatchRow(
-        id=str(row[0]),
-        scope=str(row[1]),
-        kind=str(row[2]),
-        created_at=float(row[3]),
-        expires_at=float(row[4]),
-        endpoint=str(row[5]),
-        input_file_id=row[6],
-        metadata=None if row[7] is None else orjson.loads(row[7]),
-        status=str(row[8]),
-        times=times,
-        output_file_id=row[9 + len(timed)],
-        error_file_id=row[10 + len(timed)],
-        counts=counts,
-    )
+        async with self._store.connection("evict old batches", write=True) as db:
+            batches = await BATCHES.evict(db, before)
+        return batches + await self.evict_files(before)

@@ -1,10 +1,8 @@
 """ConversationStore: OpenAI's Conversations (`/v1/conversations`) on the Responses store.
 
-Two tables of the store's schema (`CONVERSATION_SCHEMA`, created with the rest of it):
-`conversations` (its scope, creation and last-change times, metadata, the bytes its items
-take, the position its next item takes) and `conversation_items` (every item, by position,
-and whether this server generated it: a turn's input and output, whose reasoning is trusted
-when it returns to a prompt, as a stored response's is; items a client adds are not).
+Its tables are declared in `conversation_tables.py`: `conversations` (one row each, with the
+bytes its items take) and `conversation_items` (every item, by position, and whether this
+server generated it).
 
 An append takes its positions from the conversation's row in the same transaction that
 inserts the items (`UPDATE` first: PostgreSQL locks the row, SQLite's writer lock holds
@@ -20,58 +18,18 @@ evict its stored responses, nor the reverse.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
 import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import orjson
 
-from deepinfer_server.errors import StoreUnavailableError
+from deepinfer_server.store.conversation_tables import CONVERSATIONS
 from deepinfer_server.store.database import Database, Step
-from deepinfer_server.store.fairness import fair_level
-from deepinfer_server.store.records import Item
-
-if TYPE_CHECKING:
-    from deepinfer_server.store.sql import ResponseStore
-
-logger = logging.getLogger(__name__)
-
-CONVERSATION_SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS conversations (
-        id TEXT PRIMARY KEY,
-        scope TEXT NOT NULL,
-        created_at DOUBLE PRECISION NOT NULL,
-        updated_at DOUBLE PRECISION NOT NULL,
-        metadata TEXT NOT NULL,
-        bytes BIGINT NOT NULL,
-        next_position INTEGER NOT NULL
-    )""",
-    "CREATE INDEX IF NOT EXISTS conversations_by_age ON conversations (updated_at, id)",
-    """CREATE TABLE IF NOT EXISTS conversation_items (
-        conversation_id TEXT NOT NULL,
-        position INTEGER NOT NULL,
-        item_id TEXT NOT NULL,
-        generated INTEGER NOT NULL,
-        body TEXT NOT NULL,
-        PRIMARY KEY (conversation_id, position)
-    )""",
-    "CREATE INDEX IF NOT EXISTS conversation_items_by_id "
-    "ON conversation_items (conversation_id, item_id)",
-)
-
-#: The least recently changed conversation of a scope past which its items' bytes exceed a
-#: cap (it and older ones go).
-_SIZE_CUTOFF = """
-SELECT updated_at, id FROM (
-    SELECT updated_at, id, SUM(bytes) OVER (ORDER BY updated_at DESC, id DESC) AS newer
-    FROM conversations WHERE scope = ?
-) AS ranked WHERE newer > ? ORDER BY updated_at DESC, id DESC LIMIT 1
-"""
+from deepinfer_server.store.records import Item, JsonObject
+from deepinfer_server.store.root import Operations
 
 
 @dataclass(frozen=True)
@@ -82,7 +40,7 @@ class Conversation:
     created_at: float
     metadata: dict[str, str]
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> JsonObject:
         """OpenAI's `conversation` object."""
         return {
             "id": self.id,
@@ -103,15 +61,13 @@ class ConversationItems:
 
 
 def new_conversation_id() -> str:
+    """A new conversation's ID (`conv_` and 48 random hex digits)."""
     return f"conv_{secrets.token_hex(24)}"
 
 
-class ConversationStore:
+class ConversationStore(Operations):
     """The conversations of every API server process (and replica) sharing `store`'s
     database, with its time to live and caps (module docstring)."""
-
-    def __init__(self, store: ResponseStore) -> None:
-        self._store = store
 
     async def create(
         self, scope: str, metadata: dict[str, str], items: Sequence[Item]
@@ -171,21 +127,10 @@ class ConversationStore:
     async def delete(self, scope: str, conversation_id: str) -> bool:
         """Delete the conversation and its items; False when it is not stored for this scope."""
         async with self._store.connection("delete a conversation", write=True) as db:
-            changed = await db.write(
-                [
-                    Step(
-                        "DELETE FROM conversation_items WHERE conversation_id IN (SELECT id "
-                        "FROM conversations WHERE id = ? AND scope = ? AND updated_at >= ?)",
-                        (conversation_id, scope, self._oldest()),
-                    ),
-                    Step(
-                        "DELETE FROM conversations WHERE id = ? AND scope = ? AND updated_at >= ?",
-                        (conversation_id, scope, self._oldest()),
-                    ),
-                ],
-                frees=True,
+            deleted = await CONVERSATIONS.delete(
+                db, *CONVERSATIONS.live(conversation_id, scope, self._oldest())
             )
-        return changed[-1] > 0
+        return deleted > 0
 
     async def append(
         self, scope: str, conversation_id: str, items: Sequence[Item], *, generated: bool
@@ -330,60 +275,9 @@ class ConversationStore:
     async def evict(self) -> int:
         """Delete expired conversations, then each scope's least recently changed while it
         exceeds its cap (module docstring); the number of conversations deleted."""
-        store = self._store
-        async with store.connection("evict old conversations", write=True) as db:
-            deleted = await self._delete_before(db, self._oldest(), None)
-            rows = await db.fetch("SELECT scope, SUM(bytes) FROM conversations GROUP BY scope", ())
-            usage = {str(scope): int(size) for scope, size in rows}
-            level = min(store.scope_max_bytes, fair_level(usage, store.max_bytes))
-            for scope in sorted(scope for scope, size in usage.items() if size > level):
-                cutoff = await db.fetch(_SIZE_CUTOFF, (scope, level))
-                if cutoff:
-                    updated_at, last = cutoff[0]
-                    deleted += await self._delete_before(db, float(updated_at), str(last), scope)
-        if deleted:
-            logger.info("response store: evicted %d conversation(s)", deleted)
-        return deleted
-
-    async def evict_periodically(self, interval: float) -> None:
-        """`evict()` now and then every `interval` seconds, until cancelled."""
-        while True:
-            with contextlib.suppress(StoreUnavailableError):
-                await self.evict()
-            await asyncio.sleep(interval)
-
-    @staticmethod
-    async def _delete_before(
-        db: Database, updated_at: float, last: str | None, scope: str | None = None
-    ) -> int:
-        where = "updated_at < ?"
-        params: tuple[Any, ...] = (updated_at,)
-        if last is not None:
-            where += " OR (updated_at = ? AND id <= ?)"
-            params = (updated_at, updated_at, last)
-        if scope is not None:
-            where = f"scope = ? AND ({where})"
-            params = (scope, *params)
-        changed = await db.write(
-            [
-                Step(
-                    "DELETE FROM conversation_items WHERE conversation_id IN "
-                    f"(SELECT id FROM conversations WHERE {where})",
-                    params,
-                ),
-                Step(f"DELETE FROM conversations WHERE {where}", params),
-            ],
-            frees=True,
-        )
-        return changed[-1]
+        return await self._store.evict_table(CONVERSATIONS)
 
     async def _live(self, db: Database, scope: str, conversation_id: str) -> str | None:
-        rows = await db.fetch(
-            "SELECT id FROM conversations WHERE id = ? AND scope = ? AND updated_at >= ?",
-            (conversation_id, scope, self._oldest()),
-        )
+        where, params = CONVERSATIONS.live(conversation_id, scope, self._oldest())
+        rows = await db.fetch(f"SELECT id FROM conversations WHERE {where}", params)
         return str(rows[0][0]) if rows else None
-
-    def _oldest(self) -> float:
-        """The last change of the oldest conversation still alive."""
-        return time.time() - self._store.ttl

@@ -26,9 +26,13 @@ class Database(Protocol):
     #: For log lines: the database without its credentials.
     description: str
 
-    async def open(self) -> None: ...
+    async def open(self) -> None:
+        """Connect (once; later calls do nothing)."""
+        ...
 
-    async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
+    async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """The rows a query returns."""
+        ...
 
     async def write(self, steps: Sequence[Step], *, frees: bool = False) -> list[int]:
         """Run the steps in one transaction; the rows each changed. `frees`: the steps only
@@ -39,4 +43,6 @@ class Database(Protocol):
         """Run the schema statements once (safe when several processes start together)."""
         ...
 
-    async def close(self) -> None: ...
+    async def close(self) -> None:
+        """Close the connection(s)."""
+        ...

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from deepinfer_server.errors import ConfigError
 from deepinfer_server.store.database import Database
-from deepinfer_server.store.sql import SCHEMA, ResponseStore
+from deepinfer_server.store.responses import ResponseStore
+from deepinfer_server.store.schema import SCHEMA
 from deepinfer_server.store.sqlite import SqliteDatabase
 
 

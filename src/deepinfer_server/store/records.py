@@ -1,12 +1,16 @@
-"""What the Responses store holds and hands back: responses, their items, pages of items."""
+"""What the Responses store holds and hands back: responses, their items, pages of items, and
+the errors of its reads and writes."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+#: A JSON object the store keeps as the client sent or received it, and never reads inside
+#: (a response object, an item, a batch's request body or result, its metadata).
+JsonObject = dict[str, Any]
 #: A Responses item (input or output) as JSON: `{"type": ..., "id": ..., ...}`.
-Item = dict[str, Any]
+Item = JsonObject
 
 
 @dataclass(frozen=True)
@@ -18,7 +22,7 @@ class NewResponse:
     scope: str
     created_at: float
     #: The response object as the client received it (its `output` included).
-    body: dict[str, Any]
+    body: JsonObject
     input_items: list[Item]
     previous_response_id: str | None = None
 
@@ -29,13 +33,14 @@ class StoredResponse:
 
     id: str
     created_at: float
-    body: dict[str, Any]
+    body: JsonObject
     previous_response_id: str | None = None
     #: A background response still running: when its process last said so (else None).
     heartbeat_at: float | None = None
 
     @property
     def output_items(self) -> list[Item]:
+        """The items of its `output`."""
         output = self.body.get("output")
         return output if isinstance(output, list) else []
 
@@ -46,3 +51,20 @@ class ItemPage:
 
     items: list[Item] = field(default_factory=list)
     has_more: bool = False
+
+
+class BrokenHistory(Exception):
+    """A response of the chain is stored but one it continues expired or was deleted."""
+
+    def __init__(self, missing: str) -> None:
+        super().__init__(missing)
+        self.missing = missing
+
+
+class ResponseTooLarge(Exception):
+    """A response (its object and items as JSON) larger than the store keeps for one."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"{size} bytes, over the limit of {limit}")
+        self.size = size
+        self.limit = limit
