@@ -173,7 +173,8 @@ def test_queue_timeout_is_429_and_leaves_the_engine() -> None:
                 events = list(sse_events(stream))
             assert events[-1] == "[DONE]"
             assert events[-2]["error"]["code"] == "queue_timeout"  # type: ignore[index]
-            assert isinstance(next(running), dict)  # the running request goes on
+            token = next(running)  # the running request goes on: a token, not an error
+            assert isinstance(token, dict) and "choices" in token, token
         # The queued requests left the engine: the next one runs at once, alone.
         follow_up = httpx.post(url, json={**ENDLESS, "max_tokens": 3}, timeout=20)
         assert follow_up.status_code == 200, follow_up.text
