@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from tests.conftest import ENDLESS, MODEL, NO_THINKING
-from tests.server import API_SERVER_COUNTS, LiveServer, free_port, wait_until
+from tests.server import API_SERVER_COUNTS, LiveServer, wait_until
 from tests.sse import sse_events
 
 
@@ -248,7 +248,6 @@ def test_a_killed_server_leaves_no_process_behind(api_servers: int) -> None:
 
 @pytest.mark.parametrize("api_servers", API_SERVER_COUNTS)
 def test_rank_that_fails_to_start_ends_the_server(api_servers: int) -> None:
-    port = str(__import__("tests.server", fromlist=["free_port"]).free_port())
     result = subprocess.run(
         [
             sys.executable,
@@ -257,7 +256,7 @@ def test_rank_that_fails_to_start_ends_the_server(api_servers: int) -> None:
             "--engine",
             "simulated",
             "--port",
-            port,
+            "0",
             "--ep",
             "2",
             "--dp",
@@ -301,11 +300,10 @@ def test_a_supervisor_whose_api_processes_fail_to_start_stops_its_ranks(
     from deepinfer_server.server.startup import prepare
     from deepinfer_server.server.supervisor import Supervisor, supervise
 
-    port = str(free_port())
     config = parse_config(
         [
             *("--engine", "simulated", "--api-server-count", "2", "--dp", "2"),
-            *("--host", "127.0.0.1", "--port", port, "--state-dir", str(tmp_path)),
+            *("--host", "127.0.0.1", "--port", "0", "--state-dir", str(tmp_path)),
         ]
     )
 
