@@ -98,6 +98,8 @@ class Router:
         self._start()
 
     def _start(self) -> None:
+        self._log.flush()
+        self._log_start = self.log_path.stat().st_size  # this start's lines follow
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         args = [
@@ -111,8 +113,14 @@ class Router:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def _start_log(self) -> str:
+        """The log of the latest start."""
+        with self.log_path.open("rb") as log:
+            log.seek(self._log_start)
+            return log.read().decode(errors="replace")
+
     def workers(self) -> list[dict[str, Any]]:
-        if self.process.poll() is not None and self._restarts and port_taken(self.log):
+        if self.process.poll() is not None and self._restarts and port_taken(self._start_log()):
             self._restarts -= 1
             self._log.write(b"[test] a port was taken: starting again on fresh ports\n")
             self._start()
