@@ -1,4 +1,4 @@
-"""The grammar-abuse set (issue 24): request shapes that once killed, wedged or stalled a rank,
+"""The grammar-abuse set: request shapes that once killed, wedged or stalled a rank,
 and their neighbours, each with the outcomes an engine may give it. Engine-neutral: the
 simulated engine's tests and the HTTP tests parametrise over `CASES`.
 

@@ -1,10 +1,10 @@
 """PostgresServer: a throwaway PostgreSQL cluster for the `postgres` lane (Debian's binaries).
 
 `scripts/install-postgres.sh` installs them. The cluster lives in a temporary directory, listens
-on a free loopback port, trusts local connections and is stopped with everything it wrote when
-the test session ends. initdb refuses to run as root: as root, the cluster is made and run by
-the `postgres` user that Debian's package creates. Tests skip, saying why, where the binaries
-or psycopg (the `store-postgres` extra) are missing.
+on a free loopback port (another one if a process takes it first), trusts local connections and
+is stopped with everything it wrote when the test session ends. initdb refuses to run as root:
+as root, the cluster is made and run by the `postgres` user that Debian's package creates. Tests
+skip, saying why, where the binaries or psycopg (the `store-postgres` extra) are missing.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.server import free_port
+from tests.server import PortTaken, free_port, on_free_ports, port_taken
 
 _databases = itertools.count()
 
@@ -68,15 +68,19 @@ class PostgresServer:
         self._bin = bin_dir
         self._root = Path(tempfile.mkdtemp(prefix="deepinfer-pg-"))
         self._data = self._root / "data"
-        self.port = free_port()
+        self.port = 0
         self._as_user: list[str] = []
         if os.geteuid() == 0:
             postgres = pwd.getpwnam("postgres")
             os.chown(self._root, postgres.pw_uid, postgres.pw_gid)
             self._as_user = ["runuser", "-u", "postgres", "--"]
         self._run("initdb", "-D", str(self._data), "-U", "postgres", "--auth=trust", "-E", "UTF8")
-        self.start()
+        on_free_ports(self._start_on_a_free_port)
         self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _start_on_a_free_port(self) -> None:
+        self.port = free_port()
+        self.start()
 
     def _run(self, tool: str, *args: str) -> None:
         done = subprocess.run(
@@ -103,12 +107,21 @@ class PostgresServer:
         self._run("pg_ctl", "-D", str(self._data), "-m", "fast", "-w", "stop")
 
     def start(self) -> None:
-        """Start the cluster (again, after `stop()`) and wait until it accepts connections."""
+        """Start the cluster (again, after `stop()`, on the same port: its URL stays) and wait
+        until it accepts connections."""
         options = f"-p {self.port} -k {self._root} -c listen_addresses=127.0.0.1 -c fsync=off"
-        self._run(
-            "pg_ctl", "-D", str(self._data), "-l", str(self._root / "log"), "-o", options, "-w",
-            "start",
-        )  # fmt: skip
+        log = self._root / "log"
+        written = log.stat().st_size if log.exists() else 0
+        try:
+            self._run(
+                "pg_ctl", "-D", str(self._data), "-l", str(log), "-o", options, "-w", "start",
+            )  # fmt: skip
+        except RuntimeError:
+            with log.open("rb") as opened:
+                opened.seek(written)
+                if port_taken(opened.read().decode(errors="replace")):
+                    raise PortTaken(f"PostgreSQL: port {self.port} is taken") from None
+            raise
 
     def close(self) -> None:
         with contextlib.suppress(RuntimeError):  # already stopped

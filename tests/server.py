@@ -13,8 +13,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import httpx
 import psutil
@@ -28,6 +28,7 @@ _probes = itertools.count()
 #: The start-up line's address: `serving <models> on 127.0.0.1:<port>`.
 _SERVING = re.compile(r"serving .* on 127\.0\.0\.1:(\d+)")
 _GRACEFUL_STOP_S = 15.0
+_Started = TypeVar("_Started")
 
 
 def _measured_by_coverage() -> bool:
@@ -38,9 +39,43 @@ def _measured_by_coverage() -> bool:
 
 
 def free_port() -> int:
+    """A loopback port free at this moment, for an external program that cannot bind port 0 and
+    say which port it bound (PostgreSQL, Prometheus, the routers). Another process may bind it
+    before the program does: start such a program through `on_free_ports`. Our own servers
+    bind port 0 and name the port they bound."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+class PortTaken(Exception):
+    """An external program could not bind the `free_port()` it was given: another process
+    took the port in between."""
+
+
+def port_taken(log: str) -> bool:
+    """Whether a program's log says a port it was given is taken (PostgreSQL's, Go's and Rust's
+    wording of EADDRINUSE)."""
+    return "address already in use" in log.lower()
+
+
+def on_free_ports(start: Callable[[], _Started], attempts: int = 5) -> _Started:
+    """`start()`, which takes its ports from `free_port()`, again with fresh ports while it
+    raises PortTaken: a port taken between `free_port()` and the program's bind cannot fail a
+    test."""
+    for _ in range(attempts - 1):
+        with contextlib.suppress(PortTaken):
+            return start()
+    return start()
+
+
+@contextlib.contextmanager
+def refusing_port() -> Iterator[int]:
+    """A loopback port where nothing listens while the block runs: it is bound (so no other
+    process can listen on it) but not listening, and a connection to it is refused."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        yield int(holder.getsockname()[1])
 
 
 def wait_until(condition: Callable[[], object], timeout: float, what: str) -> None:

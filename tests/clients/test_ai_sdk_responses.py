@@ -1,6 +1,7 @@
 """The Vercel AI SDK's default provider (`createOpenAI({baseURL})(model)`: the Responses API with
 OpenAI's default `store: true`) against the live server: a 3-turn chat and a tool loop, whose
-later requests refer to earlier output by `item_reference` (issue 26, point 1)."""
+later requests refer to earlier output by `item_reference`, which the
+server must resolve from what it stored."""
 
 from __future__ import annotations
 

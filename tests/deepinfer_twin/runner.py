@@ -27,9 +27,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from deepinfer_server.engines.deepinfer.ports import choose_master_port
 from tests.deepinfer_twin import engine_pythonpath
 from tests.deepinfer_twin.zygote import shared_zygote
-from tests.server import free_port
+from tests.server import PortTaken, on_free_ports, port_taken
 
 PRELUDE = '''
 import json, os, sys
@@ -148,10 +149,18 @@ def _start(script: str, argv: list[str], env: dict[str, str]) -> Callable[[float
     return spawned
 
 
+def _master_port() -> int:
+    """A MASTER_PORT whose rendezvous port (MASTER_PORT - 50) is free too, as the server picks
+    it: DeepInfer's torch.distributed binds both and cannot bind port 0 and say which it bound."""
+    return choose_master_port(0, {})
+
+
 def _result(returncode: int, stdout: str, stderr: str) -> Any:
     for line in reversed(stdout.splitlines()):
         if line.startswith("RESULT="):
             return json.loads(line[len("RESULT=") :])
+    if port_taken(stderr):
+        raise PortTaken("another process took the twin's MASTER_PORT or its rendezvous port")
     raise AssertionError(f"the twin script failed ({returncode}):\n{stderr[-6000:]}")
 
 
@@ -167,7 +176,9 @@ def run_in_twin(
     options = engine or {}
     gpus = ",".join(str(gpu) for gpu in range(options.get("context_parallel_size", 1)))
     argv = [str(checkpoint), json.dumps(options)]
-    return _start(script, argv, _environment(env, gpus, free_port() + 50))(timeout)
+    return on_free_ports(
+        lambda: _start(script, argv, _environment(env, gpus, _master_port()))(timeout)
+    )
 
 
 def run_in_twin_ranks(
@@ -181,7 +192,18 @@ def run_in_twin_ranks(
     """`run_in_twin` on `ranks` DP ranks of one engine group at once (one process each, as the
     server's ranks); each rank's RESULT. `body` must iterate in lockstep on every rank."""
     script = PRELUDE + textwrap.dedent(body) + EPILOGUE
-    master_port = free_port() + 50
+    return on_free_ports(lambda: _run_ranks(checkpoint, script, ranks, env, timeout, engine))
+
+
+def _run_ranks(
+    checkpoint: Path,
+    script: str,
+    ranks: int,
+    env: dict[str, str] | None,
+    timeout: float,
+    engine: dict[str, Any] | None,
+) -> list[Any]:
+    master_port = _master_port()
     waits = []
     for rank in range(ranks):
         options = {**(engine or {}), "data_parallel_size": ranks, "engine_rank": rank}

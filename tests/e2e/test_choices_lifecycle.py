@@ -26,7 +26,7 @@ def test_n_beyond_capacity_is_400_and_beyond_the_free_slots_429(
     two_slot_server: LiveServer,
 ) -> None:
     url = two_slot_server.base_url + "/v1/chat/completions"
-    # More choices than the server ever admits: no retry could succeed (issue 24).
+    # More choices than the server ever admits: no retry could succeed, so not a 429.
     never = httpx.post(url, json={**ENDLESS, "max_tokens": 3, "n": 3}, timeout=30)
     assert never.status_code == 400, never.text
     assert never.json()["error"]["param"] == "n"

@@ -1,4 +1,4 @@
-"""The grammar-abuse set over HTTP against a live server (issue 24), on the simulated engine and
+"""The grammar-abuse set over HTTP against a live server, on the simulated engine and
 on DeepInfer's own grammar engine (the CPU twin): each case is a 400, a 500
 `structured_output_failed` or a 200, as its outcomes allow, and the server stays healthy and
 answers a plain request after it (a `{"$ref": "#"}` schema used to kill the rank: 503 for

@@ -1,6 +1,6 @@
-"""A fresh server answers at once and its first structured requests all succeed (issue 32
-point 2): `/health` does not wait for the grammar compile workers, which are prepared in the
-background once the server listens, and the four concurrent first schemas wait for them, then
+"""A fresh server answers at once and its first structured requests all succeed: `/health`
+does not wait for the grammar compile workers, which are prepared in the background once the
+server listens, and the four concurrent first schemas wait for them, then
 for their turn, and are all answered (three of them used to get `400 no grammar compile worker
 was free within 10s` while the workers started, and a first `chat.completions.parse` took the
 workers' 180 s start-up bound)."""

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from tests.paths import REPO
-from tests.server import LiveServer, free_port
+from tests.server import LiveServer, refusing_port
 
 SMOKE = REPO / "scripts" / "smoke.py"
 
@@ -24,11 +24,12 @@ def test_smoke_passes_against_the_live_server(shared_server: LiveServer) -> None
 
 
 def test_smoke_fails_without_a_server() -> None:
-    result = subprocess.run(
-        [sys.executable, str(SMOKE), "--base-url", f"http://127.0.0.1:{free_port()}"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    with refusing_port() as port:
+        result = subprocess.run(
+            [sys.executable, str(SMOKE), "--base-url", f"http://127.0.0.1:{port}"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert result.returncode == 1
     assert "FAIL GET /health" in result.stdout

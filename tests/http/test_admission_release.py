@@ -1,4 +1,5 @@
-"""Every exit of a generation request after admission frees what admission took (issue 24).
+"""Every exit of a generation request after admission frees what admission took,
+or a server leaks its capacity away one failed request at a time.
 
 A failure is injected at each step `serve_generation` takes between admitting a request and
 handing it to its response (records, the protocol output, the token streams, the choice merger),

@@ -1,5 +1,5 @@
 """What Anthropic clients (Claude Code, the SDK, LiteLLM's anthropic/ route) need of
-/v1/messages, /v1/messages/count_tokens and /v1/models (issue 13)."""
+/v1/messages, /v1/messages/count_tokens and /v1/models."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Grammar compilation is fair between API keys (issue 32 point 1), through the official openai
+"""Grammar compilation is fair between API keys, through the official openai
 client and the real protocol layer, with real compile worker processes.
 
 One key flooding distinct runaway regexes (`\\w{1,5}-` repeated: tens of seconds and gigabytes

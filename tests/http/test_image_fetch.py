@@ -9,7 +9,6 @@ import asyncio
 import base64
 import json
 import logging
-import socket
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -26,6 +25,7 @@ from deepinfer_server.errors import ConfigError
 from deepinfer_server.protocol.core.images import AllowedOrigins
 from tests.e2e.test_images import png
 from tests.http.harness import MODEL, run, serve
+from tests.server import refusing_port
 
 CHAT = "/v1/chat/completions"
 IMAGE = png(40, 30)
@@ -227,16 +227,18 @@ def test_urls_the_server_never_fetches_say_why(image_host: _Host) -> None:
     run(body)
 
 
-def _closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def test_every_fetch_failure_reads_the_same(
     image_host: _Host, other_host: _Host, caplog: pytest.LogCaptureFixture
 ) -> None:
-    refused = f"http://127.0.0.1:{_closed_port()}"
+    with refusing_port() as port:
+        _every_fetch_failure_reads_the_same(
+            f"http://127.0.0.1:{port}", image_host, other_host, caplog
+        )
+
+
+def _every_fetch_failure_reads_the_same(
+    refused: str, image_host: _Host, other_host: _Host, caplog: pytest.LogCaptureFixture
+) -> None:
     failures = {
         refused + "/ok.png": "ConnectError",
         image_host.url + "/slow": "not done within --media-fetch-timeout",

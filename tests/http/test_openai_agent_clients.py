@@ -1,5 +1,5 @@
 """What OpenAI-protocol agents (Codex, the AI SDK, LangChain, LiteLLM) need of /v1/responses and
-/v1/chat/completions (issue 13): reasoning summaries, sealed reasoning replayed without a store,
+/v1/chat/completions: reasoning summaries, sealed reasoning replayed without a store,
 and the chat histories such clients send."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The simulated engine's echo under a grammar (issue 26 point 7), through the official openai
+"""The simulated engine's echo under a grammar, through the official openai
 client and the real protocol layer, answered by a real simulated engine in-process.
 
 Where the grammar forces tokens the echo used to be read on by position, so the rest came out

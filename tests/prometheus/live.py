@@ -1,4 +1,5 @@
-"""LivePrometheus: a real Prometheus (Debian's package) as a subprocess on a loopback port.
+"""LivePrometheus: a real Prometheus (Debian's package) as a subprocess on a free loopback port
+(another one if a process takes it first).
 
 It scrapes what the given configuration says, loads its rule files, and answers PromQL through
 its HTTP API. Readiness is its own `/-/ready`, polled with a deadline.
@@ -17,7 +18,7 @@ import pytest
 import yaml
 
 from tests.routers.fleet import wait_for
-from tests.server import free_port
+from tests.server import PortTaken, free_port, on_free_ports, port_taken
 
 INSTALL_HINT = "Debian's `prometheus` package: scripts/install-prometheus.sh"
 
@@ -38,11 +39,16 @@ class LivePrometheus:
     """Prometheus with `config` (a parsed prometheus.yml) in `directory`; stopped on exit."""
 
     def __init__(self, config: dict[str, Any], directory: Path, startup_timeout: float = 30.0):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.port = 0
+        self.url = ""
         config_file = directory / "prometheus.yml"
         config_file.write_text(yaml.safe_dump(config))
         self.log_file = directory / "prometheus.log"
+        on_free_ports(lambda: self._start(config_file, directory, startup_timeout))
+
+    def _start(self, config_file: Path, directory: Path, startup_timeout: float) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
         with self.log_file.open("w") as log:
             self.process = subprocess.Popen(
                 [
@@ -63,6 +69,8 @@ class LivePrometheus:
 
     def _ready(self) -> bool:
         if self.process.poll() is not None:
+            if port_taken(self.log):
+                raise PortTaken(f"Prometheus: port {self.port} is taken")
             raise RuntimeError(f"prometheus exited ({self.process.returncode}):\n{self.log}")
         try:
             return httpx.get(f"{self.url}/-/ready", timeout=2).status_code == 200

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.server import free_port
+from tests.server import free_port, port_taken
 
 MODEL = "deepseek-flash"
 # Fast simulated steps: the lane's requests take milliseconds unless a test wants them long.
@@ -85,15 +85,25 @@ def health_status(base_url: str) -> int:
 
 
 class Router:
-    """A router subprocess on a free loopback port, its log kept for failure messages."""
+    """A router subprocess on free loopback ports, its log kept for failure messages. A router
+    cannot bind port 0 and say which port it bound: one that exits because another process took
+    a port first is started again on fresh ones while it is waited for (`workers()`), so `url`
+    is read after `wait_healthy`."""
 
-    def __init__(self, command: list[str], log_path: Path) -> None:
+    def __init__(self, command: list[str], log_path: Path, restarts: int = 4) -> None:
+        self.log_path = log_path
+        self._command = command
+        self._restarts = restarts
+        self._log = log_path.open("wb")
+        self._start()
+
+    def _start(self) -> None:
+        self._log.flush()
+        self._log_start = self.log_path.stat().st_size  # this start's lines follow
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        self._log = log_path.open("wb")
         args = [
-            *command,
+            *self._command,
             "--host", "127.0.0.1", "--port", str(self.port),
             "--prometheus-port", str(free_port()),  # default 29000 would collide between routers
         ]  # fmt: skip
@@ -103,7 +113,18 @@ class Router:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def _start_log(self) -> str:
+        """The log of the latest start."""
+        with self.log_path.open("rb") as log:
+            log.seek(self._log_start)
+            return log.read().decode(errors="replace")
+
     def workers(self) -> list[dict[str, Any]]:
+        if self.process.poll() is not None and self._restarts and port_taken(self._start_log()):
+            self._restarts -= 1
+            self._log.write(b"[test] a port was taken: starting again on fresh ports\n")
+            self._start()
+            return []
         if self.process.poll() is not None:
             raise AssertionError(f"router exited ({self.process.returncode}):\n{self.log}")
         body = get_json(f"{self.url}/workers")

@@ -1,4 +1,5 @@
-"""Coordinator.submit frees what it took on every exit (issue 24, point 1).
+"""Coordinator.submit frees what it took on every exit: a failure between
+admission and the request's end must not keep an admission slot for ever.
 
 A property test drives a real Coordinator (real admission, real RankChannels whose ranks have
 not connected, so every message waits in memory) through sequences of submits, each with a

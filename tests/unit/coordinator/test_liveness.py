@@ -1,5 +1,6 @@
 """LivenessWatch times each rank's loop: a rank that stops coming back is hung whether or not
-requests are in flight (issue 24: clients that gave up kept resetting the old clock)."""
+requests are in flight (a clock reset by each request's arrival let clients that gave up and
+retried hide a hung rank)."""
 
 from __future__ import annotations
 

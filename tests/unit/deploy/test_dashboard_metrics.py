@@ -124,7 +124,8 @@ def test_every_panel_reads_the_datasource_variable() -> None:
 
 
 def test_the_dashboard_covers_the_operators_questions() -> None:
-    """Each of these must stay on the dashboard (issue 26's list)."""
+    """Each of an operator's questions keeps its metric on the dashboard: traffic and failures,
+    tokens, latency quantiles, the queue, KV and prefix-cache use, health and refusals (429)."""
     exprs = " ".join(q.expr for q in deploy_queries.panel_queries())
     for name in [
         "deepinfer:request_success_total",

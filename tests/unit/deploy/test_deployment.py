@@ -21,7 +21,7 @@ import yaml
 from deepinfer_server.cli import parse_config
 from deepinfer_server.config import ResolvedConfig
 from tests.paths import REPO
-from tests.server import LiveServer, free_port
+from tests.server import LiveServer, refusing_port
 
 ROOT = REPO
 DOCKERFILE = ROOT / "Dockerfile"
@@ -423,15 +423,12 @@ def test_validate_deployment_script_fails_on_a_wrong_context(shared_server: Live
 
 
 def test_validate_deployment_script_fails_without_a_server() -> None:
-    result = subprocess.run(
-        [
-            "bash",
-            str(ROOT / "scripts" / "validate-deployment.sh"),
-            f"http://127.0.0.1:{free_port()}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "PYTHON": sys.executable},
-    )
+    with refusing_port() as port:
+        result = subprocess.run(
+            ["bash", str(ROOT / "scripts" / "validate-deployment.sh"), f"http://127.0.0.1:{port}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHON": sys.executable},
+        )
     assert result.returncode != 0

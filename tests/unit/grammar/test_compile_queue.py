@@ -1,4 +1,4 @@
-"""The fair compile queue (issue 32): keys take the workers in turn, so one key's backlog never
+"""The fair compile queue: keys take the workers in turn, so one key's backlog never
 holds up another key's compile; a key's backlog is bounded (429); a compile that finds no worker
 in time is refused as the server's want of capacity (503), and a request that leaves frees its
 place. Jobs here are plain functions held on events: no xgrammar, no worker processes."""

@@ -1,4 +1,4 @@
-"""Grammars compile in worker processes within bounds (issue 24.4): a runaway compile is killed
+"""Grammars compile in worker processes within bounds: a runaway compile is killed
 with its worker, which is replaced; a compile over the memory bound is refused; a grammar that
 passed is never compiled again; the simulated engine's loop never waits for a compile."""
 

@@ -1,6 +1,6 @@
 """The grammar-abuse set (tests/grammar_abuse.py) against the simulated engine: each case gets
-one of its outcomes, and the engine keeps serving a plain request beside it (issue 24: a
-`{"$ref": "#"}` schema raised inside step() and killed the rank)."""
+one of its outcomes, and the engine keeps serving a plain request beside it (a
+`{"$ref": "#"}` schema once raised inside step() and killed the rank)."""
 
 from __future__ import annotations
 

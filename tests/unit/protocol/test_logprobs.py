@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 
 from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver
-from deepinfer_server.engines.simulated.logprobs import CLAMPED, token_logprobs
+from deepinfer_server.engines.simulated.logprobs import CLAMPED, context_key, token_logprobs
 from deepinfer_server.engines.simulated.sampling_params import SamplingParams
 from deepinfer_server.ipc.messages import GeneratedTokens
 from tests.unit.engines.test_llm_engine_driver import PROMPT, add, make_adapter
@@ -36,9 +40,33 @@ def test_greedy_is_degenerate_and_top_p_clamps_the_tail() -> None:
     assert CLAMPED in nucleus.top_logprobs and nucleus.logprob > CLAMPED
 
 
-def test_logprobs_are_deterministic() -> None:
-    params = SamplingParams(top_logprobs=5)
-    assert token_logprobs(9, 3, 500, params, VOCAB) == token_logprobs(9, 3, 500, params, VOCAB)
+_IN_ANOTHER_INTERPRETER = """
+import json, sys
+from deepinfer_server.engines.simulated.logprobs import context_key, token_logprobs
+from deepinfer_server.engines.simulated.sampling_params import SamplingParams
+values = token_logprobs(context_key([9, 8, 7]), 3, 500, SamplingParams(top_logprobs=5), 129_280)
+print(json.dumps([values.logprob, values.top_token_ids, values.top_logprobs]))
+"""
+
+
+def test_logprobs_are_the_same_in_every_run() -> None:
+    """Another interpreter, with another string-hash seed, computes the same values: nothing in
+    the model depends on the process (a global random state, a salted `hash`)."""
+    values = token_logprobs(context_key([9, 8, 7]), 3, 500, SamplingParams(top_logprobs=5), VOCAB)
+    other = subprocess.run(
+        [sys.executable, "-c", _IN_ANOTHER_INTERPRETER],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONHASHSEED": "12345"},
+        check=True,
+    )
+    assert json.loads(other.stdout) == [values.logprob, values.top_token_ids, values.top_logprobs]
+    assert 500 in values.top_token_ids
+    other_context = token_logprobs(
+        context_key([9, 8, 6]), 3, 500, SamplingParams(top_logprobs=5), VOCAB
+    )
+    assert other_context != values  # the values follow the request's context
 
 
 def _drain_tokens(adapter: LLMEngineDriver, request_id: str) -> GeneratedTokens:
