@@ -169,6 +169,7 @@ class LLMEngine:
 
     @classmethod
     def from_engine_args(cls, args: SimEngineArgs) -> LLMEngine:
+        """DeepInfer's constructor from its arguments."""
         return cls(args)
 
     # Requests
@@ -238,6 +239,7 @@ class LLMEngine:
         return agreed.unfinished
 
     def get_num_unfinished_requests(self) -> int:
+        """This rank's requests not yet finished: queued, building a grammar or pulling KV."""
         self._check_thread()
         pulling = len(self._decode) if self._decode is not None else 0
         return len(self._table) + len(self._builds) + pulling
