@@ -350,10 +350,10 @@ class TraceRunner:
         if free_states != engine.cache_config.num_state_seqs - 1:
             problems.append(f"{free_states} of {engine.cache_config.num_state_seqs - 1} slots free")
         left = {
-            "pending": cache._pending,
-            "snapshots": cache._snapshots,
-            "waiting forks": cache._waiting_forks,
-            "forks": cache._forks,
+            "pending": cache.snapshots.pending,
+            "snapshots": cache.snapshots.taken,
+            "waiting forks": cache.forks.waiting,
+            "forks": cache.forks.live,
         }
         problems += [f"{name} left: {list(held)}" for name, held in left.items() if held]
         return problems + ledger_problems(engine)
@@ -388,7 +388,7 @@ def ledger_problems(engine: Any) -> list[str]:
         if table:
             blocks.update(table)
             states[int(seq.state_id)] += 1
-    for _seq, slot in cache._snapshots.values():
+    for _seq, slot in cache.snapshots.taken.values():
         states[slot] += 1
     pending = engine.deferred_release.clone_unpins_to_release
     if pending is not None:

@@ -328,14 +328,14 @@ start("long1", conversation("first long request"), max_tokens=400, ignore_eos=Tr
 steps(2)
 start("long2", conversation("second long request"), max_tokens=400, ignore_eos=True)
 steps(1)
-hits, snapshots = cache.hit_tokens, len(cache._snapshots)
+hits, snapshots = cache.hit_tokens, len(cache.snapshots.taken)
 start("blocked", turn2)
 reused_blocked = cache.hit_tokens - hits
 steps(1)
 assert reused_blocked, "the entry was evicted"
-(fork,) = cache._waiting_forks.values()
+(fork,) = cache.forks.waiting.values()
 blocked = {{"branch": fork.branch_id, "status": fork.status.name,
-            "snapshots": [snapshots, len(cache._snapshots)]}}
+            "snapshots": [snapshots, len(cache.snapshots.taken)]}}
 DRIVER.abort(["blocked"])
 steps(2)
 DRIVER.abort(["long1", "long2"])

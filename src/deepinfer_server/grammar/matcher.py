@@ -313,7 +313,7 @@ def _grammar_literals(compiled: Any) -> list[str]:
     """Up to `_LITERAL_PIECES` of the grammar's string literals (2 to `_LITERAL_CHARS`
     characters), read from xgrammar's printed EBNF."""
     found: dict[str, None] = {}
-    for raw in _ebnf_literals(str(compiled.grammar)):
+    for raw in ebnf_literals(str(compiled.grammar)):
         if not 2 <= len(raw) <= 6 * _LITERAL_CHARS:
             continue
         try:
@@ -327,7 +327,7 @@ def _grammar_literals(compiled: Any) -> list[str]:
     return list(found)
 
 
-def _ebnf_literals(ebnf: str) -> Iterator[str]:
+def ebnf_literals(ebnf: str) -> Iterator[str]:
     """The raw (still escaped) text of each string literal, skipping character classes."""
     i, end = 0, len(ebnf)
     while i < end:

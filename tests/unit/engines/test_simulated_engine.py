@@ -257,7 +257,7 @@ def test_idle_flushes_hold_no_output_handles() -> None:
     for _ in range(100):
         engine.has_unfinished_requests()
         assert read(engine.flush_inflight_reqs()) == []
-    assert engine._to_release == []  # nothing published, nothing to release later
+    assert len(engine._published) == 0  # nothing published, nothing to release later
 
 
 def test_a_recomputed_sequence_longer_than_one_step_budget_still_runs() -> None:

@@ -6,8 +6,8 @@ its prefill: keep the parent's full blocks, copy the partial one, clone the stat
 only the rest); this module supplies the policy, through the engine's own hooks:
 
 - `post_schedule`: a sequence whose prompt was just computed gets its state slot copied to a
-  spare slot on its first decode step, before that step's forward (the snapshot at P). The copy
-  goes through `_run_workers`, so every CP worker copies its own state.
+  spare slot on its first decode step, before that step's forward (the snapshot at P:
+  `prefix_snapshots`).
 - `finalize_seq`: a finished sequence with a snapshot is kept (its blocks and the snapshot slot)
   as a cache entry instead of being freed.
 - `add_request`: a text prompt that starts with an entry's P tokens (P - 1 with a thinking-mode
@@ -24,7 +24,8 @@ only the rest); this module supplies the policy, through the engine's own hooks:
   aborted waiting sequences never), so it is freed here. An aborted waiting sequence is never
   finalized either: the salt noted for it is dropped here.
 
-Everything runs on the rank loop's thread, as the engine does.
+The forks' bookkeeping is `prefix_forks`. Everything runs on the rank loop's thread, as the
+engine does.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ import numpy as np
 import numpy.typing as npt
 
 from deepinfer_server.engines.deepinfer.engine_checks import copy_clone_unpins, disabled_reason
+from deepinfer_server.engines.deepinfer.prefix_forks import Forks
+from deepinfer_server.engines.deepinfer.prefix_snapshots import Snapshots
 from deepinfer_server.prefix_cache.index import BLOCK_SIZE, CacheEntry, Match, PrefixIndex
 
 logger = logging.getLogger(__name__)
@@ -69,7 +72,6 @@ class PrefixCache:
         from deepinfer import envs
         from deepinfer._C.engine import SequenceStatus
 
-        self._engine = engine
         self._scheduler = engine.scheduler
         self._states = engine.state_manager
         self._status = SequenceStatus
@@ -88,22 +90,9 @@ class PrefixCache:
         self.settings = settings
         rollback = min(settings.max_rollback, int(envs.DEEPINFER_MAX_BACKTRACKING_TOKENS))
         self.index: PrefixIndex[Any] = PrefixIndex(max_rollback=rollback)
-        config = engine.scheduler_config
-        self._max_num_seqs = int(config.max_num_seqs)
-        self._max_batched_blocks = int(config.max_num_batched_tokens) // BLOCK_SIZE
-        limit = int(config.max_model_len)
-        if not config.chunked_prefill:
-            limit = min(limit, int(config.max_num_batched_tokens))
-        self._prompt_limit = limit
-        self._total_blocks = int(engine.cache_config.num_gpu_blocks)
-        #: Live sequences whose last prompt chunk ran: snapshotted on their first decode step.
-        self._pending: dict[int, Any] = {}
-        #: Live sequences -> (sequence, the slot holding their state at the prompt's end).
-        self._snapshots: dict[int, tuple[Any, int]] = {}
-        #: Forks not yet scheduled for their prefill (they still hold the fork's pins).
-        self._waiting_forks: dict[int, Any] = {}
-        #: Every fork not yet ended -> (fork, the entry it came from).
-        self._forks: dict[int, tuple[Any, CacheEntry[Any]]] = {}
+        self._read_limits(engine)
+        self.snapshots = Snapshots(engine, SequenceStatus, settings.min_tokens)
+        self.forks = Forks(self._scheduler, SequenceStatus)
         #: Entries -> the KV blocks their table holds (at most): what a fork of them pins.
         self._table_blocks: dict[int, int] = {}
         #: Live sequences with a cache salt -> (sequence, salt): what `finalize` keeps it under.
@@ -113,12 +102,21 @@ class PrefixCache:
         #: Matches prefilled in full because their fork could never be scheduled.
         self.forks_too_large = 0
         self._preempted_seen = int(self._scheduler.get_num_preempted_seqs())
-        self.query_tokens = 0
-        self.hit_tokens = 0
-        self.evictions = 0
+        self.query_tokens = self.hit_tokens = self.evictions = 0
         self.disabled = disabled_reason(engine)
         if self.disabled is None:
             copy_clone_unpins(engine.deferred_release)
+
+    def _read_limits(self, engine: Any) -> None:
+        """The engine's sizes the cache's decisions read: sequences, blocks, prompt limit."""
+        config = engine.scheduler_config
+        self._max_num_seqs = int(config.max_num_seqs)
+        self._max_batched_blocks = int(config.max_num_batched_tokens) // BLOCK_SIZE
+        limit = int(config.max_model_len)
+        if not config.chunked_prefill:
+            limit = min(limit, int(config.max_num_batched_tokens))
+        self._prompt_limit = limit
+        self._total_blocks = int(engine.cache_config.num_gpu_blocks)
 
     # Counters
 
@@ -210,10 +208,8 @@ class PrefixCache:
             time.time() * 1000.0,  # milliseconds, as add_sequence stamps
         )
         fork.cached_hit_tokens = fork_point
-        entry.live_forks += 1
+        self.forks.add(fork, entry)
         self.index.touch(entry)
-        self._waiting_forks[fork.seq_id] = fork
-        self._forks[fork.seq_id] = (fork, entry)
         self.hit_tokens += fork_point
         return fork
 
@@ -237,16 +233,9 @@ class PrefixCache:
             # and may yet run (and be kept) before a later abort finds it.
             if self._salts[seq_id][0].status == aborted:
                 del self._salts[seq_id]
-        if self._waiting_forks:
-            self._free_aborted_forks(ids)
+        if self.forks.waiting:
+            self.forks.free_aborted(ids)
         return result
-
-    def _free_aborted_forks(self, ids: set[str]) -> None:
-        for seq_id, fork in list(self._waiting_forks.items()):
-            if fork.request_id in ids and fork.status == self._status.FINISHED_ABORTED:
-                self._scheduler.free_seq(fork)
-                del self._waiting_forks[seq_id]
-                self._fork_ended(seq_id)
 
     # A: eviction
 
@@ -261,12 +250,7 @@ class PrefixCache:
         want_blocks = want_slots = 0
         # With every running slot taken no prompt starts this step: waiting ones want nothing.
         if waiting and running < self._max_num_seqs:
-            reused = sum(
-                int(fork.num_cached_tokens) // BLOCK_SIZE
-                for fork in self._waiting_forks.values()
-                if fork.branch_id.startswith("_")
-            )
-            needed = -(-waiting_tokens // BLOCK_SIZE) + waiting - reused
+            needed = -(-waiting_tokens // BLOCK_SIZE) + waiting - self.forks.reused_blocks()
             want_blocks = min(needed, self._max_batched_blocks + waiting)
             want_slots = min(waiting, max(0, self._max_num_seqs - running))
 
@@ -301,11 +285,10 @@ class PrefixCache:
         if outputs.prompt_run:
             for seq in outputs.scheduled_seqs:
                 if seq.chunked_rest_len == 0:
-                    self._waiting_forks.pop(seq.seq_id, None)
-                    if self._cacheable(seq):
-                        self._pending[seq.seq_id] = seq
-        if self._waiting_forks:
-            self._drop_ignored_forks()
+                    self.forks.prefilled(seq.seq_id)
+                    self.snapshots.note(seq)
+        if self.forks.waiting:
+            self.forks.drop_refused()
         if len(self._salts) > self._salts_pruned_at:
             self._prune_salts()
         if outputs.prompt_run:
@@ -313,9 +296,12 @@ class PrefixCache:
         preempted = int(self._scheduler.get_num_preempted_seqs())
         if preempted != self._preempted_seen:
             self._preempted_seen = preempted
-            self._drop_preempted()
-        if self._pending:
-            self._snapshot(outputs)
+            # A preempted sequence lost its blocks: its snapshot and fork bookkeeping go.
+            gone = (self._status.WAITING, self._status.FINISHED_PREEMPTED)
+            self.snapshots.drop_preempted(gone)
+            self.forks.drop_preempted(gone)
+        if self.snapshots.pending:
+            self.snapshots.take(outputs, self._spare_state_slot)
 
     def _prune_salts(self) -> None:
         """Drop the salts of sequences DeepInfer ended as ignored (too long, preempted for
@@ -325,57 +311,6 @@ class PrefixCache:
             if seq.status in never:
                 del self._salts[seq_id]
         self._salts_pruned_at = max(_SALTS_PRUNE_MIN, 2 * len(self._salts))
-
-    def _cacheable(self, seq: Any) -> bool:
-        # A recomputed (preempted) sequence's prefill ends past its prompt: no snapshot at P.
-        # Image prompts are never cached: their placeholder tokens do not name the image.
-        length = seq.get_prompt_len()
-        return (
-            seq.get_len() == length
-            and length >= self.settings.min_tokens
-            and seq.multi_modal_data is None
-        )
-
-    def _snapshot(self, outputs: Any) -> None:
-        scheduled = {seq.seq_id for seq in outputs.scheduled_seqs}
-        finishing: set[int] | None = None
-        pairs: list[tuple[int, int]] = []
-        running_status = self._status.RUNNING
-        for seq_id, seq in list(self._pending.items()):
-            if seq.status != running_status and seq.status != self._status.WAITING:
-                # Finished before decoding: finalize_seq keeps its live slot, if it runs.
-                if finishing is None:
-                    finishing = {s.seq_id for s in outputs.finished_seqs}
-                if seq_id not in finishing:
-                    del self._pending[seq_id]
-                continue
-            at_prompt_end = (
-                seq.status == running_status and seq.num_cached_tokens == seq.get_prompt_len()
-            )
-            if seq_id not in scheduled:
-                if not at_prompt_end:
-                    del self._pending[seq_id]
-                continue
-            del self._pending[seq_id]
-            if not at_prompt_end:
-                continue
-            slot = self._spare_state_slot(len(scheduled))
-            if slot is None:
-                # No spare state slot this step: the prompt is not kept, and a later request
-                # with its prefix prefills in full, as without the cache.
-                continue
-            pairs.append((int(seq.state_id), slot))
-            self._snapshots[seq_id] = (seq, slot)
-        if pairs:
-            # Before this step's forward writes the live slot (stream order, as DeepInfer's own
-            # fork clones); on every CP worker. The returned "to release" arrays are the clone
-            # sources, which are live: never unpinned.
-            self._engine._run_workers(
-                "clone_and_zero_states_and_blocks_on_default_stream",
-                clone_states=np.array(pairs, dtype=np.int32),
-                clone_blocks=np.empty((0, 2), dtype=np.int32),
-                zero_states=np.empty(0, dtype=np.int32),
-            )
 
     def _spare_state_slot(self, running: int) -> int | None:
         """A state slot for a snapshot, leaving the waiting prompts theirs; the least recently
@@ -394,56 +329,24 @@ class PrefixCache:
             self._states.unlock()
         return int(slot)
 
-    def _drop_preempted(self) -> None:
-        """A preempted sequence lost its blocks: its snapshot and fork bookkeeping go."""
-        gone = (self._status.WAITING, self._status.FINISHED_PREEMPTED)
-        for seq_id, (seq, slot) in list(self._snapshots.items()):
-            if seq.status in gone:
-                self._states.unpin_blocks(np.array([slot], dtype=np.int32))
-                del self._snapshots[seq_id]
-        for seq_id, (fork, _entry) in list(self._forks.items()):
-            if seq_id not in self._waiting_forks and fork.status in gone:
-                self._fork_ended(seq_id)
-        for seq_id, seq in list(self._pending.items()):
-            if seq.status in gone:
-                del self._pending[seq_id]
-
-    def _drop_ignored_forks(self) -> None:
-        """Forks the prefill refused (too long) were freed by DeepInfer; aborted ones by us."""
-        alive = (self._status.WAITING, self._status.RUNNING, self._status.FINISHED_ABORTED)
-        for seq_id, fork in list(self._waiting_forks.items()):
-            if fork.status not in alive:
-                del self._waiting_forks[seq_id]
-                self._fork_ended(seq_id)
-
-    def _fork_ended(self, seq_id: int) -> None:
-        ended = self._forks.pop(seq_id, None)
-        if ended is not None:
-            ended[1].live_forks -= 1
-
     # D: keeping finished sequences
 
     def finalize(self, seq: Any) -> None:
         """`finalize_seq`: keep a finished sequence with a state at P as an entry, else free."""
         seq_id = seq.seq_id
-        self._fork_ended(seq_id)
-        self._waiting_forks.pop(seq_id, None)
+        self.forks.ended(seq_id)
+        self.forks.prefilled(seq_id)
         salted = self._salts.pop(seq_id, None)
-        snapshot = self._snapshots.pop(seq_id, None)
-        slot = snapshot[1] if snapshot is not None else None
-        prompt_len = seq.get_prompt_len()
-        # Finished (or aborted) before its first decode step: its live slot is still at P.
-        at_prompt_end = (
-            self._pending.pop(seq_id, None) is not None and seq.num_cached_tokens == prompt_len
-        )
+        slot, at_prompt_end = self.snapshots.finished(seq)
         if (slot is None and not at_prompt_end) or seq.status not in self._keepable:
             if slot is not None:
-                self._states.unpin_blocks(np.array([slot], dtype=np.int32))
+                self.snapshots.unpin(slot)
             self._scheduler.free_seq(seq)
             return
         if slot is not None:
-            self._states.unpin_blocks(np.array([seq.state_id], dtype=np.int32))
+            self.snapshots.unpin(seq.state_id)
             seq.state_id = slot
+        prompt_len = seq.get_prompt_len()
         tokens = np.array(seq.data.get_token_ids()[:prompt_len], dtype=np.int32)
         # Its table covers its tokens and at most one block more (MTP drafts, in flight); read
         # now, since a fork sets the entry's data to the fork's prompt.

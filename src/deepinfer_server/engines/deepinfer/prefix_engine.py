@@ -9,81 +9,96 @@ from deepinfer_server.engines.deepinfer.prefix_cache import PrefixCache, PrefixC
 
 logger = logging.getLogger(__name__)
 
+#: DeepInfer's LLMEngine, which the hooks are mixed before (imported in rank processes only).
+_DeepInferEngine: Any = object
+
+
+class PrefixCacheHooks(_DeepInferEngine):  # type: ignore[misc]
+    """The prefix cache on DeepInfer's LLMEngine hooks (`prefix_caching_engine` mixes it in)."""
+
+    prefix_cache_settings = PrefixCacheSettings()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        settings = self.prefix_cache_settings
+        self.prefix_cache = PrefixCache(self, settings)
+        if self.prefix_cache.disabled is not None:
+            logger.warning("[startup] prefix cache off: %s", self.prefix_cache.disabled)
+            return
+        logger.info(
+            "[startup] prefix cache on: %d KV blocks, %d state slots (one per running "
+            "request, one per snapshot or cached prompt; DEEPINFER_NUM_STATE_SLOTS_RATIO "
+            "sets them), prompts of %d tokens or more",
+            self.cache_config.num_gpu_blocks - 1,
+            self.cache_config.num_state_seqs - 1,
+            settings.min_tokens,
+        )
+
+    def add_request(
+        self,
+        user_id: str,
+        request_id: str,
+        sampling_params: Any,
+        prompt_token_ids: Any,
+        multi_modal_data: Any = None,
+        arrival_time: float | None = None,
+        extra: Any = None,
+        enqueue: bool = True,
+        chunk_checkpoints: Any = None,
+        *,
+        cache_salt: bytes | None = None,
+    ) -> Any:
+        """DeepInfer's `add_request`, plus the server's `cache_salt`: the prefix-cache
+        partition the request forks from and is kept in."""
+        return self.prefix_cache.add_request(
+            super().add_request,
+            user_id,
+            request_id,
+            sampling_params,
+            prompt_token_ids,
+            multi_modal_data,
+            arrival_time,
+            extra,
+            enqueue,
+            chunk_checkpoints,
+            cache_salt=cache_salt,
+        )
+
+    def abort_request(self, request_id: Any) -> tuple[int, int]:
+        """DeepInfer's `abort_request`, then the cache's forks and salts it ended."""
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        return self.prefix_cache.abort_request(super().abort_request, ids)
+
+    def step(self) -> Any:
+        """DeepInfer's `step`, after the evictions its waiting prompts need."""
+        self.prefix_cache.evict_for_demand()
+        return super().step()
+
+    def post_schedule(self, scheduler_outputs: Any) -> None:
+        """DeepInfer's hook after scheduling: note prompts, take snapshots."""
+        self.prefix_cache.post_schedule(scheduler_outputs)
+
+    def finalize_seq(self, seq: Any) -> None:
+        """DeepInfer's hook on a finished sequence: keep it as an entry, or free it."""
+        self.prefix_cache.finalize(seq)
+
+    def prefix_cache_stats(self) -> tuple[int, int, int]:
+        """(prompt tokens looked up, prompt tokens reused, cached sequences now)."""
+        return self.prefix_cache.stats()
+
+    def clear_prefix_cache(self) -> None:
+        """Evict every cached sequence."""
+        self.prefix_cache.clear()
+
 
 def prefix_caching_engine(
     base: type[Any], settings: PrefixCacheSettings | None = None
 ) -> type[Any]:
     """A subclass of DeepInfer's `LLMEngine` class `base` with the prefix cache."""
-    chosen = settings or PrefixCacheSettings()
 
-    class PrefixCachingLLMEngine(base):  # type: ignore[misc]
+    class PrefixCachingLLMEngine(PrefixCacheHooks, base):  # type: ignore[misc]
         """DeepInfer's LLMEngine keeping finished prompts for later requests to fork from."""
 
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self.prefix_cache = PrefixCache(self, chosen)
-            if self.prefix_cache.disabled is not None:
-                logger.warning("[startup] prefix cache off: %s", self.prefix_cache.disabled)
-                return
-            logger.info(
-                "[startup] prefix cache on: %d KV blocks, %d state slots (one per running "
-                "request, one per snapshot or cached prompt; DEEPINFER_NUM_STATE_SLOTS_RATIO "
-                "sets them), prompts of %d tokens or more",
-                self.cache_config.num_gpu_blocks - 1,
-                self.cache_config.num_state_seqs - 1,
-                chosen.min_tokens,
-            )
-
-        def add_request(
-            self,
-            user_id: str,
-            request_id: str,
-            sampling_params: Any,
-            prompt_token_ids: Any,
-            multi_modal_data: Any = None,
-            arrival_time: float | None = None,
-            extra: Any = None,
-            enqueue: bool = True,
-            chunk_checkpoints: Any = None,
-            *,
-            cache_salt: bytes | None = None,
-        ) -> Any:
-            """DeepInfer's `add_request`, plus the server's `cache_salt`: the prefix-cache
-            partition the request forks from and is kept in."""
-            return self.prefix_cache.add_request(
-                super().add_request,
-                user_id,
-                request_id,
-                sampling_params,
-                prompt_token_ids,
-                multi_modal_data,
-                arrival_time,
-                extra,
-                enqueue,
-                chunk_checkpoints,
-                cache_salt=cache_salt,
-            )
-
-        def abort_request(self, request_id: Any) -> tuple[int, int]:
-            ids = [request_id] if isinstance(request_id, str) else list(request_id)
-            return self.prefix_cache.abort_request(super().abort_request, ids)
-
-        def step(self) -> Any:
-            self.prefix_cache.evict_for_demand()
-            return super().step()
-
-        def post_schedule(self, scheduler_outputs: Any) -> None:
-            self.prefix_cache.post_schedule(scheduler_outputs)
-
-        def finalize_seq(self, seq: Any) -> None:
-            self.prefix_cache.finalize(seq)
-
-        def prefix_cache_stats(self) -> tuple[int, int, int]:
-            """(prompt tokens looked up, prompt tokens reused, cached sequences now)."""
-            return self.prefix_cache.stats()
-
-        def clear_prefix_cache(self) -> None:
-            """Evict every cached sequence."""
-            self.prefix_cache.clear()
+        prefix_cache_settings = settings or PrefixCacheSettings()
 
     return PrefixCachingLLMEngine

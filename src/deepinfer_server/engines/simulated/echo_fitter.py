@@ -31,6 +31,7 @@ from deepinfer_server.engines.simulated.script import USER_TOKEN
 from deepinfer_server.grammar import MatcherFailure, SimulatedMatcher, Vocab
 from deepinfer_server.grammar._xgr import xgrammar
 from deepinfer_server.grammar.dsml import BLOCK_OPEN, DSML, PARAM_CLOSE
+from deepinfer_server.grammar.matcher import ebnf_literals
 
 #: Tools a forced call may try, in order.
 MAX_TOOLS = 8
@@ -212,7 +213,7 @@ def _invoke_literals(ebnf: str) -> dict[str, str]:
     """Per tool, in grammar order: the literal of xgrammar's printed grammar that opens its
     call (the invoke line, and whatever xgrammar merged into it)."""
     found: dict[str, str] = {}
-    for raw in _ebnf_literals(ebnf):
+    for raw in ebnf_literals(ebnf):
         try:
             text = json.loads(f'"{raw}"')
         except ValueError:
@@ -222,23 +223,6 @@ def _invoke_literals(ebnf: str) -> dict[str, str]:
             if end > 0:
                 found.setdefault(text[len(_INVOKE_START) : end], text)
     return found
-
-
-def _ebnf_literals(ebnf: str) -> Iterator[str]:
-    """The raw (still escaped) text of each string literal, skipping character classes."""
-    index, end = 0, len(ebnf)
-    while index < end:
-        char = ebnf[index]
-        if char in '["':
-            close = "]" if char == "[" else '"'
-            after = index + 1
-            while after < end and ebnf[after] != close:
-                after += 2 if ebnf[after] == "\\" else 1
-            if char == '"':
-                yield ebnf[index + 1 : after]
-            index = after + 1
-        else:
-            index += 1
 
 
 def _plain_text(text: str) -> str:

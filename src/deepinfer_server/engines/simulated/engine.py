@@ -11,8 +11,9 @@ rendezvous also carries the step's prefill votes) and `step()`/`close()` as coll
 the DP ranks; single-thread ownership; DeepInfer's
 structured outputs (`matcher_builds.MatcherBuilds`).
 
-This module is the contract's face and the order of one step; the parts live beside it: the
-queues (`request_table`), prompt steps (`prompt_scheduler`), decode preemption (`preemption`),
+This module is the contract's face and the order of one step; the parts live beside it, built
+from the arguments by `parts`: request admission (`admission`), the queues (`request_table`),
+prompt steps (`prompt_scheduler`), decode preemption (`preemption`),
 the tokens (`token_generator`), grammar builds (`matcher_builds`), the prefix cache and state
 slots (`prefix_cache`, `state_slots`; DeepInfer's with the server's `--enable-prefix-caching`)
 and the timing (`step_clock`: every step lasts `itl_ms` while there is work, a prompt step at
@@ -27,37 +28,29 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
-import msgspec
 import numpy as np
 import numpy.typing as npt
-from tokenizers import Tokenizer
 
 from deepinfer_server.engines.disaggregation.agent import TransferAgent
 from deepinfer_server.engines.disaggregation.stats import TransferStats
+from deepinfer_server.engines.simulated.admission import Admission
 from deepinfer_server.engines.simulated.collectives import Ballot, LockstepGroup, Tally
 from deepinfer_server.engines.simulated.disaggregation import DecodeRole, PrefillRole
-from deepinfer_server.engines.simulated.kv_blocks import KVBlocks, default_pool
-from deepinfer_server.engines.simulated.matcher_builds import MatcherBuilds
-from deepinfer_server.engines.simulated.outputs import POOL, OutputRecord, RequestOutput
+from deepinfer_server.engines.simulated.inputs import Extra, MultiModalData, SamplingParamsDict
+from deepinfer_server.engines.simulated.outputs import OutputRecord, Published, RequestOutput
+from deepinfer_server.engines.simulated.parts import EngineParts
 from deepinfer_server.engines.simulated.preemption import schedule_decode
-from deepinfer_server.engines.simulated.prefix_cache import PrefixCache
 from deepinfer_server.engines.simulated.prompt_scheduler import PromptScheduler
-from deepinfer_server.engines.simulated.request_table import RequestTable
 from deepinfer_server.engines.simulated.sampling_params import SamplingParams
 from deepinfer_server.engines.simulated.scheduler import (
     DEFAULT_PREFILL_ANY_ATTEMPT_INTERVAL,
     DEFAULT_PREFILL_ATTEMPT_INTERVAL,
     PrefillCadence,
 )
-from deepinfer_server.engines.simulated.script import ScriptWriter
 from deepinfer_server.engines.simulated.sequence import FINISH_ABORT, Sequence
-from deepinfer_server.engines.simulated.state_slots import StateSlots
 from deepinfer_server.engines.simulated.step_clock import StepClock
-from deepinfer_server.engines.simulated.token_generator import TokenGenerator
 from deepinfer_server.ipc.kv_transfer import KVTransferParams
-from deepinfer_server.model.tokens import EOS_TOKEN
 
 logger = logging.getLogger(__name__)
 
@@ -112,48 +105,23 @@ class LLMEngine:
         self._step_tokens = max(args.tokens_per_step, 1 + args.speculative_tokens)
         self._steps = 0
         self._owner = threading.get_ident()
-        self.tokenizer = Tokenizer.from_str(args.tokenizer_json)
-        eos = self.tokenizer.token_to_id(EOS_TOKEN)
-        self.eos_id = 1 if eos is None else int(eos)
-        self._vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
-        self._script = ScriptWriter(self.tokenizer)
+        parts = EngineParts.build(args, self._step_tokens)
+        self.tokenizer, self.eos_id = parts.tokenizer, parts.eos_id
         self._deferred: list[OutputRecord] = []
         self._pending_terminal: list[OutputRecord] = []
-        self._to_release: list[npt.NDArray[np.uint64]] = []
+        self._published = Published()
         self._clock = StepClock(args.itl_ms)
         self._closed = False
-        self._builds = MatcherBuilds(args.tokenizer_json, self._vocab_size)
+        self._builds = parts.builds
         # DeepInfer's KV read-out: `scheduler.get_num_free_gpu_blocks()`, `cache_config`.
-        self._kv = KVBlocks(args.kv_blocks or default_pool(args.max_num_seqs, args.max_model_len))
-        self.scheduler = self._kv
+        self._kv = self.scheduler = parts.kv
         self.cache_config = self._kv.cache_config
-        # DeepInfer's default max_num_batched_tokens (config.py:219-228); without chunked
-        # prefill it bounds both the prompt length and the prompt tokens of one step.
-        batched_tokens = args.max_num_batched_tokens or max(
-            args.max_model_len, 4096, args.max_num_seqs * self._step_tokens
-        )
-        prompt_limit = min(args.max_model_len, batched_tokens)
-        self._cache = PrefixCache(
-            self._kv,
-            StateSlots.for_running(args.max_num_seqs),
-            enabled=args.enable_prefix_caching,
-            max_num_seqs=args.max_num_seqs,
-            batched_tokens=batched_tokens,
-            prompt_limit=prompt_limit,
-        )
+        self._cache = parts.cache
         if args.enable_prefix_caching:
             # What the engine driver reads (absent without a cache, as on DeepInfer).
             self.prefix_cache_stats = self._cache.stats
-        self._table = RequestTable(self._kv, self._cache)
-        self._generator = TokenGenerator(
-            self._table,
-            self.eos_id,
-            self._vocab_size,
-            args.max_model_len,
-            args.tokens_per_step,
-            args.max_num_batched_tokens or 0,
-            args.speculative_tokens,
-        )
+        self._table, self._generator = parts.table, parts.generator
+        batched_tokens, prompt_limit = parts.batched_tokens, parts.prompt_limit
         cadence = PrefillCadence(args.prefill_attempt_interval, args.prefill_any_attempt_interval)
         self._prefill: PrefillRole | None = None
         self._decode: DecodeRole | None = None
@@ -175,6 +143,7 @@ class LLMEngine:
         #: The next step's prefill votes as the last work check cast them: this rank's ballot
         #: and the group's tally (both None off the attempt points).
         self._votes: tuple[Ballot | None, Tally | None] | None = None
+        self._admission = Admission(parts, self._clock, args.ttft_ms, self._prefill, self._decode)
 
     def _start_role(self, args: SimEngineArgs) -> None:
         """A PROMPT or COMPLETION engine: its transfer agent and its role's state."""
@@ -200,6 +169,7 @@ class LLMEngine:
 
     @classmethod
     def from_engine_args(cls, args: SimEngineArgs) -> LLMEngine:
+        """DeepInfer's constructor from its arguments."""
         return cls(args)
 
     # Requests
@@ -208,81 +178,33 @@ class LLMEngine:
         self,
         user_id: str,
         request_id: str,
-        sampling_params: dict[str, Any] | SamplingParams | None,
+        sampling_params: SamplingParamsDict | SamplingParams | None,
         prompt_token_ids: npt.NDArray[np.int32],
-        multi_modal_data: dict[str, Any] | None = None,
+        multi_modal_data: MultiModalData | None = None,
         arrival_time: float | None = None,
-        extra: dict[str, Any] | None = None,
+        extra: Extra | None = None,
         enqueue: bool = True,
         chunk_checkpoints: list[int] | None = None,
         *,
         cache_salt: bytes | None = None,
     ) -> Sequence | None:
-        """Queue a request; returns None (and never outputs) for out-of-vocabulary IDs.
+        """Queue a request; returns None (and never outputs) for out-of-vocabulary IDs
+        (`admission`; `arrival_time` and `chunk_checkpoints` are ignored, as on DeepInfer).
 
         `cache_salt` (the server's, not DeepInfer's): the prefix-cache partition it forks from
         and is kept in."""
         self._check_thread()
         self._votes = None
-        # The TTFT delay runs from arrival: preparing the script below overlaps it. While
-        # requests run, the engine takes a new one between two steps, in the host work that
-        # overlaps the next step: it arrived when that step began, so DeepInfer's next step()
-        # can prefill it, as it does a request added before an idle engine's step().
-        arrived = time.monotonic()
-        if self._table.running:
-            arrived = self._clock.period_start(arrived)
-        if sampling_params is None:
-            sampling_params = {}
-        if isinstance(sampling_params, dict):
-            sampling_params = SamplingParams(
-                **{k: v for k, v in sampling_params.items() if v is not None}
-            )
-        sampling_params.eos_id = self.eos_id
-        if prompt_token_ids.size == 0:
-            raise ValueError("prompt must not be empty")
-        if prompt_token_ids.dtype != np.int32 or not prompt_token_ids.flags.c_contiguous:
-            raise TypeError("prompt_token_ids must be a C-contiguous numpy int32 array")
-        if int(prompt_token_ids.min()) < 0 or int(prompt_token_ids.max()) >= self._vocab_size:
-            logger.info("request %s of user %s has invalid token ids; dropped", request_id, user_id)
-            return None
-        handoff = (extra or {}).get("kv_transfer_params")
-        if self._decode is not None and handoff is None:
-            raise ValueError(
-                "a COMPLETION engine cannot prefill: the request needs the kv_transfer_params "
-                "of a prefill server's answer"
-            )
-        if self._prefill is not None:
-            # A PROMPT engine only prefills: its answer is the prompt step's token.
-            sampling_params.max_tokens = 1
-        prompt = prompt_token_ids.tolist()
-        sequence = Sequence(
-            request_id=request_id,
-            prompt=prompt,
-            params=sampling_params,
-            script=self._script.answer_tokens(prompt, multi_modal_data),
-            ready_at=arrived + self._args.ttft_ms / 1000.0,
-            cache_salt=cache_salt,
+        return self._admission.admit(
+            user_id,
+            request_id,
+            sampling_params,
+            prompt_token_ids,
+            multi_modal_data,
+            extra,
+            enqueue,
+            cache_salt,
         )
-        if self._decode is not None:
-            if sampling_params.so_args:
-                self._builds.build_now(sequence)
-            if not isinstance(handoff, KVTransferParams):
-                handoff = msgspec.convert(handoff, KVTransferParams)
-            self._decode.add(sequence, handoff)
-            return sequence
-        cacheable = (
-            multi_modal_data is None and not sampling_params.prompt_logprobs and enqueue
-        ) and not sampling_params.so_args
-        forked = self._cache.add(sequence, prompt_token_ids, cacheable)
-        if sampling_params.so_args and enqueue:
-            self._builds.submit(sequence)
-        elif sampling_params.so_args:  # DeepInfer builds synchronously here too
-            self._builds.build_now(sequence)
-        elif forked:  # DeepInfer's fork_seq queues a fork first
-            self._table.waiting.insert(0, sequence)
-        elif enqueue:
-            self._table.waiting.append(sequence)
-        return sequence
 
     def abort_request(self, request_id: str | Iterable[str]) -> tuple[int, int]:
         """Abort requests; returns (number aborted, sum of their prompt+output lengths)."""
@@ -317,6 +239,7 @@ class LLMEngine:
         return agreed.unfinished
 
     def get_num_unfinished_requests(self) -> int:
+        """This rank's requests not yet finished: queued, building a grammar or pulling KV."""
         self._check_thread()
         pulling = len(self._decode) if self._decode is not None else 0
         return len(self._table) + len(self._builds) + pulling
@@ -326,23 +249,10 @@ class LLMEngine:
         self._check_thread()
         self._inject_fault()
         started = time.monotonic()
-        votes, self._votes = self._votes, None
-        if votes is None:  # no work check since the queues last changed: plan and vote here
-            ballot = self._plan_step()
-            rank = self._args.engine_rank
-            votes = (
-                ballot,
-                None if ballot is None else self._args.lockstep.prefill_vote(rank, ballot),
-            )
+        votes = self._take_votes()
         self._args.lockstep.enter_step(self._args.engine_rank)
-        for handles in self._to_release:
-            POOL.release(handles)
-        self._to_release.clear()
-        table = self._table
-        first_ready = None
-        if not table.running and table.waiting:
-            first_ready = min(s.ready_at for s in table.waiting)
-        step_end = self._clock.step_end(started, first_ready)
+        self._published.release()
+        step_end = self._clock.step_end(started, self._first_ready())
         terminal, self._pending_terminal = self._pending_terminal, []
         if self._prefill is not None:
             self._prefill.collect()
@@ -356,22 +266,14 @@ class LLMEngine:
         if prompt_step and rate > 0:
             # Across DP ranks the next rendezvous makes the slowest prompt step the group's.
             step_end = max(step_end, started + self._prompts.computed_tokens / rate)
-        deferred, self._deferred = self._deferred, []
-        decoded: list[OutputRecord] = []
-        if not prompt_step:
-            # Before the deferred outputs leave: a preempted sequence's in-flight tokens go.
-            scheduled, deferred = schedule_decode(
-                table, deferred, self._step_tokens, stop_preempted=self._decode is not None
-            )
-            for sequence in scheduled:
-                decoded.extend(self._generator.generate(sequence))
+        deferred, decoded = self._decode_step(prompt_step)
         returned = deferred + terminal + prompt_outputs
         if self._args.zero_overhead_scheduling:
             self._deferred = decoded
         else:
             returned.extend(decoded)
         self._prompts.cadence.advance(prompt_step)
-        published = self._publish(returned)
+        published = self._published.publish(returned)
         self._clock.sleep_until(step_end)
         return published
 
@@ -386,7 +288,7 @@ class LLMEngine:
         self._pending_terminal = []
         if not returned:  # the idle loop flushes every few ms: publish nothing to release
             return np.empty(0, dtype=np.uint64)
-        return self._publish(returned)
+        return self._published.publish(returned)
 
     def prepare_structured_outputs(self) -> None:
         """Build the grammar compiler and start its worker, off the loop, as DeepInfer's
@@ -401,9 +303,7 @@ class LLMEngine:
         if self._closed:
             return
         self._args.lockstep.close_barrier(self._args.engine_rank, self._args.close_timeout)
-        for handles in self._to_release:
-            POOL.release(handles)
-        self._to_release.clear()
+        self._published.release()
         self._builds.close()
         if self._prefill is not None:
             self._prefill.close()
@@ -441,10 +341,39 @@ class LLMEngine:
             return None
         if not self._prompts.cadence.at_attempt_point():
             return None
-        first_ready = None
-        if not table.running and table.waiting:
-            first_ready = min(s.ready_at for s in table.waiting)
-        return self._prompts.ballot(self._clock.step_end(time.monotonic(), first_ready))
+        return self._prompts.ballot(self._clock.step_end(time.monotonic(), self._first_ready()))
+
+    def _take_votes(self) -> tuple[Ballot | None, Tally | None]:
+        """The step's prefill votes: the last work check's, else planned and cast now."""
+        votes, self._votes = self._votes, None
+        if votes is None:  # no work check since the queues last changed: plan and vote here
+            ballot = self._plan_step()
+            rank = self._args.engine_rank
+            votes = (
+                ballot,
+                None if ballot is None else self._args.lockstep.prefill_vote(rank, ballot),
+            )
+        return votes
+
+    def _first_ready(self) -> float | None:
+        """When the first waiting prompt becomes schedulable, on an engine that runs none."""
+        table = self._table
+        if table.running or not table.waiting:
+            return None
+        return min(s.ready_at for s in table.waiting)
+
+    def _decode_step(self, prompt_step: bool) -> tuple[list[OutputRecord], list[OutputRecord]]:
+        """The previous step's deferred outputs and, off a prompt step, this one's tokens."""
+        deferred, self._deferred = self._deferred, []
+        decoded: list[OutputRecord] = []
+        if not prompt_step:
+            # Before the deferred outputs leave: a preempted sequence's in-flight tokens go.
+            scheduled, deferred = schedule_decode(
+                self._table, deferred, self._step_tokens, stop_preempted=self._decode is not None
+            )
+            for sequence in scheduled:
+                decoded.extend(self._generator.generate(sequence))
+        return deferred, decoded
 
     def _check_thread(self) -> None:
         if threading.get_ident() != self._owner:
@@ -459,8 +388,3 @@ class LLMEngine:
         if self._args.fault == "step-hang":
             logger.warning("step() hangs forever (--sim-fault step-hang)")
             threading.Event().wait()
-
-    def _publish(self, records: list[OutputRecord]) -> npt.NDArray[np.uint64]:
-        handles = POOL.publish(records)
-        self._to_release.append(handles)
-        return handles

@@ -16,9 +16,10 @@ import logging
 import threading
 from collections.abc import Collection
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from deepinfer_server.engines.simulated.echo_fitter import EchoFitter
+from deepinfer_server.engines.simulated.inputs import SoArgs
 from deepinfer_server.engines.simulated.sequence import Sequence
 from deepinfer_server.grammar import (
     GrammarBounds,
@@ -130,7 +131,7 @@ class MatcherBuilds:
             logger.exception("preparing the grammar compiler failed")
 
     def _matcher_for(
-        self, so_args: dict[str, Any], max_tokens: int, script: list[int], prompt: list[int]
+        self, so_args: SoArgs, max_tokens: int, script: list[int], prompt: list[int]
     ) -> BuiltMatcher:
         """(On a builder thread.) DeepInfer's compile, bounded by DEEPINFER_XGRAMMAR_TIMEOUT;
         then the script fitted to the grammar."""

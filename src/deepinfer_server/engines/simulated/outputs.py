@@ -84,6 +84,29 @@ class OutputPool:
 POOL = OutputPool()
 
 
+class Published:
+    """The handles an engine returned, each valid until its next `step()` releases it."""
+
+    def __init__(self) -> None:
+        self._live: list[npt.NDArray[np.uint64]] = []
+
+    def __len__(self) -> int:
+        """The handles held until the next release."""
+        return sum(len(handles) for handles in self._live)
+
+    def publish(self, records: list[OutputRecord]) -> npt.NDArray[np.uint64]:
+        """Handles for these records, held until `release`."""
+        handles = POOL.publish(records)
+        self._live.append(handles)
+        return handles
+
+    def release(self) -> None:
+        """Release every handle published so far (their reads raise from now on)."""
+        for handles in self._live:
+            POOL.release(handles)
+        self._live.clear()
+
+
 class RequestOutput:
     """DeepInfer's `deepinfer._C.engine.RequestOutput`: static getters on handles, or clones."""
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import random
-from typing import Any
+
+from deepinfer_server.engines.simulated.inputs import SoArgs
 
 _MIN_TEMPERATURE = 1e-5
 _INT32_MAX = 2**31 - 1
@@ -24,7 +25,7 @@ class SamplingParams:
         top_logprobs: int = 0,
         first_n_token_no_eos: int = 0,
         eos_id: int = 0,
-        so_args: dict[str, Any] | None = None,
+        so_args: SoArgs | None = None,
         golden_token_ids: list[int] | None = None,
         seq_seed: int | None = None,
     ) -> None:

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import Any
+from typing import cast
 
 from tokenizers import Tokenizer
+
+from deepinfer_server.engines.simulated.inputs import MultiModalData
 
 USER_TOKEN = "<｜User｜>"
 ASSISTANT_TOKEN = "<｜Assistant｜>"
@@ -36,10 +38,10 @@ def last_user_text(prompt_text: str) -> str:
     return prompt_text[start:] if end < 0 else prompt_text[start:end]
 
 
-def describe_images(multi_modal_data: dict[str, Any]) -> str:
+def describe_images(multi_modal_data: MultiModalData) -> str:
     """`[image 1: 630x476 sha256:0123abcd] ` per image: its size and a digest of its bytes."""
-    sizes = multi_modal_data.get("image_sizes") or []
-    data = multi_modal_data.get("image_bytes") or []
+    sizes = cast("list[tuple[int, int]]", multi_modal_data.get("image_sizes") or [])
+    data = cast("list[bytes]", multi_modal_data.get("image_bytes") or [])
     parts = []
     for index, (width, height) in enumerate(sizes):
         digest = hashlib.sha256(data[index]).hexdigest()[:8] if index < len(data) else "none"
@@ -56,7 +58,7 @@ class ScriptWriter:
         self._think_start_id = -1 if think_start is None else int(think_start)
 
     def answer_tokens(
-        self, prompt_token_ids: Sequence[int], multi_modal_data: dict[str, Any] | None = None
+        self, prompt_token_ids: Sequence[int], multi_modal_data: MultiModalData | None = None
     ) -> list[int]:
         """The answer's token IDs, without EOS; images are described first (`describe_images`)."""
         prompt_text = self._tokenizer.decode(list(prompt_token_ids), skip_special_tokens=False)

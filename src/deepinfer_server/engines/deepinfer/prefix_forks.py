@@ -1,0 +1,71 @@
+"""The prefix cache's forks on DeepInfer's LLMEngine: those still waiting and those not ended.
+
+A fork (`Scheduler.fork_seq`) pins its parent entry's blocks and state until its prefill runs:
+while it waits it is in `waiting`, and until it ends the entry it came from counts it as a live
+fork, which keeps the entry from being evicted to make a snapshot slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+from deepinfer_server.prefix_cache.index import BLOCK_SIZE, CacheEntry
+
+
+class Forks:
+    """One rank's forks; `status` is DeepInfer's `SequenceStatus`."""
+
+    def __init__(self, scheduler: Any, status: Any) -> None:
+        self._scheduler = scheduler
+        self._status = status
+        #: Forks not yet scheduled for their prefill (they still hold the fork's pins).
+        self.waiting: dict[int, Any] = {}
+        #: Every fork not yet ended -> (fork, the entry it came from).
+        self.live: dict[int, tuple[Any, CacheEntry[Any]]] = {}
+
+    def add(self, fork: Any, entry: CacheEntry[Any]) -> None:
+        """A fork of `entry`, waiting for its prefill."""
+        entry.live_forks += 1
+        self.waiting[fork.seq_id] = fork
+        self.live[fork.seq_id] = (fork, entry)
+
+    def prefilled(self, seq_id: int) -> None:
+        """The sequence's prompt was scheduled (or it finished): it no longer waits."""
+        self.waiting.pop(seq_id, None)
+
+    def ended(self, seq_id: int) -> None:
+        """The sequence ended: a fork no longer counts on its entry."""
+        ended = self.live.pop(seq_id, None)
+        if ended is not None:
+            ended[1].live_forks -= 1
+
+    def reused_blocks(self) -> int:
+        """The blocks the waiting forks' prefills keep from their parents."""
+        return sum(
+            int(fork.num_cached_tokens) // BLOCK_SIZE
+            for fork in self.waiting.values()
+            if fork.branch_id.startswith("_")
+        )
+
+    def free_aborted(self, request_ids: Collection[str]) -> None:
+        """Free the waiting forks an abort reached: DeepInfer never frees aborted waiting ones."""
+        for seq_id, fork in list(self.waiting.items()):
+            if fork.request_id in request_ids and fork.status == self._status.FINISHED_ABORTED:
+                self._scheduler.free_seq(fork)
+                del self.waiting[seq_id]
+                self.ended(seq_id)
+
+    def drop_refused(self) -> None:
+        """Forks the prefill refused (too long) were freed by DeepInfer; aborted ones by us."""
+        alive = (self._status.WAITING, self._status.RUNNING, self._status.FINISHED_ABORTED)
+        for seq_id, fork in list(self.waiting.items()):
+            if fork.status not in alive:
+                del self.waiting[seq_id]
+                self.ended(seq_id)
+
+    def drop_preempted(self, gone: Collection[Any]) -> None:
+        """Running forks preempted (`gone`: their statuses) lost their blocks: they ended."""
+        for seq_id, (fork, _entry) in list(self.live.items()):
+            if seq_id not in self.waiting and fork.status in gone:
+                self.ended(seq_id)
