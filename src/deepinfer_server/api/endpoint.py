@@ -128,9 +128,11 @@ async def serve_generation(request: Request, protocol: GenerationProtocol) -> Re
     request_id: str = request.state.request_id
     arrival = time.perf_counter()
     received = await read_json_body(request, config, state.receiving)
-    raw, body = received.raw, received.value
-    priority_given = body.get("priority") is not None
-    priority = read_priority(body)
+    raw = received.raw
+    priority_given = received.value.get("priority") is not None
+    priority = read_priority(received.value)
+    # The endpoint's field, not the protocol's: preparation gets the rest, in a new dict.
+    body = {key: value for key, value in received.value.items() if key != "priority"}
     tenant = tenant_of(request.state)
     session = None if protocol.open_session is None else await protocol.open_session(request, body)
     detached = session is not None and session.background

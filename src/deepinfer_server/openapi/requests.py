@@ -39,7 +39,7 @@ from deepinfer_server.openapi.schema import (
     ref,
     string,
 )
-from deepinfer_server.protocol.completions.request import MAX_LOGPROBS
+from deepinfer_server.protocol.core.body import MAX_TOP_LOGPROBS
 from deepinfer_server.protocol.core.choices import MAX_N
 from deepinfer_server.protocol.core.sampling import Api
 from deepinfer_server.protocol.core.validation import UINT32_MAX
@@ -146,7 +146,7 @@ CHAT_COMPLETIONS: Schema = obj(
         "stream": nullable(STREAM),
         "stream_options": nullable(_STREAM_OPTIONS),
         "logprobs": nullable(boolean()),
-        "top_logprobs": nullable(integer(0, 20)),
+        "top_logprobs": nullable(integer(0, MAX_TOP_LOGPROBS)),
         "ignore_eos": nullable(boolean()),
         "priority": nullable(PRIORITY),
         "tools": nullable(array(_CHAT_TOOL)),
@@ -190,7 +190,7 @@ COMPLETIONS: Schema = obj(
         "stream": nullable(STREAM),
         "stream_options": nullable(_STREAM_OPTIONS),
         "echo": nullable(boolean()),
-        "logprobs": nullable(integer(0, MAX_LOGPROBS)),
+        "logprobs": nullable(integer(0, MAX_TOP_LOGPROBS)),
         "ignore_eos": nullable(boolean()),
         "priority": nullable(PRIORITY),
         "suffix": nullable(string(enum=[""], description="Not supported: absent or empty")),

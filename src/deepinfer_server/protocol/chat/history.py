@@ -4,6 +4,7 @@ Some clients split one assistant turn over consecutive assistant messages (Codex
 chat wire sends the tool call, then the text, then the tool result). The recipe requires tool
 results right after the message with the calls; vLLM tolerates the split. Consecutive assistant
 messages are merged into one: contents joined in order, tool calls and reasoning concatenated.
+`developer` messages become `system` messages, as OpenAI treats them for these models.
 """
 
 from __future__ import annotations
@@ -59,3 +60,13 @@ def merge_assistant_runs(messages: list[Any]) -> list[Any]:
         if message is not None:
             merged.append(message)
     return merged
+
+
+def recipe_messages(messages: list[Any]) -> list[Any]:
+    """The checked messages as deepseek-recipe takes them: developer messages as system
+    messages and assistant runs merged; new lists and dicts, the client's left as sent."""
+    renamed = [
+        {**m, "role": "system"} if isinstance(m, dict) and m.get("role") == "developer" else m
+        for m in messages
+    ]
+    return merge_assistant_runs(renamed)

@@ -9,10 +9,9 @@ configuration adds; a token-ID prompt goes to the engine unchanged. A list of pr
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Any
 
 import msgspec
-from msgspec import Meta
 
 from deepinfer_server.errors import BadRequestError, ContextLengthError, ErrorKind
 from deepinfer_server.ipc.messages import SamplingOptions
@@ -21,6 +20,7 @@ from deepinfer_server.protocol.core.body import (
     NO_STREAM_OPTIONS,
     CacheSalt,
     StreamOptions,
+    TopLogprobs,
     UInt32,
 )
 from deepinfer_server.protocol.core.choices import Choices, seeds_for, with_seed
@@ -38,7 +38,6 @@ _SAMPLING = SAMPLING[Api.COMPLETIONS]
 
 #: OpenAI's and vLLM's default for completions.
 DEFAULT_MAX_TOKENS = 16
-MAX_LOGPROBS = 20
 MAX_STOP_SEQUENCES = 16
 
 
@@ -50,7 +49,7 @@ class CompletionBody(OpenAISampling, kw_only=True, frozen=True):
     stream_options: StreamOptions | None = None
     echo: bool | None = None
     #: `logprobs: k`: report the top k alternatives of each token.
-    logprobs: Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)] | None = None
+    logprobs: TopLogprobs | None = None
     max_tokens: UInt32 | None = None
     ignore_eos: bool | None = None
     cache_salt: CacheSalt | None = None

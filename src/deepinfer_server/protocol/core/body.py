@@ -40,6 +40,10 @@ class Said:
 
 #: An unsigned 32-bit integer.
 UInt32 = Annotated[int, Meta(ge=0, le=UINT32_MAX)]
+#: How many alternatives of each token a request may ask for (OpenAI's bound: Chat's
+#: `top_logprobs`, Completions' `logprobs`).
+MAX_TOP_LOGPROBS = 20
+TopLogprobs = Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS)]
 #: vLLM's `cache_salt`: requests with different salts never share cached prompt prefixes. A
 #: non-empty string when given, as vLLM validates it.
 CacheSalt = Annotated[

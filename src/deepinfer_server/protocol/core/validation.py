@@ -3,6 +3,7 @@ the model is served, and fields the recipe passes through unchecked have their t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -79,10 +80,10 @@ PRIORITY_MIN = -(2**31)
 PRIORITY_MAX = 2**31 - 1
 
 
-def read_priority(body: dict[str, Any]) -> int:
-    """Take `priority` (vLLM's extension: lower starts first among the API key's queued
-    requests; default 0) out of `body`, or 400 for anything but an integer in range."""
-    value = body.pop("priority", None)
+def read_priority(body: Mapping[str, Any]) -> int:
+    """`priority` (vLLM's extension: lower starts first among the API key's queued requests;
+    default 0), or 400 for anything but an integer in range."""
+    value = body.get("priority")
     if value is None:
         return 0
     if isinstance(value, bool) or not isinstance(value, int):
@@ -121,14 +122,15 @@ def reject_file_parts(message: dict[str, Any], index: int) -> None:
 
 
 _CHAT_ROLES = frozenset({"system", "user", "assistant", "tool", "function", "latest_reminder"})
-_NUMBERS = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
+#: The sampling fields deepseek-recipe checks for Chat, whose 400 would not name them.
+_NUMBERS = ("temperature", "top_p")
 
 
 def check_chat_fields(body: dict[str, Any]) -> None:
-    """Type and range checks of Chat Completions fields, so that each 400 names its field.
+    """Type checks of Chat Completions fields that are not typed body fields (`ChatBody`
+    declares and checks those), so that each 400 names its field.
 
     deepseek-recipe checks these too, but its messages do not say which field was wrong.
-    `developer` messages become `system` messages, as OpenAI treats them for these models.
     """
     if not isinstance(body.get("model"), str):
         raise BadRequestError("'model' is required and must be a string", param="model")
@@ -139,9 +141,7 @@ def check_chat_fields(body: dict[str, Any]) -> None:
         if not isinstance(message, dict):
             raise BadRequestError("each message must be an object", param=f"messages[{index}]")
         role = message.get("role")
-        if role == "developer":
-            message["role"] = "system"
-        elif not isinstance(role, str) or role not in _CHAT_ROLES:
+        if role != "developer" and (not isinstance(role, str) or role not in _CHAT_ROLES):
             raise BadRequestError(
                 f"unknown role {role!r}: expected one of {', '.join(sorted(_CHAT_ROLES))} "
                 "or developer",
@@ -164,8 +164,5 @@ def check_chat_fields(body: dict[str, Any]) -> None:
         value = body.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
             raise BadRequestError(f"'{name}' must be a number", param=name)
-    optional_uint(body, "seed", maximum=2**64 - 1)
-    optional_bool(body, "logprobs")
-    optional_uint(body, "top_logprobs", maximum=20)
     if body.get("stream_options") is not None and not body.get("stream"):
         raise BadRequestError("'stream_options' needs 'stream': true", param="stream_options")
