@@ -18,6 +18,7 @@ from deepinfer_server.protocol.core.body import (
 )
 from deepinfer_server.protocol.core.choices import Choices, seeds_for, with_seed
 from deepinfer_server.protocol.core.effort import check_effort_agrees, read_effort
+from deepinfer_server.protocol.core.field_errors import BodyShape
 from deepinfer_server.protocol.core.json_types import JsonObject
 from deepinfer_server.protocol.core.prepare import engine_input
 from deepinfer_server.protocol.core.recipe import RecipeContext
@@ -36,6 +37,10 @@ from deepinfer_server.protocol.core.thinking_budget import merge_budgets
 from deepinfer_server.protocol.core.validation import check_chat_fields, check_model
 
 _SAMPLING = SAMPLING[Api.CHAT]
+#: How the recipe parses a Chat body (see `field_errors`).
+_SHAPE = BodyShape(
+    ChatCompletionRequest, {"model": "", "messages": [{"role": "user", "content": ""}]}
+)
 _ENABLE_THINKING = 'send `thinking: {"type": "enabled"}`'
 
 
@@ -81,7 +86,11 @@ def convert_chat(
     effort = read_effort(body.get("reasoning_effort"), "reasoning_effort")
     constraint = read_constraint(CHAT_CONSTRAINT, body)
     converted = convert_honouring_tool_choice(
-        lambda b: ChatCompletionRequest(b).convert(recipe.options), body, "auto", "response_format"
+        lambda b: ChatCompletionRequest(b).convert(recipe.options),
+        body,
+        "auto",
+        "response_format",
+        shape=_SHAPE,
     )
     thinking = converted.conversation.thinking_mode
     check_effort_agrees(effort, thinking, "reasoning_effort", _ENABLE_THINKING)

@@ -44,6 +44,12 @@ from deepinfer_server.grammar.compile_queue import FairCompileQueue, QueueLimits
 from deepinfer_server.grammar.compile_workers import STARTUP_TIMEOUT_S, start_fork_server
 from deepinfer_server.grammar.errors import CompileRefused
 from deepinfer_server.ipc.messages import StructuredOutput
+from deepinfer_server.protocol.core.field_errors import (
+    BodyShape,
+    is_shape_refusal,
+    name_refused_field,
+)
+from deepinfer_server.protocol.core.json_types import JsonObject
 from deepinfer_server.protocol.core.recipe import recipe_errors
 
 T = TypeVar("T")
@@ -130,15 +136,18 @@ _INVALID_SCHEMA = "Invalid json schema"
 
 
 def convert_honouring_tool_choice(
-    convert: Callable[[dict[str, Any]], T],
-    body: dict[str, Any],
+    convert: Callable[[JsonObject], T],
+    body: JsonObject,
     auto_choice: object,
     format_param: str,
+    *,
+    shape: BodyShape,
 ) -> T:
     """Convert a request with the recipe, relaxing what the recipe refuses but the grammar
     (read from the original body) enforces; `auto_choice` is the protocol's `auto` tool_choice
     and `format_param` the field that holds its answer format (named when the recipe rejects a
-    schema without saying where)."""
+    schema without saying where); `shape` finds the field of a refusal of the body's shape
+    (`field_errors`)."""
     relaxed = body
     for _ in range(len(_RELAXATIONS) + 1):
         try:
@@ -148,6 +157,8 @@ def convert_honouring_tool_choice(
             if exc.message.startswith(_INVALID_SCHEMA) and exc.param is None:
                 exc.param = format_param
                 raise
+            if is_shape_refusal(exc):
+                raise name_refused_field(exc, relaxed, shape) from exc
             relax = next((f for m, f in _RELAXATIONS.items() if m in exc.message), None)
             if relax is None:
                 raise

@@ -13,6 +13,7 @@ from deepinfer_server.grammar import Constraint, in_thinking_mode
 from deepinfer_server.ipc.messages import Images, SamplingOptions
 from deepinfer_server.protocol.core.body import CacheSalt
 from deepinfer_server.protocol.core.choices import reject_n
+from deepinfer_server.protocol.core.field_errors import BodyShape
 from deepinfer_server.protocol.core.prepare import engine_input
 from deepinfer_server.protocol.core.recipe import RecipeContext, recipe_errors
 from deepinfer_server.protocol.core.sampling import SAMPLING, Api, MessagesSampling
@@ -35,6 +36,15 @@ from deepinfer_server.protocol.messages.thinking import (
 )
 
 _SAMPLING = SAMPLING[Api.MESSAGES]
+#: How the recipe parses a Messages body (see `field_errors`).
+_SHAPE = BodyShape(
+    MessagesRequest,
+    {
+        "model": "",
+        "max_tokens": 1,
+        "messages": [{"role": "user", "content": ""}],
+    },
+)
 
 
 @dataclass(frozen=True)
@@ -86,6 +96,7 @@ def _convert(body: dict[str, Any], recipe: RecipeContext) -> _Converted:
         with_explicit_thinking(normalize_messages_body(body)),
         {"type": "auto"},
         "output_config.format",
+        shape=_SHAPE,
     )
     thinking = converted.conversation.thinking_mode
     check_messages_effort(effort, thinking)

@@ -13,6 +13,7 @@ from deepinfer_server.ipc.messages import Images, SamplingOptions
 from deepinfer_server.protocol.core.body import CacheSalt
 from deepinfer_server.protocol.core.choices import reject_n
 from deepinfer_server.protocol.core.effort import check_effort_agrees, read_effort
+from deepinfer_server.protocol.core.field_errors import BodyShape
 from deepinfer_server.protocol.core.prepare import engine_input
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.protocol.core.sampling import SAMPLING, Api, ResponsesSampling
@@ -91,6 +92,8 @@ INPUT_ITEM_TYPES = frozenset(
 )
 
 _SAMPLING = SAMPLING[Api.RESPONSES]
+#: How the recipe parses a Responses body (see `field_errors`).
+_SHAPE = BodyShape(ResponsesRequest, {"model": "", "input": ""})
 
 
 class ResponsesBody(ResponsesSampling, kw_only=True, frozen=True):
@@ -157,7 +160,7 @@ def prepare_responses(body: dict[str, Any], recipe: RecipeContext) -> PreparedRe
         return request.convert(recipe.options), echo, namespace_tool_map
 
     converted, echo, namespace_tool_map = convert_honouring_tool_choice(
-        convert, body, "auto", "text.format"
+        convert, body, "auto", "text.format", shape=_SHAPE
     )
     thinking_mode = converted.conversation.thinking_mode
     check_effort_agrees(effort, thinking_mode, "reasoning.effort", "enable thinking")
