@@ -3,8 +3,6 @@ with: a generation POST, a GET, and the parameters they share."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from deepinfer_server.openapi.errors import error_responses
 from deepinfer_server.openapi.requests import request_body
 from deepinfer_server.openapi.schema import Schema, ref
@@ -14,7 +12,7 @@ STREAM = {"text/event-stream": {"schema": {"type": "string"}}}
 BEARER: list[dict[str, list[str]]] = [{"bearer": []}, {"apiKey": []}]
 
 
-def json_content(schema: Schema) -> dict[str, Any]:
+def json_content(schema: Schema) -> Schema:
     """A 200's `content`: `schema` as application/json."""
     return {"application/json": {"schema": schema}}
 
@@ -37,7 +35,7 @@ def generation(summary: str, body: str, envelope: str) -> Schema:
 
 def get(
     summary: str,
-    content: dict[str, Any] | None = None,
+    content: Schema | None = None,
     *,
     protected: bool = False,
     envelope: str = "OpenAIError",
@@ -111,7 +109,7 @@ CONVERSATION_ID = {
 ITEM_ID = {"name": "item_id", "in": "path", "required": True, "schema": {"type": "string"}}
 
 
-def include(supported: frozenset[str]) -> dict[str, Any]:
+def include(supported: frozenset[str]) -> Schema:
     """The `include` query parameter of an endpoint that honours `supported` (others: a 400)."""
     return {
         "name": "include",

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from deepinfer_server.protocol.core.json_types import JsonObject
+
 
 def _parts(content: Any) -> list[Any]:
     if content is None or content == "":
@@ -29,7 +31,7 @@ def _merged_content(contents: list[Any]) -> Any:
     return [part for c in present for part in _parts(c)]
 
 
-def _merge(run: list[dict[str, Any]]) -> dict[str, Any]:
+def _merge(run: list[JsonObject]) -> JsonObject:
     merged = {k: v for m in run for k, v in m.items()}  # later scalar fields win (e.g. prefix)
     merged["content"] = _merged_content([m.get("content") for m in run])
     calls = [call for m in run for call in (m.get("tool_calls") or [])]
@@ -49,7 +51,7 @@ def merge_assistant_runs(messages: list[Any]) -> list[Any]:
     The messages must have passed `check_chat_fields`, which checks that each assistant
     `reasoning_content` the merge joins is a string and its `tool_calls` an array."""
     merged: list[Any] = []
-    run: list[dict[str, Any]] = []
+    run: list[JsonObject] = []
     for message in [*messages, None]:
         if isinstance(message, dict) and message.get("role") == "assistant":
             run.append(message)

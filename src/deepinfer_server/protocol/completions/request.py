@@ -89,7 +89,7 @@ class PreparedCompletion:
         return None
 
 
-def _prompts(body: dict[str, Any], recipe: RecipeContext) -> list[tuple[list[int], str]]:
+def _prompts(body: JsonObject, recipe: RecipeContext) -> list[tuple[list[int], str]]:
     """Each prompt as (token IDs, text)."""
     prompt = body.get("prompt")
     if isinstance(prompt, str):
@@ -137,7 +137,7 @@ def text_prompt(text: str, recipe: RecipeContext) -> tuple[list[int], str]:
     return ids, text
 
 
-def _stop(body: dict[str, Any]) -> tuple[str, ...]:
+def _stop(body: JsonObject) -> tuple[str, ...]:
     stop = body.get("stop")
     if stop is None:
         return ()
@@ -155,7 +155,7 @@ def _stop(body: dict[str, Any]) -> tuple[str, ...]:
     return tuple(stop)
 
 
-def _reject_unsupported(body: dict[str, Any], n: int) -> None:
+def _reject_unsupported(body: JsonObject, n: int) -> None:
     if body.get("suffix") not in (None, ""):
         raise BadRequestError(
             "'suffix' is not supported", param="suffix", kind=ErrorKind.UNSUPPORTED

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from deepseek_recipe import ConversationRequest, RenderedPrompt
 
@@ -12,7 +11,7 @@ from deepinfer_server.errors import ApiError, ContextLengthError
 from deepinfer_server.ipc.messages import Images, SamplingOptions
 from deepinfer_server.protocol.core.images import image_sources, place_images, resolve_images
 from deepinfer_server.protocol.core.recipe import RecipeContext, recipe_errors
-from deepinfer_server.protocol.core.sampling import ProtocolSampling
+from deepinfer_server.protocol.core.sampling import EngineValues, ProtocolSampling
 from deepinfer_server.protocol.core.thinking_budget import budgeted
 
 
@@ -81,7 +80,7 @@ def engine_input(
     overflow: ContextOverflow | None = None,
     *,
     protocol: ProtocolSampling,
-    sampling: Mapping[str, Any],
+    sampling: EngineValues,
     logprobs: bool = False,
 ) -> EngineInput:
     """Encode the conversation (V4.1) and resolve max_tokens against the context (lowered to

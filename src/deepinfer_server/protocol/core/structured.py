@@ -84,7 +84,7 @@ def _without_strict(tools: Any) -> Any:
 _ANY_OBJECT_SCHEMA = {"type": "object"}
 
 
-def _json_object_as_schema(body: dict[str, Any], where: str) -> dict[str, Any]:
+def _json_object_as_schema(body: JsonObject, where: str) -> JsonObject:
     """`json_object` without the word "json" in the messages: OpenAI's rule, which the recipe
     keeps and vLLM and Ollama do not (the AI SDK's `createOpenAICompatible` sends exactly this
     for `generateObject`). The grammar enforces JSON anyway: the request is converted with the
@@ -101,7 +101,7 @@ def _json_object_as_schema(body: dict[str, Any], where: str) -> dict[str, Any]:
         schema = {"name": "json_object", "schema": _ANY_OBJECT_SCHEMA}
         return {**body, "response_format": {"type": "json_schema", "json_schema": schema}}
     given = body.get("text")
-    text: dict[str, Any] = given if isinstance(given, dict) else {}
+    text: JsonObject = given if isinstance(given, dict) else {}
     as_schema = {"type": "json_schema", "name": "json_object", "schema": _ANY_OBJECT_SCHEMA}
     return {**body, "text": {**text, "format": as_schema}}
 
@@ -114,7 +114,7 @@ _warned_json_object = False
 #: are converted without `strict` and one grammar allows a valid call or valid JSON; json_object
 #: without the word "json" is converted as the schema `{"type": "object"}` (the grammar reads
 #: json_object from the body as given, the same schema).
-_RELAXATIONS: dict[str, Callable[[dict[str, Any], object], dict[str, Any]]] = {
+_RELAXATIONS: dict[str, Callable[[JsonObject, object], JsonObject]] = {
     "to use 'response_format' of type 'json_object'": lambda body, auto: _json_object_as_schema(
         body, "response_format"
     ),

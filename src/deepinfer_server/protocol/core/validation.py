@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 
 from deepinfer_server.errors import BadRequestError, ErrorKind, ModelNotFoundError
+from deepinfer_server.protocol.core.json_types import JsonObject
 
 UINT32_MAX = 2**32 - 1
 #: The deepest nesting of arrays and objects accepted anywhere in a request body. Real requests
@@ -16,14 +17,14 @@ UINT32_MAX = 2**32 - 1
 MAX_JSON_DEPTH = 64
 
 
-def parse_object(body: Any) -> dict[str, Any]:
+def parse_object(body: Any) -> JsonObject:
     """The decoded body, which must be a JSON object."""
     if not isinstance(body, dict):
         raise BadRequestError("the request body must be a JSON object")
     return body
 
 
-def decode_json(body: bytes) -> dict[str, Any]:
+def decode_json(body: bytes) -> JsonObject:
     """Decode a request body; 400 for malformed JSON, invalid UTF-8, lone surrogates, or
     nesting deeper than MAX_JSON_DEPTH."""
     try:
@@ -55,7 +56,7 @@ def check_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> None:
             )
 
 
-def optional_bool(body: dict[str, Any], name: str, default: bool = False) -> bool:
+def optional_bool(body: JsonObject, name: str, default: bool = False) -> bool:
     value = body.get(name)
     if value is None:
         return default
@@ -64,7 +65,7 @@ def optional_bool(body: dict[str, Any], name: str, default: bool = False) -> boo
     return value
 
 
-def optional_uint(body: dict[str, Any], name: str, maximum: int = UINT32_MAX) -> int | None:
+def optional_uint(body: JsonObject, name: str, maximum: int = UINT32_MAX) -> int | None:
     value = body.get(name)
     if value is None:
         return None
@@ -95,7 +96,7 @@ def read_priority(body: Mapping[str, Any]) -> int:
     return value
 
 
-def check_model(body: dict[str, Any], served_model_names: tuple[str, ...]) -> None:
+def check_model(body: JsonObject, served_model_names: tuple[str, ...]) -> None:
     """404 model_not_found for a model this server does not serve."""
     model = body.get("model")
     if isinstance(model, str) and model not in served_model_names:
@@ -105,7 +106,7 @@ def check_model(body: dict[str, Any], served_model_names: tuple[str, ...]) -> No
         )
 
 
-def reject_file_parts(message: dict[str, Any], index: int) -> None:
+def reject_file_parts(message: JsonObject, index: int) -> None:
     """400 naming what is unsupported: documents (`file` parts), whatever they carry."""
     content = message.get("content")
     if not isinstance(content, list):
@@ -126,7 +127,7 @@ _CHAT_ROLES = frozenset({"system", "user", "assistant", "tool", "function", "lat
 _NUMBERS = ("temperature", "top_p")
 
 
-def check_chat_fields(body: dict[str, Any]) -> None:
+def check_chat_fields(body: JsonObject) -> None:
     """Type checks of Chat Completions fields that are not typed body fields (`ChatBody`
     declares and checks those), so that each 400 names its field.
 

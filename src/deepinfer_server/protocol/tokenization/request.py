@@ -41,7 +41,7 @@ _PROMPT_FIELDS = frozenset({"model", "prompt", "add_special_tokens", "return_tok
 _FILE_FIELDS = frozenset({"vocab_file", "merges_file", "tokenizer_file"})
 
 
-def tokenize(body: dict[str, Any], recipe: RecipeContext) -> dict[str, Any]:
+def tokenize(body: JsonObject, recipe: RecipeContext) -> JsonObject:
     """vLLM's TokenizeResponse for a decoded `/tokenize` body: `count`, `max_model_len`,
     `tokens` and `token_strs` (null unless `return_token_strs`)."""
     if body.get("model") is not None:
@@ -62,7 +62,7 @@ def tokenize(body: dict[str, Any], recipe: RecipeContext) -> dict[str, Any]:
     }
 
 
-def _prompt_tokens(body: dict[str, Any], recipe: RecipeContext) -> list[int]:
+def _prompt_tokens(body: JsonObject, recipe: RecipeContext) -> list[int]:
     unknown = sorted(set(body) - _PROMPT_FIELDS)
     if unknown:
         raise BadRequestError(
@@ -149,7 +149,7 @@ def _continued(chat: JsonObject, continue_final: bool) -> JsonObject:
     return {**chat, "messages": [*earlier, {**last, "prefix": True}]}
 
 
-def detokenize(body: dict[str, Any], recipe: RecipeContext) -> dict[str, Any]:
+def detokenize(body: JsonObject, recipe: RecipeContext) -> JsonObject:
     """vLLM's DetokenizeResponse, `{"prompt": text}`: the tokens decoded with special tokens
     kept, as vLLM decodes them."""
     if body.get("model") is not None:
@@ -167,7 +167,7 @@ def detokenize(body: dict[str, Any], recipe: RecipeContext) -> dict[str, Any]:
     return {"prompt": recipe.decoder.decode(tokens, skip_special_tokens=False)}
 
 
-def tokenizer_info(recipe: RecipeContext) -> dict[str, Any]:
+def tokenizer_info(recipe: RecipeContext) -> JsonObject:
     """vLLM's TokenizerInfoResponse: the tokenizer's configuration (`tokenizer_config.json`
     without file paths, special tokens as their text) with its `tokenizer_class`."""
     info = {k: _plain(v) for k, v in recipe.tokenizer_config.items() if k not in _FILE_FIELDS}
