@@ -16,6 +16,7 @@ from starlette.responses import Response
 from deepinfer_server.api.endpoint import (
     GenerationProtocol,
     P,
+    Session,
     json_frame,
     serve_generation,
 )
@@ -67,24 +68,31 @@ def _data_framed(
 CHAT = _data_framed("chatcmpl-", prepare_chat, ChatOutput)
 COMPLETIONS = _data_framed("cmpl-", prepare_completion, CompletionOutput)
 
-RESPONSES = GenerationProtocol(
-    id_prefix="resp_",
-    prepare=prepare_responses,
-    make_output=responses_output,
-    frames=_joined,
-    done_frame=b"",
-    error_frame=lambda error: json_frame("error", responses_error_event(error)),
-    open_session=open_session,
-)
 
-MESSAGES = GenerationProtocol(
-    id_prefix="msg_",
-    prepare=prepare_messages,
-    make_output=messages_output,
-    frames=_joined,
-    done_frame=b"",
-    error_frame=lambda error: json_frame("error", anthropic_error_body(error)),
+def _event_framed(
+    id_prefix: str,
+    prepare: Callable[[JsonObject, RecipeContext], P | list[P]],
+    make_output: Callable[[P, str, RecipeContext], ProtocolOutput],
+    error_event: Callable[[ApiError], JsonObject],
+    open_session: Callable[[Request, JsonObject], Awaitable[Session[P] | None]] | None = None,
+) -> GenerationProtocol[P]:
+    """A protocol that streams named events, with no `[DONE]`, and ends a failed stream with
+    its own `error` event."""
+    return GenerationProtocol(
+        id_prefix=id_prefix,
+        prepare=prepare,
+        make_output=make_output,
+        frames=_joined,
+        done_frame=b"",
+        error_frame=lambda error: json_frame("error", error_event(error)),
+        open_session=open_session,
+    )
+
+
+RESPONSES = _event_framed(
+    "resp_", prepare_responses, responses_output, responses_error_event, open_session
 )
+MESSAGES = _event_framed("msg_", prepare_messages, messages_output, anthropic_error_body)
 
 
 def generate(protocol: GenerationProtocol[P]) -> Callable[[Request], Awaitable[Response]]:

@@ -15,6 +15,7 @@ from deepinfer_server.protocol.core.body import (
     StreamOptions,
     TopLogprobs,
     UInt32,
+    check_stream_options,
 )
 from deepinfer_server.protocol.core.choices import Choices, seeds_for, with_seed
 from deepinfer_server.protocol.core.effort import check_effort_agrees, read_effort
@@ -99,7 +100,9 @@ def convert_chat(
 
 def read_chat_body(body: JsonObject) -> ChatBody:
     """The Chat Completions fields the server reads, typed (a 400 naming a refused one)."""
-    return _SAMPLING.typed(body, ChatBody)
+    typed = _SAMPLING.typed(body, ChatBody)
+    check_stream_options(typed.stream_options, body.get("stream"))
+    return typed
 
 
 def recipe_body(body: JsonObject, typed: ChatBody) -> JsonObject:

@@ -22,6 +22,7 @@ from deepinfer_server.protocol.core.body import (
     StreamOptions,
     TopLogprobs,
     UInt32,
+    check_stream_options,
 )
 from deepinfer_server.protocol.core.choices import Choices, seeds_for, with_seed
 from deepinfer_server.protocol.core.json_types import JsonObject
@@ -175,8 +176,7 @@ def _check_completion(body: JsonObject, recipe: RecipeContext) -> CompletionBody
     typed = _SAMPLING.typed(body, CompletionBody)
     _reject_unsupported(body, typed.n or 1)
     reject_logit_bias(body)
-    if typed.stream_options is not None and not typed.stream:
-        raise BadRequestError("'stream_options' needs 'stream': true", param="stream_options")
+    check_stream_options(typed.stream_options, typed.stream)
     if typed.echo and typed.logprobs is not None and recipe.prompt_logprobs_unavailable:
         raise BadRequestError(
             f"'echo' with 'logprobs' needs prompt logprobs, and "

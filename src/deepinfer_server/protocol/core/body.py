@@ -64,6 +64,12 @@ class StreamOptions(msgspec.Struct, kw_only=True, frozen=True):
 NO_STREAM_OPTIONS = StreamOptions()
 
 
+def check_stream_options(options: StreamOptions | None, stream: object) -> None:
+    """400 for `stream_options` on a request that does not stream."""
+    if options is not None and not stream:
+        raise BadRequestError("'stream_options' needs 'stream': true", param="stream_options")
+
+
 @dataclass(frozen=True, slots=True)
 class Declared:
     """One Struct field as its annotation declares it (see `declarations`)."""

@@ -165,5 +165,3 @@ def check_chat_fields(body: JsonObject) -> None:
         value = body.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
             raise BadRequestError(f"'{name}' must be a number", param=name)
-    if body.get("stream_options") is not None and not body.get("stream"):
-        raise BadRequestError("'stream_options' needs 'stream': true", param="stream_options")
