@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar, cast
+from typing import Generic, cast
 
 import msgspec
 import orjson
@@ -26,103 +26,26 @@ from deepinfer_server.api.disaggregation import request_kv_transfer, with_handof
 from deepinfer_server.api.disconnect import until_disconnect
 from deepinfer_server.api.error_responses import as_api_error
 from deepinfer_server.api.fan_out import merge_streams, submit_all
+from deepinfer_server.api.generation_protocol import (
+    Choice,
+    GenerationProtocol,
+    P,
+    Session,
+)
 from deepinfer_server.api.image_urls import prepare_fetching_images
 from deepinfer_server.api.sse import FrameWriter, SSEResponse, complete, write_all
 from deepinfer_server.api.state import AppState
 from deepinfer_server.api.token_stream import ProtocolOutput, TokenStream
 from deepinfer_server.coordinator.handle import RequestHandle
-from deepinfer_server.errors import ApiError, BadRequestError
-from deepinfer_server.grammar import Constraint
+from deepinfer_server.errors import BadRequestError
 from deepinfer_server.ipc.messages import AbortReason, Images, SamplingOptions, StructuredOutput
 from deepinfer_server.metrics import ChoiceRecords, RequestRecord, ServerMetrics
 from deepinfer_server.protocol.core.choices import ChoiceMerger
 from deepinfer_server.protocol.core.images import mentions_images
 from deepinfer_server.protocol.core.json_types import JsonObject
-from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.protocol.core.validation import PRIORITY_MAX, read_priority
 
 logger = logging.getLogger(__name__)
-
-
-class Prepared(Protocol):
-    """What every protocol's preparation yields."""
-
-    @property
-    def prompt_token_ids(self) -> list[int]: ...
-
-    @property
-    def sampling(self) -> SamplingOptions: ...
-
-    @property
-    def stream(self) -> bool: ...
-
-    @property
-    def constraint(self) -> Constraint | None: ...
-
-    @property
-    def images(self) -> Images | None: ...
-
-    @property
-    def cache_salt(self) -> str | None: ...
-
-
-P = TypeVar("P", bound=Prepared)
-
-
-class Choice(Protocol):
-    """What a prepared choice of a several-choice request adds (chat n > 1, completions)."""
-
-    @property
-    def index(self) -> int: ...
-
-    @property
-    def prompt_index(self) -> int: ...
-
-
-class Session(Protocol[P]):
-    """A request that a protocol serves with state (the Responses store): its own preparation
-    and output, and what it does once the output is complete."""
-
-    @property
-    def response_id(self) -> str: ...
-
-    def prepare(self, body: JsonObject, recipe: RecipeContext) -> P: ...
-
-    def make_output(self, prepared: P, response_id: str, recipe: RecipeContext) -> ProtocolOutput:
-        """The output of the session's one choice."""
-        ...
-
-    async def finished(self) -> list[str]:
-        """After the request ended normally: the closing payloads its output held back."""
-        ...
-
-    @property
-    def background(self) -> bool:
-        """Whether the request runs detached from its connection (`run_in_background`)."""
-        ...
-
-    async def run_in_background(
-        self, handle: RequestHandle, record: RequestRecord, streaming: bool
-    ) -> Response | SSEResponse:
-        """Start the detached run, which owns `handle` from then on; the answer."""
-        ...
-
-
-@dataclass(frozen=True)
-class GenerationProtocol(Generic[P]):
-    """How one client protocol prepares requests, frames its stream and shapes its errors."""
-
-    id_prefix: str
-    #: One prepared request, or one per choice (n > 1, several prompts).
-    prepare: Callable[[JsonObject, RecipeContext], P | list[P]]
-    make_output: Callable[[P, str, RecipeContext], ProtocolOutput]
-    frames: Callable[[list[str]], bytes]
-    done_frame: bytes
-    #: The stream's last message when the request fails after the stream started.
-    error_frame: Callable[[ApiError], bytes]
-    #: A protocol with state: the session of a request that needs it (None: the stateless
-    #: path, exactly as for a protocol without state).
-    open_session: Callable[[Request, JsonObject], Awaitable[Session[P] | None]] | None = None
 
 
 @dataclass(frozen=True)

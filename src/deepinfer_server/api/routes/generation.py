@@ -13,13 +13,8 @@ from collections.abc import Awaitable, Callable
 from starlette.requests import Request
 from starlette.responses import Response
 
-from deepinfer_server.api.endpoint import (
-    GenerationProtocol,
-    P,
-    Session,
-    json_frame,
-    serve_generation,
-)
+from deepinfer_server.api.endpoint import json_frame, serve_generation
+from deepinfer_server.api.generation_protocol import GenerationProtocol, P, Session
 from deepinfer_server.api.sse import DONE_FRAME, data_frames
 from deepinfer_server.api.store_session import open_session
 from deepinfer_server.api.token_stream import ProtocolOutput
