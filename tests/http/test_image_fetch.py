@@ -411,3 +411,19 @@ def test_a_malformed_allow_list_entry_is_a_configuration_error(entry: str) -> No
 def test_the_allow_list_compares_hosts_and_ports(url: str, allowed: bool) -> None:
     origins = AllowedOrigins.of(["img.test", "cdn.test:8443"])
     assert origins.allows(url) is allowed
+
+
+def test_n_choices_with_a_fetched_image_answer_n_choices(image_host: _Host) -> None:
+    """A body prepared twice (once to learn its image URLs, once with the fetched bytes) is
+    the client's body both times: `n` is not lost on the second preparation."""
+
+    async def body() -> None:
+        async with serve(*_allow(image_host.url)) as h:
+            inline = {"url": "data:image/png;base64," + base64.b64encode(IMAGE).decode()}
+            for url in (image_host.url + "/ok.png", inline["url"]):
+                asking = _asking(url)
+                response = await h.client.post(CHAT, json={**asking, "n": 2})
+                assert response.status_code == 200, response.text
+                assert [c["index"] for c in response.json()["choices"]] == [0, 1]
+
+    run(body)

@@ -462,7 +462,7 @@ def test_each_documented_bound_is_where_the_validation_draws_it(
     prepared = copy.deepcopy(body)
     try:
         read_priority(prepared)  # the endpoint's, before every protocol's preparation
-        prepare(prepared, _recipe())
+        prepare({k: v for k, v in prepared.items() if k != "priority"}, _recipe())
     except ContextLengthError:
         # In range for the field; the prompt plus max_tokens is another rule.
         assert accepted, f"{field}={value!r} passed the field's own check"

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 from starlette.requests import Request
 
@@ -19,6 +18,7 @@ from deepinfer_server.errors import (
     RequestTimeoutError,
     RequestTooLargeError,
 )
+from deepinfer_server.protocol.core.json_types import JsonObject
 from deepinfer_server.protocol.core.validation import decode_json
 
 logger = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ class JsonBody:
     """A POST route's body: its bytes, and the JSON object they hold."""
 
     raw: bytes
-    value: dict[str, Any]
+    value: JsonObject
 
 
 async def read_json_body(

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Generic, cast
 
 import msgspec
 import orjson
@@ -26,131 +26,109 @@ from deepinfer_server.api.disaggregation import request_kv_transfer, with_handof
 from deepinfer_server.api.disconnect import until_disconnect
 from deepinfer_server.api.error_responses import as_api_error
 from deepinfer_server.api.fan_out import merge_streams, submit_all
+from deepinfer_server.api.generation_protocol import (
+    Choice,
+    GenerationProtocol,
+    P,
+    Session,
+)
 from deepinfer_server.api.image_urls import prepare_fetching_images
 from deepinfer_server.api.sse import FrameWriter, SSEResponse, complete, write_all
 from deepinfer_server.api.state import AppState
 from deepinfer_server.coordinator.handle import RequestHandle
-from deepinfer_server.errors import ApiError, BadRequestError
-from deepinfer_server.grammar import Constraint
-from deepinfer_server.ipc.messages import AbortReason, Images, SamplingOptions
+from deepinfer_server.errors import BadRequestError
+from deepinfer_server.ipc.messages import AbortReason, Images, SamplingOptions, StructuredOutput
 from deepinfer_server.metrics import ChoiceRecords, RequestRecord, ServerMetrics
 from deepinfer_server.protocol.core.choices import ChoiceMerger
 from deepinfer_server.protocol.core.images import mentions_images
-from deepinfer_server.protocol.core.recipe import RecipeContext
+from deepinfer_server.protocol.core.json_types import JsonObject
 from deepinfer_server.protocol.core.validation import PRIORITY_MAX, read_priority
 from deepinfer_server.services.token_stream import ProtocolOutput, TokenStream
 
 logger = logging.getLogger(__name__)
 
 
-class Prepared(Protocol):
-    """What every protocol's preparation yields."""
-
-    @property
-    def prompt_token_ids(self) -> list[int]: ...
-
-    @property
-    def sampling(self) -> SamplingOptions: ...
-
-    @property
-    def stream(self) -> bool: ...
-
-    @property
-    def constraint(self) -> Constraint | None: ...
-
-    @property
-    def images(self) -> Images | None: ...
-
-    @property
-    def cache_salt(self) -> str | None: ...
-
-
-class Choice(Protocol):
-    """What a prepared choice of a several-choice request adds (chat n > 1, completions)."""
-
-    @property
-    def index(self) -> int: ...
-
-    @property
-    def prompt_index(self) -> int: ...
-
-
-class Session(Protocol):
-    """A request that a protocol serves with state (the Responses store): its own preparation
-    and output, and what it does once the output is complete."""
-
-    @property
-    def response_id(self) -> str: ...
-
-    def prepare(self, body: dict[str, Any], recipe: RecipeContext) -> Any: ...
-
-    def make_output(self, prepared: Any, response_id: str, recipe: RecipeContext) -> Any: ...
-
-    async def finished(self) -> list[str]:
-        """After the request ended normally: the closing payloads its output held back."""
-        ...
-
-    @property
-    def background(self) -> bool:
-        """Whether the request runs detached from its connection (`run_in_background`)."""
-        ...
-
-    async def run_in_background(
-        self, handle: RequestHandle, record: RequestRecord, streaming: bool
-    ) -> Response | SSEResponse:
-        """Start the detached run, which owns `handle` from then on; the answer."""
-        ...
-
-
 @dataclass(frozen=True)
-class GenerationProtocol:
-    """How one client protocol prepares requests, frames its stream and shapes its errors."""
+class ReadRequest(Generic[P]):
+    """A generation request as read, before preparation: its body and admission terms."""
 
-    id_prefix: str
-    prepare: Callable[[dict[str, Any], RecipeContext], Any]
-    make_output: Callable[[Any, str, RecipeContext], ProtocolOutput]
-    frames: Callable[[list[str]], bytes]
-    done_frame: bytes
-    #: The stream's last message when the request fails after the stream started.
-    error_frame: Callable[[ApiError], bytes]
-    #: A protocol with state: the session of a request that needs it (None: the stateless
-    #: path, exactly as for a protocol without state).
-    open_session: Callable[[Request, dict[str, Any]], Awaitable[Session | None]] | None = None
+    raw: bytes
+    #: The body preparation gets: the client's, less the endpoint's own `priority`.
+    body: JsonObject
+    priority: int
+    session: Session[P] | None
+    arrival: float
+
+    @property
+    def detached(self) -> bool:
+        """Whether the request runs in the background, detached from its connection."""
+        return self.session is not None and self.session.background
 
 
-async def serve_generation(request: Request, protocol: GenerationProtocol) -> Response:
-    """Handle one generation request end to end (errors raise to the app's handlers).
+async def serve_generation(request: Request, protocol: GenerationProtocol[P]) -> Response:
+    """Handle one generation request end to end (errors raise to the app's handlers): read
+    its body, prepare it, admit it, submit its engine requests, respond (JSON or SSE)."""
+    read = await read_request(request, protocol)
+    choices = await prepare_choices(request, protocol, read)
+    session = read.session
+    response_id = (
+        f"{protocol.id_prefix}{request.state.request_id}"
+        if session is None
+        else session.response_id
+    )
+    handles = await submit(request, read, choices, response_id)
+    # This function owns the admitted handles until a streaming response takes them over (its
+    # `abandon` releases them however it ends); on every other exit, whatever is still open
+    # is released here, so no path can keep a slot.
+    try:
+        response = await _respond(
+            request, protocol, choices, handles, response_id, read.arrival, session
+        )
+    except BaseException:
+        _release(handles)
+        raise
+    if not isinstance(response, SSEResponse) and not read.detached:
+        _release(handles)
+    return response  # type: ignore[return-value]
 
-    A protocol's `prepare` may return a list: one prepared choice per engine request (n > 1).
-    """
+
+async def read_request(request: Request, protocol: GenerationProtocol[P]) -> ReadRequest[P]:
+    """The body read and decoded, its `priority`, and the protocol's session if it opens one
+    (a background response runs at the lowest priority)."""
     state: AppState = request.app.state.server
-    config = state.config
-    request_id: str = request.state.request_id
     arrival = time.perf_counter()
-    received = await read_json_body(request, config, state.receiving)
-    raw, body = received.raw, received.value
-    priority_given = body.get("priority") is not None
-    priority = read_priority(body)
-    tenant = tenant_of(request.state)
-    session = None if protocol.open_session is None else await protocol.open_session(request, body)
-    detached = session is not None and session.background
-    if detached:  # work that waits for nothing goes after every other request of its key
-        if priority_given:
+    received = await read_json_body(request, state.config, state.receiving)
+    priority = read_priority(received.value)
+    # The endpoint's field, not the protocol's: preparation gets the rest, in a new dict.
+    body = {key: value for key, value in received.value.items() if key != "priority"}
+    opened = None if protocol.open_session is None else await protocol.open_session(request, body)
+    if opened is not None and opened.background:  # work that waits for nothing goes last
+        if received.value.get("priority") is not None:
             raise BadRequestError(
                 "a background response runs at the lowest priority: omit `priority`",
                 param="priority",
             )
         priority = PRIORITY_MAX
-    prepare = protocol.prepare if session is None else session.prepare
-    # Images are decoded and resized while preparing: never on the event loop. Image URLs are
-    # fetched on it, never on a preparation worker.
-    on_thread = mentions_images(raw)
-    prepared_any = await prepare_fetching_images(
-        lambda: state.prepare_body(prepare, body, len(raw), on_thread=on_thread),
+    return ReadRequest(received.raw, body, priority, opened, arrival)
+
+
+async def prepare_choices(
+    request: Request, protocol: GenerationProtocol[P], read: ReadRequest[P]
+) -> list[P]:
+    """The prepared engine requests, one per choice, at most as many as may be in flight.
+
+    Images are decoded and resized while preparing: never on the event loop. Image URLs are
+    fetched on it, never on a preparation worker."""
+    state: AppState = request.app.state.server
+    config = state.config
+    prepare = protocol.prepare if read.session is None else read.session.prepare
+    on_thread = mentions_images(read.raw)
+    prepared = await prepare_fetching_images(
+        lambda: state.prepare_body(prepare, read.body, len(read.raw), on_thread=on_thread),
         state.recipe.image_limits,
         request.receive,
     )
-    choices: list[Prepared] = prepared_any if isinstance(prepared_any, list) else [prepared_any]
+    choices = prepared if isinstance(prepared, list) else [prepared]
     if len(choices) > config.admission_capacity:
         # More engine requests than may ever be in flight at once: a 429 would be retried
         # forever, even on an idle server.
@@ -160,56 +138,60 @@ async def serve_generation(request: Request, protocol: GenerationProtocol) -> Re
             "(DP x --max-num-seqs + --max-queued-requests): ask for fewer",
             param="n",
         )
+    return choices
+
+
+async def submit(
+    request: Request, read: ReadRequest[P], choices: list[P], response_id: str
+) -> list[RequestHandle]:
+    """Admit the prepared choices and submit one engine request each (structured output
+    compiled first, off the event loop, in the key's turn)."""
+    state: AppState = request.app.state.server
+    config = state.config
+    tenant = tenant_of(request.state)
+    first = choices[0]
     kv_transfer = request_kv_transfer(
-        body,
+        read.body,
         config.disaggregation_mode,
         len(choices),
-        len(choices[0].prompt_token_ids),
-        thinking_budget=choices[0].sampling.thinking_budget is not None,
+        len(first.prompt_token_ids),
+        thinking_budget=first.sampling.thinking_budget is not None,
     )
     if kv_transfer is not None and state.prefill_peers is not None:
         state.prefill_peers.seen(kv_transfer, time.monotonic())
     structured = None
-    if choices[0].constraint is not None:
-        # Compiling can take seconds: off the event loop, in this key's turn.
-        structured = await state.structured.compile(choices[0].constraint, str(tenant))
-    response_id = f"{protocol.id_prefix}{request_id}" if session is None else session.response_id
-    partition = cache_partition(request, config, choices[0].cache_salt)
+    if first.constraint is not None:
+        structured = await state.structured.compile(first.constraint, str(tenant))
+    partition = cache_partition(request, config, first.cache_salt)
 
-    def submit(index: int) -> RequestHandle:
-        sampling = choices[index].sampling
-        if structured is not None:
-            sampling = msgspec.structs.replace(sampling, structured=structured)
-        if sampling.thinking_budget is not None and config.disaggregation_mode == "prefill":
-            # A prefill server computes the prompt and its first token for the handoff; the
-            # budget is the decode side's, which refuses it.
-            sampling = msgspec.structs.replace(sampling, thinking_budget=None)
+    def submit_one(index: int) -> RequestHandle:
+        choice = choices[index]
         return state.coordinator.submit(
             state.next_engine_request_id(response_id),
-            choices[index].prompt_token_ids,
-            sampling,
+            choice.prompt_token_ids,
+            _engine_sampling(choice.sampling, structured, config.disaggregation_mode),
             state.deadline(),
-            choices[index].images,
+            choice.images,
             kv_transfer_params=kv_transfer,
             cache_salt=partition,
             tenant=tenant,
-            priority=priority,
+            priority=read.priority,
         )
 
-    handles = submit_all(submit, len(choices))
-    # This function owns the admitted handles until a streaming response takes them over (its
-    # `abandon` releases them however it ends); on every other exit, whatever is still open
-    # is released here, so no path can keep a slot.
-    try:
-        response = await _respond(
-            request, protocol, choices, handles, response_id, arrival, session
-        )
-    except BaseException:
-        _release(handles)
-        raise
-    if not isinstance(response, SSEResponse) and not detached:
-        _release(handles)
-    return response  # type: ignore[return-value]
+    return submit_all(submit_one, len(choices))
+
+
+def _engine_sampling(
+    sampling: SamplingOptions, structured: StructuredOutput | None, mode: str
+) -> SamplingOptions:
+    """A choice's sampling options as submitted: with the compiled grammar, and without a
+    thinking budget on a prefill server (it computes the prompt and its first token for the
+    handoff; the budget is the decode side's, which refuses it)."""
+    if structured is not None:
+        sampling = msgspec.structs.replace(sampling, structured=structured)
+    if sampling.thinking_budget is not None and mode == "prefill":
+        sampling = msgspec.structs.replace(sampling, thinking_budget=None)
+    return sampling
 
 
 def _release(handles: list[RequestHandle]) -> None:
@@ -220,12 +202,12 @@ def _release(handles: list[RequestHandle]) -> None:
 
 async def _respond(
     request: Request,
-    protocol: GenerationProtocol,
-    choices: list[Prepared],
+    protocol: GenerationProtocol[P],
+    choices: list[P],
     handles: list[RequestHandle],
     response_id: str,
     arrival: float,
-    session: Session | None,
+    session: Session[P] | None,
 ) -> Response | SSEResponse:
     state: AppState = request.app.state.server
     records = [RequestRecord(arrival=arrival) for _ in choices]
@@ -262,8 +244,8 @@ async def _respond(
 
 async def _serve_choices(
     request: Request,
-    protocol: GenerationProtocol,
-    choices: list[Prepared],
+    protocol: GenerationProtocol[P],
+    choices: list[P],
     handles: list[RequestHandle],
     outputs: list[ProtocolOutput],
     records: list[RequestRecord],
@@ -297,7 +279,7 @@ async def _serve_choices(
 
 
 async def _stream_choices(
-    protocol: GenerationProtocol,
+    protocol: GenerationProtocol[P],
     merger: ChoiceMerger,
     streams: list[AsyncIterator[list[str]]],
     metrics: ServerMetrics,
@@ -319,13 +301,13 @@ async def _stream_choices(
 
 
 async def _stream(
-    protocol: GenerationProtocol,
+    protocol: GenerationProtocol[P],
     stream: TokenStream,
     write: FrameWriter,
     metrics: ServerMetrics,
     request_id: str,
     record: RequestRecord,
-    session: Session | None = None,
+    session: Session[P] | None = None,
 ) -> None:
     frames = protocol.frames
     try:
@@ -341,7 +323,7 @@ async def _stream(
 
 
 def _failed_stream_frame(
-    protocol: GenerationProtocol,
+    protocol: GenerationProtocol[P],
     exc: Exception,
     metrics: ServerMetrics,
     request_id: str,
@@ -360,7 +342,7 @@ def _failed_stream_frame(
     return protocol.error_frame(error)
 
 
-def json_frame(event: str | None, body: dict[str, Any]) -> bytes:
+def json_frame(event: str | None, body: JsonObject) -> bytes:
     """One SSE message with an optional event name."""
     prefix = b"" if event is None else b"event: " + event.encode() + b"\n"
     return prefix + b"data: " + orjson.dumps(body) + b"\n\n"

@@ -7,7 +7,6 @@ cannot be added without its description.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from deepinfer_server import __version__
 from deepinfer_server.openapi.errors import ERROR_SCHEMAS
@@ -33,7 +32,7 @@ def _model_name(served_model_names: tuple[str, ...]) -> Schema:
 
 def build_document(
     served_model_names: tuple[str, ...], operations: Iterable[tuple[str, str, Schema]]
-) -> dict[str, Any]:
+) -> Schema:
     """The whole document for a server of these model names serving `operations`: (method,
     path as OpenAPI writes it, operation) in the order the document lists them."""
     return {

@@ -37,11 +37,15 @@ PRIORITY = integer(
 )
 STREAM = boolean()
 #: vLLM's `cache_salt` (an extension field in the Messages API).
-CACHE_SALT = string(
+CACHE_SALT_DESCRIPTION = (
     "Requests with different salts never share cached prompt prefixes (vLLM's field); with "
-    "--prefix-cache-scope key, requests of different API keys never do either",
-    minLength=1,
+    "--prefix-cache-scope key, requests of different API keys never do either"
 )
+#: What the typed body fields' declarations do not say (`typed_fields.typed_fields`).
+TYPED_DESCRIPTIONS = {
+    "stream_options": "Needs `stream: true`",
+    "cache_salt": CACHE_SALT_DESCRIPTION,
+}
 ANY_OBJECT: Schema = {"type": "object"}
 #: Prefill/decode disaggregation's handoff (vLLM's field): its fields are
 #: `ipc.kv_transfer.KVTransferParams`, checked by a decode server.

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from deepinfer_server.openapi.fields import (
     ANY_OBJECT,
-    CACHE_SALT,
     JSON_SCHEMA,
     KV_TRANSFER_PARAMS,
     MODEL,
@@ -13,7 +12,7 @@ from deepinfer_server.openapi.fields import (
     RECIPE_MAX_TOKENS,
     STREAM,
     THINKING,
-    sampling_fields,
+    TYPED_DESCRIPTIONS,
 )
 from deepinfer_server.openapi.schema import (
     Schema,
@@ -25,9 +24,11 @@ from deepinfer_server.openapi.schema import (
     one_of,
     string,
 )
+from deepinfer_server.openapi.typed_fields import typed_fields
 from deepinfer_server.protocol.completions.request import MAX_STOP_SEQUENCES
 from deepinfer_server.protocol.core.sampling import Api
 from deepinfer_server.protocol.core.validation import UINT32_MAX
+from deepinfer_server.protocol.messages.request import MessagesBody
 
 _TEXT_BLOCK = obj({"type": string(enum=["text"]), "text": string()}, ("type", "text"))
 _MESSAGES_BLOCK = one_of(
@@ -103,9 +104,8 @@ _MESSAGES_INPUT: dict[str, Schema] = {
     ),
     "output_format": _ANTHROPIC_FORMAT,
     # Checked on count_tokens as on /v1/messages (no count depends on them).
-    **sampling_fields(Api.MESSAGES, neutral=False),
+    **typed_fields(MessagesBody, Api.MESSAGES, described=TYPED_DESCRIPTIONS),
     "n": integer(1, 1, "The Messages API has no n"),
-    "cache_salt": nullable(CACHE_SALT),
     "thread": {
         "type": "null",
         "description": "Anthropic's message threads are not kept: any other value is a 400 "

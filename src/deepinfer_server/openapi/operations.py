@@ -4,8 +4,6 @@ the API keys (its `security`, `BEARER`) is declared on its route, not here."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from deepinfer_server.openapi.errors import error_responses
 from deepinfer_server.openapi.requests import request_body
 from deepinfer_server.openapi.schema import Schema, ref
@@ -18,7 +16,7 @@ OPENAI_ENVELOPE = "OpenAIError"
 ANTHROPIC_ENVELOPE = "AnthropicError"
 
 
-def json_content(schema: Schema) -> dict[str, Any]:
+def json_content(schema: Schema) -> Schema:
     """A 200's `content`: `schema` as application/json."""
     return {"application/json": {"schema": schema}}
 
@@ -40,7 +38,7 @@ def generation(summary: str, body: str, envelope: str) -> Schema:
 
 def get(
     summary: str,
-    content: dict[str, Any] | None = None,
+    content: Schema | None = None,
     *,
     envelope: str = OPENAI_ENVELOPE,
 ) -> Schema:
@@ -109,7 +107,7 @@ CONVERSATION_ID = {
 ITEM_ID = {"name": "item_id", "in": "path", "required": True, "schema": {"type": "string"}}
 
 
-def include(supported: frozenset[str]) -> dict[str, Any]:
+def include(supported: frozenset[str]) -> Schema:
     """The `include` query parameter of an endpoint that honours `supported` (others: a 400)."""
     return {
         "name": "include",

@@ -1,19 +1,18 @@
-"""The request bodies of the OpenAI APIs (Chat Completions, Completions, Responses) and the
-table of every POST API's body (Messages: `messages_bodies.py`; shared fields: `fields.py`), as
-the server's validation (and deepseek-recipe's) accepts them.
+"""The request bodies of Chat Completions, Completions and vLLM's tokenizer endpoints, and the
+table of every POST API's body (Messages: `messages_bodies.py`; Responses and conversations:
+`responses_bodies.py`; shared fields: `fields.py`), as the server's validation (and
+deepseek-recipe's) accepts them.
 
-Bounds come from the constants the validation uses where the server owns them; the ones
-deepseek-recipe enforces (temperature, top_p, max_tokens, the enum variants) are written here as
-the recipe states them in its 400s. tests/http/test_openapi.py checks both directions: every body
-field the protocol layer reads is described here, and every documented bound is where the
-validation draws it.
+The fields of each protocol's typed body are generated from its Struct (`typed_fields`), so
+their bounds are declared once; the fields deepseek-recipe reads (messages, tools, formats...)
+are written here as the recipe states them in its 400s. tests/http/test_openapi.py checks both
+directions: every body field the protocol layer reads is described here, and every documented
+bound is where the validation draws it.
 """
 
 from __future__ import annotations
 
 from deepinfer_server.openapi.fields import (
-    ANY_OBJECT,
-    CACHE_SALT,
     CHAT_ROLES,
     JSON_SCHEMA,
     KV_TRANSFER_PARAMS,
@@ -25,9 +24,15 @@ from deepinfer_server.openapi.fields import (
     STOP,
     STREAM,
     THINKING,
-    sampling_fields,
+    TYPED_DESCRIPTIONS,
 )
 from deepinfer_server.openapi.messages_bodies import COUNT_TOKENS, MESSAGES
+from deepinfer_server.openapi.responses_bodies import (
+    CONVERSATION_CREATE,
+    CONVERSATION_ITEMS,
+    CONVERSATION_UPDATE,
+    RESPONSES,
+)
 from deepinfer_server.openapi.schema import (
     Schema,
     array,
@@ -39,16 +44,13 @@ from deepinfer_server.openapi.schema import (
     ref,
     string,
 )
-from deepinfer_server.protocol.completions.request import MAX_LOGPROBS
-from deepinfer_server.protocol.core.choices import MAX_N
+from deepinfer_server.openapi.typed_fields import typed_fields
+from deepinfer_server.protocol.chat.request import ChatBody
+from deepinfer_server.protocol.completions.request import CompletionBody
 from deepinfer_server.protocol.core.sampling import Api
-from deepinfer_server.protocol.core.validation import UINT32_MAX
-from deepinfer_server.protocol.responses.request import INPUT_ITEM_TYPES
 
-_STREAM_OPTIONS = obj(
-    {"include_usage": boolean(), "continuous_usage_stats": boolean()},
-    description="Needs `stream: true`",
-)
+#: deepseek-recipe's range of a Chat max_tokens (wider typed: UInt32).
+_RECIPE_MAX = nullable(integer(1, RECIPE_MAX_TOKENS))
 #: stream_options without `stream: true` is a 400.
 _STREAM_OPTIONS_NEED_STREAM: Schema = {
     "stream_options": {"properties": {"stream": {"const": True}}, "required": ["stream"]}
@@ -138,16 +140,14 @@ CHAT_COMPLETIONS: Schema = obj(
     {
         "model": MODEL,
         "messages": array(_CHAT_MESSAGE, 1),
-        "max_tokens": nullable(integer(1, RECIPE_MAX_TOKENS)),
-        "max_completion_tokens": nullable(integer(1, RECIPE_MAX_TOKENS)),
-        **sampling_fields(Api.CHAT, neutral=False),
-        "n": nullable(integer(1, MAX_N)),
+        **typed_fields(
+            ChatBody,
+            Api.CHAT,
+            described=TYPED_DESCRIPTIONS,
+            recipe_bounds={"max_tokens": _RECIPE_MAX, "max_completion_tokens": _RECIPE_MAX},
+        ),
         "stop": STOP,
         "stream": nullable(STREAM),
-        "stream_options": nullable(_STREAM_OPTIONS),
-        "logprobs": nullable(boolean()),
-        "top_logprobs": nullable(integer(0, 20)),
-        "ignore_eos": nullable(boolean()),
         "priority": nullable(PRIORITY),
         "tools": nullable(array(_CHAT_TOOL)),
         "tool_choice": nullable(_CHAT_TOOL_CHOICE),
@@ -161,9 +161,7 @@ CHAT_COMPLETIONS: Schema = obj(
         "thinking": nullable(THINKING),
         "reasoning_effort": nullable(string(enum=list(REASONING_EFFORTS))),
         "user": string(),
-        "cache_salt": nullable(CACHE_SALT),
         "kv_transfer_params": KV_TRANSFER_PARAMS,
-        **sampling_fields(Api.CHAT, neutral=True),
         "logit_bias": LOGIT_BIAS,
     },
     ("model", "messages"),
@@ -180,134 +178,26 @@ COMPLETIONS: Schema = obj(
             array(array(integer(0), 1), 1),
             description="Text, texts, token IDs or lists of token IDs (one choice each, times n)",
         ),
-        "max_tokens": nullable(
-            integer(0, UINT32_MAX, "Default 16; 0 needs echo; prompt + max_tokens must fit")
+        **typed_fields(
+            CompletionBody,
+            Api.COMPLETIONS,
+            described={
+                **TYPED_DESCRIPTIONS,
+                "max_tokens": "Default 16; 0 needs echo; prompt + max_tokens must fit",
+            },
         ),
-        **sampling_fields(Api.COMPLETIONS, neutral=False),
-        "n": nullable(integer(1, MAX_N)),
         "best_of": nullable(integer(description="Only equal to n")),
         "stop": STOP,
-        "stream": nullable(STREAM),
-        "stream_options": nullable(_STREAM_OPTIONS),
-        "echo": nullable(boolean()),
-        "logprobs": nullable(integer(0, MAX_LOGPROBS)),
-        "ignore_eos": nullable(boolean()),
         "priority": nullable(PRIORITY),
         "suffix": nullable(string(enum=[""], description="Not supported: absent or empty")),
         "user": string(),
-        "cache_salt": nullable(CACHE_SALT),
         "kv_transfer_params": KV_TRANSFER_PARAMS,
-        **sampling_fields(Api.COMPLETIONS, neutral=True),
         "logit_bias": LOGIT_BIAS,
     },
     ("model", "prompt"),
 )
 COMPLETIONS["dependentSchemas"] = _STREAM_OPTIONS_NEED_STREAM
 
-_RESPONSES_TOOL = obj(
-    {
-        "type": string(description="function, or a tool type deepseek-recipe supports"),
-        "name": string(minLength=1),
-        "description": string(),
-        "parameters": JSON_SCHEMA,
-        "strict": boolean(),
-    },
-    ("type",),
-)
-_RESPONSES_INPUT_ITEM = obj(
-    {
-        "type": string(enum=sorted(INPUT_ITEM_TYPES)),
-        "role": string(enum=["user", "assistant", "system", "developer"]),
-        "content": one_of(string(), array(ANY_OBJECT)),
-        "encrypted_content": nullable(string()),
-        "summary": array(ANY_OBJECT),
-        "call_id": string(description="function_call, custom_tool_call and their outputs"),
-        "name": string(),
-        "arguments": string(description="function_call: the arguments as JSON text"),
-        "input": string(description="custom_tool_call: the tool's input"),
-        "output": one_of(string(), array(ANY_OBJECT)),
-    },
-    description="An item without `type` is a message",
-)
-_RESPONSES_FORMAT = obj(
-    {
-        "type": string(enum=["text", "json_object", "json_schema"]),
-        "name": string(),
-        "schema": JSON_SCHEMA,
-        "strict": boolean(),
-    },
-    ("type",),
-)
-
-RESPONSES: Schema = obj(
-    {
-        "model": MODEL,
-        "input": one_of(string(), array(_RESPONSES_INPUT_ITEM)),
-        "instructions": nullable(string()),
-        "max_output_tokens": nullable(integer(1, RECIPE_MAX_TOKENS)),
-        **sampling_fields(Api.RESPONSES, neutral=False),
-        "priority": nullable(PRIORITY),
-        "stream": nullable(STREAM),
-        "tools": nullable(array(_RESPONSES_TOOL)),
-        "tool_choice": nullable(
-            one_of(
-                string(enum=["auto", "none", "required"]),
-                obj({"type": string(enum=["function"]), "name": string()}, ("type", "name")),
-            )
-        ),
-        "parallel_tool_calls": nullable(boolean()),
-        "text": nullable(obj({"format": _RESPONSES_FORMAT})),
-        "reasoning": nullable(
-            obj(
-                {
-                    "effort": nullable(string(enum=list(REASONING_EFFORTS))),
-                    "summary": nullable(string(enum=["auto", "concise", "detailed"])),
-                }
-            )
-        ),
-        "include": nullable(array(string())),
-        "n": nullable(integer(1, 1, "The Responses API has no n")),
-        "store": nullable(
-            {
-                "type": "boolean",
-                "description": "Store the response (default true, as OpenAI); true is a 400 "
-                "on a server without a store (--response-store none)",
-            }
-        ),
-        "background": nullable(
-            {
-                "type": "boolean",
-                "description": "Generate detached from the request (queued, then polled with "
-                "GET, cancelled with POST .../cancel, a stream resumed with starting_after); "
-                "needs the store, runs at the lowest priority",
-            }
-        ),
-        "previous_response_id": nullable(
-            {
-                "type": "string",
-                "description": "Continue a stored response (its whole conversation comes first)",
-            }
-        ),
-        "conversation": nullable(
-            one_of(
-                string(),
-                obj({"id": string()}, ("id",)),
-                description="A conversation (its ID, or {id}): its items come before `input`, "
-                "and the turn's input and output are appended to it; not with "
-                "previous_response_id; needs the store",
-            )
-        ),
-        "metadata": nullable(ANY_OBJECT),
-        "user": string(),
-        "cache_salt": nullable(CACHE_SALT),
-        "kv_transfer_params": KV_TRANSFER_PARAMS,
-    },
-    ("model",),
-    "`input` or `instructions` must be given",
-)
-RESPONSES["anyOf"] = [{"required": ["input"]}, {"required": ["instructions"]}]
-
-#: Component name → request body schema.
 TOKENIZE: Schema = obj(
     {
         "model": MODEL,
@@ -341,26 +231,6 @@ DETOKENIZE: Schema = obj(
     "vLLM's detokenize request",
 )
 
-_METADATA: Schema = {
-    "type": "object",
-    "maxProperties": 16,
-    "propertyNames": {"maxLength": 64},
-    "additionalProperties": string(maxLength=512),
-}
-_CONVERSATION_ITEMS = array(_RESPONSES_INPUT_ITEM, 0, 20)
-CONVERSATION_CREATE: Schema = obj(
-    {"items": nullable(_CONVERSATION_ITEMS), "metadata": nullable(_METADATA)},
-    (),
-    "A new conversation: up to 20 first items and its metadata",
-)
-CONVERSATION_UPDATE: Schema = obj(
-    {"metadata": nullable(_METADATA)}, ("metadata",), "The conversation's new metadata"
-)
-CONVERSATION_ITEMS: Schema = obj(
-    {"items": array(_RESPONSES_INPUT_ITEM, 1, 20)},
-    ("items",),
-    "Items to add at the end of a conversation (up to 20)",
-)
 BATCH: Schema = obj(
     {
         "input_file_id": string("A file uploaded with purpose 'batch'"),
@@ -405,6 +275,7 @@ MESSAGE_BATCH: Schema = obj(
     "Anthropic's message batch creation request",
 )
 
+#: Component name → request body schema.
 REQUEST_BODIES: dict[str, Schema] = {
     "MessageBatchRequest": MESSAGE_BATCH,
     "BatchRequest": BATCH,

@@ -13,9 +13,12 @@ from collections.abc import Awaitable, Callable
 from starlette.requests import Request
 from starlette.responses import Response
 
-from deepinfer_server.api.endpoint import GenerationProtocol, json_frame, serve_generation
+from deepinfer_server.api.endpoint import json_frame, serve_generation
+from deepinfer_server.api.generation_protocol import GenerationProtocol, P, Session
 from deepinfer_server.api.sse import DONE_FRAME, data_frames
 from deepinfer_server.api.store_session import open_session
+from deepinfer_server.api.token_stream import ProtocolOutput
+from deepinfer_server.errors import ApiError
 from deepinfer_server.protocol.chat.output import ChatOutput
 from deepinfer_server.protocol.chat.request import prepare_chat
 from deepinfer_server.protocol.completions.output import CompletionOutput
@@ -25,6 +28,8 @@ from deepinfer_server.protocol.core.error_shapes import (
     openai_error_body,
     responses_error_event,
 )
+from deepinfer_server.protocol.core.json_types import JsonObject
+from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.protocol.messages.output import messages_output
 from deepinfer_server.protocol.messages.request import prepare_messages
 from deepinfer_server.protocol.responses.output import responses_output
@@ -35,45 +40,57 @@ def _joined(payloads: list[str]) -> bytes:
     return "".join(payloads).encode()
 
 
-CHAT = GenerationProtocol(
-    id_prefix="chatcmpl-",
-    prepare=prepare_chat,
-    make_output=ChatOutput,
-    frames=data_frames,
-    done_frame=DONE_FRAME,
-    error_frame=lambda error: json_frame(None, openai_error_body(error)),
+def _openai_error_frame(error: ApiError) -> bytes:
+    return json_frame(None, openai_error_body(error))
+
+
+def _data_framed(
+    id_prefix: str,
+    prepare: Callable[[JsonObject, RecipeContext], P | list[P]],
+    make_output: Callable[[P, str, RecipeContext], ProtocolOutput],
+) -> GenerationProtocol[P]:
+    """An OpenAI protocol that streams unnamed `data:` chunks ending with `[DONE]`."""
+    return GenerationProtocol(
+        id_prefix=id_prefix,
+        prepare=prepare,
+        make_output=make_output,
+        frames=data_frames,
+        done_frame=DONE_FRAME,
+        error_frame=_openai_error_frame,
+    )
+
+
+CHAT = _data_framed("chatcmpl-", prepare_chat, ChatOutput)
+COMPLETIONS = _data_framed("cmpl-", prepare_completion, CompletionOutput)
+
+
+def _event_framed(
+    id_prefix: str,
+    prepare: Callable[[JsonObject, RecipeContext], P | list[P]],
+    make_output: Callable[[P, str, RecipeContext], ProtocolOutput],
+    error_event: Callable[[ApiError], JsonObject],
+    open_session: Callable[[Request, JsonObject], Awaitable[Session[P] | None]] | None = None,
+) -> GenerationProtocol[P]:
+    """A protocol that streams named events, with no `[DONE]`, and ends a failed stream with
+    its own `error` event."""
+    return GenerationProtocol(
+        id_prefix=id_prefix,
+        prepare=prepare,
+        make_output=make_output,
+        frames=_joined,
+        done_frame=b"",
+        error_frame=lambda error: json_frame("error", error_event(error)),
+        open_session=open_session,
+    )
+
+
+RESPONSES = _event_framed(
+    "resp_", prepare_responses, responses_output, responses_error_event, open_session
 )
-
-COMPLETIONS = GenerationProtocol(
-    id_prefix="cmpl-",
-    prepare=prepare_completion,
-    make_output=CompletionOutput,
-    frames=data_frames,
-    done_frame=DONE_FRAME,
-    error_frame=lambda error: json_frame(None, openai_error_body(error)),
-)
-
-RESPONSES = GenerationProtocol(
-    id_prefix="resp_",
-    prepare=prepare_responses,
-    make_output=responses_output,
-    frames=_joined,
-    done_frame=b"",
-    error_frame=lambda error: json_frame("error", responses_error_event(error)),
-    open_session=open_session,
-)
-
-MESSAGES = GenerationProtocol(
-    id_prefix="msg_",
-    prepare=prepare_messages,
-    make_output=messages_output,
-    frames=_joined,
-    done_frame=b"",
-    error_frame=lambda error: json_frame("error", anthropic_error_body(error)),
-)
+MESSAGES = _event_framed("msg_", prepare_messages, messages_output, anthropic_error_body)
 
 
-def generate(protocol: GenerationProtocol) -> Callable[[Request], Awaitable[Response]]:
+def generate(protocol: GenerationProtocol[P]) -> Callable[[Request], Awaitable[Response]]:
     """The route handler serving `protocol` (the route table names one per endpoint)."""
 
     async def serve(request: Request) -> Response:

@@ -26,6 +26,7 @@ from deepseek_recipe import (
 
 from deepinfer_server.ipc.messages import Finish, GeneratedTokens
 from deepinfer_server.protocol.completions.request import PreparedCompletion
+from deepinfer_server.protocol.core.json_types import JsonObject
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.protocol.core.stream_output import (
     ends_inside_output,
@@ -62,7 +63,7 @@ class _Logprobs:
         self.text_offset.append(at)
         return at + (len(token) if width is None else width)
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> JsonObject:
         return {
             "tokens": self.tokens,
             "token_logprobs": self.token_logprobs,
@@ -239,17 +240,17 @@ class CompletionOutput:
                 "logprobs": piece_logprobs.as_json() if piece_logprobs is not None else None,
                 "finish_reason": self._finish_reason if last else None,
             }
-            chunk: dict[str, Any] = {**self._header, "choices": [choice]}
+            chunk: JsonObject = {**self._header, "choices": [choice]}
             if self._prepared.stream_options.continuous_usage_stats:
                 chunk["usage"] = self._usage()
             payloads.append(orjson.dumps(chunk).decode())
         return payloads
 
-    def _usage(self, details: bool = False) -> dict[str, Any]:
+    def _usage(self, details: bool = False) -> JsonObject:
         """The usage object; the final one (`details`) also says how many prompt tokens came
         from the prefix cache, as vLLM and the chat usage do (`prompt_tokens_details`)."""
         prompt_tokens = len(self._prepared.prompt_token_ids)
-        usage: dict[str, Any] = {
+        usage: JsonObject = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": self._completion_tokens,
             "total_tokens": prompt_tokens + self._completion_tokens,

@@ -9,10 +9,9 @@ configuration adds; a token-ID prompt goes to the engine unchanged. A list of pr
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Any
 
 import msgspec
-from msgspec import Meta
 
 from deepinfer_server.errors import BadRequestError, ContextLengthError, ErrorKind
 from deepinfer_server.ipc.messages import SamplingOptions
@@ -21,9 +20,12 @@ from deepinfer_server.protocol.core.body import (
     NO_STREAM_OPTIONS,
     CacheSalt,
     StreamOptions,
+    TopLogprobs,
     UInt32,
+    check_stream_options,
 )
 from deepinfer_server.protocol.core.choices import Choices, seeds_for, with_seed
+from deepinfer_server.protocol.core.json_types import JsonObject
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.protocol.core.sampling import (
     SAMPLING,
@@ -38,7 +40,6 @@ _SAMPLING = SAMPLING[Api.COMPLETIONS]
 
 #: OpenAI's and vLLM's default for completions.
 DEFAULT_MAX_TOKENS = 16
-MAX_LOGPROBS = 20
 MAX_STOP_SEQUENCES = 16
 
 
@@ -50,7 +51,7 @@ class CompletionBody(OpenAISampling, kw_only=True, frozen=True):
     stream_options: StreamOptions | None = None
     echo: bool | None = None
     #: `logprobs: k`: report the top k alternatives of each token.
-    logprobs: Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)] | None = None
+    logprobs: TopLogprobs | None = None
     max_tokens: UInt32 | None = None
     ignore_eos: bool | None = None
     cache_salt: CacheSalt | None = None
@@ -89,7 +90,7 @@ class PreparedCompletion:
         return None
 
 
-def _prompts(body: dict[str, Any], recipe: RecipeContext) -> list[tuple[list[int], str]]:
+def _prompts(body: JsonObject, recipe: RecipeContext) -> list[tuple[list[int], str]]:
     """Each prompt as (token IDs, text)."""
     prompt = body.get("prompt")
     if isinstance(prompt, str):
@@ -137,7 +138,7 @@ def text_prompt(text: str, recipe: RecipeContext) -> tuple[list[int], str]:
     return ids, text
 
 
-def _stop(body: dict[str, Any]) -> tuple[str, ...]:
+def _stop(body: JsonObject) -> tuple[str, ...]:
     stop = body.get("stop")
     if stop is None:
         return ()
@@ -155,7 +156,7 @@ def _stop(body: dict[str, Any]) -> tuple[str, ...]:
     return tuple(stop)
 
 
-def _reject_unsupported(body: dict[str, Any], n: int) -> None:
+def _reject_unsupported(body: JsonObject, n: int) -> None:
     if body.get("suffix") not in (None, ""):
         raise BadRequestError(
             "'suffix' is not supported", param="suffix", kind=ErrorKind.UNSUPPORTED
@@ -167,66 +168,80 @@ def _reject_unsupported(body: dict[str, Any], n: int) -> None:
         )
 
 
-def prepare_completion(body: dict[str, Any], recipe: RecipeContext) -> list[PreparedCompletion]:
-    """Validate a Completions body: one prepared choice per (prompt, i < n)."""
+def _check_completion(body: JsonObject, recipe: RecipeContext) -> CompletionBody:
+    """The Completions fields the server reads, typed and checked against each other."""
     if not isinstance(body.get("model"), str):
         raise BadRequestError("'model' is required and must be a string", param="model")
     check_model(body, recipe.served_model_names)
     typed = _SAMPLING.typed(body, CompletionBody)
-    n = typed.n or 1
-    _reject_unsupported(body, n)
-    read = _SAMPLING.values(typed)
+    _reject_unsupported(body, typed.n or 1)
     reject_logit_bias(body)
-    stream = bool(typed.stream)
-    if typed.stream_options is not None and not stream:
-        raise BadRequestError("'stream_options' needs 'stream': true", param="stream_options")
-    echo = bool(typed.echo)
-    logprobs = typed.logprobs
-    if echo and logprobs is not None and recipe.prompt_logprobs_unavailable:
+    check_stream_options(typed.stream_options, typed.stream)
+    if typed.echo and typed.logprobs is not None and recipe.prompt_logprobs_unavailable:
         raise BadRequestError(
             f"'echo' with 'logprobs' needs prompt logprobs, and "
             f"{recipe.prompt_logprobs_unavailable}",
             param="echo",
             kind=ErrorKind.UNSUPPORTED,
         )
-    max_tokens = DEFAULT_MAX_TOKENS if typed.max_tokens is None else typed.max_tokens
-    if max_tokens == 0 and not echo:
+    if typed.max_tokens == 0 and not typed.echo:
         raise BadRequestError("'max_tokens' must be at least 1 without echo", param="max_tokens")
-    seed = read.get("seed")
-    sampling = _SAMPLING.options(
-        read,
-        max_tokens=max(max_tokens, 1),  # DeepInfer generates at least one token
+    return typed
+
+
+def _max_tokens(typed: CompletionBody) -> int:
+    return DEFAULT_MAX_TOKENS if typed.max_tokens is None else typed.max_tokens
+
+
+def _sampling(typed: CompletionBody) -> SamplingOptions:
+    """The request's sampling options, before each prompt's room and thinking."""
+    echo, logprobs = bool(typed.echo), typed.logprobs
+    return _SAMPLING.options(
+        _SAMPLING.values(typed),
+        max_tokens=max(_max_tokens(typed), 1),  # DeepInfer generates at least one token
         ignore_eos=bool(typed.ignore_eos),
         logprobs=logprobs is not None,
         top_logprobs=logprobs or 0,
         prompt_logprobs=echo and logprobs is not None,
     )
-    stop = _stop(body)
+
+
+def _prompt_sampling(
+    ids: list[int], sampling: SamplingOptions, max_tokens: int, recipe: RecipeContext
+) -> SamplingOptions:
+    """One prompt's sampling options: max_tokens within the context, the thinking budget."""
+    room = recipe.room_for(len(ids), max_tokens)
+    if room is not None:  # --clamp-max-tokens
+        sampling = msgspec.structs.replace(sampling, max_tokens=room)
+    elif len(ids) + max_tokens > recipe.context_limit:
+        raise ContextLengthError(
+            f"This model's maximum context length is {recipe.context_limit} tokens; the "
+            f"prompt has {len(ids)} tokens and max_tokens is {max_tokens}",
+            param="prompt",
+        )
+    # A raw prompt thinks when it ends as a thinking prompt does, with `<think>`.
+    thinking = bool(ids) and ids[-1] == recipe.think_start_id
+    return budgeted(sampling, thinking, recipe.think_end_id)
+
+
+def prepare_completion(body: JsonObject, recipe: RecipeContext) -> list[PreparedCompletion]:
+    """Validate a Completions body: one prepared choice per (prompt, i < n)."""
+    typed = _check_completion(body, recipe)
+    n, max_tokens = typed.n or 1, _max_tokens(typed)
+    sampling, stop = _sampling(typed), _stop(body)
     prepared: list[PreparedCompletion] = []
     for prompt_index, (ids, text) in enumerate(_prompts(body, recipe)):
-        room = recipe.room_for(len(ids), max_tokens)
-        prompt_sampling = sampling
-        if room is not None:  # --clamp-max-tokens
-            prompt_sampling = msgspec.structs.replace(sampling, max_tokens=room)
-        # A raw prompt thinks when it ends as a thinking prompt does, with `<think>`.
-        thinking = bool(ids) and ids[-1] == recipe.think_start_id
-        prompt_sampling = budgeted(prompt_sampling, thinking, recipe.think_end_id)
-        if room is None and len(ids) + max_tokens > recipe.context_limit:
-            raise ContextLengthError(
-                f"This model's maximum context length is {recipe.context_limit} tokens; the "
-                f"prompt has {len(ids)} tokens and max_tokens is {max_tokens}",
-                param="prompt",
-            )
-        for i, choice_seed in enumerate(seeds_for(seed, n)):
+        prompt_sampling = _prompt_sampling(ids, sampling, max_tokens, recipe)
+        for i, choice_seed in enumerate(seeds_for(sampling.seed, n)):
             prepared.append(
                 PreparedCompletion(
                     ids,
                     with_seed(prompt_sampling, choice_seed),
-                    stream,
+                    bool(typed.stream),
                     typed.stream_options or NO_STREAM_OPTIONS,
                     text,
-                    echo,
-                    logprobs,
+                    bool(typed.echo),
+                    typed.logprobs,
                     stop,
                     max_tokens > 0,
                     index=prompt_index * n + i,

@@ -40,6 +40,10 @@ class Said:
 
 #: An unsigned 32-bit integer.
 UInt32 = Annotated[int, Meta(ge=0, le=UINT32_MAX)]
+#: How many alternatives of each token a request may ask for (OpenAI's bound: Chat's
+#: `top_logprobs`, Completions' `logprobs`).
+MAX_TOP_LOGPROBS = 20
+TopLogprobs = Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS)]
 #: vLLM's `cache_salt`: requests with different salts never share cached prompt prefixes. A
 #: non-empty string when given, as vLLM validates it.
 CacheSalt = Annotated[
@@ -58,6 +62,12 @@ class StreamOptions(msgspec.Struct, kw_only=True, frozen=True):
 
 #: A stream without `stream_options`.
 NO_STREAM_OPTIONS = StreamOptions()
+
+
+def check_stream_options(options: StreamOptions | None, stream: object) -> None:
+    """400 for `stream_options` on a request that does not stream."""
+    if options is not None and not stream:
+        raise BadRequestError("'stream_options' needs 'stream': true", param="stream_options")
 
 
 @dataclass(frozen=True, slots=True)

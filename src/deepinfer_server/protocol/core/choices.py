@@ -8,7 +8,7 @@ single-choice response or stream; `ChoiceMerger` renumbers the choices and sums 
 from __future__ import annotations
 
 import hashlib
-from typing import Annotated, Any
+from typing import Annotated
 
 import msgspec
 import orjson
@@ -17,6 +17,7 @@ from msgspec import Meta
 from deepinfer_server.errors import BadRequestError
 from deepinfer_server.ipc.messages import SamplingOptions
 from deepinfer_server.protocol.core.body import Said
+from deepinfer_server.protocol.core.json_types import JsonObject
 
 #: vLLM has no limit; each choice takes an admission slot, so keep a sane bound.
 MAX_N = 128
@@ -29,7 +30,7 @@ Choices = Annotated[
 ]
 
 
-def reject_n(body: dict[str, Any], api: str) -> None:
+def reject_n(body: JsonObject, api: str) -> None:
     """400 for `n` other than 1 in an API that has no several choices (Responses, Messages)."""
     if body.get("n") not in (None, 1):
         raise BadRequestError(f"{api} has no 'n': send one request per answer", param="n")
@@ -52,7 +53,7 @@ def with_seed(sampling: SamplingOptions, seed: int | None) -> SamplingOptions:
     return msgspec.structs.replace(sampling, seed=seed)
 
 
-def _sum_usage(usages: list[dict[str, Any]], prompt_groups: list[int]) -> dict[str, Any]:
+def _sum_usage(usages: list[JsonObject], prompt_groups: list[int]) -> JsonObject:
     """Completion counts summed over the choices, prompt counts over the distinct prompts."""
     merged = orjson.loads(orjson.dumps(usages[0]))
     seen = {prompt_groups[0]}
@@ -63,7 +64,7 @@ def _sum_usage(usages: list[dict[str, Any]], prompt_groups: list[int]) -> dict[s
     return dict(merged)
 
 
-def _add(total: dict[str, Any], usage: dict[str, Any], prompt_side: bool) -> None:
+def _add(total: JsonObject, usage: JsonObject, prompt_side: bool) -> None:
     for key, value in usage.items():
         counts = prompt_side or key.startswith("completion")
         if isinstance(value, dict) and isinstance(total.get(key), dict):
@@ -79,8 +80,8 @@ class ChoiceMerger:
     def __init__(self, indices: list[int], prompt_groups: list[int]) -> None:
         self._indices = indices
         self._prompt_groups = prompt_groups
-        self._usages: list[dict[str, Any] | None] = [None] * len(indices)
-        self._last_usage_chunk: dict[str, Any] | None = None
+        self._usages: list[JsonObject | None] = [None] * len(indices)
+        self._last_usage_chunk: JsonObject | None = None
 
     def merge_bodies(self, bodies: list[bytes]) -> bytes:
         """One response with every choice, in index order, and the summed usage."""

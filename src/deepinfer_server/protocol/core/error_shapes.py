@@ -8,12 +8,11 @@ that fails mid-way ends with an `error` event: `{type, code, message, param, seq
 
 from __future__ import annotations
 
-from typing import Any
-
 from deepinfer_server.errors import ApiError
+from deepinfer_server.protocol.core.json_types import JsonObject
 
 
-def openai_error_body(error: ApiError) -> dict[str, Any]:
+def openai_error_body(error: ApiError) -> JsonObject:
     """OpenAI's error envelope."""
     return {
         "error": {
@@ -25,15 +24,15 @@ def openai_error_body(error: ApiError) -> dict[str, Any]:
     }
 
 
-def anthropic_error_body(error: ApiError) -> dict[str, Any]:
+def anthropic_error_body(error: ApiError) -> JsonObject:
     """Anthropic's error shape."""
-    body: dict[str, Any] = {"type": error.spec.anthropic_type, "message": error.message}
+    body: JsonObject = {"type": error.spec.anthropic_type, "message": error.message}
     if error.spec.anthropic_code is not None:
         body["details"] = {"error_code": error.spec.anthropic_code}
     return {"type": "error", "error": body}
 
 
-def responses_error_event(error: ApiError) -> dict[str, Any]:
+def responses_error_event(error: ApiError) -> JsonObject:
     """The Responses API's `error` stream event."""
     return {
         "type": "error",

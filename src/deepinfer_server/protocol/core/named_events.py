@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from deepseek_recipe import ConversationRequest
 
 from deepinfer_server.ipc.messages import Images
+from deepinfer_server.protocol.core.json_types import JsonObject
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.protocol.core.stream_output import RecipeOutput
 
@@ -59,7 +60,7 @@ class NamedEventOutput(RecipeOutput):
         super().__init__(generator, options, recipe.tokenizer, response, prompt_tokens)
         self._event_name = response_type.sse_event_name
 
-    def _finish_of(self, chunk: dict[str, Any]) -> str | None:
+    def _finish_of(self, chunk: JsonObject) -> str | None:
         """Messages: the `message_delta`'s stop_reason; Responses: the final response's
         status, or why it is incomplete."""
         kind = chunk.get("type")

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from deepseek_recipe import ConversationRequest, RenderedPrompt
 
@@ -12,7 +11,7 @@ from deepinfer_server.errors import ApiError, ContextLengthError
 from deepinfer_server.ipc.messages import Images, SamplingOptions
 from deepinfer_server.protocol.core.images import image_sources, place_images, resolve_images
 from deepinfer_server.protocol.core.recipe import RecipeContext, recipe_errors
-from deepinfer_server.protocol.core.sampling import ProtocolSampling
+from deepinfer_server.protocol.core.sampling import EngineValues, ProtocolSampling
 from deepinfer_server.protocol.core.thinking_budget import budgeted
 
 
@@ -54,6 +53,26 @@ def _reject_provably_too_long(
         )
 
 
+def _max_tokens(
+    converted: ConversationRequest,
+    recipe: RecipeContext,
+    prompt_tokens: int,
+    overflow: ContextOverflow | None,
+) -> int:
+    """The request's max_tokens resolved against the room the prompt leaves."""
+    requested = converted.inference_options.max_tokens
+    limit = recipe.context_limit
+    try:
+        with recipe_errors():
+            clamped = recipe.room_for(prompt_tokens, requested)
+            resolved: int = clamped or converted.resolve_max_tokens(prompt_tokens, limit)
+            return resolved
+    except ContextLengthError as exc:
+        if overflow is None:
+            raise
+        raise overflow(prompt_tokens, requested, limit) from exc
+
+
 def engine_input(
     converted: ConversationRequest,
     recipe: RecipeContext,
@@ -61,7 +80,7 @@ def engine_input(
     overflow: ContextOverflow | None = None,
     *,
     protocol: ProtocolSampling,
-    sampling: Mapping[str, Any],
+    sampling: EngineValues,
     logprobs: bool = False,
 ) -> EngineInput:
     """Encode the conversation (V4.1) and resolve max_tokens against the context (lowered to
@@ -85,16 +104,7 @@ def engine_input(
     if images is not None and recipe.image_policy is not None:
         prompt_token_ids, images = place_images(prompt_token_ids, images, recipe.image_policy)
     prompt_tokens = Images.prompt_tokens(prompt_token_ids, images)
-    requested = converted.inference_options.max_tokens
-    limit = recipe.context_limit
-    try:
-        with recipe_errors():
-            clamped = recipe.room_for(prompt_tokens, requested)
-            max_tokens = clamped or converted.resolve_max_tokens(prompt_tokens, limit)
-    except ContextLengthError as exc:
-        if overflow is None:
-            raise
-        raise overflow(prompt_tokens, requested, limit) from exc
+    max_tokens = _max_tokens(converted, recipe, prompt_tokens, overflow)
     inference = converted.inference_options
     logprobs = logprobs or inference.logprobs
     options = protocol.options(

@@ -23,7 +23,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, TypedDict, TypeVar, cast
 
 import msgspec
 from deepseek_recipe import InferenceOptions
@@ -117,16 +117,24 @@ ThinkingTokenBudget = Annotated[
         range_message=f"'thinking_token_budget' must be between 0 and {INT32_MAX}",
     ),
 ]
-# deepseek-recipe's range; DeepInfer takes any uint64.
+# DeepInfer masks a seed to 64 bits, and deepseek-recipe takes [0, 2**63): every protocol takes
+# the range both accept, worded by the server (the recipe's Chat check never sees a seed out of it).
 Seed = Annotated[
     int,
     Meta(ge=0, le=SEED_MAX),
-    Engine(
-        "seed",
-        recipe_checked=frozenset({Api.CHAT}),
-        range_message=f"'seed' must be between 0 and {SEED_MAX}",
-    ),
+    Engine("seed", range_message=f"'seed' must be between 0 and {SEED_MAX}"),
 ]
+
+
+class EngineValues(TypedDict, total=False):
+    """The engine's values of a body's sampling fields the server checks, by `SamplingOptions`
+    field name (each present only when the body gave it)."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    thinking_budget: int
+    seed: int
 
 
 class SamplingBody(msgspec.Struct, kw_only=True, frozen=True):
@@ -316,7 +324,7 @@ class ProtocolSampling:
             if api in field.recipe_checked and field.option is not None
         )
 
-    def read(self, body: Mapping[str, Any]) -> dict[str, Any]:
+    def read(self, body: Mapping[str, Any]) -> EngineValues:
         """The engine's values of the present fields the server checks, by `SamplingOptions`
         field name; a 400 naming the first field (in declaration order) its Struct refuses."""
         return self.values(self.typed(body, self.body))
@@ -327,18 +335,19 @@ class ProtocolSampling:
         left to the recipe's 400 (read as absent)."""
         return read_body(body, struct, checks=self._checks, deferred=self._deferred)
 
-    def values(self, typed: SamplingBody) -> dict[str, Any]:
+    def values(self, typed: SamplingBody) -> EngineValues:
         """The engine's values of `typed`'s present fields that the server checks, by
         `SamplingOptions` field name."""
-        values: dict[str, Any] = {}
+        values: dict[str, float] = {}
         for field in self._checked:
             value = getattr(typed, field.name)
             if value is not None and field.option is not None:
                 values[field.option] = field.to_engine(value)
-        return values
+        # Every option named is a SamplingOptions field (test_sampling_fields walks them all).
+        return cast(EngineValues, values)
 
     def options(
-        self, read: Mapping[str, Any], inference: InferenceOptions | None = None, **rest: Any
+        self, read: EngineValues, inference: InferenceOptions | None = None, **rest: Any
     ) -> SamplingOptions:
         """The engine's options: the fields `read` read, those deepseek-recipe checked (from
         its `inference` options), and the ones the caller resolves (`rest`: max_tokens...)."""

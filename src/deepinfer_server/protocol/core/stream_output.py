@@ -20,6 +20,7 @@ from deepseek_recipe import (
 )
 
 from deepinfer_server.ipc.messages import Finish, GeneratedTokens
+from deepinfer_server.protocol.core.json_types import JsonObject
 
 #: How many of the last batch's chunks may carry its finish reason (the finish chunk, then
 #: usage or closing events).
@@ -111,7 +112,7 @@ class RecipeOutput:
         `end_turn`, `max_output_tokens`, ...), once it ended normally."""
         return self._client_finish_reason
 
-    def _finish_of(self, chunk: dict[str, Any]) -> str | None:
+    def _finish_of(self, chunk: JsonObject) -> str | None:
         """The finish reason one chunk tells the client, if it tells one (Chat Completions;
         the named-event protocols override it)."""
         choices = chunk.get("choices") or ()

@@ -44,6 +44,12 @@ from deepinfer_server.grammar.compile_queue import FairCompileQueue, QueueLimits
 from deepinfer_server.grammar.compile_workers import STARTUP_TIMEOUT_S, start_fork_server
 from deepinfer_server.grammar.errors import CompileRefused
 from deepinfer_server.ipc.messages import StructuredOutput
+from deepinfer_server.protocol.core.field_errors import (
+    BodyShape,
+    is_shape_refusal,
+    name_refused_field,
+)
+from deepinfer_server.protocol.core.json_types import JsonObject
 from deepinfer_server.protocol.core.recipe import recipe_errors
 
 T = TypeVar("T")
@@ -78,7 +84,7 @@ def _without_strict(tools: Any) -> Any:
 _ANY_OBJECT_SCHEMA = {"type": "object"}
 
 
-def _json_object_as_schema(body: dict[str, Any], where: str) -> dict[str, Any]:
+def _json_object_as_schema(body: JsonObject, where: str) -> JsonObject:
     """`json_object` without the word "json" in the messages: OpenAI's rule, which the recipe
     keeps and vLLM and Ollama do not (the AI SDK's `createOpenAICompatible` sends exactly this
     for `generateObject`). The grammar enforces JSON anyway: the request is converted with the
@@ -95,7 +101,7 @@ def _json_object_as_schema(body: dict[str, Any], where: str) -> dict[str, Any]:
         schema = {"name": "json_object", "schema": _ANY_OBJECT_SCHEMA}
         return {**body, "response_format": {"type": "json_schema", "json_schema": schema}}
     given = body.get("text")
-    text: dict[str, Any] = given if isinstance(given, dict) else {}
+    text: JsonObject = given if isinstance(given, dict) else {}
     as_schema = {"type": "json_schema", "name": "json_object", "schema": _ANY_OBJECT_SCHEMA}
     return {**body, "text": {**text, "format": as_schema}}
 
@@ -108,7 +114,7 @@ _warned_json_object = False
 #: are converted without `strict` and one grammar allows a valid call or valid JSON; json_object
 #: without the word "json" is converted as the schema `{"type": "object"}` (the grammar reads
 #: json_object from the body as given, the same schema).
-_RELAXATIONS: dict[str, Callable[[dict[str, Any], object], dict[str, Any]]] = {
+_RELAXATIONS: dict[str, Callable[[JsonObject, object], JsonObject]] = {
     "to use 'response_format' of type 'json_object'": lambda body, auto: _json_object_as_schema(
         body, "response_format"
     ),
@@ -130,15 +136,18 @@ _INVALID_SCHEMA = "Invalid json schema"
 
 
 def convert_honouring_tool_choice(
-    convert: Callable[[dict[str, Any]], T],
-    body: dict[str, Any],
+    convert: Callable[[JsonObject], T],
+    body: JsonObject,
     auto_choice: object,
     format_param: str,
+    *,
+    shape: BodyShape,
 ) -> T:
     """Convert a request with the recipe, relaxing what the recipe refuses but the grammar
     (read from the original body) enforces; `auto_choice` is the protocol's `auto` tool_choice
     and `format_param` the field that holds its answer format (named when the recipe rejects a
-    schema without saying where)."""
+    schema without saying where); `shape` finds the field of a refusal of the body's shape
+    (`field_errors`)."""
     relaxed = body
     for _ in range(len(_RELAXATIONS) + 1):
         try:
@@ -148,6 +157,8 @@ def convert_honouring_tool_choice(
             if exc.message.startswith(_INVALID_SCHEMA) and exc.param is None:
                 exc.param = format_param
                 raise
+            if is_shape_refusal(exc):
+                raise name_refused_field(exc, relaxed, shape) from exc
             relax = next((f for m, f in _RELAXATIONS.items() if m in exc.message), None)
             if relax is None:
                 raise

@@ -12,12 +12,12 @@ needs no budget: the budget is honoured as it stands and the engine gets none.
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 
 from deepinfer_server.errors import BadRequestError
 from deepinfer_server.ipc.messages import SamplingOptions
+from deepinfer_server.protocol.core.json_types import JsonObject
+from deepinfer_server.protocol.core.sampling import EngineValues
 
 
 def budgeted(sampling: SamplingOptions, thinking: bool, think_end_id: int) -> SamplingOptions:
@@ -35,7 +35,7 @@ def budgeted(sampling: SamplingOptions, thinking: bool, think_end_id: int) -> Sa
     )
 
 
-def read_budget(body: dict[str, Any]) -> int | None:
+def read_budget(body: JsonObject) -> int | None:
     """`thinking.budget_tokens` of an enabled `thinking` (Anthropic's field, which Chat
     Completions' `thinking` also takes), None without one, or a 400."""
     thinking = body.get("thinking")
@@ -52,7 +52,7 @@ def read_budget(body: dict[str, Any]) -> int | None:
     return budget
 
 
-def merge_budgets(sampling: dict[str, Any], body: dict[str, Any]) -> None:
+def merge_budgets(sampling: EngineValues, body: JsonObject) -> None:
     """Put `thinking.budget_tokens` into the checked sampling fields (`thinking_budget`); a
     400 when it and `thinking_token_budget` disagree."""
     budget = read_budget(body)

@@ -3,11 +3,13 @@ the model is served, and fields the recipe passes through unchecked have their t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
 
 from deepinfer_server.errors import BadRequestError, ErrorKind, ModelNotFoundError
+from deepinfer_server.protocol.core.json_types import JsonObject
 
 UINT32_MAX = 2**32 - 1
 #: The deepest nesting of arrays and objects accepted anywhere in a request body. Real requests
@@ -15,14 +17,14 @@ UINT32_MAX = 2**32 - 1
 MAX_JSON_DEPTH = 64
 
 
-def parse_object(body: Any) -> dict[str, Any]:
+def parse_object(body: Any) -> JsonObject:
     """The decoded body, which must be a JSON object."""
     if not isinstance(body, dict):
         raise BadRequestError("the request body must be a JSON object")
     return body
 
 
-def decode_json(body: bytes) -> dict[str, Any]:
+def decode_json(body: bytes) -> JsonObject:
     """Decode a request body; 400 for malformed JSON, invalid UTF-8, lone surrogates, or
     nesting deeper than MAX_JSON_DEPTH."""
     try:
@@ -54,7 +56,7 @@ def check_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> None:
             )
 
 
-def optional_bool(body: dict[str, Any], name: str, default: bool = False) -> bool:
+def optional_bool(body: JsonObject, name: str, default: bool = False) -> bool:
     value = body.get(name)
     if value is None:
         return default
@@ -63,7 +65,7 @@ def optional_bool(body: dict[str, Any], name: str, default: bool = False) -> boo
     return value
 
 
-def optional_uint(body: dict[str, Any], name: str, maximum: int = UINT32_MAX) -> int | None:
+def optional_uint(body: JsonObject, name: str, maximum: int = UINT32_MAX) -> int | None:
     value = body.get(name)
     if value is None:
         return None
@@ -79,10 +81,10 @@ PRIORITY_MIN = -(2**31)
 PRIORITY_MAX = 2**31 - 1
 
 
-def read_priority(body: dict[str, Any]) -> int:
-    """Take `priority` (vLLM's extension: lower starts first among the API key's queued
-    requests; default 0) out of `body`, or 400 for anything but an integer in range."""
-    value = body.pop("priority", None)
+def read_priority(body: Mapping[str, Any]) -> int:
+    """`priority` (vLLM's extension: lower starts first among the API key's queued requests;
+    default 0), or 400 for anything but an integer in range."""
+    value = body.get("priority")
     if value is None:
         return 0
     if isinstance(value, bool) or not isinstance(value, int):
@@ -94,7 +96,7 @@ def read_priority(body: dict[str, Any]) -> int:
     return value
 
 
-def check_model(body: dict[str, Any], served_model_names: tuple[str, ...]) -> None:
+def check_model(body: JsonObject, served_model_names: tuple[str, ...]) -> None:
     """404 model_not_found for a model this server does not serve."""
     model = body.get("model")
     if isinstance(model, str) and model not in served_model_names:
@@ -104,7 +106,7 @@ def check_model(body: dict[str, Any], served_model_names: tuple[str, ...]) -> No
         )
 
 
-def reject_file_parts(message: dict[str, Any], index: int) -> None:
+def reject_file_parts(message: JsonObject, index: int) -> None:
     """400 naming what is unsupported: documents (`file` parts), whatever they carry."""
     content = message.get("content")
     if not isinstance(content, list):
@@ -121,14 +123,15 @@ def reject_file_parts(message: dict[str, Any], index: int) -> None:
 
 
 _CHAT_ROLES = frozenset({"system", "user", "assistant", "tool", "function", "latest_reminder"})
-_NUMBERS = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
+#: The sampling fields deepseek-recipe checks for Chat, whose 400 would not name them.
+_NUMBERS = ("temperature", "top_p")
 
 
-def check_chat_fields(body: dict[str, Any]) -> None:
-    """Type and range checks of Chat Completions fields, so that each 400 names its field.
+def check_chat_fields(body: JsonObject) -> None:
+    """Type checks of Chat Completions fields that are not typed body fields (`ChatBody`
+    declares and checks those), so that each 400 names its field.
 
     deepseek-recipe checks these too, but its messages do not say which field was wrong.
-    `developer` messages become `system` messages, as OpenAI treats them for these models.
     """
     if not isinstance(body.get("model"), str):
         raise BadRequestError("'model' is required and must be a string", param="model")
@@ -139,9 +142,7 @@ def check_chat_fields(body: dict[str, Any]) -> None:
         if not isinstance(message, dict):
             raise BadRequestError("each message must be an object", param=f"messages[{index}]")
         role = message.get("role")
-        if role == "developer":
-            message["role"] = "system"
-        elif not isinstance(role, str) or role not in _CHAT_ROLES:
+        if role != "developer" and (not isinstance(role, str) or role not in _CHAT_ROLES):
             raise BadRequestError(
                 f"unknown role {role!r}: expected one of {', '.join(sorted(_CHAT_ROLES))} "
                 "or developer",
@@ -164,8 +165,3 @@ def check_chat_fields(body: dict[str, Any]) -> None:
         value = body.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
             raise BadRequestError(f"'{name}' must be a number", param=name)
-    optional_uint(body, "seed", maximum=2**64 - 1)
-    optional_bool(body, "logprobs")
-    optional_uint(body, "top_logprobs", maximum=20)
-    if body.get("stream_options") is not None and not body.get("stream"):
-        raise BadRequestError("'stream_options' needs 'stream': true", param="stream_options")

@@ -19,8 +19,9 @@ from __future__ import annotations
 from typing import Any
 
 from deepinfer_server.errors import BadRequestError, ContextLengthError, ErrorKind
+from deepinfer_server.protocol.core.json_types import JsonObject
 
-_BASH_SCHEMA: dict[str, Any] = {
+_BASH_SCHEMA: JsonObject = {
     "type": "object",
     "properties": {
         "command": {"type": "string", "description": "The bash command to run."},
@@ -28,7 +29,7 @@ _BASH_SCHEMA: dict[str, Any] = {
     },
 }
 
-_TEXT_EDITOR_SCHEMA: dict[str, Any] = {
+_TEXT_EDITOR_SCHEMA: JsonObject = {
     "type": "object",
     "properties": {
         "command": {
@@ -51,13 +52,13 @@ _TEXT_EDITOR_SCHEMA: dict[str, Any] = {
 }
 
 #: Type prefix of Anthropic's client-executed tools → (description, input schema).
-_CLIENT_TOOLS: dict[str, tuple[str, dict[str, Any]]] = {
+_CLIENT_TOOLS: dict[str, tuple[str, JsonObject]] = {
     "bash_": ("Run a command in a persistent bash shell.", _BASH_SCHEMA),
     "text_editor_": ("View, create and edit text files.", _TEXT_EDITOR_SCHEMA),
 }
 
 
-def _client_tool(tool: dict[str, Any]) -> dict[str, Any]:
+def _client_tool(tool: JsonObject) -> JsonObject:
     kind = tool.get("type")
     if not isinstance(kind, str):
         return tool
@@ -86,7 +87,7 @@ def _without_redacted_thinking(message: Any) -> Any:
     return {**message, "content": content or [{"type": "text", "text": ""}]}
 
 
-def normalize_messages_body(body: dict[str, Any]) -> dict[str, Any]:
+def normalize_messages_body(body: JsonObject) -> JsonObject:
     """The body with client tool types made plain and `redacted_thinking` blocks dropped."""
     normalized = dict(body)
     tools = body.get("tools")
@@ -98,7 +99,7 @@ def normalize_messages_body(body: dict[str, Any]) -> dict[str, Any]:
     return normalized
 
 
-def reject_thread(body: dict[str, Any]) -> None:
+def reject_thread(body: JsonObject) -> None:
     """A 400 `thread_unsupported_request` for a body with a `thread` (null is no thread)."""
     if body.get("thread") is not None:
         raise BadRequestError(

@@ -4,7 +4,7 @@ preparation and token counting."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from deepseek_recipe import ConversationRequest, MessagesRequest
 
@@ -13,9 +13,16 @@ from deepinfer_server.grammar import Constraint, in_thinking_mode
 from deepinfer_server.ipc.messages import Images, SamplingOptions
 from deepinfer_server.protocol.core.body import CacheSalt
 from deepinfer_server.protocol.core.choices import reject_n
+from deepinfer_server.protocol.core.field_errors import BodyShape
+from deepinfer_server.protocol.core.json_types import JsonObject
 from deepinfer_server.protocol.core.prepare import engine_input
 from deepinfer_server.protocol.core.recipe import RecipeContext, recipe_errors
-from deepinfer_server.protocol.core.sampling import SAMPLING, Api, MessagesSampling
+from deepinfer_server.protocol.core.sampling import (
+    SAMPLING,
+    Api,
+    EngineValues,
+    MessagesSampling,
+)
 from deepinfer_server.protocol.core.structured import (
     MESSAGES_CONSTRAINT,
     convert_honouring_tool_choice,
@@ -35,6 +42,15 @@ from deepinfer_server.protocol.messages.thinking import (
 )
 
 _SAMPLING = SAMPLING[Api.MESSAGES]
+#: How the recipe parses a Messages body (see `field_errors`).
+_SHAPE = BodyShape(
+    MessagesRequest,
+    {
+        "model": "",
+        "max_tokens": 1,
+        "messages": [{"role": "user", "content": ""}],
+    },
+)
 
 
 @dataclass(frozen=True)
@@ -63,12 +79,12 @@ class MessagesBody(MessagesSampling, kw_only=True, frozen=True):
 class _Converted(NamedTuple):
     request: ConversationRequest
     #: The engine's values of the sampling fields the server checks.
-    sampling: dict[str, Any]
+    sampling: EngineValues
     constraint: Constraint | None
     cache_salt: str | None
 
 
-def _convert(body: dict[str, Any], recipe: RecipeContext) -> _Converted:
+def _convert(body: JsonObject, recipe: RecipeContext) -> _Converted:
     """The converted request, the sampling fields the server checks, what the request
     constrains, and its cache salt."""
     if body.get("max_tokens") is None:  # Anthropic's API requires it; the recipe would not
@@ -86,13 +102,14 @@ def _convert(body: dict[str, Any], recipe: RecipeContext) -> _Converted:
         with_explicit_thinking(normalize_messages_body(body)),
         {"type": "auto"},
         "output_config.format",
+        shape=_SHAPE,
     )
     thinking = converted.conversation.thinking_mode
     check_messages_effort(effort, thinking)
     return _Converted(converted, sampling, in_thinking_mode(constraint, thinking), typed.cache_salt)
 
 
-def prepare_messages(body: dict[str, Any], recipe: RecipeContext) -> PreparedMessages:
+def prepare_messages(body: JsonObject, recipe: RecipeContext) -> PreparedMessages:
     """Turn a decoded Messages body into prompt token IDs and sampling options."""
     converted, sampling, constraint, cache_salt = _convert(body, recipe)
     engine = engine_input(
@@ -114,7 +131,7 @@ def prepare_messages(body: dict[str, Any], recipe: RecipeContext) -> PreparedMes
     )
 
 
-def count_message_tokens(body: dict[str, Any], recipe: RecipeContext) -> int:
+def count_message_tokens(body: JsonObject, recipe: RecipeContext) -> int:
     """The prompt tokens `/v1/messages` would encode for this body (system, tools, thinking).
 
     A count_tokens body has no `max_tokens`; any value converts the same prompt. Its

@@ -13,22 +13,21 @@ are accepted.
 
 from __future__ import annotations
 
-from typing import Any
-
 from deepinfer_server.protocol.core.effort import check_effort_agrees, read_effort
+from deepinfer_server.protocol.core.json_types import JsonObject
 
 _EFFORT_PARAM = "output_config.effort"
 _ENABLE = 'send `thinking: {"type": "adaptive"}` (or `enabled`)'
 
 
-def with_explicit_thinking(body: dict[str, Any]) -> dict[str, Any]:
+def with_explicit_thinking(body: JsonObject) -> JsonObject:
     """The body with thinking disabled when it does not enable it (no `thinking`, or null)."""
     if body.get("thinking") is not None:
         return body
     return {**body, "thinking": {"type": "disabled"}}
 
 
-def read_messages_effort(body: dict[str, Any]) -> str | None:
+def read_messages_effort(body: JsonObject) -> str | None:
     """`output_config.effort`, checked against the effort table (null: unset)."""
     config = body.get("output_config")
     return read_effort(config.get("effort") if isinstance(config, dict) else None, _EFFORT_PARAM)

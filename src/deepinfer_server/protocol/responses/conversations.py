@@ -11,10 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 from deepinfer_server.errors import BadRequestError, ErrorKind, StoredObjectNotFound
+from deepinfer_server.protocol.core.json_types import JsonObject
 from deepinfer_server.protocol.responses.request import INPUT_ITEM_TYPES
 from deepinfer_server.protocol.responses.stored import ITEM_REFERENCE, with_id
 
-Item = dict[str, Any]
+Item = JsonObject
 
 #: Items one create or add takes (OpenAI's bound).
 MAX_ITEMS_PER_CALL = 20
@@ -24,7 +25,7 @@ MAX_METADATA_VALUE = 512
 _ROLES = frozenset({"user", "assistant", "system", "developer"})
 
 
-def read_conversation(body: dict[str, Any]) -> str | None:
+def read_conversation(body: JsonObject) -> str | None:
     """The `conversation` of a Responses request (an ID, or `{"id": ...}`), or None.
     With `previous_response_id` it is a 400, as OpenAI answers."""
     value = body.get("conversation")

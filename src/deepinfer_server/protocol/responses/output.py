@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 from deepseek_recipe import ResponsesRequest, ResponsesResponse
 
+from deepinfer_server.protocol.core.json_types import JsonObject
 from deepinfer_server.protocol.core.named_events import NamedEventOutput, named_event
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.protocol.responses.reasoning import ReasoningItems
@@ -46,8 +47,8 @@ class StoredEcho:
     #: The conversation the response belongs to (`conversation` on the request).
     conversation: str | None = None
 
-    def fields(self) -> dict[str, Any]:
-        fields: dict[str, Any] = {
+    def fields(self) -> JsonObject:
+        fields: JsonObject = {
             "store": self.store,
             "previous_response_id": self.previous_response_id,
         }
@@ -82,7 +83,7 @@ class ResponsesOutput(NamedEventOutput):
         self._hold = stored is not None and (stored.store or stored.conversation is not None)
         #: The held terminal event (a stored stream), and the response object it carries.
         self.held: list[str] = []
-        self.final: dict[str, Any] | None = None
+        self.final: JsonObject | None = None
 
     def _stream_payloads(self, chunks: list[Any]) -> list[str]:
         payloads = []
@@ -103,7 +104,7 @@ class ResponsesOutput(NamedEventOutput):
                     payloads.append(payload)
         return payloads
 
-    def response(self) -> dict[str, Any]:
+    def response(self) -> JsonObject:
         """The non-streaming response object (made once: the request has ended)."""
         if self.final is None:
             response = self._items.response(orjson.loads(super().response_json()))

@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from deepinfer_server.protocol.core.json_types import JsonObject
 from deepinfer_server.protocol.core.reasoning_seal import ReasoningSeal
 
 logger = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ class ReasoningRequest:
     conversation: bytes = field(default=CONVERSATION_START, repr=False)
 
     @classmethod
-    def of(cls, body: dict[str, Any], conversation: bytes = CONVERSATION_START) -> ReasoningRequest:
+    def of(cls, body: JsonObject, conversation: bytes = CONVERSATION_START) -> ReasoningRequest:
         reasoning = body.get("reasoning")
         summary = isinstance(reasoning, dict) and reasoning.get("summary") in _SUMMARY_SETTINGS
         include = body.get("include")
@@ -118,7 +119,7 @@ class ReasoningRequest:
         return cls(summary=summary, encrypted=encrypted, conversation=conversation)
 
 
-def _restored(item: dict[str, Any], seal: ReasoningSeal, context: bytes) -> dict[str, Any]:
+def _restored(item: JsonObject, seal: ReasoningSeal, context: bytes) -> JsonObject:
     blob = item.get("encrypted_content")
     plain = {k: v for k, v in item.items() if k not in ("encrypted_content", "content")}
     if "summary" in plain:
@@ -134,7 +135,7 @@ def _restored(item: dict[str, Any], seal: ReasoningSeal, context: bytes) -> dict
     return {**plain, "content": [{"type": "reasoning_text", "text": text}]}
 
 
-def restore_reasoning(body: dict[str, Any], seal: ReasoningSeal) -> tuple[dict[str, Any], bytes]:
+def restore_reasoning(body: JsonObject, seal: ReasoningSeal) -> tuple[JsonObject, bytes]:
     """The body with each replayed reasoning item's text taken from its blob only (verified
     against the items before it; no text when it does not verify), and the digest of the
     whole input, which this request's own reasoning is sealed after."""
@@ -153,7 +154,7 @@ def restore_reasoning(body: dict[str, Any], seal: ReasoningSeal) -> tuple[dict[s
     return {**body, "input": restored}, conversation.digest
 
 
-def reasoning_text(item: dict[str, Any]) -> str:
+def reasoning_text(item: JsonObject) -> str:
     """The text of a reasoning item's `reasoning_text` parts."""
     parts = item.get("content") or []
     return "".join(p.get("text", "") for p in parts if p.get("type") == "reasoning_text")
@@ -169,9 +170,7 @@ class ReasoningItems:
         #: The conversation up to the next output item of the stream.
         self._streamed = ConversationDigest(asked.conversation)
 
-    def _finished_item(
-        self, item: dict[str, Any], conversation: ConversationDigest
-    ) -> dict[str, Any]:
+    def _finished_item(self, item: JsonObject, conversation: ConversationDigest) -> JsonObject:
         """The item as sent (reasoning sealed after `conversation`), which it then joins."""
         if item.get("type") == "reasoning":
             text = reasoning_text(item)
@@ -184,7 +183,7 @@ class ReasoningItems:
         conversation.add(item)
         return item
 
-    def response(self, response: dict[str, Any]) -> dict[str, Any]:
+    def response(self, response: JsonObject) -> JsonObject:
         """A response object with its reasoning items finished."""
         output = response.get("output")
         if not isinstance(output, list):
@@ -196,7 +195,7 @@ class ReasoningItems:
         """Whether the event must be rewritten (every event, once sequence numbers shift)."""
         return self._asked.summary or name in _ITEM_EVENTS or name in _RESPONSE_EVENTS
 
-    def event(self, name: str, event: dict[str, Any]) -> list[dict[str, Any]]:
+    def event(self, name: str, event: JsonObject) -> list[JsonObject]:
         """The events that replace one stream event."""
         events = [event]
         if name == "response.output_item.added" and event["item"].get("type") == "reasoning":
@@ -214,7 +213,7 @@ class ReasoningItems:
         return events
 
     @staticmethod
-    def _summary_events(done: dict[str, Any]) -> list[dict[str, Any]]:
+    def _summary_events(done: JsonObject) -> list[JsonObject]:
         item = done["item"]
         if item.get("type") != "reasoning" or not item.get("summary"):
             return []

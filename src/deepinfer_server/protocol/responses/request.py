@@ -13,6 +13,8 @@ from deepinfer_server.ipc.messages import Images, SamplingOptions
 from deepinfer_server.protocol.core.body import CacheSalt
 from deepinfer_server.protocol.core.choices import reject_n
 from deepinfer_server.protocol.core.effort import check_effort_agrees, read_effort
+from deepinfer_server.protocol.core.field_errors import BodyShape
+from deepinfer_server.protocol.core.json_types import JsonObject
 from deepinfer_server.protocol.core.prepare import engine_input
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.protocol.core.sampling import SAMPLING, Api, ResponsesSampling
@@ -45,7 +47,7 @@ class PreparedResponses:
     cache_salt: str | None = None
 
 
-def _reject_stateful_options(body: dict[str, Any]) -> None:
+def _reject_stateful_options(body: JsonObject) -> None:
     """What only the store serves (it takes these fields out of the bodies it prepares), and
     what this server serves in no case."""
     if body.get("previous_response_id") is not None:
@@ -91,6 +93,8 @@ INPUT_ITEM_TYPES = frozenset(
 )
 
 _SAMPLING = SAMPLING[Api.RESPONSES]
+#: How the recipe parses a Responses body (see `field_errors`).
+_SHAPE = BodyShape(ResponsesRequest, {"model": "", "input": ""})
 
 
 class ResponsesBody(ResponsesSampling, kw_only=True, frozen=True):
@@ -101,7 +105,7 @@ class ResponsesBody(ResponsesSampling, kw_only=True, frozen=True):
     cache_salt: CacheSalt | None = None
 
 
-def _check_input_items(body: dict[str, Any]) -> None:
+def _check_input_items(body: JsonObject) -> None:
     """400 naming the first `input` item whose type the conversion would drop."""
     items = body.get("input")
     if not isinstance(items, list):
@@ -122,7 +126,7 @@ def _check_input_items(body: dict[str, Any]) -> None:
 _LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
 
-def _wants_logprobs(body: dict[str, Any]) -> bool:
+def _wants_logprobs(body: JsonObject) -> bool:
     """`include: ["message.output_text.logprobs"]` asks for the output text's logprobs."""
     include = body.get("include")
     if include is None:
@@ -132,7 +136,7 @@ def _wants_logprobs(body: dict[str, Any]) -> bool:
     return _LOGPROBS_INCLUDE in include
 
 
-def prepare_responses(body: dict[str, Any], recipe: RecipeContext) -> PreparedResponses:
+def prepare_responses(body: JsonObject, recipe: RecipeContext) -> PreparedResponses:
     """Turn a decoded Responses body into prompt token IDs and sampling options."""
     _reject_stateful_options(body)
     _check_input_items(body)
@@ -147,7 +151,7 @@ def prepare_responses(body: dict[str, Any], recipe: RecipeContext) -> PreparedRe
     body, conversation = restore_reasoning(body, recipe.reasoning_seal)
 
     def convert(
-        relaxed: dict[str, Any],
+        relaxed: JsonObject,
     ) -> tuple[ConversationRequest, Any, dict[str, tuple[str, str]]]:
         request = ResponsesRequest(relaxed)
         namespace_tool_map = request.namespace_tool_map(recipe.options)
@@ -157,7 +161,7 @@ def prepare_responses(body: dict[str, Any], recipe: RecipeContext) -> PreparedRe
         return request.convert(recipe.options), echo, namespace_tool_map
 
     converted, echo, namespace_tool_map = convert_honouring_tool_choice(
-        convert, body, "auto", "text.format"
+        convert, body, "auto", "text.format", shape=_SHAPE
     )
     thinking_mode = converted.conversation.thinking_mode
     check_effort_agrees(effort, thinking_mode, "reasoning.effort", "enable thinking")

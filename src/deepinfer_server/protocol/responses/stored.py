@@ -14,6 +14,7 @@ import secrets
 from typing import Any
 
 from deepinfer_server.errors import BadRequestError, ErrorKind, StoredObjectNotFound
+from deepinfer_server.protocol.core.json_types import JsonObject
 from deepinfer_server.protocol.core.reasoning_seal import ReasoningSeal
 from deepinfer_server.protocol.responses.reasoning import (
     ENCRYPTED_CONTENT,
@@ -21,7 +22,7 @@ from deepinfer_server.protocol.responses.reasoning import (
     reasoning_text,
 )
 
-Item = dict[str, Any]
+Item = JsonObject
 
 ITEM_REFERENCE = "item_reference"
 #: ID prefixes of input items that come without one (OpenAI's, where it has one).
@@ -56,7 +57,7 @@ def check_include(values: list[str], supported: frozenset[str], where: str) -> N
             )
 
 
-def input_list(body: dict[str, Any]) -> list[Any]:
+def input_list(body: JsonObject) -> list[Any]:
     """The request's `input` as a list of items (a string is one user message)."""
     value = body.get("input")
     if isinstance(value, str):
@@ -157,7 +158,7 @@ def seal_stored_reasoning(items: list[Any], trusted: set[int], seal: ReasoningSe
     return sealed
 
 
-def check_previous_response_id(body: dict[str, Any]) -> str | None:
+def check_previous_response_id(body: JsonObject) -> str | None:
     value = body.get("previous_response_id")
     if value is None:
         return None
@@ -180,7 +181,7 @@ def response_not_found(response_id: str, hint: str = "") -> StoredObjectNotFound
     return StoredObjectNotFound(f"Response with id {response_id!r} not found.{hint}")
 
 
-def storable_response(response: dict[str, Any]) -> dict[str, Any]:
+def storable_response(response: JsonObject) -> JsonObject:
     """The response object as stored: reasoning blobs left out (they are sealed again for
     whoever asks, `include` on GET)."""
     output = response.get("output")

@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from deepinfer_server.errors import BadRequestError, ErrorKind
-from deepinfer_server.protocol.chat.history import merge_assistant_runs
-from deepinfer_server.protocol.chat.request import convert_chat
+from deepinfer_server.protocol.chat.request import convert_chat, read_chat_body, recipe_body
 from deepinfer_server.protocol.completions.request import text_prompt
 from deepinfer_server.protocol.core.images import image_sources
+from deepinfer_server.protocol.core.json_types import JsonObject
 from deepinfer_server.protocol.core.recipe import RecipeContext, recipe_errors
 from deepinfer_server.protocol.core.validation import check_chat_fields, check_model, optional_bool
 
@@ -41,7 +41,7 @@ _PROMPT_FIELDS = frozenset({"model", "prompt", "add_special_tokens", "return_tok
 _FILE_FIELDS = frozenset({"vocab_file", "merges_file", "tokenizer_file"})
 
 
-def tokenize(body: dict[str, Any], recipe: RecipeContext) -> dict[str, Any]:
+def tokenize(body: JsonObject, recipe: RecipeContext) -> JsonObject:
     """vLLM's TokenizeResponse for a decoded `/tokenize` body: `count`, `max_model_len`,
     `tokens` and `token_strs` (null unless `return_token_strs`)."""
     if body.get("model") is not None:
@@ -62,7 +62,7 @@ def tokenize(body: dict[str, Any], recipe: RecipeContext) -> dict[str, Any]:
     }
 
 
-def _prompt_tokens(body: dict[str, Any], recipe: RecipeContext) -> list[int]:
+def _prompt_tokens(body: JsonObject, recipe: RecipeContext) -> list[int]:
     unknown = sorted(set(body) - _PROMPT_FIELDS)
     if unknown:
         raise BadRequestError(
@@ -79,7 +79,27 @@ def _prompt_tokens(body: dict[str, Any], recipe: RecipeContext) -> list[int]:
     return list(recipe.tokenizer.encode(prompt))
 
 
-def _chat_tokens(body: dict[str, Any], recipe: RecipeContext) -> list[int]:
+def _chat_tokens(body: JsonObject, recipe: RecipeContext) -> list[int]:
+    _reject_template_fields(body)
+    continue_final = _continues_final_message(body)
+    fields = {k: v for k, v in body.items() if k not in _CHAT_TOKENIZE_FIELDS}
+    chat = {"model": recipe.model_name, **fields}
+    check_chat_fields(chat)
+    converted, _ = convert_chat(
+        _continued(recipe_body(chat, read_chat_body(chat)), continue_final), recipe
+    )
+    if image_sources(converted):
+        raise BadRequestError(
+            "images are not supported by /tokenize: their token count depends on the decoded "
+            "image (send the request to /v1/chat/completions)",
+            param="messages",
+            kind=ErrorKind.UNSUPPORTED,
+        )
+    with recipe_errors():
+        return recipe.encode(converted.conversation)
+
+
+def _reject_template_fields(body: JsonObject) -> None:
     for name in _TEMPLATE_FIELDS:
         if body.get(name) is not None:
             raise BadRequestError(
@@ -88,6 +108,10 @@ def _chat_tokens(body: dict[str, Any], recipe: RecipeContext) -> list[int]:
                 param=name,
                 kind=ErrorKind.UNSUPPORTED,
             )
+
+
+def _continues_final_message(body: JsonObject) -> bool:
+    """Whether the last (assistant) message is continued rather than answered."""
     generation_prompt = body.get("add_generation_prompt")
     continue_final = optional_bool(body, "continue_final_message")
     optional_bool(body, "add_special_tokens")  # the rendering starts with BOS either way
@@ -108,32 +132,24 @@ def _chat_tokens(body: dict[str, Any], recipe: RecipeContext) -> list[int]:
             param="add_generation_prompt",
             kind=ErrorKind.UNSUPPORTED,
         )
-    chat = {k: v for k, v in body.items() if k not in _CHAT_TOKENIZE_FIELDS}
-    chat.setdefault("model", recipe.model_name)
-    check_chat_fields(chat)
-    chat["messages"] = merge_assistant_runs(chat["messages"])
-    if continue_final:
-        last = chat["messages"][-1]
-        if last.get("role") != "assistant":
-            raise BadRequestError(
-                "continue_final_message needs an assistant message last",
-                param="continue_final_message",
-            )
-        # DeepSeek's own spelling of the same: the last assistant message is continued.
-        chat["messages"][-1] = {**last, "prefix": True}
-    converted, _ = convert_chat(chat, recipe)
-    if image_sources(converted):
+    return continue_final
+
+
+def _continued(chat: JsonObject, continue_final: bool) -> JsonObject:
+    """The recipe's body with its last assistant message continued (DeepSeek's own spelling of
+    continue_final_message: `prefix`)."""
+    if not continue_final:
+        return chat
+    *earlier, last = chat["messages"]
+    if last.get("role") != "assistant":
         raise BadRequestError(
-            "images are not supported by /tokenize: their token count depends on the decoded "
-            "image (send the request to /v1/chat/completions)",
-            param="messages",
-            kind=ErrorKind.UNSUPPORTED,
+            "continue_final_message needs an assistant message last",
+            param="continue_final_message",
         )
-    with recipe_errors():
-        return recipe.encode(converted.conversation)
+    return {**chat, "messages": [*earlier, {**last, "prefix": True}]}
 
 
-def detokenize(body: dict[str, Any], recipe: RecipeContext) -> dict[str, Any]:
+def detokenize(body: JsonObject, recipe: RecipeContext) -> JsonObject:
     """vLLM's DetokenizeResponse, `{"prompt": text}`: the tokens decoded with special tokens
     kept, as vLLM decodes them."""
     if body.get("model") is not None:
@@ -151,7 +167,7 @@ def detokenize(body: dict[str, Any], recipe: RecipeContext) -> dict[str, Any]:
     return {"prompt": recipe.decoder.decode(tokens, skip_special_tokens=False)}
 
 
-def tokenizer_info(recipe: RecipeContext) -> dict[str, Any]:
+def tokenizer_info(recipe: RecipeContext) -> JsonObject:
     """vLLM's TokenizerInfoResponse: the tokenizer's configuration (`tokenizer_config.json`
     without file paths, special tokens as their text) with its `tokenizer_class`."""
     info = {k: _plain(v) for k, v in recipe.tokenizer_config.items() if k not in _FILE_FIELDS}
