@@ -12,7 +12,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from deepinfer_server.api.sse import SSEResponse
-from deepinfer_server.api.token_stream import ProtocolOutput
 from deepinfer_server.coordinator.handle import RequestHandle
 from deepinfer_server.errors import ApiError
 from deepinfer_server.grammar import Constraint
@@ -20,6 +19,7 @@ from deepinfer_server.ipc.messages import Images, SamplingOptions
 from deepinfer_server.metrics import RequestRecord
 from deepinfer_server.protocol.core.json_types import JsonObject
 from deepinfer_server.protocol.core.recipe import RecipeContext
+from deepinfer_server.services.token_stream import ProtocolOutput
 
 
 class Prepared(Protocol):

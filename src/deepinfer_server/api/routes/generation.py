@@ -17,7 +17,6 @@ from deepinfer_server.api.endpoint import json_frame, serve_generation
 from deepinfer_server.api.generation_protocol import GenerationProtocol, P, Session
 from deepinfer_server.api.sse import DONE_FRAME, data_frames
 from deepinfer_server.api.store_session import open_session
-from deepinfer_server.api.token_stream import ProtocolOutput
 from deepinfer_server.errors import ApiError
 from deepinfer_server.protocol.chat.output import ChatOutput
 from deepinfer_server.protocol.chat.request import prepare_chat
@@ -34,6 +33,7 @@ from deepinfer_server.protocol.messages.output import messages_output
 from deepinfer_server.protocol.messages.request import prepare_messages
 from deepinfer_server.protocol.responses.output import responses_output
 from deepinfer_server.protocol.responses.request import prepare_responses
+from deepinfer_server.services.token_stream import ProtocolOutput
 
 
 def _joined(payloads: list[str]) -> bytes:
