@@ -22,7 +22,6 @@ from starlette.responses import Response
 from deepinfer_server.api.auth import tenant_of
 from deepinfer_server.api.body import read_json_body
 from deepinfer_server.api.cache_partition import cache_partition
-from deepinfer_server.api.disaggregation import request_kv_transfer, with_handoff
 from deepinfer_server.api.disconnect import until_disconnect
 from deepinfer_server.api.error_responses import as_api_error
 from deepinfer_server.api.fan_out import merge_streams, submit_all
@@ -31,6 +30,7 @@ from deepinfer_server.api.sse import FrameWriter, SSEResponse, complete, write_a
 from deepinfer_server.api.state import AppState
 from deepinfer_server.api.token_stream import ProtocolOutput, TokenStream
 from deepinfer_server.coordinator.handle import RequestHandle
+from deepinfer_server.disaggregation.handoff.requests import request_kv_transfer, with_handoff
 from deepinfer_server.errors import ApiError, BadRequestError
 from deepinfer_server.grammar import Constraint
 from deepinfer_server.ipc.messages import AbortReason, Images, SamplingOptions

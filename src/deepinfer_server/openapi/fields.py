@@ -44,7 +44,7 @@ CACHE_SALT = string(
 )
 ANY_OBJECT: Schema = {"type": "object"}
 #: Prefill/decode disaggregation's handoff (vLLM's field): its fields are
-#: `ipc.kv_transfer.KVTransferParams`, checked by a decode server.
+#: `disaggregation.handoff.params.KVTransferParams`, checked by a decode server.
 KV_TRANSFER_PARAMS: Schema = {
     "anyOf": [
         {

@@ -9,15 +9,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from deepinfer_server.api.disaggregation import request_kv_transfer
-from deepinfer_server.engines.disaggregation.held import HeldKV
-from deepinfer_server.errors import BadRequestError
-from deepinfer_server.ipc.kv_transfer import (
+from deepinfer_server.disaggregation.handoff.bootstrap import bootstrap_call, bootstrap_ping
+from deepinfer_server.disaggregation.handoff.params import (
     KVTransferParams,
-    bootstrap_call,
-    bootstrap_ping,
     parse_kv_transfer_params,
 )
+from deepinfer_server.disaggregation.handoff.requests import request_kv_transfer
+from deepinfer_server.disaggregation.transfer.held import HeldKV
+from deepinfer_server.errors import BadRequestError
 
 HANDOFF: dict[str, Any] = KVTransferParams(
     remote_host="10.0.0.7",
@@ -98,7 +97,7 @@ def test_held_kv_is_freed_when_released_or_when_its_time_is_up() -> None:
 
 
 def test_the_bootstrap_port_queues_releases_and_answers_pings() -> None:
-    from deepinfer_server.engines.disaggregation.bootstrap import BootstrapServer
+    from deepinfer_server.disaggregation.transfer.bootstrap import BootstrapServer
 
     server = BootstrapServer("127.0.0.1", 0, "feed")
     try:
@@ -116,7 +115,7 @@ def test_the_bootstrap_port_queues_releases_and_answers_pings() -> None:
 @pytest.mark.disaggregation
 def test_two_transfer_engines_move_registered_memory_over_loopback_tcp() -> None:
     pytest.importorskip("mooncake.engine", reason="needs the disaggregation extra")
-    from deepinfer_server.engines.disaggregation.agent import TransferAgent, TransferError
+    from deepinfer_server.disaggregation.transfer.agent import TransferAgent, TransferError
 
     source, sink = TransferAgent("127.0.0.1"), TransferAgent("127.0.0.1")
     data = np.arange(4096, dtype=np.int32)
@@ -141,8 +140,8 @@ def test_two_transfer_engines_move_registered_memory_over_loopback_tcp() -> None
 
 
 def test_a_decode_server_is_unhealthy_only_when_no_known_prefill_peer_answers() -> None:
-    from deepinfer_server.api.disaggregation import PEER_MEMORY_SECONDS, PrefillPeers
-    from deepinfer_server.engines.disaggregation.bootstrap import BootstrapServer
+    from deepinfer_server.disaggregation.handoff.peers import PEER_MEMORY_SECONDS, PrefillPeers
+    from deepinfer_server.disaggregation.transfer.bootstrap import BootstrapServer
 
     def peer(port: int) -> KVTransferParams:
         return parse_kv_transfer_params(

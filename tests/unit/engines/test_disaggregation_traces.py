@@ -24,10 +24,10 @@ import pytest
 from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
+from deepinfer_server.disaggregation.handoff.params import KVTransferParams
 from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver
 from deepinfer_server.engines.simulated import disaggregation
 from deepinfer_server.engines.simulated.engine import LLMEngine
-from deepinfer_server.ipc.kv_transfer import KVTransferParams
 from deepinfer_server.ipc.messages import Finish, RequestDelta
 
 from .test_simulated_disaggregation import add, make

@@ -10,12 +10,12 @@ from functools import cache
 import msgspec
 import pytest
 
+from deepinfer_server.disaggregation.handoff.params import KVTransferParams
 from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver
 from deepinfer_server.engines.simulated.collectives import new_lockstep_group
 from deepinfer_server.engines.simulated.engine import LLMEngine, SimEngineArgs
 from deepinfer_server.engines.simulated.outputs import RequestOutput
 from deepinfer_server.ipc.codec import pack_token_ids
-from deepinfer_server.ipc.kv_transfer import KVTransferParams
 from deepinfer_server.ipc.messages import AddRequest, Finish, RequestDelta, SamplingOptions
 from deepinfer_server.model.tokenizer import embedded_tokenizer_json
 

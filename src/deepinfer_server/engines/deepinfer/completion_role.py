@@ -22,6 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from deepinfer_server.disaggregation.handoff.params import KV_BLOCK_SIZE, KVTransferParams
+from deepinfer_server.disaggregation.transfer.agent import TransferAgent
+from deepinfer_server.disaggregation.transfer.pulls import Pulls
+from deepinfer_server.disaggregation.transfer.stats import TransferStats
 from deepinfer_server.engines.deepinfer.cache_memory import CacheMemory, allocate
 from deepinfer_server.engines.deepinfer.role_grammar import (
     GRAMMAR_FAILED,
@@ -29,10 +33,6 @@ from deepinfer_server.engines.deepinfer.role_grammar import (
     without_grammar,
 )
 from deepinfer_server.engines.deepinfer.role_settings import RoleSettings
-from deepinfer_server.engines.disaggregation.agent import TransferAgent
-from deepinfer_server.engines.disaggregation.pulls import Pulls
-from deepinfer_server.engines.disaggregation.stats import TransferStats
-from deepinfer_server.ipc.kv_transfer import KV_BLOCK_SIZE, KVTransferParams
 
 #: The finish string of a failed transfer; the reason follows the colon.
 FINISH_KV_TRANSFER_FAILED = "kv_transfer_failed"

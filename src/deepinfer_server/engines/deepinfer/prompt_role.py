@@ -28,13 +28,13 @@ from typing import Any
 
 import numpy as np
 
+from deepinfer_server.disaggregation.handoff.params import KV_BLOCK_SIZE, KVTransferParams
+from deepinfer_server.disaggregation.transfer.agent import TransferAgent
+from deepinfer_server.disaggregation.transfer.bootstrap import BootstrapServer
+from deepinfer_server.disaggregation.transfer.held import HeldKV
 from deepinfer_server.engines.deepinfer.cache_memory import CacheMemory, allocate
 from deepinfer_server.engines.deepinfer.role_grammar import build_grammar, without_grammar
 from deepinfer_server.engines.deepinfer.role_settings import RoleSettings
-from deepinfer_server.engines.disaggregation.agent import TransferAgent
-from deepinfer_server.engines.disaggregation.bootstrap import BootstrapServer
-from deepinfer_server.engines.disaggregation.held import HeldKV
-from deepinfer_server.ipc.kv_transfer import KV_BLOCK_SIZE, KVTransferParams
 
 logger = logging.getLogger(__name__)
 

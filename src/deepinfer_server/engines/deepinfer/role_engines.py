@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from deepinfer_server.disaggregation.handoff.params import KVTransferParams
+from deepinfer_server.disaggregation.transfer.stats import TransferStats
 from deepinfer_server.engines.deepinfer.completion_role import CompletionRole
 from deepinfer_server.engines.deepinfer.prompt_role import PromptRole
 from deepinfer_server.engines.deepinfer.role_settings import RoleSettings
-from deepinfer_server.engines.disaggregation.stats import TransferStats
-from deepinfer_server.ipc.kv_transfer import KVTransferParams
 
 
 def prompt_engine(base: type[Any], settings: RoleSettings) -> type[Any]:

@@ -23,11 +23,12 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from deepinfer_server.engines.disaggregation.agent import TransferAgent
-from deepinfer_server.engines.disaggregation.bootstrap import BootstrapServer
-from deepinfer_server.engines.disaggregation.held import HeldKV
-from deepinfer_server.engines.disaggregation.pulls import Pulls
-from deepinfer_server.engines.disaggregation.stats import TransferStats
+from deepinfer_server.disaggregation.handoff.params import KV_BLOCK_SIZE, KVTransferParams
+from deepinfer_server.disaggregation.transfer.agent import TransferAgent
+from deepinfer_server.disaggregation.transfer.bootstrap import BootstrapServer
+from deepinfer_server.disaggregation.transfer.held import HeldKV
+from deepinfer_server.disaggregation.transfer.pulls import Pulls
+from deepinfer_server.disaggregation.transfer.stats import TransferStats
 from deepinfer_server.engines.simulated.kv_blocks import AllocStatus, KVBlocks, blocks_for
 from deepinfer_server.engines.simulated.kv_memory import KVMemory, writer_id
 from deepinfer_server.engines.simulated.outputs import OutputRecord
@@ -35,7 +36,6 @@ from deepinfer_server.engines.simulated.request_table import RequestTable
 from deepinfer_server.engines.simulated.sequence import FINISH_LENGTH, FINISH_STOP, Sequence
 from deepinfer_server.engines.simulated.state_slots import StateSlots
 from deepinfer_server.engines.simulated.token_generator import TokenGenerator
-from deepinfer_server.ipc.kv_transfer import KV_BLOCK_SIZE, KVTransferParams
 
 #: The finish string of a failed transfer; the reason follows the colon.
 FINISH_KV_TRANSFER_FAILED = "kv_transfer_failed"

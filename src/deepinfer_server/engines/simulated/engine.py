@@ -34,8 +34,9 @@ import numpy as np
 import numpy.typing as npt
 from tokenizers import Tokenizer
 
-from deepinfer_server.engines.disaggregation.agent import TransferAgent
-from deepinfer_server.engines.disaggregation.stats import TransferStats
+from deepinfer_server.disaggregation.handoff.params import KVTransferParams
+from deepinfer_server.disaggregation.transfer.agent import TransferAgent
+from deepinfer_server.disaggregation.transfer.stats import TransferStats
 from deepinfer_server.engines.simulated.collectives import Ballot, LockstepGroup, Tally
 from deepinfer_server.engines.simulated.disaggregation import DecodeRole, PrefillRole
 from deepinfer_server.engines.simulated.kv_blocks import KVBlocks, default_pool
@@ -56,7 +57,6 @@ from deepinfer_server.engines.simulated.sequence import FINISH_ABORT, Sequence
 from deepinfer_server.engines.simulated.state_slots import StateSlots
 from deepinfer_server.engines.simulated.step_clock import StepClock
 from deepinfer_server.engines.simulated.token_generator import TokenGenerator
-from deepinfer_server.ipc.kv_transfer import KVTransferParams
 from deepinfer_server.model.tokens import EOS_TOKEN
 
 logger = logging.getLogger(__name__)

@@ -16,8 +16,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from deepinfer_server.engines.disaggregation.agent import TransferAgent, TransferError
-from deepinfer_server.ipc.kv_transfer import KVTransferParams, bootstrap_call
+from deepinfer_server.disaggregation.handoff.bootstrap import bootstrap_call
+from deepinfer_server.disaggregation.handoff.params import KVTransferParams
+from deepinfer_server.disaggregation.transfer.agent import TransferAgent, TransferError
 
 logger = logging.getLogger(__name__)
 

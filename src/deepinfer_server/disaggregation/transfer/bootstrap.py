@@ -1,4 +1,4 @@
-"""BootstrapServer: a prefill rank's bootstrap port (`ipc.kv_transfer`'s protocol).
+"""BootstrapServer: a prefill rank's bootstrap port (`handoff.bootstrap`'s protocol).
 
 It runs in threads of its own beside the rank's loop: a release notice is queued for the
 loop's thread (the engine's owner), which frees the held KV at its next step.
