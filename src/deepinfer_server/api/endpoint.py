@@ -31,6 +31,7 @@ from deepinfer_server.api.state import AppState
 from deepinfer_server.api.token_stream import ProtocolOutput, TokenStream
 from deepinfer_server.coordinator.handle import RequestHandle
 from deepinfer_server.disaggregation.handoff.requests import request_kv_transfer, with_handoff
+from deepinfer_server.disaggregation.role import DisaggregationRole
 from deepinfer_server.errors import ApiError, BadRequestError
 from deepinfer_server.grammar import Constraint
 from deepinfer_server.ipc.messages import AbortReason, Images, SamplingOptions
@@ -180,7 +181,10 @@ async def serve_generation(request: Request, protocol: GenerationProtocol) -> Re
         sampling = choices[index].sampling
         if structured is not None:
             sampling = msgspec.structs.replace(sampling, structured=structured)
-        if sampling.thinking_budget is not None and config.disaggregation_mode == "prefill":
+        if (
+            sampling.thinking_budget is not None
+            and config.disaggregation_mode is DisaggregationRole.PREFILL
+        ):
             # A prefill server computes the prompt and its first token for the handoff; the
             # budget is the decode side's, which refuses it.
             sampling = msgspec.structs.replace(sampling, thinking_budget=None)

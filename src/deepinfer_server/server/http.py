@@ -32,6 +32,7 @@ from deepinfer_server.concurrency import first_of
 from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.coordinator.coordinator import Coordinator
 from deepinfer_server.disaggregation.handoff.peers import PrefillPeers
+from deepinfer_server.disaggregation.role import DisaggregationRole
 from deepinfer_server.engines.registry import get_backend
 from deepinfer_server.errors import ShuttingDownError, StartupError, StoreUnavailableError
 from deepinfer_server.grammar.compile_queue import QueueLimits
@@ -234,7 +235,9 @@ def build_server(
         structured=structured,
         peers=peers,
         store=store,
-        prefill_peers=PrefillPeers() if config.disaggregation_mode == "decode" else None,
+        prefill_peers=PrefillPeers()
+        if config.disaggregation_mode is DisaggregationRole.DECODE
+        else None,
     )
     metrics.watch_compile_queue(structured.queue_stats)
     metrics.watch_receive_buffer(lambda: state.receiving.used)

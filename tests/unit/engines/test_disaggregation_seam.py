@@ -15,6 +15,7 @@ from deepinfer_server.disaggregation.handoff.params import (
     parse_kv_transfer_params,
 )
 from deepinfer_server.disaggregation.handoff.requests import request_kv_transfer
+from deepinfer_server.disaggregation.role import DisaggregationRole
 from deepinfer_server.disaggregation.transfer.held import HeldKV
 from deepinfer_server.errors import BadRequestError
 
@@ -58,20 +59,22 @@ def test_a_malformed_handoff_is_refused_with_its_reason(change: dict[str, Any], 
 
 def test_each_role_accepts_only_its_own_kind_of_kv_transfer_params() -> None:
     handoff = {"kv_transfer_params": dict(HANDOFF)}
-    assert request_kv_transfer(handoff, "decode", 1, 200) is not None
+    assert request_kv_transfer(handoff, DisaggregationRole.DECODE, 1, 200) is not None
     assert (
-        request_kv_transfer({"kv_transfer_params": {"do_remote_decode": True}}, "prefill", 1, 9)
+        request_kv_transfer(
+            {"kv_transfer_params": {"do_remote_decode": True}}, DisaggregationRole.PREFILL, 1, 9
+        )
         is None
     )
-    assert request_kv_transfer({}, "prefill", 1, 9) is None
-    assert request_kv_transfer({}, "null", 2, 9) is None
+    assert request_kv_transfer({}, DisaggregationRole.PREFILL, 1, 9) is None
+    assert request_kv_transfer({}, DisaggregationRole.NULL, 2, 9) is None
     refused = [
-        (handoff, "null", 1, 200),  # a NORMAL server takes no handoff
-        (handoff, "prefill", 1, 200),  # a decode request sent to a prefill server
-        ({}, "decode", 1, 200),  # a COMPLETION engine cannot prefill
-        (handoff, "decode", 2, 200),  # one handoff, one choice
-        (handoff, "decode", 1, 150),  # not this prompt
-        ({"kv_transfer_params": "x"}, "decode", 1, 200),
+        (handoff, DisaggregationRole.NULL, 1, 200),  # a NORMAL server takes no handoff
+        (handoff, DisaggregationRole.PREFILL, 1, 200),  # a decode request sent to a prefill server
+        ({}, DisaggregationRole.DECODE, 1, 200),  # a COMPLETION engine cannot prefill
+        (handoff, DisaggregationRole.DECODE, 2, 200),  # one handoff, one choice
+        (handoff, DisaggregationRole.DECODE, 1, 150),  # not this prompt
+        ({"kv_transfer_params": "x"}, DisaggregationRole.DECODE, 1, 200),
     ]
     for body, mode, choices, length in refused:
         with pytest.raises(BadRequestError) as caught:

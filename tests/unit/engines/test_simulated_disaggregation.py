@@ -11,6 +11,7 @@ import msgspec
 import pytest
 
 from deepinfer_server.disaggregation.handoff.params import KVTransferParams
+from deepinfer_server.disaggregation.role import DisaggregationRole
 from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver
 from deepinfer_server.engines.simulated.collectives import new_lockstep_group
 from deepinfer_server.engines.simulated.engine import LLMEngine, SimEngineArgs
@@ -45,7 +46,7 @@ def make(mode: str, **overrides: object) -> tuple[LLMEngine, LLMEngineDriver]:
         itl_ms=0,
         max_model_len=4096,
         max_num_seqs=4,
-        disaggregation_mode=mode,
+        disaggregation_mode=DisaggregationRole(mode),
         disaggregation_host="127.0.0.1",
         disaggregation_bootstrap_port=_free_port(),
     )

@@ -25,6 +25,7 @@ from deepinfer_server.disaggregation.handoff.params import (
     check_prefill_request_params,
     parse_kv_transfer_params,
 )
+from deepinfer_server.disaggregation.role import DisaggregationRole
 from deepinfer_server.errors import BadRequestError
 
 _PARAM = "kv_transfer_params"
@@ -32,7 +33,7 @@ _PARAM = "kv_transfer_params"
 
 def request_kv_transfer(
     body: dict[str, Any],
-    mode: str,
+    mode: DisaggregationRole,
     choices: int,
     prompt_length: int,
     thinking_budget: bool = False,
@@ -43,7 +44,7 @@ def request_kv_transfer(
     request whose prompt holds the reasoning, which a decode engine would have to prefill."""
     value = body.get(_PARAM)
     try:
-        if mode == "null":
+        if mode is DisaggregationRole.NULL:
             if value is not None:
                 raise ValueError(
                     "this server runs no prefill/decode disaggregation role "
@@ -55,7 +56,7 @@ def request_kv_transfer(
                 f"a {mode} server serves one choice per request (n = 1): the KV of one "
                 "prompt is handed off once"
             )
-        if mode == "prefill":
+        if mode is DisaggregationRole.PREFILL:
             check_prefill_request_params(value)
             return None
         if thinking_budget:
