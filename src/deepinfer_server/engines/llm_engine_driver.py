@@ -47,6 +47,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from deepinfer_server.engines.abilities import EngineAbilities
 from deepinfer_server.engines.thinking_budget import BudgetedRequest, ThinkingBudgets
 from deepinfer_server.errors import ErrorKind
 from deepinfer_server.ipc.codec import unpack_token_ids
@@ -148,10 +149,18 @@ class LLMEngineDriver:
     """Drives one LLMEngine for the rank loop. Not thread-safe: the loop's thread owns it."""
 
     def __init__(
-        self, engine: LLMEngine, reader: type[OutputReader], *, count_drafts: bool = False
+        self,
+        engine: LLMEngine,
+        reader: type[OutputReader],
+        abilities: EngineAbilities | None = None,
+        *,
+        count_drafts: bool = False,
     ) -> None:
         self._engine = engine
         self._reader = reader
+        #: What the engine has beyond `LLMEngine` (nothing, unless its builder says so).
+        self._abilities = abilities if abilities is not None else EngineAbilities()
+        self._connector = self._abilities.connector
         self._eos_id = int(engine.eos_id)
         #: Live requests and what per-token data each asked for.
         self._live: dict[str, SamplingOptions] = {}
@@ -160,14 +169,9 @@ class LLMEngineDriver:
         self._unplaced_aborts: set[str] = set()
         #: Requests added since the last read, with the prompt tokens the engine reused.
         self._started: dict[str, int] = {}
-        #: The engine's `prefix_cache_stats()`, when it has a prefix cache.
-        self._cache_stats = getattr(engine, "prefix_cache_stats", None)
         self._last_stats: PrefixCacheStats | None = None
         #: Prompt tokens computed, counted here for an engine that does not count them.
-        self._counts_computed = hasattr(engine, "prompt_tokens_computed")
-        self._pop_handoff = getattr(engine, "pop_kv_handoff", None)
-        #: (request ID, finish string) of requests that ended outside the engine's scheduler.
-        self._take_ended = getattr(engine, "take_ended_requests", None)
+        self._counts_computed = self._abilities.prompt_tokens_computed() is not None
         self._computed = 0
         self._last_counters = EngineCounters()
         self._budgets = ThinkingBudgets()
@@ -214,7 +218,7 @@ class LLMEngineDriver:
             # (`LLMEngine.add_request` and `multi_modal_fetch` in engine/llm_engine.py).
             multi_modal_data = request.images.as_multi_modal_data() if request.images else None
             extra_args: dict[str, Any] = {}
-            if request.cache_salt is not None and self._cache_stats is not None:
+            if request.cache_salt is not None and self._abilities.prefix_caching:
                 extra_args["cache_salt"] = request.cache_salt
             if request.kv_transfer_params is not None:
                 extra_args["extra"] = {"kv_transfer_params": request.kv_transfer_params}
@@ -309,20 +313,18 @@ class LLMEngineDriver:
         From `scheduler.get_num_free_gpu_blocks()` and `cache_config.num_gpu_blocks`; block 0
         is never allocatable. None for an engine without them.
         """
-        scheduler = getattr(self._engine, "scheduler", None)
-        cache_config = getattr(self._engine, "cache_config", None)
-        free_blocks = getattr(scheduler, "get_num_free_gpu_blocks", None)
-        total = getattr(cache_config, "num_gpu_blocks", None)
-        if free_blocks is None or not isinstance(total, int) or total < 2:
+        blocks = self._abilities.kv_blocks()
+        if blocks is None or blocks.total < 2:
             return None
-        usable = total - 1
-        return min(1.0, max(0.0, (usable - int(free_blocks())) / usable))
+        usable = blocks.total - 1
+        return min(1.0, max(0.0, (usable - blocks.free) / usable))
 
     def prefix_cache_stats(self) -> PrefixCacheStats | None:
         """The engine's prefix-cache counters, or None when it has no prefix cache."""
-        if self._cache_stats is None:
+        stats = self._abilities.prefix_cache_stats()
+        if stats is None:
             return None
-        queries, hits, sequences = self._cache_stats()
+        queries, hits, sequences = stats
         last = self._last_stats
         if last is None or (last.queries, last.hits, last.sequences) != (queries, hits, sequences):
             last = self._last_stats = PrefixCacheStats(int(queries), int(hits), int(sequences))
@@ -331,12 +333,10 @@ class LLMEngineDriver:
     def counters(self) -> EngineCounters | None:
         """The engine's disaggregation counters, or None when nothing changed since the last
         call."""
-        engine = self._engine
-        computed = int(getattr(engine, "prompt_tokens_computed", self._computed))
-        stats_of = getattr(engine, "kv_transfer_stats", None)
-        stats = stats_of() if stats_of is not None else None
-        held_of = getattr(engine, "held_kv", None)
-        counters = EngineCounters(computed, held_kv=int(held_of()) if held_of else 0)
+        counted = self._abilities.prompt_tokens_computed()
+        computed = self._computed if counted is None else counted
+        stats = self._connector.transfer_stats()
+        counters = EngineCounters(computed, held_kv=self._connector.held_count())
         self._drafts.fill(counters)
         if stats is not None:
             counters.kv_transfer_bytes = stats.bytes
@@ -404,13 +404,12 @@ class LLMEngineDriver:
                 delta.finish = finish
                 if finish is Finish.KV_TRANSFER_FAILED:
                     delta.detail = reason.partition(":")[2] or None
-                elif self._pop_handoff is not None:
-                    delta.kv_transfer_params = self._pop_handoff(request_id)
+                else:
+                    delta.kv_transfer_params = self._connector.pop_handoff(request_id)
                 del self._live[request_id]
                 self._prompt_logprobs_sent.discard(request_id)
                 self._budgets.forget(request_id)
-        if self._take_ended is not None:
-            self._read_ended(by_request)
+        self._read_ended(by_request)
         if self._started:
             self._report_started(by_request)
         return list(by_request.values())
@@ -418,8 +417,7 @@ class LLMEngineDriver:
     def _read_ended(self, by_request: dict[str, RequestDelta]) -> None:
         """Finish the requests the engine ended outside its scheduler (a failed KV pull on a
         COMPLETION engine: DeepInfer's output pool makes no handle for those)."""
-        assert self._take_ended is not None
-        for engine_id, reason in self._take_ended():
+        for engine_id, reason in self._connector.take_ended():
             request_id = self._budgets.request_of(engine_id)
             sampling = self._live.pop(request_id, None) if request_id is not None else None
             if request_id is None or sampling is None:
@@ -500,7 +498,7 @@ class LLMEngineDriver:
         request = tracked.request
         sampling = request.sampling
         extra_args: dict[str, Any] = {}
-        if request.cache_salt is not None and self._cache_stats is not None:
+        if request.cache_salt is not None and self._abilities.prefix_caching:
             extra_args["cache_salt"] = request.cache_salt
         prompt = tracked.continuation_prompt()
         try:

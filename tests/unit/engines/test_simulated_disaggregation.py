@@ -13,6 +13,7 @@ import pytest
 from deepinfer_server.disaggregation.handoff.params import KVTransferParams
 from deepinfer_server.disaggregation.role import DisaggregationRole
 from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver
+from deepinfer_server.engines.simulated.abilities import SimulatedAbilities
 from deepinfer_server.engines.simulated.collectives import new_lockstep_group
 from deepinfer_server.engines.simulated.engine import LLMEngine, SimEngineArgs
 from deepinfer_server.engines.simulated.outputs import RequestOutput
@@ -53,7 +54,7 @@ def make(mode: str, **overrides: object) -> tuple[LLMEngine, LLMEngineDriver]:
     for key, value in overrides.items():
         setattr(args, key, value)
     engine = LLMEngine.from_engine_args(args)
-    return engine, LLMEngineDriver(engine, RequestOutput)
+    return engine, LLMEngineDriver(engine, RequestOutput, SimulatedAbilities(engine))
 
 
 @pytest.fixture

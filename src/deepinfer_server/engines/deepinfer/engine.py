@@ -17,6 +17,7 @@ from typing import Any
 
 from deepinfer_server.disaggregation.role import DisaggregationRole
 from deepinfer_server.engines.backend import BuiltEngine, EngineSpec, SharedState
+from deepinfer_server.engines.deepinfer.abilities import DeepInferAbilities
 from deepinfer_server.engines.deepinfer.backend import DeepInferOptions
 from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver
 
@@ -112,18 +113,10 @@ def engine_children() -> list[BaseProcess]:
 def _engine_class(spec: EngineSpec, base: type[Any]) -> type[Any]:
     """DeepInfer's LLMEngine, or the server's subclass of it for the rank's role or cache."""
     if spec.disaggregation_mode.disaggregated:
-        from deepinfer_server.engines.deepinfer.role_engines import (
-            completion_engine,
-            prompt_engine,
-        )
+        from deepinfer_server.engines.deepinfer.role_engines import role_engine
         from deepinfer_server.engines.deepinfer.role_settings import RoleSettings
 
-        role = (
-            prompt_engine
-            if spec.disaggregation_mode is DisaggregationRole.PREFILL
-            else completion_engine
-        )
-        return role(base, RoleSettings.of(spec))
+        return role_engine(base, spec.disaggregation_mode, RoleSettings.of(spec))
     if spec.enable_prefix_caching:
         from deepinfer_server.engines.deepinfer.prefix_engine import prefix_caching_engine
 
@@ -162,5 +155,17 @@ def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:
         spec.rank,
         ", ".join(child.name for child in children) or "no child processes",
     )
-    driver = LLMEngineDriver(engine, RequestOutput, count_drafts=spec.speculative_tokens > 0)
+    driver = LLMEngineDriver(
+        engine, RequestOutput, _abilities(spec, engine), count_drafts=spec.speculative_tokens > 0
+    )
     return BuiltEngine(driver, children)
+
+
+def _abilities(spec: EngineSpec, engine: Any) -> DeepInferAbilities:
+    """What the driver reads of the engine `_engine_class` built for `spec`: its role's
+    connector, or its prefix cache."""
+    if spec.disaggregation_mode.disaggregated:
+        return DeepInferAbilities(engine, connector=engine.role)
+    if spec.enable_prefix_caching:
+        return DeepInferAbilities(engine, prefix_cache=engine.prefix_cache)
+    return DeepInferAbilities(engine)
