@@ -276,7 +276,7 @@ def test_speculative_decoding_on_deepinfers_scheduler(checkpoint: Path) -> None:
                     entry["finish"] = delta.finish.name
             if not unfinished and not deltas and DRIVER.num_live == 0:
                 break
-        counters = DRIVER.counters() or DRIVER._last_counters
+        counters = DRIVER.counters() or DRIVER._readouts._last_counters
         RESULT = {
             "run": {
                 rid: {
