@@ -14,6 +14,8 @@ import socketserver
 import threading
 from typing import Any
 
+from deepinfer_server.disaggregation.transfer.queues import drain
+
 logger = logging.getLogger(__name__)
 
 
@@ -65,12 +67,7 @@ class BootstrapServer:
 
     def take_released(self) -> list[str]:
         """The transfer IDs released since the last call."""
-        released: list[str] = []
-        while True:
-            try:
-                released.append(self._server.released.get_nowait())
-            except queue.Empty:
-                return released
+        return drain(self._server.released)
 
     def close(self) -> None:
         self._server.shutdown()
