@@ -42,8 +42,6 @@ from deepinfer_server.engines.abilities import EngineAbilities
 from deepinfer_server.engines.driver.aborts import UnplacedAborts
 from deepinfer_server.engines.driver.budgets import DueContinuation, ReasoningBudgets
 from deepinfer_server.engines.driver.contract import (
-    FINISH_REASONS,
-    KV_TRANSFER_FAILED,
     LLMEngine,
     OutputReader,
     empty_tokens,
@@ -64,15 +62,6 @@ from deepinfer_server.ipc.messages import (
     RequestRejected,
     SamplingOptions,
 )
-
-__all__ = [
-    "FINISH_REASONS",
-    "KV_TRANSFER_FAILED",
-    "LLMEngine",
-    "LLMEngineDriver",
-    "OutputReader",
-    "finish_of",
-]
 
 logger = logging.getLogger(__name__)
 

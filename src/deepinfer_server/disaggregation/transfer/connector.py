@@ -24,6 +24,15 @@ from deepinfer_server.disaggregation.transfer.held import HeldKV
 from deepinfer_server.disaggregation.transfer.pulls import Pulls
 from deepinfer_server.disaggregation.transfer.stats import TransferStats
 
+#: The finish string of a request whose KV transfer failed, before ":<reason>" (the reason is
+#: the `deepinfer:kv_transfer_failures_total` label); the engine driver reads it back.
+KV_TRANSFER_FAILED = "kv_transfer_failed"
+
+
+def transfer_failed(reason: str) -> str:
+    """The finish string of a request whose KV transfer failed for `reason`."""
+    return f"{KV_TRANSFER_FAILED}:{reason}"
+
 
 class KVConnector:
     """What a rank's role reports to the engine driver; these defaults are a NORMAL engine's."""

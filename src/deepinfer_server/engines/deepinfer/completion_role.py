@@ -25,7 +25,7 @@ import numpy as np
 
 from deepinfer_server.disaggregation.handoff.params import KV_BLOCK_SIZE, KVTransferParams
 from deepinfer_server.disaggregation.transfer.agent import TransferAgent
-from deepinfer_server.disaggregation.transfer.connector import DecodeConnector
+from deepinfer_server.disaggregation.transfer.connector import DecodeConnector, transfer_failed
 from deepinfer_server.engines.deepinfer.cache_memory import CacheMemory, allocate
 from deepinfer_server.engines.deepinfer.role_grammar import (
     GRAMMAR_FAILED,
@@ -34,8 +34,6 @@ from deepinfer_server.engines.deepinfer.role_grammar import (
 )
 from deepinfer_server.engines.deepinfer.role_settings import RoleSettings
 
-#: The finish string of a failed transfer; the reason follows the colon.
-FINISH_KV_TRANSFER_FAILED = "kv_transfer_failed"
 #: The branch name of pulled sequences.
 BRANCH = "pd_completion"
 
@@ -259,7 +257,7 @@ class CompletionRole(DecodeConnector):
 
     def _fail(self, pending: _Pending, reason: str) -> None:
         self.stats.failures[reason] += 1
-        self.ended.append((pending.seq.request_id, f"{FINISH_KV_TRANSFER_FAILED}:{reason}"))
+        self.ended.append((pending.seq.request_id, transfer_failed(reason)))
 
     def computed_prompt_tokens(self) -> int:
         """The last token of each pulled prompt (its fork computes it again)."""

@@ -69,7 +69,4 @@ def role_engine(base: type[Any], role: DisaggregationRole, settings: RoleSetting
                 role.close()
             super().close()
 
-    RoleLLMEngine.__name__ = RoleLLMEngine.__qualname__ = (
-        "PromptLLMEngine" if role is DisaggregationRole.PREFILL else "CompletionLLMEngine"
-    )
     return RoleLLMEngine

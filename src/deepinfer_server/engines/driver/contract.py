@@ -12,6 +12,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from deepinfer_server.disaggregation.transfer.connector import KV_TRANSFER_FAILED
 from deepinfer_server.ipc.messages import Finish, GeneratedTokens, SamplingOptions
 
 #: DeepInfer's finish-reason strings (csrc/engine/sequence.hpp `get_finished_reason`) as the
@@ -24,9 +25,6 @@ FINISH_REASONS: dict[str, Finish] = {
     "insufficient_system_resource": Finish.OUT_OF_RESOURCES,
     "xgrammar runtime errors or timeout": Finish.GRAMMAR_FAILED,
 }
-
-#: The finish string of a failed KV transfer, before ":<reason>".
-KV_TRANSFER_FAILED = "kv_transfer_failed"
 
 
 class LLMEngine(Protocol):

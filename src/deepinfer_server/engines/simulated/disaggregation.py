@@ -25,7 +25,11 @@ from dataclasses import dataclass
 
 from deepinfer_server.disaggregation.handoff.params import KV_BLOCK_SIZE, KVTransferParams
 from deepinfer_server.disaggregation.transfer.agent import TransferAgent
-from deepinfer_server.disaggregation.transfer.connector import DecodeConnector, PrefillConnector
+from deepinfer_server.disaggregation.transfer.connector import (
+    DecodeConnector,
+    PrefillConnector,
+    transfer_failed,
+)
 from deepinfer_server.engines.simulated.kv_blocks import AllocStatus, KVBlocks, blocks_for
 from deepinfer_server.engines.simulated.kv_memory import KVMemory, writer_id
 from deepinfer_server.engines.simulated.outputs import OutputRecord
@@ -33,9 +37,6 @@ from deepinfer_server.engines.simulated.request_table import RequestTable
 from deepinfer_server.engines.simulated.sequence import FINISH_LENGTH, FINISH_STOP, Sequence
 from deepinfer_server.engines.simulated.state_slots import StateSlots
 from deepinfer_server.engines.simulated.token_generator import TokenGenerator
-
-#: The finish string of a failed transfer; the reason follows the colon.
-FINISH_KV_TRANSFER_FAILED = "kv_transfer_failed"
 
 
 class PrefillRole(PrefillConnector):
@@ -240,4 +241,4 @@ class DecodeRole(DecodeConnector):
 
     def _failed(self, sequence: Sequence, reason: str) -> OutputRecord:
         self.stats.failures[reason] += 1
-        return sequence.ignored_output(f"{FINISH_KV_TRANSFER_FAILED}:{reason}")
+        return sequence.ignored_output(transfer_failed(reason))
