@@ -56,11 +56,11 @@ class PromptRole(PrefillConnector):
     """The PROMPT engine's placement of prompts and hold of their KV."""
 
     def __init__(self, engine: Any, settings: RoleSettings) -> None:
-        super().__init__(settings.bootstrap_port, settings.rank, settings.hold_timeout)
         self._engine = engine
         self._settings = settings
         self.agent = TransferAgent(settings.host, settings.ib_device)
         self.memory = CacheMemory(engine.driver_worker.cache_engine, self.agent)
+        super().__init__(settings.bootstrap_port, settings.rank, settings.hold_timeout)
         #: Sequences DeepInfer built, not placed yet (in arrival order).
         self._queue: deque[Any] = deque()
         #: Placed sequences by seq_id, until their prompt step ends (or they are aborted).

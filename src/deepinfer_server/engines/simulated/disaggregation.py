@@ -51,12 +51,12 @@ class PrefillRole(PrefillConnector):
         rank: int,
         hold_timeout: float,
     ) -> None:
-        super().__init__(bootstrap_port, rank, hold_timeout)
-        self._writer = writer_id(self.engine_id)
         self._kv = kv
         self._slots = slots
         self._agent = agent
         self.memory = KVMemory(kv.cache_config.num_gpu_blocks, slots.size, agent)
+        super().__init__(bootstrap_port, rank, hold_timeout)
+        self._writer = writer_id(self.engine_id)
         self._bootstrap_port = bootstrap_port
         self._rank = rank
 
