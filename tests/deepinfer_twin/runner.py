@@ -38,6 +38,7 @@ import numpy as np
 from deepinfer._C.engine import RequestOutput
 from deepinfer.engine.arg_utils import EngineArgs
 from deepinfer.engine.llm_engine import LLMEngine
+from deepinfer_server.engines.deepinfer.abilities import DeepInferAbilities
 from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver
 from deepinfer_server.ipc.codec import pack_token_ids
 from deepinfer_server.ipc.messages import AddRequest, SamplingOptions, StructuredOutput
@@ -60,7 +61,9 @@ if OPTIONS.get("build", True):
         engine_rank=OPTIONS.get("engine_rank", 0), context_parallel_size=CP,
         stop_preempted_request=False,
     ))
-    DRIVER = LLMEngineDriver(ENGINE, RequestOutput)
+    CACHE = ENGINE.prefix_cache if OPTIONS.get("prefix_cache") is not None else None
+    ABILITIES = DeepInferAbilities(ENGINE, prefix_cache=CACHE)
+    DRIVER = LLMEngineDriver(ENGINE, RequestOutput, ABILITIES)
 
 def prompt(text):
     rendered = f"<｜begin▁of▁sentence｜><｜User｜>{text}<｜Assistant｜></think>"

@@ -260,7 +260,7 @@ def test_speculative_decoding_on_deepinfers_scheduler(checkpoint: Path) -> None:
     the real `draft_tok`/`accept_tok`. The answers (an EOS, max_tokens inside a step, a regex
     grammar) are those without speculation, in fewer, larger steps."""
     body = """
-        DRIVER = LLMEngineDriver(ENGINE, RequestOutput, count_drafts=True)
+        DRIVER = LLMEngineDriver(ENGINE, RequestOutput, ABILITIES, count_drafts=True)
         assert add("eos", "one two three four five six seven eight nine ten") is None
         assert add("length", "one two three four five six", max_tokens=6, ignore_eos=True) is None
         assert add("so", "abc def ghi", structured=StructuredOutput(
@@ -276,7 +276,7 @@ def test_speculative_decoding_on_deepinfers_scheduler(checkpoint: Path) -> None:
                     entry["finish"] = delta.finish.name
             if not unfinished and not deltas and DRIVER.num_live == 0:
                 break
-        counters = DRIVER.counters() or DRIVER._last_counters
+        counters = DRIVER.counters() or DRIVER._readouts._last_counters
         RESULT = {
             "run": {
                 rid: {

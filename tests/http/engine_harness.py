@@ -25,6 +25,7 @@ from deepinfer_server.cli import parse_config
 from deepinfer_server.coordinator.coordinator import Coordinator
 from deepinfer_server.coordinator.handle import RequestHandle
 from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver
+from deepinfer_server.engines.simulated.abilities import SimulatedAbilities
 from deepinfer_server.engines.simulated.collectives import new_lockstep_group
 from deepinfer_server.engines.simulated.engine import LLMEngine, SimEngineArgs
 from deepinfer_server.engines.simulated.outputs import RequestOutput
@@ -127,7 +128,10 @@ class SimulatedEngine:
             # Prepared once for the session, as a server has once its background warm-up ended.
             if importlib.util.find_spec("xgrammar") is not None:
                 assert asyncio.run(structured.wait_ready())
-        driver = LLMEngineDriver(engine, RequestOutput, count_drafts=speculative_tokens > 0)
+        abilities = SimulatedAbilities(engine, enable_prefix_caching)
+        driver = LLMEngineDriver(
+            engine, RequestOutput, abilities, count_drafts=speculative_tokens > 0
+        )
         return cls(driver, structured)
 
     def close(self) -> None:

@@ -29,8 +29,8 @@ from deepinfer_server.api.state import AppState
 from deepinfer_server.cli import parse_config
 from deepinfer_server.coordinator.coordinator import Coordinator
 from deepinfer_server.coordinator.handle import RequestHandle
+from deepinfer_server.disaggregation.handoff.params import KVTransferParams
 from deepinfer_server.errors import ApiError, OverloadedError
-from deepinfer_server.ipc.kv_transfer import KVTransferParams
 from deepinfer_server.ipc.messages import (
     AbortReason,
     Finish,

@@ -22,7 +22,6 @@ from starlette.responses import Response
 from deepinfer_server.api.auth import tenant_of
 from deepinfer_server.api.body import read_json_body
 from deepinfer_server.api.cache_partition import cache_partition
-from deepinfer_server.api.disaggregation import request_kv_transfer, with_handoff
 from deepinfer_server.api.disconnect import until_disconnect
 from deepinfer_server.api.error_responses import as_api_error
 from deepinfer_server.api.fan_out import merge_streams, submit_all
@@ -36,6 +35,8 @@ from deepinfer_server.api.image_urls import prepare_fetching_images
 from deepinfer_server.api.sse import FrameWriter, SSEResponse, complete, write_all
 from deepinfer_server.api.state import AppState
 from deepinfer_server.coordinator.handle import RequestHandle
+from deepinfer_server.disaggregation.handoff.requests import request_kv_transfer, with_handoff
+from deepinfer_server.disaggregation.role import DisaggregationRole
 from deepinfer_server.errors import BadRequestError
 from deepinfer_server.ipc.messages import AbortReason, Images, SamplingOptions, StructuredOutput
 from deepinfer_server.metrics import ChoiceRecords, RequestRecord, ServerMetrics
@@ -182,14 +183,14 @@ async def submit(
 
 
 def _engine_sampling(
-    sampling: SamplingOptions, structured: StructuredOutput | None, mode: str
+    sampling: SamplingOptions, structured: StructuredOutput | None, mode: DisaggregationRole
 ) -> SamplingOptions:
     """A choice's sampling options as submitted: with the compiled grammar, and without a
     thinking budget on a prefill server (it computes the prompt and its first token for the
     handoff; the budget is the decode side's, which refuses it)."""
     if structured is not None:
         sampling = msgspec.structs.replace(sampling, structured=structured)
-    if sampling.thinking_budget is not None and mode == "prefill":
+    if sampling.thinking_budget is not None and mode is DisaggregationRole.PREFILL:
         sampling = msgspec.structs.replace(sampling, thinking_budget=None)
     return sampling
 

@@ -8,11 +8,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from deepinfer_server.api.disaggregation import PrefillPeers
 from deepinfer_server.api.preparation_gate import PreparationGate
 from deepinfer_server.api.receive_budget import ReceiveBudget
 from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.coordinator.coordinator import Coordinator
+from deepinfer_server.disaggregation.handoff.peers import PrefillPeers
 from deepinfer_server.metrics import RankLoad, ServerMetrics
 from deepinfer_server.metrics.aggregate import Snapshot, merge_loads, merged_exposition
 from deepinfer_server.protocol.core.recipe import RecipeContext

@@ -20,6 +20,7 @@ from deepinfer_server.api.sse import FrameWriter, SSEResponse, complete
 from deepinfer_server.api.state import AppState
 from deepinfer_server.api.store_scope import request_scope
 from deepinfer_server.coordinator.handle import RequestHandle
+from deepinfer_server.disaggregation.role import DisaggregationRole
 from deepinfer_server.errors import BadRequestError
 from deepinfer_server.metrics import RequestRecord
 from deepinfer_server.protocol.core.validation import optional_bool
@@ -63,7 +64,7 @@ async def open_session(request: Request, body: dict[str, Any]) -> StoredSession 
         return None  # the preparation refuses what needs a store, as without one
     # A prefill server's answer is the first token of an answer the decode server gives (and
     # stores): kept here it would be a row no client sees, taking the key's store quota.
-    prefill_leg = state.config.disaggregation_mode == "prefill"
+    prefill_leg = state.config.disaggregation_mode is DisaggregationRole.PREFILL
     stored = optional_bool(body, "store", default=True) and not prefill_leg
     conversation = read_conversation(body)
     previous = check_previous_response_id(body)

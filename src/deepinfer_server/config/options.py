@@ -12,6 +12,8 @@ import argparse
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from deepinfer_server.disaggregation.role import DisaggregationRole
+
 
 def option(
     default: Any, *flags: str, help: str, secret: bool = False, **argparse_kwargs: Any
@@ -458,15 +460,16 @@ class ServerConfig:
         "process less CPU per token, at the price of less smooth streaming (default: %(default)s)",
         type=int,
     )
-    disaggregation_mode: Literal["null", "prefill", "decode"] = option(
-        "null",
+    disaggregation_mode: DisaggregationRole = option(  # noqa: RUF009 - a field, as every option
+        DisaggregationRole.NULL,
         "--disaggregation-mode",
         help="prefill/decode disaggregation role: 'null' runs DeepInfer's NORMAL engine "
         "(prefill and decode); 'prefill' runs its PROMPT engine (every answer is one token and "
         "a top-level kv_transfer_params naming where a decode server pulls the prompt's KV); "
         "'decode' runs its COMPLETION engine (every request must carry the kv_transfer_params "
         "of a prefill server's answer) (default: %(default)s)",
-        choices=["null", "prefill", "decode"],
+        type=DisaggregationRole.of_option,
+        choices=list(DisaggregationRole),
     )
     disaggregation_transfer_backend: Literal["mooncake"] = option(
         "mooncake",

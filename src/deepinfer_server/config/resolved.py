@@ -23,6 +23,7 @@ from deepinfer_server.config.response_store import (
     store_url,
 )
 from deepinfer_server.config.tenants import NamedKey, Tenant, named_keys, tenants_of
+from deepinfer_server.disaggregation.role import DisaggregationRole
 from deepinfer_server.errors import ConfigError
 
 DEFAULT_SERVED_MODEL_NAME = "deepseek-flash"
@@ -113,7 +114,7 @@ class ResolvedConfig:
     get_load_format: Literal["vllm", "sglang"]
     api_server_count: int
     stream_interval: int
-    disaggregation_mode: Literal["null", "prefill", "decode"]
+    disaggregation_mode: DisaggregationRole
     disaggregation_transfer_backend: Literal["mooncake"]
     disaggregation_bootstrap_port: int
     disaggregation_ib_device: str | None
@@ -148,13 +149,15 @@ class ResolvedConfig:
         its prefill server holds only for --disaggregation-kv-hold-timeout, so it must reach
         its rank at once: the engine then waits, in order, for KV room and a state slot within
         --disaggregation-transfer-timeout (and releases the prefill side's KV on every exit)."""
-        return None if self.disaggregation_mode == "decode" else self.max_num_seqs
+        return None if self.disaggregation_mode is DisaggregationRole.DECODE else self.max_num_seqs
 
     @property
     def admission_running_share(self) -> float:
         """The share of the running slots one API key may hold while others wait (1: no limit
         on a decode server, whose requests never wait in the server's queue)."""
-        return 1.0 if self.disaggregation_mode == "decode" else self.key_running_share
+        return (
+            1.0 if self.disaggregation_mode is DisaggregationRole.DECODE else self.key_running_share
+        )
 
     @property
     def served_model_name(self) -> str:
@@ -348,7 +351,7 @@ def resolve(
         config.expert_parallel_size, config.data_parallel_size, config.context_parallel_size
     )
     max_model_len = config.max_model_len or default_max_model_len
-    if config.disaggregation_mode == "decode" and cp > 1:
+    if config.disaggregation_mode is DisaggregationRole.DECODE and cp > 1:
         # DeepInfer asserts it: a COMPLETION engine has no context-parallel prefill to split.
         raise ConfigError(
             "--disaggregation-mode decode needs --cp 1 (DeepInfer's COMPLETION engine)"

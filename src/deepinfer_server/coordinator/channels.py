@@ -22,8 +22,8 @@ import os
 import socket
 from collections.abc import Callable
 
+from deepinfer_server.disaggregation.handoff.params import KVTransferParams
 from deepinfer_server.ipc.framing import FrameReader, frame
-from deepinfer_server.ipc.kv_transfer import KVTransferParams
 from deepinfer_server.ipc.messages import (
     AbortRequests,
     AddRequest,

@@ -31,6 +31,7 @@ from deepinfer_server.coordinator.liveness import LivenessWatch
 from deepinfer_server.coordinator.outcomes import error_for_finish, error_for_rejection
 from deepinfer_server.coordinator.prefix_directory import PrefixDirectory
 from deepinfer_server.coordinator.prefix_routing import PrefixHint, PrefixRouting
+from deepinfer_server.disaggregation.handoff.params import KVTransferParams
 from deepinfer_server.errors import (
     ApiError,
     OverloadedError,
@@ -39,7 +40,6 @@ from deepinfer_server.errors import (
     StartupError,
 )
 from deepinfer_server.ipc.codec import pack_token_ids
-from deepinfer_server.ipc.kv_transfer import KVTransferParams
 from deepinfer_server.ipc.messages import (
     AbortReason,
     FromRank,

@@ -24,13 +24,13 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from deepinfer_server.disaggregation.handoff.params import KVTransferParams
 from deepinfer_server.errors import (
     ApiError,
     ClientDisconnected,
     QueueTimeoutError,
     RequestTimeoutError,
 )
-from deepinfer_server.ipc.kv_transfer import KVTransferParams
 from deepinfer_server.ipc.messages import AbortReason, Finish, GeneratedTokens
 
 

@@ -18,6 +18,7 @@ from deepinfer_server.config.resolved import (
     DEFAULT_PREFILL_ANY_ATTEMPT_INTERVAL,
     DEFAULT_PREFILL_ATTEMPT_INTERVAL,
 )
+from deepinfer_server.disaggregation.role import DisaggregationRole
 from deepinfer_server.model.images import ImagePolicy, recipe_image_policy
 
 if TYPE_CHECKING:
@@ -101,9 +102,9 @@ class EngineSpec:
     #: Prepare the grammar compiler once the rank is ready (`BuiltEngine.after_ready`).
     grammar_warmup: bool = True
 
-    #: `--disaggregation-*`: the engine's role ("null": NORMAL, "prefill": PROMPT, "decode":
+    #: `--disaggregation-*`: the engine's role (NULL: NORMAL, PREFILL: PROMPT, DECODE:
     #: COMPLETION) and what the KV transfer needs.
-    disaggregation_mode: str = "null"
+    disaggregation_mode: DisaggregationRole = DisaggregationRole.NULL
     disaggregation_bootstrap_port: int = 8998
     disaggregation_ib_device: str | None = None
     disaggregation_host: str = "127.0.0.1"

@@ -12,8 +12,8 @@ from typing import TypeVar
 
 import msgspec
 
+from deepinfer_server.disaggregation.handoff.params import KVTransferParams
 from deepinfer_server.errors import ErrorKind
-from deepinfer_server.ipc.kv_transfer import KVTransferParams
 
 
 class Finish(enum.IntEnum):

@@ -48,7 +48,7 @@ TYPED_DESCRIPTIONS = {
 }
 ANY_OBJECT: Schema = {"type": "object"}
 #: Prefill/decode disaggregation's handoff (vLLM's field): its fields are
-#: `ipc.kv_transfer.KVTransferParams`, checked by a decode server.
+#: `disaggregation.handoff.params.KVTransferParams`, checked by a decode server.
 KV_TRANSFER_PARAMS: Schema = {
     "anyOf": [
         {

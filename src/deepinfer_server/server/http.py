@@ -25,13 +25,14 @@ from deepinfer_server.api.connection import (
     fit_to_file_limit,
     guarded_protocol,
 )
-from deepinfer_server.api.disaggregation import PrefillPeers
 from deepinfer_server.api.request_head import HeadLimits
 from deepinfer_server.api.state import AppState, Peers
 from deepinfer_server.api.transport import HTTP_PROTOCOL, HookedServer
 from deepinfer_server.concurrency import first_of
 from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.coordinator.coordinator import Coordinator
+from deepinfer_server.disaggregation.handoff.peers import PrefillPeers
+from deepinfer_server.disaggregation.role import DisaggregationRole
 from deepinfer_server.engines.registry import get_backend
 from deepinfer_server.errors import ShuttingDownError, StartupError, StoreUnavailableError
 from deepinfer_server.grammar.compile_queue import QueueLimits
@@ -230,7 +231,9 @@ def build_server(
         structured=structured,
         peers=peers,
         store=store,
-        prefill_peers=PrefillPeers() if config.disaggregation_mode == "decode" else None,
+        prefill_peers=PrefillPeers()
+        if config.disaggregation_mode is DisaggregationRole.DECODE
+        else None,
     )
     metrics.watch_compile_queue(structured.queue_stats)
     metrics.watch_receive_buffer(lambda: state.receiving.used)

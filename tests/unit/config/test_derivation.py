@@ -15,6 +15,7 @@ from deepinfer_server.cli import parse_config
 from deepinfer_server.config import ResolvedConfig, ServerConfig, resolve
 from deepinfer_server.config.resolved import is_derived
 from deepinfer_server.config.tenants import NamedKey, Tenant
+from deepinfer_server.disaggregation.role import DisaggregationRole
 from deepinfer_server.engines.backend import OF_THE_RANK
 from deepinfer_server.engines.registry import get_backend
 from deepinfer_server.engines.simulated.backend import SimulatedOptions
@@ -100,7 +101,7 @@ OPTIONS: dict[str, tuple[list[str], Any]] = {
     "get_load_format": (["--get-load-format", "sglang"], "sglang"),
     "api_key_file": (["--api-key-file", str(KEY_FILE)], str(KEY_FILE)),
     "key_running_share": (["--key-running-share", "0.5"], 0.5),
-    "disaggregation_mode": (["--disaggregation-mode", "prefill"], "prefill"),
+    "disaggregation_mode": (["--disaggregation-mode", "prefill"], DisaggregationRole.PREFILL),
     # Its one choice so far: the table cannot set it to anything but its default.
     "disaggregation_transfer_backend": (
         ["--disaggregation-transfer-backend", "mooncake"],

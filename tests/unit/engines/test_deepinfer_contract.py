@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from deepinfer_server.disaggregation.role import DisaggregationRole
 from deepinfer_server.engines.backend import EngineSpec
 from deepinfer_server.engines.deepinfer.backend import DeepInferOptions
 from deepinfer_server.engines.deepinfer.engine import ENGINE_ARGS_FIELDS, engine_args_kwargs
@@ -71,7 +72,9 @@ def test_a_role_is_deepinfers_engine_type(
 ) -> None:
     from deepinfer.engine.arg_utils import EngineArgs
 
-    spec = dataclasses.replace(_spec(), context_parallel_size=1, disaggregation_mode=mode)
+    spec = dataclasses.replace(
+        _spec(), context_parallel_size=1, disaggregation_mode=DisaggregationRole(mode)
+    )
     args = EngineArgs(**engine_args_kwargs(spec))
     assert args.engine_type.name == engine_type
     # DeepInfer's scheduler refuses a COMPLETION engine that would recompute a preempted

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from deepinfer_server.disaggregation.role import DisaggregationRole
 from deepinfer_server.engines.deepinfer.preflight import (
     check_batch_limits,
     check_checkpoint,
@@ -134,8 +135,8 @@ def test_a_transformers_release_that_breaks_deepinfers_tokenizer_is_refused() ->
         check_transformers("5.24.0")
 
 
-@pytest.mark.parametrize("mode", ["prefill", "decode"])
-def test_a_role_refuses_what_it_would_move_or_keep_wrongly(mode: str) -> None:
+@pytest.mark.parametrize("mode", [DisaggregationRole.PREFILL, DisaggregationRole.DECODE])
+def test_a_role_refuses_what_it_would_move_or_keep_wrongly(mode: DisaggregationRole) -> None:
     check_role(mode, False, {"DEEPINFER_PREFILL_STORE_EXTRA_STATE": "0"})
     with pytest.raises(ConfigError, match="--enable-prefix-caching"):
         check_role(mode, True, {})

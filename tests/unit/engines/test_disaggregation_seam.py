@@ -9,15 +9,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from deepinfer_server.api.disaggregation import request_kv_transfer
-from deepinfer_server.engines.disaggregation.held import HeldKV
-from deepinfer_server.errors import BadRequestError
-from deepinfer_server.ipc.kv_transfer import (
+from deepinfer_server.disaggregation.handoff.bootstrap import bootstrap_call, bootstrap_ping
+from deepinfer_server.disaggregation.handoff.params import (
     KVTransferParams,
-    bootstrap_call,
-    bootstrap_ping,
     parse_kv_transfer_params,
 )
+from deepinfer_server.disaggregation.handoff.requests import request_kv_transfer
+from deepinfer_server.disaggregation.role import DisaggregationRole
+from deepinfer_server.disaggregation.transfer.held import HeldKV
+from deepinfer_server.errors import BadRequestError
 
 HANDOFF: dict[str, Any] = KVTransferParams(
     remote_host="10.0.0.7",
@@ -59,20 +59,22 @@ def test_a_malformed_handoff_is_refused_with_its_reason(change: dict[str, Any], 
 
 def test_each_role_accepts_only_its_own_kind_of_kv_transfer_params() -> None:
     handoff = {"kv_transfer_params": dict(HANDOFF)}
-    assert request_kv_transfer(handoff, "decode", 1, 200) is not None
+    assert request_kv_transfer(handoff, DisaggregationRole.DECODE, 1, 200) is not None
     assert (
-        request_kv_transfer({"kv_transfer_params": {"do_remote_decode": True}}, "prefill", 1, 9)
+        request_kv_transfer(
+            {"kv_transfer_params": {"do_remote_decode": True}}, DisaggregationRole.PREFILL, 1, 9
+        )
         is None
     )
-    assert request_kv_transfer({}, "prefill", 1, 9) is None
-    assert request_kv_transfer({}, "null", 2, 9) is None
+    assert request_kv_transfer({}, DisaggregationRole.PREFILL, 1, 9) is None
+    assert request_kv_transfer({}, DisaggregationRole.NULL, 2, 9) is None
     refused = [
-        (handoff, "null", 1, 200),  # a NORMAL server takes no handoff
-        (handoff, "prefill", 1, 200),  # a decode request sent to a prefill server
-        ({}, "decode", 1, 200),  # a COMPLETION engine cannot prefill
-        (handoff, "decode", 2, 200),  # one handoff, one choice
-        (handoff, "decode", 1, 150),  # not this prompt
-        ({"kv_transfer_params": "x"}, "decode", 1, 200),
+        (handoff, DisaggregationRole.NULL, 1, 200),  # a NORMAL server takes no handoff
+        (handoff, DisaggregationRole.PREFILL, 1, 200),  # a decode request sent to a prefill server
+        ({}, DisaggregationRole.DECODE, 1, 200),  # a COMPLETION engine cannot prefill
+        (handoff, DisaggregationRole.DECODE, 2, 200),  # one handoff, one choice
+        (handoff, DisaggregationRole.DECODE, 1, 150),  # not this prompt
+        ({"kv_transfer_params": "x"}, DisaggregationRole.DECODE, 1, 200),
     ]
     for body, mode, choices, length in refused:
         with pytest.raises(BadRequestError) as caught:
@@ -98,7 +100,7 @@ def test_held_kv_is_freed_when_released_or_when_its_time_is_up() -> None:
 
 
 def test_the_bootstrap_port_queues_releases_and_answers_pings() -> None:
-    from deepinfer_server.engines.disaggregation.bootstrap import BootstrapServer
+    from deepinfer_server.disaggregation.transfer.bootstrap import BootstrapServer
 
     server = BootstrapServer("127.0.0.1", 0, "feed")
     try:
@@ -116,7 +118,7 @@ def test_the_bootstrap_port_queues_releases_and_answers_pings() -> None:
 @pytest.mark.disaggregation
 def test_two_transfer_engines_move_registered_memory_over_loopback_tcp() -> None:
     pytest.importorskip("mooncake.engine", reason="needs the disaggregation extra")
-    from deepinfer_server.engines.disaggregation.agent import TransferAgent, TransferError
+    from deepinfer_server.disaggregation.transfer.agent import TransferAgent, TransferError
 
     source, sink = TransferAgent("127.0.0.1"), TransferAgent("127.0.0.1")
     data = np.arange(4096, dtype=np.int32)
@@ -141,8 +143,8 @@ def test_two_transfer_engines_move_registered_memory_over_loopback_tcp() -> None
 
 
 def test_a_decode_server_is_unhealthy_only_when_no_known_prefill_peer_answers() -> None:
-    from deepinfer_server.api.disaggregation import PEER_MEMORY_SECONDS, PrefillPeers
-    from deepinfer_server.engines.disaggregation.bootstrap import BootstrapServer
+    from deepinfer_server.disaggregation.handoff.peers import PEER_MEMORY_SECONDS, PrefillPeers
+    from deepinfer_server.disaggregation.transfer.bootstrap import BootstrapServer
 
     def peer(port: int) -> KVTransferParams:
         return parse_kv_transfer_params(

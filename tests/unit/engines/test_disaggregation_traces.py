@@ -24,10 +24,11 @@ import pytest
 from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
+from deepinfer_server.disaggregation.handoff.params import KVTransferParams
+from deepinfer_server.disaggregation.transfer import connector
 from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver
 from deepinfer_server.engines.simulated import disaggregation
 from deepinfer_server.engines.simulated.engine import LLMEngine
-from deepinfer_server.ipc.kv_transfer import KVTransferParams
 from deepinfer_server.ipc.messages import Finish, RequestDelta
 
 from .test_simulated_disaggregation import add, make
@@ -113,10 +114,13 @@ class Cluster:
 
     def __init__(self) -> None:
         self.clock = FakeClock()
-        self._patch = mock.patch.object(
-            disaggregation, "time", types.SimpleNamespace(monotonic=self.clock.monotonic)
-        )
-        self._patch.start()
+        fake_time = types.SimpleNamespace(monotonic=self.clock.monotonic)
+        # The roles' own timing, and their connectors' (holds and their expiry).
+        self._patches = [
+            mock.patch.object(module, "time", fake_time) for module in (disaggregation, connector)
+        ]
+        for patch in self._patches:
+            patch.start()
         self._bootstrap_port = _free_port_pair()  # rank 1 listens on the next port
         self._ids = itertools.count()
         self.prefills = [self._prefill(rank) for rank in range(2)]
@@ -150,7 +154,8 @@ class Cluster:
         for side in [*self.prefills, *self.decodes]:
             if not side.closed:
                 side.driver.close()
-        self._patch.stop()
+        for patch in self._patches:
+            patch.stop()
 
     # Trace actions
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver
+from deepinfer_server.engines.simulated.abilities import SimulatedAbilities
 from deepinfer_server.engines.simulated.kv_blocks import AllocStatus, KVBlocks, blocks_for
 from deepinfer_server.engines.simulated.outputs import RequestOutput
 from tests.unit.engines.test_simulated_engine import make_engine, prompt, run_to_end
@@ -109,7 +110,7 @@ def test_a_prompt_bigger_than_the_pool_is_ignored_as_too_long() -> None:
 
 def test_the_driver_reports_kv_usage_from_the_engines_blocks() -> None:
     engine = make_engine(kv_blocks=11)
-    driver = LLMEngineDriver(engine, RequestOutput)
+    driver = LLMEngineDriver(engine, RequestOutput, SimulatedAbilities(engine))
     assert driver.kv_cache_usage() == 0.0
     engine.add_request("0", "r", {"max_tokens": 300, "ignore_eos": True}, prompt("hi"))
     engine.has_unfinished_requests()

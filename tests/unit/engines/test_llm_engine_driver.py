@@ -9,7 +9,9 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from deepinfer_server.disaggregation.transfer.connector import KVConnector
 from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver, finish_of
+from deepinfer_server.engines.simulated.abilities import SimulatedAbilities
 from deepinfer_server.engines.simulated.collectives import new_lockstep_group
 from deepinfer_server.engines.simulated.engine import LLMEngine, SimEngineArgs
 from deepinfer_server.engines.simulated.outputs import RequestOutput
@@ -36,7 +38,8 @@ def make_adapter(**overrides: object) -> LLMEngineDriver:
     )
     for key, value in overrides.items():
         setattr(args, key, value)
-    return LLMEngineDriver(LLMEngine.from_engine_args(args), RequestOutput)
+    engine = LLMEngine.from_engine_args(args)
+    return LLMEngineDriver(engine, RequestOutput, SimulatedAbilities(engine))
 
 
 def add(adapter: LLMEngineDriver, request_id: str, ids: list[int], **sampling: object) -> object:
@@ -169,16 +172,30 @@ class _CachingEngine:
         sequence = self._engine.add_request(*args, **kwargs)
         return None if sequence is None else SimpleNamespace(num_cached_tokens=self.cached)
 
-    def prefix_cache_stats(self) -> tuple[int, int, int]:
-        return self.stats
+    def driver(self, connector: KVConnector | None = None) -> LLMEngineDriver:
+        """A driver told this engine has a prefix cache (and `connector`'s role)."""
+        return LLMEngineDriver(self, RequestOutput, _CachingAbilities(self, connector))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
 
 
+class _CachingAbilities(SimulatedAbilities):
+    """The simulated engine's abilities, with `_CachingEngine`'s prefix-cache counters."""
+
+    def __init__(self, engine: _CachingEngine, connector: KVConnector | None) -> None:
+        super().__init__(engine._engine, prefix_caching=True)
+        self._caching = engine
+        if connector is not None:
+            self.connector = connector
+
+    def prefix_cache_stats(self) -> tuple[int, int, int]:
+        return self._caching.stats
+
+
 def test_the_first_delta_says_how_many_prompt_tokens_the_engine_reused() -> None:
     engine = _CachingEngine(cached=640, ttft_ms=50)
-    driver = LLMEngineDriver(engine, RequestOutput)
+    driver = engine.driver()
     add(driver, "r1", PROMPT)
     unfinished, outputs = driver.iterate()
     # No token yet (the first comes after 50 ms): a delta of its own says the engine took it.
@@ -210,7 +227,7 @@ def test_later_deltas_carry_no_cached_tokens_and_a_plain_engine_reports_zero() -
 
 
 def test_a_request_aborted_before_its_first_iteration_reports_nothing() -> None:
-    driver = LLMEngineDriver(_CachingEngine(cached=128, ttft_ms=50), RequestOutput)
+    driver = _CachingEngine(cached=128, ttft_ms=50).driver()
     add(driver, "r1", PROMPT)
     driver.abort(["r1"])
     assert driver.iterate()[1] == []
@@ -218,7 +235,7 @@ def test_a_request_aborted_before_its_first_iteration_reports_nothing() -> None:
 
 def test_prefix_cache_counters_pass_through_and_stay_one_object_while_unchanged() -> None:
     engine = _CachingEngine(cached=0)
-    driver = LLMEngineDriver(engine, RequestOutput)
+    driver = engine.driver()
     engine.stats = (1000, 900, 2)
     first = driver.prefix_cache_stats()
     assert first == PrefixCacheStats(1000, 900, 2)
@@ -228,26 +245,25 @@ def test_prefix_cache_counters_pass_through_and_stay_one_object_while_unchanged(
     assert make_adapter().prefix_cache_stats() is None  # no cache, no counters
 
 
-class _EndingEngine(_CachingEngine):
-    """An engine that ends requests outside its scheduler, as DeepInfer's COMPLETION engine
-    ends one whose KV pull failed (no output handle exists for it)."""
+class _EndingRole(KVConnector):
+    """A role that ends requests outside the engine's scheduler, as DeepInfer's COMPLETION
+    engine ends one whose KV pull failed (no output handle exists for it)."""
 
     def __init__(self) -> None:
-        super().__init__(cached=0, ttft_ms=60_000)
         self.ended: list[tuple[str, str]] = []
 
-    def take_ended_requests(self) -> list[tuple[str, str]]:
+    def take_ended(self) -> list[tuple[str, str]]:
         ended, self.ended = self.ended, []
         return ended
 
 
 def test_a_request_the_engine_ends_outside_its_scheduler_finishes_with_its_reason() -> None:
-    engine = _EndingEngine()
-    driver = LLMEngineDriver(engine, RequestOutput)
+    role = _EndingRole()
+    driver = _CachingEngine(cached=0, ttft_ms=60_000).driver(role)
     add(driver, "r1", PROMPT)
     add(driver, "r2", PROMPT)
     driver.iterate()
-    engine.ended = [("r1", "kv_transfer_failed:timeout"), ("gone", "kv_transfer_failed:timeout")]
+    role.ended = [("r1", "kv_transfer_failed:timeout"), ("gone", "kv_transfer_failed:timeout")]
     _, outputs = driver.iterate()
     assert [(o.request_id, o.finish, o.detail, o.tokens.token_ids) for o in outputs] == [
         ("r1", Finish.KV_TRANSFER_FAILED, "timeout", [])

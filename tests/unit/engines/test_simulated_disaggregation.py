@@ -10,12 +10,14 @@ from functools import cache
 import msgspec
 import pytest
 
+from deepinfer_server.disaggregation.handoff.params import KVTransferParams
+from deepinfer_server.disaggregation.role import DisaggregationRole
 from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver
+from deepinfer_server.engines.simulated.abilities import SimulatedAbilities
 from deepinfer_server.engines.simulated.collectives import new_lockstep_group
 from deepinfer_server.engines.simulated.engine import LLMEngine, SimEngineArgs
 from deepinfer_server.engines.simulated.outputs import RequestOutput
 from deepinfer_server.ipc.codec import pack_token_ids
-from deepinfer_server.ipc.kv_transfer import KVTransferParams
 from deepinfer_server.ipc.messages import AddRequest, Finish, RequestDelta, SamplingOptions
 from deepinfer_server.model.tokenizer import embedded_tokenizer_json
 
@@ -45,14 +47,14 @@ def make(mode: str, **overrides: object) -> tuple[LLMEngine, LLMEngineDriver]:
         itl_ms=0,
         max_model_len=4096,
         max_num_seqs=4,
-        disaggregation_mode=mode,
+        disaggregation_mode=DisaggregationRole(mode),
         disaggregation_host="127.0.0.1",
         disaggregation_bootstrap_port=_free_port(),
     )
     for key, value in overrides.items():
         setattr(args, key, value)
     engine = LLMEngine.from_engine_args(args)
-    return engine, LLMEngineDriver(engine, RequestOutput)
+    return engine, LLMEngineDriver(engine, RequestOutput, SimulatedAbilities(engine))
 
 
 @pytest.fixture

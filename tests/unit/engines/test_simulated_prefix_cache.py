@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver
+from deepinfer_server.engines.simulated.abilities import SimulatedAbilities
 from deepinfer_server.engines.simulated.engine import LLMEngine
 from deepinfer_server.engines.simulated.kv_blocks import blocks_for
 from deepinfer_server.engines.simulated.outputs import RequestOutput
@@ -79,7 +80,7 @@ def test_a_thinking_turn_reuses_all_but_the_dropped_think() -> None:
 def test_the_driver_reports_what_the_engine_reused() -> None:
     engine = make_engine(enable_prefix_caching=True)
     _cached(engine, "one", _turn("Hello."))
-    driver = LLMEngineDriver(engine, RequestOutput)
+    driver = LLMEngineDriver(engine, RequestOutput, SimulatedAbilities(engine, prefix_caching=True))
     from deepinfer_server.ipc.codec import pack_token_ids
     from deepinfer_server.ipc.messages import AddRequest, SamplingOptions
 
@@ -127,7 +128,8 @@ def test_the_driver_gives_the_salt_only_to_an_engine_with_a_prefix_cache() -> No
     prompt = pack_token_ids(_turn("Hello.").tolist())
     for cache in (True, False):
         engine = Recording(make_engine(enable_prefix_caching=cache))
-        driver = LLMEngineDriver(cast(LLMEngine, engine), RequestOutput)
+        abilities = SimulatedAbilities(engine._engine, prefix_caching=cache)
+        driver = LLMEngineDriver(cast(LLMEngine, engine), RequestOutput, abilities)
         driver.add(AddRequest("r", prompt, SamplingOptions(max_tokens=4), cache_salt=b"s"))
     assert salted == [b"s", None]
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver
+from deepinfer_server.engines.simulated.abilities import SimulatedAbilities
 from deepinfer_server.engines.simulated.engine import LLMEngine
 from deepinfer_server.engines.simulated.outputs import RequestOutput
 from deepinfer_server.engines.simulated.token_generator import accepted_drafts
@@ -96,7 +97,7 @@ def test_max_tokens_inside_the_drafts_ends_with_exactly_max_tokens(max_tokens: i
 
 def test_the_driver_counts_drafts_and_accepted_tokens_by_position() -> None:
     engine = make_engine(speculative_tokens=3)
-    driver = LLMEngineDriver(engine, RequestOutput, count_drafts=True)
+    driver = LLMEngineDriver(engine, RequestOutput, SimulatedAbilities(engine), count_drafts=True)
     options = SamplingOptions(max_tokens=24, ignore_eos=True)
     assert driver.add(AddRequest("r1", pack_token_ids(prompt(TEXT).tolist()), options)) is None
     finished = False
@@ -114,7 +115,8 @@ def test_the_driver_counts_drafts_and_accepted_tokens_by_position() -> None:
 
 
 def test_a_driver_not_told_to_count_reports_no_drafts() -> None:
-    driver = LLMEngineDriver(make_engine(speculative_tokens=3), RequestOutput)
+    engine = make_engine(speculative_tokens=3)
+    driver = LLMEngineDriver(engine, RequestOutput, SimulatedAbilities(engine))
     options = SamplingOptions(max_tokens=8, ignore_eos=True)
     driver.add(AddRequest("r1", pack_token_ids(prompt(TEXT).tolist()), options))
     while driver.iterate()[0]:

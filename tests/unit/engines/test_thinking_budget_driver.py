@@ -68,7 +68,7 @@ def test_an_abort_before_the_continuation_starts_leaves_nothing() -> None:
     assert drain(driver) == {}
     unfinished, deltas = driver.iterate()
     assert not unfinished and deltas == []
-    assert not driver._unplaced_aborts  # nothing to re-abort forever
+    assert not driver._aborts  # nothing to re-abort forever
 
 
 def test_a_budget_of_zero_answers_at_once() -> None:
@@ -85,4 +85,4 @@ def test_an_output_limit_of_one_is_the_forced_end_alone() -> None:
     assert tokens == [_end_id()] and finish is Finish.LENGTH and driver.num_live == 0
     _add(driver, budget=0, max_tokens=1)
     driver.abort(["r"])  # before its forced token: the engine never had it
-    assert drain(driver) == {} and not driver._unplaced_aborts
+    assert drain(driver) == {} and not driver._aborts

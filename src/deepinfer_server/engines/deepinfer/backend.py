@@ -95,7 +95,7 @@ class DeepInferBackend(EngineBackend):
         )
 
     def preflight(self, config: ResolvedConfig, checkpoint: str | None) -> None:
-        if config.disaggregation_mode != "null":
+        if config.disaggregation_mode.disaggregated:
             check_role(config.disaggregation_mode, config.enable_prefix_caching, os.environ)
         run_preflight(
             config.max_model_len,

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from deepinfer_server.engines.disaggregation.agent import TransferAgent
-from deepinfer_server.ipc.kv_transfer import KVTransferParams
+from deepinfer_server.disaggregation.handoff.params import KVTransferParams
+from deepinfer_server.disaggregation.transfer.agent import TransferAgent
 
 
 def _row_bytes(tensor: Any) -> int:

@@ -17,11 +17,15 @@ still write into are freed only when that pull has returned.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from deepinfer_server.disaggregation.handoff.params import KV_BLOCK_SIZE, KVTransferParams
+from deepinfer_server.disaggregation.transfer.agent import TransferAgent
+from deepinfer_server.disaggregation.transfer.connector import DecodeConnector, transfer_failed
 from deepinfer_server.engines.deepinfer.cache_memory import CacheMemory, allocate
 from deepinfer_server.engines.deepinfer.role_grammar import (
     GRAMMAR_FAILED,
@@ -29,13 +33,7 @@ from deepinfer_server.engines.deepinfer.role_grammar import (
     without_grammar,
 )
 from deepinfer_server.engines.deepinfer.role_settings import RoleSettings
-from deepinfer_server.engines.disaggregation.agent import TransferAgent
-from deepinfer_server.engines.disaggregation.pulls import Pulls
-from deepinfer_server.engines.disaggregation.stats import TransferStats
-from deepinfer_server.ipc.kv_transfer import KV_BLOCK_SIZE, KVTransferParams
 
-#: The finish string of a failed transfer; the reason follows the colon.
-FINISH_KV_TRANSFER_FAILED = "kv_transfer_failed"
 #: The branch name of pulled sequences.
 BRANCH = "pd_completion"
 
@@ -62,19 +60,16 @@ def _no_check() -> None:
     """DeepInfer's KV is opaque bytes: what a pull moved is checked by the forward using it."""
 
 
-class CompletionRole:
+class CompletionRole(DecodeConnector):
     """The COMPLETION engine's admission and pulls of prefilled prompts."""
 
     def __init__(self, engine: Any, settings: RoleSettings) -> None:
         self._engine = engine
         self._timeout = settings.transfer_timeout
         self.agent = TransferAgent(settings.host, settings.ib_device)
+        super().__init__(self.agent)
         self.memory = CacheMemory(engine.driver_worker.cache_engine, self.agent)
-        self._pulls = Pulls(self.agent)
         self._pending: dict[str, _Pending] = {}
-        #: (request ID, finish string) of requests ended here, for the driver.
-        self.ended: list[tuple[str, str]] = []
-        self.stats = TransferStats()
         #: Prompt tokens this engine computed: the last one of each pulled prompt.
         self.prompt_tokens_computed = 0
 
@@ -137,11 +132,31 @@ class CompletionRole:
             self._end(pending)
         return found
 
+    def abort_request(
+        self, abort: Callable[[list[str]], tuple[int, int]], ids: list[str]
+    ) -> tuple[int, int]:
+        """`LLMEngine.abort_request(ids)` (DeepInfer's is `abort`) for a COMPLETION engine:
+        requests still waiting for their KV end here, the rest in DeepInfer."""
+        waiting = self.abort(set(ids))
+        rest = [rid for rid in ids if rid not in waiting]
+        found, tokens = abort(rest) if rest else (0, 0)
+        return found + len(waiting), tokens
+
+    def before_step(self) -> None:
+        """Admit, pull and enter what can go on (`advance`)."""
+        self.advance()
+
+    def before_flush(self) -> None:
+        """Nothing: a flush admits no request."""
+
+    def send_processed_prompts(self) -> None:
+        """Nothing: DeepInfer calls it on PROMPT engines only."""
+
     def advance(self) -> None:
         """Before a step: pulled prompts enter the scheduler, failed and late ones end, and
         the waiting ones get room in order."""
         now = time.monotonic()
-        for result in self._pulls.take_done():
+        for result in self.pulls.take_done():
             pending = self._pending.pop(result.request_id, None)
             if pending is None:
                 continue
@@ -213,7 +228,7 @@ class CompletionRole:
             pending.blocks = allocate(engine.block_manager, needed)
             (pending.slot,) = allocate(engine.state_manager, 1)
             pending.pulling = True
-            self._pulls.submit(
+            self.pulls.submit(
                 pending.seq.request_id,
                 pending.params,
                 self.memory.pieces(pending.params, pending.blocks, pending.slot),
@@ -230,7 +245,7 @@ class CompletionRole:
         if pending.pulled:
             self._unreserve(pending)  # its pull already told the prefill side
         else:
-            self._pulls.release_only(pending.params)
+            self.pulls.release_only(pending.params)
 
     def _unreserve(self, pending: _Pending) -> None:
         if pending.blocks:
@@ -242,8 +257,13 @@ class CompletionRole:
 
     def _fail(self, pending: _Pending, reason: str) -> None:
         self.stats.failures[reason] += 1
-        self.ended.append((pending.seq.request_id, f"{FINISH_KV_TRANSFER_FAILED}:{reason}"))
+        self.ended.append((pending.seq.request_id, transfer_failed(reason)))
+
+    def computed_prompt_tokens(self) -> int:
+        """The last token of each pulled prompt (its fork computes it again)."""
+        return self.prompt_tokens_computed
 
     def close(self) -> None:
-        self._pulls.close()
+        """Stop the transfer threads and unregister the KV memory."""
+        super().close()
         self.memory.close()

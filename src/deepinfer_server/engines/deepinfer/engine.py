@@ -15,7 +15,9 @@ import time
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from deepinfer_server.disaggregation.role import DisaggregationRole
 from deepinfer_server.engines.backend import BuiltEngine, EngineSpec, SharedState
+from deepinfer_server.engines.deepinfer.abilities import DeepInferAbilities
 from deepinfer_server.engines.deepinfer.backend import DeepInferOptions
 from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver
 
@@ -42,7 +44,11 @@ ENGINE_ARGS_FIELDS = (
 )
 
 #: `--disaggregation-mode` -> the name of DeepInfer's EngineType.
-ENGINE_TYPES = {"null": "NORMAL", "prefill": "PROMPT", "decode": "COMPLETION"}
+ENGINE_TYPES = {
+    DisaggregationRole.NULL: "NORMAL",
+    DisaggregationRole.PREFILL: "PROMPT",
+    DisaggregationRole.DECODE: "COMPLETION",
+}
 
 #: Names of the processes LLMEngine starts itself and keeps no handle to.
 ENGINE_CHILD_PREFIXES = ("worker-cp", "multi-modal-worker")
@@ -78,7 +84,7 @@ def engine_args_kwargs(spec: EngineSpec) -> dict[str, Any]:
         # scheduler.hpp `_preempt`): DeepInfer cannot recompute a grammar's state, and the
         # client gets a 503 insufficient_system_resource. A COMPLETION engine has no prefill to
         # recompute with: DeepInfer requires it to end them.
-        "stop_preempted_request": spec.disaggregation_mode == "decode",
+        "stop_preempted_request": spec.disaggregation_mode is DisaggregationRole.DECODE,
         "disable_log_stats": options.disable_log_stats,
         "engine_type": EngineType[ENGINE_TYPES[spec.disaggregation_mode]],
     }
@@ -106,15 +112,11 @@ def engine_children() -> list[BaseProcess]:
 
 def _engine_class(spec: EngineSpec, base: type[Any]) -> type[Any]:
     """DeepInfer's LLMEngine, or the server's subclass of it for the rank's role or cache."""
-    if spec.disaggregation_mode != "null":
-        from deepinfer_server.engines.deepinfer.role_engines import (
-            completion_engine,
-            prompt_engine,
-        )
+    if spec.disaggregation_mode.disaggregated:
+        from deepinfer_server.engines.deepinfer.role_engines import role_engine
         from deepinfer_server.engines.deepinfer.role_settings import RoleSettings
 
-        role = prompt_engine if spec.disaggregation_mode == "prefill" else completion_engine
-        return role(base, RoleSettings.of(spec))
+        return role_engine(base, spec.disaggregation_mode, RoleSettings.of(spec))
     if spec.enable_prefix_caching:
         from deepinfer_server.engines.deepinfer.prefix_engine import prefix_caching_engine
 
@@ -153,5 +155,17 @@ def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:
         spec.rank,
         ", ".join(child.name for child in children) or "no child processes",
     )
-    driver = LLMEngineDriver(engine, RequestOutput, count_drafts=spec.speculative_tokens > 0)
+    driver = LLMEngineDriver(
+        engine, RequestOutput, _abilities(spec, engine), count_drafts=spec.speculative_tokens > 0
+    )
     return BuiltEngine(driver, children)
+
+
+def _abilities(spec: EngineSpec, engine: Any) -> DeepInferAbilities:
+    """What the driver reads of the engine `_engine_class` built for `spec`: its role's
+    connector, or its prefix cache."""
+    if spec.disaggregation_mode.disaggregated:
+        return DeepInferAbilities(engine, connector=engine.role)
+    if spec.enable_prefix_caching:
+        return DeepInferAbilities(engine, prefix_cache=engine.prefix_cache)
+    return DeepInferAbilities(engine)

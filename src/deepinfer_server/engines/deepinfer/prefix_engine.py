@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from deepinfer_server.engines.deepinfer.add_request import add_request_args
 from deepinfer_server.engines.deepinfer.prefix_cache import PrefixCache, PrefixCacheSettings
 
 logger = logging.getLogger(__name__)
@@ -34,34 +35,11 @@ class PrefixCacheHooks(_DeepInferEngine):  # type: ignore[misc]
             settings.min_tokens,
         )
 
-    def add_request(
-        self,
-        user_id: str,
-        request_id: str,
-        sampling_params: Any,
-        prompt_token_ids: Any,
-        multi_modal_data: Any = None,
-        arrival_time: float | None = None,
-        extra: Any = None,
-        enqueue: bool = True,
-        chunk_checkpoints: Any = None,
-        *,
-        cache_salt: bytes | None = None,
-    ) -> Any:
+    def add_request(self, *args: Any, cache_salt: bytes | None = None, **kwargs: Any) -> Any:
         """DeepInfer's `add_request`, plus the server's `cache_salt`: the prefix-cache
         partition the request forks from and is kept in."""
         return self.prefix_cache.add_request(
-            super().add_request,
-            user_id,
-            request_id,
-            sampling_params,
-            prompt_token_ids,
-            multi_modal_data,
-            arrival_time,
-            extra,
-            enqueue,
-            chunk_checkpoints,
-            cache_salt=cache_salt,
+            super().add_request, *add_request_args(*args, **kwargs), cache_salt=cache_salt
         )
 
     def abort_request(self, request_id: Any) -> tuple[int, int]:

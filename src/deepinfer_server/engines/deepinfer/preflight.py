@@ -13,6 +13,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from deepinfer_server.disaggregation.role import DisaggregationRole
 from deepinfer_server.errors import ConfigError
 
 #: `TORCH_CHECK_GE(max_num_batched_tokens, block_size)` (csrc/engine/scheduler.hpp:116).
@@ -204,9 +205,8 @@ def run_preflight(
     check_speculation(speculative_tokens, None if checkpoint is None else Path(checkpoint), env)
 
 
-def check_role(mode: str, prefix_caching: bool, environ: Mapping[str, str]) -> None:
+def check_role(role: DisaggregationRole, prefix_caching: bool, environ: Mapping[str, str]) -> None:
     """What DeepInfer's PROMPT and COMPLETION engines run with here (`role_engines.py`)."""
-    role = "prefill" if mode == "prefill" else "decode"
     if prefix_caching:
         raise ConfigError(
             f"--disaggregation-mode {role} on --engine deepinfer runs without the prefix cache "

@@ -23,18 +23,18 @@ import logging
 import secrets
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from deepinfer_server.disaggregation.handoff.params import KV_BLOCK_SIZE, KVTransferParams
+from deepinfer_server.disaggregation.transfer.agent import TransferAgent
+from deepinfer_server.disaggregation.transfer.connector import PrefillConnector
 from deepinfer_server.engines.deepinfer.cache_memory import CacheMemory, allocate
 from deepinfer_server.engines.deepinfer.role_grammar import build_grammar, without_grammar
 from deepinfer_server.engines.deepinfer.role_settings import RoleSettings
-from deepinfer_server.engines.disaggregation.agent import TransferAgent
-from deepinfer_server.engines.disaggregation.bootstrap import BootstrapServer
-from deepinfer_server.engines.disaggregation.held import HeldKV
-from deepinfer_server.ipc.kv_transfer import KV_BLOCK_SIZE, KVTransferParams
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class _Placed:
     slot: int
 
 
-class PromptRole:
+class PromptRole(PrefillConnector):
     """The PROMPT engine's placement of prompts and hold of their KV."""
 
     def __init__(self, engine: Any, settings: RoleSettings) -> None:
@@ -60,13 +60,7 @@ class PromptRole:
         self._settings = settings
         self.agent = TransferAgent(settings.host, settings.ib_device)
         self.memory = CacheMemory(engine.driver_worker.cache_engine, self.agent)
-        self.engine_id = secrets.token_hex(8)
-        self.bootstrap = BootstrapServer(
-            "0.0.0.0", settings.bootstrap_port + settings.rank, self.engine_id
-        )
-        self.held = HeldKV(settings.hold_timeout)
-        #: Handoffs of sequences that ended since the driver last asked, by request ID.
-        self.handoffs: dict[str, KVTransferParams] = {}
+        super().__init__(settings.bootstrap_port, settings.rank, settings.hold_timeout)
         #: Sequences DeepInfer built, not placed yet (in arrival order).
         self._queue: deque[Any] = deque()
         #: Placed sequences by seq_id, until their prompt step ends (or they are aborted).
@@ -205,9 +199,7 @@ class PromptRole:
     def _hold(self, placed: _Placed, length: int) -> None:
         seq = placed.seq
         transfer_id = secrets.token_hex(16)
-        self.held.hold(
-            transfer_id, functools.partial(self._engine.scheduler.free_seq, seq), time.monotonic()
-        )
+        self.keep(transfer_id, functools.partial(self._engine.scheduler.free_seq, seq))
         self.handoffs[seq.request_id] = KVTransferParams(
             remote_host=self.agent.host,
             remote_port=self.agent.port,
@@ -224,10 +216,6 @@ class PromptRole:
             block_size=KV_BLOCK_SIZE,
         )
 
-    def collect(self) -> None:
-        """Free the holds decode servers released and those past the hold timeout."""
-        self.held.collect(self.bootstrap.take_released(), time.monotonic())
-
     # abort
 
     def abort(self, request_ids: set[str]) -> int:
@@ -237,6 +225,25 @@ class PromptRole:
         before = len(self._queue)
         self._queue = deque(seq for seq in self._queue if seq.request_id not in request_ids)
         return before - len(self._queue)
+
+    def abort_request(
+        self, abort: Callable[[list[str]], tuple[int, int]], ids: list[str]
+    ) -> tuple[int, int]:
+        """`LLMEngine.abort_request(ids)` (DeepInfer's is `abort`) for a PROMPT engine: the
+        queued prompts too, and the placed ones DeepInfer aborted are freed."""
+        queued = self.abort(set(ids))
+        found, tokens = abort(ids)
+        self.free_aborted(set(ids))
+        return found + queued, tokens
+
+    def before_step(self) -> None:
+        """Free released or expired holds and place the waiting prompts."""
+        self.collect()
+        self.place()
+
+    def before_flush(self) -> None:
+        """Free released or expired holds."""
+        self.collect()
 
     def free_aborted(self, request_ids: set[str]) -> None:
         """Free placed prompts DeepInfer just aborted while they waited: its prefill drops
@@ -250,8 +257,8 @@ class PromptRole:
                 del self._placed[seq_id]
 
     def close(self) -> None:
-        self.bootstrap.close()
-        self.held.free_all()
+        """Stop the bootstrap port, free every hold and unregister the KV memory."""
+        super().close()
         self.memory.close()
 
 

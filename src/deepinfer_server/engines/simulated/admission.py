@@ -17,6 +17,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from deepinfer_server.disaggregation.handoff.params import KVTransferParams
 from deepinfer_server.engines.simulated.disaggregation import DecodeRole, PrefillRole
 from deepinfer_server.engines.simulated.inputs import (
     Extra,
@@ -28,7 +29,6 @@ from deepinfer_server.engines.simulated.parts import EngineParts
 from deepinfer_server.engines.simulated.sampling_params import SamplingParams
 from deepinfer_server.engines.simulated.sequence import Sequence
 from deepinfer_server.engines.simulated.step_clock import StepClock
-from deepinfer_server.ipc.kv_transfer import KVTransferParams
 
 logger = logging.getLogger(__name__)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from deepinfer_server.engines.backend import BuiltEngine, EngineSpec, SharedState
 from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver
+from deepinfer_server.engines.simulated.abilities import SimulatedAbilities
 from deepinfer_server.engines.simulated.backend import SimulatedOptions
 from deepinfer_server.engines.simulated.collectives import LockstepGroup
 from deepinfer_server.engines.simulated.engine import LLMEngine, SimEngineArgs
@@ -45,6 +46,11 @@ def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:
     )
     engine = LLMEngine.from_engine_args(args)
     return BuiltEngine(
-        LLMEngineDriver(engine, RequestOutput, count_drafts=spec.speculative_tokens > 0),
+        LLMEngineDriver(
+            engine,
+            RequestOutput,
+            SimulatedAbilities(engine, spec.enable_prefix_caching),
+            count_drafts=spec.speculative_tokens > 0,
+        ),
         after_ready=engine.prepare_structured_outputs if spec.grammar_warmup else None,
     )

@@ -23,11 +23,13 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from deepinfer_server.engines.disaggregation.agent import TransferAgent
-from deepinfer_server.engines.disaggregation.bootstrap import BootstrapServer
-from deepinfer_server.engines.disaggregation.held import HeldKV
-from deepinfer_server.engines.disaggregation.pulls import Pulls
-from deepinfer_server.engines.disaggregation.stats import TransferStats
+from deepinfer_server.disaggregation.handoff.params import KV_BLOCK_SIZE, KVTransferParams
+from deepinfer_server.disaggregation.transfer.agent import TransferAgent
+from deepinfer_server.disaggregation.transfer.connector import (
+    DecodeConnector,
+    PrefillConnector,
+    transfer_failed,
+)
 from deepinfer_server.engines.simulated.kv_blocks import AllocStatus, KVBlocks, blocks_for
 from deepinfer_server.engines.simulated.kv_memory import KVMemory, writer_id
 from deepinfer_server.engines.simulated.outputs import OutputRecord
@@ -35,13 +37,9 @@ from deepinfer_server.engines.simulated.request_table import RequestTable
 from deepinfer_server.engines.simulated.sequence import FINISH_LENGTH, FINISH_STOP, Sequence
 from deepinfer_server.engines.simulated.state_slots import StateSlots
 from deepinfer_server.engines.simulated.token_generator import TokenGenerator
-from deepinfer_server.ipc.kv_transfer import KV_BLOCK_SIZE, KVTransferParams
-
-#: The finish string of a failed transfer; the reason follows the colon.
-FINISH_KV_TRANSFER_FAILED = "kv_transfer_failed"
 
 
-class PrefillRole:
+class PrefillRole(PrefillConnector):
     """The PROMPT engine's hold of prefilled prompts for decode servers."""
 
     def __init__(
@@ -53,18 +51,14 @@ class PrefillRole:
         rank: int,
         hold_timeout: float,
     ) -> None:
-        self.engine_id = secrets.token_hex(8)
-        self._writer = writer_id(self.engine_id)
         self._kv = kv
         self._slots = slots
         self._agent = agent
         self.memory = KVMemory(kv.cache_config.num_gpu_blocks, slots.size, agent)
+        super().__init__(bootstrap_port, rank, hold_timeout)
+        self._writer = writer_id(self.engine_id)
         self._bootstrap_port = bootstrap_port
         self._rank = rank
-        self.bootstrap = BootstrapServer("0.0.0.0", bootstrap_port + rank, self.engine_id)
-        self.held = HeldKV(hold_timeout)
-        #: Handoffs of sequences that ended since the driver last asked, by request ID.
-        self.handoffs: dict[str, KVTransferParams] = {}
 
     def hold(self, sequence: Sequence) -> None:
         """`sequence` ended after its prompt step: pin its prompt's blocks and state slot for
@@ -84,7 +78,7 @@ class PrefillRole:
             self._kv.free(owner)
             self._slots.release(slot)
 
-        self.held.hold(transfer_id, free, time.monotonic())
+        self.keep(transfer_id, free)
         self.handoffs[sequence.request_id] = KVTransferParams(
             remote_host=self._agent.host,
             remote_port=self._agent.port,
@@ -101,13 +95,9 @@ class PrefillRole:
             block_size=KV_BLOCK_SIZE,
         )
 
-    def collect(self) -> None:
-        """Free the holds decode servers released and those past the hold timeout."""
-        self.held.collect(self.bootstrap.take_released(), time.monotonic())
-
     def close(self) -> None:
-        self.bootstrap.close()
-        self.held.free_all()
+        """Stop the bootstrap port, free every hold and unregister the KV memory."""
+        super().close()
         self.memory.close()
 
 
@@ -123,7 +113,7 @@ class _Pending:
     abandoned: bool = False
 
 
-class DecodeRole:
+class DecodeRole(DecodeConnector):
     """The COMPLETION engine's admission and pulls of prefilled prompts."""
 
     def __init__(
@@ -134,17 +124,16 @@ class DecodeRole:
         max_num_seqs: int,
         transfer_timeout: float,
     ) -> None:
+        super().__init__(agent)
         self._table = table
         self._generator = generator
         self._kv = table.kv
         self._slots = table.cache.slots
         self.memory = KVMemory(self._kv.cache_config.num_gpu_blocks, self._slots.size, agent)
-        self._pulls = Pulls(agent)
         self._max_num_seqs = max_num_seqs
         self._timeout = transfer_timeout
         #: Requests whose KV is not in place yet, in arrival order.
         self._pending: dict[str, _Pending] = {}
-        self.stats = TransferStats()
 
     def __len__(self) -> int:
         """Requests waiting for KV room or pulling (abandoned pulls excluded)."""
@@ -175,7 +164,7 @@ class DecodeRole:
         fail the requests past their deadline, then reserve room for the waiting ones."""
         records: list[OutputRecord] = []
         now = time.monotonic()
-        for result in self._pulls.take_done():
+        for result in self.pulls.take_done():
             pending = self._pending.get(result.request_id)
             if pending is None:
                 continue
@@ -203,9 +192,6 @@ class DecodeRole:
         records.extend(self._admit())
         return records
 
-    def close(self) -> None:
-        self._pulls.close()
-
     def _admit(self) -> list[OutputRecord]:
         """Reserve blocks and a state slot for the waiting requests, in order; a prompt that
         can never fit ends at once."""
@@ -229,7 +215,7 @@ class DecodeRole:
             blocks = self._kv.table(sequence.request_id)[: blocks_for(len(sequence.prompt))]
             slot = sequence.state_slot
             params = pending.params
-            self._pulls.submit(
+            self.pulls.submit(
                 sequence.request_id,
                 params,
                 self.memory.pieces(params, blocks, slot),
@@ -245,7 +231,7 @@ class DecodeRole:
             pending.abandoned = True
             return
         del self._pending[pending.sequence.request_id]
-        self._pulls.release_only(pending.params)
+        self.pulls.release_only(pending.params)
 
     def _free(self, sequence: Sequence) -> None:
         self._kv.free(sequence.request_id)
@@ -255,4 +241,4 @@ class DecodeRole:
 
     def _failed(self, sequence: Sequence, reason: str) -> OutputRecord:
         self.stats.failures[reason] += 1
-        return sequence.ignored_output(f"{FINISH_KV_TRANSFER_FAILED}:{reason}")
+        return sequence.ignored_output(transfer_failed(reason))

@@ -32,8 +32,10 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from deepinfer_server.engines.disaggregation.agent import TransferAgent
-from deepinfer_server.engines.disaggregation.stats import TransferStats
+from deepinfer_server.disaggregation.handoff.params import KVTransferParams
+from deepinfer_server.disaggregation.role import DisaggregationRole
+from deepinfer_server.disaggregation.transfer.agent import TransferAgent
+from deepinfer_server.disaggregation.transfer.stats import TransferStats
 from deepinfer_server.engines.simulated.admission import Admission
 from deepinfer_server.engines.simulated.collectives import Ballot, LockstepGroup, Tally
 from deepinfer_server.engines.simulated.disaggregation import DecodeRole, PrefillRole
@@ -50,7 +52,6 @@ from deepinfer_server.engines.simulated.scheduler import (
 )
 from deepinfer_server.engines.simulated.sequence import FINISH_ABORT, Sequence
 from deepinfer_server.engines.simulated.step_clock import StepClock
-from deepinfer_server.ipc.kv_transfer import KVTransferParams
 
 logger = logging.getLogger(__name__)
 
@@ -84,8 +85,8 @@ class SimEngineArgs:
     enable_prefix_caching: bool = False
     #: Prompt tokens a prompt step computes per second; 0: a prompt step lasts one period.
     prefill_tokens_per_s: float = 0.0
-    #: "null" (NORMAL), "prefill" (PROMPT) or "decode" (COMPLETION): `disaggregation.py`.
-    disaggregation_mode: str = "null"
+    #: NULL (NORMAL), PREFILL (PROMPT) or DECODE (COMPLETION): `disaggregation.py`.
+    disaggregation_mode: DisaggregationRole = DisaggregationRole.NULL
     disaggregation_bootstrap_port: int = 8998
     disaggregation_ib_device: str | None = None
     disaggregation_host: str = "127.0.0.1"
@@ -127,7 +128,7 @@ class LLMEngine:
         self._decode: DecodeRole | None = None
         #: Prompt tokens this engine's prompt steps computed (a fork's reused ones excluded).
         self.prompt_tokens_computed = 0
-        if args.disaggregation_mode != "null":
+        if args.disaggregation_mode.disaggregated:
             self._start_role(args)
         self._prompts = PromptScheduler(
             self._table,
@@ -148,7 +149,7 @@ class LLMEngine:
     def _start_role(self, args: SimEngineArgs) -> None:
         """A PROMPT or COMPLETION engine: its transfer agent and its role's state."""
         agent = TransferAgent(args.disaggregation_host, args.disaggregation_ib_device)
-        if args.disaggregation_mode == "prefill":
+        if args.disaggregation_mode is DisaggregationRole.PREFILL:
             self._prefill = PrefillRole(
                 self._kv,
                 self._cache.slots,
@@ -337,7 +338,7 @@ class LLMEngine:
         table.waiting.extend(self._builds.pump())
         self._cache.evict_for_demand(table.waiting, len(table.running))
         # Only a NORMAL engine votes: a PROMPT one always prefills, a COMPLETION one never.
-        if self._args.disaggregation_mode != "null":
+        if self._args.disaggregation_mode.disaggregated:
             return None
         if not self._prompts.cadence.at_attempt_point():
             return None

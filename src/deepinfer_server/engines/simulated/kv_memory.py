@@ -14,9 +14,9 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from deepinfer_server.engines.disaggregation.agent import TransferAgent, TransferError
+from deepinfer_server.disaggregation.handoff.params import KVTransferParams
+from deepinfer_server.disaggregation.transfer.agent import TransferAgent, TransferError
 from deepinfer_server.engines.simulated.kv_blocks import BLOCK_SIZE
-from deepinfer_server.ipc.kv_transfer import KVTransferParams
 
 _STATE_FIELDS = 4
 

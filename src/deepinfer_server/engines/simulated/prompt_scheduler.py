@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from deepinfer_server.disaggregation.role import DisaggregationRole
 from deepinfer_server.engines.simulated.collectives import Ballot, Tally
 from deepinfer_server.engines.simulated.kv_blocks import AllocStatus
 from deepinfer_server.engines.simulated.outputs import OutputRecord
@@ -45,9 +46,9 @@ class PromptScheduler:
     world_size: int = 1
     #: The prompt tokens the last prompt step computed (a fork's reused ones excluded).
     computed_tokens: int = 0
-    #: DeepInfer's engine type: "null" (NORMAL: the cadence's votes), "prefill" (PROMPT: every
-    #: step is a prompt step) or "decode" (COMPLETION: none is), as scheduler.hpp `schedule()`.
-    engine_type: str = "null"
+    #: DeepInfer's engine type: NULL (NORMAL: the cadence's votes), PREFILL (PROMPT: every
+    #: step is a prompt step) or DECODE (COMPLETION: none is), as scheduler.hpp `schedule()`.
+    engine_type: DisaggregationRole = DisaggregationRole.NULL
 
     def ballot(self, now: float) -> Ballot:
         """This rank's prefill votes at an attempt point, for a step ending at `now`: it wants a
@@ -67,9 +68,9 @@ class PromptScheduler:
         and whose prompt tokens computed are `computed_tokens`; `now` is the step's end, as of
         which requests are ready."""
         self.computed_tokens = 0
-        if self.engine_type == "decode":
+        if self.engine_type is DisaggregationRole.DECODE:
             return False
-        if self.engine_type == "prefill":
+        if self.engine_type is DisaggregationRole.PREFILL:
             returned.extend(self._prefill(now))
             return True
         if ballot is None or not self.cadence.prefill(tally, self.world_size):

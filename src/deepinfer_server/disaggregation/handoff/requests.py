@@ -1,5 +1,5 @@
-"""The HTTP side of prefill/decode disaggregation: a request's `kv_transfer_params`, checked
-against the server's role, and the prefill answer's handoff.
+"""The API side of the handoff: a request's `kv_transfer_params`, checked against the server's
+role, and the prefill answer's handoff.
 
 - NORMAL server (`--disaggregation-mode null`): a non-null `kv_transfer_params` is refused
   (400): this server neither hands off nor takes over KV.
@@ -10,35 +10,30 @@ against the server's role, and the prefill answer's handoff.
   without it, for example one a gateway sent straight here because of `n > 1`, is a 400
   naming the parameter) and must be a prefill answer's handoff of this very prompt.
 
-A decode server's `/health` answers 503 when every prefill rank named by a handoff in the
-last `PEER_MEMORY_SECONDS` fails to answer on its bootstrap port (`PrefillPeers`): a gateway
-then stops sending it requests it could not serve.
-
 A prefill server's JSON answer gets the handoff as a top-level `kv_transfer_params` object,
 which gateways copy verbatim into the decode request; a streamed prefill answer has none.
 """
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import orjson
 
-from deepinfer_server.errors import BadRequestError
-from deepinfer_server.ipc.kv_transfer import (
+from deepinfer_server.disaggregation.handoff.params import (
     KVTransferParams,
-    bootstrap_ping,
     check_prefill_request_params,
     parse_kv_transfer_params,
 )
+from deepinfer_server.disaggregation.role import DisaggregationRole
+from deepinfer_server.errors import BadRequestError
 
 _PARAM = "kv_transfer_params"
 
 
 def request_kv_transfer(
     body: dict[str, Any],
-    mode: str,
+    mode: DisaggregationRole,
     choices: int,
     prompt_length: int,
     thinking_budget: bool = False,
@@ -49,7 +44,7 @@ def request_kv_transfer(
     request whose prompt holds the reasoning, which a decode engine would have to prefill."""
     value = body.get(_PARAM)
     try:
-        if mode == "null":
+        if mode is DisaggregationRole.NULL:
             if value is not None:
                 raise ValueError(
                     "this server runs no prefill/decode disaggregation role "
@@ -61,7 +56,7 @@ def request_kv_transfer(
                 f"a {mode} server serves one choice per request (n = 1): the KV of one "
                 "prompt is handed off once"
             )
-        if mode == "prefill":
+        if mode is DisaggregationRole.PREFILL:
             check_prefill_request_params(value)
             return None
         if thinking_budget:
@@ -88,36 +83,3 @@ def with_handoff(body: bytes, params: KVTransferParams | None) -> bytes:
     answer = orjson.loads(body)
     answer[_PARAM] = params.as_json()
     return orjson.dumps(answer)
-
-
-#: A prefill peer not seen in a handoff for this long is forgotten (it may have been replaced).
-PEER_MEMORY_SECONDS = 300.0
-#: Seconds a health probe waits for a peer's bootstrap port.
-PEER_PROBE_SECONDS = 1.0
-
-
-class PrefillPeers:
-    """The prefill ranks a decode server depends on: those named by recent handoffs (their
-    bootstrap ports), probed by `/health`."""
-
-    def __init__(self) -> None:
-        self._seen: dict[tuple[str, int], float] = {}
-
-    def seen(self, params: KVTransferParams, now: float) -> None:
-        """A handoff named this prefill rank."""
-        port = params.remote_bootstrap_port + params.remote_dp_rank
-        self._seen[(params.remote_host, port)] = now
-
-    async def unreachable(self, now: float, probe_seconds: float = PEER_PROBE_SECONDS) -> list[str]:
-        """The recent peers, as host:port, when none of them answers a ping within
-        `probe_seconds` (empty: one does, or no peer is known yet)."""
-        for peer, last in list(self._seen.items()):
-            if now - last > PEER_MEMORY_SECONDS:
-                del self._seen[peer]
-        peers = list(self._seen)
-        answers = await asyncio.gather(
-            *(bootstrap_ping(host, port, probe_seconds) for host, port in peers)
-        )
-        if any(answers):
-            return []
-        return [f"{host}:{port}" for host, port in peers]

@@ -1,4 +1,4 @@
-"""BootstrapServer: a prefill rank's bootstrap port (`ipc.kv_transfer`'s protocol).
+"""BootstrapServer: a prefill rank's bootstrap port (`handoff.bootstrap`'s protocol).
 
 It runs in threads of its own beside the rank's loop: a release notice is queued for the
 loop's thread (the engine's owner), which frees the held KV at its next step.
@@ -13,6 +13,8 @@ import queue
 import socketserver
 import threading
 from typing import Any
+
+from deepinfer_server.disaggregation.transfer.queues import drain
 
 logger = logging.getLogger(__name__)
 
@@ -65,12 +67,7 @@ class BootstrapServer:
 
     def take_released(self) -> list[str]:
         """The transfer IDs released since the last call."""
-        released: list[str] = []
-        while True:
-            try:
-                released.append(self._server.released.get_nowait())
-            except queue.Empty:
-                return released
+        return drain(self._server.released)
 
     def close(self) -> None:
         self._server.shutdown()

@@ -1,19 +1,12 @@
-"""What crosses servers in prefill/decode disaggregation: the `kv_transfer_params` handoff and
-the bootstrap port's small protocol.
+"""The `kv_transfer_params` handoff: what a prefill server's answer hands a decode server.
 
 A prefill server's answer carries a top-level `kv_transfer_params` object (vLLM's field, which
 the gateways copy verbatim from the prefill answer into the decode request); `KVTransferParams`
-is its schema, validated on the decode side. The bootstrap port (prefill DP rank r listens on
-`--disaggregation-bootstrap-port` + r) takes one JSON line per connection and answers one:
-`{"op": "release", "transfer_id": ...}` (the decode side has the KV, or gives up on it: the
-prefill side frees it) and `{"op": "ping"}` (a decode server's health probe).
+is its schema, validated on the decode side.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-import socket
 from typing import Annotated, Any
 
 import msgspec
@@ -101,50 +94,3 @@ def check_prefill_request_params(value: object) -> None:
             "this is a prefill server: kv_transfer_params with do_remote_prefill belong in a "
             "request to a decode server"
         )
-
-
-# The bootstrap port's protocol
-
-_MAX_LINE = 4096
-
-
-def bootstrap_call(host: str, port: int, message: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """Send one message to a prefill rank's bootstrap port and return its answer (blocking).
-
-    Raises OSError when the peer cannot be reached or answers nothing in `timeout` seconds.
-    """
-    with socket.create_connection((host, port), timeout=timeout) as sock:
-        sock.sendall(json.dumps(message).encode() + b"\n")
-        data = b""
-        while not data.endswith(b"\n") and len(data) < _MAX_LINE:
-            chunk = sock.recv(_MAX_LINE)
-            if not chunk:
-                break
-            data += chunk
-    try:
-        answer = json.loads(data)
-    except ValueError:
-        raise OSError(f"bootstrap {host}:{port} answered no JSON line") from None
-    if not isinstance(answer, dict):
-        raise OSError(f"bootstrap {host}:{port} answered no JSON object")
-    return answer
-
-
-async def bootstrap_ping(host: str, port: int, timeout: float) -> bool:
-    """Whether a prefill rank's bootstrap port answers a ping within `timeout` seconds."""
-    try:
-        async with asyncio.timeout(timeout):
-            reader, writer = await asyncio.open_connection(host, port)
-            try:
-                writer.write(b'{"op": "ping"}\n')
-                await writer.drain()
-                line = await reader.readline()
-            finally:
-                writer.close()
-    except (OSError, TimeoutError):
-        return False
-    try:
-        answer = json.loads(line)
-    except ValueError:
-        return False
-    return isinstance(answer, dict) and answer.get("ok") is True

@@ -16,8 +16,10 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from deepinfer_server.engines.disaggregation.agent import TransferAgent, TransferError
-from deepinfer_server.ipc.kv_transfer import KVTransferParams, bootstrap_call
+from deepinfer_server.disaggregation.handoff.bootstrap import bootstrap_call
+from deepinfer_server.disaggregation.handoff.params import KVTransferParams
+from deepinfer_server.disaggregation.transfer.agent import TransferAgent, TransferError
+from deepinfer_server.disaggregation.transfer.queues import drain
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +35,16 @@ class PullResult:
     nbytes: int
     seconds: float
     failure: TransferError | None = None
+
+
+@dataclass(frozen=True)
+class _Pull:
+    """One pull to run: into what, from where, and the check of what arrived."""
+
+    request_id: str
+    params: KVTransferParams
+    pieces: list[tuple[int, int, int]]
+    check: Callable[[], None]
 
 
 def release(params: KVTransferParams) -> None:
@@ -66,7 +78,7 @@ class Pulls:
     ) -> None:
         """Start pulling `pieces` (local, remote, length) from `params`' peer; `check` runs
         after the read and raises TransferError when the KV is not what was promised."""
-        self._pool.submit(self._run, request_id, params, list(pieces), check)
+        self._pool.submit(self._run, _Pull(request_id, params, list(pieces), check))
 
     def release_only(self, params: KVTransferParams) -> None:
         """The request went away before its pull: free the prefill side's KV now."""
@@ -74,28 +86,18 @@ class Pulls:
 
     def take_done(self) -> list[PullResult]:
         """The pulls that finished since the last call."""
-        done: list[PullResult] = []
-        while True:
-            try:
-                done.append(self._done.get_nowait())
-            except queue.Empty:
-                return done
+        return drain(self._done)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _run(
-        self,
-        request_id: str,
-        params: KVTransferParams,
-        pieces: list[tuple[int, int, int]],
-        check: Callable[[], None],
-    ) -> None:
+    def _run(self, pull: _Pull) -> None:
+        request_id, params = pull.request_id, pull.params
         started = time.monotonic()
         session = f"{params.remote_host}:{params.remote_port}"
         try:
-            nbytes = self._agent.read(session, pieces)
-            check()
+            nbytes = self._agent.read(session, pull.pieces)
+            pull.check()
             result = PullResult(request_id, nbytes, time.monotonic() - started)
         except TransferError as exc:
             result = PullResult(request_id, 0, time.monotonic() - started, exc)

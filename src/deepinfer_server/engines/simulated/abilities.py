@@ -1,0 +1,58 @@
+"""SimulatedAbilities: what the engine driver reads of the simulated engine beyond `LLMEngine`.
+
+The simulated engine mirrors DeepInfer's read-outs (`scheduler.get_num_free_gpu_blocks()`,
+`cache_config.num_gpu_blocks`), counts the prompt tokens its prompt steps compute, has the
+prefix cache when built with it, and reports its prefill/decode role through its
+`pop_kv_handoff`, `kv_transfer_stats` and `held_kv`, which the connector here forwards.
+"""
+
+from __future__ import annotations
+
+from deepinfer_server.disaggregation.handoff.params import KVTransferParams
+from deepinfer_server.disaggregation.transfer.connector import KVConnector
+from deepinfer_server.disaggregation.transfer.stats import TransferStats
+from deepinfer_server.engines.abilities import EngineAbilities, KVBlockCounts
+from deepinfer_server.engines.simulated.engine import LLMEngine
+
+
+class _SimulatedConnector(KVConnector):
+    """The simulated engine's role, as the driver reads it."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self._engine = engine
+
+    def pop_handoff(self, request_id: str) -> KVTransferParams | None:
+        """A PROMPT engine's handoff of a request that ended."""
+        return self._engine.pop_kv_handoff(request_id)
+
+    def transfer_stats(self) -> TransferStats | None:
+        """A COMPLETION engine's transfer counters."""
+        return self._engine.kv_transfer_stats()
+
+    def held_count(self) -> int:
+        """Prompts a PROMPT engine holds for decode servers now."""
+        return self._engine.held_kv()
+
+
+class SimulatedAbilities(EngineAbilities):
+    """The simulated engine `engine`'s abilities; `prefix_caching` as it was built."""
+
+    def __init__(self, engine: LLMEngine, prefix_caching: bool = False) -> None:
+        super().__init__(_SimulatedConnector(engine))
+        self._engine = engine
+        self.prefix_caching = prefix_caching
+
+    def prefix_cache_stats(self) -> tuple[int, int, int] | None:
+        """The prefix cache's counters, or None without one."""
+        return self._engine.prefix_cache_stats() if self.prefix_caching else None
+
+    def prompt_tokens_computed(self) -> int:
+        """The prompt tokens the engine's prompt steps computed."""
+        return self._engine.prompt_tokens_computed
+
+    def kv_blocks(self) -> KVBlockCounts:
+        """The engine's KV blocks now."""
+        engine = self._engine
+        return KVBlockCounts(
+            engine.scheduler.get_num_free_gpu_blocks(), engine.cache_config.num_gpu_blocks
+        )
