@@ -26,7 +26,7 @@ class TransferError(Exception):
 
 def _transfer_engine() -> Any:
     try:
-        from mooncake.engine import TransferEngine  # type: ignore[import-untyped]
+        from mooncake.engine import TransferEngine
     except ImportError as exc:
         raise RuntimeError(
             "prefill/decode disaggregation needs Mooncake's Transfer Engine: install the "
