@@ -41,8 +41,9 @@ from deepinfer_server.grammar import (
     responses_constraint,
 )
 from deepinfer_server.grammar.compile_queue import FairCompileQueue, QueueLimits, QueueStats
-from deepinfer_server.grammar.compile_workers import STARTUP_TIMEOUT_S, start_fork_server
+from deepinfer_server.grammar.compile_workers import STARTUP_TIMEOUT_S
 from deepinfer_server.grammar.errors import CompileRefused
+from deepinfer_server.grammar.fork_server import start_fork_server
 from deepinfer_server.ipc.messages import StructuredOutput
 from deepinfer_server.protocol.core.recipe import recipe_errors
 
