@@ -78,8 +78,8 @@ def test_the_readme_and_the_docs_have_runnable_examples_of_each_kind() -> None:
 def test_the_readme_is_a_landing_page_with_the_fresh_machine_commands_first() -> None:
     first_two = [e.code.strip() for e in EXAMPLES if e.page == "README.md"][:2]
     assert first_two == [
-        "python3 -m venv .venv && .venv/bin/pip install . && .venv/bin/deepinfer-server "
-        "--engine simulated",
+        "python3 -m venv .venv && .venv/bin/pip install '.[grammar]' && "
+        ".venv/bin/deepinfer-server --engine simulated",
         "python3 -m venv .venv && .venv/bin/pip install '.[test]' && .venv/bin/python -m pytest",
     ]
     assert README.read_text(encoding="utf-8").count("\n") <= 200

@@ -30,8 +30,8 @@ def _transfer_engine() -> Any:
     except ImportError as exc:
         raise RuntimeError(
             "prefill/decode disaggregation needs Mooncake's Transfer Engine: install the "
-            "`disaggregation` extra (pip install 'deepinfer-server[disaggregation]') and "
-            f"Debian's libibverbs1 ({exc})"
+            "`disaggregation` extra (pip install '.[disaggregation]' in the deepinfer-server "
+            f"checkout) and Debian's libibverbs1 (scripts/install-mooncake-deps.sh) ({exc})"
         ) from exc
     return TransferEngine()
 

@@ -343,5 +343,6 @@ class StructuredOutputs:
             self._warned_unconstrained = True
             logger.warning(
                 "tool calls are served without grammar constraints: install the [grammar] "
-                "extra (xgrammar) to enforce their schemas"
+                "extra (xgrammar: pip install '.[grammar]' in the deepinfer-server checkout) "
+                "to enforce their schemas"
             )
