@@ -3,7 +3,8 @@
 The twin (`site/` here, on top of the directory `scripts/build_deepinfer_twin.py` builds) runs
 DeepInfer 0.1.0's own code; `DEEPINFER_TWIN_DIR` names the built directory (`.ci/run` builds
 it and sets the variable). Without it, the tests that need DeepInfer (marker `deepinfer_twin`:
-every `--engine deepinfer` test) skip, saying so.
+every `--engine deepinfer` test) skip, saying so, or fail where every lane must run
+(tests/lanes.py).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.lanes import GRAMMAR_REASON, require_lane
 from tests.paths import REPO
 from tests.server import LiveServer
 
@@ -58,6 +59,11 @@ def _examples(page: Path) -> list[Example]:
 
 
 EXAMPLES = [example for page in PAGES for example in _examples(page)]
+#: An example's `needs MODULE`: the lane that installs the module, and how.
+_NEEDS = {
+    "xgrammar": ("grammar", GRAMMAR_REASON),
+    "litellm": ("clients", "litellm is not installed (run scripts/install-test-clients.sh)"),
+}
 _ERROR_BODY = re.compile(r'"error"\s*:\s*\{')
 
 
@@ -91,8 +97,8 @@ def test_readme_example_runs(example: Example, readme_server: LiveServer) -> Non
         pytest.skip(example.marker)
     if example.marker.startswith("needs "):
         module = example.marker.split()[1]
-        if importlib.util.find_spec(module) is None:
-            pytest.skip(f"{module} is not installed")
+        lane, reason = _NEEDS.get(module, (module, f"{module} is not installed"))
+        require_lane(lane, importlib.util.find_spec(module) is not None, reason)
     code = example.code.replace("localhost:8000", f"127.0.0.1:{readme_server.port}")
     bin_dir = str(Path(sys.executable).parent)
     env = {

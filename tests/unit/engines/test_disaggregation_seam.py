@@ -18,6 +18,7 @@ from deepinfer_server.ipc.kv_transfer import (
     bootstrap_ping,
     parse_kv_transfer_params,
 )
+from tests.lanes import require_disaggregation
 
 HANDOFF: dict[str, Any] = KVTransferParams(
     remote_host="10.0.0.7",
@@ -115,7 +116,7 @@ def test_the_bootstrap_port_queues_releases_and_answers_pings() -> None:
 
 @pytest.mark.disaggregation
 def test_two_transfer_engines_move_registered_memory_over_loopback_tcp() -> None:
-    pytest.importorskip("mooncake.engine", reason="needs the disaggregation extra")
+    require_disaggregation()
     from deepinfer_server.engines.disaggregation.agent import TransferAgent, TransferError
 
     source, sink = TransferAgent("127.0.0.1"), TransferAgent("127.0.0.1")
