@@ -166,10 +166,12 @@ class CompileWorkers:
         """Spawn one worker, already counted in `_starting`, and await its readiness."""
         try:
             worker = self._spawner.submit(self._spawn).result()
-        except RuntimeError:
+        except Exception:
             with self._lock:
                 closed = self._closed
-            if closed:  # the pool was closed meanwhile (its spawner shut down): no new worker
+            # Closed meanwhile: its spawner shut down, or the fork server it was forking from
+            # was stopped (a stop during the warm-up). No new worker, and nothing went wrong.
+            if closed:
                 self._started_one(ready=False)
                 return
             raise
@@ -207,7 +209,7 @@ class CompileWorkers:
             )
         if not ready or closed:
             self._started_one(ready=False)
-            self._stop(worker, kill=not ready)
+            self._stop(worker, kill=True)
             return
         remove_shared_file()  # a worker was forked: the fork server has read it
         worker.ready = True

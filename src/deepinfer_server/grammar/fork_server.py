@@ -10,8 +10,10 @@ import atexit
 import contextlib
 import multiprocessing
 import os
+import signal
 import tempfile
 import threading
+from multiprocessing import forkserver
 
 #: What the workers' fork server imports before forking them (xgrammar, PyTorch with it).
 PRELOAD = "deepinfer_server.grammar._xgr_preload"
@@ -57,6 +59,29 @@ def start_fork_server(tokenizer_json: str, vocab_size: int | None) -> None:
     share_vocabulary(tokenizer_json, vocab_size)
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload([PRELOAD])
-    from multiprocessing import forkserver
-
     forkserver.ensure_running()
+
+
+_stop_lock = threading.Lock()
+
+
+def stop_fork_server() -> None:
+    """Stop the fork server this process started, at once, even while it loads. It reads the
+    pipe that tells it its parent is gone only once loaded, so one stopped during the warm-up
+    would outlive the server by the rest of its load (seconds of imports). The next pool starts
+    a new one, which preloads the vocabulary again."""
+    global _vocabulary_shared
+    # The standard library has no public stop: `_stop` is what its own tests use (it closes
+    # the alive pipe, reaps the process and removes its socket), after a kill for one loading.
+    server = getattr(forkserver, "_forkserver", None)
+    with _stop_lock:
+        pid: int | None = getattr(server, "_forkserver_pid", None)
+        if server is None or pid is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        server._stop()
+    remove_shared_file()
+    with _share_lock:
+        _vocabulary_shared = False
+    os.environ.pop(VOCAB_ENV, None)
