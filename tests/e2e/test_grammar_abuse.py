@@ -20,6 +20,7 @@ from tests.lanes import require_grammar
 from tests.server import LiveServer
 
 require_grammar()
+pytestmark = pytest.mark.grammar
 
 _STATUS = {400: "refused", 500: "grammar_failed", 200: "answered"}
 

@@ -21,6 +21,7 @@ from tests.lanes import require_grammar
 from tests.server import LiveServer
 
 require_grammar()
+pytestmark = pytest.mark.grammar
 
 
 class City(pydantic.BaseModel):

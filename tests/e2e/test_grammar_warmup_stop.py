@@ -7,12 +7,14 @@ from __future__ import annotations
 import signal
 
 import psutil
+import pytest
 
 from tests.lanes import require_grammar
 from tests.routers.fleet import wait_for
 from tests.server import LiveServer
 
 require_grammar()
+pytestmark = pytest.mark.grammar
 
 
 def _fork_server(server: LiveServer) -> psutil.Process | None:

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -67,6 +68,14 @@ _NEEDS = {
 _ERROR_BODY = re.compile(r'"error"\s*:\s*\{')
 
 
+def _with_its_lane(example: Example) -> Any:
+    """The example as a test parameter, marked with the lane its `needs MODULE` names."""
+    module = example.marker.split()[1] if example.marker.startswith("needs ") else None
+    lane = _NEEDS[module][0] if module in _NEEDS else None
+    marks = [getattr(pytest.mark, lane)] if lane is not None else []
+    return pytest.param(example, marks=marks, id=example.id)
+
+
 @pytest.fixture(scope="module")
 def readme_server() -> Iterator[LiveServer]:
     with LiveServer("--sim-itl-ms", "1", "--sim-ttft-ms", "1") as server:
@@ -91,7 +100,7 @@ def test_the_readme_is_a_landing_page_with_the_fresh_machine_commands_first() ->
     assert README.read_text(encoding="utf-8").count("\n") <= 200
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=[e.id for e in EXAMPLES])
+@pytest.mark.parametrize("example", [_with_its_lane(e) for e in EXAMPLES])
 def test_readme_example_runs(example: Example, readme_server: LiveServer) -> None:
     if example.marker.startswith("skip"):
         pytest.skip(example.marker)

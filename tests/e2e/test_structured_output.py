@@ -22,6 +22,7 @@ from tests.lanes import require_grammar
 from tests.server import LiveServer
 
 require_grammar()
+pytestmark = pytest.mark.grammar
 jsonschema = pytest.importorskip("jsonschema")
 
 

@@ -422,6 +422,7 @@ SELF_REF: dict[str, Any] = {"$ref": "#"}
         ),
     ],
 )
+@pytest.mark.grammar
 def test_a_grammar_that_matches_no_text_is_a_400_naming_the_param(
     path: str, extra: dict[str, Any], param: str
 ) -> None:

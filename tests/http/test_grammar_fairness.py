@@ -28,7 +28,7 @@ from tests.lanes import require_grammar
 require_grammar()
 
 #: Real compile worker processes, killed at their time bound.
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.grammar]
 
 FLOODER, VICTIM = "key-flooder-1", "key-victim-2"
 #: 8 KB of bounded repeats: 26 s and 2.2 GB to compile, so each is cut at the time bound.

@@ -224,6 +224,7 @@ def _openai_client(h: Harness) -> openai.AsyncOpenAI:
     )
 
 
+@pytest.mark.grammar
 def test_json_object_without_the_word_json_is_accepted(caplog: pytest.LogCaptureFixture) -> None:
     """OpenAI refuses json_object unless the messages say "json"; the AI SDK's
     createOpenAICompatible sends exactly that for generateObject. The grammar enforces JSON: the

@@ -23,6 +23,7 @@ from tests.http.harness import run
 from tests.lanes import require_grammar
 
 require_grammar()
+pytestmark = pytest.mark.grammar
 
 NO_THINKING: dict[str, Any] = {"thinking": {"type": "disabled"}}
 ANSWER_SCHEMA = {

@@ -75,7 +75,10 @@ async def _answer(engine: SimulatedEngine, extra: dict[str, Any], stream: bool) 
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize(
+    "case",
+    [pytest.param(c, marks=pytest.mark.grammar) if c == "json_schema" else c for c in CASES],
+)
 def test_speculation_gives_the_same_answer(
     engines: tuple[SimulatedEngine, SimulatedEngine], case: str, stream: bool
 ) -> None:

@@ -23,6 +23,7 @@ from tests.dsml import WEATHER_TOOL, tool_calls_block
 from tests.lanes import require_grammar
 
 require_grammar()
+pytestmark = pytest.mark.grammar
 
 TIME_TOOL = {
     "type": "function",

@@ -20,7 +20,7 @@ from tests.unit.engines.test_simulated_engine import make_engine, prompt, read
 require_grammar()
 
 #: Real compile worker processes, killed at their time and memory bounds: seconds per test.
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.grammar]
 
 TRIVIAL = {"schema_type": "regex", "schema": "(yes|no)"}
 #: Minutes to compile, and gigabytes (measured: 4 KiB of it takes 15 s and 145 MB of RSS).

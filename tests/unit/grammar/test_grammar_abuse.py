@@ -20,6 +20,7 @@ from tests.lanes import require_grammar
 from tests.unit.engines.test_simulated_engine import make_engine, prompt, read
 
 require_grammar()
+pytestmark = pytest.mark.grammar
 
 #: Small bounds keep the expensive cases cheap: what matters is that they are bounded.
 TEST_BOUNDS = GrammarBounds(

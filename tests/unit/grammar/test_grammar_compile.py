@@ -16,6 +16,7 @@ from tests.dsml import WEATHER_TOOL
 from tests.lanes import require_grammar
 
 require_grammar()
+pytestmark = pytest.mark.grammar
 
 
 def _strict(tool: Any) -> Any:
