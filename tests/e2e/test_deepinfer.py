@@ -192,6 +192,7 @@ def test_construction_error_ends_the_server_with_the_engines_message(
     assert "ready (EP=" not in result.stderr  # the start-up line: it never served
 
 
+@pytest.mark.deepinfer_twin  # the CLI finds DeepInfer importable before counting GPUs
 def test_too_few_gpus_is_refused_before_start(checkpoint: Path, tmp_path: Path) -> None:
     result = _run_cli(str(checkpoint), "--ep", "8", env=_env(tmp_path, CUDA_VISIBLE_DEVICES="0,1"))
     assert result.returncode == 2
