@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from tests.deepinfer_twin import NOT_BUILT, runs_on_twin
+from tests.lanes import fail_missing_lane, mark_missing_lane
 from tests.paths import TESTS
 from tests.server import LiveServer
 
@@ -25,19 +26,22 @@ _E2E_FOLDERS = frozenset({"e2e", "clients", "routers", "fuzz", "prometheus"})
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests in the end-to-end folders get the `e2e` marker; tests of DeepInfer's own code
-    skip, saying why, where the CPU twin is not built."""
+    (marker `deepinfer_twin`) need the CPU twin: the twin lane (tests/lanes.py)."""
     e2e = pytest.mark.e2e
+    twin_built = runs_on_twin()
     for item in items:
         parts = item.path.relative_to(TESTS).parts
         uses_a_server = "shared_server" in getattr(item, "fixturenames", ())
         if (parts and parts[0] in _E2E_FOLDERS) or uses_a_server:
             item.add_marker(e2e)
-    if runs_on_twin():
-        return
-    skip = pytest.mark.skip(reason=NOT_BUILT)
-    for item in items:
-        if "deepinfer_twin" in item.keywords:
-            item.add_marker(skip)
+        if not twin_built and "deepinfer_twin" in item.keywords:
+            mark_missing_lane(item, "twin", NOT_BUILT)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before any fixture: a test collected without its lane fails where lanes are required."""
+    fail_missing_lane(item)
 
 
 class _ServerProcessInFastLane(AssertionError):

@@ -19,8 +19,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import pytest
-
+from tests.lanes import missing_lane
 from tests.server import PortTaken, free_port, on_free_ports, port_taken
 
 _databases = itertools.count()
@@ -62,7 +61,7 @@ class PostgresServer:
     def __init__(self) -> None:
         reason = skip_reason()
         if reason is not None:
-            pytest.skip(reason)
+            missing_lane("postgres", reason)
         bin_dir = _bin_dir()
         assert bin_dir is not None
         self._bin = bin_dir

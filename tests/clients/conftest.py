@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.clients.proxy import Exchange, LoggingProxy
+from tests.lanes import missing_lane
 from tests.server import LiveServer
 
 MODEL = "deepseek-flash"
@@ -192,9 +193,10 @@ def find_client(name: str) -> str:
     found = shutil.which(name)
     if found:
         return found
-    pytest.skip(
+    missing_lane(
+        "clients",
         f"{name} is not installed (run scripts/install-test-clients.sh; looked in {local} "
-        "and on PATH)"
+        "and on PATH)",
     )
 
 

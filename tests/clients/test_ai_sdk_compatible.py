@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.clients.conftest import MODEL, NPM_PREFIX, Recorder, clean_env, marker, run_client
+from tests.lanes import missing_lane
 
 # The first grammar compile starts the server's compile worker: tens of seconds on 2 busy cores.
 pytestmark = [pytest.mark.clients, pytest.mark.timeout(300)]
@@ -23,7 +24,9 @@ SCRIPT = Path(__file__).with_name("ai_sdk_generate_object.cjs")
 
 def generate_object(recorder: Recorder, tmp_path: Path, prompt: str, structured: bool) -> object:
     if not (NODE_MODULES / "@ai-sdk" / "openai-compatible").exists():
-        pytest.skip(f"the AI SDK is not in {NODE_MODULES} (run scripts/install-test-clients.sh)")
+        missing_lane(
+            "clients", f"the AI SDK is not in {NODE_MODULES} (run scripts/install-test-clients.sh)"
+        )
     args = ["node", str(SCRIPT), f"{recorder.base_url}/v1", MODEL, prompt, str(structured).lower()]
     env = clean_env(tmp_path / "home", NODE_PATH=str(NODE_MODULES))
     run = run_client(args, env, tmp_path, timeout=240)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.clients.conftest import MODEL, NPM_PREFIX, Recorder, clean_env, marker, run_client
+from tests.lanes import missing_lane
 
 #: The tool loop's first request compiles the tools' grammar; on a cold server (this test alone)
 #: on the 2-core machine under load that took up to 90 s (the compile workers' start-up).
@@ -25,9 +26,10 @@ def _node() -> str:
     node = shutil.which("node")
     missing = [name for name in PACKAGES if not (NPM_PREFIX / "node_modules" / name).is_dir()]
     if node is None or missing:
-        pytest.skip(
+        missing_lane(
+            "clients",
             f"the AI SDK is not installed ({', '.join(missing) or 'node'} missing under "
-            f"{NPM_PREFIX}; run scripts/install-test-clients.sh)"
+            f"{NPM_PREFIX}; run scripts/install-test-clients.sh)",
         )
     return node
 

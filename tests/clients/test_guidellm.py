@@ -26,6 +26,7 @@ import pytest
 
 from deepinfer_server.model.tokenizer import write_embedded_tokenizer
 from tests.clients.conftest import NPM_PREFIX, live_server
+from tests.lanes import missing_lane
 from tests.metrics_scrape import scrape, value
 
 pytestmark = [pytest.mark.clients, pytest.mark.timeout(420)]
@@ -81,7 +82,9 @@ def run_sweep(target: str, work: Path) -> dict[str, Any]:
 
 def test_guidellm_default_sweep_has_no_errors(tmp_path: Path) -> None:
     if not GUIDELLM.exists():
-        pytest.skip(f"GuideLLM is not at {GUIDELLM} (run scripts/install-test-clients.sh)")
+        missing_lane(
+            "clients", f"GuideLLM is not at {GUIDELLM} (run scripts/install-test-clients.sh)"
+        )
     with live_server(
         "--sim-itl-ms", "1", "--sim-ttft-ms", "5", "--max-num-seqs", str(RUNNING_CAPACITY)
     ) as server:

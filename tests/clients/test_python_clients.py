@@ -18,6 +18,7 @@ from anthropic.lib.tools import beta_tool
 
 from tests.clients.conftest import MAX_MODEL_LEN, MODEL, Recorder, live_server, marker
 from tests.dsml import WEATHER_TOOL, tool_calls_block
+from tests.lanes import import_lane
 
 pytestmark = [
     pytest.mark.clients,
@@ -67,9 +68,7 @@ def anthropic_client(recorder: Recorder) -> Iterator[anthropic.Anthropic]:
 def litellm() -> Any:
     # Offline: the bundled model cost map instead of fetching one from the internet.
     os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
-    module = pytest.importorskip(
-        "litellm", reason="litellm is not installed (run scripts/install-test-clients.sh)"
-    )
+    module = import_lane("clients", "litellm", "run scripts/install-test-clients.sh")
     module.telemetry = False
     return module
 
@@ -174,9 +173,8 @@ def test_litellm_anthropic_route_custom_tools(recorder: Recorder) -> None:
 
 
 def chat_openai(recorder: Recorder) -> Any:
-    langchain_openai = pytest.importorskip(
-        "langchain_openai",
-        reason="langchain-openai is not installed (run scripts/install-test-clients.sh)",
+    langchain_openai = import_lane(
+        "clients", "langchain_openai", "run scripts/install-test-clients.sh"
     )
     return langchain_openai.ChatOpenAI(
         model=MODEL,

@@ -1,9 +1,10 @@
-"""Where tests find DeepInfer for `--engine deepinfer`: the CPU twin, else the stand-in.
+"""Where tests find DeepInfer for `--engine deepinfer`: the CPU twin.
 
 The twin (`site/` here, on top of the directory `scripts/build_deepinfer_twin.py` builds) runs
 DeepInfer 0.1.0's own code; `DEEPINFER_TWIN_DIR` names the built directory (`.ci/run` builds
-it and sets the variable). Without it, `--engine deepinfer` tests run on the pure stand-in
-(`tests/fake_deepinfer`), and tests that need DeepInfer's own code skip, saying so.
+it and sets the variable). Without it, the tests that need DeepInfer (marker `deepinfer_twin`:
+every `--engine deepinfer` test) skip, saying so, or fail where every lane must run
+(tests/lanes.py).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import os
 from pathlib import Path
 
 SITE = Path(__file__).resolve().parent / "site"
-STAND_IN = Path(__file__).resolve().parent.parent / "fake_deepinfer"
 NOT_BUILT = (
     "the DeepInfer CPU twin is not built: run `python scripts/build_deepinfer_twin.py` and set "
     "DEEPINFER_TWIN_DIR to the directory it prints (.ci/run does both)"
@@ -29,9 +29,10 @@ def twin_dir() -> Path | None:
 
 
 def engine_pythonpath() -> str:
-    """PYTHONPATH entries that make `deepinfer` importable: the twin's, else the stand-in's."""
+    """PYTHONPATH entries that make the twin's `deepinfer` importable (none where it is not
+    built: the tests that need it skip)."""
     built = twin_dir()
-    entries = [str(SITE), str(built)] if built is not None else [str(STAND_IN)]
+    entries = [str(SITE), str(built)] if built is not None else []
     return os.pathsep.join(filter(None, [*entries, os.environ.get("PYTHONPATH")]))
 
 
@@ -47,4 +48,5 @@ def engine_env(visible_gpus: str) -> dict[str, str]:
 
 
 def runs_on_twin() -> bool:
+    """Whether the twin is built (DEEPINFER_TWIN_DIR names it)."""
     return twin_dir() is not None

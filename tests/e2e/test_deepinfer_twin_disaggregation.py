@@ -27,10 +27,11 @@ import pytest
 from tests.checkpoint import write_checkpoint
 from tests.conftest import MODEL
 from tests.deepinfer_twin import engine_env
+from tests.lanes import require_disaggregation
 from tests.metrics_scrape import scrape, value
 from tests.server import LiveServer, free_port, wait_until
 
-pytest.importorskip("mooncake.engine", reason="needs the disaggregation extra")
+require_disaggregation()
 pytestmark = [pytest.mark.deepinfer_twin, pytest.mark.disaggregation]
 
 #: Several KV blocks (128 tokens each) and a partial last one.

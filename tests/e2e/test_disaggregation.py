@@ -16,10 +16,11 @@ import openai
 import pytest
 
 from tests.conftest import MODEL
+from tests.lanes import require_disaggregation
 from tests.metrics_scrape import scrape, value
 from tests.server import LiveServer, free_port, wait_until
 
-pytest.importorskip("mooncake.engine", reason="needs the disaggregation extra")
+require_disaggregation()
 pytestmark = pytest.mark.disaggregation
 
 COMMON = ("--sim-ttft-ms", "5", "--sim-itl-ms", "2", "--max-model-len", "4096")

@@ -16,9 +16,11 @@ from tests.checkpoint import write_checkpoint
 from tests.conftest import MODEL
 from tests.deepinfer_twin import engine_env
 from tests.grammar_abuse import CASES, GrammarAbuseCase, describe
+from tests.lanes import require_grammar
 from tests.server import LiveServer
 
-pytest.importorskip("xgrammar", reason="structured output needs the [grammar] extra")
+require_grammar()
+pytestmark = pytest.mark.grammar
 
 _STATUS = {400: "refused", 500: "grammar_failed", 200: "answered"}
 

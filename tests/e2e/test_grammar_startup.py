@@ -17,9 +17,11 @@ import pydantic
 import pytest
 
 from tests.conftest import MODEL
+from tests.lanes import require_grammar
 from tests.server import LiveServer
 
-pytest.importorskip("xgrammar", reason="structured output needs the [grammar] extra")
+require_grammar()
+pytestmark = pytest.mark.grammar
 
 
 class City(pydantic.BaseModel):

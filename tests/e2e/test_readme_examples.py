@@ -18,9 +18,11 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.lanes import GRAMMAR_REASON, require_lane
 from tests.paths import REPO
 from tests.server import LiveServer
 
@@ -58,7 +60,20 @@ def _examples(page: Path) -> list[Example]:
 
 
 EXAMPLES = [example for page in PAGES for example in _examples(page)]
+#: An example's `needs MODULE`: the lane that installs the module, and how.
+_NEEDS = {
+    "xgrammar": ("grammar", GRAMMAR_REASON),
+    "litellm": ("clients", "litellm is not installed (run scripts/install-test-clients.sh)"),
+}
 _ERROR_BODY = re.compile(r'"error"\s*:\s*\{')
+
+
+def _with_its_lane(example: Example) -> Any:
+    """The example as a test parameter, marked with the lane its `needs MODULE` names."""
+    module = example.marker.split()[1] if example.marker.startswith("needs ") else None
+    lane = _NEEDS[module][0] if module in _NEEDS else None
+    marks = [getattr(pytest.mark, lane)] if lane is not None else []
+    return pytest.param(example, marks=marks, id=example.id)
 
 
 @pytest.fixture(scope="module")
@@ -78,21 +93,21 @@ def test_the_readme_and_the_docs_have_runnable_examples_of_each_kind() -> None:
 def test_the_readme_is_a_landing_page_with_the_fresh_machine_commands_first() -> None:
     first_two = [e.code.strip() for e in EXAMPLES if e.page == "README.md"][:2]
     assert first_two == [
-        "python3 -m venv .venv && .venv/bin/pip install . && .venv/bin/deepinfer-server "
-        "--engine simulated",
+        "python3 -m venv .venv && .venv/bin/pip install '.[grammar]' && "
+        ".venv/bin/deepinfer-server --engine simulated",
         "python3 -m venv .venv && .venv/bin/pip install '.[test]' && .venv/bin/python -m pytest",
     ]
     assert README.read_text(encoding="utf-8").count("\n") <= 200
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=[e.id for e in EXAMPLES])
+@pytest.mark.parametrize("example", [_with_its_lane(e) for e in EXAMPLES])
 def test_readme_example_runs(example: Example, readme_server: LiveServer) -> None:
     if example.marker.startswith("skip"):
         pytest.skip(example.marker)
     if example.marker.startswith("needs "):
         module = example.marker.split()[1]
-        if importlib.util.find_spec(module) is None:
-            pytest.skip(f"{module} is not installed")
+        lane, reason = _NEEDS.get(module, (module, f"{module} is not installed"))
+        require_lane(lane, importlib.util.find_spec(module) is not None, reason)
     code = example.code.replace("localhost:8000", f"127.0.0.1:{readme_server.port}")
     bin_dir = str(Path(sys.executable).parent)
     env = {

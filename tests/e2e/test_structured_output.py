@@ -18,9 +18,11 @@ import pytest
 
 from tests.conftest import MODEL
 from tests.dsml import WEATHER_TOOL
+from tests.lanes import require_grammar
 from tests.server import LiveServer
 
-pytest.importorskip("xgrammar", reason="structured output needs the [grammar] extra")
+require_grammar()
+pytestmark = pytest.mark.grammar
 jsonschema = pytest.importorskip("jsonschema")
 
 

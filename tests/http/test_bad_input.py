@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from deepinfer_server.protocol.core.validation import MAX_JSON_DEPTH
 from tests.http.harness import MODEL, Harness, failures, run, serve
+from tests.lanes import require_grammar
 
 CHAT, RESPONSES, MESSAGES = "/v1/chat/completions", "/v1/responses", "/v1/messages"
 JSON = {"content-type": "application/json"}
@@ -421,12 +422,13 @@ SELF_REF: dict[str, Any] = {"$ref": "#"}
         ),
     ],
 )
+@pytest.mark.grammar
 def test_a_grammar_that_matches_no_text_is_a_400_naming_the_param(
     path: str, extra: dict[str, Any], param: str
 ) -> None:
     """`{"$ref": "#"}` is `root ::= root`: no token can start it. It compiled, and the engine
     then failed the request (500 `structured_output_failed`); the API's compile refuses it."""
-    pytest.importorskip("xgrammar", reason="structured output needs the [grammar] extra")
+    require_grammar()
 
     async def body() -> None:
         async with serve() as h:

@@ -23,11 +23,12 @@ from deepinfer_server.grammar.compile_queue import QueueLimits
 from deepinfer_server.model.tokenizer import embedded_tokenizer_json
 from deepinfer_server.protocol.core.structured import StructuredOutputs
 from tests.http.harness import MODEL, Harness, run, serve
+from tests.lanes import require_grammar
 
-pytest.importorskip("xgrammar", reason="structured output needs the [grammar] extra")
+require_grammar()
 
 #: Real compile worker processes, killed at their time bound.
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.grammar]
 
 FLOODER, VICTIM = "key-flooder-1", "key-victim-2"
 #: 8 KB of bounded repeats: 26 s and 2.2 GB to compile, so each is cut at the time bound.

@@ -243,7 +243,10 @@ def test_structured_output_without_xgrammar_is_a_clear_400_but_strict_tools_stil
                 ),
             )
             assert response.status_code == 400
-            assert "pip install 'deepinfer-server[grammar]'" in response.json()["error"]["message"]
+            assert (
+                "pip install '.[grammar]' in the deepinfer-server checkout"
+                in (response.json()["error"]["message"])
+            )
             assert response.json()["error"]["code"] == "unsupported_parameter"
             strict_tool = {
                 "type": "function",

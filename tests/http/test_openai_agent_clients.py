@@ -18,6 +18,7 @@ from deepinfer_server.protocol.responses.reasoning import conversation_digest
 from tests.dsml import WEATHER_TOOL, tool_calls_block
 from tests.http.agent_harness import events, last_prompt
 from tests.http.harness import MODEL, Harness, Script, run, serve
+from tests.lanes import require_grammar
 
 RESPONSES = "/v1/responses"
 CHAT = "/v1/chat/completions"
@@ -223,12 +224,13 @@ def _openai_client(h: Harness) -> openai.AsyncOpenAI:
     )
 
 
+@pytest.mark.grammar
 def test_json_object_without_the_word_json_is_accepted(caplog: pytest.LogCaptureFixture) -> None:
     """OpenAI refuses json_object unless the messages say "json"; the AI SDK's
     createOpenAICompatible sends exactly that for generateObject. The grammar enforces JSON: the
     request is served, with the answer format stated in the prompt, and OpenAI's rule is only
     logged."""
-    pytest.importorskip("xgrammar", reason="structured output needs the [grammar] extra")
+    require_grammar()
 
     async def body() -> None:
         async with serve(script=Script(text='{"city": "Paris"}')) as h, _openai_client(h) as client:

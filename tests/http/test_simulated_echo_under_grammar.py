@@ -20,8 +20,10 @@ import pytest
 from tests.dsml import WEATHER_TOOL, tool_calls_block
 from tests.http.engine_harness import MODEL, SimulatedEngine, serve_engine
 from tests.http.harness import run
+from tests.lanes import require_grammar
 
-pytest.importorskip("xgrammar", reason="structured output needs the [grammar] extra")
+require_grammar()
+pytestmark = pytest.mark.grammar
 
 NO_THINKING: dict[str, Any] = {"thinking": {"type": "disabled"}}
 ANSWER_SCHEMA = {

@@ -12,6 +12,7 @@ import pytest
 
 from tests.http.engine_harness import MODEL, SimulatedEngine, serve_engine
 from tests.http.harness import run
+from tests.lanes import require_grammar
 
 NO_THINKING: dict[str, Any] = {"thinking": {"type": "disabled"}}
 TEXT = "Speculative decoding drafts several tokens and the model verifies them in one step."
@@ -74,12 +75,15 @@ async def _answer(engine: SimulatedEngine, extra: dict[str, Any], stream: bool) 
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize(
+    "case",
+    [pytest.param(c, marks=pytest.mark.grammar) if c == "json_schema" else c for c in CASES],
+)
 def test_speculation_gives_the_same_answer(
     engines: tuple[SimulatedEngine, SimulatedEngine], case: str, stream: bool
 ) -> None:
     if case == "json_schema":
-        pytest.importorskip("xgrammar", reason="structured output needs the [grammar] extra")
+        require_grammar()
     plain, speculative = engines
 
     async def body() -> None:

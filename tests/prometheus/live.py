@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 import yaml
 
+from tests.lanes import missing_lane
 from tests.routers.fleet import wait_for
 from tests.server import PortTaken, free_port, on_free_ports, port_taken
 
@@ -27,7 +27,7 @@ def binary(name: str) -> str:
     """`prometheus` or `promtool` on PATH; skip the test if it is not installed."""
     found = shutil.which(name)
     if found is None:
-        pytest.skip(f"`{name}` is not installed ({INSTALL_HINT}): Prometheus lane skipped")
+        missing_lane("prometheus", f"`{name}` is not installed ({INSTALL_HINT})")
     return found
 
 

@@ -39,6 +39,7 @@ from openai.types.chat import ChatCompletionChunk
 
 from tests import deploy_queries
 from tests.conftest import MODEL, NO_THINKING
+from tests.lanes import require_disaggregation
 from tests.prometheus.live import LivePrometheus, QueryError, binary
 from tests.routers.fleet import wait_for
 from tests.server import LiveServer, free_port
@@ -361,7 +362,7 @@ def test_disaggregation_panels_return_data_from_a_prefill_decode_pair(tmp_path: 
     """The panel queries and alert operands over the KV-transfer series, which a NORMAL server
     never moves, return finite values from a prefill server and a decode server that moved KV."""
     binary("prometheus")
-    pytest.importorskip("mooncake.engine", reason="needs the disaggregation extra")
+    require_disaggregation()
     common = ("--sim-ttft-ms", "5", "--sim-itl-ms", "2", "--max-model-len", "4096")
     with (
         LiveServer(*common, "--disaggregation-mode", "prefill",

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
+from tests.lanes import missing_lane
 from tests.server import free_port, port_taken
 
 MODEL = "deepseek-flash"
@@ -29,7 +29,7 @@ def router_binary(name: str, package: str) -> str:
     local = Path(sys.executable).parent / name
     found = str(local) if local.exists() else shutil.which(name)
     if found is None:
-        pytest.skip(f"`{name}` is not installed (pip install {package}): router lane skipped")
+        missing_lane("routers", f"`{name}` is not installed (pip install {package})")
     return found
 
 
@@ -42,7 +42,7 @@ def smg_binary() -> str:
     prefix = Path(os.environ.get("SMG_PREFIX", cache / "deepinfer-server" / "smg"))
     binary = Path(os.environ.get("SMG_BIN", prefix / "bin" / "smg"))
     if not binary.exists():
-        pytest.skip(f"{binary} is not installed (scripts/install-smg.sh): PD gateway skipped")
+        missing_lane("smg", f"{binary} is not installed (scripts/install-smg.sh)")
     return str(binary)
 
 

@@ -12,7 +12,7 @@ import os
 
 def _preload() -> None:
     from deepinfer_server.grammar._xgr import Vocab
-    from deepinfer_server.grammar.compile_workers import VOCAB_ENV
+    from deepinfer_server.grammar.fork_server import VOCAB_ENV
 
     path, _, size = os.environ.get(VOCAB_ENV, "").rpartition(":")
     if not path:
@@ -29,6 +29,6 @@ def _preload() -> None:
 with contextlib.suppress(ImportError):
     import xgrammar  # noqa: F401
 
-    import deepinfer_server.grammar.compile_workers  # noqa: F401
+    import deepinfer_server.grammar.compile_job  # noqa: F401
 
     _preload()

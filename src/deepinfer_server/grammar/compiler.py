@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from deepinfer_server.grammar._xgr import Vocab, VocabSource, xgrammar
-from deepinfer_server.grammar.compile_workers import CompileOutcome, CompileWorkers, WorkerLimits
+from deepinfer_server.grammar.compile_job import CompileOutcome, WorkerLimits
+from deepinfer_server.grammar.compile_workers import CompileWorkers
 from deepinfer_server.grammar.constraint import Constraint
 from deepinfer_server.grammar.errors import CompileRefused, GrammarError
 from deepinfer_server.grammar.so_args import check_size, check_so_args, own_schema_type

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+# The package is installed from its checkout (it is not on PyPI): the advice is the command
+# that works there.
 INSTALL_HINT = (
-    "structured output needs the [grammar] extra: pip install 'deepinfer-server[grammar]'"
+    "structured output needs the [grammar] extra: pip install '.[grammar]' "
+    "in the deepinfer-server checkout"
 )
 
 

@@ -37,7 +37,7 @@ class PostgresDatabase:
         except ImportError as exc:
             raise ConfigError(
                 "--response-store postgresql://... needs psycopg: pip install "
-                "'deepinfer-server[store-postgres]'"
+                "'.[store-postgres]' in the deepinfer-server checkout"
             ) from exc
         self._psycopg = psycopg
         self.errors: tuple[type[BaseException], ...] = (

@@ -20,9 +20,8 @@ from deepinfer_server.engines.deepinfer.preflight import (
 )
 from deepinfer_server.errors import ConfigError
 from tests.checkpoint import write_checkpoint
-from tests.paths import TESTS
-
-STAND_IN = str(TESTS / "fake_deepinfer")
+from tests.deepinfer_twin import engine_pythonpath
+from tests.server import free_port
 
 
 @pytest.mark.parametrize(
@@ -102,17 +101,14 @@ def test_another_architecture_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.e2e  # the server process
+@pytest.mark.deepinfer_twin  # the CLI finds DeepInfer importable before its own checks
 def test_the_cli_refuses_before_any_rank_starts(tmp_path: Path) -> None:
     checkpoint = write_checkpoint(tmp_path / "ckpt")
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [STAND_IN, os.environ.get("PYTHONPATH")])),
-        "CUDA_VISIBLE_DEVICES": "0",
-    }
+    env = {**os.environ, "PYTHONPATH": engine_pythonpath(), "CUDA_VISIBLE_DEVICES": "0"}
     result = subprocess.run(
         [
             *(sys.executable, "-m", "deepinfer_server", str(checkpoint)),
-            *("--port", "0", "--max-model-len", "8192"),
+            *("--port", str(free_port()), "--max-model-len", "8192"),
             *("--max-num-batched-tokens", "4096"),
         ],
         capture_output=True,

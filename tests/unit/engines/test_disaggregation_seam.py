@@ -18,6 +18,7 @@ from deepinfer_server.disaggregation.handoff.requests import request_kv_transfer
 from deepinfer_server.disaggregation.role import DisaggregationRole
 from deepinfer_server.disaggregation.transfer.held import HeldKV
 from deepinfer_server.errors import BadRequestError
+from tests.lanes import require_disaggregation
 
 HANDOFF: dict[str, Any] = KVTransferParams(
     remote_host="10.0.0.7",
@@ -117,7 +118,7 @@ def test_the_bootstrap_port_queues_releases_and_answers_pings() -> None:
 
 @pytest.mark.disaggregation
 def test_two_transfer_engines_move_registered_memory_over_loopback_tcp() -> None:
-    pytest.importorskip("mooncake.engine", reason="needs the disaggregation extra")
+    require_disaggregation()
     from deepinfer_server.disaggregation.transfer.agent import TransferAgent, TransferError
 
     source, sink = TransferAgent("127.0.0.1"), TransferAgent("127.0.0.1")

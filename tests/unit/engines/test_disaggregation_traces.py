@@ -30,10 +30,11 @@ from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver
 from deepinfer_server.engines.simulated import disaggregation
 from deepinfer_server.engines.simulated.engine import LLMEngine
 from deepinfer_server.ipc.messages import Finish, RequestDelta
+from tests.lanes import require_disaggregation
 
 from .test_simulated_disaggregation import add, make
 
-pytest.importorskip("mooncake.engine", reason="needs the disaggregation extra")
+require_disaggregation()
 pytestmark = pytest.mark.disaggregation
 
 HOLD_TIMEOUT = 20.0

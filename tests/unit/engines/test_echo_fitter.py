@@ -8,8 +8,6 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("xgrammar")
-
 from deepinfer_server.engines.simulated import echo_fitter
 from deepinfer_server.engines.simulated.echo_fitter import MAX_FILL_TOKENS, EchoFitter
 from deepinfer_server.grammar import (
@@ -22,6 +20,10 @@ from deepinfer_server.grammar import (
 from deepinfer_server.grammar.compiler import GrammarBounds
 from deepinfer_server.model.tokenizer import embedded_tokenizer_json
 from tests.dsml import WEATHER_TOOL, tool_calls_block
+from tests.lanes import require_grammar
+
+require_grammar()
+pytestmark = pytest.mark.grammar
 
 TIME_TOOL = {
     "type": "function",

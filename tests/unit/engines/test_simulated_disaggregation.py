@@ -20,8 +20,9 @@ from deepinfer_server.engines.simulated.outputs import RequestOutput
 from deepinfer_server.ipc.codec import pack_token_ids
 from deepinfer_server.ipc.messages import AddRequest, Finish, RequestDelta, SamplingOptions
 from deepinfer_server.model.tokenizer import embedded_tokenizer_json
+from tests.lanes import require_disaggregation
 
-pytest.importorskip("mooncake.engine", reason="needs the disaggregation extra")
+require_disaggregation()
 pytestmark = pytest.mark.disaggregation
 
 #: BOS <｜User｜> "Hello" x 100 <｜Assistant｜> </think>: three KV blocks of prompt.

@@ -10,16 +10,17 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-pytest.importorskip("xgrammar")
-
 from deepinfer_server.engines.simulated.sequence import FINISH_SO_FAILED
 from deepinfer_server.grammar import GrammarBounds, GrammarCompiler, GrammarError
 from deepinfer_server.grammar._xgr import Vocab
 from deepinfer_server.model.tokenizer import embedded_tokenizer_json
+from tests.lanes import require_grammar
 from tests.unit.engines.test_simulated_engine import make_engine, prompt, read
 
+require_grammar()
+
 #: Real compile worker processes, killed at their time and memory bounds: seconds per test.
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.grammar]
 
 TRIVIAL = {"schema_type": "regex", "schema": "(yes|no)"}
 #: Minutes to compile, and gigabytes (measured: 4 KiB of it takes 15 s and 145 MB of RSS).

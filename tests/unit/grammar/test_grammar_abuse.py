@@ -9,8 +9,6 @@ from collections.abc import Iterator
 
 import pytest
 
-pytest.importorskip("xgrammar")
-
 from deepinfer_server.engines.simulated.engine import LLMEngine
 from deepinfer_server.engines.simulated.sequence import FINISH_SO_FAILED
 from deepinfer_server.grammar import GrammarBounds, GrammarCompiler, GrammarError, chat_constraint
@@ -18,7 +16,11 @@ from deepinfer_server.grammar._xgr import Vocab
 from deepinfer_server.grammar.matcher import PLAN_TRIALS, SimulatedMatcher
 from deepinfer_server.model.tokenizer import embedded_tokenizer_json
 from tests.grammar_abuse import CASES, ENDLESS, GrammarAbuseCase, describe
+from tests.lanes import require_grammar
 from tests.unit.engines.test_simulated_engine import make_engine, prompt, read
+
+require_grammar()
+pytestmark = pytest.mark.grammar
 
 #: Small bounds keep the expensive cases cheap: what matters is that they are bounded.
 TEST_BOUNDS = GrammarBounds(

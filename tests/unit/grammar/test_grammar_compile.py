@@ -8,13 +8,15 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("xgrammar")
-
 from deepinfer_server.grammar import GrammarError, chat_constraint, in_thinking_mode
 from deepinfer_server.grammar._xgr import Vocab
 from deepinfer_server.grammar.compiler import GrammarBounds, GrammarCompiler, engine_env_defaults
 from deepinfer_server.model.tokenizer import embedded_tokenizer_json
 from tests.dsml import WEATHER_TOOL
+from tests.lanes import require_grammar
+
+require_grammar()
+pytestmark = pytest.mark.grammar
 
 
 def _strict(tool: Any) -> Any:

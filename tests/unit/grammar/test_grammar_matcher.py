@@ -8,9 +8,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
-pytest.importorskip("xgrammar")
-
 from deepseek_recipe import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -29,6 +26,10 @@ from deepinfer_server.grammar.compiler import GrammarBounds, GrammarCompiler
 from deepinfer_server.grammar.matcher import SimulatedMatcher
 from deepinfer_server.model.tokenizer import embedded_tokenizer_json
 from tests.dsml import WEATHER_TOOL, tool_calls_block
+from tests.lanes import require_grammar
+
+require_grammar()
+pytestmark = pytest.mark.grammar
 
 PERSON = {
     "type": "object",

@@ -26,12 +26,12 @@ class TransferError(Exception):
 
 def _transfer_engine() -> Any:
     try:
-        from mooncake.engine import TransferEngine  # type: ignore[import-untyped]
+        from mooncake.engine import TransferEngine
     except ImportError as exc:
         raise RuntimeError(
             "prefill/decode disaggregation needs Mooncake's Transfer Engine: install the "
-            "`disaggregation` extra (pip install 'deepinfer-server[disaggregation]') and "
-            f"Debian's libibverbs1 ({exc})"
+            "`disaggregation` extra (pip install '.[disaggregation]' in the deepinfer-server "
+            f"checkout) and Debian's libibverbs1 (scripts/install-mooncake-deps.sh) ({exc})"
         ) from exc
     return TransferEngine()
 

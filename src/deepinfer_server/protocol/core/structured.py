@@ -41,8 +41,9 @@ from deepinfer_server.grammar import (
     responses_constraint,
 )
 from deepinfer_server.grammar.compile_queue import FairCompileQueue, QueueLimits, QueueStats
-from deepinfer_server.grammar.compile_workers import STARTUP_TIMEOUT_S, start_fork_server
+from deepinfer_server.grammar.compile_workers import STARTUP_TIMEOUT_S
 from deepinfer_server.grammar.errors import CompileRefused
+from deepinfer_server.grammar.fork_server import start_fork_server, stop_fork_server
 from deepinfer_server.ipc.messages import StructuredOutput
 from deepinfer_server.protocol.core.field_errors import (
     BodyShape,
@@ -241,8 +242,10 @@ class StructuredOutputs:
         self._workers = workers
         self._spare_workers = spare_workers
         self._prepared: Future[GrammarCompiler] | None = None
+        self._compiler: GrammarCompiler | None = None
         self._queue: FairCompileQueue | None = None
         self._lock = threading.Lock()
+        self._closed = False
         self._warned_unconstrained = False
 
     def start(self) -> None:
@@ -305,12 +308,30 @@ class StructuredOutputs:
         )
 
     def close(self) -> None:
-        """Stop the compile workers (if they were started)."""
-        prepared = self._prepared
-        if prepared is not None and prepared.done() and prepared.exception() is None:
-            prepared.result().close()
+        """Stop the compile workers (if they were started), even during the warm-up: that ends
+        quietly, and its fork server, which may still be loading, stops with it."""
+        with self._lock:
+            self._closed = True
+            compiler = self._compiler
+            warming = self._prepared is not None and not self._prepared.done()
+        if compiler is not None:
+            compiler.close()
+        if warming:
+            stop_fork_server()
         if self._queue is not None:
             self._queue.close()
+
+    def _closed_meanwhile(self, compiler: GrammarCompiler | None) -> bool:
+        """(On the preparing thread.) Whether `close()` came first: then what was started is
+        stopped here, and the preparation ends without a word."""
+        with self._lock:
+            self._compiler = compiler
+            closed = self._closed
+        if closed and compiler is not None:
+            compiler.close()
+        if closed:
+            stop_fork_server()
+        return closed
 
     def _prepare(self) -> None:
         """(On its own thread.) The vocabulary, the compiler and its ready workers."""
@@ -326,6 +347,9 @@ class StructuredOutputs:
             compiler = GrammarCompiler(
                 source, workers=self._workers, spare_workers=self._spare_workers
             )
+            if self._closed_meanwhile(compiler):
+                self._prepared.set_result(compiler)
+                return
         except GrammarUnavailable as exc:
             self._prepared.set_exception(exc)
             return
@@ -339,7 +363,10 @@ class StructuredOutputs:
         compiler.workers.on_ready = queue.worker_ready
         self._queue = queue
         compiler.workers.start()
-        if compiler.workers.wait_started(STARTUP_TIMEOUT_S):
+        all_started = compiler.workers.wait_started(STARTUP_TIMEOUT_S)
+        if self._closed_meanwhile(compiler):  # stopped during the warm-up: nothing to report
+            pass
+        elif all_started:
             logger.info(
                 "[startup] grammar compile workers ready (%.1f s in the background)",
                 time.perf_counter() - started,
@@ -353,5 +380,6 @@ class StructuredOutputs:
             self._warned_unconstrained = True
             logger.warning(
                 "tool calls are served without grammar constraints: install the [grammar] "
-                "extra (xgrammar) to enforce their schemas"
+                "extra (xgrammar: pip install '.[grammar]' in the deepinfer-server checkout) "
+                "to enforce their schemas"
             )

@@ -6,7 +6,7 @@ imported with ("constructed", with the engine's child processes by name and the 
 Unix sockets the rank had when DeepInfer forked its multimodal worker), each dict passed to
 `add_request` ("sampling_params"), each `multi_modal_data` ("multi_modal_data", sizes only),
 and "closed" with the number of `step()` calls. The tap wraps DeepInfer's methods and calls
-them unchanged; the stand-in (`tests/fake_deepinfer`) writes the same records.
+them unchanged.
 """
 
 from __future__ import annotations
