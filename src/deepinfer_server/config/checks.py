@@ -60,6 +60,15 @@ def check_ranges(config: ServerConfig, max_model_len: int) -> None:
     )
 
 
+def check_decode_layout(config: ServerConfig, context_parallel_size: int) -> None:
+    """Raise ConfigError for a decode server with context parallelism."""
+    if config.disaggregation_mode == "decode" and context_parallel_size > 1:
+        # DeepInfer asserts it: a COMPLETION engine has no context-parallel prefill to split.
+        raise ConfigError(
+            "--disaggregation-mode decode needs --cp 1 (DeepInfer's COMPLETION engine)"
+        )
+
+
 def _at_least_one(values: Mapping[str, int]) -> None:
     for flag, value in values.items():
         if value < 1:

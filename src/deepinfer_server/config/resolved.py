@@ -14,7 +14,7 @@ from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, TypedDict
 
-from deepinfer_server.config.checks import check_ranges
+from deepinfer_server.config.checks import check_decode_layout, check_ranges
 from deepinfer_server.config.derive import (
     DEFAULT_PREFILL_ANY_ATTEMPT_INTERVAL,
     DEFAULT_PREFILL_ATTEMPT_INTERVAL,
@@ -207,11 +207,7 @@ def resolve(
         config.expert_parallel_size, config.data_parallel_size, config.context_parallel_size
     )
     max_model_len = config.max_model_len or default_max_model_len
-    if config.disaggregation_mode == "decode" and cp > 1:
-        # DeepInfer asserts it: a COMPLETION engine has no context-parallel prefill to split.
-        raise ConfigError(
-            "--disaggregation-mode decode needs --cp 1 (DeepInfer's COMPLETION engine)"
-        )
+    check_decode_layout(config, cp)
     check_ranges(config, max_model_len)
     served = _served_model_names(config)
     keys = named_keys(_api_keys(config), config.api_key_file)
