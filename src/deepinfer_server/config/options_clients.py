@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from deepinfer_server.config.option_field import option
+from deepinfer_server.config.option_field import float_option, int_option, option
 
 
 @dataclass(frozen=True)
@@ -37,13 +37,12 @@ class ClientOptions:
         "[weight=W]' (# comments); the name labels the key's metrics and logs, the limits its "
         "admission; accepted alongside --api-key",
     )
-    key_running_share: float = option(
+    key_running_share: float = float_option(
         0.75,
         "--key-running-share",
         help="with several API keys, the share of the running slots (DP x --max-num-seqs) one "
         "key may hold at once unless its max_running says otherwise, so that another key's "
         "request starts at once; 1 lets one key fill them all (default: %(default)s)",
-        type=float,
     )
     reasoning_secret: str | None = option(
         None,
@@ -82,55 +81,48 @@ class StoreOptions:
         help="how long stored responses are kept, in seconds or with a unit: 3600, 12h, 30d "
         "(default: %(default)s, as OpenAI keeps them)",
     )
-    response_store_max_mb: int = option(
+    response_store_max_mb: int = int_option(
         1024,
         "--response-store-max-mb",
         help="size cap of the whole store (responses and items as JSON) in MiB; past it the "
         "oldest responses of the API keys storing the most are deleted (default: %(default)s)",
-        type=int,
     )
-    response_store_key_max_mb: int = option(
+    response_store_key_max_mb: int = int_option(
         256,
         "--response-store-key-max-mb",
         help="size cap of one API key's stored responses in MiB; past it that key's oldest are "
         "deleted, never another key's. Without --api-key every request shares one scope, "
         "capped by --response-store-max-mb only (default: %(default)s)",
-        type=int,
     )
-    response_store_max_response_mb: int = option(
+    response_store_max_response_mb: int = int_option(
         16,
         "--response-store-max-response-mb",
         help="the largest response stored, in MiB (its input and output items as JSON): a "
         "stored request (`store: true`) with a larger input is refused with a 400, a larger "
         "answer is reported as not stored (default: %(default)s)",
-        type=int,
     )
-    batch_max_file_mb: int = option(
+    batch_max_file_mb: int = int_option(
         100,
         "--batch-max-file-mb",
         help="the largest batch input file (POST /v1/files, purpose 'batch') and Message "
         "Batches request (POST /v1/messages/batches), in MiB; larger is refused with a 413 "
         "(default: %(default)s)",
-        type=int,
     )
-    batch_max_lines: int = option(
+    batch_max_lines: int = int_option(
         50_000,
         "--batch-max-lines",
         help="the most requests in one batch (lines of its input file), as OpenAI allows; "
         "more is refused with a 400 (default: %(default)s)",
-        type=int,
     )
-    batch_max_active: int = option(
+    batch_max_active: int = int_option(
         10,
         "--batch-max-active",
         help="the most batches one API key may have unfinished at once; another is refused "
         "with a 429 (default: %(default)s)",
-        type=int,
     )
-    batch_concurrency: int = option(
+    batch_concurrency: int = int_option(
         8,
         "--batch-concurrency",
         help="the batch requests each API server process has in flight at once, at the "
         "lowest admission priority (default: %(default)s)",
-        type=int,
     )

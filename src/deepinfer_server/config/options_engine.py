@@ -7,7 +7,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Literal
 
-from deepinfer_server.config.option_field import option
+from deepinfer_server.config.option_field import float_option, int_option, option
 
 
 @dataclass(frozen=True)
@@ -34,39 +34,34 @@ class PlacementOptions:
         nargs="+",
     )
     host: str = option("0.0.0.0", "--host", help="HTTP listen address (default: %(default)s)")
-    port: int = option(
+    port: int = int_option(
         8000,
         "--port",
         help="HTTP port; 0 takes a free one the system picks, named in the start-up line "
         "(default: %(default)s)",
-        type=int,
     )
-    expert_parallel_size: int | None = option(
+    expert_parallel_size: int | None = int_option(
         None,
         "--expert-parallel-size",
         "--ep",
         help="expert-parallel size EP, the number of GPUs; DP*CP must equal EP (default: DP*CP)",
-        type=int,
     )
-    data_parallel_size: int | None = option(
+    data_parallel_size: int | None = int_option(
         None,
         "--data-parallel-size",
         "--dp",
         help="data-parallel ranks, one engine process each (default: 1, or EP/CP)",
-        type=int,
     )
-    context_parallel_size: int | None = option(
+    context_parallel_size: int | None = int_option(
         None,
         "--context-parallel-size",
         "--cp",
         help="context-parallel GPUs per DP rank (default: EP/DP, or 1 without --ep)",
-        type=int,
     )
-    max_model_len: int | None = option(
+    max_model_len: int | None = int_option(
         None,
         "--max-model-len",
         help="context length in tokens, prompt plus output (default: the engine's, 32768)",
-        type=int,
     )
 
 
@@ -75,25 +70,22 @@ class SchedulingOptions:
     """How many requests run and wait, how prompts are prefilled and cached, and how long
     steps, requests and start-up may take."""
 
-    max_num_seqs: int = option(
+    max_num_seqs: int = int_option(
         16,
         "--max-num-seqs",
         help="running sequences per DP rank (default: %(default)s)",
-        type=int,
     )
-    max_queued_requests: int = option(
+    max_queued_requests: int = int_option(
         512,
         "--max-queued-requests",
         help="requests admitted beyond running capacity, waiting in the server's queue for a "
         "slot, before 429 (default: %(default)s)",
-        type=int,
     )
-    queue_timeout: float = option(
+    queue_timeout: float = float_option(
         300.0,
         "--queue-timeout",
         help="seconds an admitted request may wait for its first token (in the queue, then "
         "prefill) before it ends with 429 queue_timeout; 0 disables (default: %(default)s)",
-        type=float,
     )
     clamp_max_tokens: bool = option(
         True,
@@ -106,29 +98,26 @@ class SchedulingOptions:
         "(default: on); a prompt that alone fills the window is refused either way",
         action=argparse.BooleanOptionalAction,
     )
-    max_num_batched_tokens: int | None = option(
+    max_num_batched_tokens: int | None = int_option(
         None,
         "--max-num-batched-tokens",
         help="tokens per engine step, passed to DeepInfer (default: DeepInfer's)",
-        type=int,
     )
-    prefill_attempt_interval: int | None = option(
+    prefill_attempt_interval: int | None = int_option(
         None,
         "--prefill-attempt-interval",
         help="engine steps between the points where new prompts may be prefilled when every "
         "DP rank has one waiting (DEEPINFER_PREFILL_ATTEMPT_INTERVAL; default: that variable, "
         "else DeepInfer's 70); lower favours time to first token, higher favours throughput",
-        type=int,
     )
-    prefill_any_attempt_interval: int | None = option(
+    prefill_any_attempt_interval: int | None = int_option(
         None,
         "--prefill-any-attempt-interval",
         help="engine steps between the points where new prompts are prefilled when any DP rank "
         "has one waiting (DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL; default: that variable, else "
         "DeepInfer's 100)",
-        type=int,
     )
-    speculative_tokens: int | None = option(
+    speculative_tokens: int | None = int_option(
         None,
         "--speculative-tokens",
         help="speculative decoding (DeepInfer's MTP): draft tokens the model proposes per "
@@ -136,7 +125,6 @@ class SchedulingOptions:
         "tokens; the answers are the same, only faster or slower. 0 turns it off "
         "(DEEPINFER_USE_NEXTN_DECODE; default: that variable, else 0 until a GPU run measures "
         "the gain)",
-        type=int,
     )
     enable_prefix_caching: bool | None = option(
         None,
@@ -159,23 +147,20 @@ class SchedulingOptions:
         "(default: %(default)s)",
         choices=["key", "global"],
     )
-    step_timeout: float = option(
+    step_timeout: float = float_option(
         300.0,
         "--step-timeout",
         help="seconds a rank's loop may go without completing an engine step or iteration "
         "(busy or idle) before it is treated as failed (a hung engine); 0 disables "
         "(default: %(default)s)",
-        type=float,
     )
-    request_timeout: float = option(
+    request_timeout: float = float_option(
         600.0,
         "--request-timeout",
         help="seconds a request may run before it is cancelled; 0 disables (default: %(default)s)",
-        type=float,
     )
-    startup_timeout: float = option(
+    startup_timeout: float = float_option(
         3600.0,
         "--startup-timeout",
         help="seconds every rank may take to become ready (default: %(default)s)",
-        type=float,
     )
