@@ -12,10 +12,11 @@
         ├── StoredObjectNotFound  404 a stored response or item (or 400: a previous response)
         ├── RequestTimeoutError   408 (request or body timeout)
         ├── RequestTooLargeError  413
-        ├── OverloadedError       429 with Retry-After
-        │   └── QueueTimeoutError no first token within --queue-timeout
+        ├── RetryLaterError       an error sent with Retry-After
+        │   ├── OverloadedError   429
+        │   │   └── QueueTimeoutError no first token within --queue-timeout
+        │   └── GrammarCapacityError 503: no grammar compile worker free in time
         ├── EngineRequestError    the engine refused or ended one request (kind says how)
-        ├── GrammarCapacityError  503 with Retry-After: no grammar compile worker free in time
         ├── ServiceUnavailableError 503
         │   ├── ShuttingDownError the server is draining or stopping
         │   └── ServiceFailedError a rank failed; the service needs a restart
@@ -276,10 +277,8 @@ class RequestTooLargeError(ApiError):
     kind = ErrorKind.REQUEST_TOO_LARGE
 
 
-class OverloadedError(ApiError):
-    """Admission capacity is full; the client should retry later."""
-
-    kind = ErrorKind.OVERLOADED
+class RetryLaterError(ApiError):
+    """An error the client should retry after `retry_after_seconds` (its Retry-After header)."""
 
     def __init__(self, message: str, *, retry_after_seconds: int = 1) -> None:
         super().__init__(message)
@@ -287,6 +286,12 @@ class OverloadedError(ApiError):
 
     def headers(self) -> dict[str, str]:
         return {"Retry-After": str(self.retry_after_seconds)}
+
+
+class OverloadedError(RetryLaterError):
+    """Admission capacity is full; the client should retry later."""
+
+    kind = ErrorKind.OVERLOADED
 
 
 class QueueTimeoutError(OverloadedError):
@@ -295,18 +300,11 @@ class QueueTimeoutError(OverloadedError):
     kind = ErrorKind.QUEUE_TIMEOUT
 
 
-class GrammarCapacityError(ApiError):
+class GrammarCapacityError(RetryLaterError):
     """No grammar compile worker was free in time: the server is out of compile capacity for
     now (the grammar itself is not at fault); the client should retry later."""
 
     kind = ErrorKind.GRAMMAR_CAPACITY
-
-    def __init__(self, message: str, *, retry_after_seconds: int = 1) -> None:
-        super().__init__(message)
-        self.retry_after_seconds = retry_after_seconds
-
-    def headers(self) -> dict[str, str]:
-        return {"Retry-After": str(self.retry_after_seconds)}
 
 
 class EngineRequestError(ApiError):

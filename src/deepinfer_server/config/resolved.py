@@ -9,13 +9,21 @@ the rank processes.
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import MutableMapping
 from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
-from deepinfer_server.config.media_origins import parse_origin
+from deepinfer_server.config.checks import check_decode_layout, check_ranges
+from deepinfer_server.config.derive import (
+    DEFAULT_PREFILL_ANY_ATTEMPT_INTERVAL,
+    DEFAULT_PREFILL_ATTEMPT_INTERVAL,
+    SPECULATIVE_TOKENS_VARIABLE,
+    advertised_host,
+    derive_parallelism,
+    prefill_interval,
+    speculative_tokens,
+)
 from deepinfer_server.config.options import ServerConfig
 from deepinfer_server.config.response_store import (
     default_state_dir,
@@ -26,12 +34,20 @@ from deepinfer_server.config.tenants import NamedKey, Tenant, named_keys, tenant
 from deepinfer_server.disaggregation.role import DisaggregationRole
 from deepinfer_server.errors import ConfigError
 
+__all__ = [
+    "DEFAULT_PREFILL_ANY_ATTEMPT_INTERVAL",
+    "DEFAULT_PREFILL_ATTEMPT_INTERVAL",
+    "DEFAULT_SERVED_MODEL_NAME",
+    "SPECULATIVE_TOKENS_VARIABLE",
+    "ResolvedConfig",
+    "advertised_host",
+    "derive_parallelism",
+    "is_derived",
+    "resolve",
+    "withhold_server_secrets",
+]
+
 DEFAULT_SERVED_MODEL_NAME = "deepseek-flash"
-#: DeepInfer 0.1.0's prefill attempt intervals (deepinfer/environ.py:174,177).
-DEFAULT_PREFILL_ATTEMPT_INTERVAL = 70
-DEFAULT_PREFILL_ANY_ATTEMPT_INTERVAL = 100
-#: DeepInfer's MTP draft length, read by its Python (environ.py:129) and its C++ (utils.hpp).
-SPECULATIVE_TOKENS_VARIABLE = "DEEPINFER_USE_NEXTN_DECODE"
 MIB = 1024 * 1024
 
 
@@ -175,163 +191,6 @@ class ResolvedConfig:
         return self.data_parallel_size * self.max_num_seqs + self.max_queued_requests
 
 
-def derive_parallelism(ep: int | None, dp: int | None, cp: int | None) -> tuple[int, int, int]:
-    """Return (EP, DP, CP) with DP * CP == EP, or raise ConfigError with a one-line reason.
-
-    Without --ep, EP is DP * CP (each defaulting to 1), so `--dp 2` alone means two ranks of
-    one GPU each; with --ep, the missing one of DP and CP is derived from it.
-    """
-    for name, value in (("--ep", ep), ("--dp", dp), ("--cp", cp)):
-        if value is not None and value < 1:
-            raise ConfigError(f"{name} must be at least 1, got {value}")
-    if ep is None:
-        dp, cp = dp or 1, cp or 1
-        return dp * cp, dp, cp
-    return (ep, *_split(ep, dp, cp))
-
-
-def _split(ep: int, dp: int | None, cp: int | None) -> tuple[int, int]:
-    if dp is None and cp is None:
-        return 1, ep
-    if dp is None:
-        assert cp is not None
-        if ep % cp:
-            raise ConfigError(f"--cp {cp} does not divide --ep {ep}: DP*CP must equal EP")
-        return ep // cp, cp
-    if cp is None:
-        if ep % dp:
-            raise ConfigError(
-                f"--dp {dp} does not divide --ep {ep}: DP*CP must equal EP "
-                f"(for {dp} ranks of one GPU each, pass --dp {dp} without --ep, or --ep {dp})"
-            )
-        return dp, ep // dp
-    if dp * cp != ep:
-        raise ConfigError(f"--dp {dp} times --cp {cp} is {dp * cp}, not --ep {ep}")
-    return dp, cp
-
-
-def _interval(flag: str, given: int | None, variable: str, default: int) -> int:
-    """A prefill interval: the flag, else the exported DeepInfer variable, else its default."""
-    if given is None:
-        raw = os.environ.get(variable, "").strip()
-        if not raw:
-            return default
-        try:
-            given = int(raw)
-        except ValueError:
-            raise ConfigError(f"{variable}={raw!r} is not an integer") from None
-        flag = variable
-    if given < 1:
-        raise ConfigError(f"{flag} must be at least 1, got {given}")
-    return given
-
-
-def _speculative_tokens(given: int | None) -> int:
-    """Draft tokens per step: the flag, else the exported DEEPINFER_USE_NEXTN_DECODE, else 0
-    (DeepInfer's own default is 5; this server ships speculation off)."""
-    flag = "--speculative-tokens"
-    if given is None:
-        raw = os.environ.get(SPECULATIVE_TOKENS_VARIABLE, "").strip()
-        if not raw:
-            return 0
-        try:
-            given = int(raw)
-        except ValueError:
-            raise ConfigError(f"{SPECULATIVE_TOKENS_VARIABLE}={raw!r} is not an integer") from None
-        flag = SPECULATIVE_TOKENS_VARIABLE
-    if given < 0:
-        raise ConfigError(f"{flag} must not be negative (0 turns speculation off), got {given}")
-    return given
-
-
-def _check_ranges(config: ServerConfig, max_model_len: int) -> None:
-    positive = {
-        "--max-model-len": max_model_len,
-        "--max-num-seqs": config.max_num_seqs,
-        "--stream-interval": config.stream_interval,
-        "--max-queued-compiles-per-key": config.max_queued_compiles_per_key,
-    }
-    for flag, value in positive.items():
-        if value < 1:
-            raise ConfigError(f"{flag} must be at least 1, got {value}")
-    non_negative: dict[str, float] = {
-        "--max-queued-requests": config.max_queued_requests,
-        "--request-timeout": config.request_timeout,
-        "--queue-timeout": config.queue_timeout,
-        "--step-timeout": config.step_timeout,
-        "--startup-timeout": config.startup_timeout,
-        "--shutdown-timeout": config.shutdown_timeout,
-    }
-    for flag, amount in non_negative.items():
-        if amount < 0:
-            raise ConfigError(f"{flag} must not be negative, got {amount}")
-    if not 0 <= config.port < 65536:
-        raise ConfigError(
-            f"--port must be in 0..65535 (0: one the system picks), got {config.port}"
-        )
-    if config.media_fetch_timeout <= 0:
-        raise ConfigError("--media-fetch-timeout must be positive")
-    for entry in config.allowed_media_domains:
-        try:
-            parse_origin(entry)
-        except ValueError as exc:
-            raise ConfigError(f"--allowed-media-domains: {exc}") from exc
-    if config.max_images_per_request < 0 or config.max_image_bytes < 1:
-        raise ConfigError("--max-images-per-request must be >= 0 and --max-image-bytes >= 1")
-    if config.max_request_bytes < 1024:
-        raise ConfigError("--max-request-bytes must be at least 1024")
-    positive_seconds = {
-        "--body-read-timeout": config.body_read_timeout,
-        "--header-timeout": config.header_timeout,
-        "--write-timeout": config.write_timeout,
-        "--grammar-queue-timeout": config.grammar_queue_timeout,
-    }
-    for flag, seconds in positive_seconds.items():
-        if seconds <= 0:
-            raise ConfigError(f"{flag} must be positive")
-    if not 0 < config.key_running_share <= 1:
-        raise ConfigError(f"--key-running-share must be in (0, 1], got {config.key_running_share}")
-    if config.api_server_count < 1:
-        raise ConfigError(f"--api-server-count must be at least 1, got {config.api_server_count}")
-    if config.max_connections < 1:
-        raise ConfigError(f"--max-connections must be at least 1, got {config.max_connections}")
-    if not 0 < config.disaggregation_bootstrap_port < 65536:
-        raise ConfigError(
-            "--disaggregation-bootstrap-port must be in 1..65535, got "
-            f"{config.disaggregation_bootstrap_port}"
-        )
-    for flag, seconds in (
-        ("--disaggregation-kv-hold-timeout", config.disaggregation_kv_hold_timeout),
-        ("--disaggregation-transfer-timeout", config.disaggregation_transfer_timeout),
-    ):
-        if seconds <= 0:
-            raise ConfigError(f"{flag} must be positive")
-    if (
-        config.max_header_line_bytes < 1024
-        or config.max_header_bytes < config.max_header_line_bytes
-    ):
-        raise ConfigError(
-            "--max-header-line-bytes must be at least 1024 and --max-header-bytes at least as "
-            f"large (got {config.max_header_line_bytes} and {config.max_header_bytes})"
-        )
-    if config.max_receive_buffer_mb < 1:
-        raise ConfigError(
-            f"--max-receive-buffer-mb must be at least 1, got {config.max_receive_buffer_mb}"
-        )
-    store_caps = {
-        "--response-store-max-mb": config.response_store_max_mb,
-        "--response-store-key-max-mb": config.response_store_key_max_mb,
-        "--response-store-max-response-mb": config.response_store_max_response_mb,
-        "--batch-max-file-mb": config.batch_max_file_mb,
-        "--batch-max-lines": config.batch_max_lines,
-        "--batch-max-active": config.batch_max_active,
-        "--batch-concurrency": config.batch_concurrency,
-    }
-    for flag, mib in store_caps.items():
-        if mib < 1:
-            raise ConfigError(f"{flag} must be at least 1, got {mib}")
-
-
 def resolve(
     config: ServerConfig,
     engine_options: object,
@@ -351,46 +210,22 @@ def resolve(
         config.expert_parallel_size, config.data_parallel_size, config.context_parallel_size
     )
     max_model_len = config.max_model_len or default_max_model_len
-    if config.disaggregation_mode is DisaggregationRole.DECODE and cp > 1:
-        # DeepInfer asserts it: a COMPLETION engine has no context-parallel prefill to split.
-        raise ConfigError(
-            "--disaggregation-mode decode needs --cp 1 (DeepInfer's COMPLETION engine)"
-        )
-    _check_ranges(config, max_model_len)
-    served = config.served_model_name or (config.model or DEFAULT_SERVED_MODEL_NAME,)
-    if any(not name for name in served):
-        raise ConfigError("--served-model-name must not be empty")
-    api_keys = config.api_key or (
-        (os.environ["DEEPINFER_API_KEY"],) if os.environ.get("DEEPINFER_API_KEY") else ()
-    )
-    if any(not key for key in api_keys):
-        raise ConfigError("--api-key must not be empty")
-    key_cap = min(config.response_store_key_max_mb, config.response_store_max_mb) * MIB
-    keys = named_keys(api_keys, config.api_key_file)
-    state_dir = (
-        Path(config.state_dir).expanduser().absolute() if config.state_dir else default_state_dir()
-    )
+    check_decode_layout(config, cp)
+    check_ranges(config, max_model_len)
+    served = _served_model_names(config)
+    keys = named_keys(_api_keys(config), config.api_key_file)
+    prefill_attempt, prefill_any_attempt = _prefill_intervals(config)
     return ResolvedConfig(
         **_as_given(config),
         engine_options=engine_options,
-        served_model_names=tuple(dict.fromkeys(served)),
+        served_model_names=served,
         expert_parallel_size=ep,
         data_parallel_size=dp,
         context_parallel_size=cp,
         max_model_len=max_model_len,
-        prefill_attempt_interval=_interval(
-            "--prefill-attempt-interval",
-            config.prefill_attempt_interval,
-            "DEEPINFER_PREFILL_ATTEMPT_INTERVAL",
-            DEFAULT_PREFILL_ATTEMPT_INTERVAL,
-        ),
-        prefill_any_attempt_interval=_interval(
-            "--prefill-any-attempt-interval",
-            config.prefill_any_attempt_interval,
-            "DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL",
-            DEFAULT_PREFILL_ANY_ATTEMPT_INTERVAL,
-        ),
-        speculative_tokens=_speculative_tokens(config.speculative_tokens),
+        prefill_attempt_interval=prefill_attempt,
+        prefill_any_attempt_interval=prefill_any_attempt,
+        speculative_tokens=speculative_tokens(config.speculative_tokens),
         enable_prefix_caching=(
             default_prefix_caching
             if config.enable_prefix_caching is None
@@ -403,6 +238,60 @@ def resolve(
         named_keys=keys,
         tenants=tenants_of(keys),
         reasoning_secret=config.reasoning_secret or os.environ.get("DEEPINFER_REASONING_SECRET"),
+        **_store_settings(config),
+    )
+
+
+def _served_model_names(config: ServerConfig) -> tuple[str, ...]:
+    served = config.served_model_name or (config.model or DEFAULT_SERVED_MODEL_NAME,)
+    if any(not name for name in served):
+        raise ConfigError("--served-model-name must not be empty")
+    return tuple(dict.fromkeys(served))
+
+
+def _api_keys(config: ServerConfig) -> tuple[str, ...]:
+    api_keys = config.api_key or (
+        (os.environ["DEEPINFER_API_KEY"],) if os.environ.get("DEEPINFER_API_KEY") else ()
+    )
+    if any(not key for key in api_keys):
+        raise ConfigError("--api-key must not be empty")
+    return api_keys
+
+
+def _prefill_intervals(config: ServerConfig) -> tuple[int, int]:
+    return (
+        prefill_interval(
+            "--prefill-attempt-interval",
+            config.prefill_attempt_interval,
+            "DEEPINFER_PREFILL_ATTEMPT_INTERVAL",
+            DEFAULT_PREFILL_ATTEMPT_INTERVAL,
+        ),
+        prefill_interval(
+            "--prefill-any-attempt-interval",
+            config.prefill_any_attempt_interval,
+            "DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL",
+            DEFAULT_PREFILL_ANY_ATTEMPT_INTERVAL,
+        ),
+    )
+
+
+class _StoreSettings(TypedDict):
+    """The derived fields of the Responses store."""
+
+    state_dir: str
+    response_store: str | None
+    response_store_ttl: float
+    response_store_max_bytes: int
+    response_store_key_max_bytes: int
+    response_store_max_response_bytes: int
+
+
+def _store_settings(config: ServerConfig) -> _StoreSettings:
+    key_cap = min(config.response_store_key_max_mb, config.response_store_max_mb) * MIB
+    state_dir = (
+        Path(config.state_dir).expanduser().absolute() if config.state_dir else default_state_dir()
+    )
+    return _StoreSettings(
         state_dir=str(state_dir),
         response_store=store_url(config.response_store, state_dir),
         response_store_ttl=parse_duration("--response-store-ttl", config.response_store_ttl),
@@ -410,19 +299,6 @@ def resolve(
         response_store_key_max_bytes=key_cap,
         response_store_max_response_bytes=min(config.response_store_max_response_mb * MIB, key_cap),
     )
-
-
-def advertised_host(given: str | None, listen_host: str) -> str:
-    """The address a prefill server gives decode servers: `given`, else the listen address,
-    else (a wildcard) this machine's own address."""
-    if given:
-        return given
-    if listen_host not in ("0.0.0.0", "::", ""):
-        return listen_host
-    try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return "127.0.0.1"
 
 
 def _as_given(config: ServerConfig) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.config.tenants import Tenant
 from deepinfer_server.coordinator.prefix_routing import PrefixHint
 from deepinfer_server.errors import OverloadedError, ServiceFailedError
@@ -91,6 +92,17 @@ class Admission:
     ) -> None:
         layout = _Layout(data_parallel_size, len(tenants), 1)
         self._setup(layout, capacity, max_num_seqs, tenants, running_share, [0] * layout.size, 0)
+
+    @classmethod
+    def for_config(cls, config: ResolvedConfig) -> Admission:
+        """One process's admission of `config`'s ranks, capacity, tenants and shares."""
+        return cls(
+            config.data_parallel_size,
+            config.admission_capacity,
+            max_num_seqs=config.admission_running_limit,
+            tenants=config.tenants,
+            running_share=config.admission_running_share,
+        )
 
     def _setup(
         self,
@@ -314,6 +326,22 @@ class SharedAdmission(Admission):
         layout = _Layout(data_parallel_size, len(tenants), len(state.wake_writers))
         self._state = state
         self._setup(layout, capacity, max_num_seqs, tenants, running_share, state.counts, process)
+
+    @classmethod
+    def for_process(
+        cls, config: ResolvedConfig, state: SharedState, process: int
+    ) -> SharedAdmission:
+        """API server process `process`'s admission of `config`'s ranks, capacity, tenants and
+        shares, over the processes' shared `state`."""
+        return cls(
+            config.data_parallel_size,
+            config.admission_capacity,
+            state,
+            process,
+            max_num_seqs=config.admission_running_limit,
+            tenants=config.tenants,
+            running_share=config.admission_running_share,
+        )
 
     def watch_wakes(self, on_wake: Callable[[], None]) -> Callable[[], None]:
         """Call `on_wake` on the event loop whenever another process wakes this one; returns

@@ -21,16 +21,18 @@ import logging
 import time
 from collections.abc import Callable
 
-from deepinfer_server.concurrency import first_of
 from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.coordinator.admission import Admission, SharedAdmission, Ticket
 from deepinfer_server.coordinator.channels import RankChannels
+from deepinfer_server.coordinator.delivery import deliver_step
 from deepinfer_server.coordinator.failure_cause import FailureCause
 from deepinfer_server.coordinator.handle import RequestHandle
 from deepinfer_server.coordinator.liveness import LivenessWatch
-from deepinfer_server.coordinator.outcomes import error_for_finish, error_for_rejection
-from deepinfer_server.coordinator.prefix_directory import PrefixDirectory
+from deepinfer_server.coordinator.outcomes import error_for_rejection
+from deepinfer_server.coordinator.prefix_directory import directory_for
 from deepinfer_server.coordinator.prefix_routing import PrefixHint, PrefixRouting
+from deepinfer_server.coordinator.rank_reports import RankReports
+from deepinfer_server.coordinator.readiness import Readiness
 from deepinfer_server.disaggregation.handoff.params import KVTransferParams
 from deepinfer_server.errors import (
     ApiError,
@@ -44,7 +46,6 @@ from deepinfer_server.ipc.messages import (
     AbortReason,
     FromRank,
     Images,
-    PrefixCacheStats,
     RankAlive,
     RankFailed,
     RankReady,
@@ -75,13 +76,7 @@ class Coordinator:
         metrics.watch_ranks(self.rank_loads, lambda: self._failure is None)
         self._channels = channels
         self._on_failure = on_failure
-        self._admission = admission or Admission(
-            config.data_parallel_size,
-            config.admission_capacity,
-            max_num_seqs=config.admission_running_limit,
-            tenants=config.tenants,
-            running_share=config.admission_running_share,
-        )
+        self._admission = admission or Admission.for_config(config)
         metrics.watch_tenants(self._admission.tenant_counts)
         self._handles: dict[str, RequestHandle] = {}
         #: Each request's place in admission, and, until it starts, its framed AddRequest.
@@ -90,17 +85,11 @@ class Coordinator:
         self._stop_wakes: Callable[[], None] | None = None
         #: Handles whose sinks are due once the messages that arrived together are delivered.
         self._to_flush: list[RequestHandle] = []
-        self._kv_usage: list[float | None] = [None] * config.data_parallel_size
-        self._prefix_cache: list[PrefixCacheStats | None] = [None] * config.data_parallel_size
         #: Where prompts' prefixes are cached: only with a choice of ranks to make.
-        self._directory: PrefixDirectory | None = None
+        self._directory = directory_for(config)
         self._routing = PrefixRouting.for_ranks_of(config.max_num_seqs)
-        if config.enable_prefix_caching and config.data_parallel_size > 1:
-            self._directory = PrefixDirectory(
-                config.data_parallel_size, config.max_model_len, config.max_num_seqs
-            )
-        self._ready: set[int] = set()
-        self._all_ready = asyncio.Event()
+        self._reports = RankReports(config.data_parallel_size, metrics, self._directory)
+        self._readiness = Readiness(config.data_parallel_size)
         self._failure: str | None = None
         self._causes = FailureCause(self._fail_service)
         #: Where a rank's failure report goes when this process cannot see rank exits (an API
@@ -133,16 +122,11 @@ class Coordinator:
 
     async def wait_ready(self, timeout: float) -> None:
         """Return once every rank reported ready; raise StartupError on failure or timeout."""
-        settled = await first_of(
-            self._all_ready.wait(), self._failed.wait(), timeout=timeout or None
-        )
+        settled = await self._readiness.wait(self._failed, timeout)
         if self._failure is not None:
             raise StartupError(self._failure)
         if not settled:
-            waiting = sorted(set(range(self._config.data_parallel_size)) - self._ready)
-            raise StartupError(
-                f"DP ranks {waiting} were not ready within --startup-timeout {timeout:g}s"
-            )
+            raise self._readiness.timed_out(timeout)
 
     def begin_shutdown(self) -> None:
         """The ranks are being stopped: end every request with a 503 and wake idle ranks, so
@@ -210,36 +194,9 @@ class Coordinator:
             raise ShuttingDownError()
         assert request_id not in self._handles, f"request {request_id} is already in flight"
         packed = pack_token_ids(prompt_token_ids)  # OverflowError for an ID outside int32
-        hashes: list[int] = []
-        hint = None
-        directory = self._directory
-        if directory is not None and len(prompt_token_ids) >= self._routing.min_tokens:
-            hashes = directory.block_hashes(packed, cache_salt)
-            hint = PrefixHint(directory.held_tokens(hashes), len(prompt_token_ids), self._routing)
-        try:
-            ticket = self._admission.admit(tenant, priority, hint)
-        except OverloadedError:
-            self._metrics.observe_admission(self._admission.tenant_name(tenant), admitted=False)
-            raise
-        ticket.request_id = request_id
-        queue_timeout = self._config.queue_timeout
-        try:
-            handle = RequestHandle(
-                request_id,
-                None,
-                self._on_handle_closed,
-                deadline,
-                self._config.stream_interval,
-                asyncio.get_running_loop().time() + queue_timeout if queue_timeout else None,
-            )
-        except BaseException:
-            self._admission.release(ticket)
-            raise
-        # From here on the handle owns the slot and its place in `_handles`: closing it (once,
-        # on any path) frees both.
-        self._handles[request_id] = handle
-        self._tickets[request_id] = ticket
-        self._idle.clear()
+        hashes, hint = self._prefix_hint(packed, len(prompt_token_ids), cache_salt)
+        ticket = self._admit(request_id, tenant, priority, hint)
+        handle = self._new_handle(ticket, deadline)
         try:
             handle.context_tokens = len(prompt_token_ids)
             self._unsent[request_id] = (
@@ -253,6 +210,46 @@ class Coordinator:
             raise
         self._metrics.observe_admission(self._admission.tenant_name(tenant), admitted=True)
         self._start_ready(own=ticket)
+        return handle
+
+    def _prefix_hint(
+        self, packed: bytes, prompt_tokens: int, cache_salt: bytes | None
+    ) -> tuple[list[int], PrefixHint | None]:
+        if self._directory is None:
+            return [], None
+        return self._directory.hint(packed, prompt_tokens, cache_salt, self._routing)
+
+    def _admit(
+        self, request_id: str, tenant: int, priority: int, hint: PrefixHint | None
+    ) -> Ticket:
+        """A place in admission for the request (OverloadedError, counted, when there is none)."""
+        try:
+            ticket = self._admission.admit(tenant, priority, hint)
+        except OverloadedError:
+            self._metrics.observe_admission(self._admission.tenant_name(tenant), admitted=False)
+            raise
+        ticket.request_id = request_id
+        return ticket
+
+    def _new_handle(self, ticket: Ticket, deadline: float | None) -> RequestHandle:
+        """The admitted request's handle, which owns `ticket` and its place in `_handles`
+        from here on: closing it (once, on any path) frees both."""
+        queue_timeout = self._config.queue_timeout
+        try:
+            handle = RequestHandle(
+                ticket.request_id,
+                None,
+                self._on_handle_closed,
+                deadline,
+                self._config.stream_interval,
+                asyncio.get_running_loop().time() + queue_timeout if queue_timeout else None,
+            )
+        except BaseException:
+            self._admission.release(ticket)
+            raise
+        self._handles[ticket.request_id] = handle
+        self._tickets[ticket.request_id] = ticket
+        self._idle.clear()
         return handle
 
     def _start_ready(self, own: Ticket | None = None) -> None:
@@ -371,10 +368,8 @@ class Coordinator:
                 self._engine_done(message.request_id)
         elif isinstance(message, RankReady):
             self._liveness.reported(message.rank, asyncio.get_running_loop().time())
-            self._ready.add(message.rank)
             logger.info("[startup] DP rank %d is ready (pid %d)", message.rank, message.pid)
-            if len(self._ready) == self._config.data_parallel_size:
-                self._all_ready.set()
+            self._readiness.ready(message.rank)
         elif isinstance(message, RankFailed):
             logger.error("DP rank %d failed:\n%s", message.rank, message.traceback)
             self._on_rank_report(message.rank, f"DP rank {message.rank} failed: {message.message}")
@@ -390,64 +385,11 @@ class Coordinator:
     def rank_loads(self) -> list[RankLoad]:
         """Every rank's running and waiting requests and their tokens (from the requests the
         engine owns) and its KV-cache usage (from its last step report)."""
-        size = self._config.data_parallel_size
-        running, waiting, tokens = [0] * size, [0] * size, [0] * size
-        queued = 0
-        for handle in self._handles.values():
-            if handle.engine_finished:
-                continue
-            if handle.rank is None:  # in the server's queue: waiting, on no rank yet
-                queued += 1
-                continue
-            if handle.has_first_token:
-                running[handle.rank] += 1
-            else:
-                waiting[handle.rank] += 1
-            tokens[handle.rank] += handle.context_tokens
-        for rank in range(size):  # spread evenly, so that the sum over ranks is right
-            waiting[rank] += queued // size + (rank < queued % size)
-        return [
-            RankLoad(
-                rank,
-                running[rank],
-                waiting[rank],
-                tokens[rank],
-                self._kv_usage[rank],
-                self._prefix_cache[rank],
-            )
-            for rank in range(size)
-        ]
+        return self._reports.loads(self._handles.values())
 
     def _dispatch(self, message: StepOutputs) -> None:
         self._liveness.reported(message.rank, asyncio.get_running_loop().time())
         # Request timings use perf_counter: uvloop's loop clock has millisecond resolution.
         now = time.perf_counter()
-        self._metrics.observe_step(message.rank, message.step_seconds)
-        self._kv_usage[message.rank] = message.kv_cache_usage
-        if message.counters is not None:
-            self._metrics.observe_counters(message.rank, message.counters)
-        cache = message.prefix_cache
-        if cache is not None and cache != self._prefix_cache[message.rank]:
-            self._prefix_cache[message.rank] = cache
-            if self._directory is not None:
-                self._directory.rank_holds(message.rank, cache.sequences)
-        handles = self._handles
-        to_flush = self._to_flush
-        step_seconds = message.step_seconds
-        for delta in message.deltas:
-            handle = handles.get(delta.request_id)
-            if handle is None:
-                continue
-            if delta.cached_tokens is not None:
-                handle.started(delta.cached_tokens)
-            if delta.kv_transfer_params is not None:
-                handle.kv_transfer_params = delta.kv_transfer_params
-            finish = delta.finish
-            if finish is not None:
-                self._engine_done(delta.request_id)
-            if finish is None or finish.is_normal:
-                if handle.deliver(delta.tokens, finish, now, step_seconds):
-                    to_flush.append(handle)
-            else:
-                handle.deliver(delta.tokens, None, now, step_seconds)
-                handle.fail(error_for_finish(finish, delta.detail), engine_finished=True)
+        self._reports.step(message)
+        deliver_step(message, self._handles, now, self._engine_done, self._to_flush)

@@ -15,7 +15,7 @@ then the start-up timeout is the bound.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 #: The most a rank waits between heartbeats (seconds), and the watch between checks.
 _MAX_INTERVAL_SECONDS = 1.0
@@ -30,7 +30,12 @@ def heartbeat_interval(step_timeout: float) -> float:
 
 class LivenessWatch:
     """Calls `on_hang(reason)` once when a rank that has reported sends nothing for
-    `step_timeout` seconds while `watching()` is true."""
+    `step_timeout` seconds while `watching()` is true.
+
+    `clock` is the loop time the ranks' reports are stamped with (the running event loop's
+    `time()` by default) and `sleep` what `run` waits between checks with (`asyncio.sleep`):
+    a test moves both by hand.
+    """
 
     def __init__(
         self,
@@ -38,10 +43,15 @@ class LivenessWatch:
         step_timeout: float,
         on_hang: Callable[[str], None],
         watching: Callable[[], bool] = lambda: True,
+        *,
+        clock: Callable[[], float] | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self._step_timeout = step_timeout
         self._on_hang = on_hang
         self._watching = watching
+        self._clock = clock
+        self._sleep = sleep
         #: Loop time of each rank's last message; None until its first (it is starting).
         self._last_report: list[float | None] = [None] * data_parallel_size
         self._last_check = 0.0
@@ -55,11 +65,11 @@ class LivenessWatch:
 
     async def run(self) -> None:
         """Check every heartbeat interval until a hang is found."""
-        loop = asyncio.get_running_loop()
-        self.started(loop.time())
+        clock = self._clock or asyncio.get_running_loop().time
+        self.started(clock())
         while True:
-            await asyncio.sleep(self.interval)
-            if self.check(loop.time()):
+            await self._sleep(self.interval)
+            if self.check(clock()):
                 return
 
     @property

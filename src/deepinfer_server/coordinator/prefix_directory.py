@@ -26,6 +26,9 @@ from collections import OrderedDict
 
 import numpy as np
 
+from deepinfer_server.config import ResolvedConfig
+from deepinfer_server.coordinator.prefix_routing import PrefixHint, PrefixRouting
+
 #: Tokens per KV block in both engines (DeepInfer's `block_size`).
 BLOCK_TOKENS = 128
 #: The most prompts remembered per rank, whatever the rank reports.
@@ -100,6 +103,16 @@ class PrefixDirectory:
         hashes: list[int] = sums.cumsum(dtype=np.uint64).tolist()
         return hashes
 
+    def hint(
+        self, packed_prompt: bytes, prompt_tokens: int, salt: bytes | None, routing: PrefixRouting
+    ) -> tuple[list[int], PrefixHint | None]:
+        """The prompt's block hashes and where its prefix is held, for the rank choice; none
+        for a prompt too short to route by its prefix."""
+        if prompt_tokens < routing.min_tokens:
+            return [], None
+        hashes = self.block_hashes(packed_prompt, salt)
+        return hashes, PrefixHint(self.held_tokens(hashes), prompt_tokens, routing)
+
     def held_tokens(self, hashes: list[int]) -> list[int]:
         """Per rank, the prompt tokens of the longest prefix it is believed to hold."""
         return [rank.held_blocks(hashes) * BLOCK_TOKENS for rank in self._ranks]
@@ -119,3 +132,10 @@ class PrefixDirectory:
     def entries(self, rank: int) -> int:
         """Prompts remembered for `rank`."""
         return len(self._ranks[rank].entries)
+
+
+def directory_for(config: ResolvedConfig) -> PrefixDirectory | None:
+    """The prefix directory, with prefix caching and a choice of ranks to make; else None."""
+    if config.enable_prefix_caching and config.data_parallel_size > 1:
+        return PrefixDirectory(config.data_parallel_size, config.max_model_len, config.max_num_seqs)
+    return None

@@ -19,7 +19,7 @@ from typing import Any, Literal
 from deepinfer_server.grammar._xgr import clean_error
 from deepinfer_server.grammar.constraint import Constraint
 from deepinfer_server.grammar.errors import GrammarError
-from deepinfer_server.grammar.so_args import build_so_args, check_size, check_so_args
+from deepinfer_server.grammar.so_args import SoArgs, build_so_args, check_size, check_so_args
 
 _PR_SET_PDEATHSIG = 1
 
@@ -46,7 +46,7 @@ class CompileOutcome:
     message: str = ""
     memory_bytes: int = 0
     serialized: str | None = None
-    so_args: dict[str, Any] | None = None
+    so_args: SoArgs | None = None
     param: str | None = None
 
 

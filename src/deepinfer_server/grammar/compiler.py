@@ -28,7 +28,7 @@ from deepinfer_server.grammar.compile_job import CompileOutcome, WorkerLimits
 from deepinfer_server.grammar.compile_workers import CompileWorkers
 from deepinfer_server.grammar.constraint import Constraint
 from deepinfer_server.grammar.errors import CompileRefused, GrammarError
-from deepinfer_server.grammar.so_args import check_size, check_so_args, own_schema_type
+from deepinfer_server.grammar.so_args import SoArgs, check_size, check_so_args, own_schema_type
 
 TIMEOUT_ENV = "DEEPINFER_XGRAMMAR_TIMEOUT"
 CACHE_LIMIT_ENV = "DEEPINFER_XGRAMMAR_CACHE_LIMIT_BYTES"
@@ -101,7 +101,7 @@ class GrammarCompiler:
         self._workers = CompileWorkers(source.tokenizer_json, source.vocab_size, count, limits)
         self._checked: OrderedDict[bytes, None] = OrderedDict()
         #: The so_args of constraints that passed, by the constraint's digest.
-        self._built: OrderedDict[bytes, dict[str, Any]] = OrderedDict()
+        self._built: OrderedDict[bytes, SoArgs] = OrderedDict()
         self._compiled: OrderedDict[bytes, tuple[Any, int]] = OrderedDict()
         self._used = 0
         self._lock = threading.Lock()
@@ -118,7 +118,7 @@ class GrammarCompiler:
         """The compile worker processes."""
         return self._workers
 
-    def so_args_for(self, constraint: Constraint) -> dict[str, Any]:
+    def so_args_for(self, constraint: Constraint) -> SoArgs:
         """The so_args for a request's constraint, built and compiled once within the bounds
         by a worker (GrammarError, a 400, if they do not compile); cached by the constraint."""
         key = _constraint_key(constraint)
@@ -141,7 +141,7 @@ class GrammarCompiler:
             self._built[key] = so_args
             while len(self._built) > self._cache_entries:
                 self._built.popitem(last=False)
-        return dict(so_args)
+        return so_args.copy()
 
     def precheck(self, constraint: Constraint) -> None:
         """What can be refused without a worker: an answer format whose grammar is the
@@ -151,7 +151,7 @@ class GrammarCompiler:
             limit = self.bounds.max_grammar_bytes
             check_size(schema_type, constraint.spec, limit, constraint.param)
 
-    def known_so_args(self, constraint: Constraint) -> dict[str, Any] | None:
+    def known_so_args(self, constraint: Constraint) -> SoArgs | None:
         """The so_args of a constraint that passed `so_args_for()` before, or None."""
         return self._known_constraint(_constraint_key(constraint))
 
@@ -197,13 +197,13 @@ class GrammarCompiler:
             self._used = 0
         self._workers.close()
 
-    def _known_constraint(self, key: bytes) -> dict[str, Any] | None:
+    def _known_constraint(self, key: bytes) -> SoArgs | None:
         with self._lock:
             so_args = self._built.get(key)
             if so_args is None:
                 return None
             self._built.move_to_end(key)
-            return dict(so_args)
+            return so_args.copy()
 
     def _key(self, so_args: Mapping[str, Any], param: str) -> tuple[str, str, bytes]:
         check_so_args(so_args, param)

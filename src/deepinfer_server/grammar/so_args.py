@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from functools import lru_cache
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from deepinfer_server.grammar._xgr import Vocab, clean_error, xgrammar
 from deepinfer_server.grammar.constraint import Constraint
@@ -29,6 +29,16 @@ from deepinfer_server.grammar.ebnf import literal, prefixed
 from deepinfer_server.grammar.errors import GrammarError
 
 SCHEMA_TYPES = ("json", "regex", "ebnf")
+
+
+class SoArgs(TypedDict):
+    """The so_args this server builds (the module's docstring gives DeepInfer's format)."""
+
+    schema_type: str
+    schema: str
+    trigger_token_ids: NotRequired[list[int]]
+
+
 #: The schema type of the answer formats whose grammar text is the request's own, unchanged
 #: when no tool is constrained.
 _PASSED_THROUGH = {"json_schema": "json", "json_object": "json", "regex": "regex", "ebnf": "ebnf"}
@@ -77,14 +87,14 @@ def _answer_rules(constraint: Constraint) -> tuple[str, str]:
     return prefixed(str(grammar), "answer_")
 
 
-def _args(schema_type: str, schema: str, trigger: tuple[int, ...] | None) -> dict[str, Any]:
-    args: dict[str, Any] = {"schema_type": schema_type, "schema": schema}
+def _args(schema_type: str, schema: str, trigger: tuple[int, ...] | None) -> SoArgs:
+    args = SoArgs(schema_type=schema_type, schema=schema)
     if trigger:
         args["trigger_token_ids"] = list(trigger)
     return args
 
 
-def build_so_args(constraint: Constraint, vocab: Vocab) -> dict[str, Any]:
+def build_so_args(constraint: Constraint, vocab: Vocab) -> SoArgs:
     """The so_args DeepInfer reads for this constraint (raises GrammarError on bad input)."""
     think = vocab.think_end_ids if constraint.thinking else None
     own = own_schema_type(constraint)

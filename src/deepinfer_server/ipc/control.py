@@ -56,21 +56,25 @@ class Exit:
 
 
 @dataclass(frozen=True)
-class SnapshotRequest:
-    """Process `requester` asks every other API server process for its metrics snapshot."""
+class _SnapshotExchange:
+    """A snapshot request or reply: the requesting process and the request's token."""
 
     requester: int
     token: int
+
+
+@dataclass(frozen=True)
+class SnapshotRequest(_SnapshotExchange):
+    """Process `requester` asks every other API server process for its metrics snapshot."""
+
     #: False: rank loads only (what /get_load needs, polled often by routers).
     metrics: bool = True
 
 
 @dataclass(frozen=True)
-class SnapshotReply:
+class SnapshotReply(_SnapshotExchange):
     """One process's answer to `SnapshotRequest` `token` (a `metrics.aggregate.Snapshot`)."""
 
-    requester: int
-    token: int
     snapshot: object
 
 

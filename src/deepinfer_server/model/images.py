@@ -17,7 +17,6 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 #: DeepInfer 0.1.0's image placeholders, in the order it tries them (multimodal_tokens.py).
 DEEPINFER_IMAGE_PLACEHOLDERS = ("<image>", "<｜deepseek_image｜>")
@@ -123,7 +122,7 @@ def deepinfer_image_policy(checkpoint: str | Path, tokenizer_json: str) -> Image
     rule), or why it takes no images: no `vision_config`, no placeholder in the tokenizer, or
     a placeholder that is not `config.json`'s `image_token_id`."""
     try:
-        config: dict[str, Any] = json.loads((Path(checkpoint) / "config.json").read_text())
+        config: dict[str, object] = json.loads((Path(checkpoint) / "config.json").read_text())
     except (OSError, ValueError):
         return ImagePolicy.refused("the checkpoint's config.json cannot be read")
     vision = config.get("vision_config")

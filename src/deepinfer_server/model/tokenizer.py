@@ -13,7 +13,6 @@ import importlib.util
 import json
 import re
 from pathlib import Path
-from typing import Any
 
 from deepinfer_server.model.tokens import BOS_TOKEN, EOS_TOKEN, SYSTEM_TOKEN, SYSTEM_TOKEN_ID
 
@@ -63,8 +62,12 @@ def write_embedded_tokenizer(directory: Path) -> None:
     (directory / "tokenizer_config.json").write_text(config, encoding="utf-8")
 
 
+#: A `tokenizer_config.json` as parsed: Hugging Face's fields, opaque to this server but for
+#: the few the recipe reads.
+TokenizerConfig = dict[str, object]
+
 #: The `tokenizer_config.json` of the embedded tokenizer (Hugging Face's fields).
-EMBEDDED_TOKENIZER_CONFIG: dict[str, object] = {
+EMBEDDED_TOKENIZER_CONFIG: TokenizerConfig = {
     "tokenizer_class": "PreTrainedTokenizerFast",
     "bos_token": BOS_TOKEN,
     "eos_token": EOS_TOKEN,
@@ -74,7 +77,7 @@ EMBEDDED_TOKENIZER_CONFIG: dict[str, object] = {
 }
 
 
-def load_tokenizer_config(model_dir: str | None) -> dict[str, Any]:
+def load_tokenizer_config(model_dir: str | None) -> TokenizerConfig:
     """The checkpoint's `tokenizer_config.json` when `model_dir` is a directory holding one that
     parses as an object, else the embedded tokenizer's."""
     if model_dir is not None:

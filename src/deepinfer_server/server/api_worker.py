@@ -161,15 +161,7 @@ async def _serve(spec: WorkerSpec) -> int:
         config,
         channels,
         metrics,
-        admission=SharedAdmission(
-            config.data_parallel_size,
-            config.admission_capacity,
-            spec.slots,
-            spec.index,
-            max_num_seqs=config.admission_running_limit,
-            tenants=config.tenants,
-            running_share=config.admission_running_share,
-        ),
+        admission=SharedAdmission.for_process(config, spec.slots, spec.index),
         on_failure=lambda reason: control.send(Failed(reason)),
         on_rank_report=lambda rank, reason: control.send(RankReport(rank, reason)),
     )

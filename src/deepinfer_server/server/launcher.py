@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import tempfile
 
 from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.config.logs import configure_logging
@@ -25,20 +24,19 @@ from deepinfer_server.errors import ConfigError
 from deepinfer_server.metrics import ServerMetrics
 from deepinfer_server.server.http import (
     WRITES_AT_SHUTDOWN,
-    bind_listener,
     build_server,
     log_serving,
     response_store,
     run_loop,
     wait_for_ranks,
 )
-from deepinfer_server.server.ranks import RankGroup
 from deepinfer_server.server.startup import (
     RANK_STOP_TIMEOUT,
     Prepared,
     api_address,
+    listen,
     prepare,
-    rank_specs,
+    rank_workspace,
 )
 
 logger = logging.getLogger("deepinfer_server")
@@ -46,15 +44,11 @@ logger = logging.getLogger("deepinfer_server")
 
 async def serve(config: ResolvedConfig, prepared: Prepared) -> int:
     """Run the single-process server until it is told to stop; returns the exit code."""
-    try:
-        listener, config = bind_listener(config)
-    except OSError as exc:
-        logger.error("cannot listen on %s:%d: %s", config.host, config.port, exc)
+    bound = listen(config)
+    if bound is None:
         return 1
-    with tempfile.TemporaryDirectory(prefix="deepinfer-server-") as workdir, listener:
-        ranks = RankGroup(
-            rank_specs(config, prepared, workdir), prepared.backend.shared_state(config)
-        )
+    listener, config = bound
+    with rank_workspace(config, prepared) as (workdir, ranks), listener:
         metrics = ServerMetrics(config.served_model_name)
         channels = RankChannels(
             bind_rank_listener(api_address(workdir, 0)), config.data_parallel_size

@@ -6,6 +6,11 @@ from `prepare()` and spawn the ranks from `rank_specs()`.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import socket
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from deepinfer_server.config import ResolvedConfig
@@ -18,8 +23,11 @@ from deepinfer_server.model.source import resolve_model
 from deepinfer_server.model.tokenizer import load_tokenizer_json
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.rank.spec import RankSpec
-from deepinfer_server.server.http import create_recipe
+from deepinfer_server.server.http import bind_listener, create_recipe
+from deepinfer_server.server.ranks import RankGroup
 from deepinfer_server.store.location import check_store
+
+logger = logging.getLogger("deepinfer_server")
 
 #: Seconds the ranks get to stop at an agreed iteration before they are killed.
 RANK_STOP_TIMEOUT = 15.0
@@ -74,3 +82,22 @@ def rank_specs(config: ResolvedConfig, prepared: Prepared, workdir: str) -> list
         )
         for rank in range(config.data_parallel_size)
     ]
+
+
+def listen(config: ResolvedConfig) -> tuple[socket.socket, ResolvedConfig] | None:
+    """The server's TCP socket and the configuration with its port (`bind_listener`); None,
+    logged, when it cannot be bound."""
+    try:
+        return bind_listener(config)
+    except OSError as exc:
+        logger.error("cannot listen on %s:%d: %s", config.host, config.port, exc)
+        return None
+
+
+@contextlib.contextmanager
+def rank_workspace(config: ResolvedConfig, prepared: Prepared) -> Iterator[tuple[str, RankGroup]]:
+    """A directory for the sockets between the ranks and the API server processes, and the
+    rank group (not started) wired through it; the directory is removed on leaving."""
+    with tempfile.TemporaryDirectory(prefix="deepinfer-server-") as workdir:
+        specs = rank_specs(config, prepared, workdir)
+        yield workdir, RankGroup(specs, prepared.backend.shared_state(config))

@@ -18,8 +18,7 @@ import multiprocessing
 import os
 import signal
 import socket
-import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from multiprocessing.process import BaseProcess
 
 from deepinfer_server.concurrency import first_of
@@ -43,13 +42,14 @@ from deepinfer_server.ipc.control import (
 )
 from deepinfer_server.protocol.core.reasoning_seal import seal_key
 from deepinfer_server.server.api_worker import WorkerSpec, run_api_worker
-from deepinfer_server.server.http import STOP_SIGNALS, bind_listener, log_serving
+from deepinfer_server.server.http import STOP_SIGNALS, log_serving
 from deepinfer_server.server.ranks import REAP_TIMEOUT, RankGroup, describe_exit
 from deepinfer_server.server.startup import (
     RANK_STOP_TIMEOUT,
     Prepared,
     api_address,
-    rank_specs,
+    listen,
+    rank_workspace,
 )
 
 logger = logging.getLogger("deepinfer_server")
@@ -304,20 +304,12 @@ class Supervisor:
 
 async def supervise(config: ResolvedConfig, prepared: Prepared) -> int:
     """Run the server with `config.api_server_count` API server processes; the exit code."""
-    loop = asyncio.get_running_loop()
-    try:
-        listener, config = bind_listener(config)
-    except OSError as exc:
-        logger.error("cannot listen on %s:%d: %s", config.host, config.port, exc)
+    bound = listen(config)
+    if bound is None:
         return 1
-    with tempfile.TemporaryDirectory(prefix="deepinfer-server-") as workdir, listener:
-        ranks = RankGroup(
-            rank_specs(config, prepared, workdir), prepared.backend.shared_state(config)
-        )
+    listener, config = bound
+    with rank_workspace(config, prepared) as (workdir, ranks), listener:
         supervisor = Supervisor(config, prepared.master_port, ranks)
-        slots = shared_state(
-            config.data_parallel_size, len(config.tenants), config.api_server_count
-        )
         # Bound before any rank starts: a rank connects to every API process as soon as its
         # engine is built.
         rank_listeners = [
@@ -325,27 +317,12 @@ async def supervise(config: ResolvedConfig, prepared: Prepared) -> int:
             for index in range(config.api_server_count)
         ]
         pairs = [socket.socketpair() for _ in range(config.api_server_count)]
-        reasoning_key = seal_key(config.reasoning_secret)
-        worker_specs = [
-            WorkerSpec(
-                config=config,
-                index=index,
-                checkpoint=prepared.checkpoint,
-                rank_listener=rank_listeners[index],
-                listener=listener,
-                control=pairs[index][1],
-                slots=slots,
-                reasoning_key=reasoning_key,
-            )
-            for index in range(config.api_server_count)
-        ]
-        for sig in STOP_SIGNALS:
-            loop.add_signal_handler(sig, supervisor.on_signal, sig)
-        try:
+        specs = _worker_specs(config, prepared, listener, rank_listeners, [w for _, w in pairs])
+        with _signals_to(supervisor.on_signal):
             try:
                 ranks.start()
                 ranks.watch(supervisor.on_rank_exit)
-                await supervisor.start_workers(worker_specs, [end for end, _ in pairs])
+                await supervisor.start_workers(specs, [end for end, _ in pairs])
             except BaseException:
                 await supervisor.abandon()
                 raise
@@ -353,6 +330,42 @@ async def supervise(config: ResolvedConfig, prepared: Prepared) -> int:
             for rank_listener in rank_listeners:
                 rank_listener.close()
             return await supervisor.run()
-        finally:
-            for sig in STOP_SIGNALS:
-                loop.remove_signal_handler(sig)
+
+
+def _worker_specs(
+    config: ResolvedConfig,
+    prepared: Prepared,
+    listener: socket.socket,
+    rank_listeners: list[socket.socket],
+    controls: list[socket.socket],
+) -> list[WorkerSpec]:
+    """One spec per API server process: the shared port, its own rank socket and control end,
+    the admission state they share and one reasoning seal key for all."""
+    slots = shared_state(config.data_parallel_size, len(config.tenants), config.api_server_count)
+    reasoning_key = seal_key(config.reasoning_secret)
+    return [
+        WorkerSpec(
+            config=config,
+            index=index,
+            checkpoint=prepared.checkpoint,
+            rank_listener=rank_listeners[index],
+            listener=listener,
+            control=controls[index],
+            slots=slots,
+            reasoning_key=reasoning_key,
+        )
+        for index in range(config.api_server_count)
+    ]
+
+
+@contextlib.contextmanager
+def _signals_to(handler: Callable[[signal.Signals], None]) -> Iterator[None]:
+    """`handler(signal)` handles the stop signals while inside."""
+    loop = asyncio.get_running_loop()
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, handler, sig)
+    try:
+        yield
+    finally:
+        for sig in STOP_SIGNALS:
+            loop.remove_signal_handler(sig)

@@ -5,44 +5,55 @@ retried hide a hung rank)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 
 from deepinfer_server.coordinator.liveness import LivenessWatch, heartbeat_interval
 
 
-def test_an_idle_rank_whose_loop_stops_is_hung() -> None:
-    async def body() -> list[str]:
-        hangs: list[str] = []
-        watch = LivenessWatch(2, 0.2, hangs.append)
-        loop = asyncio.get_running_loop()
-        watch.reported(0, loop.time())  # both ranks ready, nothing ever in flight
-        watch.reported(1, loop.time())
-        task = asyncio.ensure_future(watch.run())
-        while not task.done():  # rank 1 keeps coming back, rank 0 went silent
-            watch.reported(1, loop.time())
-            await asyncio.sleep(0.02)  # the workload: a rank's loop every 20 ms
-        return hangs
+class ManualClock:
+    """Loop time moved by hand: each wait of the watch's task moves it on at once, calling
+    `between(now)` at every `period` it passes (the ranks' loops), so `run` never sleeps."""
 
-    hangs = asyncio.run(asyncio.wait_for(body(), 10))
+    def __init__(self, between: Callable[[float], None] = lambda now: None) -> None:
+        self.now = 0.0
+        self.between = between
+        self.period = 0.02
+
+    def time(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        end = self.now + seconds
+        while self.now + self.period <= end:
+            self.now += self.period
+            self.between(self.now)
+        self.now = end
+
+
+def test_an_idle_rank_whose_loop_stops_is_hung() -> None:
+    hangs: list[str] = []
+    clock = ManualClock()
+    watch = LivenessWatch(2, 0.2, hangs.append, clock=clock.time, sleep=clock.sleep)
+    watch.reported(0, clock.now)  # both ranks ready, nothing ever in flight
+    watch.reported(1, clock.now)
+    clock.between = lambda now: watch.reported(1, now)  # rank 1 keeps coming back, 0 is silent
+    asyncio.run(watch.run())
     assert len(hangs) == 1
     assert hangs[0].startswith("DP rank 0 completed no engine step or loop iteration for 0.2s")
+    assert 0.2 < clock.now <= 0.2 + watch.interval + 1e-9
 
 
 def test_ranks_silent_together_are_all_named() -> None:
     """In lockstep a hung rank's peers block in its next collective: every rank goes silent,
     and the hung one may well have reported last. None is singled out."""
-
-    async def body() -> list[str]:
-        hangs: list[str] = []
-        watch = LivenessWatch(3, 0.2, hangs.append)
-        loop = asyncio.get_running_loop()
-        for rank in (0, 2, 1):  # the hung rank (1) reported last
-            watch.reported(rank, loop.time())
-        await asyncio.wait_for(watch.run(), 10)
-        return hangs
-
-    hangs = asyncio.run(body())
+    hangs: list[str] = []
+    clock = ManualClock()
+    watch = LivenessWatch(3, 0.2, hangs.append, clock=clock.time, sleep=clock.sleep)
+    for rank in (0, 2, 1):  # the hung rank (1) reported last
+        watch.reported(rank, clock.now)
+    asyncio.run(watch.run())
     assert hangs == [
         "DP ranks 0, 1 and 2 completed no engine step or loop iteration for 0.2s "
         "(--step-timeout); the engine is hung (in lockstep one hung rank holds up the others)"

@@ -53,8 +53,8 @@ def _metrics_of_one_process(successes: int, running: int, kv_usage: float) -> Se
     metrics = ServerMetrics("m")
     metrics.watch_ranks(lambda: [RankLoad(0, running, 0, 10 * running, kv_usage)], lambda: True)
     for _ in range(successes):
-        metrics.success.labels("m", "stop").inc()
-        metrics.ttft.labels("m").observe(0.05)
+        metrics.requests.success.labels("m", "stop").inc()
+        metrics.requests.ttft.labels("m").observe(0.05)
     metrics.observe_step(0, 0.01)  # every process sees every step report
     return metrics
 

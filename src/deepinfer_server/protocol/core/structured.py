@@ -300,6 +300,7 @@ class StructuredOutputs:
                 compiler.precheck(constraint)  # a 400 over the size bound needs no turn
                 assert self._queue is not None
                 so_args = await self._queue.run(key, lambda: compiler.so_args_for(constraint))
+        assert so_args is not None
         trigger = so_args.get("trigger_token_ids")
         return StructuredOutput(
             schema_type=str(so_args["schema_type"]),
