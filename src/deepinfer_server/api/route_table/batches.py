@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from deepinfer_server.api.dialects import Dialect
 from deepinfer_server.api.route import Endpoint, Handler, with_parameters
+from deepinfer_server.api.route_table.entries import envelope_of, on_object, post_body
 from deepinfer_server.api.routes.batches import (
     cancel_batch,
     create_batch,
@@ -36,9 +37,8 @@ def _jsonl_download(
     dialect: Dialect = Dialect.OPENAI,
 ) -> Endpoint:
     """A protected GET of a JSONL document (a file's content, a batch's results)."""
-    envelope = op.ANTHROPIC_ENVELOPE if dialect is Dialect.ANTHROPIC else op.OPENAI_ENVELOPE
     content = {media_type: {"schema": {"type": "string"}}}
-    operation = op.get(summary, content, envelope=envelope)
+    operation = op.get(summary, content, envelope=envelope_of(dialect))
     return Endpoint(
         path, "GET", handler, dialect, with_parameters(operation, parameter), protected=True
     )
@@ -54,22 +54,10 @@ BATCHES: tuple[Endpoint, ...] = (
         op.upload("Upload a batch input file (JSONL, purpose 'batch')", "FileUpload"),
         protected=True,
     ),
-    Endpoint(
-        "/v1/files",
-        "GET",
-        list_files,
-        Dialect.OPENAI,
-        with_parameters(op.get("The API key's files, newest first"), op.PURPOSE, *op.PAGE),
-        protected=True,
+    on_object(
+        "GET", "/v1/files", list_files, "The API key's files, newest first", op.PURPOSE, *op.PAGE
     ),
-    Endpoint(
-        "/v1/files/{file_id}",
-        "GET",
-        retrieve_file,
-        Dialect.OPENAI,
-        with_parameters(op.get("A file"), op.FILE_ID),
-        protected=True,
-    ),
+    on_object("GET", "/v1/files/{file_id}", retrieve_file, "A file", op.FILE_ID),
     _jsonl_download(
         "/v1/files/{file_id}/content",
         file_content,
@@ -77,106 +65,68 @@ BATCHES: tuple[Endpoint, ...] = (
         "application/jsonl",
         op.FILE_ID,
     ),
-    Endpoint(
-        "/v1/files/{file_id}",
-        "DELETE",
-        delete_file,
-        Dialect.OPENAI,
-        with_parameters(op.get("Delete a file"), op.FILE_ID),
-        protected=True,
-    ),
-    Endpoint(
+    on_object("DELETE", "/v1/files/{file_id}", delete_file, "Delete a file", op.FILE_ID),
+    post_body(
         "/v1/batches",
-        "POST",
         create_batch,
-        Dialect.OPENAI,
-        op.post_object(
-            "Create a batch from an input file, run at the lowest priority (input_file_id, "
-            "endpoint, completion_window '24h', metadata)",
-            "BatchRequest",
-        ),
-        protected=True,
+        "Create a batch from an input file, run at the lowest priority (input_file_id, "
+        "endpoint, completion_window '24h', metadata)",
+        "BatchRequest",
     ),
-    Endpoint(
-        "/v1/batches",
+    on_object("GET", "/v1/batches", list_batches, "The API key's batches, newest first", *op.PAGE),
+    on_object(
         "GET",
-        list_batches,
-        Dialect.OPENAI,
-        with_parameters(op.get("The API key's batches, newest first"), *op.PAGE),
-        protected=True,
-    ),
-    Endpoint(
         "/v1/batches/{batch_id}",
-        "GET",
         retrieve_batch,
-        Dialect.OPENAI,
-        with_parameters(op.get("A batch, with its request_counts"), op.BATCH_ID),
-        protected=True,
+        "A batch, with its request_counts",
+        op.BATCH_ID,
     ),
-    Endpoint(
+    on_object(
+        "POST",
         "/v1/batches/{batch_id}/cancel",
-        "POST",
         cancel_batch,
-        Dialect.OPENAI,
-        with_parameters(op.cancel("Cancel a batch (cancelling, then cancelled)"), op.BATCH_ID),
-        protected=True,
+        "Cancel a batch (cancelling, then cancelled)",
+        op.BATCH_ID,
     ),
-    Endpoint(
+    post_body(
         "/v1/messages/batches",
-        "POST",
         create_message_batch,
-        Dialect.ANTHROPIC,
-        op.post_object(
-            "Create a message batch of requests: [{custom_id, params}], run at the lowest priority",
-            "MessageBatchRequest",
-            op.ANTHROPIC_ENVELOPE,
-        ),
-        protected=True,
+        "Create a message batch of requests: [{custom_id, params}], run at the lowest priority",
+        "MessageBatchRequest",
+        dialect=Dialect.ANTHROPIC,
     ),
-    Endpoint(
+    on_object(
+        "GET",
         "/v1/messages/batches",
-        "GET",
         list_message_batches,
-        Dialect.ANTHROPIC,
-        with_parameters(
-            op.get("The API key's message batches, newest first", envelope=op.ANTHROPIC_ENVELOPE),
-            op.AFTER_ID,
-            op.PAGE[1],
-        ),
-        protected=True,
+        "The API key's message batches, newest first",
+        op.AFTER_ID,
+        op.PAGE[1],
+        dialect=Dialect.ANTHROPIC,
     ),
-    Endpoint(
-        "/v1/messages/batches/{batch_id}",
+    on_object(
         "GET",
-        retrieve_message_batch,
-        Dialect.ANTHROPIC,
-        with_parameters(
-            op.get("A message batch, with its request_counts", envelope=op.ANTHROPIC_ENVELOPE),
-            op.BATCH_ID,
-        ),
-        protected=True,
-    ),
-    Endpoint(
         "/v1/messages/batches/{batch_id}",
-        "DELETE",
-        delete_message_batch,
-        Dialect.ANTHROPIC,
-        with_parameters(
-            op.get("Delete an ended message batch", envelope=op.ANTHROPIC_ENVELOPE),
-            op.BATCH_ID,
-        ),
-        protected=True,
+        retrieve_message_batch,
+        "A message batch, with its request_counts",
+        op.BATCH_ID,
+        dialect=Dialect.ANTHROPIC,
     ),
-    Endpoint(
-        "/v1/messages/batches/{batch_id}/cancel",
+    on_object(
+        "DELETE",
+        "/v1/messages/batches/{batch_id}",
+        delete_message_batch,
+        "Delete an ended message batch",
+        op.BATCH_ID,
+        dialect=Dialect.ANTHROPIC,
+    ),
+    on_object(
         "POST",
+        "/v1/messages/batches/{batch_id}/cancel",
         cancel_message_batch,
-        Dialect.ANTHROPIC,
-        with_parameters(
-            op.cancel("Cancel a message batch (canceling, then ended)", op.ANTHROPIC_ENVELOPE),
-            op.BATCH_ID,
-        ),
-        protected=True,
+        "Cancel a message batch (canceling, then ended)",
+        op.BATCH_ID,
+        dialect=Dialect.ANTHROPIC,
     ),
     _jsonl_download(
         "/v1/messages/batches/{batch_id}/results",

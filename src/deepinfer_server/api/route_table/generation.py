@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from deepinfer_server.api.dialects import Dialect
 from deepinfer_server.api.route import Endpoint
+from deepinfer_server.api.route_table.entries import generation
 from deepinfer_server.api.routes.count_tokens import count_tokens
 from deepinfer_server.api.routes.generation import CHAT, COMPLETIONS, MESSAGES, RESPONSES, generate
 from deepinfer_server.api.routes.tokenization import (
@@ -17,43 +18,27 @@ from deepinfer_server.openapi.schema import ref
 
 #: In the order the document lists them.
 GENERATION: tuple[Endpoint, ...] = (
-    Endpoint(
-        "/v1/chat/completions",
-        "POST",
-        generate(CHAT),
-        Dialect.OPENAI,
-        op.generation("OpenAI Chat Completions", "ChatCompletionRequest", op.OPENAI_ENVELOPE),
-        protected=True,
+    generation(
+        "/v1/chat/completions", generate(CHAT), "OpenAI Chat Completions", "ChatCompletionRequest"
     ),
-    Endpoint(
+    generation(
         "/v1/completions",
-        "POST",
         generate(COMPLETIONS),
-        Dialect.OPENAI,
-        op.generation(
-            "OpenAI legacy completions, as vLLM serves them",
-            "CompletionRequest",
-            op.OPENAI_ENVELOPE,
-        ),
-        protected=True,
+        "OpenAI legacy completions, as vLLM serves them",
+        "CompletionRequest",
     ),
-    Endpoint(
+    generation(
         "/v1/responses",
-        "POST",
         generate(RESPONSES),
-        Dialect.OPENAI,
-        op.generation(
-            "OpenAI Responses (stored unless store: false)", "ResponsesRequest", op.OPENAI_ENVELOPE
-        ),
-        protected=True,
+        "OpenAI Responses (stored unless store: false)",
+        "ResponsesRequest",
     ),
-    Endpoint(
+    generation(
         "/v1/messages",
-        "POST",
         generate(MESSAGES),
+        "Anthropic Messages",
+        "MessagesRequest",
         Dialect.ANTHROPIC,
-        op.generation("Anthropic Messages", "MessagesRequest", op.ANTHROPIC_ENVELOPE),
-        protected=True,
     ),
     Endpoint(
         "/v1/messages/count_tokens",

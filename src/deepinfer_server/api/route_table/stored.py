@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from deepinfer_server.api.dialects import Dialect
 from deepinfer_server.api.route import Endpoint, with_parameters
+from deepinfer_server.api.route_table.entries import on_object, post_body
 from deepinfer_server.api.routes.conversations import (
     create_conversation,
     create_items,
@@ -43,123 +44,88 @@ STORED: tuple[Endpoint, ...] = (
         ),
         protected=True,
     ),
-    Endpoint(
+    on_object(
+        "POST",
         "/v1/responses/{response_id}/cancel",
-        "POST",
         cancel_response,
-        Dialect.OPENAI,
-        with_parameters(op.cancel("Cancel a background response still running"), op.RESPONSE_ID),
-        protected=True,
+        "Cancel a background response still running",
+        op.RESPONSE_ID,
     ),
-    Endpoint(
+    on_object(
+        "DELETE",
         "/v1/responses/{response_id}",
-        "DELETE",
         delete_response,
-        Dialect.OPENAI,
-        with_parameters(op.get("Delete a stored response"), op.RESPONSE_ID),
-        protected=True,
+        "Delete a stored response",
+        op.RESPONSE_ID,
     ),
-    Endpoint(
+    on_object(
+        "GET",
         "/v1/responses/{response_id}/input_items",
-        "GET",
         list_input_items,
-        Dialect.OPENAI,
-        with_parameters(
-            op.get("A stored response's input items, a page at a time"),
-            op.RESPONSE_ID,
-            op.include(ITEMS_INCLUDE),
-            *op.PAGE,
-        ),
-        protected=True,
+        "A stored response's input items, a page at a time",
+        op.RESPONSE_ID,
+        op.include(ITEMS_INCLUDE),
+        *op.PAGE,
     ),
-    Endpoint(
+    post_body(
         "/v1/conversations",
-        "POST",
         create_conversation,
-        Dialect.OPENAI,
-        op.post_object(
-            "Create a conversation (OpenAI's Conversations API)", "ConversationCreateRequest"
-        ),
-        protected=True,
+        "Create a conversation (OpenAI's Conversations API)",
+        "ConversationCreateRequest",
     ),
-    Endpoint(
-        "/v1/conversations/{conversation_id}",
+    on_object(
         "GET",
+        "/v1/conversations/{conversation_id}",
         retrieve_conversation,
-        Dialect.OPENAI,
-        with_parameters(
-            op.get("A conversation; 404 in another API key's scope"),
-            op.CONVERSATION_ID,
-        ),
-        protected=True,
+        "A conversation; 404 in another API key's scope",
+        op.CONVERSATION_ID,
     ),
-    Endpoint(
+    post_body(
         "/v1/conversations/{conversation_id}",
-        "POST",
         update_conversation,
-        Dialect.OPENAI,
-        with_parameters(
-            op.post_object("Replace a conversation's metadata", "ConversationUpdateRequest"),
-            op.CONVERSATION_ID,
-        ),
-        protected=True,
+        "Replace a conversation's metadata",
+        "ConversationUpdateRequest",
+        op.CONVERSATION_ID,
     ),
-    Endpoint(
+    on_object(
+        "DELETE",
         "/v1/conversations/{conversation_id}",
-        "DELETE",
         delete_conversation,
-        Dialect.OPENAI,
-        with_parameters(op.get("Delete a conversation and its items"), op.CONVERSATION_ID),
-        protected=True,
+        "Delete a conversation and its items",
+        op.CONVERSATION_ID,
     ),
-    Endpoint(
-        "/v1/conversations/{conversation_id}/items",
+    on_object(
         "GET",
+        "/v1/conversations/{conversation_id}/items",
         list_items,
-        Dialect.OPENAI,
-        with_parameters(
-            op.get("A conversation's items, a page at a time"),
-            op.CONVERSATION_ID,
-            op.include(ITEMS_INCLUDE),
-            *op.PAGE,
-        ),
-        protected=True,
+        "A conversation's items, a page at a time",
+        op.CONVERSATION_ID,
+        op.include(ITEMS_INCLUDE),
+        *op.PAGE,
     ),
-    Endpoint(
+    post_body(
         "/v1/conversations/{conversation_id}/items",
-        "POST",
         create_items,
-        Dialect.OPENAI,
-        with_parameters(
-            op.post_object("Add up to 20 items to a conversation", "ConversationItemsRequest"),
-            op.CONVERSATION_ID,
-            op.include(ITEMS_INCLUDE),
-        ),
-        protected=True,
+        "Add up to 20 items to a conversation",
+        "ConversationItemsRequest",
+        op.CONVERSATION_ID,
+        op.include(ITEMS_INCLUDE),
     ),
-    Endpoint(
-        "/v1/conversations/{conversation_id}/items/{item_id}",
+    on_object(
         "GET",
-        retrieve_item,
-        Dialect.OPENAI,
-        with_parameters(
-            op.get("One item of a conversation"),
-            op.CONVERSATION_ID,
-            op.ITEM_ID,
-            op.include(ITEMS_INCLUDE),
-        ),
-        protected=True,
-    ),
-    Endpoint(
         "/v1/conversations/{conversation_id}/items/{item_id}",
+        retrieve_item,
+        "One item of a conversation",
+        op.CONVERSATION_ID,
+        op.ITEM_ID,
+        op.include(ITEMS_INCLUDE),
+    ),
+    on_object(
         "DELETE",
+        "/v1/conversations/{conversation_id}/items/{item_id}",
         delete_item,
-        Dialect.OPENAI,
-        with_parameters(
-            op.get("Delete an item of a conversation (answers the conversation)"),
-            op.CONVERSATION_ID,
-            op.ITEM_ID,
-        ),
-        protected=True,
+        "Delete an item of a conversation (answers the conversation)",
+        op.CONVERSATION_ID,
+        op.ITEM_ID,
     ),
 )
