@@ -104,14 +104,9 @@ class BatchStore(FileStore, BatchLines):
     async def batches(self, scope: str, kind: str, after: str | None, limit: int) -> list[BatchRow]:
         """A scope's batches of `kind`, newest first, past the batch `after`."""
         sql = f"SELECT {BATCH_COLUMNS} FROM batches WHERE scope = ? AND kind = ?"
-        params: list[Any] = [scope, kind]
-        page, past = BATCHES.after(scope, after)
-        sql += page
-        params += past
-        sql += " ORDER BY created_at DESC, id DESC LIMIT ?"
-        params.append(limit)
+        page, past = BATCHES.page(scope, after, limit)
         async with self._store.connection("list batches"):
-            rows = await self._db.fetch(sql, params)
+            rows = await self._db.fetch(sql + page, (scope, kind, *past))
             counts = await self._counts([row[0] for row in rows])
         return [batch_row(row, counts.get(row[0], {})) for row in rows]
 

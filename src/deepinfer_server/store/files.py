@@ -41,13 +41,9 @@ class FileStore(Operations):
         if purpose is not None:
             sql += " AND purpose = ?"
             params.append(purpose)
-        page, past = FILES.after(scope, after)
-        sql += page
-        params += past
-        sql += " ORDER BY created_at DESC, id DESC LIMIT ?"
-        params.append(limit)
+        page, past = FILES.page(scope, after, limit)
         async with self._store.connection("list files"):
-            rows = await self._db.fetch(sql, params)
+            rows = await self._db.fetch(sql + page, (*params, *past))
         return [FileRow(r[0], float(r[1]), r[2], r[3], int(r[4])) for r in rows]
 
     async def file(self, scope: str, file_id: str) -> FileRow | None:

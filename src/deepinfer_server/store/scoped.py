@@ -94,15 +94,16 @@ class ScopedTable:
         changed = await db.write(self.delete_steps(where, params), frees=True)
         return changed[len(self.children)]
 
-    def after(self, scope: str, after: str | None) -> tuple[str, Params]:
-        """The condition of a page's rows past the row `after` of `scope` (newest first; an
-        empty condition without `after`)."""
+    def page(self, scope: str, after: str | None, limit: int) -> tuple[str, Params]:
+        """The end of a query of `scope`'s rows (after its conditions): a page of `limit` rows
+        past the row `after` (from the first without it), newest first."""
+        order = f" ORDER BY {self.age} DESC, id DESC LIMIT ?"
         if after is None:
-            return "", ()
+            return order, (limit,)
         return (
             f" AND ({self.age}, id) < (SELECT {self.age}, id FROM {self.name} "
-            "WHERE id = ? AND scope = ?)",
-            (after, scope),
+            f"WHERE id = ? AND scope = ?){order}",
+            (after, scope, limit),
         )
 
     async def count(
