@@ -14,13 +14,11 @@ deltas up end with null as well.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import orjson
 from deepseek_recipe import ChatCompletionRequest, ChatCompletionResponse
 
-from deepinfer_server.ipc.messages import Images
 from deepinfer_server.protocol.chat.request import PreparedChat
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.protocol.core.stream_output import RecipeOutput
@@ -38,17 +36,10 @@ class ChatOutput(RecipeOutput):
     """
 
     def __init__(self, prepared: PreparedChat, completion_id: str, recipe: RecipeContext) -> None:
-        prompt_tokens = Images.prompt_tokens(prepared.prompt_token_ids, prepared.images)
         generator = ChatCompletionRequest.chunk_generator(
             prepared.request, completion_id, recipe.model_name
         )
-        response = None
-        if not prepared.stream:
-            response = ChatCompletionResponse(
-                completion_id, recipe.model_name, int(time.time()), prompt_tokens, 0
-            )
-        options = prepared.request.parsing_options
-        super().__init__(generator, options, recipe.tokenizer, response, prompt_tokens)
+        super().__init__(generator, ChatCompletionResponse, completion_id, prepared, recipe)
         self._include_usage = prepared.stream_options.include_usage
         self._continuous_usage = prepared.stream_options.continuous_usage_stats
 

@@ -6,36 +6,16 @@ its stream with a `[DONE]` message.
 
 from __future__ import annotations
 
-import time
-from typing import Any, Protocol
+from typing import Any
 
-from deepseek_recipe import ConversationRequest
-
-from deepinfer_server.ipc.messages import Images
 from deepinfer_server.protocol.core.json_types import JsonObject
 from deepinfer_server.protocol.core.recipe import RecipeContext
-from deepinfer_server.protocol.core.stream_output import RecipeOutput
+from deepinfer_server.protocol.core.stream_output import PreparedRequest, RecipeOutput
 
 
 def named_event(name: str | None, data: str) -> str:
     """One SSE message: the event's name and its JSON data."""
     return f"event: {name}\ndata: {data}\n\n"
-
-
-class PreparedConversation(Protocol):
-    """What a prepared Responses or Messages request offers its output."""
-
-    @property
-    def request(self) -> ConversationRequest: ...
-
-    @property
-    def prompt_token_ids(self) -> list[int]: ...
-
-    @property
-    def stream(self) -> bool: ...
-
-    @property
-    def images(self) -> Images | None: ...
 
 
 class NamedEventOutput(RecipeOutput):
@@ -46,18 +26,11 @@ class NamedEventOutput(RecipeOutput):
         generator: Any,
         response_type: Any,
         response_id: str,
-        prepared: PreparedConversation,
+        prepared: PreparedRequest,
         recipe: RecipeContext,
     ) -> None:
         """`generator` is the protocol's recipe chunk generator for this request."""
-        prompt_tokens = Images.prompt_tokens(prepared.prompt_token_ids, prepared.images)
-        response = None
-        if not prepared.stream:
-            response = response_type(
-                response_id, recipe.model_name, int(time.time()), prompt_tokens, 0
-            )
-        options = prepared.request.parsing_options
-        super().__init__(generator, options, recipe.tokenizer, response, prompt_tokens)
+        super().__init__(generator, response_type, response_id, prepared, recipe)
         self._event_name = response_type.sse_event_name
 
     def _finish_of(self, chunk: JsonObject) -> str | None:

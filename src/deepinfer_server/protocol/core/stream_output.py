@@ -7,20 +7,22 @@ chunks are accumulated into the protocol's response object and `response_json()`
 
 from __future__ import annotations
 
+import time
 from typing import Any, Protocol
 
 import orjson
 from deepseek_recipe import (
+    ConversationRequest,
     InferenceChunk,
     InferenceFinishReason,
     ParsingOptions,
     PromptUsage,
     StreamProcessor,
-    Tokenizer,
 )
 
-from deepinfer_server.ipc.messages import Finish, GeneratedTokens
+from deepinfer_server.ipc.messages import Finish, GeneratedTokens, Images
 from deepinfer_server.protocol.core.json_types import JsonObject
+from deepinfer_server.protocol.core.recipe import RecipeContext
 
 #: How many of the last batch's chunks may carry its finish reason (the finish chunk, then
 #: usage or closing events).
@@ -79,20 +81,44 @@ class Accumulator(Protocol):
     def to_json(self) -> str: ...
 
 
+class PreparedRequest(Protocol):
+    """What a prepared request (Chat, Responses, Messages) offers its output."""
+
+    @property
+    def request(self) -> ConversationRequest: ...
+
+    @property
+    def prompt_token_ids(self) -> list[int]: ...
+
+    @property
+    def stream(self) -> bool: ...
+
+    @property
+    def images(self) -> Images | None: ...
+
+
 class RecipeOutput:
     """One request's engine tokens in, protocol chunks out."""
 
     def __init__(
         self,
         generator: Any,
-        options: ParsingOptions,
-        tokenizer: Tokenizer,
-        response: Accumulator | None,
-        prompt_tokens: int,
+        response_type: Any,
+        response_id: str,
+        prepared: PreparedRequest,
+        recipe: RecipeContext,
     ) -> None:
-        """`generator` is the protocol's recipe chunk generator, `options` the request's
-        parsing options."""
-        self._processor = StreamProcessor(generator, options, tokenizer)
+        """`generator` is the protocol's recipe chunk generator for this request;
+        `response_type` the recipe's response object its chunks accumulate into when the
+        request is not streamed."""
+        prompt_tokens = Images.prompt_tokens(prepared.prompt_token_ids, prepared.images)
+        response: Accumulator | None = None
+        if not prepared.stream:
+            response = response_type(
+                response_id, recipe.model_name, int(time.time()), prompt_tokens, 0
+            )
+        options = prepared.request.parsing_options
+        self._processor = StreamProcessor(generator, options, recipe.tokenizer)
         self._response = response
         self._prompt_tokens = prompt_tokens
         self._ends_inside = ends_inside_output(options)
