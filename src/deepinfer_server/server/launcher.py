@@ -34,9 +34,8 @@ from deepinfer_server.server.startup import (
     RANK_STOP_TIMEOUT,
     Prepared,
     api_address,
-    listen,
     prepare,
-    rank_workspace,
+    workspace,
 )
 
 logger = logging.getLogger("deepinfer_server")
@@ -44,11 +43,10 @@ logger = logging.getLogger("deepinfer_server")
 
 async def serve(config: ResolvedConfig, prepared: Prepared) -> int:
     """Run the single-process server until it is told to stop; returns the exit code."""
-    bound = listen(config)
-    if bound is None:
-        return 1
-    listener, config = bound
-    with rank_workspace(config, prepared) as (workdir, ranks), listener:
+    with workspace(config, prepared) as space:
+        if space is None:
+            return 1
+        config, listener, workdir, ranks = space.config, space.listener, space.workdir, space.ranks
         metrics = ServerMetrics(config.served_model_name)
         channels = RankChannels(
             bind_rank_listener(api_address(workdir, 0)), config.data_parallel_size

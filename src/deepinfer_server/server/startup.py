@@ -84,20 +84,29 @@ def rank_specs(config: ResolvedConfig, prepared: Prepared, workdir: str) -> list
     ]
 
 
-def listen(config: ResolvedConfig) -> tuple[socket.socket, ResolvedConfig] | None:
-    """The server's TCP socket and the configuration with its port (`bind_listener`); None,
-    logged, when it cannot be bound."""
-    try:
-        return bind_listener(config)
-    except OSError as exc:
-        logger.error("cannot listen on %s:%d: %s", config.host, config.port, exc)
-        return None
+@dataclass(frozen=True)
+class Workspace:
+    """Where the server runs: its configuration with the port bound, its TCP socket, the
+    directory of the sockets between the ranks and the API server processes, and the rank
+    group (not started) wired through it."""
+
+    config: ResolvedConfig
+    listener: socket.socket
+    workdir: str
+    ranks: RankGroup
 
 
 @contextlib.contextmanager
-def rank_workspace(config: ResolvedConfig, prepared: Prepared) -> Iterator[tuple[str, RankGroup]]:
-    """A directory for the sockets between the ranks and the API server processes, and the
-    rank group (not started) wired through it; the directory is removed on leaving."""
-    with tempfile.TemporaryDirectory(prefix="deepinfer-server-") as workdir:
+def workspace(config: ResolvedConfig, prepared: Prepared) -> Iterator[Workspace | None]:
+    """The server's workspace (None, logged, when its port cannot be bound); its socket is
+    closed and its directory removed on leaving."""
+    try:
+        listener, config = bind_listener(config)
+    except OSError as exc:
+        logger.error("cannot listen on %s:%d: %s", config.host, config.port, exc)
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix="deepinfer-server-") as workdir, listener:
         specs = rank_specs(config, prepared, workdir)
-        yield workdir, RankGroup(specs, prepared.backend.shared_state(config))
+        ranks = RankGroup(specs, prepared.backend.shared_state(config))
+        yield Workspace(config, listener, workdir, ranks)

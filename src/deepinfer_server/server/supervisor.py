@@ -48,8 +48,7 @@ from deepinfer_server.server.startup import (
     RANK_STOP_TIMEOUT,
     Prepared,
     api_address,
-    listen,
-    rank_workspace,
+    workspace,
 )
 
 logger = logging.getLogger("deepinfer_server")
@@ -304,11 +303,10 @@ class Supervisor:
 
 async def supervise(config: ResolvedConfig, prepared: Prepared) -> int:
     """Run the server with `config.api_server_count` API server processes; the exit code."""
-    bound = listen(config)
-    if bound is None:
-        return 1
-    listener, config = bound
-    with rank_workspace(config, prepared) as (workdir, ranks), listener:
+    with workspace(config, prepared) as space:
+        if space is None:
+            return 1
+        config, listener, workdir, ranks = space.config, space.listener, space.workdir, space.ranks
         supervisor = Supervisor(config, prepared.master_port, ranks)
         # Bound before any rank starts: a rank connects to every API process as soon as its
         # engine is built.
