@@ -56,6 +56,23 @@ _STREAM_OPTIONS_NEED_STREAM: Schema = {
     "stream_options": {"properties": {"stream": {"const": True}}, "required": ["stream"]}
 }
 
+
+def _openai_body(properties: dict[str, Schema], required: tuple[str, ...]) -> Schema:
+    """A Chat or legacy Completions body: its `properties`, then the fields both end with
+    (`user`, vLLM's `kv_transfer_params`, `logit_bias`); stream_options needs stream."""
+    body = obj(
+        {
+            **properties,
+            "user": string(),
+            "kv_transfer_params": KV_TRANSFER_PARAMS,
+            "logit_bias": LOGIT_BIAS,
+        },
+        required,
+    )
+    body["dependentSchemas"] = _STREAM_OPTIONS_NEED_STREAM
+    return body
+
+
 _FUNCTION = obj(
     {
         "name": string(minLength=1),
@@ -136,7 +153,7 @@ _STRUCTURED_OUTPUTS: Schema = obj(
 )
 _STRUCTURED_OUTPUTS["maxProperties"] = 1
 
-CHAT_COMPLETIONS: Schema = obj(
+CHAT_COMPLETIONS = _openai_body(
     {
         "model": MODEL,
         "messages": array(_CHAT_MESSAGE, 1),
@@ -160,15 +177,11 @@ CHAT_COMPLETIONS: Schema = obj(
         "guided_choice": array(string(), 1),
         "thinking": nullable(THINKING),
         "reasoning_effort": nullable(string(enum=list(REASONING_EFFORTS))),
-        "user": string(),
-        "kv_transfer_params": KV_TRANSFER_PARAMS,
-        "logit_bias": LOGIT_BIAS,
     },
     ("model", "messages"),
 )
-CHAT_COMPLETIONS["dependentSchemas"] = _STREAM_OPTIONS_NEED_STREAM
 
-COMPLETIONS: Schema = obj(
+COMPLETIONS = _openai_body(
     {
         "model": MODEL,
         "prompt": one_of(
@@ -190,13 +203,9 @@ COMPLETIONS: Schema = obj(
         "stop": STOP,
         "priority": nullable(PRIORITY),
         "suffix": nullable(string(enum=[""], description="Not supported: absent or empty")),
-        "user": string(),
-        "kv_transfer_params": KV_TRANSFER_PARAMS,
-        "logit_bias": LOGIT_BIAS,
     },
     ("model", "prompt"),
 )
-COMPLETIONS["dependentSchemas"] = _STREAM_OPTIONS_NEED_STREAM
 
 TOKENIZE: Schema = obj(
     {
