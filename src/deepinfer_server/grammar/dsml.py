@@ -19,7 +19,7 @@ Properties appear in schema order, required ones always, optional ones optionall
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from deepinfer_server.grammar._xgr import clean_error, xgrammar
@@ -78,7 +78,9 @@ class _Builder:
         self.rules: list[str] = []
         self.count = 0
 
-    def json_value(self, schema: dict[str, Any], defs: dict[str, Any], param: str) -> str:
+    def json_value(
+        self, schema: Mapping[str, object], defs: Mapping[str, object], param: str
+    ) -> str:
         xgr = xgrammar()
         full = {**defs, **schema}
         try:
@@ -92,7 +94,7 @@ class _Builder:
         self.rules.append(text)
         return root
 
-    def value(self, key: str, schema: Any, defs: dict[str, Any], param: str) -> str:
+    def value(self, key: str, schema: Any, defs: Mapping[str, object], param: str) -> str:
         if _is_plain_string(schema):
             return f"{literal(param_open(key, True))} dsml_raw {literal(PARAM_CLOSE)}"
         choices = _string_enum(schema)

@@ -28,7 +28,7 @@ import hashlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
 import httpx
@@ -69,7 +69,7 @@ def output_file_id(batch_id: str, kind: str) -> str:
     return "file-" + hashlib.sha256(f"{batch_id}/{kind}".encode()).hexdigest()[:24]
 
 
-def refused(body: dict[str, Any]) -> str | None:
+def refused(body: Mapping[str, object]) -> str | None:
     """Why a line's request body cannot run in a batch, or None."""
     for field, message in _REFUSED.items():
         if body.get(field) not in (None, False):
@@ -77,7 +77,7 @@ def refused(body: dict[str, Any]) -> str | None:
     return None
 
 
-def openai_line(batch_id: str, line: int, custom_id: str, result: dict[str, Any]) -> bytes:
+def openai_line(batch_id: str, line: int, custom_id: str, result: Mapping[str, object]) -> bytes:
     """A line of an OpenAI batch's output or error file."""
     digest = hashlib.sha256(f"{batch_id}/{line}".encode()).hexdigest()[:24]
     record = {

@@ -11,12 +11,15 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+from collections.abc import Mapping
 from typing import Any
 
 _MAX_LINE = 4096
 
 
-def bootstrap_call(host: str, port: int, message: dict[str, Any], timeout: float) -> dict[str, Any]:
+def bootstrap_call(
+    host: str, port: int, message: Mapping[str, object], timeout: float
+) -> dict[str, Any]:
     """Send one message to a prefill rank's bootstrap port and return its answer (blocking).
 
     Raises OSError when the peer cannot be reached or answers nothing in `timeout` seconds.
