@@ -32,7 +32,7 @@ from deepinfer_server.engines.deepinfer.role_grammar import (
     build_grammar,
     without_grammar,
 )
-from deepinfer_server.engines.deepinfer.role_settings import RoleSettings
+from deepinfer_server.engines.role_settings import RoleSettings
 
 #: The branch name of pulled sequences.
 BRANCH = "pd_completion"

@@ -114,7 +114,7 @@ def _engine_class(spec: EngineSpec, base: type[Any]) -> type[Any]:
     """DeepInfer's LLMEngine, or the server's subclass of it for the rank's role or cache."""
     if spec.disaggregation_mode.disaggregated:
         from deepinfer_server.engines.deepinfer.role_engines import role_engine
-        from deepinfer_server.engines.deepinfer.role_settings import RoleSettings
+        from deepinfer_server.engines.role_settings import RoleSettings
 
         return role_engine(base, spec.disaggregation_mode, RoleSettings.of(spec))
     if spec.enable_prefix_caching:

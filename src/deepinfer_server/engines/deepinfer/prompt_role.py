@@ -34,7 +34,7 @@ from deepinfer_server.disaggregation.transfer.agent import TransferAgent
 from deepinfer_server.disaggregation.transfer.connector import PrefillConnector
 from deepinfer_server.engines.deepinfer.cache_memory import CacheMemory, allocate
 from deepinfer_server.engines.deepinfer.role_grammar import build_grammar, without_grammar
-from deepinfer_server.engines.deepinfer.role_settings import RoleSettings
+from deepinfer_server.engines.role_settings import RoleSettings
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from deepinfer_server.disaggregation.role import DisaggregationRole
 from deepinfer_server.engines.deepinfer.add_request import add_request_args
 from deepinfer_server.engines.deepinfer.completion_role import CompletionRole
 from deepinfer_server.engines.deepinfer.prompt_role import PromptRole
-from deepinfer_server.engines.deepinfer.role_settings import RoleSettings
+from deepinfer_server.engines.role_settings import RoleSettings
 
 
 def role_engine(base: type[Any], role: DisaggregationRole, settings: RoleSettings) -> type[Any]:

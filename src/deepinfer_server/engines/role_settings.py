@@ -1,4 +1,5 @@
-"""RoleSettings: what DeepInfer's PROMPT and COMPLETION engines read of the server's options."""
+"""RoleSettings: what a PROMPT or COMPLETION engine (DeepInfer's, or the simulated one) reads of
+the server's options."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ class RoleSettings:
 
     @classmethod
     def of(cls, spec: EngineSpec) -> RoleSettings:
+        """The settings `spec` gives its rank."""
         return cls(
             host=spec.disaggregation_host,
             ib_device=spec.disaggregation_ib_device,
