@@ -32,7 +32,7 @@ from deepinfer_server.engines.simulated.engine import LLMEngine
 from deepinfer_server.ipc.messages import Finish, RequestDelta
 from tests.lanes import require_disaggregation
 
-from .test_simulated_disaggregation import add, make
+from .test_simulated_disaggregation import add, make, role_settings
 
 require_disaggregation()
 pytestmark = pytest.mark.disaggregation
@@ -136,8 +136,9 @@ class Cluster:
         engine, driver = make(
             "prefill",
             engine_rank=rank,
-            disaggregation_bootstrap_port=self._bootstrap_port,
-            disaggregation_kv_hold_timeout=HOLD_TIMEOUT,
+            role=role_settings(
+                bootstrap_port=self._bootstrap_port, rank=rank, hold_timeout=HOLD_TIMEOUT
+            ),
             max_num_seqs=3,
         )
         return Side(engine, driver)
@@ -147,7 +148,7 @@ class Cluster:
             "decode",
             max_num_seqs=max_num_seqs,
             kv_blocks=kv_blocks,
-            disaggregation_transfer_timeout=TRANSFER_TIMEOUT,
+            role=role_settings(transfer_timeout=TRANSFER_TIMEOUT),
         )
         return Side(engine, driver)
 

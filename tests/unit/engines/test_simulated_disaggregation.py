@@ -3,9 +3,11 @@ them (Mooncake's Transfer Engine over loopback TCP), through the engine driver."
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import time
 from functools import cache
+from typing import Any
 
 import msgspec
 import pytest
@@ -13,6 +15,7 @@ import pytest
 from deepinfer_server.disaggregation.handoff.params import KVTransferParams
 from deepinfer_server.disaggregation.role import DisaggregationRole
 from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver
+from deepinfer_server.engines.role_settings import RoleSettings
 from deepinfer_server.engines.simulated.abilities import SimulatedAbilities
 from deepinfer_server.engines.simulated.collectives import new_lockstep_group
 from deepinfer_server.engines.simulated.engine import LLMEngine, SimEngineArgs
@@ -40,6 +43,20 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def role_settings(**changes: Any) -> RoleSettings:
+    """A rank's disaggregation settings on loopback, a free bootstrap port unless `changes`
+    give one."""
+    settings = RoleSettings(
+        host="127.0.0.1",
+        ib_device=None,
+        bootstrap_port=_free_port(),
+        rank=0,
+        hold_timeout=60.0,
+        transfer_timeout=30.0,
+    )
+    return dataclasses.replace(settings, **changes)
+
+
 def make(mode: str, **overrides: object) -> tuple[LLMEngine, LLMEngineDriver]:
     args = SimEngineArgs(
         tokenizer_json=_tokenizer_json(),
@@ -49,8 +66,7 @@ def make(mode: str, **overrides: object) -> tuple[LLMEngine, LLMEngineDriver]:
         max_model_len=4096,
         max_num_seqs=4,
         disaggregation_mode=DisaggregationRole(mode),
-        disaggregation_host="127.0.0.1",
-        disaggregation_bootstrap_port=_free_port(),
+        role=role_settings(),
     )
     for key, value in overrides.items():
         setattr(args, key, value)

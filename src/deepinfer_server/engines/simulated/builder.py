@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from deepinfer_server.engines.backend import BuiltEngine, EngineSpec, SharedState
 from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver
+from deepinfer_server.engines.role_settings import RoleSettings
 from deepinfer_server.engines.simulated.abilities import SimulatedAbilities
 from deepinfer_server.engines.simulated.backend import SimulatedOptions
 from deepinfer_server.engines.simulated.collectives import LockstepGroup
@@ -38,11 +39,7 @@ def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:
         enable_prefix_caching=spec.enable_prefix_caching,
         prefill_tokens_per_s=options.sim_prefill_tokens_per_s * spec.context_parallel_size,
         disaggregation_mode=spec.disaggregation_mode,
-        disaggregation_bootstrap_port=spec.disaggregation_bootstrap_port,
-        disaggregation_ib_device=spec.disaggregation_ib_device,
-        disaggregation_host=spec.disaggregation_host,
-        disaggregation_kv_hold_timeout=spec.disaggregation_kv_hold_timeout,
-        disaggregation_transfer_timeout=spec.disaggregation_transfer_timeout,
+        role=RoleSettings.of(spec),
     )
     engine = LLMEngine.from_engine_args(args)
     return BuiltEngine(

@@ -36,6 +36,7 @@ from deepinfer_server.disaggregation.handoff.params import KVTransferParams
 from deepinfer_server.disaggregation.role import DisaggregationRole
 from deepinfer_server.disaggregation.transfer.agent import TransferAgent
 from deepinfer_server.disaggregation.transfer.stats import TransferStats
+from deepinfer_server.engines.role_settings import RoleSettings
 from deepinfer_server.engines.simulated.admission import Admission
 from deepinfer_server.engines.simulated.collectives import Ballot, LockstepGroup, Tally
 from deepinfer_server.engines.simulated.disaggregation import DecodeRole, PrefillRole
@@ -87,11 +88,8 @@ class SimEngineArgs:
     prefill_tokens_per_s: float = 0.0
     #: NULL (NORMAL), PREFILL (PROMPT) or DECODE (COMPLETION): `disaggregation.py`.
     disaggregation_mode: DisaggregationRole = DisaggregationRole.NULL
-    disaggregation_bootstrap_port: int = 8998
-    disaggregation_ib_device: str | None = None
-    disaggregation_host: str = "127.0.0.1"
-    disaggregation_kv_hold_timeout: float = 60.0
-    disaggregation_transfer_timeout: float = 30.0
+    #: What a PREFILL or DECODE engine's transfer reads (needed with either).
+    role: RoleSettings | None = None
 
 
 class LLMEngine:
@@ -148,15 +146,18 @@ class LLMEngine:
 
     def _start_role(self, args: SimEngineArgs) -> None:
         """A PROMPT or COMPLETION engine: its transfer agent and its role's state."""
-        agent = TransferAgent(args.disaggregation_host, args.disaggregation_ib_device)
+        role = args.role
+        if role is None:
+            raise ValueError(f"a {args.disaggregation_mode} engine needs its role settings")
+        agent = TransferAgent(role.host, role.ib_device)
         if args.disaggregation_mode is DisaggregationRole.PREFILL:
             self._prefill = PrefillRole(
                 self._kv,
                 self._cache.slots,
                 agent,
-                args.disaggregation_bootstrap_port,
+                role.bootstrap_port,
                 args.engine_rank,
-                args.disaggregation_kv_hold_timeout,
+                role.hold_timeout,
             )
             self._table.on_finish = self._prefill.hold
         else:
@@ -165,7 +166,7 @@ class LLMEngine:
                 self._generator,
                 agent,
                 args.max_num_seqs,
-                args.disaggregation_transfer_timeout,
+                role.transfer_timeout,
             )
 
     @classmethod
