@@ -9,8 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from deepinfer_server.protocol.core.json_types import JsonObject
-from deepinfer_server.protocol.core.recipe import RecipeContext
-from deepinfer_server.protocol.core.stream_output import PreparedRequest, RecipeOutput
+from deepinfer_server.protocol.core.stream_output import RecipeOutput
 
 
 def named_event(name: str | None, data: str) -> str:
@@ -21,17 +20,10 @@ def named_event(name: str | None, data: str) -> str:
 class NamedEventOutput(RecipeOutput):
     """Engine tokens in, named SSE events (or one JSON body) out."""
 
-    def __init__(
-        self,
-        generator: Any,
-        response_type: Any,
-        response_id: str,
-        prepared: PreparedRequest,
-        recipe: RecipeContext,
-    ) -> None:
-        """`generator` is the protocol's recipe chunk generator for this request."""
-        super().__init__(generator, response_type, response_id, prepared, recipe)
-        self._event_name = response_type.sse_event_name
+    def _event_name(self, chunk: Any) -> str | None:
+        """The SSE event name of one recipe chunk."""
+        name: str | None = self._response_type.sse_event_name(chunk)
+        return name
 
     def _finish_of(self, chunk: JsonObject) -> str | None:
         """Messages: the `message_delta`'s stop_reason; Responses: the final response's

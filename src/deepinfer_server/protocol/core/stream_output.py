@@ -119,6 +119,7 @@ class RecipeOutput:
             )
         options = prepared.request.parsing_options
         self._processor = StreamProcessor(generator, options, recipe.tokenizer)
+        self._response_type = response_type
         self._response = response
         self._prompt_tokens = prompt_tokens
         self._ends_inside = ends_inside_output(options)

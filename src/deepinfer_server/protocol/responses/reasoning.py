@@ -195,7 +195,7 @@ class ReasoningItems:
         """Whether the event must be rewritten (every event, once sequence numbers shift)."""
         return self._asked.summary or name in _ITEM_EVENTS or name in _RESPONSE_EVENTS
 
-    def event(self, name: str, event: JsonObject) -> list[JsonObject]:
+    def event(self, name: str | None, event: JsonObject) -> list[JsonObject]:
         """The events that replace one stream event."""
         events = [event]
         if name == "response.output_item.added" and event["item"].get("type") == "reasoning":
