@@ -406,3 +406,26 @@ def test_reasoning_blobs_are_not_stored_but_sealed_on_reading(tmp_path: Path) ->
         assert sealed.encrypted_content  # type: ignore[union-attr]
 
     run_stored(tmp_path, test)
+
+
+@pytest.mark.parametrize("after", [str(2**63), "99999999999999999999999", "-2", "1.5", "x"])
+def test_a_starting_after_out_of_range_is_a_400_naming_it(tmp_path: Path, after: str) -> None:
+    async def test(h: Harness) -> None:
+        body = {"model": MODEL, "input": "Hi", "background": True, "stream": True}
+        created = await h.client.post("/v1/responses", json=body)
+        assert created.status_code == 200
+        response_id = _events(created.text.split("\n\n")[:1])[0]["response"]["id"]
+        reply = await h.client.get(
+            f"/v1/responses/{response_id}", params={"stream": "true", "starting_after": after}
+        )
+        assert reply.status_code == 400
+        error = reply.json()["error"]
+        assert error["param"] == "starting_after"
+        assert error["type"] == "invalid_request_error"
+        last = await h.client.get(
+            f"/v1/responses/{response_id}",
+            params={"stream": "true", "starting_after": str(2**63 - 1)},
+        )
+        assert last.status_code == 200
+
+    run_stored(tmp_path, test)

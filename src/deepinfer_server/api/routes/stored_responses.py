@@ -33,6 +33,7 @@ from deepinfer_server.services.background_runs import cancel, lost, resume
 from deepinfer_server.store import BrokenHistory, ResponseStore
 
 _NO_STORE_HINT = " This server stores no responses (--response-store none)."
+_MAX_SEQUENCE_NUMBER = 2**63 - 1
 
 
 def _store(request: Request, response_id: str) -> ResponseStore:
@@ -96,11 +97,18 @@ def _starting_after(request: Request) -> int:
     if raw is None:
         return -1
     try:
-        return int(raw)
+        after = int(raw)
     except ValueError:
+        after = None
+    # -1 (before the first event) is the default; the store reads a signed 64-bit integer,
+    # beyond which the stream would fail after its 200
+    if after is None or not -1 <= after <= _MAX_SEQUENCE_NUMBER:
         raise BadRequestError(
-            "'starting_after' must be an event's sequence number", param="starting_after"
-        ) from None
+            "'starting_after' must be an event's sequence number (an integer from -1 to "
+            f"{_MAX_SEQUENCE_NUMBER})",
+            param="starting_after",
+        )
+    return after
 
 
 async def cancel_response(request: Request) -> Response:
