@@ -347,3 +347,65 @@ def test_a_turn_not_appended_is_told_to_the_client(tmp_path: Path) -> None:
             await store.close()
 
     run(body)
+
+
+_CALL = {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"}
+_OUTPUT = {"type": "function_call_output", "call_id": "call_1", "output": "42"}
+_USER = {"type": "message", "role": "user", "content": "Hi", "id": "msg_1"}
+
+
+@pytest.mark.parametrize(
+    ("first", "added", "index", "field"),
+    [
+        ([], [_USER, _OUTPUT], 1, "call_id"),
+        ([], [_USER, _OUTPUT, _CALL], 1, "call_id"),
+        ([_USER, _CALL, _OUTPUT], [_OUTPUT], 0, "call_id"),
+        ([_USER, _CALL], [_CALL], 0, "call_id"),
+        ([_USER], [{**_CALL, "call_id": None}], 0, "call_id"),
+        ([_USER], [_USER], 0, "id"),
+        ([], [_USER, {**_USER, "content": "Again"}], 1, "id"),
+    ],
+)
+def test_items_that_would_break_every_turn_are_refused_when_added(
+    tmp_path: Path,
+    first: list[dict[str, Any]],
+    added: list[dict[str, Any]],
+    index: int,
+    field: str,
+) -> None:
+    async def test(h: Harness) -> None:
+        created = await h.client.post("/v1/conversations", json={"items": first})
+        assert created.status_code == 200, created.text
+        conversation_id = created.json()["id"]
+        for path, items, at in [
+            ("/v1/conversations", first + added, len(first) + index),
+            (f"/v1/conversations/{conversation_id}/items", added, index),
+        ]:
+            response = await h.client.post(path, json={"items": items})
+            assert response.status_code == 400, response.text
+            error = response.json()["error"]
+            assert error["param"] == f"items[{at}].{field}"
+            assert error["type"] == "invalid_request_error"
+        listed = await h.client.get(f"/v1/conversations/{conversation_id}/items")
+        assert len(listed.json()["data"]) == len(first)  # nothing was added
+
+    run_stored(tmp_path, test)
+
+
+def test_a_tool_output_answering_a_call_already_in_the_conversation_is_added(
+    tmp_path: Path,
+) -> None:
+    async def test(h: Harness) -> None:
+        created = await h.client.post("/v1/conversations", json={"items": [_USER, _CALL]})
+        conversation_id = created.json()["id"]
+        added = await h.client.post(
+            f"/v1/conversations/{conversation_id}/items", json={"items": [_OUTPUT]}
+        )
+        assert added.status_code == 200, added.text
+        async with h.openai() as client:
+            turn = await client.responses.create(
+                model=MODEL, input="And?", conversation=conversation_id
+            )
+        assert turn.status == "completed"
+
+    run_stored(tmp_path, test)

@@ -21,6 +21,7 @@ from deepinfer_server.api.state import AppState
 from deepinfer_server.api.store_scope import request_scope
 from deepinfer_server.errors import BadRequestError, ErrorKind
 from deepinfer_server.protocol.responses.conversations import (
+    check_added_items,
     conversation_not_found,
     item_not_found,
     read_items,
@@ -59,6 +60,7 @@ async def create_conversation(request: Request) -> Response:
         raise BadRequestError(_NO_STORE, kind=ErrorKind.UNSUPPORTED)
     metadata = read_metadata(body.get("metadata"))
     items = read_items(body.get("items"))
+    check_added_items([], items)
     scope = await request_scope(request, state.store)
     conversation = await ConversationStore(state.store).create(scope, metadata, items)
     return json_answer(conversation.body())
@@ -110,6 +112,10 @@ async def create_items(request: Request) -> Response:
     body = await _body(request)
     conversations, scope, conversation_id = await _opened(request)
     items = read_items(body.get("items"), required=True)
+    stored = await conversations.items(scope, conversation_id, limit=None, order="asc")
+    if stored is None:
+        raise conversation_not_found(conversation_id)
+    check_added_items(stored.items, items)
     if not await conversations.append(scope, conversation_id, items, generated=False):
         raise conversation_not_found(conversation_id)
     return json_answer(list_page(items, False))

@@ -8,6 +8,7 @@ metadata of at most 16 string pairs (keys up to 64 characters, values up to 512)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from deepinfer_server.errors import BadRequestError, ErrorKind, StoredObjectNotFound
@@ -23,6 +24,10 @@ MAX_METADATA_PAIRS = 16
 MAX_METADATA_KEY = 64
 MAX_METADATA_VALUE = 512
 _ROLES = frozenset({"user", "assistant", "system", "developer"})
+#: The tool calls and the outputs answering them, paired by `call_id` as deepseek-recipe pairs
+#: them in a Responses request's input (any output may answer any call).
+_CALLS = frozenset({"function_call", "custom_tool_call", "tool_search_call"})
+_OUTPUTS = frozenset({"function_call_output", "custom_tool_call_output", "tool_search_output"})
 
 
 def read_conversation(body: JsonObject) -> str | None:
@@ -117,6 +122,48 @@ def _checked_item(item: Any, where: str) -> Item:
             )
     stored: Item = with_id(item)
     return stored
+
+
+def check_added_items(stored: Sequence[Item], added: Sequence[Item], param: str = "items") -> None:
+    """400 naming the first of the items `added` after those `stored` that would make every
+    turn on the conversation a 400: an item ID already in it, or a tool call or output the
+    recipe would refuse (a `call_id` missing or repeated, an output answering no call before
+    it or answering one already answered)."""
+    ids = {item.get("id") for item in stored}
+    calls: set[object] = set()
+    answered: set[object] = set()
+    for item in stored:
+        if item.get("type") in _CALLS:
+            calls.add(item.get("call_id"))
+        elif item.get("type") in _OUTPUTS:
+            answered.add(item.get("call_id"))
+    for index, item in enumerate(added):
+        where = f"{param}[{index}]"
+        if item.get("id") in ids:
+            raise BadRequestError(
+                f"{where}: item ID {item['id']!r} is already in the conversation",
+                param=f"{where}.id",
+            )
+        ids.add(item.get("id"))
+        kind, call_id = item.get("type"), item.get("call_id")
+        if kind not in _CALLS and kind not in _OUTPUTS:
+            continue
+        problem = _pairing_problem(kind in _CALLS, call_id, calls, answered)
+        if problem is not None:
+            raise BadRequestError(f"{where}: {problem}", param=f"{where}.call_id")
+        (calls if kind in _CALLS else answered).add(call_id)
+
+
+def _pairing_problem(
+    is_call: bool, call_id: object, calls: set[object], answered: set[object]
+) -> str | None:
+    if not isinstance(call_id, str):
+        return "'call_id' must be a string"
+    if is_call:
+        return f"Duplicate 'call_id': {call_id}." if call_id in calls else None
+    if call_id not in calls:
+        return f"No tool call found for tool output with call_id {call_id}."
+    return f"Duplicate tool output for call_id: {call_id}." if call_id in answered else None
 
 
 def conversation_not_found(conversation_id: str) -> StoredObjectNotFound:
