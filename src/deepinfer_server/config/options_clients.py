@@ -85,13 +85,16 @@ class StoreOptions:
         1024,
         "--response-store-max-mb",
         help="size cap of the whole store (responses and items as JSON) in MiB; past it the "
-        "oldest responses of the API keys storing the most are deleted (default: %(default)s)",
+        "oldest responses of the API keys storing the most are deleted. Files (/v1/files) "
+        "have a cap of this size too: an upload past it is refused with a 413 "
+        "(default: %(default)s)",
     )
     response_store_key_max_mb: int = int_option(
         256,
         "--response-store-key-max-mb",
         help="size cap of one API key's stored responses in MiB; past it that key's oldest are "
-        "deleted, never another key's. Without --api-key every request shares one scope, "
+        "deleted, never another key's; its files have a cap of this size too, and an upload "
+        "past it is refused with a 413. Without --api-key every request shares one scope, "
         "capped by --response-store-max-mb only (default: %(default)s)",
     )
     response_store_max_response_mb: int = int_option(

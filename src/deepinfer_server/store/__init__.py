@@ -7,7 +7,8 @@ blocks the event loop (aiosqlite runs SQLite on a thread of its own; psycopg is 
 One database (`root.StoreRoot`: opening it, the schema, the scope salt, failures as 503s and
 /health's view of them), whose root is the `ResponseStore` the API keeps (`state.store`). Every
 row belongs to a scope (one API key) and lives for the store's time to live; responses and
-conversations also count their bytes against per-scope caps, evicted fairly (`scoped.py`).
+conversations also count their bytes against per-scope caps, evicted fairly (`scoped.py`);
+files count theirs against caps of the same sizes, which refuse an upload instead (`files.py`).
 Rows a process works on for a while are held under a lease (`lease.py`).
 
 To add a store-backed object:

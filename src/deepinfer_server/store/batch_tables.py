@@ -65,8 +65,8 @@ BATCH_TABLES = (
     "CREATE INDEX IF NOT EXISTS batch_lines_by_owner ON batch_lines (claimed_by)",
 )
 
-#: Files live for the store's time to live. Their `bytes` are counted, so a per-key cap can be
-#: given to `evict` (none is, by default).
+#: Files live for the store's time to live. Their `bytes` count against the store's caps, which
+#: refuse an upload past them (`files.FileStore.upload_file`); they are never evicted for room.
 FILES = ScopedTable("files")
 #: Batches live for the store's time to live once ended (one still at work is kept whatever its
 #: age: its completion window ends it); their lines go with them.

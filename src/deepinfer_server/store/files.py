@@ -1,6 +1,12 @@
 """FileStore: OpenAI's Files (uploads, and batches' output and error files), on the store's
 database (table `files` in `batch_tables.py`, a scoped table: `FILES`), the same on SQLite and
-PostgreSQL."""
+PostgreSQL.
+
+Uploads count against the store's byte caps (`StoreRoot.caps`: one API key's files at most
+`scope_max_bytes`, every key's at most `max_bytes`), but are never evicted to make room (a
+batch may be reading its input file): an upload that would pass a cap is refused instead
+(`upload_file`), checked in the same statement that stores it. Batches' output and error
+files count too, and are always stored (the work is done)."""
 
 from __future__ import annotations
 
@@ -31,6 +37,51 @@ class FileStore(Operations):
         async with self._store.connection("store a file", write=True):
             await self._db.write([file_step(scope, row, content)])
         return row
+
+    async def upload_room(self, scope: str) -> int:
+        """How many more bytes of files `scope` may upload under the caps (0 when full)."""
+        caps = self._store.caps
+        async with self._store.connection("read the files' sizes"):
+            rows = await self._db.fetch(
+                "SELECT COALESCE(SUM(bytes), 0), COALESCE(SUM(CASE WHEN scope = ? THEN bytes "
+                "ELSE 0 END), 0) FROM files",
+                (scope,),
+            )
+        every, mine = int(rows[0][0]), int(rows[0][1])
+        return max(0, min(caps.max_bytes - every, caps.scope_max_bytes - mine))
+
+    async def upload_file(
+        self, scope: str, purpose: str, filename: str, content: str
+    ) -> FileRow | None:
+        """Store an uploaded file if it fits under the caps (module docstring): the row
+        stored, or None (nothing written) when it would pass one."""
+        caps = self._store.caps
+        row = FileRow(
+            f"file-{uuid.uuid4().hex}", time.time(), purpose, filename, len(content.encode())
+        )
+        step = Step(
+            "INSERT INTO files (id, scope, created_at, purpose, filename, bytes, content) "
+            "SELECT ?, ?, ?, ?, ?, ?, ? WHERE "
+            "(SELECT COALESCE(SUM(bytes), 0) FROM files WHERE scope = ?) + ? <= ? AND "
+            "(SELECT COALESCE(SUM(bytes), 0) FROM files) + ? <= ?",
+            (
+                row.id,
+                scope,
+                row.created_at,
+                purpose,
+                filename,
+                row.bytes,
+                content,
+                scope,
+                row.bytes,
+                caps.scope_max_bytes,
+                row.bytes,
+                caps.max_bytes,
+            ),
+        )
+        async with self._store.connection("store a file", write=True):
+            changed = await self._db.write([step])
+        return row if changed[0] > 0 else None
 
     async def files(
         self, scope: str, purpose: str | None, after: str | None, limit: int

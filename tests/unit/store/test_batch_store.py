@@ -139,3 +139,31 @@ def test_files_and_ended_batches_are_evicted_after_the_time_to_live(store_url_of
         assert await store.results(batch_id) == []
 
     run_with_store(store_url_of(), body)  # type: ignore[operator]
+
+
+def test_uploads_past_a_cap_are_refused_and_nothing_is_evicted(store_url_of: object) -> None:
+    async def body(responses: ResponseStore) -> None:
+        store = BatchStore(responses)
+        first = await store.upload_file("k1", "batch", "a.jsonl", "a" * 300)
+        assert first is not None
+        assert await store.upload_file("k1", "batch", "b.jsonl", "b" * 200) is None
+        assert await store.upload_room("k1") == 100
+        # A batch's output file counts, and is stored whatever the caps.
+        await store.add_file("k1", "batch_output", "out.jsonl", "o" * 150, "file-out")
+        assert await store.upload_room("k1") == 0
+        assert await store.upload_file("k2", "batch", "c.jsonl", "c" * 400) is not None
+        # The whole store's cap (1000) leaves another key 150 of its 400.
+        assert await store.upload_room("k3") == 150
+        assert await store.upload_file("k3", "batch", "d.jsonl", "d" * 151) is None
+        assert await store.upload_file("k3", "batch", "d.jsonl", "d" * 150) is not None
+        assert await store.evict(time.time() - 60) == 0  # full, yet nothing goes
+        assert await store.file_content("k1", first.id) == "a" * 300
+        assert await store.delete_file("k1", first.id)
+        assert await store.upload_room("k1") == 250
+
+    run_with_store(
+        store_url_of(),  # type: ignore[operator]
+        body,
+        max_bytes=1000,
+        scope_max_bytes=400,
+    )

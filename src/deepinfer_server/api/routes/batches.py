@@ -2,9 +2,10 @@
 (`/v1/batches`), on the Responses store; the work is `services/batch_runner.py`'s.
 
 Scoped like stored responses (`api.store_scope.request_scope`): another API key's file or
-batch is a 404. Limits (per API key): `--batch-max-file-mb` (413), `--batch-max-lines` (400),
-`--batch-max-active` unfinished batches (429). Without a store (`--response-store none`) every
-route is a 400 that says so.
+batch is a 404. Limits (per API key): `--batch-max-file-mb` (413), the store's byte caps on
+the key's files and on every key's (413, `_QUOTA`: refused, never evicted), `--batch-max-lines`
+(400), `--batch-max-active` unfinished batches (429). Without a store (`--response-store none`)
+every route is a 400 that says so.
 """
 
 from __future__ import annotations
@@ -47,6 +48,11 @@ Found = TypeVar("Found")
 
 #: Room for the multipart framing and the other fields around a file of the largest size.
 _FORM_SLACK = 64 * 1024
+#: What bounds the files kept, in an upload's 413 when they are full.
+_QUOTA = (
+    "its files may take --response-store-key-max-mb and every key's --response-store-max-mb, "
+    "and are never deleted to make room; delete files it no longer needs (DELETE /v1/files/{id})"
+)
 #: The purposes of the files this server stores: batch input files (it writes the others).
 _UPLOAD_PURPOSES = ("batch",)
 
@@ -85,9 +91,44 @@ async def create_file(request: Request) -> Response:
             kind=ErrorKind.UNSUPPORTED_MEDIA_TYPE,
         )
     limit = state.config.batch_max_file_mb * 1024 * 1024
-    raw = await read_body(
-        request, limit + _FORM_SLACK, state.config.body_read_timeout, state.receiving
+    purpose, filename, data = await _form_file(
+        request, await _upload_body(request, runner.store, scope, limit)
     )
+    if len(data) > limit:
+        raise RequestTooLargeError(
+            f"the file is {len(data)} bytes; this server takes batch input files of at most "
+            f"{limit} bytes (--batch-max-file-mb)",
+            param="file",
+        )
+    try:
+        content = data.decode()
+    except UnicodeDecodeError:
+        raise BadRequestError("a batch input file must be UTF-8 JSONL", param="file") from None
+    row = await runner.store.upload_file(scope, str(purpose), filename, content)
+    if row is None:
+        raise _quota_full(len(data))
+    return json_answer(file_object(row))
+
+
+async def _upload_body(request: Request, store: BatchStore, scope: str, limit: int) -> bytes:
+    """The upload's whole body, refused (413) as soon as it cannot fit under `limit` or in the
+    room `scope`'s files have left: before it is read, or once it passes that room."""
+    state: AppState = request.app.state.server
+    room = await store.upload_room(scope)
+    if room == 0:
+        raise _quota_full(None)
+    try:
+        return await read_body(
+            request, min(limit, room) + _FORM_SLACK, state.config.body_read_timeout, state.receiving
+        )
+    except RequestTooLargeError:
+        if room >= limit:
+            raise
+        raise _quota_full(None) from None
+
+
+async def _form_file(request: Request, raw: bytes) -> tuple[str, str, bytes]:
+    """The upload's purpose, file name and content, from its multipart body `raw`."""
 
     async def replay() -> Message:
         return {"type": "http.request", "body": raw, "more_body": False}
@@ -102,20 +143,18 @@ async def create_file(request: Request) -> Response:
             )
         if not isinstance(upload, UploadFile):
             raise BadRequestError("the form has no `file`", param="file")
-        data = await upload.read()
-        filename = upload.filename or "upload.jsonl"
-    if len(data) > limit:
-        raise RequestTooLargeError(
-            f"the file is {len(data)} bytes; this server takes batch input files of at most "
-            f"{limit} bytes (--batch-max-file-mb)",
-            param="file",
-        )
-    try:
-        content = data.decode()
-    except UnicodeDecodeError:
-        raise BadRequestError("a batch input file must be UTF-8 JSONL", param="file") from None
-    row = await runner.store.add_file(scope, str(purpose), filename, content)
-    return json_answer(file_object(row))
+        return str(purpose), upload.filename or "upload.jsonl", await upload.read()
+
+
+def _quota_full(size: int | None) -> RequestTooLargeError:
+    """The 413 of an upload that does not fit in what the store may still keep of files (of
+    `size` bytes, when it is known)."""
+    what = "the file" if size is None else f"the file of {size} bytes"
+    return RequestTooLargeError(
+        f"{what} does not fit in this API key's file storage: {_QUOTA}",
+        param="file",
+        code="file_storage_full",
+    )
 
 
 async def list_files(request: Request) -> Response:
