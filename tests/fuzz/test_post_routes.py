@@ -93,7 +93,7 @@ def _warm_up_the_grammar_compiler(server: LiveServer) -> None:
     assert response.status_code == 200, response.text
 
 
-#: The document the server serves (tests/api/test_openapi.py checks that it is this one, and
+#: The document the server serves (tests/http/test_openapi.py checks that it is this one, and
 #: test_the_server_serves_the_document_fuzzed here checks it for the live server).
 schema = schemathesis.openapi.from_dict(
     openapi_document(SERVED_MODEL_NAMES, ROUTES),

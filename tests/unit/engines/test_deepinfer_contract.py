@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from deepinfer_server.engines.deepinfer.add_request import add_request_args
 from deepinfer_server.engines.simulated.sampling_params import SamplingParams
 from tests.checkpoint import write_checkpoint
 from tests.deepinfer_twin.runner import run_in_twin
@@ -131,3 +132,22 @@ def test_simulated_sampling_params_match_the_source_release() -> None:
         _reference_source("deepinfer/sampling_params.py"), "SamplingParams", "__init__"
     )
     assert ["self", *inspect.signature(SamplingParams).parameters] == real
+
+
+def test_the_subclasses_pass_on_every_add_request_argument_of_the_source_release() -> None:
+    """The prefix cache's and the roles' `add_request` hand DeepInfer's arguments on by position
+    (`add_request_args`): its parameters and defaults must be the release's, in its order."""
+    module = _reference_source("deepinfer/engine/llm_engine.py")
+    assert _init_parameters(module, "LLMEngine", "add_request") == [
+        "self",
+        *inspect.signature(add_request_args).parameters,
+    ]
+    cls = next(n for n in module.body if isinstance(n, ast.ClassDef) and n.name == "LLMEngine")
+    func = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "add_request")
+    defaults = [ast.literal_eval(default) for default in func.args.defaults]
+    ours = [
+        parameter.default
+        for parameter in inspect.signature(add_request_args).parameters.values()
+        if parameter.default is not inspect.Parameter.empty
+    ]
+    assert ours == defaults
