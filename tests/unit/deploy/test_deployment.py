@@ -20,6 +20,7 @@ import yaml
 
 from deepinfer_server.cli import parse_config
 from deepinfer_server.config import ResolvedConfig
+from tests.lanes import import_lane
 from tests.paths import REPO
 from tests.server import LiveServer, refusing_port
 
@@ -27,6 +28,10 @@ ROOT = REPO
 DOCKERFILE = ROOT / "Dockerfile"
 ENTRYPOINT = ROOT / "docker" / "entrypoint.sh"
 BACKEND_YAML = ROOT / "gpustack-deepinfer-server-backend.yaml"
+GPUSTACK_REASON = (
+    "needs GPUStack (pip install '.[test,gpustack]' in a venv without the grammar extra: "
+    "GPUStack pins a newer transformers; Python < 3.13)"
+)
 
 # Keys GPUStack 2.3.0's POST /v2/inference-backends/from-yaml keeps (routes/inference_backend.py).
 IMPORT_KEYS = {
@@ -368,12 +373,10 @@ def test_gpustack_packaged_deepinfer_entry_flags_parse() -> None:
     assert config.engine_options.gpu_memory_utilization == 0.85  # type: ignore[attr-defined]
 
 
+@pytest.mark.gpustack
 def test_backend_validates_with_gpustacks_own_classes(backend: dict[str, Any]) -> None:
-    schemas = pytest.importorskip(
-        "gpustack.schemas.inference_backend",
-        reason="gpustack is not installed (optional: pip install '.[gpustack]', Python < 3.13)",
-    )
-    routes = pytest.importorskip("gpustack.routes.inference_backend")
+    schemas = import_lane("gpustack", "gpustack.schemas.inference_backend", GPUSTACK_REASON)
+    routes = import_lane("gpustack", "gpustack.routes.inference_backend", GPUSTACK_REASON)
     data = {key: backend[key] for key in IMPORT_KEYS if key in backend}
     data["version_configs"] = schemas.VersionConfigDict(
         root={name: schemas.VersionConfig(**cfg) for name, cfg in data["version_configs"].items()}
