@@ -281,8 +281,9 @@ def test_stream_interval_sends_fewer_chunks_with_the_same_answer(client: openai.
     expected_text, every_token = stream(client)
     # A chunk a step with the default interval, each counting the tokens so far. Steps that
     # reach the API process together share one write by design (coordinator/handle.py), which
-    # a loaded machine does now and then (CI saw 7 then 9).
-    assert every_token[0] == 1 and every_token[-1] == 9, every_token
+    # a loaded machine does now and then, the first write included (CI saw 7 then 9; a run
+    # beside other work opened with 3).
+    assert every_token[-1] == 9, every_token
     assert every_token == sorted(set(every_token)), every_token
     assert len(every_token) > 3, every_token  # more than --stream-interval 4 sends below
     with (
@@ -291,8 +292,8 @@ def test_stream_interval_sends_fewer_chunks_with_the_same_answer(client: openai.
     ):
         text, counts = stream(batched)
     assert text == expected_text
-    # The first token at once, then a chunk once four are waiting (more when steps arrive
+    # The first token(s) at once, then a chunk once four are waiting (more when steps arrive
     # together), the rest at the end.
-    assert counts[0] == 1 and counts[-1] == 9 and len(counts) <= 3
+    assert counts[-1] == 9 and len(counts) <= 3, counts
     gaps = [later - earlier for earlier, later in itertools.pairwise(counts)]
     assert all(gap >= 4 for gap in gaps[:-1])
