@@ -22,3 +22,8 @@ def int_option(default: int | None, *flags: str, help: str) -> Any:
 def float_option(default: float, *flags: str, help: str) -> Any:
     """An option that takes a number (seconds, a share)."""
     return option(default, *flags, help=help, type=float)
+
+
+def flag_option(*flags: str, help: str) -> Any:
+    """An on/off option: off unless its flag is given."""
+    return option(False, *flags, help=help, action="store_true")

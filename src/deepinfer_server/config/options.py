@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from deepinfer_server.config.option_field import option
+from deepinfer_server.config.option_field import flag_option, float_option, int_option, option
 from deepinfer_server.config.options_clients import ClientOptions, StoreOptions
 from deepinfer_server.config.options_engine import PlacementOptions, SchedulingOptions
 from deepinfer_server.config.options_http import HttpOptions
@@ -36,14 +36,12 @@ class ServerConfig(
     engine backend): the option groups' fields, then logs, processes, disaggregation and the
     load format's."""
 
-    disable_access_log: bool = option(
-        False, "--disable-access-log", help="do not log one line per request", action="store_true"
+    disable_access_log: bool = flag_option(
+        "--disable-access-log", help="do not log one line per request"
     )
-    log_requests: bool = option(
-        False,
+    log_requests: bool = flag_option(
         "--log-requests",
         help="also log each request's body (prompts included); off by default",
-        action="store_true",
     )
     log_level: str = option(
         "info",
@@ -51,26 +49,23 @@ class ServerConfig(
         help="log level (default: %(default)s)",
         choices=["critical", "error", "warning", "info", "debug"],
     )
-    shutdown_timeout: float = option(
+    shutdown_timeout: float = float_option(
         0.0,
         "--shutdown-timeout",
         help="on SIGTERM, seconds in-flight requests may still finish (default: %(default)s)",
-        type=float,
     )
-    api_server_count: int = option(
+    api_server_count: int = int_option(
         1,
         "--api-server-count",
         help="HTTP server processes sharing the port, all driving the same DP ranks; admission, "
         "routing, /health, /metrics and shutdown stay global (default: %(default)s)",
-        type=int,
     )
-    stream_interval: int = option(
+    stream_interval: int = int_option(
         1,
         "--stream-interval",
         help="tokens per streamed chunk: the first token is sent at once, then a chunk once this "
         "many tokens are waiting, and the rest at the end; more tokens per chunk cost the HTTP "
         "process less CPU per token, at the price of less smooth streaming (default: %(default)s)",
-        type=int,
     )
     disaggregation_mode: DisaggregationRole = option(  # noqa: RUF009 - a field, as every option
         DisaggregationRole.NULL,
@@ -90,12 +85,11 @@ class ServerConfig(
         "(default: %(default)s)",
         choices=["mooncake"],
     )
-    disaggregation_bootstrap_port: int = option(
+    disaggregation_bootstrap_port: int = int_option(
         8998,
         "--disaggregation-bootstrap-port",
         help="prefill server: DP rank r listens on this port + r for decode servers' release "
         "notices and health probes (default: %(default)s)",
-        type=int,
     )
     disaggregation_ib_device: str | None = option(
         None,
@@ -110,19 +104,17 @@ class ServerConfig(
         "bootstrap port at (default: --host, or this machine's address when --host is a "
         "wildcard)",
     )
-    disaggregation_kv_hold_timeout: float = option(
+    disaggregation_kv_hold_timeout: float = float_option(
         60.0,
         "--disaggregation-kv-hold-timeout",
         help="prefill server: seconds a prefilled request's KV is held for a decode server "
         "that never pulls it (default: %(default)s)",
-        type=float,
     )
-    disaggregation_transfer_timeout: float = option(
+    disaggregation_transfer_timeout: float = float_option(
         30.0,
         "--disaggregation-transfer-timeout",
         help="decode server: seconds a request may wait for KV room and its pull together "
         "before it fails with a 503 (default: %(default)s)",
-        type=float,
     )
     get_load_format: Literal["vllm", "sglang"] = option(
         "vllm",

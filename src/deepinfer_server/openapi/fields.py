@@ -65,6 +65,13 @@ JSON_SCHEMA: Schema = {
     "anyOf": [{"type": "object"}, {"type": "boolean"}, {"type": "string"}],
     "description": "A JSON Schema (an object, a boolean, or its JSON text)",
 }
+#: A function tool's fields: Chat's `function` object, and a Responses tool beside its `type`.
+FUNCTION_FIELDS: dict[str, Schema] = {
+    "name": string(minLength=1),
+    "description": string(),
+    "parameters": JSON_SCHEMA,
+    "strict": boolean(),
+}
 STOP = one_of(
     string(minLength=1), array(string(minLength=1), 1, MAX_STOP_SEQUENCES), {"type": "null"}
 )

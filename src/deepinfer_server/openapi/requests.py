@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from deepinfer_server.openapi.fields import (
     CHAT_ROLES,
+    FUNCTION_FIELDS,
     JSON_SCHEMA,
     KV_TRANSFER_PARAMS,
     LOGIT_BIAS,
@@ -73,15 +74,7 @@ def _openai_body(properties: dict[str, Schema], required: tuple[str, ...]) -> Sc
     return body
 
 
-_FUNCTION = obj(
-    {
-        "name": string(minLength=1),
-        "description": string(),
-        "parameters": JSON_SCHEMA,
-        "strict": boolean(),
-    },
-    ("name",),
-)
+_FUNCTION = obj(FUNCTION_FIELDS, ("name",))
 _CHAT_TOOL = obj({"type": string(enum=["function"]), "function": _FUNCTION}, ("function",))
 _CHAT_TOOL_CHOICE = one_of(
     string(enum=["auto", "none", "required"]),

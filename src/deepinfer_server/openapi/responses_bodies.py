@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from deepinfer_server.openapi.fields import (
     ANY_OBJECT,
+    FUNCTION_FIELDS,
     JSON_SCHEMA,
     KV_TRANSFER_PARAMS,
     MODEL,
@@ -31,10 +32,7 @@ from deepinfer_server.protocol.responses.request import INPUT_ITEM_TYPES, Respon
 _RESPONSES_TOOL = obj(
     {
         "type": string(description="function, or a tool type deepseek-recipe supports"),
-        "name": string(minLength=1),
-        "description": string(),
-        "parameters": JSON_SCHEMA,
-        "strict": boolean(),
+        **FUNCTION_FIELDS,
     },
     ("type",),
 )

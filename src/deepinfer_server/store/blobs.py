@@ -10,6 +10,7 @@ replaced by `REFERENCE` and its content hash; the store keeps each such blob onc
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
 #: Smaller data URLs stay inline (a reference would save nothing).
@@ -17,24 +18,38 @@ MIN_BYTES = 4096
 REFERENCE = "deepinfer-blob:sha256:"
 
 
+def _image_url(item: dict[str, Any]) -> str | None:
+    """The URL of an `input_image` part (None: not one, or without a URL)."""
+    url = item.get("image_url")
+    return url if item.get("type") == "input_image" and isinstance(url, str) else None
+
+
+def _with_image_urls(item: Any, replace: Callable[[str], str | None]) -> Any:
+    """The item rebuilt with each `input_image` part's URL that `replace` maps (None: the part
+    kept as it is)."""
+    if isinstance(item, list):
+        return [_with_image_urls(value, replace) for value in item]
+    if not isinstance(item, dict):
+        return item
+    url = _image_url(item)
+    new_url = None if url is None else replace(url)
+    if new_url is not None:
+        return {**item, "image_url": new_url}
+    return {key: _with_image_urls(value, replace) for key, value in item.items()}
+
+
 def extract(item: Any, blobs: dict[str, str]) -> Any:
     """The item with its inline images replaced by references, each blob added to `blobs`
     (by content hash)."""
-    if isinstance(item, list):
-        return [extract(value, blobs) for value in item]
-    if not isinstance(item, dict):
-        return item
-    url = item.get("image_url")
-    if (
-        item.get("type") == "input_image"
-        and isinstance(url, str)
-        and url.startswith("data:")
-        and len(url) >= MIN_BYTES
-    ):
+
+    def reference(url: str) -> str | None:
+        if not url.startswith("data:") or len(url) < MIN_BYTES:
+            return None
         digest = hashlib.sha256(url.encode()).hexdigest()
         blobs[digest] = url
-        return {**item, "image_url": REFERENCE + digest}
-    return {key: extract(value, blobs) for key, value in item.items()}
+        return REFERENCE + digest
+
+    return _with_image_urls(item, reference)
 
 
 def references(item: Any, found: set[str]) -> set[str]:
@@ -43,8 +58,8 @@ def references(item: Any, found: set[str]) -> set[str]:
         for value in item:
             references(value, found)
     elif isinstance(item, dict):
-        url = item.get("image_url")
-        if item.get("type") == "input_image" and isinstance(url, str) and url.startswith(REFERENCE):
+        url = _image_url(item)
+        if url is not None and url.startswith(REFERENCE):
             found.add(url.removeprefix(REFERENCE))
         for value in item.values():
             references(value, found)
@@ -53,12 +68,8 @@ def references(item: Any, found: set[str]) -> set[str]:
 
 def inflate(item: Any, blobs: dict[str, str]) -> Any:
     """The item with each reference to a blob in `blobs` replaced by its data URL."""
-    if isinstance(item, list):
-        return [inflate(value, blobs) for value in item]
-    if not isinstance(item, dict):
-        return item
-    url = item.get("image_url")
-    if item.get("type") == "input_image" and isinstance(url, str) and url.startswith(REFERENCE):
-        data = blobs.get(url.removeprefix(REFERENCE))
-        return item if data is None else {**item, "image_url": data}
-    return {key: inflate(value, blobs) for key, value in item.items()}
+
+    def data_url(url: str) -> str | None:
+        return blobs.get(url.removeprefix(REFERENCE)) if url.startswith(REFERENCE) else None
+
+    return _with_image_urls(item, data_url)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from deepinfer_server.store.blobs import extract, inflate, references
-from deepinfer_server.store.database import Database, Step
+from deepinfer_server.store.database import Step
 from deepinfer_server.store.records import Item, JsonObject, NewResponse, ResponseTooLarge
 from deepinfer_server.store.root import StoreRoot
 
@@ -36,22 +36,7 @@ class _Encoded:
 
 
 class ResponseRows(StoreRoot):
-    """The store root with the responses' writes; `response_max_bytes`: the largest response
-    stored (default: a scope's cap)."""
-
-    def __init__(
-        self,
-        database: Database,
-        *,
-        ttl: float,
-        max_bytes: int,
-        scope_max_bytes: int | None = None,
-        response_max_bytes: int | None = None,
-    ) -> None:
-        super().__init__(database, ttl=ttl, max_bytes=max_bytes, scope_max_bytes=scope_max_bytes)
-        self.response_max_bytes = (
-            self.scope_max_bytes if response_max_bytes is None else response_max_bytes
-        )
+    """The store root with the responses' writes (within its `response_max_bytes`)."""
 
     def check_size(self, size: int) -> None:
         """Raise ResponseTooLarge when a response of `size` bytes would not be stored."""

@@ -28,7 +28,8 @@ logger = logging.getLogger(__name__)
 class StoreRoot:
     """The database of every API server process (and replica) that shares `database`, with
     the store's time to live (`ttl`, seconds) and byte caps (`max_bytes`: the whole store's,
-    `scope_max_bytes`: one scope's, by default the whole store's), shared by its tables."""
+    `scope_max_bytes`: one scope's, by default the whole store's; `response_max_bytes`: the
+    largest response stored, by default a scope's cap), shared by its tables."""
 
     def __init__(
         self,
@@ -37,11 +38,15 @@ class StoreRoot:
         ttl: float,
         max_bytes: int,
         scope_max_bytes: int | None = None,
+        response_max_bytes: int | None = None,
     ) -> None:
         self._db = database
         self.ttl = ttl
         self.max_bytes = max_bytes
         self.scope_max_bytes = max_bytes if scope_max_bytes is None else scope_max_bytes
+        self.response_max_bytes = (
+            self.scope_max_bytes if response_max_bytes is None else response_max_bytes
+        )
         self._ready = False
         self._salt: bytes | None = None
         #: The last failure of a read and of a write, until one of the same kind succeeds.

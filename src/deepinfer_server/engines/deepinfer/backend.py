@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import psutil
 
-from deepinfer_server.config.options import option
+from deepinfer_server.config.option_field import flag_option, float_option
 from deepinfer_server.config.resolved import SPECULATIVE_TOKENS_VARIABLE
 from deepinfer_server.engines.backend import EngineBackend
 from deepinfer_server.engines.deepinfer.environment import (
@@ -35,23 +35,18 @@ if TYPE_CHECKING:
 class DeepInferOptions:
     """Options only the DeepInfer engine reads."""
 
-    gpu_memory_utilization: float = option(
+    gpu_memory_utilization: float = float_option(
         0.9,
         "--gpu-memory-utilization",
         help="fraction of GPU memory DeepInfer may use (default: %(default)s)",
-        type=float,
     )
-    trust_remote_code: bool = option(
-        False,
+    trust_remote_code: bool = flag_option(
         "--trust-remote-code",
         help="allow the checkpoint's own tokenizer code (passed to the engine)",
-        action="store_true",
     )
-    disable_log_stats: bool = option(
-        False,
+    disable_log_stats: bool = flag_option(
         "--disable-log-stats",
         help="turn off DeepInfer's periodic engine statistics log",
-        action="store_true",
     )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from deepinfer_server.config.options import option
+from deepinfer_server.config.option_field import flag_option, float_option, int_option, option
 from deepinfer_server.engines.backend import EngineBackend, SharedState
 from deepinfer_server.engines.simulated.collectives import new_lockstep_group
 from deepinfer_server.errors import ConfigError
@@ -21,31 +21,26 @@ if TYPE_CHECKING:
 class SimulatedOptions:
     """Options only the simulated engine reads."""
 
-    sim_ttft_ms: float = option(
+    sim_ttft_ms: float = float_option(
         20.0,
         "--sim-ttft-ms",
         help="simulated engine: delay before each request's first token (default: %(default)s)",
-        type=float,
     )
-    sim_itl_ms: float = option(
+    sim_itl_ms: float = float_option(
         10.0,
         "--sim-itl-ms",
         help="simulated engine: duration of every engine step (default: %(default)s)",
-        type=float,
     )
-    sim_tokens_per_step: int = option(
+    sim_tokens_per_step: int = int_option(
         1,
         "--sim-tokens-per-step",
         help="simulated engine: tokens per request per decode step, as speculative decoding "
         "emits (default: %(default)s)",
-        type=int,
     )
-    sim_disable_zos: bool = option(
-        False,
+    sim_disable_zos: bool = flag_option(
         "--sim-disable-zos",
         help="simulated engine: return decode tokens in the same step (DeepInfer's "
         "zero-overhead scheduling returns them one step late, and is on by default)",
-        action="store_true",
     )
     sim_fault: Literal["startup", "step-error", "step-hang"] | None = option(
         None,
@@ -55,24 +50,22 @@ class SimulatedOptions:
         "(step-hang) after --sim-fault-after-steps steps",
         choices=["startup", "step-error", "step-hang"],
     )
-    sim_fault_rank: int = option(
-        0, "--sim-fault-rank", help="simulated engine: the rank that fails (default: 0)", type=int
+    sim_fault_rank: int = int_option(
+        0, "--sim-fault-rank", help="simulated engine: the rank that fails (default: 0)"
     )
-    sim_fault_after_steps: int = option(
+    sim_fault_after_steps: int = int_option(
         0,
         "--sim-fault-after-steps",
         help="simulated engine: steps that succeed before the fault (default: 0)",
-        type=int,
     )
-    sim_kv_blocks: int | None = option(
+    sim_kv_blocks: int | None = int_option(
         None,
         "--sim-kv-blocks",
         help="simulated engine: KV-cache blocks of 128 tokens per rank; when they run out, "
         "decode preempts as DeepInfer does (default: enough for --max-num-seqs sequences of "
         "--max-model-len tokens)",
-        type=int,
     )
-    sim_prefill_tokens_per_s: float = option(
+    sim_prefill_tokens_per_s: float = float_option(
         20_000.0,
         "--sim-prefill-tokens-per-s",
         help="simulated engine: prompt tokens one GPU computes per second; a prompt step lasts "
@@ -81,14 +74,12 @@ class SimulatedOptions:
         "about one B200 prefilling DeepSeek-V4.1-Flash (DeepSeek's V3 service computed some 4k "
         "prompt tokens/s per H800 GPU; a B200 is about twice as fast and V4.1-Flash smaller). "
         "0: a prompt step lasts one step (default: %(default)s)",
-        type=float,
     )
-    sim_collective_timeout: float = option(
+    sim_collective_timeout: float = float_option(
         60.0,
         "--sim-collective-timeout",
         help="simulated engine: seconds a rank waits in a DP collective before it reports a "
         "lockstep violation (default: %(default)s)",
-        type=float,
     )
 
 
