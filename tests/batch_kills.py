@@ -44,6 +44,8 @@ class KilledBatch:
     kills: int = 0
     in_window: int = 0
     succeeded: int = 0
+    #: The lines whose writes carry their mark in the store (`store/batch_effects.py`).
+    marked: int = 0
 
     @property
     def duplicated(self) -> int:
@@ -58,7 +60,8 @@ class KilledBatch:
                 f"custom_ids in the output: {len(self.output_ids)} distinct, "
                 f"{sum(self.output_ids.values())} in all, {self.succeeded} succeeded",
                 f"turns in the conversation: {sum(self.turns.values())} "
-                f"({len(self.turns)} lines), duplicated appends: {self.duplicated}",
+                f"({len(self.turns)} lines), duplicated appends: {self.duplicated}, "
+                f"lines marked: {self.marked}",
             ]
         )
 
@@ -166,4 +169,10 @@ def run_killed_batch(state: Path, lines: int, kills: int, timeout: float = 600) 
                 outcome.succeeded += line["response"]["status_code"] == 200
     outcome.kills = kills
     outcome.turns = _turns(store, conversation)
+    with sqlite3.connect(store, timeout=5) as db:
+        marked = db.execute(
+            "SELECT COUNT(*) FROM batch_line_effects WHERE batch_id = ?", (batch.id,)
+        ).fetchall()
+    db.close()
+    outcome.marked = int(marked[0][0])
     return outcome

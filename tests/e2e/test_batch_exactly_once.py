@@ -21,3 +21,4 @@ def test_a_batch_killed_twice_appends_every_line_once_and_outputs_it_once(
     assert outcome.succeeded == LINES, outcome.report()
     assert dict(outcome.turns) == {n: 1 for n in range(LINES)}, outcome.report()
     assert outcome.duplicated == 0
+    assert outcome.marked == LINES  # every line's writes went through the mark
