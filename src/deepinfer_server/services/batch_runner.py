@@ -12,7 +12,10 @@ it runs) and its result written as soon as it ends, by the claim that holds it o
 resumes where it stopped after a restart, and several processes or replicas work through one
 batch without answering a line twice. A line whose process died is claimed again once its lease
 ends. A line admission turns away for now (429, or 503 while the server drains) is given back
-and tried again later.
+and tried again later. A Responses line writes its stored response and conversation turn with a
+mark of the line, in one transaction (`store/batch_effects.py`; the line is named to the app out
+of band, `batch_line.py`): claimed again after its process died, a line so marked is recorded
+with the answer stored, not run again, so its writes are never made twice.
 
 A batch goes `validating` → `in_progress` (taken by a runner) → `finalizing` (no line left)
 → `completed`, with its output and error files written in the same transaction as its end;
@@ -37,7 +40,9 @@ import orjson
 from deepinfer_server.errors import StoreUnavailableError
 from deepinfer_server.metrics import ServerMetrics
 from deepinfer_server.protocol.core.validation import PRIORITY_MAX
+from deepinfer_server.services.batch_line import answering
 from deepinfer_server.services.store_scope import NO_AUTH_SCOPE, key_scope
+from deepinfer_server.store.batch_effects import LineIdentity
 from deepinfer_server.store.batches import PENDING, BatchRow, BatchStore, ClaimedLine, FileRow
 from deepinfer_server.store.lease import HEARTBEAT_INTERVAL, LEASE
 
@@ -55,6 +60,8 @@ POLL_INTERVAL = 1.0
 #: Statuses of a line's answer that mean "not now" (admission full, the server draining): the
 #: line is given back and claimed again later.
 _RETRY_STATUSES = frozenset({429, 503})
+#: The endpoint whose lines may write to the store as they are answered (`batch_effects.py`).
+RESPONSES = "/v1/responses"
 #: Fields a batch line may not set: it runs at the lowest priority, as one JSON answer.
 _REFUSED = {
     "priority": "a batch request runs at the lowest priority: omit `priority`",
@@ -267,15 +274,22 @@ class BatchRunner:
             body = {"error": error} if batch.kind == "openai" else {"type": "error", "error": error}
             return "errored", {"response": {"status_code": 400, "request_id": None, "body": body}}
         assert self._client is not None
-        headers = {"x-request-id": f"{batch.id}-{line.line}"}
+        request_id = f"{batch.id}-{line.line}"
+        if batch.endpoint == RESPONSES:
+            stored = await self.store.effect(batch.id, line.line)
+            if stored is not None:  # answered before its process died: recorded, not rerun
+                response = {"status_code": 200, "request_id": request_id, "body": stored}
+                return "succeeded", {"response": response}
+        headers = {"x-request-id": request_id}
         key = await self._key(batch.scope)
         if key is not None:
             headers["authorization"] = f"Bearer {key}"
-        answer = await self._client.post(
-            batch.endpoint,
-            content=orjson.dumps({**line.body, "priority": PRIORITY_MAX}),
-            headers={**headers, "content-type": "application/json"},
-        )
+        with answering(LineIdentity(batch.id, line.line)):
+            answer = await self._client.post(
+                batch.endpoint,
+                content=orjson.dumps({**line.body, "priority": PRIORITY_MAX}),
+                headers={**headers, "content-type": "application/json"},
+            )
         if answer.status_code in _RETRY_STATUSES:
             return None
         response = {

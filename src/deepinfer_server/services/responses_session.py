@@ -22,6 +22,10 @@ items come before the request's input, and once the response is `completed` or `
 its input and output items are appended to the conversation, before the client hears the end
 (the JSON body, or a stream's terminal event), whether or not the response itself is stored.
 
+A batch line's request (`services/batch_line.py`) writes its response and its turn in one
+transaction with the mark of the line's answer (`store/batch_effects.py`): a line answered
+twice (its server killed before the runner recorded it) writes them once.
+
 Scope: the API key the request authenticated with, as an HMAC under the store's salt (the key is
 never stored), or "none" on a server without `--api-key`. A stored object read in another scope
 is a 404, exactly as if it did not exist.
@@ -61,9 +65,12 @@ from deepinfer_server.protocol.responses.stored import (
 )
 from deepinfer_server.services.background import BackgroundRun, ResponseObject, created_event
 from deepinfer_server.services.background_runs import BackgroundRuns
+from deepinfer_server.services.batch_line import line_answered
 from deepinfer_server.services.token_stream import TokenStream
 from deepinfer_server.store import BrokenHistory, ResponseStore, ResponseTooLarge
+from deepinfer_server.store.batch_effects import LineEffects, LineIdentity
 from deepinfer_server.store.conversations import ConversationStore
+from deepinfer_server.store.database import Step
 from deepinfer_server.store.records import NewResponse
 
 logger = logging.getLogger(__name__)
@@ -260,36 +267,65 @@ class ResponsesSession:
     def _appending(self) -> bool:
         return self._conversation is not None and self._appends
 
-    async def _append_turn(self, response: ResponseObject) -> None:
-        """Append the turn (its input and output items) to its conversation, when it ended
-        `completed` or `incomplete`; a conversation deleted meanwhile takes nothing."""
+    def _turn(self, response: ResponseObject) -> list[Any]:
+        """The items a response appends to its conversation (its input and output items),
+        none unless it ended `completed` or `incomplete`."""
         if self._conversation is None or response.get("status") not in _STORED_STATUSES:
-            return
+            return []
         output = storable_response(response).get("output") or []
-        items = [*self._own_input, *(item for item in output if isinstance(item, dict))]
-        if not await self._conversations.append(
-            self._scope, self._conversation, items, generated=True
+        return [*self._own_input, *(item for item in output if isinstance(item, dict))]
+
+    async def _append_turn(self, response: ResponseObject) -> None:
+        """Append the turn to its conversation (`_turn`); a conversation deleted meanwhile
+        takes nothing."""
+        items = self._turn(response)
+        if items and not await self._conversations.append(
+            self._scope, str(self._conversation), items, generated=True
         ):
-            logger.info(
-                "conversation %s was deleted before %s ended; its turn is not kept",
-                self._conversation,
-                self.response_id,
-            )
+            self._turn_dropped()
+
+    def _turn_dropped(self) -> None:
+        logger.info(
+            "conversation %s was deleted before %s ended; its turn is not kept",
+            self._conversation,
+            self.response_id,
+        )
+
+    def _new_response(self, response: ResponseObject) -> NewResponse:
+        return NewResponse(
+            self.response_id,
+            self._scope,
+            time.time(),
+            storable_response(response),
+            self._own_input,
+            self._previous,
+        )
 
     async def _persist(self, response: ResponseObject) -> None:
+        line = line_answered()
+        if line is not None:
+            await self._persist_line(line, response)
+            return
         if self._stored:
-            await self._store.save(
-                NewResponse(
-                    self.response_id,
-                    self._scope,
-                    time.time(),
-                    storable_response(response),
-                    self._own_input,
-                    self._previous,
-                )
-            )
+            await self._store.save(self._new_response(response))
         if self._appending:
             await self._append_turn(response)
+
+    async def _persist_line(self, line: LineIdentity, response: ResponseObject) -> None:
+        """A batch line's writes with the mark of its answer, in one transaction: written
+        once however often the line is answered (`store/batch_effects.py`)."""
+        steps: list[Step] = []
+        if self._stored:
+            steps += await self._store.insert_steps(self._new_response(response))
+        appended = len(steps)
+        items = self._turn(response) if self._appending else []
+        if items:
+            steps += self._conversations.append_steps(
+                self._scope, str(self._conversation), items, generated=True
+            )
+        changed = await LineEffects(self._store).commit(line, response, steps)
+        if items and not changed[appended]:
+            self._turn_dropped()
 
     async def _write(self, response: ResponseObject) -> None:
         write = asyncio.ensure_future(self._persist(response))

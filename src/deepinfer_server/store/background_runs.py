@@ -25,7 +25,7 @@ class BackgroundRuns(ResponseRows):
         """Store a background response as it starts (its input items, no output yet, the
         first `events` of its stream), run by `owner` (a process: `heartbeat` says it still
         runs it)."""
-        steps = await self._insert_steps(response)
+        steps = await self.insert_steps(response)
         steps.append(
             Step(
                 "INSERT INTO background_runs (response_id, scope, owner, heartbeat_at) "

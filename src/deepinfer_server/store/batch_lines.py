@@ -6,7 +6,9 @@ renews (`renew`; `lease.Lease`); a line whose lease ended (its process died) is 
 any process. Claiming is one `UPDATE ... WHERE` that re-checks the line is free, so two
 processes (or replicas on PostgreSQL, whose UPDATE re-reads a row another transaction changed)
 never hold one line at once, and a result is written only by the claim that holds it, so every
-line is answered once.
+line is answered once. A line whose answer wrote to the store (a Responses line) wrote it with
+a mark of the line (`batch_effects.py`): claimed again, it is recorded from that mark
+(`effect`), not answered again.
 """
 
 from __future__ import annotations
@@ -120,6 +122,16 @@ class BatchLines(Operations):
                 ]
             )
         return changed[0] > 0
+
+    async def effect(self, batch_id: str, line: int) -> JsonObject | None:
+        """The body a line's answer stored with its writes (`batch_effects.py`), or None: no
+        answer of the line wrote to the store."""
+        async with self._store.connection("read batch lines"):
+            rows = await self._db.fetch(
+                "SELECT body FROM batch_line_effects WHERE batch_id = ? AND line = ?",
+                (batch_id, line),
+            )
+        return orjson.loads(rows[0][0]) if rows else None
 
     async def held(self, batch_id: str) -> int:
         """How many of a batch's unanswered lines some process holds under a live lease."""

@@ -6,6 +6,9 @@ one row per batch (its scope, kind, endpoint, status and the time it reached eac
 `batch_lines`: one row per request of a batch, its request body (None for a malformed line),
 its status (`pending` until answered) and result, and, while a process works on it, the process
 (`claimed_by`), the claim (`claim`) and when its lease ends (`lease_until`).
+`batch_line_effects`: a line whose answer wrote to the store (a Responses line's stored response
+or conversation turn), written in the same transaction as those writes, with the body answered
+(`batch_effects.py`): its key makes a second answer of the line fail, writing nothing.
 """
 
 from __future__ import annotations
@@ -63,6 +66,12 @@ BATCH_TABLES = (
     )""",
     "CREATE INDEX IF NOT EXISTS batch_lines_by_status ON batch_lines (batch_id, status)",
     "CREATE INDEX IF NOT EXISTS batch_lines_by_owner ON batch_lines (claimed_by)",
+    """CREATE TABLE IF NOT EXISTS batch_line_effects (
+        batch_id TEXT NOT NULL,
+        line INTEGER NOT NULL,
+        body TEXT NOT NULL,
+        PRIMARY KEY (batch_id, line)
+    )""",
 )
 
 #: Files live for the store's time to live. Their `bytes` count against the store's caps, which
@@ -73,7 +82,7 @@ FILES = ScopedTable("files")
 BATCHES = ScopedTable(
     "batches",
     size=None,
-    children=(("batch_lines", "batch_id"),),
+    children=(("batch_lines", "batch_id"), ("batch_line_effects", "batch_id")),
     evictable="status NOT IN (?, ?, ?, ?)",
     evictable_params=ACTIVE_STATUSES,
 )

@@ -157,17 +157,9 @@ class BatchStore(FileStore, BatchLines):
         """Delete a finished batch and its lines; whether it was there."""
         async with self._store.connection("delete a batch", write=True):
             changed = await self._db.write(
-                [
-                    Step(
-                        "DELETE FROM batch_lines WHERE batch_id IN (SELECT id FROM batches "
-                        "WHERE id = ? AND scope = ?)",
-                        (batch_id, scope),
-                    ),
-                    Step("DELETE FROM batches WHERE id = ? AND scope = ?", (batch_id, scope)),
-                ],
-                frees=True,
+                BATCHES.delete_steps("id = ? AND scope = ?", (batch_id, scope)), frees=True
             )
-        return changed[-1] > 0
+        return changed[len(BATCHES.children)] > 0
 
     async def finish(
         self,

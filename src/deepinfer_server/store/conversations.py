@@ -81,7 +81,7 @@ class ConversationStore(Operations):
                 "next_position) VALUES (?, ?, ?, ?, ?, 0, 0)",
                 (conversation.id, scope, now, now, orjson.dumps(metadata).decode()),
             ),
-            *self._append_steps(scope, conversation.id, items, generated=False, now=now),
+            *self.append_steps(scope, conversation.id, items, generated=False, now=now),
         ]
         async with self._store.connection("create a conversation", write=True) as db:
             await db.write(steps)
@@ -137,14 +137,14 @@ class ConversationStore(Operations):
     ) -> bool:
         """Add `items` at the end of the conversation (`generated`: a turn's input and
         output); False when it is not stored for this scope."""
-        steps = self._append_steps(scope, conversation_id, items, generated=generated)
+        steps = self.append_steps(scope, conversation_id, items, generated=generated)
         if not steps:
             return await self.get(scope, conversation_id) is not None
         async with self._store.connection("add conversation items", write=True) as db:
             changed = await db.write(steps)
         return changed[0] > 0
 
-    def _append_steps(
+    def append_steps(
         self,
         scope: str,
         conversation_id: str,

@@ -46,11 +46,11 @@ class ResponseRows(StoreRoot):
     async def save(self, response: NewResponse) -> None:
         """Store a finished response and its items (one transaction); ResponseTooLarge, with
         nothing written, past the cap of one response."""
-        steps = await self._insert_steps(response)
+        steps = await self.insert_steps(response)
         async with self._failures("store a response", write=True):
             await self._db.write(steps)
 
-    async def _insert_steps(self, response: NewResponse) -> list[Step]:
+    async def insert_steps(self, response: NewResponse) -> list[Step]:
         """The statements that store `response` (ResponseTooLarge past the cap of one)."""
         encoded = _encode(response)
         self.check_size(encoded.size + sum(len(data) for data in encoded.images.values()))
