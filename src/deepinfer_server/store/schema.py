@@ -13,12 +13,14 @@ from deepinfer_server.store.conversation_tables import CONVERSATION_TABLES, CONV
 from deepinfer_server.store.response_tables import RESPONSE_TABLES, RESPONSES
 from deepinfer_server.store.scoped import ScopedTable
 
-SCHEMA_VERSION = "4"
+SCHEMA_VERSION = "5"
 #: Versions this server opens and brings to SCHEMA_VERSION (2 added the image blobs, 3 the
 #: background runs and their events, 4 the conversations and the batch jobs' tables
-#: (`conversation_tables.py`, `batch_tables.py`): an older store has none of them, and its
-#: tables are unchanged).
-UPGRADES = frozenset({"1", "2", "3"})
+#: (`conversation_tables.py`, `batch_tables.py`), 5 the marks of batch lines' writes
+#: (`batch_line_effects`): an older store has none of them, and its tables are unchanged).
+#: A server of an older version refuses a newer store: one that did not check the marks
+#: would answer a batch line twice.
+UPGRADES = frozenset({"1", "2", "3", "4"})
 
 SCHEMA = (
     # The schema version and the salt of the scope hashes.

@@ -20,6 +20,7 @@ from deepinfer_server.store.database import Step
 from deepinfer_server.store.fairness import fair_level
 from deepinfer_server.store.location import check_store, open_store
 from deepinfer_server.store.records import NewResponse
+from deepinfer_server.store.schema import SCHEMA_VERSION
 from tests.postgres import PostgresServer
 
 MIB = 1024 * 1024
@@ -341,7 +342,7 @@ def test_an_older_store_is_brought_to_version_4(
         version = await store._db.fetch(
             "SELECT value FROM store_meta WHERE name = 'schema_version'"
         )
-        assert version == [("4",)]
+        assert version == [(SCHEMA_VERSION,)]
         assert await store.events_after("resp_old", -1) == []
         assert await ConversationStore(store).get("none", "conv_none") is None
         assert await store._db.fetch("SELECT COUNT(*) FROM batch_lines") == [(0,)]
