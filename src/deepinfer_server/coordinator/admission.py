@@ -121,8 +121,7 @@ class Admission:
         share = running if len(tenants) == 1 else max(1, math.floor(running * shares.running))
         self._limits = [t.max_running or share for t in tenants]
         self._queue_limits = [
-            queue_limit(t, max(0, capacity - running), len(tenants), shares.queued)
-            for t in tenants
+            queue_limit(t, max(0, capacity - running), len(tenants), shares.queued) for t in tenants
         ]
         self._queues: list[list[Ticket]] = [[] for _ in tenants]
         self._order = itertools.count()
