@@ -31,7 +31,6 @@ import asyncio
 import contextlib
 import heapq
 import itertools
-import math
 import multiprocessing
 import socket
 from collections import Counter
@@ -41,7 +40,12 @@ from typing import Any
 
 from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.config.tenants import Tenant
-from deepinfer_server.coordinator.admission_limits import Layout, Shares, queue_limit
+from deepinfer_server.coordinator.admission_limits import (
+    Layout,
+    Shares,
+    queue_limit,
+    running_limit,
+)
 from deepinfer_server.coordinator.prefix_routing import PrefixHint
 from deepinfer_server.errors import OverloadedError, ServiceFailedError
 
@@ -118,8 +122,7 @@ class Admission:
         self._per_rank = max_num_seqs
         self._tenants = tuple(tenants)
         running = layout.ranks * (max_num_seqs or capacity)
-        share = running if len(tenants) == 1 else max(1, math.floor(running * shares.running))
-        self._limits = [t.max_running or share for t in tenants]
+        self._limits = [running_limit(t, running, len(tenants), shares.running) for t in tenants]
         self._queue_limits = [
             queue_limit(t, max(0, capacity - running), len(tenants), shares.queued) for t in tenants
         ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.config.tenants import Tenant
 
 
@@ -25,6 +26,28 @@ class QueueLimit:
 
     requests: int
     source: str
+
+
+def running_limit(tenant: Tenant, running: int, tenants: int, share: float) -> int:
+    """`tenant`'s limit on its requests running in `running` slots shared by `tenants` keys."""
+    if tenant.max_running:
+        return tenant.max_running
+    return running if tenants == 1 else max(1, math.floor(running * share))
+
+
+def most_admitted(config: ResolvedConfig, tenant: int) -> int:
+    """The most engine requests one request of key number `tenant` can have admitted, on an
+    otherwise idle server: its running limit and its queue limit, within the server's
+    capacity (one that needs more would be refused every time it is sent)."""
+    key = config.tenants[tenant]
+    capacity = config.admission_capacity
+    running = config.data_parallel_size * (config.admission_running_limit or capacity)
+    tenants = len(config.tenants)
+    queued = queue_limit(key, max(0, capacity - running), tenants, config.admission_queued_share)
+    if queued is None:
+        return capacity
+    held = running_limit(key, running, tenants, config.admission_running_share)
+    return min(capacity, held + queued.requests)
 
 
 def queue_limit(tenant: Tenant, queue: int, tenants: int, share: float) -> QueueLimit | None:

@@ -17,6 +17,7 @@ from deepinfer_server.coordinator.admission import (
     Ticket,
     shared_state,
 )
+from deepinfer_server.coordinator.admission_limits import most_admitted
 from deepinfer_server.coordinator.channels import RankChannels, bind_rank_listener
 from deepinfer_server.coordinator.coordinator import Coordinator
 from deepinfer_server.errors import OverloadedError
@@ -156,6 +157,16 @@ def test_the_queue_share_comes_from_the_configuration(tmp_path: Path) -> None:
         admission.admit(HEAVY)
     decode = parse_config([*args, *flags, "--disaggregation-mode", "decode"])
     assert decode.admission_queued_share == 1.0  # a decode server queues nothing
+
+
+def test_the_most_one_request_of_a_key_may_have_admitted(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("plain key-p\ncapped key-c max_running=1 max_queued=2\n")
+    flags = ["--max-num-seqs", "4", "--max-queued-requests", "8", "--api-key-file", str(keys)]
+    config = parse_config(["--engine", "simulated", *flags])
+    assert (most_admitted(config, 0), most_admitted(config, 1)) == (3 + 4, 1 + 2)
+    alone = parse_config(["--engine", "simulated", "--max-num-seqs", "4"])
+    assert most_admitted(alone, 0) == alone.admission_capacity == 4 + 512
 
 
 def test_admitted_requests_are_counted_by_priority_until_the_engine_ends_them() -> None:
