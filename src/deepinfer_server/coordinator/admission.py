@@ -128,8 +128,7 @@ class Admission:
         ]
         self._queues: list[list[Ticket]] = [[] for _ in tenants]
         self._order = itertools.count()
-        #: This process's admitted requests (queued, or running until the engine ends them) by
-        #: priority: the batch runner tells its own lowest-priority requests by it.
+        #: This process's admitted requests by priority (the batch runner finds its own by it).
         self._priorities: Counter[int] = Counter()
 
     # Counts
@@ -180,8 +179,7 @@ class Admission:
         `ready()` says when it starts."""
         layout = self._layout
         with self._locked() as counts:
-            # The key's own limit first: a flood is refused with the limit it reached, before
-            # it can fill the server's capacity for every key.
+            # The key's own limit first: a flood is refused naming it, not the server's capacity.
             limit = self._queue_limits[tenant]
             if limit is not None and counts[layout.waiting + tenant] >= limit.requests + self._free(
                 counts, tenant
