@@ -102,6 +102,10 @@ class FakeCoordinator:
     def admitted(self) -> int:
         return len(self.handles)
 
+    def admitted_at(self, priority: int) -> int:
+        """The requests of `priority` in flight."""
+        return sum(self.placement[request_id][1] == priority for request_id in self.handles)
+
     def rank_loads(self) -> list[RankLoad]:
         """One rank: held requests are running once they have a token, else waiting."""
         live = [h for h in self.handles.values() if not h.engine_finished]

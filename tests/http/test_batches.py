@@ -388,3 +388,57 @@ def test_a_batch_takes_only_idle_running_slots_and_leaves_one_for_interactive_re
             interactive.cancel()
 
     run_stored(tmp_path, test, *KEYS, "--max-num-seqs", "3", script=Script(hold=True))
+
+
+def test_a_batch_line_counts_each_engine_request_it_makes_against_the_idle_slots(
+    tmp_path: Path,
+) -> None:
+    """6 running slots, one kept for interactive requests: lines of `n: 3` run one at a time
+    (two would make 6 engine requests), and an interactive request still starts at once."""
+
+    async def test(h: Harness) -> None:
+        runner = h.state.batches
+        assert runner is not None
+        async with h.openai(KEY_A) as client:
+            lines = [_line(f"n{i}", {**_chat(str(i)), "n": 3}) for i in range(4)]
+            file_id = await _upload(client, lines)
+            await client.batches.create(
+                input_file_id=file_id, endpoint=CHAT, completion_window="24h"
+            )
+            await h.coordinator.wait_admitted(3)
+            await runner.work()  # another look, with the line's 3 requests admitted
+            assert len(h.coordinator.handles) == 3
+            assert runner.lines_running == 1
+            interactive = asyncio.ensure_future(
+                client.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": "hi"}]
+                )
+            )
+            await h.coordinator.wait_admitted(4)
+            await runner.work()
+            priorities = sorted(p for _, p in h.coordinator.placement.values())
+            assert priorities == [0, PRIORITY_MAX, PRIORITY_MAX, PRIORITY_MAX]
+            interactive.cancel()
+
+    run_stored(tmp_path, test, *KEYS, "--max-num-seqs", "6", script=Script(hold=True))
+
+
+def test_a_line_wider_than_the_idle_slots_runs_alone_on_an_idle_server(tmp_path: Path) -> None:
+    async def test(h: Harness) -> None:
+        runner = h.state.batches
+        assert runner is not None
+        async with h.openai(KEY_A) as client:
+            prompts = [f"prompt {i}" for i in range(4)]
+            wide = {"model": MODEL, "prompt": prompts, "n": 2, "max_tokens": 4}
+            narrow = {"model": MODEL, "prompt": "one", "max_tokens": 4}
+            lines = [_line("wide", wide, "/v1/completions"), _line("n", narrow, "/v1/completions")]
+            file_id = await _upload(client, lines)
+            await client.batches.create(
+                input_file_id=file_id, endpoint="/v1/completions", completion_window="24h"
+            )
+            await h.coordinator.wait_admitted(8)  # 4 prompts x 2 choices, past the 3 slots
+            await runner.work()
+            assert len(h.coordinator.handles) == 8  # the narrow line waits for it
+            assert runner.lines_running == 1
+
+    run_stored(tmp_path, test, *KEYS, "--max-num-seqs", "4", script=Script(hold=True))

@@ -108,3 +108,28 @@ def test_named_keys_reach_admission_and_the_access_log_without_the_key(
     tenants = [line.split(" tenant=")[1].split()[0] for line in access if " tenant=" in line]
     assert tenants == ["api-key-1", "evals", "agents"]
     assert not [key for key in (*SECRETS, "sk-plain-key-555") if key in caplog.text]
+
+
+def test_a_request_needing_more_than_its_key_may_ever_hold_is_a_400() -> None:
+    """With two keys, each may hold 3 running (0.75 of 4) and 4 waiting (0.5 of 8): a request
+    of 8 choices would be refused with a 429 every time it is sent, even on an idle server."""
+
+    async def body() -> None:
+        keys = ("--api-key", SECRETS[0], "--api-key", SECRETS[1])
+        flags = ("--max-num-seqs", "4", "--max-queued-requests", "8")
+        async with serve(*keys, *flags) as h:
+            headers = {"Authorization": f"Bearer {SECRETS[0]}"}
+            request = {**BODIES[COMPLETIONS], "n": 8}
+            response = await h.client.post(COMPLETIONS, json=request, headers=headers)
+            assert response.status_code == 400, response.text
+            error = response.json()["error"]
+            assert error["param"] == "n"
+            assert "this API key may have at most 7 in flight" in error["message"]
+            assert "--key-queued-share" in error["message"]
+            assert h.coordinator.submitted == []
+            request["n"] = 7
+            response = await h.client.post(COMPLETIONS, json=request, headers=headers)
+            assert response.status_code == 200, response.text
+            assert len(response.json()["choices"]) == 7
+
+    run(body)

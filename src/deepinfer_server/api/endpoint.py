@@ -34,6 +34,7 @@ from deepinfer_server.api.generation_protocol import (
 from deepinfer_server.api.image_urls import prepare_fetching_images
 from deepinfer_server.api.sse import FrameWriter, SSEResponse, complete, write_all
 from deepinfer_server.api.state import AppState
+from deepinfer_server.coordinator.admission_limits import most_admitted
 from deepinfer_server.coordinator.handle import RequestHandle
 from deepinfer_server.disaggregation.handoff.requests import request_kv_transfer, with_handoff
 from deepinfer_server.disaggregation.role import DisaggregationRole
@@ -137,6 +138,15 @@ async def prepare_choices(
             f"the request needs {len(choices)} engine requests (one per prompt and choice) "
             f"but this server admits at most {config.admission_capacity} at a time "
             "(DP x --max-num-seqs + --max-queued-requests): ask for fewer",
+            param="n",
+        )
+    most = most_admitted(config, tenant_of(request.state))
+    if len(choices) > most:
+        raise BadRequestError(
+            f"the request needs {len(choices)} engine requests (one per prompt and choice) "
+            f"but this API key may have at most {most} in flight at a time (its share of the "
+            "running slots and of the queue: --key-running-share, --key-queued-share, or its "
+            "max_running and max_queued in --api-key-file): ask for fewer",
             param="n",
         )
     return choices

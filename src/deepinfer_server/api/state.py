@@ -17,8 +17,10 @@ from deepinfer_server.metrics import RankLoad, ServerMetrics
 from deepinfer_server.metrics.aggregate import Snapshot, merge_loads, merged_exposition
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.protocol.core.structured import StructuredOutputs
+from deepinfer_server.protocol.core.validation import PRIORITY_MAX
 from deepinfer_server.services.background_runs import BackgroundRuns
 from deepinfer_server.services.batch_runner import BatchRunner
+from deepinfer_server.services.batch_slots import IdleSlots
 from deepinfer_server.store import ResponseStore
 from deepinfer_server.store.batches import BatchStore
 
@@ -81,15 +83,26 @@ class AppState:
                 self.config.api_keys,
                 self.config.batch_concurrency,
                 self.metrics,
-                self._idle_slots,
+                IdleSlots(self._batch_slots(), self._idle_slots, self._batch_admitted),
             )
         )
 
+    def _batch_slots(self) -> int:
+        """Running slots batch work may take: all but one kept for interactive requests (on
+        a server with more than one)."""
+        capacity = self.config.running_capacity
+        return capacity - (1 if capacity > 1 else 0)
+
     def _idle_slots(self) -> int:
         """Running slots a batch line may take now: those idle, but one kept for interactive
-        requests (on a server with more than one)."""
-        capacity = self.config.running_capacity
-        return capacity - self.coordinator.admitted - (1 if capacity > 1 else 0)
+        requests."""
+        return self._batch_slots() - self.coordinator.admitted
+
+    def _batch_admitted(self) -> int:
+        """At least how many of the requests admitted now are this process's batch lines':
+        its lowest-priority requests but its background responses'."""
+        runs = 0 if self.background_runs is None else len(self.background_runs.runs)
+        return max(0, self.coordinator.admitted_at(PRIORITY_MAX) - runs)
 
     async def prepare_body(
         self,

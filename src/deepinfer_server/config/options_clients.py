@@ -44,6 +44,14 @@ class ClientOptions:
         "key may hold at once unless its max_running says otherwise, so that another key's "
         "request starts at once; 1 lets one key fill them all (default: %(default)s)",
     )
+    key_queued_share: float = float_option(
+        0.5,
+        "--key-queued-share",
+        help="with several API keys, the share of the server's queue (--max-queued-requests) "
+        "one key's requests may hold while they wait for a running slot unless its max_queued "
+        "says otherwise: beyond it that key alone gets a 429 and the rest of the queue stays "
+        "open to the other keys; 1 lets one key fill it (default: %(default)s)",
+    )
     reasoning_secret: str | None = option(
         None,
         "--reasoning-secret",

@@ -126,6 +126,7 @@ class ResolvedConfig:
     #: The tenants admission shares the running slots between, in a fixed order.
     tenants: tuple[Tenant, ...] = field(metadata=DERIVED)
     key_running_share: float
+    key_queued_share: float
     reasoning_secret: str | None = field(metadata=DERIVED, repr=False)
     get_load_format: Literal["vllm", "sglang"]
     api_server_count: int
@@ -173,6 +174,14 @@ class ResolvedConfig:
         on a decode server, whose requests never wait in the server's queue)."""
         return (
             1.0 if self.disaggregation_mode is DisaggregationRole.DECODE else self.key_running_share
+        )
+
+    @property
+    def admission_queued_share(self) -> float:
+        """The share of the server's queue one API key's waiting requests may hold (1 on a
+        decode server, which queues nothing)."""
+        return (
+            1.0 if self.disaggregation_mode is DisaggregationRole.DECODE else self.key_queued_share
         )
 
     @property

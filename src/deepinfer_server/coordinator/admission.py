@@ -1,9 +1,14 @@
 """Admission: how many requests may be in flight, which one starts next, and on which rank.
 
 A request is admitted (429 beyond `dp * max_num_seqs + max_queued_requests` in flight, or beyond
-its key's `max_queued`) into the server's queue, and starts, i.e. is sent to a rank, only while
+its key's queue limit) into the server's queue, and starts, i.e. is sent to a rank, only while
 that rank runs fewer than `--max-num-seqs`: the engine's own queue is first come, first served,
 so whatever waits for a running slot waits here, where the order is fair between API keys.
+
+A key's queue limit is its `max_queued`, else, with several keys, `--key-queued-share` of
+`--max-queued-requests`: one key's flood (background responses hold no connection, a batch
+line fans out to `n` requests) fills its own share and is refused with a 429 that names it,
+while the rest of the queue stays open to the other keys.
 
 Which request starts when a slot frees:
 - between keys, the one whose key runs the fewest requests for its weight (ties: the key served
@@ -26,15 +31,21 @@ import asyncio
 import contextlib
 import heapq
 import itertools
-import math
 import multiprocessing
 import socket
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.config.tenants import Tenant
+from deepinfer_server.coordinator.admission_limits import (
+    Layout,
+    Shares,
+    queue_limit,
+    running_limit,
+)
 from deepinfer_server.coordinator.prefix_routing import PrefixHint
 from deepinfer_server.errors import OverloadedError, ServiceFailedError
 
@@ -64,20 +75,6 @@ class Ticket:
         return (self.priority, self.order) < (other.priority, other.order)
 
 
-class _Layout:
-    """Where each count lives in the flat array of counts (shared memory or a list)."""
-
-    def __init__(self, ranks: int, tenants: int, processes: int) -> None:
-        self.ranks, self.tenants, self.processes = ranks, tenants, processes
-        self.started = 0  # [rank]: requests sent to the rank and not yet ended
-        self.running = ranks  # [tenant]: the tenant's started requests
-        self.waiting = ranks + tenants  # [tenant]: its queued requests, every process's
-        self.served = ranks + 2 * tenants  # [tenant]: when it last started one (a clock tick)
-        self.clock = ranks + 3 * tenants
-        self.queued_in = self.clock + 1  # [process * tenants + tenant]
-        self.size = self.queued_in + processes * tenants
-
-
 class Admission:
     """Admission in one API server process (see the module's docstring)."""
 
@@ -89,9 +86,11 @@ class Admission:
         max_num_seqs: int | None = None,
         tenants: Sequence[Tenant] = (Tenant("default"),),
         running_share: float = 1.0,
+        queued_share: float = 1.0,
     ) -> None:
-        layout = _Layout(data_parallel_size, len(tenants), 1)
-        self._setup(layout, capacity, max_num_seqs, tenants, running_share, [0] * layout.size, 0)
+        layout = Layout(data_parallel_size, len(tenants), 1)
+        shares = Shares(running_share, queued_share)
+        self._setup(layout, capacity, max_num_seqs, tenants, shares, [0] * layout.size, 0)
 
     @classmethod
     def for_config(cls, config: ResolvedConfig) -> Admission:
@@ -102,15 +101,16 @@ class Admission:
             max_num_seqs=config.admission_running_limit,
             tenants=config.tenants,
             running_share=config.admission_running_share,
+            queued_share=config.admission_queued_share,
         )
 
     def _setup(
         self,
-        layout: _Layout,
+        layout: Layout,
         capacity: int,
         max_num_seqs: int | None,
         tenants: Sequence[Tenant],
-        running_share: float,
+        shares: Shares,
         counts: Any,
         process: int,
     ) -> None:
@@ -122,10 +122,14 @@ class Admission:
         self._per_rank = max_num_seqs
         self._tenants = tuple(tenants)
         running = layout.ranks * (max_num_seqs or capacity)
-        share = running if len(tenants) == 1 else max(1, math.floor(running * running_share))
-        self._limits = [t.max_running or share for t in tenants]
+        self._limits = [running_limit(t, running, len(tenants), shares.running) for t in tenants]
+        self._queue_limits = [
+            queue_limit(t, max(0, capacity - running), len(tenants), shares.queued) for t in tenants
+        ]
         self._queues: list[list[Ticket]] = [[] for _ in tenants]
         self._order = itertools.count()
+        #: This process's admitted requests by priority (the batch runner finds its own by it).
+        self._priorities: Counter[int] = Counter()
 
     # Counts
 
@@ -163,6 +167,11 @@ class Admission:
                 for t, tenant in enumerate(self._tenants)
             ]
 
+    def admitted_at(self, priority: int) -> int:
+        """This process's requests of `priority` admitted now (queued, or running until the
+        engine ends them, as `total` counts them)."""
+        return self._priorities[priority]
+
     # Requests
 
     def admit(self, tenant: int = 0, priority: int = 0, hint: PrefixHint | None = None) -> Ticket:
@@ -170,6 +179,15 @@ class Admission:
         `ready()` says when it starts."""
         layout = self._layout
         with self._locked() as counts:
+            # The key's own limit first: a flood is refused naming it, not the server's capacity.
+            limit = self._queue_limits[tenant]
+            if limit is not None and counts[layout.waiting + tenant] >= limit.requests + self._free(
+                counts, tenant
+            ):
+                raise OverloadedError(
+                    f"this API key has {limit.requests} requests waiting, {limit.source}; "
+                    "retry later"
+                )
             admitted = sum(counts[: layout.ranks]) + sum(
                 counts[layout.waiting : layout.waiting + layout.tenants]
             )
@@ -177,17 +195,11 @@ class Admission:
                 raise OverloadedError(
                     f"the server is at capacity ({self.capacity} requests in flight); retry later"
                 )
-            limit = self._tenants[tenant].max_queued
-            if limit is not None and counts[layout.waiting + tenant] >= limit + self._free(
-                counts, tenant
-            ):
-                raise OverloadedError(
-                    f"this API key has {limit} requests waiting, its limit; retry later"
-                )
             ticket = Ticket(tenant, priority, next(self._order), hint)
             counts[layout.waiting + tenant] += 1
             counts[layout.queued_in + self._process * layout.tenants + tenant] += 1
         heapq.heappush(self._queues[tenant], ticket)
+        self._priorities[priority] += 1
         return ticket
 
     def ready(self) -> list[Ticket]:
@@ -226,6 +238,7 @@ class Admission:
         if ticket.rank is None or ticket.finished or ticket.released:
             return
         ticket.finished = True
+        self._priorities[ticket.priority] -= 1
         layout = self._layout
         with self._locked() as counts:
             counts[ticket.rank] -= 1
@@ -238,6 +251,7 @@ class Admission:
         ticket.released = True
         if ticket.finished:
             return
+        self._priorities[ticket.priority] -= 1
         layout = self._layout
         with self._locked() as counts:
             if ticket.rank is None:
@@ -299,7 +313,7 @@ class SharedState:
 def shared_state(data_parallel_size: int, tenants: int, processes: int) -> SharedState:
     """The shared counts and wake sockets, for `SharedAdmission` (create them before spawning
     the API server processes and hand them to each)."""
-    layout = _Layout(data_parallel_size, tenants, processes)
+    layout = Layout(data_parallel_size, tenants, processes)
     counts = multiprocessing.get_context("spawn").Array("q", layout.size)
     pairs = [socket.socketpair() for _ in range(processes)]
     for reader, writer in pairs:
@@ -322,10 +336,12 @@ class SharedAdmission(Admission):
         max_num_seqs: int | None = None,
         tenants: Sequence[Tenant] = (Tenant("default"),),
         running_share: float = 1.0,
+        queued_share: float = 1.0,
     ) -> None:
-        layout = _Layout(data_parallel_size, len(tenants), len(state.wake_writers))
+        layout = Layout(data_parallel_size, len(tenants), len(state.wake_writers))
         self._state = state
-        self._setup(layout, capacity, max_num_seqs, tenants, running_share, state.counts, process)
+        shares = Shares(running_share, queued_share)
+        self._setup(layout, capacity, max_num_seqs, tenants, shares, state.counts, process)
 
     @classmethod
     def for_process(
@@ -341,6 +357,7 @@ class SharedAdmission(Admission):
             max_num_seqs=config.admission_running_limit,
             tenants=config.tenants,
             running_share=config.admission_running_share,
+            queued_share=config.admission_queued_share,
         )
 
     def watch_wakes(self, on_wake: Callable[[], None]) -> Callable[[], None]:

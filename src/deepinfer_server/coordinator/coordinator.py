@@ -165,6 +165,10 @@ class Coordinator:
         """Requests admitted now, by every API server process."""
         return self._admission.total
 
+    def admitted_at(self, priority: int) -> int:
+        """This process's requests of `priority` admitted now (`admission.py`)."""
+        return self._admission.admitted_at(priority)
+
     def submit(
         self,
         request_id: str,

@@ -4,8 +4,9 @@ connection.
 The POST stores the response at once (`status: "queued"`, its input items) and answers with it;
 with `stream: true` it streams the events as they come, and the client may leave at any time
 without stopping the generation. The generation runs in the API server process that took the
-POST, as a `BackgroundRun` that holds the request's admission slot (at the lowest `priority`)
-until it ends. Its status goes `queued` → `in_progress` (the engine took it) → `completed`,
+POST, as a `BackgroundRun` that holds the request's admission slot (at the lowest `priority`,
+within its key's share of the queue: a flood of them is a 429 to that key alone) until it
+ends. Its status goes `queued` → `in_progress` (the engine took it) → `completed`,
 `incomplete`, `failed` or `cancelled`; every change is written to the store, so a
 `GET /v1/responses/{id}` from any API server process (or replica, on PostgreSQL) sees it.
 

@@ -3,9 +3,10 @@
 Every line is answered by the server's own app, in process (the ASGI app called directly, as a
 request of the batch's API key: the same authentication, validation, admission and error
 envelopes as the live endpoint), at the lowest admission priority (`PRIORITY_MAX`), at most
-`--batch-concurrency` lines at a time per process, and only while the engines have a running
-slot idle besides one kept for interactive requests (`idle_slots`): admission does not preempt,
-so a line that took the last slot would make the next interactive request wait for it.
+`--batch-concurrency` lines at a time per process, and only while the engines have running
+slots idle besides one kept for interactive requests, a line counting one per engine request it
+makes (its prompts times its `n`, `batch_slots.py`): admission does not preempt, so a line that
+took the last slot would make the next interactive request wait for it.
 
 A line is claimed in the store with a lease (`LEASE`, renewed every `HEARTBEAT_INTERVAL` while
 it runs) and its result written as soon as it ends, by the claim that holds it only: a batch
@@ -41,6 +42,7 @@ from deepinfer_server.errors import StoreUnavailableError
 from deepinfer_server.metrics import ServerMetrics
 from deepinfer_server.protocol.core.validation import PRIORITY_MAX
 from deepinfer_server.services.batch_line import answering
+from deepinfer_server.services.batch_slots import IdleSlots, engine_requests
 from deepinfer_server.services.store_scope import NO_AUTH_SCOPE, key_scope
 from deepinfer_server.store.batch_effects import LineIdentity
 from deepinfer_server.store.batches import PENDING, BatchRow, BatchStore, ClaimedLine, FileRow
@@ -105,11 +107,13 @@ class BatchRunner:
         api_keys: tuple[str, ...],
         concurrency: int,
         metrics: ServerMetrics,
-        idle_slots: Callable[[], int] = lambda: 1 << 30,
+        slots: IdleSlots | None = None,
     ) -> None:
-        """`idle_slots`: the running slots the server may give a batch line now."""
+        """`slots`: the running slots the server may give batch lines (default: unlimited)."""
         self.store = store
-        self._idle_slots = idle_slots
+        self._slots = slots or IdleSlots()
+        #: The engine requests each line this process runs makes (`engine_requests`).
+        self._costs: dict[tuple[str, int], int] = {}
         self.metrics = metrics
         self._api_keys = api_keys
         self.concurrency = concurrency
@@ -213,12 +217,21 @@ class BatchRunner:
             if await self.store.move(batch.id, "finalizing", sources=("in_progress",)):
                 await self._finalize(batch, "expired")
             return
-        free = min(self.concurrency - len(self._running), self._idle_slots())
+        self._costs = {key: cost for key, cost in self._costs.items() if key in self._running}
+        # Each line makes one engine request at least: never more lines than the budget.
+        own = sum(self._costs.values())
+        free = min(self.concurrency - len(self._running), self._slots.budget(own))
         if free <= 0:
             return
         if self._running:  # renewed before a claim: the lease of every line runs from now
             self._renewed = 0.0
         for line in await self.store.claim(batch.id, self.owner, free, LEASE):
+            cost = engine_requests(line.body)
+            if not self._slots.fits(cost, own):
+                await self.store.release(line)  # claimed again when there is room for it
+                continue
+            own += cost
+            self._costs[(batch.id, line.line)] = cost
             task = asyncio.ensure_future(self._answer(batch, line))
             self._running[(batch.id, line.line)] = (line, task)
             self._renewed = time.monotonic()

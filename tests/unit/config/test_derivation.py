@@ -101,6 +101,7 @@ OPTIONS: dict[str, tuple[list[str], Any]] = {
     "get_load_format": (["--get-load-format", "sglang"], "sglang"),
     "api_key_file": (["--api-key-file", str(KEY_FILE)], str(KEY_FILE)),
     "key_running_share": (["--key-running-share", "0.5"], 0.5),
+    "key_queued_share": (["--key-queued-share", "0.25"], 0.25),
     "disaggregation_mode": (["--disaggregation-mode", "prefill"], DisaggregationRole.PREFILL),
     # Its one choice so far: the table cannot set it to anything but its default.
     "disaggregation_transfer_backend": (

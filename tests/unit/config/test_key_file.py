@@ -70,7 +70,8 @@ def test_a_missing_file_is_refused(tmp_path: Path) -> None:
         parse_config(["--engine", "simulated", "--api-key-file", str(tmp_path / "none")])
 
 
+@pytest.mark.parametrize("flag", ["--key-running-share", "--key-queued-share"])
 @pytest.mark.parametrize("share", ["0", "1.5"])
-def test_the_running_share_is_a_fraction(share: str) -> None:
-    with pytest.raises(ConfigError, match="--key-running-share"):
-        parse_config(["--engine", "simulated", "--key-running-share", share])
+def test_the_shares_are_fractions(flag: str, share: str) -> None:
+    with pytest.raises(ConfigError, match=flag):
+        parse_config(["--engine", "simulated", flag, share])

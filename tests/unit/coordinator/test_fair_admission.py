@@ -17,6 +17,7 @@ from deepinfer_server.coordinator.admission import (
     Ticket,
     shared_state,
 )
+from deepinfer_server.coordinator.admission_limits import most_admitted
 from deepinfer_server.coordinator.channels import RankChannels, bind_rank_listener
 from deepinfer_server.coordinator.coordinator import Coordinator
 from deepinfer_server.errors import OverloadedError
@@ -101,6 +102,87 @@ def test_a_keys_own_limits_apply() -> None:
     assert _running(_admit(admission, 1, 3)) == 3  # the other key is not refused
 
 
+def test_a_flooding_key_fills_only_its_share_of_the_queue_and_alone_gets_the_429() -> None:
+    # 4 running slots and a queue of 8: the heavy key holds 3 running and 4 waiting at most.
+    admission = Admission(1, 12, max_num_seqs=4, tenants=TWO, running_share=0.75, queued_share=0.5)
+    heavy = [_admit(admission, HEAVY)[0] for _ in range(7)]
+    assert _running(heavy) == 3
+    with pytest.raises(OverloadedError) as refused:
+        admission.admit(HEAVY)
+    message = str(refused.value)
+    assert "this API key has 4 requests waiting" in message
+    assert "--key-queued-share 0.5 of --max-queued-requests 8" in message
+    # The rest of the server's capacity is the light key's: one starts, four wait.
+    light = [_admit(admission, LIGHT)[0] for _ in range(5)]
+    assert _running(light) == 1
+    assert admission.total == 12
+    # A heavy request that leaves the queue makes room for exactly one more of the heavy key's.
+    admission.release(heavy[-1])
+    admission.admit(HEAVY)
+    with pytest.raises(OverloadedError, match="--key-queued-share"):
+        admission.admit(HEAVY)
+
+
+def test_one_key_alone_may_fill_the_whole_queue() -> None:
+    admission = Admission(1, 12, max_num_seqs=4, tenants=(Tenant("only"),), queued_share=0.5)
+    assert _running([_admit(admission, 0)[0] for _ in range(12)]) == 4
+    with pytest.raises(OverloadedError, match="the server is at capacity"):
+        admission.admit(0)
+
+
+def test_a_keys_max_queued_overrides_the_share_and_names_itself() -> None:
+    tenants = (Tenant("wide", max_queued=6), Tenant("other"))
+    admission = Admission(
+        1, 20, max_num_seqs=2, tenants=tenants, running_share=0.5, queued_share=0.25
+    )
+    wide = [_admit(admission, 0)[0] for _ in range(7)]  # 1 running (half of 2), 6 waiting
+    assert _running(wide) == 1
+    with pytest.raises(OverloadedError, match="6 requests waiting, its max_queued in --api-key"):
+        admission.admit(0)
+    other = [_admit(admission, 1)[0] for _ in range(5)]  # 1 running, floor(18 * 0.25) waiting
+    assert _running(other) == 1
+    with pytest.raises(OverloadedError, match="4 requests waiting, its share"):
+        admission.admit(1)
+
+
+def test_the_queue_share_comes_from_the_configuration(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("heavy key-h\nlight key-l\n")
+    args = ["--engine", "simulated", "--api-key-file", str(keys)]
+    flags = ["--max-num-seqs", "2", "--max-queued-requests", "8", "--key-queued-share", "0.25"]
+    admission = Admission.for_config(parse_config([*args, *flags]))
+    heavy = [_admit(admission, HEAVY)[0] for _ in range(3)]  # 1 running, 2 waiting
+    assert _running(heavy) == 1
+    with pytest.raises(OverloadedError, match=r"--key-queued-share 0\.25 of --max-queued-req"):
+        admission.admit(HEAVY)
+    decode = parse_config([*args, *flags, "--disaggregation-mode", "decode"])
+    assert decode.admission_queued_share == 1.0  # a decode server queues nothing
+
+
+def test_the_most_one_request_of_a_key_may_have_admitted(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("plain key-p\ncapped key-c max_running=1 max_queued=2\n")
+    flags = ["--max-num-seqs", "4", "--max-queued-requests", "8", "--api-key-file", str(keys)]
+    config = parse_config(["--engine", "simulated", *flags])
+    assert (most_admitted(config, 0), most_admitted(config, 1)) == (3 + 4, 1 + 2)
+    alone = parse_config(["--engine", "simulated", "--max-num-seqs", "4"])
+    assert most_admitted(alone, 0) == alone.admission_capacity == 4 + 512
+
+
+def test_admitted_requests_are_counted_by_priority_until_the_engine_ends_them() -> None:
+    admission = Admission(1, 10, max_num_seqs=1)
+    low = [_admit(admission, 0, priority=9)[0] for _ in range(3)]
+    [other] = _admit(admission, 0)
+    assert (admission.admitted_at(9), admission.admitted_at(0)) == (3, 1)
+    assert low[0].rank == 0
+    admission.finished(low[0])
+    admission.release(low[0])  # its stream closes after the engine ended it: counted once
+    admission.release(low[1])  # left the queue
+    assert (admission.admitted_at(9), admission.admitted_at(0)) == (1, 1)
+    admission.release(other)
+    assert admission.admitted_at(0) == 0
+
+
 def test_max_queued_0_admits_only_what_starts_at_once() -> None:
     tenants = (Tenant("never-queued", max_queued=0),)
     admission = Admission(1, 100, max_num_seqs=2, tenants=tenants)
@@ -126,6 +208,24 @@ def test_a_freed_slot_wakes_the_process_whose_request_is_due() -> None:
     assert select.select([reader], [], [], 5)[0] == [reader]
     assert here.ready() == [light]
     assert here.tenant_counts() == [("heavy", 1, 3), ("light", 1, 0)]
+
+
+def test_a_keys_queue_share_counts_its_requests_in_every_process() -> None:
+    state = shared_state(1, 2, processes=2)
+    here, there = (
+        SharedAdmission(
+            1, 8, state, process, max_num_seqs=2, tenants=TWO, running_share=0.5, queued_share=0.5
+        )
+        for process in (0, 1)
+    )
+    # 1 running; the queue of 6 allows the heavy key 3 waiting, wherever they wait.
+    heavy = [_admit(process, HEAVY)[0] for process in (here, there, here, there)]
+    assert _running(heavy) == 1
+    with pytest.raises(OverloadedError, match="this API key has 3 requests waiting"):
+        here.admit(HEAVY)
+    with pytest.raises(OverloadedError, match="this API key has 3 requests waiting"):
+        there.admit(HEAVY)
+    assert _running([_admit(there, LIGHT)[0]]) == 1
 
 
 def test_a_heavy_keys_streams_cannot_keep_a_light_keys_request_from_starting(
