@@ -32,7 +32,7 @@ ENDLESS = {
 
 @pytest.fixture(scope="module", params=API_SERVER_COUNTS, ids=lambda n: f"api{n}")
 def metered(request: pytest.FixtureRequest) -> Iterator[LiveServer]:
-    """DP=2, one running sequence per rank (capacity 2), a short request timeout; one API
+    """DP=2, one running sequence per rank (capacity 2), a short request timeout (4 s); one API
     server process, or two whose /metrics must add up to the same numbers."""
     with LiveServer(
         "--ep",
@@ -44,7 +44,9 @@ def metered(request: pytest.FixtureRequest) -> Iterator[LiveServer]:
         "--max-queued-requests",
         "0",
         "--request-timeout",
-        "2",
+        # Long enough that the two streams below still run when the third request comes
+        # on a loaded machine (2 s was not, once, beside other test runs).
+        "4",
         "--sim-itl-ms",
         "5",
         "--sim-ttft-ms",
