@@ -230,13 +230,34 @@ def test_a_prefill_server_gone_before_the_pull_is_a_503_and_leaks_nothing(
     )
 
 
+def two_stored_turns(normal: openai.OpenAI, routed: openai.OpenAI) -> int:
+    """Two Responses turns with the openai client's defaults (smg adds `store: true` to both
+    legs), the second by `previous_response_id`: the decode server stores each turn, the
+    prefill server stores none and reads the first from the store both share (the tests'
+    servers share one SQLite store). Returns the requests sent through the gateway."""
+    answers: list[list[str]] = []
+    for client in (normal, routed):
+        first = client.responses.create(model=MODEL, input=QUESTION, max_output_tokens=30)
+        second = client.responses.create(
+            model=MODEL,
+            input="And what did the keeper see?",
+            previous_response_id=first.id,
+            max_output_tokens=30,
+        )
+        assert second.previous_response_id == first.id
+        answers.append([first.output_text, second.output_text])
+    assert answers[1] == answers[0]
+    return 2
+
+
 def test_smg_in_pd_mode_answers_each_api_as_a_normal_server(
     prefill: LiveServer, decode: LiveServer, shared_server: LiveServer, tmp_path: Path
 ) -> None:
     """The real gateway: `smg launch --pd-disaggregation --prefill URL PORT --decode URL`
     sends the prefill leg, reads its answer's `kv_transfer_params` and hands it to the decode
-    leg; Chat (JSON and SSE), Responses and Messages come back as a NORMAL server answers them,
-    the decode server computing at most one block of each prompt while KV bytes move."""
+    leg; Chat (JSON and SSE), Responses (stored and continued too) and Messages come back as a
+    NORMAL server answers them, the decode server computing at most one block of each prompt
+    while KV bytes move."""
     from tests.routers.fleet import pd_gateway  # skips without scripts/install-smg.sh's smg
 
     messages: Any = CHAT["messages"]
@@ -269,6 +290,7 @@ def test_smg_in_pd_mode_answers_each_api_as_a_normal_server(
             ).output_text
             assert routed_text == text
             requests += 3
+            requests += two_stored_turns(normal, routed)
         with (
             anthropic_client(shared_server) as normal_messages,
             anthropic.Anthropic(
