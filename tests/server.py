@@ -287,6 +287,14 @@ class LiveServer:
                 spawned.append(child)
         return spawned
 
+    def bootstrap_ports(self) -> list[int]:
+        """A prefill server's disaggregation bootstrap ports, by DP rank, as its ranks bound
+        them (`--disaggregation-bootstrap-port 0`) and its server info reports them."""
+        info = httpx.get(f"{self.base_url}/server_info", timeout=10).json()
+        ports = info["disaggregation_bootstrap_ports"]
+        assert isinstance(ports, list) and all(isinstance(port, int) for port in ports), info
+        return ports
+
     def answered_by(self, request_id: str, timeout: float = 10.0) -> int:
         """Which API server process answered request `request_id` (from its access-log line)."""
         line = self.wait_for_line(f"request_id={request_id} ", timeout)

@@ -29,7 +29,7 @@ from tests.conftest import MODEL
 from tests.deepinfer_twin import engine_env
 from tests.lanes import require_disaggregation
 from tests.metrics_scrape import scrape, value
-from tests.server import LiveServer, free_port, wait_until
+from tests.server import LiveServer, wait_until
 
 require_disaggregation()
 pytestmark = [pytest.mark.deepinfer_twin, pytest.mark.disaggregation]
@@ -68,7 +68,7 @@ def start_prefill(checkpoint: Path) -> LiveServer:
         "--disaggregation-mode",
         "prefill",
         "--disaggregation-bootstrap-port",
-        str(free_port()),
+        "0",
         "--disaggregation-kv-hold-timeout",
         str(HOLD_TIMEOUT),
     )
@@ -217,18 +217,13 @@ def test_concurrent_requests_share_both_servers_steps_and_each_gets_its_own_answ
 def test_two_dp_ranks_on_each_side_hand_off_between_any_pair(
     checkpoint: Path, normal: LiveServer
 ) -> None:
-    # Each prefill rank holds its prompts behind its own bootstrap port (port + rank) and
+    # Each prefill rank holds its prompts behind its own bootstrap port (with 0, one it bound) and
     # transfer engine; each decode rank pulls from whichever rank its handoff names. Without
     # zero-overhead scheduling (a PROMPT engine's default) DeepInfer's work check all-reduces
     # over the DP group on the GPU; the twin has none, so its ranks schedule with it on.
     env = {**ENV, "DEEPINFER_ZERO_OVERHEAD_SCHEDULING": "1"}
     common = ("--max-model-len", "4096", "--served-model-name", MODEL, "--ep", "2", "--dp", "2")
-    prefill_args = (
-        "--disaggregation-mode",
-        "prefill",
-        "--disaggregation-bootstrap-port",
-        str(free_port()),
-    )
+    prefill_args = ("--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", "0")
     bodies = [
         chat(messages=[{"role": "user", "content": f"Tale {n}: " + QUESTION[: 250 * (n + 2)]}])
         for n in range(4)

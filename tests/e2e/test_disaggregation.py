@@ -18,7 +18,7 @@ import pytest
 from tests.conftest import MODEL
 from tests.lanes import require_disaggregation
 from tests.metrics_scrape import scrape, value
-from tests.server import LiveServer, free_port, wait_until
+from tests.server import LiveServer, wait_until
 
 require_disaggregation()
 pytestmark = pytest.mark.disaggregation
@@ -28,23 +28,17 @@ COMMON = ("--sim-ttft-ms", "5", "--sim-itl-ms", "2", "--max-model-len", "4096")
 QUESTION = "Tell me about the lighthouse keeper and the storm that night. " * 40
 
 
-def start_prefill(bootstrap_port: int | None = None) -> LiveServer:
+def start_prefill() -> LiveServer:
+    """A prefill server whose rank binds a bootstrap port of its own choosing (read back with
+    `LiveServer.bootstrap_ports`): no port is picked ahead for it to race other processes for."""
     return LiveServer(
-        *COMMON,
-        "--disaggregation-mode",
-        "prefill",
-        "--disaggregation-bootstrap-port",
-        str(bootstrap_port or free_port()),
+        *COMMON, "--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", "0"
     )
-
-
-#: The shared prefill server's bootstrap port (what a PD gateway is told with its URL).
-PREFILL_BOOTSTRAP_PORT = free_port()
 
 
 @pytest.fixture(scope="module")
 def prefill() -> Iterator[LiveServer]:
-    with start_prefill(PREFILL_BOOTSTRAP_PORT) as server:
+    with start_prefill() as server:
         yield server
 
 
@@ -171,6 +165,24 @@ def test_messages_through_both_legs_is_the_normal_servers_answer(
     assert answer.stop_reason == expected.stop_reason
 
 
+def test_the_bootstrap_port_a_prefill_rank_bound_is_reported_and_named_by_its_handoffs(
+    prefill: LiveServer, decode: LiveServer
+) -> None:
+    """With `--disaggregation-bootstrap-port 0` the rank binds a port itself: its server info
+    (what gateways read) and its startup log name it, its handoffs carry it, and a decode
+    server's health probe reaches it there."""
+    (port,) = prefill.bootstrap_ports()
+    assert port > 0
+    info = httpx.get(f"{prefill.base_url}/server_info", timeout=10).json()
+    assert (info["disaggregation_mode"], info["disaggregation_bootstrap_port"]) == ("prefill", port)
+    prefill.wait_for_line(f"DP rank 0: disaggregation bootstrap port {port}", 10)
+    params = handoff(prefill, "/v1/chat/completions", CHAT, "max_tokens")
+    assert (params["remote_bootstrap_port"], params["remote_dp_rank"]) == (port, 0)
+    decode_info = httpx.get(f"{decode.base_url}/server_info", timeout=10).json()
+    assert decode_info["disaggregation_mode"] == "decode"
+    assert decode_info["disaggregation_bootstrap_ports"] == []
+
+
 def test_a_decode_request_without_a_handoff_is_refused_in_the_protocols_shape(
     decode: LiveServer,
 ) -> None:
@@ -218,18 +230,39 @@ def test_a_prefill_server_gone_before_the_pull_is_a_503_and_leaks_nothing(
     )
 
 
+def two_stored_turns(normal: openai.OpenAI, routed: openai.OpenAI) -> int:
+    """Two Responses turns with the openai client's defaults (smg adds `store: true` to both
+    legs), the second by `previous_response_id`: the decode server stores each turn, the
+    prefill server stores none and reads the first from the store both share (the tests'
+    servers share one SQLite store). Returns the requests sent through the gateway."""
+    answers: list[list[str]] = []
+    for client in (normal, routed):
+        first = client.responses.create(model=MODEL, input=QUESTION, max_output_tokens=30)
+        second = client.responses.create(
+            model=MODEL,
+            input="And what did the keeper see?",
+            previous_response_id=first.id,
+            max_output_tokens=30,
+        )
+        assert second.previous_response_id == first.id
+        answers.append([first.output_text, second.output_text])
+    assert answers[1] == answers[0]
+    return 2
+
+
 def test_smg_in_pd_mode_answers_each_api_as_a_normal_server(
     prefill: LiveServer, decode: LiveServer, shared_server: LiveServer, tmp_path: Path
 ) -> None:
     """The real gateway: `smg launch --pd-disaggregation --prefill URL PORT --decode URL`
     sends the prefill leg, reads its answer's `kv_transfer_params` and hands it to the decode
-    leg; Chat (JSON and SSE), Responses and Messages come back as a NORMAL server answers them,
-    the decode server computing at most one block of each prompt while KV bytes move."""
+    leg; Chat (JSON and SSE), Responses (stored and continued too) and Messages come back as a
+    NORMAL server answers them, the decode server computing at most one block of each prompt
+    while KV bytes move."""
     from tests.routers.fleet import pd_gateway  # skips without scripts/install-smg.sh's smg
 
     messages: Any = CHAT["messages"]
     with pd_gateway(
-        [(prefill.base_url, PREFILL_BOOTSTRAP_PORT)], [decode.base_url], tmp_path / "smg.log"
+        [(prefill.base_url, prefill.bootstrap_ports()[0])], [decode.base_url], tmp_path / "smg.log"
     ) as gateway:
         before = scrape(decode.base_url)
         requests = 0
@@ -257,6 +290,7 @@ def test_smg_in_pd_mode_answers_each_api_as_a_normal_server(
             ).output_text
             assert routed_text == text
             requests += 3
+            requests += two_stored_turns(normal, routed)
         with (
             anthropic_client(shared_server) as normal_messages,
             anthropic.Anthropic(

@@ -83,6 +83,8 @@ class FakeCoordinator:
     failure: str | None = None
     draining: bool = False
     kv_cache_usage: float | None = None
+    #: Each prefill rank's bound bootstrap port, as the ranks reported it.
+    bootstrap_ports: dict[int, int] = field(default_factory=dict)
     capacity: int | None = None  # admission: 429 beyond this many requests in flight
     #: Each submitted request's (tenant index, priority), by request ID.
     placement: dict[str, tuple[int, int]] = field(default_factory=dict)

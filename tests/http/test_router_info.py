@@ -78,6 +78,13 @@ def test_server_info_describes_the_replica(path: str) -> None:
             assert info["max_running_requests"] == 3
             assert info["engine"] == "simulated"
             assert info["model_path"]
+            assert info["disaggregation_mode"] == "null"
+            assert info["disaggregation_bootstrap_port"] is None
+            assert info["disaggregation_bootstrap_ports"] == []
+            h.coordinator.bootstrap_ports = {1: 41001, 0: 41000}  # as two prefill ranks report
+            info = (await h.client.get(path)).json()
+            assert info["disaggregation_bootstrap_port"] == 41000
+            assert info["disaggregation_bootstrap_ports"] == [41000, 41001]
 
     run(body)
 

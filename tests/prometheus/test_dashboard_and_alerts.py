@@ -42,7 +42,7 @@ from tests.conftest import MODEL, NO_THINKING
 from tests.lanes import require_disaggregation
 from tests.prometheus.live import LivePrometheus, QueryError, binary
 from tests.routers.fleet import wait_for
-from tests.server import LiveServer, free_port
+from tests.server import LiveServer
 
 pytestmark = pytest.mark.prometheus
 
@@ -366,7 +366,7 @@ def test_disaggregation_panels_return_data_from_a_prefill_decode_pair(tmp_path: 
     common = ("--sim-ttft-ms", "5", "--sim-itl-ms", "2", "--max-model-len", "4096")
     with (
         LiveServer(*common, "--disaggregation-mode", "prefill",
-                   "--disaggregation-bootstrap-port", str(free_port())) as prefill,
+                   "--disaggregation-bootstrap-port", "0") as prefill,
         LiveServer(*common, "--disaggregation-mode", "decode") as decode,
     ):  # fmt: skip
         config = lane_config(prefill)

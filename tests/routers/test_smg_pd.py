@@ -118,6 +118,16 @@ def test_responses_and_messages_are_routed_in_pd_mode(
     prefill_leg, decode_leg = legs(servers, before)
     assert (prefill_leg["max_output_tokens"], decode_leg["max_output_tokens"]) == (1, 10)
     assert prefill_leg["input"] == decode_leg["input"] == "Tell me about the sea"
+    # The client sent no `store`; smg sets OpenAI's default on both legs.
+    assert prefill_leg["store"] is decode_leg["store"] is True
+
+    before = counts(servers)
+    second = client.responses.create(
+        model=MODEL, input="And the sky?", previous_response_id=response.id, max_output_tokens=10
+    )
+    assert second.previous_response_id == response.id
+    prefill_leg, decode_leg = legs(servers, before)
+    assert prefill_leg["previous_response_id"] == decode_leg["previous_response_id"] == response.id
 
     before = counts(servers)
     messages = anthropic.Anthropic(base_url=gateway.url, api_key="unused", max_retries=0)

@@ -21,7 +21,7 @@ from deepinfer_server.api.state import AppState
 from deepinfer_server.api.store_scope import request_scope
 from deepinfer_server.coordinator.handle import RequestHandle
 from deepinfer_server.disaggregation.role import DisaggregationRole
-from deepinfer_server.errors import BadRequestError
+from deepinfer_server.errors import BadRequestError, StoredObjectNotFound
 from deepinfer_server.metrics import RequestRecord
 from deepinfer_server.protocol.core.validation import optional_bool
 from deepinfer_server.protocol.responses.conversations import read_conversation
@@ -56,15 +56,41 @@ class StoredSession(ResponsesSession):
         return SSEResponse(write_body)
 
 
+def _prefill_leg(body: dict[str, Any], has_store: bool) -> None:
+    """A prefill server's part in a Responses request: its answer is the first token of one
+    a decode server gives, runs and stores. `store` (a PD gateway sets it on every request) is
+    the decode server's to honour, so it is taken out of the body here; what needs the history
+    is read from the store the decode servers write, which this server must then share."""
+    optional_bool(body, "store")  # still a boolean when given
+    body.pop("store", None)
+    if optional_bool(body, "background"):
+        raise BadRequestError(
+            "a prefill server runs no background responses: the decode server that answers "
+            "the request runs and stores them",
+            param="background",
+        )
+    if has_store:
+        return
+    for name in ("previous_response_id", "conversation"):
+        if body.get(name) is not None:
+            raise BadRequestError(
+                f"{name} needs the Responses store the decode servers write, and this prefill "
+                "server has none (--response-store none): give it the decode servers' "
+                "--response-store",
+                param=name,
+            )
+
+
 async def open_session(request: Request, body: dict[str, Any]) -> StoredSession | None:
     """The session of a Responses request the store serves, or None (the stateless path)."""
     state: AppState = request.app.state.server
     store = state.store
+    # A prefill server's answer would be a stored row no client sees, taking the key's quota.
+    prefill_leg = state.config.disaggregation_mode is DisaggregationRole.PREFILL
+    if prefill_leg:
+        _prefill_leg(body, store is not None)
     if store is None:
         return None  # the preparation refuses what needs a store, as without one
-    # A prefill server's answer is the first token of an answer the decode server gives (and
-    # stores): kept here it would be a row no client sees, taking the key's store quota.
-    prefill_leg = state.config.disaggregation_mode is DisaggregationRole.PREFILL
     stored = optional_bool(body, "store", default=True) and not prefill_leg
     conversation = read_conversation(body)
     previous = check_previous_response_id(body)
@@ -72,9 +98,8 @@ async def open_session(request: Request, body: dict[str, Any]) -> StoredSession 
     background = optional_bool(body, "background")
     if background and not stored:
         raise BadRequestError(
-            "background responses must be stored: omit `store` or set it to true"
-            + (" (a prefill server stores nothing)" if prefill_leg else ""),
-            param="store" if not prefill_leg else "background",
+            "background responses must be stored: omit `store` or set it to true",
+            param="store",
         )
     if not stored and previous is None and not references and conversation is None:
         return None
@@ -92,5 +117,15 @@ async def open_session(request: Request, body: dict[str, Any]) -> StoredSession 
         conversation,
         appends=not prefill_leg,
     )
-    await session.expand(body)
+    try:
+        await session.expand(body)
+    except StoredObjectNotFound as missing:
+        if prefill_leg:
+            raise StoredObjectNotFound(
+                f"{missing.message} A prefill server reads the history its decode servers "
+                "stored: give it the decode servers' --response-store",
+                param=missing.param,
+                kind=missing.kind,
+            ) from None
+        raise
     return session

@@ -115,9 +115,9 @@ def _check_admission(config: ServerConfig) -> None:
 
 
 def _check_disaggregation(config: ServerConfig) -> None:
-    if not 0 < config.disaggregation_bootstrap_port < 65536:
+    if not 0 <= config.disaggregation_bootstrap_port < 65536:
         raise ConfigError(
-            "--disaggregation-bootstrap-port must be in 1..65535, got "
+            "--disaggregation-bootstrap-port must be in 0..65535, got "
             f"{config.disaggregation_bootstrap_port}"
         )
     _positive(

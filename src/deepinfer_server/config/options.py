@@ -89,7 +89,8 @@ class ServerConfig(
         8998,
         "--disaggregation-bootstrap-port",
         help="prefill server: DP rank r listens on this port + r for decode servers' release "
-        "notices and health probes (default: %(default)s)",
+        "notices and health probes; 0: each rank binds a free port, reported in /server_info "
+        "and the startup log (default: %(default)s)",
     )
     disaggregation_ib_device: str | None = option(
         None,

@@ -90,6 +90,7 @@ class Coordinator:
         self._routing = PrefixRouting.for_ranks_of(config.max_num_seqs)
         self._reports = RankReports(config.data_parallel_size, metrics, self._directory)
         self._readiness = Readiness(config.data_parallel_size)
+        self.bootstrap_ports = self._readiness.bootstrap_ports
         self._failure: str | None = None
         self._causes = FailureCause(self._fail_service)
         #: Where a rank's failure report goes when this process cannot see rank exits (an API
@@ -373,7 +374,7 @@ class Coordinator:
         elif isinstance(message, RankReady):
             self._liveness.reported(message.rank, asyncio.get_running_loop().time())
             logger.info("[startup] DP rank %d is ready (pid %d)", message.rank, message.pid)
-            self._readiness.ready(message.rank)
+            self._readiness.ready(message.rank, message.bootstrap_port)
         elif isinstance(message, RankFailed):
             logger.error("DP rank %d failed:\n%s", message.rank, message.traceback)
             self._on_rank_report(message.rank, f"DP rank {message.rank} failed: {message.message}")

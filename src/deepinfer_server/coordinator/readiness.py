@@ -1,4 +1,5 @@
-"""Readiness: which DP ranks reported ready, and the wait for the last of them."""
+"""Readiness: which DP ranks reported ready, and the wait for the last of them; and the
+disaggregation bootstrap port each prefill rank bound, which it reports with its readiness."""
 
 from __future__ import annotations
 
@@ -15,10 +16,14 @@ class Readiness:
         self._size = size
         self._ready: set[int] = set()
         self._all_ready = asyncio.Event()
+        #: Each prefill rank's bound bootstrap port, by DP rank (what `/server_info` lists).
+        self.bootstrap_ports: dict[int, int] = {}
 
-    def ready(self, rank: int) -> None:
-        """Rank `rank` reported ready."""
+    def ready(self, rank: int, bootstrap_port: int | None = None) -> None:
+        """Rank `rank` reported ready (a prefill rank with the bootstrap port it bound)."""
         self._ready.add(rank)
+        if bootstrap_port is not None:
+            self.bootstrap_ports[rank] = bootstrap_port
         if len(self._ready) == self._size:
             self._all_ready.set()
 

@@ -137,6 +137,8 @@ class BuiltEngine:
     #: Called once the rank reported ready: work the engine does ahead of its first use that
     #: must not slow the server's start (a simulated rank's grammar compiler).
     after_ready: Callable[[], None] | None = None
+    #: A prefill rank's bound disaggregation bootstrap port, reported with its readiness.
+    bootstrap_port: int | None = None
 
 
 class EngineBackend(abc.ABC):

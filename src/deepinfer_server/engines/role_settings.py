@@ -15,7 +15,8 @@ class RoleSettings:
     #: The address the rank's transfer engine and bootstrap port are reached at.
     host: str
     ib_device: str | None
-    #: The prefill side's bootstrap port of DP rank 0 (rank r listens on port + r).
+    #: The prefill side's bootstrap port of DP rank 0 (rank r listens on port + r; with 0, every
+    #: rank binds a port of its own choosing).
     bootstrap_port: int
     rank: int
     hold_timeout: float

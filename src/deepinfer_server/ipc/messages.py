@@ -160,6 +160,8 @@ class RankReady(_Message):
 
     rank: int
     pid: int
+    #: A prefill rank's bound disaggregation bootstrap port (None on other roles).
+    bootstrap_port: int | None = None
 
 
 class GeneratedTokens(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

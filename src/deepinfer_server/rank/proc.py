@@ -142,7 +142,7 @@ def run_rank(spec: RankSpec, stop: StopAgreement, shared: SharedState | None) ->
     watchdog = ChildWatchdog(built.children, lambda message: _fail_from_watchdog(spec, message))
     try:
         watchdog.start()
-        links.send_all(RankReady(spec.rank, os.getpid()))
+        links.send_all(RankReady(spec.rank, os.getpid(), built.bootstrap_port))
         logger.info("[startup] ready")
         if built.after_ready is not None:
             built.after_ready()

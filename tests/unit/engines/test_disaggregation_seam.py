@@ -148,8 +148,9 @@ def test_a_decode_server_is_unhealthy_only_when_no_known_prefill_peer_answers() 
     from deepinfer_server.disaggregation.transfer.bootstrap import BootstrapServer
 
     def peer(port: int) -> KVTransferParams:
+        # The handoff names the holding rank's own port (HANDOFF's rank is 1: no port + rank).
         return parse_kv_transfer_params(
-            {**HANDOFF, "remote_host": "127.0.0.1", "remote_bootstrap_port": port - 1}
+            {**HANDOFF, "remote_host": "127.0.0.1", "remote_bootstrap_port": port}
         )
 
     peers = PrefillPeers()

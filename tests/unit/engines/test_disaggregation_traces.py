@@ -3,17 +3,16 @@ before, during and after the pull, a prefill engine closed mid-trace, a decode p
 for every prompt, hold and transfer timeouts), every KV block, state slot, held transfer and
 request record on both sides goes back to its baseline, and each request ends exactly once.
 
-Two PROMPT engines (ranks 0 and 1 of one bootstrap port) and two COMPLETION engines (one with a
-pool that fits a single prompt) are built once and reused by every example, with the real
-transfer library between them on loopback: a leak in one example shows up in the next one's
-baseline as well. The roles' clock is a fake one the trace advances, so hold and transfer
+Two PROMPT engines (ranks 0 and 1, each on a bootstrap port it bound itself) and two COMPLETION
+engines (one with a pool that fits a single prompt) are built once and reused by every example,
+with the real transfer library between them on loopback: a leak in one example shows up in the
+next one's baseline as well. The roles' clock is a fake one the trace advances, so hold and transfer
 timeouts happen without waiting for them; pulls run in real threads of their own.
 """
 
 from __future__ import annotations
 
 import itertools
-import socket
 import time
 import types
 from collections.abc import Iterator
@@ -94,24 +93,8 @@ class Request:
     decode_tokens: int = 0
 
 
-def _free_port_pair() -> int:
-    """A port that is free on every address, as is the next one (a rank listens on each):
-    a free port alone left the next one to chance, and an outgoing connection of a server
-    started beside this test once held it."""
-    for _ in range(100):
-        with socket.socket() as first, socket.socket() as second:
-            first.bind(("0.0.0.0", 0))
-            port = int(first.getsockname()[1])
-            try:
-                second.bind(("0.0.0.0", port + 1))
-            except OSError:
-                continue
-            return port
-    raise AssertionError("no two consecutive free ports")
-
-
 class Cluster:
-    """Two PROMPT ranks sharing a bootstrap port and two COMPLETION engines."""
+    """Two PROMPT ranks of one server and two COMPLETION engines."""
 
     def __init__(self) -> None:
         self.clock = FakeClock()
@@ -122,7 +105,6 @@ class Cluster:
         ]
         for patch in self._patches:
             patch.start()
-        self._bootstrap_port = _free_port_pair()  # rank 1 listens on the next port
         self._ids = itertools.count()
         self.prefills = [self._prefill(rank) for rank in range(2)]
         self.decodes = [
@@ -136,9 +118,8 @@ class Cluster:
         engine, driver = make(
             "prefill",
             engine_rank=rank,
-            role=role_settings(
-                bootstrap_port=self._bootstrap_port, rank=rank, hold_timeout=HOLD_TIMEOUT
-            ),
+            # Port 0: each rank binds a port of its own and names it in its handoffs.
+            role=role_settings(bootstrap_port=0, rank=rank, hold_timeout=HOLD_TIMEOUT),
             max_num_seqs=3,
         )
         return Side(engine, driver)

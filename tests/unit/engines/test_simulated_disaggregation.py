@@ -12,8 +12,11 @@ from typing import Any
 import msgspec
 import pytest
 
+from deepinfer_server.disaggregation.handoff.bootstrap import bootstrap_call
 from deepinfer_server.disaggregation.handoff.params import KVTransferParams
 from deepinfer_server.disaggregation.role import DisaggregationRole
+from deepinfer_server.disaggregation.transfer import connector
+from deepinfer_server.disaggregation.transfer.connector import PrefillConnector
 from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver
 from deepinfer_server.engines.role_settings import RoleSettings
 from deepinfer_server.engines.simulated.abilities import SimulatedAbilities
@@ -37,19 +40,20 @@ def _tokenizer_json() -> str:
     return embedded_tokenizer_json()
 
 
-def _free_port() -> int:
+def _unused_port() -> int:
+    """A port nothing listens on (where a closed transfer engine's session was)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
 
 def role_settings(**changes: Any) -> RoleSettings:
-    """A rank's disaggregation settings on loopback, a free bootstrap port unless `changes`
-    give one."""
+    """A rank's disaggregation settings on loopback, a bootstrap port the rank binds itself
+    unless `changes` give one."""
     settings = RoleSettings(
         host="127.0.0.1",
         ib_device=None,
-        bootstrap_port=_free_port(),
+        bootstrap_port=0,
         rank=0,
         hold_timeout=60.0,
         transfer_timeout=30.0,
@@ -169,6 +173,37 @@ def test_a_handoff_decodes_the_normal_engines_answer_without_computing_the_promp
     assert counters is not None and counters.kv_transfer_bytes == stats.bytes
 
 
+def test_a_prefill_rank_on_bootstrap_port_0_names_the_port_it_bound_in_its_handoffs(
+    prefill: tuple[LLMEngine, LLMEngineDriver],
+) -> None:
+    engine, _ = prefill
+    port = engine.bootstrap_port()
+    assert port is not None and port > 0
+    assert SimulatedAbilities(engine).connector.bootstrap_port == port
+    params = handoff_of(prefill, "b")
+    assert (params.remote_bootstrap_port, params.remote_dp_rank) == (port, 0)
+    answer = bootstrap_call("127.0.0.1", port, {"op": "ping"}, 5.0)
+    assert answer == {"ok": True, "engine_id": params.remote_engine_id}
+
+
+def test_a_non_zero_bootstrap_port_is_rank_0s_and_rank_r_listens_on_it_plus_r(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked: list[int] = []
+
+    class Bound:
+        """Stands in for the bootstrap server: records the port asked for, binds nothing."""
+
+        def __init__(self, host: str, port: int, engine_id: str) -> None:
+            asked.append(port)
+            self.port = port or 41234  # the kernel's choice for 0
+
+    monkeypatch.setattr(connector, "BootstrapServer", Bound)
+    assert PrefillConnector(9100, 2, 1.0).bootstrap_port == 9102
+    assert PrefillConnector(0, 2, 1.0).bootstrap_port == 41234
+    assert asked == [9102, 0]
+
+
 def test_a_prompt_that_is_not_the_handed_off_one_fails_the_provenance_check(
     prefill: tuple[LLMEngine, LLMEngineDriver], decode: tuple[LLMEngine, LLMEngineDriver]
 ) -> None:
@@ -191,7 +226,7 @@ def test_a_prefill_side_that_is_gone_fails_the_transfer_and_frees_what_was_reser
     prefill_engine, prefill_driver = make("prefill")
     params = handoff_of((prefill_engine, prefill_driver), "p")
     prefill_driver.close()  # its transfer engine's memory is unregistered
-    gone = msgspec.structs.replace(params, remote_port=_free_port())
+    gone = msgspec.structs.replace(params, remote_port=_unused_port())
     decode_engine, decode_driver = decode
     free = decode_engine.scheduler.get_num_free_gpu_blocks()
     add(decode_driver, "d", PROMPT, gone)

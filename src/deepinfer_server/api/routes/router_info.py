@@ -6,7 +6,10 @@
   as the load. Both routers send nothing that tells them apart, so the shape is a server
   option (`--get-load-format`), and `?format=vllm|sglang` picks one per request.
 - `GET /server_info`, `/get_server_info`, `/model_info`, `/get_model_info`: what `smg` reads
-  when it registers a worker (model name and path, DP size, context length, engine kind).
+  when it registers a worker (model name and path, DP size, context length, engine kind). The
+  server info also says the disaggregation role and, on a prefill server, the bootstrap port
+  each DP rank bound (SGLang's `disaggregation_bootstrap_port` is rank 0's): with
+  `--disaggregation-bootstrap-port 0` this is where an operator or a gateway learns them.
 """
 
 from __future__ import annotations
@@ -73,6 +76,8 @@ async def server_info(request: Request) -> Response:
     """SGLang's server info: what one replica is and how much it runs at once."""
     state: AppState = request.app.state.server
     config = state.config
+    bound = state.coordinator.bootstrap_ports
+    ports = [bound[rank] for rank in sorted(bound)]
     return JSONResponse(
         {
             **_common(state),
@@ -81,6 +86,9 @@ async def server_info(request: Request) -> Response:
             "max_num_batched_tokens": config.max_num_batched_tokens,
             "engine": config.engine,
             "version": __version__,
+            "disaggregation_mode": config.disaggregation_mode.value,
+            "disaggregation_bootstrap_port": ports[0] if ports else None,
+            "disaggregation_bootstrap_ports": ports,
         }
     )
 

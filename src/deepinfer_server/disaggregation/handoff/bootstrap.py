@@ -1,6 +1,7 @@
 """The bootstrap port's small protocol, spoken between servers in prefill/decode disaggregation.
 
-The bootstrap port (prefill DP rank r listens on `--disaggregation-bootstrap-port` + r) takes
+The bootstrap port (prefill DP rank r listens on `--disaggregation-bootstrap-port` + r, or with
+0 on a port of its own choosing; a handoff names its rank's port) takes
 one JSON line per connection and answers one: `{"op": "release", "transfer_id": ...}` (the
 decode side has the KV, or gives up on it: the prefill side frees it) and `{"op": "ping"}` (a
 decode server's health probe). The listening side is `transfer.bootstrap.BootstrapServer`.

@@ -22,7 +22,8 @@ _Id = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 class KVTransferParams(msgspec.Struct, forbid_unknown_fields=False, kw_only=True):
     """Where a decode server pulls one prefilled prompt's KV from, and what it must find there.
 
-    `remote_port` is the prefill rank's transfer-engine session port, `remote_kv_address` and
+    `remote_port` is the prefill rank's transfer-engine session port, `remote_bootstrap_port`
+    the bootstrap port of the rank holding the KV (`remote_dp_rank`), `remote_kv_address` and
     `remote_state_address` the registered memory its blocks and state slot sit in;
     `remote_engine_id` names the prefill engine that wrote them (provenance).
     """

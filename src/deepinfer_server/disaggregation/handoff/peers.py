@@ -27,8 +27,7 @@ class PrefillPeers:
 
     def seen(self, params: KVTransferParams, now: float) -> None:
         """A handoff named this prefill rank."""
-        port = params.remote_bootstrap_port + params.remote_dp_rank
-        self._seen[(params.remote_host, port)] = now
+        self._seen[(params.remote_host, params.remote_bootstrap_port)] = now
 
     async def unreachable(self, now: float, probe_seconds: float = PEER_PROBE_SECONDS) -> list[str]:
         """The recent peers, as host:port, when none of them answers a ping within

@@ -59,7 +59,8 @@ class BootstrapServer:
             ) from exc
         self._server.engine_id = engine_id
         self._server.released = queue.SimpleQueue()
-        self.port = self._server.server_address[1]
+        #: The bound port (the one asked for, or the kernel's choice when that was 0).
+        self.port: int = self._server.server_address[1]
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="pd-bootstrap", daemon=True
         )

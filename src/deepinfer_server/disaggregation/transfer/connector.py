@@ -5,7 +5,8 @@ Each engine plays its role on its own hooks (`engines/simulated/disaggregation.p
 the engine driver reads a rank's role only through it (`engines.abilities`). A NORMAL engine's
 connector is `KVConnector` itself: every answer is "nothing".
 
-- `PrefillConnector` (a PROMPT engine): the bootstrap port, the holds of prefilled prompts
+- `PrefillConnector` (a PROMPT engine): the bootstrap port (`--disaggregation-bootstrap-port`
+  + rank, or with 0 a port the rank binds of its own choosing), the holds of prefilled prompts
   and the handoffs waiting for the driver.
 - `DecodeConnector` (a COMPLETION engine): the pulls off the lockstep loop, their statistics,
   and the requests the role ended outside the engine's scheduler.
@@ -13,6 +14,7 @@ connector is `KVConnector` itself: every answer is "nothing".
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
 from collections.abc import Callable
@@ -23,6 +25,8 @@ from deepinfer_server.disaggregation.transfer.bootstrap import BootstrapServer
 from deepinfer_server.disaggregation.transfer.held import HeldKV
 from deepinfer_server.disaggregation.transfer.pulls import Pulls
 from deepinfer_server.disaggregation.transfer.stats import TransferStats
+
+logger = logging.getLogger(__name__)
 
 #: The finish string of a request whose KV transfer failed, before ":<reason>" (the reason is
 #: the `deepinfer:kv_transfer_failures_total` label); the engine driver reads it back.
@@ -64,6 +68,11 @@ class KVConnector:
         """Prompt tokens the role counts as computed (None: the role does not count them)."""
         return None
 
+    @property
+    def bootstrap_port(self) -> int | None:
+        """The port the rank's bootstrap server listens on (None: the rank has none)."""
+        return None
+
     def close(self) -> None:
         """Stop the role's threads and free what it holds."""
 
@@ -74,10 +83,20 @@ class PrefillConnector(KVConnector):
 
     def __init__(self, bootstrap_port: int, rank: int, hold_timeout: float) -> None:
         self.engine_id = secrets.token_hex(8)
-        self.bootstrap = BootstrapServer("0.0.0.0", bootstrap_port + rank, self.engine_id)
+        # Port 0: every rank binds a port of its own choosing, reported once bound.
+        port = bootstrap_port + rank if bootstrap_port else 0
+        self.bootstrap = BootstrapServer("0.0.0.0", port, self.engine_id)
+        logger.info(
+            "[startup] DP rank %d: disaggregation bootstrap port %d", rank, self.bootstrap.port
+        )
         self.held = HeldKV(hold_timeout)
         #: Handoffs of sequences that ended since the driver last asked, by request ID.
         self.handoffs: dict[str, KVTransferParams] = {}
+
+    @property
+    def bootstrap_port(self) -> int:
+        """The port this rank's bootstrap server listens on (the one its handoffs name)."""
+        return self.bootstrap.port
 
     def keep(self, transfer_id: str, free: Callable[[], None]) -> None:
         """Keep a prompt's KV for a decode server; `free` runs on release or timeout."""

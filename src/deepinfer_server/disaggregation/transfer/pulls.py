@@ -49,11 +49,10 @@ class _Pull:
 
 def release(params: KVTransferParams) -> None:
     """Tell the prefill rank of `params` it may free that transfer's KV (best effort)."""
-    port = params.remote_bootstrap_port + params.remote_dp_rank
     try:
         bootstrap_call(
             params.remote_host,
-            port,
+            params.remote_bootstrap_port,
             {"op": "release", "transfer_id": params.transfer_id},
             RELEASE_TIMEOUT,
         )

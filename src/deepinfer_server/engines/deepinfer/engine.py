@@ -155,10 +155,11 @@ def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:
         spec.rank,
         ", ".join(child.name for child in children) or "no child processes",
     )
+    abilities = _abilities(spec, engine)
     driver = LLMEngineDriver(
-        engine, RequestOutput, _abilities(spec, engine), count_drafts=spec.speculative_tokens > 0
+        engine, RequestOutput, abilities, count_drafts=spec.speculative_tokens > 0
     )
-    return BuiltEngine(driver, children)
+    return BuiltEngine(driver, children, bootstrap_port=abilities.connector.bootstrap_port)
 
 
 def _abilities(spec: EngineSpec, engine: Any) -> DeepInferAbilities:

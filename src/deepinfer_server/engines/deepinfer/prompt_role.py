@@ -203,7 +203,7 @@ class PromptRole(PrefillConnector):
         self.handoffs[seq.request_id] = KVTransferParams(
             remote_host=self.agent.host,
             remote_port=self.agent.port,
-            remote_bootstrap_port=self._settings.bootstrap_port,
+            remote_bootstrap_port=self.bootstrap.port,
             remote_dp_rank=self._settings.rank,
             remote_engine_id=self.engine_id,
             transfer_id=transfer_id,

@@ -3,7 +3,8 @@
 The simulated engine mirrors DeepInfer's read-outs (`scheduler.get_num_free_gpu_blocks()`,
 `cache_config.num_gpu_blocks`), counts the prompt tokens its prompt steps compute, has the
 prefix cache when built with it, and reports its prefill/decode role through its
-`pop_kv_handoff`, `kv_transfer_stats` and `held_kv`, which the connector here forwards.
+`pop_kv_handoff`, `kv_transfer_stats`, `held_kv` and `bootstrap_port`, which the connector
+here forwards.
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ class _SimulatedConnector(KVConnector):
     def held_count(self) -> int:
         """Prompts a PROMPT engine holds for decode servers now."""
         return self._engine.held_kv()
+
+    @property
+    def bootstrap_port(self) -> int | None:
+        """A PROMPT engine's bound bootstrap port."""
+        return self._engine.bootstrap_port()
 
 
 class SimulatedAbilities(EngineAbilities):

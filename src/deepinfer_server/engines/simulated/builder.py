@@ -42,12 +42,9 @@ def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:
         role=RoleSettings.of(spec),
     )
     engine = LLMEngine.from_engine_args(args)
+    abilities = SimulatedAbilities(engine, spec.enable_prefix_caching)
     return BuiltEngine(
-        LLMEngineDriver(
-            engine,
-            RequestOutput,
-            SimulatedAbilities(engine, spec.enable_prefix_caching),
-            count_drafts=spec.speculative_tokens > 0,
-        ),
+        LLMEngineDriver(engine, RequestOutput, abilities, count_drafts=spec.speculative_tokens > 0),
         after_ready=engine.prepare_structured_outputs if spec.grammar_warmup else None,
+        bootstrap_port=abilities.connector.bootstrap_port,
     )

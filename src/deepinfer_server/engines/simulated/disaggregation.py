@@ -57,7 +57,6 @@ class PrefillRole(PrefillConnector):
         self.memory = KVMemory(kv.cache_config.num_gpu_blocks, slots.size, agent)
         super().__init__(bootstrap_port, rank, hold_timeout)
         self._writer = writer_id(self.engine_id)
-        self._bootstrap_port = bootstrap_port
         self._rank = rank
 
     def hold(self, sequence: Sequence) -> None:
@@ -82,7 +81,7 @@ class PrefillRole(PrefillConnector):
         self.handoffs[sequence.request_id] = KVTransferParams(
             remote_host=self._agent.host,
             remote_port=self._agent.port,
-            remote_bootstrap_port=self._bootstrap_port,
+            remote_bootstrap_port=self.bootstrap.port,
             remote_dp_rank=self._rank,
             remote_engine_id=self.engine_id,
             transfer_id=transfer_id,

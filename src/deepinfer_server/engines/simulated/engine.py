@@ -329,6 +329,10 @@ class LLMEngine:
         """Prompts a PROMPT engine holds for decode servers now."""
         return 0 if self._prefill is None else len(self._prefill.held)
 
+    def bootstrap_port(self) -> int | None:
+        """A PROMPT engine's bound bootstrap port (None for the other roles)."""
+        return None if self._prefill is None else self._prefill.bootstrap.port
+
     # Internals
 
     def _plan_step(self) -> Ballot | None:
