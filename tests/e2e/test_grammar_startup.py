@@ -87,7 +87,7 @@ def test_four_concurrent_first_schemas_on_a_fresh_server_are_all_answered(
         f'deepinfer:grammar_compile_refusals_total{{model_name="{MODEL}",reason="capacity"}} 0.0'
         in metrics
     )
-    assert _workers_ready(fresh_server) == "3.0"  # two compile at once, one stands by
+    assert _workers_ready(fresh_server) == "3.0"  # two for one key, the third for another
     # Its compile workers built and checked the four so_args: the API process itself never
     # loaded xgrammar, nor PyTorch with it (about 260 MiB of resident memory per process).
     mapped = Path(f"/proc/{fresh_server.process.pid}/maps").read_text()

@@ -93,10 +93,13 @@ class GrammarCompiler:
         self._cache_bytes = cache_bytes
         self._cache_entries = cache_entries
         limits = WorkerLimits(self.bounds.compile_memory_bytes, self.bounds.recycle_bytes)
-        #: Compiles at once; `spare_workers` more processes stand by, so that a worker killed
-        #: at the time bound is replaced at once while its successor starts.
+        #: Compiles one API key may run at once (`compile_queue`); `spare_workers` more
+        #: processes take another key's compiles meanwhile, and stand in for a worker killed at
+        #: the time bound while its successor starts.
         self.slots = workers
         count = workers + spare_workers
+        #: Worker processes in all: the compiles that may run at once.
+        self.processes = count
         source = self._source
         self._workers = CompileWorkers(source.tokenizer_json, source.vocab_size, count, limits)
         self._checked: OrderedDict[bytes, None] = OrderedDict()

@@ -359,7 +359,7 @@ class StructuredOutputs:
             self._prepared.set_exception(exc)
             return
         queue = FairCompileQueue(
-            compiler.slots, lambda: compiler.workers.ready, self._limits, compiler.timeout_s
+            compiler.processes, lambda: compiler.workers.ready, self._limits, compiler.timeout_s
         )
         compiler.workers.on_ready = queue.worker_ready
         self._queue = queue
