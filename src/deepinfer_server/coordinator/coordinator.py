@@ -45,6 +45,7 @@ from deepinfer_server.ipc.codec import pack_token_ids
 from deepinfer_server.ipc.messages import (
     AbortReason,
     FromRank,
+    GrammarWarm,
     Images,
     RankAlive,
     RankFailed,
@@ -155,6 +156,11 @@ class Coordinator:
     def failure(self) -> str | None:
         """Why the service failed, or None while every rank is healthy."""
         return self._failure
+
+    @property
+    def grammar_ready(self) -> bool:
+        """Whether every rank's grammar builder is warm (`Readiness.grammar_warm`)."""
+        return self._readiness.grammar_ready
 
     @property
     def num_in_flight(self) -> int:
@@ -369,7 +375,9 @@ class Coordinator:
         elif isinstance(message, RankReady):
             self._liveness.reported(message.rank, asyncio.get_running_loop().time())
             logger.info("[startup] DP rank %d is ready (pid %d)", message.rank, message.pid)
-            self._readiness.ready(message.rank)
+            self._readiness.ready(message.rank, message.grammar_warming)
+        elif isinstance(message, GrammarWarm):
+            self._readiness.grammar_warm(message.rank)
         elif isinstance(message, RankFailed):
             logger.error("DP rank %d failed:\n%s", message.rank, message.traceback)
             self._on_rank_report(message.rank, f"DP rank {message.rank} failed: {message.message}")

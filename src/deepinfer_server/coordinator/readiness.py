@@ -1,4 +1,5 @@
-"""Readiness: which DP ranks reported ready, and the wait for the last of them."""
+"""Readiness: which DP ranks reported ready, the wait for the last of them, and which ranks'
+grammar builders are warm (a first structured request then pays no start-up on the rank side)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,26 @@ class Readiness:
     def __init__(self, size: int) -> None:
         self._size = size
         self._ready: set[int] = set()
+        self._grammar_warm: set[int] = set()
         self._all_ready = asyncio.Event()
 
-    def ready(self, rank: int) -> None:
-        """Rank `rank` reported ready."""
+    def ready(self, rank: int, grammar_warming: bool = False) -> None:
+        """Rank `rank` reported ready; its grammar builder is warm too unless still
+        `grammar_warming` (`grammar_warm` then follows)."""
         self._ready.add(rank)
+        if not grammar_warming:
+            self._grammar_warm.add(rank)
         if len(self._ready) == self._size:
             self._all_ready.set()
+
+    def grammar_warm(self, rank: int) -> None:
+        """Rank `rank`'s grammar builder finished its warm-up."""
+        self._grammar_warm.add(rank)
+
+    @property
+    def grammar_ready(self) -> bool:
+        """Whether every rank's grammar builder is warm."""
+        return len(self._grammar_warm) == self._size
 
     async def wait(self, failed: asyncio.Event, timeout: float) -> bool:
         """Wait until every rank is ready or `failed` is set, at most `timeout` seconds (0:

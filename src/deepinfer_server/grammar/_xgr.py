@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
 from types import ModuleType
@@ -22,6 +23,34 @@ def xgrammar() -> ModuleType:
         return importlib.import_module("xgrammar")
     except ImportError as exc:
         raise GrammarUnavailable() from exc
+
+
+def load_xgrammar() -> ModuleType:
+    """Import xgrammar in a process of this server's own that never uses PyTorch's distributed
+    tensors (the compile workers' fork server, a simulated rank); GrammarUnavailable without it.
+
+    xgrammar imports transformers' PyTorch helpers, which import `torch.distributed.tensor` for
+    tensor parallelism when `torch.distributed.is_available()`, and with it torch.fx and SymPy:
+    about 40% of the whole import, seconds of CPU in each process that loads xgrammar at start.
+    Saying "unavailable" while xgrammar loads leaves them out; nothing here parallelises tensors,
+    and the answer is restored at once. In an engine's process (DeepInfer imports xgrammar
+    itself), use `xgrammar()`."""
+    if "xgrammar" in sys.modules:
+        return xgrammar()
+    try:
+        distributed = importlib.import_module("torch.distributed")
+    except ImportError:
+        return xgrammar()
+    available = distributed.is_available
+    setattr(distributed, "is_available", _unavailable)  # noqa: B010
+    try:
+        return xgrammar()
+    finally:
+        setattr(distributed, "is_available", available)  # noqa: B010
+
+
+def _unavailable() -> bool:
+    return False
 
 
 def clean_error(exc: BaseException) -> str:

@@ -270,6 +270,15 @@ class StructuredOutputs:
             return False
         return True
 
+    @property
+    def warm(self) -> bool:
+        """Whether the compile workers are prepared and every one of them is ready (never
+        without xgrammar)."""
+        compiler, queue = self._compiler, self._queue
+        if compiler is None or queue is None:
+            return False
+        return compiler.workers.ready >= compiler.processes
+
     def queue_stats(self) -> QueueStats | None:
         """The compile queue's counts (None before the workers are prepared)."""
         queue = self._queue
