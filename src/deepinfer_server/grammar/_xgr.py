@@ -6,7 +6,7 @@ import importlib
 import re
 import sys
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from types import ModuleType
 from typing import Any
 
@@ -85,7 +85,6 @@ class Vocab:
     eos_id: int
     vocab_size: int
     think_end_ids: tuple[int, ...]
-    decoded: tuple[bytes, ...] = field(repr=False)
     #: What it was built from, for processes that build their own (`compile_workers`).
     tokenizer_json: str = field(default="", repr=False)
     requested_size: int | None = None
@@ -106,9 +105,16 @@ class Vocab:
         """Token ids of `text` (added tokens such as `｜DSML｜` become their own ids)."""
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
+    @cached_property
+    def decoded(self) -> tuple[bytes, ...]:
+        """The bytes of every token, by id (built on first use: a second of CPU that a
+        compile worker's fork server never needs)."""
+        return tuple(self.info.decoded_vocab)
+
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes a token stands for (empty for ids past the tokenizer)."""
-        return self.decoded[token_id] if 0 <= token_id < len(self.decoded) else b""
+        decoded = self.decoded
+        return decoded[token_id] if 0 <= token_id < len(decoded) else b""
 
 
 @lru_cache(maxsize=4)
@@ -122,7 +128,8 @@ def _vocab(tokenizer_json: str, vocab_size: int | None) -> Vocab:
     encoded = [""] * size
     for token, index in table.items():
         encoded[index] = token
-    meta = xgr.TokenizerInfo._detect_metadata_from_hf(tokenizer.to_str())
+    # From the JSON as given: the tokenizer's own `to_str()` would serialise it again first.
+    meta = xgr.TokenizerInfo._detect_metadata_from_hf(tokenizer_json)
     eos = tokenizer.token_to_id(EOS_TOKEN)
     if eos is None:
         raise ValueError(f"the tokenizer has no {EOS_TOKEN} token")
@@ -134,5 +141,4 @@ def _vocab(tokenizer_json: str, vocab_size: int | None) -> Vocab:
         add_prefix_space=meta["add_prefix_space"],
     )
     think_end = tuple(tokenizer.encode(THINK_END, add_special_tokens=False).ids)
-    decoded = tuple(info.decoded_vocab)
-    return Vocab(tokenizer, info, int(eos), size, think_end, decoded, tokenizer_json, vocab_size)
+    return Vocab(tokenizer, info, int(eos), size, think_end, tokenizer_json, vocab_size)
