@@ -126,6 +126,7 @@ class MatcherBuilds:
     def _compiler(self) -> GrammarCompiler:
         with self._lock:
             if self._grammar is None:
+                load_xgrammar()  # before the vocabulary imports it, in full
                 vocab = Vocab.from_tokenizer_json(self._tokenizer_json, self._vocab_size)
                 bounds = GrammarBounds(compile_timeout_s=compile_timeout_s())
                 self._grammar = GrammarCompiler(vocab, bounds=bounds, workers=1)
@@ -138,7 +139,6 @@ class MatcherBuilds:
             # The worker's fork server loads xgrammar and the vocabulary while this process
             # loads its own, rather than after it.
             start_fork_server(self._tokenizer_json, self._vocab_size)
-            load_xgrammar()
             self._compiler().workers.start()
             self._matcher_for(dict(WARM_SO_ARGS), 16, [], [])
         except Exception:
