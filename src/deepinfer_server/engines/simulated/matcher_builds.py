@@ -32,7 +32,7 @@ from deepinfer_server.grammar import (
 from deepinfer_server.grammar._xgr import load_xgrammar
 from deepinfer_server.grammar.compiler import compile_timeout_s
 from deepinfer_server.grammar.errors import CompileRefused
-from deepinfer_server.grammar.fork_server import start_fork_server
+from deepinfer_server.grammar.fork_server import start_fork_server, stop_fork_server
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +58,12 @@ class MatcherBuilds:
         self._lock = threading.Lock()
         #: Requests whose grammar is compiling (DeepInfer's SOMatcherBuilder pending list).
         self._pending: list[tuple[Sequence, Future[BuiltMatcher]]] = []
+        #: Guards `_closed`, `_own_fork_server` and the compiler's publication (`_lock` is
+        #: held while the compiler is built, seconds, which `close` must not wait for).
+        self._state = threading.Lock()
+        self._closed = False
+        #: The warm-up started this process's compile workers' fork server (`close` stops it).
+        self._own_fork_server = False
 
     def prepare(self, on_warm: Callable[[], None] | None = None) -> None:
         """Warm the builder now, on a builder thread, ahead of the first grammar: its compiler,
@@ -103,11 +109,17 @@ class MatcherBuilds:
         return dropped
 
     def close(self) -> None:
-        """Stop the builder threads (without waiting) and the compiler's workers."""
+        """Stop the builder threads (without waiting) and the compiler's workers, and the
+        fork server the warm-up started, at once even while it loads."""
+        with self._state:
+            self._closed = True
+            grammar, own_fork_server = self._grammar, self._own_fork_server
         if self._threads is not None:
             self._threads.shutdown(wait=False, cancel_futures=True)
-        if self._grammar is not None:
-            self._grammar.close()
+        if grammar is not None:
+            grammar.close()
+        if own_fork_server:
+            stop_fork_server()
 
     def _build(self, sequence: Sequence) -> Future[BuiltMatcher]:
         """Start building the sequence's matcher off the loop (compiled in a worker process)."""
@@ -129,8 +141,16 @@ class MatcherBuilds:
                 load_xgrammar()  # before the vocabulary imports it, in full
                 vocab = Vocab.from_tokenizer_json(self._tokenizer_json, self._vocab_size)
                 bounds = GrammarBounds(compile_timeout_s=compile_timeout_s())
-                self._grammar = GrammarCompiler(vocab, bounds=bounds, workers=1)
+                grammar = GrammarCompiler(vocab, bounds=bounds, workers=1)
+                with self._state:
+                    if self._closed:  # no worker may start once closed
+                        raise RuntimeError("the grammar builds were closed")
+                    self._grammar = grammar
             return self._grammar
+
+    def _is_closed(self) -> bool:
+        with self._state:
+            return self._closed
 
     def _prepare(self, on_warm: Callable[[], None] | None) -> None:
         """(On a builder thread.) The compiler, its worker and a first matcher."""
@@ -138,11 +158,19 @@ class MatcherBuilds:
         try:
             # The worker's fork server loads xgrammar and the vocabulary while this process
             # loads its own, rather than after it.
+            with self._state:
+                if self._closed:
+                    return
+                self._own_fork_server = True
             start_fork_server(self._tokenizer_json, self._vocab_size)
+            if self._is_closed():  # `close` may have come before the fork server was there
+                stop_fork_server()
+                return
             self._compiler().workers.start()
             self._matcher_for(dict(WARM_SO_ARGS), 16, [], [])
         except Exception:
-            logger.exception("preparing the grammar compiler failed")
+            if not self._is_closed():  # else stopped during the warm-up: that ends it quietly
+                logger.exception("preparing the grammar compiler failed")
             return
         logger.info(
             "[startup] grammar builder warm (%.1f s in the background)",
