@@ -1,6 +1,7 @@
 """A fresh server answers at once and its first structured requests all succeed: `/health`
 does not wait for the grammar compile workers, which are prepared in the background once the
-server listens, and the four concurrent first schemas wait for them, then
+server listens (`deepinfer:grammar_ready` says 0 until they and the rank's grammar builder are
+warm, then 1), and the four concurrent first schemas wait for them, then
 for their turn, and are all answered (three of them used to get `400 no grammar compile worker
 was free within 10s` while the workers started, and a first `chat.completions.parse` took the
 workers' 180 s start-up bound)."""
@@ -8,11 +9,13 @@ workers' 180 s start-up bound)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import openai
+import psutil
 import pydantic
 import pytest
 
@@ -50,18 +53,32 @@ def fresh_server() -> Iterator[LiveServer]:
         yield live
 
 
-def _workers_ready(server: LiveServer) -> str:
+def _gauge(server: LiveServer, name: str) -> str:
     metrics = httpx.get(server.base_url + "/metrics", timeout=10).text
-    prefix = f'deepinfer:grammar_compile_workers_ready{{model_name="{MODEL}"}} '
+    prefix = f'deepinfer:{name}{{model_name="{MODEL}"}} '
     return next(line for line in metrics.splitlines() if line.startswith(prefix))[len(prefix) :]
+
+
+def _workers_ready(server: LiveServer) -> str:
+    return _gauge(server, "grammar_compile_workers_ready")
+
+
+def _wait_grammar_ready(server: LiveServer, timeout: float) -> None:
+    """Until `deepinfer:grammar_ready` says 1 (read once per 0.2 s), failing past `timeout`."""
+    deadline = time.monotonic() + timeout
+    while _gauge(server, "grammar_ready") != "1.0":
+        assert time.monotonic() < deadline, "structured output never said it was warm"
+        time.sleep(0.2)
 
 
 def test_four_concurrent_first_schemas_on_a_fresh_server_are_all_answered(
     fresh_server: LiveServer,
 ) -> None:
-    # The server is healthy while its compile workers are still being prepared.
+    # The server is healthy while its compile workers and its rank's grammar builder are still
+    # being prepared, and says so.
     assert httpx.get(fresh_server.base_url + "/health", timeout=10).status_code == 200
     assert _workers_ready(fresh_server) == "0.0"
+    assert _gauge(fresh_server, "grammar_ready") == "0.0"
 
     async def ask_all() -> list[pydantic.BaseModel | None]:
         async with openai.AsyncOpenAI(
@@ -87,9 +104,17 @@ def test_four_concurrent_first_schemas_on_a_fresh_server_are_all_answered(
         f'deepinfer:grammar_compile_refusals_total{{model_name="{MODEL}",reason="capacity"}} 0.0'
         in metrics
     )
-    assert _workers_ready(fresh_server) == "3.0"  # two compile at once, one stands by
+    assert _workers_ready(fresh_server) == "3.0"  # two for one key, the third for another
     # Its compile workers built and checked the four so_args: the API process itself never
     # loaded xgrammar, nor PyTorch with it (about 260 MiB of resident memory per process).
     mapped = Path(f"/proc/{fresh_server.process.pid}/maps").read_text()
     assert "xgrammar" not in mapped
     assert "libtorch" not in mapped
+    # The warm-up ends: every worker ready and the rank's grammar builder warm (it built a
+    # first matcher, through its own compile worker, a process of the rank's).
+    _wait_grammar_ready(fresh_server, 180)
+    assert _workers_ready(fresh_server) == "3.0"
+    children = psutil.Process(fresh_server.process.pid).children()
+    [rank] = [p for p in children if "spawn_main" in " ".join(p.cmdline())]
+    [fork_server] = [p for p in rank.children() if "forkserver" in " ".join(p.cmdline())]
+    assert fork_server.children()  # the rank's compile worker

@@ -45,6 +45,7 @@ from deepinfer_server.ipc.codec import pack_token_ids
 from deepinfer_server.ipc.messages import (
     AbortReason,
     FromRank,
+    GrammarWarm,
     Images,
     RankAlive,
     RankFailed,
@@ -89,8 +90,8 @@ class Coordinator:
         self._directory = directory_for(config)
         self._routing = PrefixRouting.for_ranks_of(config.max_num_seqs)
         self._reports = RankReports(config.data_parallel_size, metrics, self._directory)
-        self._readiness = Readiness(config.data_parallel_size)
-        self.bootstrap_ports = self._readiness.bootstrap_ports
+        self.readiness = Readiness(config.data_parallel_size)
+        self.bootstrap_ports = self.readiness.bootstrap_ports
         self._failure: str | None = None
         self._causes = FailureCause(self._fail_service)
         #: Where a rank's failure report goes when this process cannot see rank exits (an API
@@ -123,11 +124,11 @@ class Coordinator:
 
     async def wait_ready(self, timeout: float) -> None:
         """Return once every rank reported ready; raise StartupError on failure or timeout."""
-        settled = await self._readiness.wait(self._failed, timeout)
+        settled = await self.readiness.wait(self._failed, timeout)
         if self._failure is not None:
             raise StartupError(self._failure)
         if not settled:
-            raise self._readiness.timed_out(timeout)
+            raise self.readiness.timed_out(timeout)
 
     def begin_shutdown(self) -> None:
         """The ranks are being stopped: end every request with a 503 and wake idle ranks, so
@@ -371,10 +372,9 @@ class Coordinator:
             if handle is not None:
                 handle.fail(error_for_rejection(message), engine_finished=True)
                 self._engine_done(message.request_id)
-        elif isinstance(message, RankReady):
+        elif isinstance(message, RankReady | GrammarWarm):
             self._liveness.reported(message.rank, asyncio.get_running_loop().time())
-            logger.info("[startup] DP rank %d is ready (pid %d)", message.rank, message.pid)
-            self._readiness.ready(message.rank, message.bootstrap_port)
+            self.readiness.report(message)
         elif isinstance(message, RankFailed):
             logger.error("DP rank %d failed:\n%s", message.rank, message.traceback)
             self._on_rank_report(message.rank, f"DP rank {message.rank} failed: {message.message}")

@@ -135,8 +135,10 @@ class BuiltEngine:
     core: EngineCore
     children: list[BaseProcess] = field(default_factory=list)
     #: Called once the rank reported ready: work the engine does ahead of its first use that
-    #: must not slow the server's start (a simulated rank's grammar compiler).
-    after_ready: Callable[[], None] | None = None
+    #: must not slow the server's start (a simulated rank's grammar compiler), given what to
+    #: call (from any thread) once its grammar builder is warm. Without it, the grammar builder
+    #: is warm once the engine is built (DeepInfer builds its own with the engine).
+    after_ready: Callable[[Callable[[], None]], None] | None = None
     #: A prefill rank's bound disaggregation bootstrap port, reported with its readiness.
     bootstrap_port: int | None = None
 

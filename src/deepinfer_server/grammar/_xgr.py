@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import importlib
 import re
+import sys
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from types import ModuleType
 from typing import Any
 
@@ -22,6 +23,34 @@ def xgrammar() -> ModuleType:
         return importlib.import_module("xgrammar")
     except ImportError as exc:
         raise GrammarUnavailable() from exc
+
+
+def load_xgrammar() -> ModuleType:
+    """Import xgrammar in a process of this server's own that never uses PyTorch's distributed
+    tensors (the compile workers' fork server, a simulated rank); GrammarUnavailable without it.
+
+    xgrammar imports transformers' PyTorch helpers, which import `torch.distributed.tensor` for
+    tensor parallelism when `torch.distributed.is_available()`, and with it torch.fx and SymPy:
+    about 40% of the whole import, seconds of CPU in each process that loads xgrammar at start.
+    Saying "unavailable" while xgrammar loads leaves them out; nothing here parallelises tensors,
+    and the answer is restored at once. In an engine's process (DeepInfer imports xgrammar
+    itself), use `xgrammar()`."""
+    if "xgrammar" in sys.modules:
+        return xgrammar()
+    try:
+        distributed = importlib.import_module("torch.distributed")
+    except ImportError:
+        return xgrammar()
+    available = distributed.is_available
+    setattr(distributed, "is_available", _unavailable)  # noqa: B010
+    try:
+        return xgrammar()
+    finally:
+        setattr(distributed, "is_available", available)  # noqa: B010
+
+
+def _unavailable() -> bool:
+    return False
 
 
 def clean_error(exc: BaseException) -> str:
@@ -56,7 +85,6 @@ class Vocab:
     eos_id: int
     vocab_size: int
     think_end_ids: tuple[int, ...]
-    decoded: tuple[bytes, ...] = field(repr=False)
     #: What it was built from, for processes that build their own (`compile_workers`).
     tokenizer_json: str = field(default="", repr=False)
     requested_size: int | None = None
@@ -77,9 +105,16 @@ class Vocab:
         """Token ids of `text` (added tokens such as `｜DSML｜` become their own ids)."""
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
+    @cached_property
+    def decoded(self) -> tuple[bytes, ...]:
+        """The bytes of every token, by id (built on first use: a second of CPU that a
+        compile worker's fork server never needs)."""
+        return tuple(self.info.decoded_vocab)
+
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes a token stands for (empty for ids past the tokenizer)."""
-        return self.decoded[token_id] if 0 <= token_id < len(self.decoded) else b""
+        decoded = self.decoded
+        return decoded[token_id] if 0 <= token_id < len(decoded) else b""
 
 
 @lru_cache(maxsize=4)
@@ -93,7 +128,8 @@ def _vocab(tokenizer_json: str, vocab_size: int | None) -> Vocab:
     encoded = [""] * size
     for token, index in table.items():
         encoded[index] = token
-    meta = xgr.TokenizerInfo._detect_metadata_from_hf(tokenizer.to_str())
+    # From the JSON as given: the tokenizer's own `to_str()` would serialise it again first.
+    meta = xgr.TokenizerInfo._detect_metadata_from_hf(tokenizer_json)
     eos = tokenizer.token_to_id(EOS_TOKEN)
     if eos is None:
         raise ValueError(f"the tokenizer has no {EOS_TOKEN} token")
@@ -105,5 +141,4 @@ def _vocab(tokenizer_json: str, vocab_size: int | None) -> Vocab:
         add_prefix_space=meta["add_prefix_space"],
     )
     think_end = tuple(tokenizer.encode(THINK_END, add_special_tokens=False).ids)
-    decoded = tuple(info.decoded_vocab)
-    return Vocab(tokenizer, info, int(eos), size, think_end, decoded, tokenizer_json, vocab_size)
+    return Vocab(tokenizer, info, int(eos), size, think_end, tokenizer_json, vocab_size)

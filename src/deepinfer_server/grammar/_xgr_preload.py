@@ -26,9 +26,18 @@ def _preload() -> None:
     Vocab.from_tokenizer_json(tokenizer_json, int(size) if size else None)
 
 
-with contextlib.suppress(ImportError):
-    import xgrammar  # noqa: F401
+def _load() -> None:
+    from deepinfer_server.grammar._xgr import load_xgrammar
+    from deepinfer_server.grammar.errors import GrammarUnavailable
 
+    try:
+        load_xgrammar()  # without PyTorch's distributed tensors: seconds less of imports
+    except GrammarUnavailable:
+        return
     import deepinfer_server.grammar.compile_job  # noqa: F401
 
     _preload()
+
+
+with contextlib.suppress(ImportError):
+    _load()

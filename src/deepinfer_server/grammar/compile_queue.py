@@ -2,10 +2,13 @@
 
 One key's grammars must not hold up another key's: every compile waits here, in its key's own
 line, and a free worker goes to the next key in turn (round-robin between the keys that have
-something waiting), so a key with one grammar waits behind at most the compiles already
-running, never behind another key's backlog (the next free worker goes to the key whose last turn
-is the oldest, a key new to the queue first). A key holds at most `per_key` compiles (waiting or
-running): past that it is refused at once (`CompileRefused(per_key=True)`, a 429). A compile
+something waiting), so a key with one grammar never waits behind another key's backlog (the next
+free worker goes to the key whose last turn is the oldest, a key new to the queue first). A key
+that already has a compile running never takes the last free worker: that one is kept for a key
+with none running, so one key's heavy grammars hold at most all the workers but one, and another
+key's grammar starts at once instead of waiting for one of them to end. A key holds at most
+`per_key` compiles (waiting or running): past that it is refused at once
+(`CompileRefused(per_key=True)`, a 429). A compile
 that finds no free worker within `wait_s` is refused too (a 503): the server is out of compile
 capacity for now, which is not the grammar's fault. Waiting holds no thread: a compile runs on
 one of `slots` threads, only once a worker is ready for it (`ready()`), so compiles queued
@@ -74,6 +77,8 @@ class FairCompileQueue:
         self._turns: dict[str, int] = {}
         self._turn_count = 0
         self._held: Counter[str] = Counter()
+        #: Each key's compiles running now.
+        self._running_by_key: Counter[str] = Counter()
         self._running = 0
         self._refused_per_key = 0
         self._refused_busy = 0
@@ -131,9 +136,10 @@ class FairCompileQueue:
 
     def _dispatch(self) -> None:
         capacity = min(self._slots, self._ready())
-        while self._running < capacity and self._lines:
-            # The key whose turn came longest ago (a key new to the queue first).
-            key = min(self._lines, key=lambda k: self._turns.get(k, 0))
+        while self._running < capacity:
+            key = self._next_key(capacity)
+            if key is None:
+                return
             line = self._lines[key]
             turn = line.popleft()
             if not line:
@@ -142,11 +148,22 @@ class FairCompileQueue:
             self._turns[key] = self._turn_count
             turn.set_result(None)
             self._running += 1
+            self._running_by_key[key] += 1
+
+    def _next_key(self, capacity: int) -> str | None:
+        """The waiting key whose turn came longest ago (a key new to the queue first) among
+        those that may take a worker now: the last free one only goes to a key with none
+        running, so that one key's compiles never hold every worker while another's wait."""
+        last_free = self._running + 1 >= capacity
+        eligible = [k for k in self._lines if not (last_free and self._running_by_key[k])]
+        if not eligible:
+            return None
+        return min(eligible, key=lambda k: self._turns.get(k, 0))
 
     def _leave(self, key: str, turn: asyncio.Future[None]) -> None:
         """A compile leaves before its job ran (refused or its request gone)."""
         if turn.done():  # its turn had come: the slot is given back
-            self._running -= 1
+            self._stopped(key)
         else:
             turn.cancel()
             line = self._lines.get(key)
@@ -164,9 +181,16 @@ class FairCompileQueue:
             loop.call_soon_threadsafe(self._finished, key)
 
     def _finished(self, key: str) -> None:
-        self._running -= 1
+        self._stopped(key)
         self._release(key)
         self._dispatch()
+
+    def _stopped(self, key: str) -> None:
+        """One of `key`'s compiles stopped running."""
+        self._running -= 1
+        self._running_by_key[key] -= 1
+        if self._running_by_key[key] <= 0:
+            del self._running_by_key[key]
 
     def _release(self, key: str) -> None:
         self._held[key] -= 1

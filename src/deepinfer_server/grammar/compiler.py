@@ -93,10 +93,12 @@ class GrammarCompiler:
         self._cache_bytes = cache_bytes
         self._cache_entries = cache_entries
         limits = WorkerLimits(self.bounds.compile_memory_bytes, self.bounds.recycle_bytes)
-        #: Compiles at once; `spare_workers` more processes stand by, so that a worker killed
-        #: at the time bound is replaced at once while its successor starts.
-        self.slots = workers
+        #: Worker processes in all: the compiles that may run at once. The fair queue gives a
+        #: key already compiling all but the last free one (`compile_queue`), so `workers` is
+        #: what one key runs at once with `spare_workers` 1; a spare takes another key's
+        #: compile meanwhile, and stands in for a worker killed at the time bound.
         count = workers + spare_workers
+        self.processes = count
         source = self._source
         self._workers = CompileWorkers(source.tokenizer_json, source.vocab_size, count, limits)
         self._checked: OrderedDict[bytes, None] = OrderedDict()

@@ -162,6 +162,14 @@ class RankReady(_Message):
     pid: int
     #: A prefill rank's bound disaggregation bootstrap port (None on other roles).
     bootstrap_port: int | None = None
+    #: Its grammar builder is still warming up: `GrammarWarm` follows (else it is warm now).
+    grammar_warming: bool = False
+
+
+class GrammarWarm(_Message):
+    """The rank's grammar builder is warm: a first structured request pays no start-up."""
+
+    rank: int
 
 
 class GeneratedTokens(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -325,7 +333,9 @@ class RankAlive(_Message):
     rank: int
 
 
-FromRank = RankReady | StepOutputs | RequestRejected | RankFailed | LinkHello | RankAlive
+FromRank = (
+    RankReady | StepOutputs | RequestRejected | RankFailed | LinkHello | RankAlive | GrammarWarm
+)
 
 to_rank_encoder = msgspec.msgpack.Encoder()
 to_rank_decoder = msgspec.msgpack.Decoder(ToRank)

@@ -29,9 +29,15 @@ class CompileQueueCounts(Protocol):
 class CompileQueueGauges(Collector):
     """The grammar compile queue of this API server process, read at scrape time."""
 
-    def __init__(self, model_name: str, counts: Callable[[], CompileQueueCounts | None]) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        counts: Callable[[], CompileQueueCounts | None],
+        warm: Callable[[], bool],
+    ) -> None:
         self._model_name = model_name
         self._counts = counts
+        self._warm = warm
 
     def collect(self) -> Iterator[Metric]:
         counts = self._counts()
@@ -53,11 +59,19 @@ class CompileQueueGauges(Collector):
             "Grammar compile workers started and alive (0 while they are prepared after "
             "start-up: a structured request then waits for them).",
         )
+        ready = gauge_family(
+            "grammar_ready",
+            "1 once structured output is warm: this API process's grammar compile workers all "
+            "started and every DP rank's grammar builder warm, so a first structured request "
+            "pays no start-up; 0 while they are prepared in the background after start-up.",
+        )
+        ready.add_metric(labels, 1 if self._warm() else 0)
         workers.add_metric(labels, counts.workers_ready if counts else 0)
         waiting.add_metric(labels, counts.waiting if counts else 0)
         running.add_metric(labels, counts.running if counts else 0)
         refused.add_metric([*labels, "per_key"], counts.refused_per_key if counts else 0)
         refused.add_metric([*labels, "capacity"], counts.refused_busy if counts else 0)
+        yield ready
         yield workers
         yield waiting
         yield running

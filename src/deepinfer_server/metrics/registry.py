@@ -46,9 +46,12 @@ class ServerMetrics:
         """Expose the per-rank gauges and health from these callables."""
         self.engine.watch_ranks(rank_loads, healthy)
 
-    def watch_compile_queue(self, counts: Callable[[], CompileQueueCounts | None]) -> None:
-        """Expose the grammar compile queue's gauges and refusals from this callable."""
-        self.registry.register(CompileQueueGauges(self.model_name, counts))
+    def watch_compile_queue(
+        self, counts: Callable[[], CompileQueueCounts | None], warm: Callable[[], bool]
+    ) -> None:
+        """Expose the grammar compile queue's gauges and refusals from `counts`, and whether
+        structured output is warm from `warm`."""
+        self.registry.register(CompileQueueGauges(self.model_name, counts, warm))
 
     def watch_receive_buffer(self, used: Callable[[], float]) -> None:
         """Expose the bytes held by requests still being received, read from `used`."""

@@ -22,7 +22,7 @@ from typing import NoReturn
 
 from deepinfer_server.config.logs import configure_logging
 from deepinfer_server.engines.backend import BuiltEngine, EngineSpec, SharedState
-from deepinfer_server.ipc.messages import RankFailed, RankReady
+from deepinfer_server.ipc.messages import GrammarWarm, RankFailed, RankReady
 from deepinfer_server.ipc.stop_agreement import StopAgreement
 from deepinfer_server.rank.child_watch import ChildWatchdog, exit_rank_process
 from deepinfer_server.rank.links import ApiLinks, report
@@ -142,10 +142,12 @@ def run_rank(spec: RankSpec, stop: StopAgreement, shared: SharedState | None) ->
     watchdog = ChildWatchdog(built.children, lambda message: _fail_from_watchdog(spec, message))
     try:
         watchdog.start()
-        links.send_all(RankReady(spec.rank, os.getpid(), built.bootstrap_port))
+        links.send_all(
+            RankReady(spec.rank, os.getpid(), built.bootstrap_port, built.after_ready is not None)
+        )
         logger.info("[startup] ready")
         if built.after_ready is not None:
-            built.after_ready()
+            built.after_ready(lambda: report(spec.api_addresses, spec.rank, GrammarWarm(spec.rank)))
         RankLoop(
             spec.rank, built.core, links, stop, spec.idle_wait_seconds, spec.heartbeat_seconds
         ).run()

@@ -235,7 +235,9 @@ def build_server(
         if config.disaggregation_mode is DisaggregationRole.DECODE
         else None,
     )
-    metrics.watch_compile_queue(structured.queue_stats)
+    metrics.watch_compile_queue(
+        structured.queue_stats, lambda: structured.warm and coordinator.readiness.grammar_ready
+    )
     metrics.watch_receive_buffer(lambda: state.receiving.used)
     return HttpServer(
         http_config(build_app(state), state),

@@ -143,3 +143,27 @@ def test_a_request_that_leaves_while_waiting_frees_its_place() -> None:
         queue.close()
 
     asyncio.run(asyncio.wait_for(body(), 30))
+
+
+def test_a_key_already_compiling_leaves_the_last_free_worker_to_another_key() -> None:
+    async def body() -> None:
+        jobs = Jobs()
+        queue = _queue(slots=3, ready=3)
+        flood = [asyncio.ensure_future(queue.run("k1", jobs.job(f"k1-{i}"))) for i in range(5)]
+        assert {await jobs.started.get(), await jobs.started.get()} == {"k1-0", "k1-1"}
+        await asyncio.sleep(0)
+        # Alone, the flooding key runs on all the workers but one.
+        assert queue.stats().running == 2 and queue.stats().waiting == 3
+        victim = asyncio.ensure_future(queue.run("k2", jobs.job("k2")))
+        assert await jobs.started.get() == "k2"  # at once: no compile of k1 had to end
+        jobs.release("k2")
+        assert await victim == "k2"
+        await asyncio.sleep(0)
+        assert queue.stats().running == 2  # the freed worker is kept free again
+        for i in range(5):
+            jobs.release(f"k1-{i}")
+        assert [await f for f in flood] == [f"k1-{i}" for i in range(5)]
+        assert queue.stats().running == 0 and queue.stats().waiting == 0
+        queue.close()
+
+    asyncio.run(asyncio.wait_for(body(), 30))

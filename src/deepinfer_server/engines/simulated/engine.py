@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -292,12 +292,12 @@ class LLMEngine:
             return np.empty(0, dtype=np.uint64)
         return self._published.publish(returned)
 
-    def prepare_structured_outputs(self) -> None:
-        """Build the grammar compiler and start its worker, off the loop, as DeepInfer's
-        SOMatcherBuilder builds its compiler with the engine; a rank calls it once it reported
-        ready, so that it does not slow the server's start (an engine built in a test compiles
-        on first use)."""
-        self._builds.prepare()
+    def prepare_structured_outputs(self, on_warm: Callable[[], None] | None = None) -> None:
+        """Build the grammar compiler, start its worker and build a first matcher, off the
+        loop, as DeepInfer's SOMatcherBuilder builds its compiler with the engine; a rank calls
+        it once it reported ready, so that it does not slow the server's start (an engine built
+        in a test compiles on first use). `on_warm()`, on a builder thread, once done."""
+        self._builds.prepare(on_warm)
 
     def close(self) -> None:
         """A world barrier: every DP rank must close together."""

@@ -14,7 +14,8 @@ from __future__ import annotations
 import importlib.util
 import logging
 import threading
-from collections.abc import Collection
+import time
+from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import NamedTuple
 
@@ -28,10 +29,15 @@ from deepinfer_server.grammar import (
     SimulatedMatcher,
     Vocab,
 )
+from deepinfer_server.grammar._xgr import load_xgrammar
 from deepinfer_server.grammar.compiler import compile_timeout_s
 from deepinfer_server.grammar.errors import CompileRefused
+from deepinfer_server.grammar.fork_server import start_fork_server, stop_fork_server
 
 logger = logging.getLogger(__name__)
+
+#: What the warm-up builds end to end (compiled by the worker, matched, an echo fitted to it).
+WARM_SO_ARGS: SoArgs = {"schema_type": "json", "schema": '{"type": "object"}'}
 
 
 class BuiltMatcher(NamedTuple):
@@ -52,15 +58,23 @@ class MatcherBuilds:
         self._lock = threading.Lock()
         #: Requests whose grammar is compiling (DeepInfer's SOMatcherBuilder pending list).
         self._pending: list[tuple[Sequence, Future[BuiltMatcher]]] = []
+        #: Guards `_closed`, `_own_fork_server` and the compiler's publication (`_lock` is
+        #: held while the compiler is built, seconds, which `close` must not wait for).
+        self._state = threading.Lock()
+        self._closed = False
+        #: The warm-up started this process's compile workers' fork server (`close` stops it).
+        self._own_fork_server = False
 
-    def prepare(self) -> None:
-        """Build the compiler and start its worker now, on a builder thread, ahead of the first
-        grammar (on the thread that submits builds; without xgrammar, nothing to prepare)."""
+    def prepare(self, on_warm: Callable[[], None] | None = None) -> None:
+        """Warm the builder now, on a builder thread, ahead of the first grammar: its compiler,
+        its worker and one matcher built end to end; `on_warm()` then, on that thread (without
+        xgrammar there is nothing to prepare; a warm-up that fails is logged and not reported:
+        the first grammar tries again, and fails its request if need be)."""
         if importlib.util.find_spec("xgrammar") is None:
             return
         if self._threads is None:
             self._threads = ThreadPoolExecutor(2, thread_name_prefix="grammar-build")
-        self._threads.submit(self._prepare)
+        self._threads.submit(self._prepare, on_warm)
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -95,11 +109,17 @@ class MatcherBuilds:
         return dropped
 
     def close(self) -> None:
-        """Stop the builder threads (without waiting) and the compiler's workers."""
+        """Stop the builder threads (without waiting) and the compiler's workers, and the
+        fork server the warm-up started, at once even while it loads."""
+        with self._state:
+            self._closed = True
+            grammar, own_fork_server = self._grammar, self._own_fork_server
         if self._threads is not None:
             self._threads.shutdown(wait=False, cancel_futures=True)
-        if self._grammar is not None:
-            self._grammar.close()
+        if grammar is not None:
+            grammar.close()
+        if own_fork_server:
+            stop_fork_server()
 
     def _build(self, sequence: Sequence) -> Future[BuiltMatcher]:
         """Start building the sequence's matcher off the loop (compiled in a worker process)."""
@@ -118,17 +138,46 @@ class MatcherBuilds:
     def _compiler(self) -> GrammarCompiler:
         with self._lock:
             if self._grammar is None:
+                load_xgrammar()  # before the vocabulary imports it, in full
                 vocab = Vocab.from_tokenizer_json(self._tokenizer_json, self._vocab_size)
                 bounds = GrammarBounds(compile_timeout_s=compile_timeout_s())
-                self._grammar = GrammarCompiler(vocab, bounds=bounds, workers=1)
+                grammar = GrammarCompiler(vocab, bounds=bounds, workers=1)
+                with self._state:
+                    if self._closed:  # no worker may start once closed
+                        raise RuntimeError("the grammar builds were closed")
+                    self._grammar = grammar
             return self._grammar
 
-    def _prepare(self) -> None:
-        """(On a builder thread.) The compiler and its worker, ahead of the first grammar."""
+    def _is_closed(self) -> bool:
+        with self._state:
+            return self._closed
+
+    def _prepare(self, on_warm: Callable[[], None] | None) -> None:
+        """(On a builder thread.) The compiler, its worker and a first matcher."""
+        started = time.perf_counter()
         try:
+            # The worker's fork server loads xgrammar and the vocabulary while this process
+            # loads its own, rather than after it.
+            with self._state:
+                if self._closed:
+                    return
+                self._own_fork_server = True
+            start_fork_server(self._tokenizer_json, self._vocab_size)
+            if self._is_closed():  # `close` may have come before the fork server was there
+                stop_fork_server()
+                return
             self._compiler().workers.start()
-        except Exception:  # the first grammar tries again, and fails its request if need be
-            logger.exception("preparing the grammar compiler failed")
+            self._matcher_for(dict(WARM_SO_ARGS), 16, [], [])
+        except Exception:
+            if not self._is_closed():  # else stopped during the warm-up: that ends it quietly
+                logger.exception("preparing the grammar compiler failed")
+            return
+        logger.info(
+            "[startup] grammar builder warm (%.1f s in the background)",
+            time.perf_counter() - started,
+        )
+        if on_warm is not None:
+            on_warm()
 
     def _matcher_for(
         self, so_args: SoArgs, max_tokens: int, script: list[int], prompt: list[int]

@@ -270,6 +270,15 @@ class StructuredOutputs:
             return False
         return True
 
+    @property
+    def warm(self) -> bool:
+        """Whether the compile workers are prepared and every one of them is ready (never
+        without xgrammar)."""
+        compiler, queue = self._compiler, self._queue
+        if compiler is None or queue is None:
+            return False
+        return compiler.workers.ready >= compiler.processes
+
     def queue_stats(self) -> QueueStats | None:
         """The compile queue's counts (None before the workers are prepared)."""
         queue = self._queue
@@ -359,7 +368,7 @@ class StructuredOutputs:
             self._prepared.set_exception(exc)
             return
         queue = FairCompileQueue(
-            compiler.slots, lambda: compiler.workers.ready, self._limits, compiler.timeout_s
+            compiler.processes, lambda: compiler.workers.ready, self._limits, compiler.timeout_s
         )
         compiler.workers.on_ready = queue.worker_ready
         self._queue = queue
