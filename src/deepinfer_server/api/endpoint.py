@@ -125,7 +125,9 @@ async def prepare_choices(
     prepare = protocol.prepare if read.session is None else read.session.prepare
     on_thread = mentions_images(read.raw)
     prepared = await prepare_fetching_images(
-        lambda: state.prepare_body(prepare, read.body, len(read.raw), on_thread=on_thread),
+        lambda: state.prepare_body(
+            prepare, read.body, len(read.raw), tenant_of(request.state), on_thread=on_thread
+        ),
         state.recipe.image_limits,
         request.receive,
     )
