@@ -13,6 +13,7 @@ next entry (`api.preparation_gate`). One event loop (or one thread) only.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -35,12 +36,14 @@ class FairLines(Generic[T]):
         """`entry` waits at the end of `key`'s line."""
         self._lines.setdefault(key, deque()).append(entry)
 
-    def pop(self) -> tuple[str, T] | None:
+    def pop(self, eligible: Callable[[str], bool] | None = None) -> tuple[str, T] | None:
         """The next entry to serve and its key (the key whose turn came longest ago, a key new
-        to the lines first), or None when nothing waits."""
-        if not self._lines:
+        to the lines first; only among the keys `eligible` accepts, when given), or None when
+        nothing (eligible) waits."""
+        keys = [k for k in self._lines if eligible is None or eligible(k)]
+        if not keys:
             return None
-        key = min(self._lines, key=lambda k: self._turns.get(k, 0))
+        key = min(keys, key=lambda k: self._turns.get(k, 0))
         line = self._lines[key]
         entry = line.popleft()
         if not line:

@@ -108,14 +108,18 @@ def test_one_key_with_many_large_requests_waiting_is_refused_and_another_key_is_
     async def body() -> None:
         async with serve(*keys) as h:
             gate, release = h.state.preparation, threading.Event()
-            loop, holding = asyncio.get_running_loop(), asyncio.Event()
+            loop, holding = asyncio.get_running_loop(), asyncio.Queue[None]()
 
-            def hold() -> None:  # both workers held: every large request waits in its line
-                loop.call_soon_threadsafe(holding.set)
+            def hold() -> None:  # every worker held: every large request waits in its line
+                loop.call_soon_threadsafe(holding.put_nowait, None)
                 release.wait(10)
 
-            holders = [asyncio.ensure_future(gate.run(0, 100, hold, key="x")) for _ in range(2)]
-            await holding.wait()
+            # Two keys hold the workers, the spare kept for keys with nothing running included.
+            holders = [
+                asyncio.ensure_future(gate.run(0, 100, hold, key=key)) for key in ("x", "x", "y")
+            ]
+            for _ in holders:
+                await holding.get()
             large = {"model": MODEL, "prompt": "word " * 14_000}  # over 64 KiB
 
             def tokenize(key: str) -> asyncio.Future[Any]:
@@ -125,13 +129,13 @@ def test_one_key_with_many_large_requests_waiting_is_refused_and_another_key_is_
                 )
 
             waiting = [tokenize("key-a") for _ in range(PER_KEY_PREPARATIONS)]
-            while gate.pending < 2 + PER_KEY_PREPARATIONS:  # each request reaches its line
+            while gate.pending < 3 + PER_KEY_PREPARATIONS:  # each request reaches its line
                 await asyncio.sleep(0)
             refused = await tokenize("key-a")
             assert refused.status_code == 429
             assert "this API key already has 8" in refused.json()["error"]["message"]
             other = tokenize("key-b")
-            while gate.pending < 3 + PER_KEY_PREPARATIONS:
+            while gate.pending < 4 + PER_KEY_PREPARATIONS:
                 await asyncio.sleep(0)
             release.set()
             answered = await asyncio.gather(other, *waiting)

@@ -64,3 +64,12 @@ def test_an_entry_removed_before_its_turn_is_never_served() -> None:
     assert lines.remove("b", "b0")
     assert not lines.remove("c", "c0")
     assert drain(lines) == ["a1"]
+
+
+def test_only_eligible_keys_are_served_when_asked() -> None:
+    lines: FairLines[str] = FairLines()
+    lines.push("a", "a0")
+    lines.push("b", "b0")
+    assert lines.pop(lambda key: key != "a") == ("b", "b0")
+    assert lines.pop(lambda key: key != "a") is None
+    assert lines.pop() == ("a", "a0")

@@ -10,8 +10,10 @@ hold up a preparation. Nothing that waits on the network runs here (`api.image_u
 
 The workers are taken in turn between API keys (`fair_lines.FairLines`, as the grammar compile
 queue's): a key with one preparation waits behind at most those already running, never behind
-another key's backlog. On a server with several keys, a key holds at most `per_key`
-preparations (waiting or running): past that, that key alone gets a 429.
+another key's backlog. Past the `workers`, `spare` more are kept for keys with nothing being
+prepared: a preparation of seconds (a body of megabytes) holding every worker does not make
+another key's request wait for it to end. On a server with several keys, a key holds at most
+`per_key` preparations (waiting or running): past that, that key alone gets a 429.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ T = TypeVar("T")
 
 #: Large bodies prepared at once (the rest wait, within admission).
 PREPARATION_WORKERS = 2
+#: Workers past those kept for keys with nothing being prepared.
+SPARE_WORKERS = 1
 #: Preparations one API key may hold (waiting or running) on a server with several keys.
 PER_KEY_PREPARATIONS = 8
 
@@ -39,13 +43,20 @@ class PreparationGate:
     """Bounded, admission-counted preparation of large requests on worker threads, fair
     between keys."""
 
-    def __init__(self, workers: int = PREPARATION_WORKERS, per_key: int | None = None) -> None:
+    def __init__(
+        self,
+        workers: int = PREPARATION_WORKERS,
+        per_key: int | None = None,
+        spare: int = SPARE_WORKERS,
+    ) -> None:
         self._slots = workers
+        self._spare = spare
         self._per_key = per_key
-        self._threads = ThreadPoolExecutor(workers, thread_name_prefix="preparation")
+        self._threads = ThreadPoolExecutor(workers + spare, thread_name_prefix="preparation")
         self._lines: FairLines[asyncio.Future[None]] = FairLines()
+        #: Each key's preparations waiting or running, and running.
         self._held: Counter[str] = Counter()
-        self._running = 0
+        self._running: Counter[str] = Counter()
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
@@ -87,17 +98,24 @@ class PreparationGate:
             )
 
     def _dispatch(self) -> None:
-        while self._running < self._slots:
-            taken = self._lines.pop()
+        while True:
+            running = self._running.total()
+            if running < self._slots:
+                taken = self._lines.pop()
+            elif running < self._slots + self._spare:
+                taken = self._lines.pop(lambda key: self._running[key] == 0)
+            else:
+                return
             if taken is None:
                 return
-            taken[1].set_result(None)
-            self._running += 1
+            key, turn = taken
+            turn.set_result(None)
+            self._running[key] += 1
 
     def _leave(self, key: str, turn: asyncio.Future[None]) -> None:
         """A preparation leaves before its work ran (its request gone)."""
         if not self._lines.remove(key, turn):  # its turn had come: the slot is given back
-            self._running -= 1
+            self._stopped(key)
         self._release(key)
         self._dispatch()
 
@@ -108,9 +126,14 @@ class PreparationGate:
             loop.call_soon_threadsafe(self._finished, key)
 
     def _finished(self, key: str) -> None:
-        self._running -= 1
+        self._stopped(key)
         self._release(key)
         self._dispatch()
+
+    def _stopped(self, key: str) -> None:
+        self._running[key] -= 1
+        if self._running[key] <= 0:
+            del self._running[key]
 
     def _release(self, key: str) -> None:
         self._held[key] -= 1

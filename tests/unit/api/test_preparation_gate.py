@@ -1,5 +1,6 @@
-"""PreparationGate: its workers taken in turn between keys, each key's backlog bounded, and a
-preparation that leaves before its turn giving its place up (no timings: one worker, held)."""
+"""PreparationGate: its workers taken in turn between keys, a spare kept for keys with nothing
+being prepared, each key's backlog bounded, and a preparation that leaves before its turn giving
+its place up (no timings: one worker, held)."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ async def queued(gate: PreparationGate, held: Held, key: str, name: str) -> asyn
 
 def test_a_key_waits_behind_the_running_preparation_only_not_another_keys_backlog() -> None:
     async def body() -> None:
-        gate, held = PreparationGate(workers=1), Held()
+        gate, held = PreparationGate(workers=1, spare=0), Held()
         tasks = [await queued(gate, held, "bulk", "bulk0")]
         await held.started.wait()  # bulk0 holds the one worker
         tasks += [await queued(gate, held, "bulk", f"bulk{i}") for i in range(1, 4)]
@@ -63,7 +64,7 @@ def test_a_key_waits_behind_the_running_preparation_only_not_another_keys_backlo
 
 def test_a_key_past_its_bound_is_refused_and_another_key_is_not() -> None:
     async def body() -> None:
-        gate, held = PreparationGate(workers=1, per_key=2), Held()
+        gate, held = PreparationGate(workers=1, per_key=2, spare=0), Held()
         tasks = [await queued(gate, held, "bulk", f"bulk{i}") for i in range(2)]
         with pytest.raises(OverloadedError, match="this API key already has 2"):
             await gate.run(0, 100, held.work("bulk2"), key="bulk")
@@ -77,7 +78,7 @@ def test_a_key_past_its_bound_is_refused_and_another_key_is_not() -> None:
 
 def test_without_a_bound_per_key_only_admission_bounds_a_key() -> None:
     async def body() -> None:
-        gate, held = PreparationGate(workers=1), Held()
+        gate, held = PreparationGate(workers=1, spare=0), Held()
         tasks = [await queued(gate, held, "", f"p{i}") for i in range(20)]
         with pytest.raises(OverloadedError, match="at capacity"):
             await gate.run(80, 100, held.work("over"), key="")  # 80 in flight + 20 pending
@@ -89,7 +90,7 @@ def test_without_a_bound_per_key_only_admission_bounds_a_key() -> None:
 
 def test_a_preparation_cancelled_in_its_line_gives_its_place_up() -> None:
     async def body() -> None:
-        gate, held = PreparationGate(workers=1), Held()
+        gate, held = PreparationGate(workers=1, spare=0), Held()
         running = await queued(gate, held, "a", "a0")
         await held.started.wait()
         gone = await queued(gate, held, "b", "b0")
@@ -107,7 +108,7 @@ def test_a_preparation_cancelled_in_its_line_gives_its_place_up() -> None:
 
 def test_a_preparation_cancelled_while_it_runs_keeps_its_worker_until_done() -> None:
     async def body() -> None:
-        gate, held = PreparationGate(workers=1), Held()
+        gate, held = PreparationGate(workers=1, spare=0), Held()
         running = await queued(gate, held, "a", "a0")
         await held.started.wait()
         waiting = await queued(gate, held, "b", "b0")
@@ -119,5 +120,25 @@ def test_a_preparation_cancelled_while_it_runs_keeps_its_worker_until_done() -> 
         held.release()
         assert await waiting == "b0"
         assert held.order == ["a0", "b0"] and gate.pending == 0
+
+    run(body)
+
+
+def test_a_key_with_nothing_running_takes_the_spare_worker_and_a_busy_key_does_not() -> None:
+    async def body() -> None:
+        gate, held = PreparationGate(workers=1, spare=1), Held()
+        tasks = [await queued(gate, held, "bulk", "bulk0")]
+        await held.started.wait()  # bulk0 holds the one worker
+        held.started.clear()
+        tasks.append(await queued(gate, held, "bulk", "bulk1"))  # bulk is running: no spare
+        tasks.append(await queued(gate, held, "chat", "chat0"))
+        await held.started.wait()  # chat0 started on the spare while bulk0 still runs
+        assert held.order == ["bulk0", "chat0"]
+        tasks.append(await queued(gate, held, "other", "other0"))  # the spare is taken
+        held.release()
+        assert await asyncio.gather(*tasks) == ["bulk0", "bulk1", "chat0", "other0"]
+        assert held.order[:2] == ["bulk0", "chat0"]
+        assert sorted(held.order[2:]) == ["bulk1", "other0"]
+        assert gate.pending == 0
 
     run(body)
