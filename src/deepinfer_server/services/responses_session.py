@@ -6,10 +6,10 @@ unchanged. Otherwise its session reads what the input continues from the store b
 preparation (a store outage: 503, before anything reaches the engine), expands the input as the
 first step of the preparation (on a preparation worker, off the event loop, when what the store
 adds is large: `expanded_size`), and after generation writes the response with the request's own
-input items. The write waits for nothing on the token path: a stored stream's
-deltas go out as they come, and only its terminal event (or the JSON body) waits for the write,
-so that a client that sends its next turn at once finds this one stored, whichever API server
-process or replica answers it.
+input items. The write waits for nothing on the token path: a stored stream's deltas go out as
+they come, and only its terminal event (or the JSON body) waits for the write, so that a client
+that sends its next turn at once finds this one stored, whichever API server process or replica
+answers it.
 
 A response asked to be stored (`store: true`, the default) is stored or the client is told: a
 write that fails, or is not done within `WRITE_WAIT` (longer than the store's own bounds on a
