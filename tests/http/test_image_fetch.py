@@ -18,7 +18,7 @@ import pytest
 
 from deepinfer_server.api.app import build_app
 from deepinfer_server.api.image_fetch import FETCH_FAILED
-from deepinfer_server.api.preparation_gate import PREPARATION_WORKERS
+from deepinfer_server.api.preparation_gate import PREPARATION_WORKERS, SPARE_WORKERS
 from deepinfer_server.cli import parse_config
 from deepinfer_server.config.media_origins import parse_origin
 from deepinfer_server.errors import ConfigError
@@ -293,12 +293,12 @@ def test_fetches_never_hold_the_preparation_workers() -> None:
         async with _Dripper() as dripper:
             options = (*_allow(dripper.url), "--media-fetch-timeout", "30")
             async with serve(*options, "--max-model-len", "32768") as h:
-                # More slow fetches than there are preparation workers ...
+                # More slow fetches than there are preparation threads ...
                 fetches = [
                     asyncio.ensure_future(
                         h.client.post(CHAT, json=_asking(f"{dripper.url}/{n}.png"))
                     )
-                    for n in range(PREPARATION_WORKERS + 1)
+                    for n in range(PREPARATION_WORKERS + SPARE_WORKERS + 1)
                 ]
                 await dripper.wait_connections(len(fetches))
                 # ... and other clients' inline image and large prompt are prepared meanwhile.

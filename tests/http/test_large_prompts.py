@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from deepinfer_server.api.preparation_gate import PreparationGate
+from deepinfer_server.api.preparation_gate import PER_KEY_PREPARATIONS, PreparationGate
 from deepinfer_server.errors import OverloadedError
 from tests.http.harness import MODEL, Script, run, serve
 
@@ -98,5 +98,48 @@ def test_preparation_runs_on_bounded_worker_threads() -> None:
         release.set()
         assert await asyncio.gather(*tasks) == [1, 1, 1]
         assert peak == 1 and loop_thread not in threads and gate.pending == 0
+
+    run(body)
+
+
+def test_one_key_with_many_large_requests_waiting_is_refused_and_another_key_is_not() -> None:
+    keys = ("--api-key", "key-a", "--api-key", "key-b")
+
+    async def body() -> None:
+        async with serve(*keys) as h:
+            gate, release = h.state.preparation, threading.Event()
+            loop, holding = asyncio.get_running_loop(), asyncio.Queue[None]()
+
+            def hold() -> None:  # every worker held: every large request waits in its line
+                loop.call_soon_threadsafe(holding.put_nowait, None)
+                release.wait(10)
+
+            # Two keys hold the workers, the spare kept for keys with nothing running included.
+            holders = [
+                asyncio.ensure_future(gate.run(0, 100, hold, key=key)) for key in ("x", "x", "y")
+            ]
+            for _ in holders:
+                await holding.get()
+            large = {"model": MODEL, "prompt": "word " * 14_000}  # over 64 KiB
+
+            def tokenize(key: str) -> asyncio.Future[Any]:
+                headers = {"authorization": f"Bearer {key}"}
+                return asyncio.ensure_future(
+                    h.client.post("/tokenize", json=large, headers=headers)
+                )
+
+            waiting = [tokenize("key-a") for _ in range(PER_KEY_PREPARATIONS)]
+            while gate.pending < 3 + PER_KEY_PREPARATIONS:  # each request reaches its line
+                await asyncio.sleep(0)
+            refused = await tokenize("key-a")
+            assert refused.status_code == 429
+            assert "this API key already has 8" in refused.json()["error"]["message"]
+            other = tokenize("key-b")
+            while gate.pending < 4 + PER_KEY_PREPARATIONS:
+                await asyncio.sleep(0)
+            release.set()
+            answered = await asyncio.gather(other, *waiting)
+            assert [response.status_code for response in answered] == [200] * 9
+            await asyncio.gather(*holders)
 
     run(body)

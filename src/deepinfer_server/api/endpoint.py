@@ -33,7 +33,7 @@ from deepinfer_server.api.generation_protocol import (
 )
 from deepinfer_server.api.image_urls import prepare_fetching_images
 from deepinfer_server.api.sse import FrameWriter, SSEResponse, complete, write_all
-from deepinfer_server.api.state import AppState
+from deepinfer_server.api.state import LARGE_BODY_BYTES, AppState
 from deepinfer_server.coordinator.admission_limits import most_admitted
 from deepinfer_server.coordinator.handle import RequestHandle
 from deepinfer_server.disaggregation.handoff.requests import request_kv_transfer, with_handoff
@@ -123,10 +123,18 @@ async def prepare_choices(
     fetched on it, never on a preparation worker."""
     state: AppState = request.app.state.server
     config = state.config
-    prepare = protocol.prepare if read.session is None else read.session.prepare
+    session = read.session
+    prepare = protocol.prepare if session is None else session.prepare
+    # What the request prepares: its body, and what the store expands it with (a body of a few
+    # bytes may continue a conversation of megabytes).
+    size = len(read.raw)
+    if session is not None:
+        size += session.expanded_size(LARGE_BODY_BYTES - size)
     on_thread = mentions_images(read.raw)
     prepared = await prepare_fetching_images(
-        lambda: state.prepare_body(prepare, read.body, len(read.raw), on_thread=on_thread),
+        lambda: state.prepare_body(
+            prepare, read.body, size, tenant_of(request.state), on_thread=on_thread
+        ),
         state.recipe.image_limits,
         request.receive,
     )

@@ -66,6 +66,11 @@ class Session(Protocol[P]):
 
     def prepare(self, body: JsonObject, recipe: RecipeContext) -> P: ...
 
+    def expanded_size(self, bound: int) -> int:
+        """The bytes the session adds to what the request prepares, beyond its body (stored
+        items), counted until past `bound`."""
+        ...
+
     def make_output(self, prepared: P, response_id: str, recipe: RecipeContext) -> ProtocolOutput:
         """The output of the session's one choice."""
         ...

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from deepinfer_server.api.preparation_gate import PreparationGate
+from deepinfer_server.api.preparation_gate import PER_KEY_PREPARATIONS, PreparationGate
 from deepinfer_server.api.receive_budget import ReceiveBudget
 from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.coordinator.coordinator import Coordinator
@@ -54,7 +54,8 @@ class AppState:
     metrics: ServerMetrics
     structured: StructuredOutputs
     started_at: int = field(default_factory=lambda: int(time.time()))
-    preparation: PreparationGate = field(default_factory=PreparationGate)
+    #: The large requests' preparation, fair between keys (each bounded, with several keys).
+    preparation: PreparationGate = field(init=False)
     peers: Peers | None = None
     #: A decode server's prefill peers (`--disaggregation-mode decode`; else None).
     prefill_peers: PrefillPeers | None = None
@@ -71,6 +72,8 @@ class AppState:
     _background: set[asyncio.Future[Any]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
+        several_keys = len(self.config.tenants) > 1
+        self.preparation = PreparationGate(per_key=PER_KEY_PREPARATIONS if several_keys else None)
         self.receiving = ReceiveBudget(self.config.max_receive_buffer_mb * 1024 * 1024)
         self.background_runs = (
             None if self.store is None else BackgroundRuns(self.store, self.metrics)
@@ -108,19 +111,22 @@ class AppState:
         self,
         prepare: Callable[[dict[str, Any], RecipeContext], T],
         body: dict[str, Any],
-        raw_size: int,
+        size: int,
+        tenant: int,
         *,
         on_thread: bool = False,
     ) -> T:
-        """`prepare(body, recipe)`; a large body (`LARGE_BODY_BYTES`), or any with `on_thread`,
-        on a worker thread, at most a few at once and counted under admission (429 when they
-        would fill it)."""
-        if raw_size <= LARGE_BODY_BYTES and not on_thread:
+        """`prepare(body, recipe)`; a large request (`size`, the bytes it prepares: its body,
+        or what a stored conversation expands it to, past `LARGE_BODY_BYTES`), or any with
+        `on_thread`, on a worker thread, at most a few at once, in turn between tenants (API
+        keys) and counted under admission (429 when they would fill it)."""
+        if size <= LARGE_BODY_BYTES and not on_thread:
             return prepare(body, self.recipe)
         return await self.preparation.run(
             self.coordinator.admitted,
             self.config.admission_capacity,
             lambda: prepare(body, self.recipe),
+            key=str(tenant),
         )
 
     def background(

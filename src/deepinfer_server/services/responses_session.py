@@ -2,12 +2,14 @@
 
 `api/store_session.py`'s `open_session` decides: a request that neither stores (`store: false`)
 nor continues stored state (`previous_response_id`, item references) takes the stateless path
-unchanged. Otherwise its session expands the input from the store before preparation (a store
-outage: 503, before anything reaches the engine), and after generation writes the response with
-the request's own input items. The write waits for nothing on the token path: a stored stream's
-deltas go out as they come, and only its terminal event (or the JSON body) waits for the write,
-so that a client that sends its next turn at once finds this one stored, whichever API server
-process or replica answers it.
+unchanged. Otherwise its session reads what the input continues from the store before
+preparation (a store outage: 503, before anything reaches the engine), expands the input as the
+first step of the preparation (on a preparation worker, off the event loop, when what the store
+adds is large: `expanded_size`), and after generation writes the response with the request's own
+input items. The write waits for nothing on the token path: a stored stream's deltas go out as
+they come, and only its terminal event (or the JSON body) waits for the write, so that a client
+that sends its next turn at once finds this one stored, whichever API server process or replica
+answers it.
 
 A response asked to be stored (`store: true`, the default) is stored or the client is told: a
 write that fails, or is not done within `WRITE_WAIT` (longer than the store's own bounds on a
@@ -38,13 +40,14 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import orjson
 
 from deepinfer_server.coordinator.handle import RequestHandle
 from deepinfer_server.errors import BadRequestError, StoreUnavailableError
 from deepinfer_server.metrics import RequestRecord, ServerMetrics
+from deepinfer_server.protocol.core.preparation_size import preparation_size
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.protocol.responses.conversations import conversation_not_found
 from deepinfer_server.protocol.responses.output import (
@@ -82,6 +85,16 @@ WRITE_WAIT = 12.0
 #: Fields of the body the session serves itself (the preparation rejects them otherwise).
 _STORE_FIELDS = ("store", "previous_response_id", "background", "conversation")
 _STORED_STATUSES = frozenset({"completed", "incomplete"})
+
+
+class _Expansion(NamedTuple):
+    """What a request continues, as read from the store, before it is expanded."""
+
+    history: list[Any]
+    #: The request's own input items, references resolved.
+    own: list[Any]
+    #: Positions (in history, then own) of the items that came from the store.
+    trusted: set[int]
 
 
 class SessionHost(Protocol):
@@ -139,12 +152,17 @@ class ResponsesSession:
         self._appends = appends
         self._conversations = ConversationStore(store)
         self._body: dict[str, Any] = {}
+        #: What `expand` read, until `prepare` expands it (and the stored part's items).
+        self._expansion: _Expansion | None = None
+        self._stored_parts: list[list[Any]] = []
         self._own_input: list[Any] = []
         self._output: ResponsesOutput | None = None
 
     async def expand(self, body: dict[str, Any]) -> None:
-        """Read what the request continues from the store: the body to prepare, and the
-        request's own input items as they will be stored."""
+        """Read what the request continues from the store (the conversation, the
+        `previous_response_id` chain, the items it names). Nothing heavy runs here, on the
+        event loop: the expansion itself (reasoning sealed and restored over every item) is
+        part of `prepare`, which runs on a preparation worker when `expanded_size` is large."""
         history: list[Any] = []
         trusted_history: set[int] | None = None  # all of it
         if self._conversation is not None:
@@ -168,14 +186,25 @@ class ResponsesSession:
         own, from_store = resolve_references(own, found_items)
         trusted = set(range(len(history))) if trusted_history is None else trusted_history
         trusted |= {len(history) + index for index in from_store}
-        expanded = seal_stored_reasoning(
-            [*history, *own], trusted, self._host.recipe.reasoning_seal
-        )
-        restored, _ = restore_reasoning({"input": expanded}, self._host.recipe.reasoning_seal)
+        self._stored_parts = [history, list(found_items.values())]
+        self._expansion = _Expansion(history, own, trusted)
+        self._body = {k: v for k, v in body.items() if k not in _STORE_FIELDS}
+
+    def expanded_size(self, bound: int) -> int:
+        """The bytes the store adds to what the request prepares (`preparation_size`: counted
+        until past `bound`, an image past any bound)."""
+        return preparation_size(self._stored_parts, bound)
+
+    def _expand(self, expansion: _Expansion) -> None:
+        """The body to prepare (the stored items before the request's own, stored reasoning
+        sealed) and the request's own input items as they will be stored."""
+        history, own, trusted = expansion
+        seal = self._host.recipe.reasoning_seal
+        expanded = seal_stored_reasoning([*history, *own], trusted, seal)
+        restored, _ = restore_reasoning({"input": expanded}, seal)
         self._own_input = restored["input"][len(history) :]
         if self._stored:
             self._check_size(self._own_input)
-        self._body = {k: v for k, v in body.items() if k not in _STORE_FIELDS}
         self._body["input"] = expanded
 
     def _check_size(self, own_input: list[Any]) -> None:
@@ -192,7 +221,11 @@ class ResponsesSession:
             ) from None
 
     def prepare(self, body: dict[str, Any], recipe: RecipeContext) -> PreparedResponses:
-        """`prepare_responses` on the expanded body (the one passed in is the client's)."""
+        """`prepare_responses` on the expanded body (the one passed in is the client's),
+        expanded first (once: a preparation that stops for image URLs runs again)."""
+        expansion, self._expansion = self._expansion, None
+        if expansion is not None:
+            self._expand(expansion)
         return prepare_responses(self._body, recipe)
 
     def make_output(

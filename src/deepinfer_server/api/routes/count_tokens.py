@@ -9,6 +9,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from deepinfer_server.api.auth import tenant_of
 from deepinfer_server.api.body import read_json_body
 from deepinfer_server.api.state import AppState
 from deepinfer_server.protocol.messages.request import count_message_tokens
@@ -17,5 +18,7 @@ from deepinfer_server.protocol.messages.request import count_message_tokens
 async def count_tokens(request: Request) -> Response:
     state: AppState = request.app.state.server
     received = await read_json_body(request, state.config, state.receiving)
-    tokens = await state.prepare_body(count_message_tokens, received.value, len(received.raw))
+    tokens = await state.prepare_body(
+        count_message_tokens, received.value, len(received.raw), tenant_of(request.state)
+    )
     return JSONResponse({"input_tokens": tokens})
