@@ -25,6 +25,7 @@ from deepinfer_server.store.batches import BatchStore
 from deepinfer_server.store.location import open_store
 from tests.http.harness import MODEL, Harness, Script, run, serve
 from tests.http.test_stored_responses import KEY_A, KEY_B, run_stored
+from tests.loop_lag import LoopLag
 
 CHAT = "/v1/chat/completions"
 KEYS = ("--api-key", KEY_A, "--api-key", KEY_B)
@@ -255,6 +256,39 @@ def test_the_limits_per_api_key(tmp_path: Path) -> None:
         "1",
         script=Script(hold=True),
     )
+
+
+def test_a_file_of_many_short_lines_is_refused_without_holding_the_event_loop(
+    tmp_path: Path,
+) -> None:
+    """Half a million one-character lines: read a part at a time off the loop, and refused
+    once past --batch-max-lines, while the loop keeps serving (another key's models)."""
+
+    async def test(h: Harness) -> None:
+        async with h.openai(KEY_A) as client:
+            file = await client.files.create(
+                file=("many.jsonl", io.BytesIO(b"x\n" * 512 * 1024)), purpose="batch"
+            )
+            async with LoopLag() as lag:
+                answer = await h.client.post(
+                    "/v1/batches",
+                    json={"input_file_id": file.id, "endpoint": CHAT, "completion_window": "24h"},
+                    headers={"Authorization": f"Bearer {KEY_A}"},
+                )
+                models = await h.client.get(
+                    "/v1/models", headers={"Authorization": f"Bearer {KEY_B}"}
+                )
+        lag.check()
+        assert answer.status_code == 400, answer.text
+        error = answer.json()["error"]
+        assert error["param"] == "input_file_id"
+        assert error["message"] == (
+            "the input file has more than 1000 requests; a batch has at most 1000 "
+            "(--batch-max-lines)"
+        )
+        assert models.status_code == 200
+
+    run_stored(tmp_path, test, *KEYS, "--batch-max-file-mb", "2", "--batch-max-lines", "1000")
 
 
 def test_one_keys_files_past_its_store_cap_are_refused_and_other_keys_are_unaffected(

@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Message
 
+from deepinfer_server.api.batches.input_file import read_input_file
 from deepinfer_server.api.batches.openai_batches import (
     ENDPOINTS,
     METADATA_KEY_CHARS,
@@ -27,7 +28,6 @@ from deepinfer_server.api.batches.openai_batches import (
     WINDOWS,
     batch_object,
     file_object,
-    read_lines,
 )
 from deepinfer_server.api.body import read_body, read_json_body
 from deepinfer_server.api.routes.answers import fetched_page, json_answer
@@ -252,21 +252,17 @@ async def create_batch(request: Request) -> Response:
     if not isinstance(file_id, str):
         raise BadRequestError("'input_file_id' must be a file's id", param="input_file_id")
     file = await runner.store.file(scope, file_id)
-    content = None if file is None else await runner.store.file_content(scope, file_id)
-    if file is None or content is None or file.purpose != "batch":
+    lines = None
+    if file is not None and file.purpose == "batch":
+        limit = state.config.batch_max_lines
+        lines = await read_input_file(runner.store, scope, file_id, str(endpoint), limit)
+    if lines is None:
         raise BadRequestError(
             f"no batch input file {file_id!r} (upload one with purpose 'batch')",
             param="input_file_id",
         )
-    lines = read_lines(content, str(endpoint))
     if not lines:
         raise BadRequestError("the input file has no requests", param="input_file_id")
-    if len(lines) > state.config.batch_max_lines:
-        raise BadRequestError(
-            f"the input file has {len(lines)} requests; a batch has at most "
-            f"{state.config.batch_max_lines} (--batch-max-lines)",
-            param="input_file_id",
-        )
     await check_active(state, runner.store, scope)
     batch_id = f"batch_{uuid.uuid4().hex}"
     await runner.store.add_batch(

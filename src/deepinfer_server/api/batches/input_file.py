@@ -1,0 +1,149 @@
+"""A batch input file read into its requests a chunk at a time, off the event loop.
+
+The store hands the file's content over in chunks of `CHUNK_CHARS` characters
+(`FileStore.file_part`); each chunk is split and parsed in a worker thread, and the reading stops
+as soon as the file has more requests than a batch may (`--batch-max-lines`). What is held at
+any time is one chunk, the line that spans it, and the requests kept, which the limit bounds:
+never the whole file, so a file of millions of short lines is refused quickly, without
+stalling the loop or growing the process by the size of its parsed lines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+import orjson
+
+from deepinfer_server.errors import BadRequestError
+from deepinfer_server.store.batches import NewLine
+
+#: Characters of the file read at a time.
+CHUNK_CHARS = 256 * 1024
+
+
+class FilePart(Protocol):
+    """Where the file's content is read from (`FileStore.file_part`)."""
+
+    async def file_part(self, scope: str, file_id: str, start: int, chars: int) -> str | None:
+        """`chars` characters of the content from the `start`th; None once the file is gone."""
+        ...
+
+
+class LineSplitter:
+    """`str.splitlines` over a text given in chunks: the same lines, whatever the chunks' ends
+    (a line cut in two, a `\\r\\n` cut between its two characters)."""
+
+    def __init__(self) -> None:
+        self._carry = ""
+
+    def feed(self, chunk: str) -> list[str]:
+        """The lines that `chunk` completes, without their line breaks."""
+        parts = (self._carry + chunk).splitlines(keepends=True)
+        self._carry = ""
+        if parts:
+            last = parts[-1]
+            # A trailing `\r` may be the first half of a `\r\n` the next chunk completes.
+            if last.endswith("\r") or not _ends_line(last):
+                self._carry = parts.pop()
+        return [part.splitlines()[0] for part in parts]
+
+    def finish(self) -> list[str]:
+        """The last line, when the text does not end with a line break."""
+        carry, self._carry = self._carry, ""
+        return carry.splitlines()
+
+
+def _ends_line(part: str) -> bool:
+    return len(part.splitlines()[0]) != len(part)
+
+
+class TooManyLines(Exception):
+    """The file has more requests than a batch may."""
+
+
+class InputLines:
+    """A batch input file's requests, one per non-empty line, as they are read; a malformed line
+    (not a JSON object, no string `custom_id`, one already used, `method` not POST, `url` not
+    the batch's endpoint, `body` not an object) is kept with its error, for the error file."""
+
+    def __init__(self, endpoint: str, limit: int) -> None:
+        self.endpoint = endpoint
+        self.limit = limit
+        self.lines: list[NewLine] = []
+        self._splitter = LineSplitter()
+        self._seen: set[str] = set()
+        self._number = 0
+
+    def feed(self, chunk: str) -> None:
+        """Read the lines `chunk` completes; TooManyLines past the limit."""
+        self._read(self._splitter.feed(chunk))
+
+    def finish(self) -> list[NewLine]:
+        """Read the last line; every request read (TooManyLines past the limit)."""
+        self._read(self._splitter.finish())
+        return self.lines
+
+    def _read(self, texts: list[str]) -> None:
+        for text in texts:
+            self._number += 1
+            if not text.strip():
+                continue
+            if len(self.lines) == self.limit:
+                raise TooManyLines
+            self.lines.append(self._line(self._number, text))
+
+    def _line(self, number: int, text: str) -> NewLine:
+        try:
+            record = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            return _malformed(number, None, "not valid JSON")
+        if not isinstance(record, dict):
+            return _malformed(number, None, "not a JSON object")
+        custom_id = record.get("custom_id")
+        if not isinstance(custom_id, str) or not custom_id:
+            return _malformed(number, None, "`custom_id` must be a non-empty string")
+        if custom_id in self._seen:
+            return _malformed(number, custom_id, "this `custom_id` is used by an earlier line")
+        self._seen.add(custom_id)
+        if record.get("method") != "POST":
+            return _malformed(number, custom_id, "`method` must be 'POST'")
+        if record.get("url") != self.endpoint:
+            message = f"`url` must be the batch's endpoint {self.endpoint!r}"
+            return _malformed(number, custom_id, message)
+        if not isinstance(record.get("body"), dict):
+            return _malformed(number, custom_id, "`body` must be a JSON object")
+        return NewLine(custom_id, record["body"])
+
+
+def _malformed(number: int, custom_id: str | None, message: str) -> NewLine:
+    return NewLine(
+        custom_id if custom_id is not None else f"line-{number}",
+        None,
+        "errored",
+        {"error": {"code": "invalid_request", "message": f"line {number}: {message}"}},
+    )
+
+
+async def read_input_file(
+    store: FilePart, scope: str, file_id: str, endpoint: str, limit: int
+) -> list[NewLine] | None:
+    """The requests of `scope`'s file `file_id` for a batch calling `endpoint`: None when the
+    file is gone; a 400 naming `--batch-max-lines` once it has more than `limit` requests."""
+    lines = InputLines(endpoint, limit)
+    start = 0
+    try:
+        while True:
+            chunk = await store.file_part(scope, file_id, start, CHUNK_CHARS)
+            if chunk is None:
+                return None
+            if not chunk:
+                return await asyncio.to_thread(lines.finish)
+            await asyncio.to_thread(lines.feed, chunk)
+            start += len(chunk)
+    except TooManyLines:
+        raise BadRequestError(
+            f"the input file has more than {limit} requests; a batch has at most {limit} "
+            "(--batch-max-lines)",
+            param="input_file_id",
+        ) from None

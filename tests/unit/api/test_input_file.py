@@ -1,0 +1,108 @@
+"""A batch input file read a chunk at a time (`api/batches/input_file.py`): the same lines as
+`str.splitlines` of the whole file whatever the chunks' ends, malformed lines kept with their
+errors and line numbers, and the reading stopped once the file has more requests than allowed."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+import pytest
+
+from deepinfer_server.api.batches.input_file import (
+    InputLines,
+    LineSplitter,
+    TooManyLines,
+    read_input_file,
+)
+from deepinfer_server.errors import BadRequestError
+from deepinfer_server.store.batches import NewLine
+
+CHAT = "/v1/chat/completions"
+#: Every line break `str.splitlines` knows, `\r\n` among them, blank lines and no final break.
+TRICKY = "a\r\nb\rc\n\nd\x0be\x0cf\x1cg\x1dh\x1ei\x85j\u2028k\u2029l\r\r\n\n\r\nlast"
+
+
+def _line(custom_id: str, url: str = CHAT) -> str:
+    body = {"model": "m", "messages": []}
+    return orjson.dumps(
+        {"custom_id": custom_id, "method": "POST", "url": url, "body": body}
+    ).decode()
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, len(TRICKY)])
+def test_the_lines_of_chunks_are_the_lines_of_the_whole_text(size: int) -> None:
+    for text in (TRICKY, TRICKY + "\r", TRICKY + "\n", ""):
+        splitter = LineSplitter()
+        lines = []
+        for start in range(0, len(text), size):
+            lines += splitter.feed(text[start : start + size])
+        lines += splitter.finish()
+        assert lines == text.splitlines()
+
+
+def test_malformed_lines_are_kept_with_their_errors_and_line_numbers() -> None:
+    reader = InputLines(CHAT, 10)
+    text = "\n".join(
+        [_line("ok"), "{not json", "", "[1]", _line("ok"), _line("elsewhere", "/v1/completions")]
+    )
+    reader.feed(text[:17])
+    reader.feed(text[17:])
+    lines = reader.finish()
+    assert [line.custom_id for line in lines] == ["ok", "line-2", "line-4", "ok", "elsewhere"]
+    assert lines[0] == NewLine("ok", {"model": "m", "messages": []})
+    errors = [line.result["error"]["message"] for line in lines[1:] if line.result]  # type: ignore[index]
+    assert errors == [
+        "line 2: not valid JSON",
+        "line 4: not a JSON object",
+        "line 5: this `custom_id` is used by an earlier line",
+        "line 6: `url` must be the batch's endpoint '/v1/chat/completions'",
+    ]
+    assert all(line.status == "errored" and line.body is None for line in lines[1:])
+
+
+def test_the_reading_stops_at_the_first_line_past_the_limit() -> None:
+    reader = InputLines(CHAT, 3)
+    reader.feed("x\n\n" * 3)  # blank lines are not requests
+    assert len(reader.lines) == 3
+    with pytest.raises(TooManyLines):
+        reader.feed("x\n" + "never read\n" * 100_000)
+    assert len(reader.lines) == 3
+
+
+class _Parts:
+    """A file read back a part at a time, counting the parts asked for."""
+
+    def __init__(self, content: str | None) -> None:
+        self.content = content
+        self.reads = 0
+
+    async def file_part(self, scope: str, file_id: str, start: int, chars: int) -> str | None:
+        self.reads += 1
+        if self.content is None:
+            return None
+        return self.content[start : start + chars]
+
+
+def test_a_file_past_the_limit_is_a_400_before_it_is_read_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("deepinfer_server.api.batches.input_file.CHUNK_CHARS", 8)
+    store = _Parts("x\n" * 1000)
+    with pytest.raises(BadRequestError) as refused:
+        asyncio.run(read_input_file(store, "k", "file-1", CHAT, 5))
+    assert refused.value.param == "input_file_id"
+    assert "more than 5 requests" in refused.value.message
+    assert "(--batch-max-lines)" in refused.value.message
+    assert store.reads == 2  # 4 lines a part: the second part passes the limit
+
+
+def test_a_file_is_read_whole_in_parts_and_a_file_gone_is_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("deepinfer_server.api.batches.input_file.CHUNK_CHARS", 7)
+    content = "\r\n".join(_line(f"n{i}") for i in range(4))
+    lines = asyncio.run(read_input_file(_Parts(content), "k", "file-1", CHAT, 4))
+    assert lines is not None and [line.custom_id for line in lines] == ["n0", "n1", "n2", "n3"]
+    assert asyncio.run(read_input_file(_Parts(""), "k", "file-1", CHAT, 4)) == []
+    assert asyncio.run(read_input_file(_Parts(None), "k", "file-1", CHAT, 4)) is None
