@@ -127,3 +127,33 @@ def test_a_message_batch_request_is_refused_whole_when_it_cannot_be_told_apart(
             assert [b.id async for b in client.messages.batches.list()] == []
 
     run_stored(tmp_path, test, *KEYS)
+
+
+def test_a_request_of_too_many_requests_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Over a hundred thousand requests: decoded and counted off the loop, refused past
+    --batch-max-lines."""
+    one = b'{"custom_id":"r%06d","params":{}}'
+    raw = b'{"requests":[' + b",".join(one % i for i in range(110_000)) + b"]}"
+
+    async def test(h: Harness) -> None:
+        answer = await h.client.post(
+            "/v1/messages/batches",
+            content=raw,
+            headers={"x-api-key": KEY_A, "content-type": "application/json"},
+        )
+        models = await h.client.get("/v1/models", headers={"x-api-key": KEY_B})
+        assert answer.status_code == 400, answer.text
+        assert answer.json() == {
+            "type": "error",
+            "error": {
+                "type": "invalid_request_error",
+                "message": "110000 requests; a batch has at most 1000 (--batch-max-lines)",
+            },
+        }
+        assert models.status_code == 200
+        async with _client(h, KEY_A) as client:
+            assert [b.id async for b in client.messages.batches.list()] == []
+
+    run_stored(tmp_path, test, *KEYS, "--batch-max-file-mb", "8", "--batch-max-lines", "1000")

@@ -51,7 +51,7 @@ def test_malformed_lines_are_kept_with_their_errors_and_line_numbers() -> None:
     lines = reader.finish()
     assert [line.custom_id for line in lines] == ["ok", "line-2", "line-4", "ok", "elsewhere"]
     assert lines[0] == NewLine("ok", {"model": "m", "messages": []})
-    errors = [line.result["error"]["message"] for line in lines[1:] if line.result]  # type: ignore[index]
+    errors = [line.result["error"]["message"] for line in lines[1:] if line.result]
     assert errors == [
         "line 2: not valid JSON",
         "line 4: not a JSON object",

@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Literal, TypedDict
 
 from deepinfer_server.errors import BadRequestError
+from deepinfer_server.protocol.core.validation import decode_json
 from deepinfer_server.store.batches import PENDING, BatchRow, LineResult, NewLine
 
 #: The endpoint every request of a message batch calls.
@@ -25,16 +27,28 @@ def rfc3339(seconds: float | None) -> str | None:
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def read_requests(body: dict[str, Any]) -> list[NewLine]:
-    """`requests: [{custom_id, params}]` as lines (400 for a request without a well-formed,
-    unique `custom_id` or without `params`: its results could not be told apart). The
-    `params` are checked when the request runs; a bad one is an `errored` result."""
+def body_lines(raw: bytes, limit: int) -> list[NewLine]:
+    """A create request's body `raw` as lines (`read_requests`), decoded and read where it is
+    called: a worker thread, since the body may be as large as --batch-max-file-mb."""
+    return read_requests(decode_json(raw), limit)
+
+
+def read_requests(body: Mapping[str, Any], limit: int) -> list[NewLine]:
+    """`requests: [{custom_id, params}]` as lines (400 for more than `limit` requests, or for a
+    request without a well-formed, unique `custom_id` or without `params`: its results could
+    not be told apart). The `params` are checked when the request runs; a bad one is an
+    `errored` result."""
     requests = body.get("requests")
     if not isinstance(requests, list) or not requests:
         raise BadRequestError("'requests' must be a non-empty array", param="requests")
     extra = sorted(set(body) - {"requests"})
     if extra:
         raise BadRequestError(f"{extra[0]}: Extra inputs are not permitted", param=extra[0])
+    if len(requests) > limit:
+        raise BadRequestError(
+            f"{len(requests)} requests; a batch has at most {limit} (--batch-max-lines)",
+            param="requests",
+        )
     lines: list[NewLine] = []
     seen: set[str] = set()
     for index, request in enumerate(requests):
