@@ -61,13 +61,22 @@ def test_malformed_lines_are_kept_with_their_errors_and_line_numbers() -> None:
     assert all(line.status == "errored" and line.body is None for line in lines[1:])
 
 
-def test_the_reading_stops_at_the_first_line_past_the_limit() -> None:
+def test_a_chunk_past_the_limit_is_refused_before_any_of_its_lines_is_read() -> None:
     reader = InputLines(CHAT, 3)
-    reader.feed("x\n\n" * 3)  # blank lines are not requests
+    reader.feed("x\n \n\t\nx\n\nx\n")  # blank lines are not requests
     assert len(reader.lines) == 3
+    reader.feed("\n  \n")
     with pytest.raises(TooManyLines):
-        reader.feed("x\n" + "never read\n" * 100_000)
+        reader.feed("\n" + "never read\n" * 100_000)
     assert len(reader.lines) == 3
+
+
+def test_the_last_line_without_a_break_counts_against_the_limit() -> None:
+    reader = InputLines(CHAT, 2)
+    reader.feed("x\ny\nz")
+    assert len(reader.lines) == 2
+    with pytest.raises(TooManyLines):
+        reader.finish()
 
 
 class _Parts:

@@ -4,13 +4,16 @@ The store hands the file's content over in chunks of `CHUNK_CHARS` characters
 (`FileStore.file_part`); each chunk is split and parsed in a worker thread, and the reading stops
 as soon as the file has more requests than a batch may (`--batch-max-lines`). What is held at
 any time is one chunk, the line that spans it, and the requests kept, which the limit bounds:
-never the whole file, so a file of millions of short lines is refused quickly, without
-stalling the loop or growing the process by the size of its parsed lines.
+never the whole file. A chunk's lines are counted before they are parsed, so a file of
+millions of short lines is refused at its first chunk, without stalling the loop or growing
+the process by the size of its parsed lines; while a chunk is parsed, the thread lets the
+loop's thread run every `_YIELD_EVERY` requests.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Protocol
 
 import orjson
@@ -20,6 +23,9 @@ from deepinfer_server.store.batches import NewLine
 
 #: Characters of the file read at a time.
 CHUNK_CHARS = 256 * 1024
+#: Requests parsed between two moments the parsing thread lets the event loop's thread take
+#: the interpreter: without them the loop waits for it a switch interval at every step.
+_YIELD_EVERY = 64
 
 
 class FilePart(Protocol):
@@ -39,14 +45,16 @@ class LineSplitter:
 
     def feed(self, chunk: str) -> list[str]:
         """The lines that `chunk` completes, without their line breaks."""
-        parts = (self._carry + chunk).splitlines(keepends=True)
+        text = self._carry + chunk
+        lines = text.splitlines()
         self._carry = ""
-        if parts:
-            last = parts[-1]
-            # A trailing `\r` may be the first half of a `\r\n` the next chunk completes.
-            if last.endswith("\r") or not _ends_line(last):
-                self._carry = parts.pop()
-        return [part.splitlines()[0] for part in parts]
+        last = text[-1:]
+        if last == "\r":
+            # Perhaps the first half of a `\r\n` that the next chunk completes.
+            self._carry = lines.pop() + last
+        elif last and last not in _BREAKS:
+            self._carry = lines.pop()
+        return lines
 
     def finish(self) -> list[str]:
         """The last line, when the text does not end with a line break."""
@@ -54,8 +62,8 @@ class LineSplitter:
         return carry.splitlines()
 
 
-def _ends_line(part: str) -> bool:
-    return len(part.splitlines()[0]) != len(part)
+#: The characters `str.splitlines` ends a line at (`\r\n` is one break of two).
+_BREAKS = frozenset("\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
 
 
 class TooManyLines(Exception):
@@ -85,12 +93,19 @@ class InputLines:
         return self.lines
 
     def _read(self, texts: list[str]) -> None:
+        # Counted before any is parsed: a chunk that passes the limit is refused unread (the
+        # blank lines counted exactly only when the quick count, less empty lines, passes it).
+        kept = len(self.lines)
+        if kept + len(texts) - texts.count("") > self.limit and (
+            kept + sum(1 for text in texts if text.strip()) > self.limit
+        ):
+            raise TooManyLines
         for text in texts:
             self._number += 1
             if not text.strip():
                 continue
-            if len(self.lines) == self.limit:
-                raise TooManyLines
+            if not len(self.lines) % _YIELD_EVERY:
+                time.sleep(0)
             self.lines.append(self._line(self._number, text))
 
     def _line(self, number: int, text: str) -> NewLine:
