@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import openai
 import orjson
 import pytest
@@ -23,7 +24,7 @@ from deepinfer_server.protocol.core.validation import PRIORITY_MAX
 from deepinfer_server.services.batch_runner import BatchRunner
 from deepinfer_server.store.batches import BatchStore
 from deepinfer_server.store.location import open_store
-from tests.http.harness import MODEL, Harness, Script, run, serve
+from tests.http.harness import MODEL, Harness, Script, client_http, run, serve
 from tests.http.test_stored_responses import KEY_A, KEY_B, run_stored
 from tests.loop_lag import LoopLag
 
@@ -256,6 +257,44 @@ def test_the_limits_per_api_key(tmp_path: Path) -> None:
         "1",
         script=Script(hold=True),
     )
+
+
+def test_anthropics_files_api_is_refused_in_its_envelope(tmp_path: Path) -> None:
+    """Anthropic's clients send their Files API to /v1/files: a 400 they can read, never
+    OpenAI's file object; OpenAI's clients are unaffected."""
+
+    async def test(h: Harness) -> None:
+        http = client_http.AsyncClient(transport=client_http.ASGITransport(app=h.app))
+        async with anthropic.AsyncAnthropic(
+            base_url="http://test", api_key=KEY_A, http_client=http, max_retries=0
+        ) as client:
+            calls = (
+                client.beta.files.upload(file=("notes.txt", b"hello", "text/plain")),
+                client.beta.files.list(),
+                client.beta.files.retrieve_metadata("file_1"),
+                client.beta.files.download("file_1"),
+                client.beta.files.delete("file_1"),
+            )
+            for call in calls:
+                with pytest.raises(anthropic.BadRequestError) as refused:
+                    await call
+                body = refused.value.body
+                assert isinstance(body, dict) and body["type"] == "error"
+                assert body["error"]["type"] == "invalid_request_error"
+                assert "Anthropic's Files API" in body["error"]["message"]
+        beta_only = await h.client.post(
+            "/v1/files",
+            files={"file": ("x.jsonl", b"{}\n")},
+            data={"purpose": "batch"},
+            headers={"Authorization": f"Bearer {KEY_A}", "anthropic-beta": "files-api-2025-04-14"},
+        )
+        assert beta_only.status_code == 400
+        assert "Anthropic's Files API" in beta_only.json()["error"]["message"]
+        async with h.openai(KEY_A) as openai_client:
+            assert [f.id async for f in openai_client.files.list()] == []
+            await _upload(openai_client, [_line("n", _chat("hi"))])
+
+    run_stored(tmp_path, test, *KEYS)
 
 
 def test_a_file_of_many_short_lines_is_refused_without_holding_the_event_loop(

@@ -30,6 +30,7 @@ from deepinfer_server.api.batches.openai_batches import (
     file_object,
 )
 from deepinfer_server.api.body import read_body, read_json_body
+from deepinfer_server.api.dialects import sends_anthropic_version
 from deepinfer_server.api.routes.answers import fetched_page, json_answer
 from deepinfer_server.api.routes.paging import page_limit
 from deepinfer_server.api.state import AppState
@@ -74,6 +75,21 @@ async def scoped(request: Request) -> tuple[AppState, BatchRunner, str]:
     return state, runner, await request_scope(request, state.store)
 
 
+async def _files_scoped(request: Request) -> tuple[AppState, BatchRunner, str]:
+    """`scoped`, for a request of OpenAI's Files API; a request of Anthropic's (an
+    `anthropic-version` header, or an `anthropic-beta` naming the Files API) is a 400 in
+    Anthropic's envelope: this server's Messages cannot refer to a file, so storing one for
+    them would answer 200 to an upload nothing can use, in a shape those clients cannot read."""
+    beta = request.headers.get("anthropic-beta", "")
+    if sends_anthropic_version(request.scope) or "files-api" in beta:
+        raise BadRequestError(
+            "this server does not implement Anthropic's Files API (its Messages take a "
+            "document's content, not a file_id): /v1/files is OpenAI's Files API here, for "
+            "batch input files"
+        )
+    return await scoped(request)
+
+
 def not_found(kind: str, object_id: str) -> StoredObjectNotFound:
     return StoredObjectNotFound(f"No {kind} found with id {object_id!r}.", kind=ErrorKind.NOT_FOUND)
 
@@ -83,7 +99,7 @@ def not_found(kind: str, object_id: str) -> StoredObjectNotFound:
 
 async def create_file(request: Request) -> Response:
     """Store a batch input file (multipart: `file`, `purpose: "batch"`)."""
-    state, runner, scope = await scoped(request)
+    state, runner, scope = await _files_scoped(request)
     media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if media_type != "multipart/form-data":
         raise BadRequestError(
@@ -158,7 +174,7 @@ def _quota_full(size: int | None) -> RequestTooLargeError:
 
 
 async def list_files(request: Request) -> Response:
-    _, runner, scope = await scoped(request)
+    _, runner, scope = await _files_scoped(request)
     limit = page_limit(request)
     rows = await runner.store.files(
         scope, request.query_params.get("purpose"), request.query_params.get("after"), limit + 1
@@ -170,7 +186,7 @@ async def _read_file(
     request: Request, read: Callable[[BatchStore, str, str], Awaitable[Found | None]]
 ) -> Found:
     """What `read` finds of the path's file in the request's scope (a 404 when nothing)."""
-    _, runner, scope = await scoped(request)
+    _, runner, scope = await _files_scoped(request)
     file_id: str = request.path_params["file_id"]
     found = await read(runner.store, scope, file_id)
     if found is None:
@@ -190,7 +206,7 @@ async def file_content(request: Request) -> Response:
 
 
 async def delete_file(request: Request) -> Response:
-    _, runner, scope = await scoped(request)
+    _, runner, scope = await _files_scoped(request)
     file_id: str = request.path_params["file_id"]
     if not await runner.store.delete_file(scope, file_id):
         raise not_found("file", file_id)
