@@ -19,9 +19,9 @@ from deepinfer_server.api.batches.message_batches import (
     ENDPOINT,
     WINDOW,
     batch_object,
-    body_lines,
     result_line,
 )
+from deepinfer_server.api.batches.message_requests import body_lines
 from deepinfer_server.api.body import read_body, require_json_content_type
 from deepinfer_server.api.routes.answers import fetched_page, json_answer
 from deepinfer_server.api.routes.batches import check_active, not_found, scoped
