@@ -297,6 +297,23 @@ def test_anthropics_files_api_is_refused_in_its_envelope(tmp_path: Path) -> None
     run_stored(tmp_path, test, *KEYS)
 
 
+def test_an_upload_is_decoded_from_utf8_in_parts_and_refused_when_it_is_not_utf8(
+    tmp_path: Path,
+) -> None:
+    async def test(h: Harness) -> None:
+        # A two-byte character across the first MiB's end, and a four-byte one after it.
+        content = b"a" * (1024 * 1024 - 1) + "é🙂\n".encode()
+        async with h.openai(KEY_A) as client:
+            file = await client.files.create(file=("x.jsonl", io.BytesIO(content)), purpose="batch")
+            assert file.bytes == len(content)
+            assert (await client.files.content(file.id)).content == content
+            for bad in (b"\xff\n", b"a" * (1024 * 1024 - 1) + b"\xc3"):
+                with pytest.raises(openai.BadRequestError, match="UTF-8 JSONL"):
+                    await client.files.create(file=("x.jsonl", io.BytesIO(bad)), purpose="batch")
+
+    run_stored(tmp_path, test, *KEYS, "--batch-max-file-mb", "2")
+
+
 def test_a_file_of_many_short_lines_is_refused_without_holding_the_event_loop(
     tmp_path: Path,
 ) -> None:
