@@ -119,17 +119,6 @@ class FileStore(Operations):
             )
         return None if not rows else str(rows[0][0])
 
-    async def file_part(self, scope: str, file_id: str, start: int, chars: int) -> str | None:
-        """`chars` characters of a file's content from the `start`th (from 0): fewer at its
-        end, none past it; None when the file is gone. A file is read this way a part at a
-        time, never whole, where it is parsed (a batch's input file)."""
-        async with self._store.connection("read a file"):
-            rows = await self._db.fetch(
-                "SELECT substr(content, ?, ?) FROM files WHERE id = ? AND scope = ?",
-                (start + 1, chars, file_id, scope),
-            )
-        return None if not rows else str(rows[0][0])
-
     async def delete_file(self, scope: str, file_id: str) -> bool:
         """Delete a file; whether it was there."""
         async with self._store.connection("delete a file", write=True):

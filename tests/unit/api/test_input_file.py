@@ -4,8 +4,6 @@ errors and line numbers, and the reading stopped once the file has more requests
 
 from __future__ import annotations
 
-import asyncio
-
 import orjson
 import pytest
 
@@ -13,7 +11,7 @@ from deepinfer_server.api.batches.input_file import (
     InputLines,
     LineSplitter,
     TooManyLines,
-    read_input_file,
+    input_lines,
 )
 from deepinfer_server.errors import BadRequestError
 from deepinfer_server.store.batches import NewLine
@@ -79,39 +77,31 @@ def test_the_last_line_without_a_break_counts_against_the_limit() -> None:
         reader.finish()
 
 
-class _Parts:
-    """A file read back a part at a time, counting the parts asked for."""
-
-    def __init__(self, content: str | None) -> None:
-        self.content = content
-        self.reads = 0
-
-    async def file_part(self, scope: str, file_id: str, start: int, chars: int) -> str | None:
-        self.reads += 1
-        if self.content is None:
-            return None
-        return self.content[start : start + chars]
-
-
-def test_a_file_past_the_limit_is_a_400_before_it_is_read_whole(
+def test_a_file_past_the_limit_is_a_400_without_its_later_chunks_split(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr("deepinfer_server.api.batches.input_file.CHUNK_CHARS", 8)
-    store = _Parts("x\n" * 1000)
+    fed: list[str] = []
+    feed = InputLines.feed
+
+    def counted(self: InputLines, chunk: str) -> None:
+        fed.append(chunk)
+        feed(self, chunk)
+
+    monkeypatch.setattr(InputLines, "feed", counted)
     with pytest.raises(BadRequestError) as refused:
-        asyncio.run(read_input_file(store, "k", "file-1", CHAT, 5))
+        input_lines("x\n" * 1000, CHAT, 5)
     assert refused.value.param == "input_file_id"
-    assert "more than 5 requests" in refused.value.message
-    assert "(--batch-max-lines)" in refused.value.message
-    assert store.reads == 2  # 4 lines a part: the second part passes the limit
+    assert refused.value.message == (
+        "the input file has more than 5 requests; a batch has at most 5 (--batch-max-lines)"
+    )
+    assert fed == ["x\nx\nx\nx\n"] * 2  # 4 lines a chunk: the second passes the limit
 
 
-def test_a_file_is_read_whole_in_parts_and_a_file_gone_is_none(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_file_is_read_whole_in_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("deepinfer_server.api.batches.input_file.CHUNK_CHARS", 7)
     content = "\r\n".join(_line(f"n{i}") for i in range(4))
-    lines = asyncio.run(read_input_file(_Parts(content), "k", "file-1", CHAT, 4))
-    assert lines is not None and [line.custom_id for line in lines] == ["n0", "n1", "n2", "n3"]
-    assert asyncio.run(read_input_file(_Parts(""), "k", "file-1", CHAT, 4)) == []
-    assert asyncio.run(read_input_file(_Parts(None), "k", "file-1", CHAT, 4)) is None
+    lines = input_lines(content, CHAT, 4)
+    assert [line.custom_id for line in lines] == ["n0", "n1", "n2", "n3"]
+    assert input_lines("", CHAT, 4) == []
+    assert input_lines("\n \n", CHAT, 4) == []

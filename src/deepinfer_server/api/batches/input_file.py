@@ -1,39 +1,33 @@
-"""A batch input file read into its requests a chunk at a time, off the event loop.
+"""A batch input file read into its requests a chunk at a time, in a worker thread.
 
-The store hands the file's content over in chunks of `CHUNK_CHARS` characters
-(`FileStore.file_part`); each chunk is split and parsed in a worker thread, and the reading stops
-as soon as the file has more requests than a batch may (`--batch-max-lines`). What is held at
-any time is one chunk, the line that spans it, and the requests kept, which the limit bounds:
-never the whole file. A chunk's lines are counted before they are parsed, so a file of
-millions of short lines is refused at its first chunk, without stalling the loop or growing
-the process by the size of its parsed lines; while a chunk is parsed, the thread lets the
-loop's thread run every `_YIELD_EVERY` requests.
+The file's content (as the store keeps it: at most --batch-max-file-mb) is split into lines
+and parsed `CHUNK_CHARS` characters at a time, and the reading stops as soon as the file has
+more requests than a batch may (`--batch-max-lines`). Besides the content, what is held is
+one chunk's lines, the line that spans two chunks, and the requests kept, which the limit
+bounds: never every line of the file. A chunk's lines are counted before they are parsed, so
+a file of millions of short lines is refused at its first chunk, without growing the process
+by the size of its parsed lines; while a chunk is parsed, the thread lets the loop's thread
+run every `_YIELD_EVERY` requests.
+
+(The content is read from the store whole: a part of a value read by `substr` costs the
+database the whole value on SQLite and PostgreSQL alike, so reading it in parts took time
+quadratic in its size.)
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
-from typing import Protocol
 
 import orjson
 
 from deepinfer_server.errors import BadRequestError
 from deepinfer_server.store.batches import NewLine
 
-#: Characters of the file read at a time.
+#: Characters of the file split and parsed at a time.
 CHUNK_CHARS = 256 * 1024
 #: Requests parsed between two moments the parsing thread lets the event loop's thread take
 #: the interpreter: without them the loop waits for it a switch interval at every step.
 _YIELD_EVERY = 64
-
-
-class FilePart(Protocol):
-    """Where the file's content is read from (`FileStore.file_part`)."""
-
-    async def file_part(self, scope: str, file_id: str, start: int, chars: int) -> str | None:
-        """`chars` characters of the content from the `start`th; None once the file is gone."""
-        ...
 
 
 class LineSplitter:
@@ -140,22 +134,15 @@ def _malformed(number: int, custom_id: str | None, message: str) -> NewLine:
     )
 
 
-async def read_input_file(
-    store: FilePart, scope: str, file_id: str, endpoint: str, limit: int
-) -> list[NewLine] | None:
-    """The requests of `scope`'s file `file_id` for a batch calling `endpoint`: None when the
-    file is gone; a 400 naming `--batch-max-lines` once it has more than `limit` requests."""
+def input_lines(content: str, endpoint: str, limit: int) -> list[NewLine]:
+    """The requests of an input file's `content` for a batch calling `endpoint`, read a chunk
+    at a time where it is called (a worker thread); a 400 naming `--batch-max-lines` once it
+    has more than `limit` requests."""
     lines = InputLines(endpoint, limit)
-    start = 0
     try:
-        while True:
-            chunk = await store.file_part(scope, file_id, start, CHUNK_CHARS)
-            if chunk is None:
-                return None
-            if not chunk:
-                return await asyncio.to_thread(lines.finish)
-            await asyncio.to_thread(lines.feed, chunk)
-            start += len(chunk)
+        for start in range(0, len(content), CHUNK_CHARS):
+            lines.feed(content[start : start + CHUNK_CHARS])
+        return lines.finish()
     except TooManyLines:
         raise BadRequestError(
             f"the input file has more than {limit} requests; a batch has at most {limit} "

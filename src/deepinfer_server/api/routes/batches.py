@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Message
 
-from deepinfer_server.api.batches.input_file import read_input_file
+from deepinfer_server.api.batches.input_file import input_lines
 from deepinfer_server.api.batches.openai_batches import (
     ENDPOINTS,
     METADATA_KEY_CHARS,
@@ -287,15 +287,16 @@ async def create_batch(request: Request) -> Response:
     if not isinstance(file_id, str):
         raise BadRequestError("'input_file_id' must be a file's id", param="input_file_id")
     file = await runner.store.file(scope, file_id)
-    lines = None
+    content = None
     if file is not None and file.purpose == "batch":
-        limit = state.config.batch_max_lines
-        lines = await read_input_file(runner.store, scope, file_id, str(endpoint), limit)
-    if lines is None:
+        content = await runner.store.file_content(scope, file_id)
+    if content is None:
         raise BadRequestError(
             f"no batch input file {file_id!r} (upload one with purpose 'batch')",
             param="input_file_id",
         )
+    limit = state.config.batch_max_lines
+    lines = await asyncio.to_thread(input_lines, content, str(endpoint), limit)
     if not lines:
         raise BadRequestError("the input file has no requests", param="input_file_id")
     await check_active(state, runner.store, scope)
