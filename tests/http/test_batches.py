@@ -317,7 +317,7 @@ def test_an_upload_is_decoded_from_utf8_in_parts_and_refused_when_it_is_not_utf8
 def test_a_file_of_many_short_lines_is_refused_without_holding_the_event_loop(
     tmp_path: Path,
 ) -> None:
-    """Half a million one-character lines: read a part at a time off the loop, and refused
+    """Half a million one-character lines: split a part at a time off the loop, and refused
     once past --batch-max-lines, while the loop keeps serving (another key's models)."""
 
     async def test(h: Harness) -> None:
