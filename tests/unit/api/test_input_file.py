@@ -4,6 +4,8 @@ errors and line numbers, and the reading stopped once the file has more requests
 
 from __future__ import annotations
 
+import random
+
 import orjson
 import pytest
 
@@ -30,13 +32,28 @@ def _line(custom_id: str, url: str = CHAT) -> str:
 
 @pytest.mark.parametrize("size", [1, 2, 3, 5, len(TRICKY)])
 def test_the_lines_of_chunks_are_the_lines_of_the_whole_text(size: int) -> None:
-    for text in (TRICKY, TRICKY + "\r", TRICKY + "\n", ""):
+    for text in (TRICKY, TRICKY + "\r", TRICKY + "\n", "", "\r\n\n", "\r\r\n\r", "x" * 50):
         splitter = LineSplitter()
         lines = []
         for start in range(0, len(text), size):
             lines += splitter.feed(text[start : start + size])
         lines += splitter.finish()
         assert lines == text.splitlines()
+
+
+def test_random_texts_in_random_chunks_split_as_the_whole_does() -> None:
+    chance = random.Random(7)
+    for _ in range(2000):
+        text = "".join(chance.choice("ab\r\n\x0b\u2028 ") for _ in range(chance.randint(0, 30)))
+        splitter = LineSplitter()
+        lines: list[str] = []
+        start = 0
+        while start < len(text):
+            size = chance.randint(0, 5)
+            lines += splitter.feed(text[start : start + size])
+            start += size
+        lines += splitter.finish()
+        assert lines == text.splitlines(), repr(text)
 
 
 def test_malformed_lines_are_kept_with_their_errors_and_line_numbers() -> None:

@@ -32,28 +32,36 @@ _YIELD_EVERY = 64
 
 class LineSplitter:
     """`str.splitlines` over a text given in chunks: the same lines, whatever the chunks' ends
-    (a line cut in two, a `\\r\\n` cut between its two characters)."""
+    (a line cut in two or in many, a `\r\n` cut between its two characters). A line longer
+    than a chunk is kept in pieces, joined once it ends, never copied at every chunk."""
 
     def __init__(self) -> None:
-        self._carry = ""
+        self._pieces: list[str] = []
+        self._after_cr = False
 
     def feed(self, chunk: str) -> list[str]:
         """The lines that `chunk` completes, without their line breaks."""
-        text = self._carry + chunk
-        lines = text.splitlines()
-        self._carry = ""
-        last = text[-1:]
-        if last == "\r":
-            # Perhaps the first half of a `\r\n` that the next chunk completes.
-            self._carry = lines.pop() + last
-        elif last and last not in _BREAKS:
-            self._carry = lines.pop()
+        if self._after_cr and chunk.startswith("\n"):
+            chunk = chunk[1:]  # the second half of a `\r\n` the last chunk ended with
+            self._after_cr = False
+        if not chunk:
+            return []
+        self._after_cr = chunk.endswith("\r")
+        lines = chunk.splitlines()
+        if len(lines) == 1 and len(lines[0]) == len(chunk):
+            self._pieces.append(chunk)  # no line break in it
+            return []
+        if self._pieces:
+            lines[0] = "".join(self._pieces) + lines[0]
+            self._pieces = []
+        if chunk[-1] not in _BREAKS:
+            self._pieces.append(lines.pop())
         return lines
 
     def finish(self) -> list[str]:
         """The last line, when the text does not end with a line break."""
-        carry, self._carry = self._carry, ""
-        return carry.splitlines()
+        last, self._pieces = "".join(self._pieces), []
+        return [last] if last else []
 
 
 #: The characters `str.splitlines` ends a line at (`\r\n` is one break of two).
