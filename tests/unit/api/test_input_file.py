@@ -13,6 +13,7 @@ from deepinfer_server.api.batches.input_file import (
     InputLines,
     LineSplitter,
     TooManyLines,
+    decode_utf8,
     input_lines,
 )
 from deepinfer_server.errors import BadRequestError
@@ -122,3 +123,12 @@ def test_a_file_is_read_whole_in_chunks(monkeypatch: pytest.MonkeyPatch) -> None
     assert [line.custom_id for line in lines] == ["n0", "n1", "n2", "n3"]
     assert input_lines("", CHAT, 4) == []
     assert input_lines("\n \n", CHAT, 4) == []
+
+
+def test_utf8_is_decoded_in_parts_whatever_their_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("deepinfer_server.api.batches.input_file._DECODED_BYTES", 3)
+    text = "aé🙂\u2028b" * 5
+    assert decode_utf8(text.encode()) == text
+    assert decode_utf8(b"") == ""
+    for bad in (b"\xff", "é".encode()[:1], b"ab\xed\xa0\x80"):
+        assert decode_utf8(bad) is None

@@ -16,6 +16,7 @@ quadratic in its size.)
 
 from __future__ import annotations
 
+import codecs
 import time
 
 import orjson
@@ -25,9 +26,27 @@ from deepinfer_server.store.batches import NewLine
 
 #: Characters of the file split and parsed at a time.
 CHUNK_CHARS = 256 * 1024
+#: Bytes decoded from UTF-8 at a time.
+_DECODED_BYTES = 1024 * 1024
 #: Requests parsed between two moments the parsing thread lets the event loop's thread take
 #: the interpreter: without them the loop waits for it a switch interval at every step.
 _YIELD_EVERY = 64
+
+
+def decode_utf8(data: bytes) -> str | None:
+    """`data` decoded from UTF-8 a part at a time, or None when it is not UTF-8: called in a
+    worker thread (an upload, a Message Batches body), which lets the event loop's thread run
+    between parts, where decoding it in one call would hold the interpreter for all of it."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    view = memoryview(data)
+    parts: list[str] = []
+    try:
+        for start in range(0, len(data), _DECODED_BYTES):
+            parts.append(decoder.decode(view[start : start + _DECODED_BYTES]))
+        parts.append(decoder.decode(b"", final=True))
+    except UnicodeDecodeError:
+        return None
+    return "".join(parts)
 
 
 class LineSplitter:

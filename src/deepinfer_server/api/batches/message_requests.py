@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from deepinfer_server.api.batches.input_file import decode_utf8
 from deepinfer_server.errors import BadRequestError
 from deepinfer_server.protocol.core.validation import MAX_JSON_DEPTH, check_depth, decode_json
 from deepinfer_server.store.batches import NewLine
@@ -39,9 +40,8 @@ def body_lines(raw: bytes, limit: int) -> list[NewLine]:
     """A create request's body `raw` as lines: 400 for a body that is not valid JSON or not
     `{"requests": [...]}`, for more than `limit` requests, or for a request `request_line`
     refuses."""
-    try:
-        text = raw.decode()
-    except UnicodeDecodeError:
+    text = decode_utf8(raw)
+    if text is None:
         return read_requests(decode_json(raw), limit)  # decode_json's 400 for it
     start = _SPACE.match(text).end()  # type: ignore[union-attr]
     if not text.startswith("{", start):

@@ -11,7 +11,6 @@ every route is a 400 that says so.
 from __future__ import annotations
 
 import asyncio
-import codecs
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -21,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Message
 
-from deepinfer_server.api.batches.input_file import input_lines
+from deepinfer_server.api.batches.input_file import decode_utf8, input_lines
 from deepinfer_server.api.batches.openai_batches import (
     ENDPOINTS,
     METADATA_KEY_CHARS,
@@ -56,8 +55,6 @@ _QUOTA = (
     "its files may take --response-store-key-max-mb and every key's --response-store-max-mb, "
     "and are never deleted to make room; delete files it no longer needs (DELETE /v1/files/{id})"
 )
-#: Bytes of an uploaded file decoded at a time.
-_DECODED_BYTES = 1024 * 1024
 #: The purposes of the files this server stores: batch input files (it writes the others).
 _UPLOAD_PURPOSES = ("batch",)
 
@@ -120,29 +117,13 @@ async def create_file(request: Request) -> Response:
             f"{limit} bytes (--batch-max-file-mb)",
             param="file",
         )
-    content = await asyncio.to_thread(_utf8, data)
+    content = await asyncio.to_thread(decode_utf8, data)
     if content is None:
         raise BadRequestError("a batch input file must be UTF-8 JSONL", param="file")
     row = await runner.store.upload_file(scope, str(purpose), filename, content, len(data))
     if row is None:
         raise _quota_full(len(data))
     return json_answer(file_object(row))
-
-
-def _utf8(data: bytes) -> str | None:
-    """`data` decoded from UTF-8 a part at a time, or None when it is not UTF-8: called in a
-    worker thread, which lets the event loop's thread run between parts, where decoding the
-    file in one call would hold the interpreter for all of it."""
-    decoder = codecs.getincrementaldecoder("utf-8")()
-    view = memoryview(data)
-    parts: list[str] = []
-    try:
-        for start in range(0, len(data), _DECODED_BYTES):
-            parts.append(decoder.decode(view[start : start + _DECODED_BYTES]))
-        parts.append(decoder.decode(b"", final=True))
-    except UnicodeDecodeError:
-        return None
-    return "".join(parts)
 
 
 async def _upload_body(request: Request, store: BatchStore, scope: str, limit: int) -> bytes:
