@@ -297,7 +297,7 @@ def test_anthropics_files_api_is_refused_in_its_envelope(tmp_path: Path) -> None
     run_stored(tmp_path, test, *KEYS)
 
 
-def test_an_upload_is_decoded_from_utf8_in_parts_and_refused_when_it_is_not_utf8(
+def test_an_upload_is_parsed_and_decoded_off_the_loop_and_refused_when_it_is_not_utf8(
     tmp_path: Path,
 ) -> None:
     async def test(h: Harness) -> None:
@@ -310,6 +310,15 @@ def test_an_upload_is_decoded_from_utf8_in_parts_and_refused_when_it_is_not_utf8
             for bad in (b"\xff\n", b"a" * (1024 * 1024 - 1) + b"\xc3"):
                 with pytest.raises(openai.BadRequestError, match="UTF-8 JSONL"):
                     await client.files.create(file=("x.jsonl", io.BytesIO(bad)), purpose="batch")
+        # The form is parsed in a worker thread: its parser's refusals are still 400s.
+        two = await h.client.post(
+            "/v1/files",
+            files=[("file", ("a.jsonl", b"{}\n")), ("file", ("b.jsonl", b"{}\n"))],
+            data={"purpose": "batch"},
+            headers={"Authorization": f"Bearer {KEY_A}"},
+        )
+        assert two.status_code == 400
+        assert two.json()["error"]["message"] == "Too many files. Maximum number of files is 1."
 
     run_stored(tmp_path, test, *KEYS, "--batch-max-file-mb", "2")
 

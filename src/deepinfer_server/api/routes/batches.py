@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import Message
+from starlette.types import Message, Scope
 
 from deepinfer_server.api.batches.input_file import decode_utf8, input_lines
 from deepinfer_server.api.batches.openai_batches import (
@@ -144,12 +144,17 @@ async def _upload_body(request: Request, store: BatchStore, scope: str, limit: i
 
 
 async def _form_file(request: Request, raw: bytes) -> tuple[str, str, bytes]:
-    """The upload's purpose, file name and content, from its multipart body `raw`."""
+    """The upload's purpose, file name and content, from its multipart body `raw`: parsed in
+    a worker thread, on a loop of its own, since the parser scans and copies the whole file
+    (and writes it to a temporary file) in steps that would each hold the event loop."""
+    return await asyncio.to_thread(asyncio.run, _parsed_form(request.scope, raw))
 
+
+async def _parsed_form(scope: Scope, raw: bytes) -> tuple[str, str, bytes]:
     async def replay() -> Message:
         return {"type": "http.request", "body": raw, "more_body": False}
 
-    async with Request(request.scope, replay).form(max_files=1, max_fields=8) as form:
+    async with Request(scope, replay).form(max_files=1, max_fields=8) as form:
         purpose = form.get("purpose")
         upload = form.get("file")
         if purpose not in _UPLOAD_PURPOSES:
