@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import openai
 import orjson
 import pytest
@@ -23,8 +24,9 @@ from deepinfer_server.protocol.core.validation import PRIORITY_MAX
 from deepinfer_server.services.batch_runner import BatchRunner
 from deepinfer_server.store.batches import BatchStore
 from deepinfer_server.store.location import open_store
-from tests.http.harness import MODEL, Harness, Script, run, serve
+from tests.http.harness import MODEL, Harness, Script, client_http, run, serve
 from tests.http.test_stored_responses import KEY_A, KEY_B, run_stored
+from tests.loop_lag import LoopLag
 
 CHAT = "/v1/chat/completions"
 KEYS = ("--api-key", KEY_A, "--api-key", KEY_B)
@@ -255,6 +257,103 @@ def test_the_limits_per_api_key(tmp_path: Path) -> None:
         "1",
         script=Script(hold=True),
     )
+
+
+def test_anthropics_files_api_is_refused_in_its_envelope(tmp_path: Path) -> None:
+    """Anthropic's clients send their Files API to /v1/files: a 400 they can read, never
+    OpenAI's file object; OpenAI's clients are unaffected."""
+
+    async def test(h: Harness) -> None:
+        http = client_http.AsyncClient(transport=client_http.ASGITransport(app=h.app))
+        async with anthropic.AsyncAnthropic(
+            base_url="http://test", api_key=KEY_A, http_client=http, max_retries=0
+        ) as client:
+            calls = (
+                client.beta.files.upload(file=("notes.txt", b"hello", "text/plain")),
+                client.beta.files.list(),
+                client.beta.files.retrieve_metadata("file_1"),
+                client.beta.files.download("file_1"),
+                client.beta.files.delete("file_1"),
+            )
+            for call in calls:
+                with pytest.raises(anthropic.BadRequestError) as refused:
+                    await call
+                body = refused.value.body
+                assert isinstance(body, dict) and body["type"] == "error"
+                assert body["error"]["type"] == "invalid_request_error"
+                assert "Anthropic's Files API" in body["error"]["message"]
+        beta_only = await h.client.post(
+            "/v1/files",
+            files={"file": ("x.jsonl", b"{}\n")},
+            data={"purpose": "batch"},
+            headers={"Authorization": f"Bearer {KEY_A}", "anthropic-beta": "files-api-2025-04-14"},
+        )
+        assert beta_only.status_code == 400
+        assert "Anthropic's Files API" in beta_only.json()["error"]["message"]
+        async with h.openai(KEY_A) as openai_client:
+            assert [f.id async for f in openai_client.files.list()] == []
+            await _upload(openai_client, [_line("n", _chat("hi"))])
+
+    run_stored(tmp_path, test, *KEYS)
+
+
+def test_an_upload_is_parsed_and_decoded_off_the_loop_and_refused_when_it_is_not_utf8(
+    tmp_path: Path,
+) -> None:
+    async def test(h: Harness) -> None:
+        # A two-byte character across the first MiB's end, and a four-byte one after it.
+        content = b"a" * (1024 * 1024 - 1) + "é🙂\n".encode()
+        async with h.openai(KEY_A) as client:
+            file = await client.files.create(file=("x.jsonl", io.BytesIO(content)), purpose="batch")
+            assert file.bytes == len(content)
+            assert (await client.files.content(file.id)).content == content
+            for bad in (b"\xff\n", b"a" * (1024 * 1024 - 1) + b"\xc3"):
+                with pytest.raises(openai.BadRequestError, match="UTF-8 JSONL"):
+                    await client.files.create(file=("x.jsonl", io.BytesIO(bad)), purpose="batch")
+        # The form is parsed in a worker thread: its parser's refusals are still 400s.
+        two = await h.client.post(
+            "/v1/files",
+            files=[("file", ("a.jsonl", b"{}\n")), ("file", ("b.jsonl", b"{}\n"))],
+            data={"purpose": "batch"},
+            headers={"Authorization": f"Bearer {KEY_A}"},
+        )
+        assert two.status_code == 400
+        assert two.json()["error"]["message"] == "Too many files. Maximum number of files is 1."
+
+    run_stored(tmp_path, test, *KEYS, "--batch-max-file-mb", "2")
+
+
+def test_a_file_of_many_short_lines_is_refused_without_holding_the_event_loop(
+    tmp_path: Path,
+) -> None:
+    """Half a million one-character lines: split a part at a time off the loop, and refused
+    once past --batch-max-lines, while the loop keeps serving (another key's models)."""
+
+    async def test(h: Harness) -> None:
+        async with h.openai(KEY_A) as client:
+            file = await client.files.create(
+                file=("many.jsonl", io.BytesIO(b"x\n" * 512 * 1024)), purpose="batch"
+            )
+            async with LoopLag() as lag:
+                answer = await h.client.post(
+                    "/v1/batches",
+                    json={"input_file_id": file.id, "endpoint": CHAT, "completion_window": "24h"},
+                    headers={"Authorization": f"Bearer {KEY_A}"},
+                )
+                models = await h.client.get(
+                    "/v1/models", headers={"Authorization": f"Bearer {KEY_B}"}
+                )
+        lag.check()
+        assert answer.status_code == 400, answer.text
+        error = answer.json()["error"]
+        assert error["param"] == "input_file_id"
+        assert error["message"] == (
+            "the input file has more than 1000 requests; a batch has at most 1000 "
+            "(--batch-max-lines)"
+        )
+        assert models.status_code == 200
+
+    run_stored(tmp_path, test, *KEYS, "--batch-max-file-mb", "2", "--batch-max-lines", "1000")
 
 
 def test_one_keys_files_past_its_store_cap_are_refused_and_other_keys_are_unaffected(

@@ -16,7 +16,7 @@ from deepinfer_server.services.store_scope import key_scope
 from deepinfer_server.store.records import NewResponse
 from tests.http.harness import MODEL, Harness
 from tests.http.test_stored_responses import KEY_A, KEY_B, run_stored
-from tests.loop_lag_probe import LoopLag
+from tests.loop_lag import LoopLag
 
 RESPONSES = "/v1/responses"
 #: One stored item of 3.8 MB, as in the report that a follow-up turn froze every key.

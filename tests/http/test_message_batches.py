@@ -14,6 +14,7 @@ import pytest
 from deepinfer_server.protocol.core.validation import PRIORITY_MAX
 from tests.http.harness import MODEL, Harness, Script, client_http
 from tests.http.test_stored_responses import KEY_A, KEY_B, run_stored
+from tests.loop_lag import LoopLag
 
 KEYS = ("--api-key", KEY_A, "--api-key", KEY_B)
 
@@ -127,3 +128,35 @@ def test_a_message_batch_request_is_refused_whole_when_it_cannot_be_told_apart(
             assert [b.id async for b in client.messages.batches.list()] == []
 
     run_stored(tmp_path, test, *KEYS)
+
+
+def test_a_request_of_too_many_requests_is_refused_without_holding_the_event_loop(
+    tmp_path: Path,
+) -> None:
+    """Over a hundred thousand requests: read one at a time off the loop, refused at the first
+    past --batch-max-lines, while the loop keeps serving (another key's models)."""
+    one = b'{"custom_id":"r%06d","params":{}}'
+    raw = b'{"requests":[' + b",".join(one % i for i in range(110_000)) + b"]}"
+
+    async def test(h: Harness) -> None:
+        async with LoopLag() as lag:
+            answer = await h.client.post(
+                "/v1/messages/batches",
+                content=raw,
+                headers={"x-api-key": KEY_A, "content-type": "application/json"},
+            )
+            models = await h.client.get("/v1/models", headers={"x-api-key": KEY_B})
+        lag.check()
+        assert answer.status_code == 400, answer.text
+        assert answer.json() == {
+            "type": "error",
+            "error": {
+                "type": "invalid_request_error",
+                "message": "more than 1000 requests; a batch has at most 1000 (--batch-max-lines)",
+            },
+        }
+        assert models.status_code == 200
+        async with _client(h, KEY_A) as client:
+            assert [b.id async for b in client.messages.batches.list()] == []
+
+    run_stored(tmp_path, test, *KEYS, "--batch-max-file-mb", "8", "--batch-max-lines", "1000")

@@ -67,13 +67,17 @@ def test_a_route_added_to_the_table_is_served_documented_and_speaks_its_api() ->
 
 
 def test_the_servers_paths_speak_as_before() -> None:
-    assert path_dialects() == PathDialects(anthropic=("/v1/messages",), either=("/v1/models",))
+    assert path_dialects() == PathDialects(
+        anthropic=("/v1/messages",), either=("/v1/files", "/v1/models")
+    )
     versioned = [(b"anthropic-version", b"2023-06-01")]
     speaks = path_dialects().speaks_anthropic
     assert speaks({"path": "/v1/messages/count_tokens", "headers": []})
     assert speaks({"path": "/v1/messages/", "headers": []})  # a 404, in Anthropic's envelope
     assert not speaks({"path": "/v1/models/x", "headers": []})
     assert speaks({"path": "/v1/models/x", "headers": versioned})
+    assert speaks({"path": "/v1/files", "headers": versioned})
+    assert not speaks({"path": "/v1/files/file-1/content", "headers": []})
     assert not speaks({"path": "/v1/chat/completions", "headers": versioned})
 
 

@@ -8,6 +8,7 @@ exist. They live for the store's time to live (a batch still at work whatever it
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -83,7 +84,8 @@ class BatchStore(FileStore, BatchLines):
                 ),
             )
         ]
-        steps += insert_lines(batch_id, lines)
+        # Up to --batch-max-lines bodies to encode: off the event loop.
+        steps += await asyncio.to_thread(insert_lines, batch_id, lines)
         async with self._store.connection("store a batch", write=True):
             await self._db.write(steps)
 

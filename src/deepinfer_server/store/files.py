@@ -51,14 +51,15 @@ class FileStore(Operations):
         return max(0, min(caps.max_bytes - every, caps.scope_max_bytes - mine))
 
     async def upload_file(
-        self, scope: str, purpose: str, filename: str, content: str
+        self, scope: str, purpose: str, filename: str, content: str, size: int | None = None
     ) -> FileRow | None:
         """Store an uploaded file if it fits under the caps (module docstring): the row
-        stored, or None (nothing written) when it would pass one."""
+        stored, or None (nothing written) when it would pass one. `size`: the content's
+        bytes in UTF-8 when the caller has them (else it is encoded again to count them)."""
         caps = self._store.caps
-        row = FileRow(
-            f"file-{uuid.uuid4().hex}", time.time(), purpose, filename, len(content.encode())
-        )
+        if size is None:
+            size = len(content.encode())
+        row = FileRow(f"file-{uuid.uuid4().hex}", time.time(), purpose, filename, size)
         step = Step(
             "INSERT INTO files (id, scope, created_at, purpose, filename, bytes, content) "
             "SELECT ?, ?, ?, ?, ?, ?, ? WHERE "

@@ -1,21 +1,17 @@
-"""Anthropic's Message Batches objects: a create request read into lines, the
-`message_batch` object and its results, as Anthropic shapes them."""
+"""Anthropic's Message Batches objects: the `message_batch` object and its results, as
+Anthropic shapes them (a create request is read into lines by `message_requests.py`)."""
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime
 from typing import Any, Literal, TypedDict
 
-from deepinfer_server.errors import BadRequestError
-from deepinfer_server.store.batches import PENDING, BatchRow, LineResult, NewLine
+from deepinfer_server.store.batches import PENDING, BatchRow, LineResult
 
 #: The endpoint every request of a message batch calls.
 ENDPOINT = "/v1/messages"
 #: Anthropic's window: a batch expires 24 hours after it was created.
 WINDOW = 24 * 3600.0
-#: Anthropic's form of a `custom_id`.
-_CUSTOM_ID = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
 
 def rfc3339(seconds: float | None) -> str | None:
@@ -23,41 +19,6 @@ def rfc3339(seconds: float | None) -> str | None:
     if seconds is None:
         return None
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def read_requests(body: dict[str, Any]) -> list[NewLine]:
-    """`requests: [{custom_id, params}]` as lines (400 for a request without a well-formed,
-    unique `custom_id` or without `params`: its results could not be told apart). The
-    `params` are checked when the request runs; a bad one is an `errored` result."""
-    requests = body.get("requests")
-    if not isinstance(requests, list) or not requests:
-        raise BadRequestError("'requests' must be a non-empty array", param="requests")
-    extra = sorted(set(body) - {"requests"})
-    if extra:
-        raise BadRequestError(f"{extra[0]}: Extra inputs are not permitted", param=extra[0])
-    lines: list[NewLine] = []
-    seen: set[str] = set()
-    for index, request in enumerate(requests):
-        where = f"requests.{index}"
-        if not isinstance(request, dict):
-            raise BadRequestError(f"{where}: must be an object", param=where)
-        custom_id = request.get("custom_id")
-        if not isinstance(custom_id, str) or not _CUSTOM_ID.fullmatch(custom_id):
-            raise BadRequestError(
-                f"{where}.custom_id: 1 to 64 letters, digits, '-' or '_'",
-                param=f"{where}.custom_id",
-            )
-        if custom_id in seen:
-            raise BadRequestError(
-                f"{where}.custom_id: {custom_id!r} is used by an earlier request",
-                param=f"{where}.custom_id",
-            )
-        seen.add(custom_id)
-        params = request.get("params")
-        if not isinstance(params, dict):
-            raise BadRequestError(f"{where}.params: must be an object", param=f"{where}.params")
-        lines.append(NewLine(custom_id, params))
-    return lines
 
 
 class MessageRequestCounts(TypedDict):

@@ -1,13 +1,11 @@
-"""OpenAI's Files and Batches objects: a batch input file read into lines, the `file` and
-`batch` objects as OpenAI shapes them."""
+"""OpenAI's Files and Batches objects: the `file` and `batch` objects as OpenAI shapes them (a
+batch input file is read into lines by `input_file.py`)."""
 
 from __future__ import annotations
 
 from typing import Any, Literal, TypedDict
 
-import orjson
-
-from deepinfer_server.store.batches import BatchRow, FileRow, NewLine
+from deepinfer_server.store.batches import BatchRow, FileRow
 
 #: The endpoints a batch may call (OpenAI's list, as far as this server serves them).
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
@@ -115,52 +113,3 @@ def batch_object(row: BatchRow, window: str = "24h") -> BatchObject:
         },
         "metadata": row.metadata,
     }
-
-
-def _malformed(number: int, custom_id: str | None, message: str) -> NewLine:
-    return NewLine(
-        custom_id if custom_id is not None else f"line-{number}",
-        None,
-        "errored",
-        {"error": {"code": "invalid_request", "message": f"line {number}: {message}"}},
-    )
-
-
-def read_lines(content: str, endpoint: str) -> list[NewLine]:
-    """A batch input file's requests, one per non-empty line; a malformed line (not a JSON
-    object, no string `custom_id`, one already used, `method` not POST, `url` not the batch's
-    endpoint, `body` not an object) is kept with its error, for the error file."""
-    lines: list[NewLine] = []
-    seen: set[str] = set()
-    for number, text in enumerate(content.splitlines(), start=1):
-        if not text.strip():
-            continue
-        try:
-            record = orjson.loads(text)
-        except orjson.JSONDecodeError:
-            lines.append(_malformed(number, None, "not valid JSON"))
-            continue
-        if not isinstance(record, dict):
-            lines.append(_malformed(number, None, "not a JSON object"))
-            continue
-        custom_id = record.get("custom_id")
-        if not isinstance(custom_id, str) or not custom_id:
-            lines.append(_malformed(number, None, "`custom_id` must be a non-empty string"))
-            continue
-        if custom_id in seen:
-            lines.append(
-                _malformed(number, custom_id, "this `custom_id` is used by an earlier line")
-            )
-            continue
-        seen.add(custom_id)
-        if record.get("method") != "POST":
-            lines.append(_malformed(number, custom_id, "`method` must be 'POST'"))
-        elif record.get("url") != endpoint:
-            lines.append(
-                _malformed(number, custom_id, f"`url` must be the batch's endpoint {endpoint!r}")
-            )
-        elif not isinstance(record.get("body"), dict):
-            lines.append(_malformed(number, custom_id, "`body` must be a JSON object"))
-        else:
-            lines.append(NewLine(custom_id, record["body"]))
-    return lines

@@ -1,4 +1,8 @@
-"""The route table's batches: OpenAI's Files and Batches and Anthropic's Message Batches."""
+"""The route table's batches: OpenAI's Files and Batches and Anthropic's Message Batches.
+
+`/v1/files` is OpenAI's Files API, but Anthropic's clients send their Files API's requests to
+the same path (with an `anthropic-version` header): its routes are `Dialect.EITHER`, so that
+those clients read the refusal (`routes.batches`) in Anthropic's envelope."""
 
 from __future__ import annotations
 
@@ -50,22 +54,38 @@ BATCHES: tuple[Endpoint, ...] = (
         "/v1/files",
         "POST",
         create_file,
-        Dialect.OPENAI,
+        Dialect.EITHER,
         op.upload("Upload a batch input file (JSONL, purpose 'batch')", "FileUpload"),
         protected=True,
     ),
     on_object(
-        "GET", "/v1/files", list_files, "The API key's files, newest first", op.PURPOSE, *op.PAGE
+        "GET",
+        "/v1/files",
+        list_files,
+        "The API key's files, newest first",
+        op.PURPOSE,
+        *op.PAGE,
+        dialect=Dialect.EITHER,
     ),
-    on_object("GET", "/v1/files/{file_id}", retrieve_file, "A file", op.FILE_ID),
+    on_object(
+        "GET", "/v1/files/{file_id}", retrieve_file, "A file", op.FILE_ID, dialect=Dialect.EITHER
+    ),
     _jsonl_download(
         "/v1/files/{file_id}/content",
         file_content,
         "A file's content (a batch's output and error files: JSONL)",
         "application/jsonl",
         op.FILE_ID,
+        Dialect.EITHER,
     ),
-    on_object("DELETE", "/v1/files/{file_id}", delete_file, "Delete a file", op.FILE_ID),
+    on_object(
+        "DELETE",
+        "/v1/files/{file_id}",
+        delete_file,
+        "Delete a file",
+        op.FILE_ID,
+        dialect=Dialect.EITHER,
+    ),
     post_body(
         "/v1/batches",
         create_batch,

@@ -10,6 +10,7 @@ every route is a 400 that says so.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -17,8 +18,9 @@ from typing import Any, TypeVar
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import Message
+from starlette.types import Message, Scope
 
+from deepinfer_server.api.batches.input_file import decode_utf8, input_lines
 from deepinfer_server.api.batches.openai_batches import (
     ENDPOINTS,
     METADATA_KEY_CHARS,
@@ -27,9 +29,9 @@ from deepinfer_server.api.batches.openai_batches import (
     WINDOWS,
     batch_object,
     file_object,
-    read_lines,
 )
 from deepinfer_server.api.body import read_body, read_json_body
+from deepinfer_server.api.dialects import sends_anthropic_version
 from deepinfer_server.api.routes.answers import fetched_page, json_answer
 from deepinfer_server.api.routes.paging import page_limit
 from deepinfer_server.api.state import AppState
@@ -74,6 +76,21 @@ async def scoped(request: Request) -> tuple[AppState, BatchRunner, str]:
     return state, runner, await request_scope(request, state.store)
 
 
+async def _files_scoped(request: Request) -> tuple[AppState, BatchRunner, str]:
+    """`scoped`, for a request of OpenAI's Files API; a request of Anthropic's (an
+    `anthropic-version` header, or an `anthropic-beta` naming the Files API) is a 400 in
+    Anthropic's envelope: this server's Messages cannot refer to a file, so storing one for
+    them would answer 200 to an upload nothing can use, in a shape those clients cannot read."""
+    beta = request.headers.get("anthropic-beta", "")
+    if sends_anthropic_version(request.scope) or "files-api" in beta:
+        raise BadRequestError(
+            "this server does not implement Anthropic's Files API (its Messages take a "
+            "document's content, not a file_id): /v1/files is OpenAI's Files API here, for "
+            "batch input files"
+        )
+    return await scoped(request)
+
+
 def not_found(kind: str, object_id: str) -> StoredObjectNotFound:
     return StoredObjectNotFound(f"No {kind} found with id {object_id!r}.", kind=ErrorKind.NOT_FOUND)
 
@@ -83,7 +100,7 @@ def not_found(kind: str, object_id: str) -> StoredObjectNotFound:
 
 async def create_file(request: Request) -> Response:
     """Store a batch input file (multipart: `file`, `purpose: "batch"`)."""
-    state, runner, scope = await scoped(request)
+    state, runner, scope = await _files_scoped(request)
     media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if media_type != "multipart/form-data":
         raise BadRequestError(
@@ -100,11 +117,10 @@ async def create_file(request: Request) -> Response:
             f"{limit} bytes (--batch-max-file-mb)",
             param="file",
         )
-    try:
-        content = data.decode()
-    except UnicodeDecodeError:
-        raise BadRequestError("a batch input file must be UTF-8 JSONL", param="file") from None
-    row = await runner.store.upload_file(scope, str(purpose), filename, content)
+    content = await asyncio.to_thread(decode_utf8, data)
+    if content is None:
+        raise BadRequestError("a batch input file must be UTF-8 JSONL", param="file")
+    row = await runner.store.upload_file(scope, str(purpose), filename, content, len(data))
     if row is None:
         raise _quota_full(len(data))
     return json_answer(file_object(row))
@@ -128,12 +144,17 @@ async def _upload_body(request: Request, store: BatchStore, scope: str, limit: i
 
 
 async def _form_file(request: Request, raw: bytes) -> tuple[str, str, bytes]:
-    """The upload's purpose, file name and content, from its multipart body `raw`."""
+    """The upload's purpose, file name and content, from its multipart body `raw`: parsed in
+    a worker thread, on a loop of its own, since the parser scans and copies the whole file
+    (and writes it to a temporary file) in steps that would each hold the event loop."""
+    return await asyncio.to_thread(asyncio.run, _parsed_form(request.scope, raw))
 
+
+async def _parsed_form(scope: Scope, raw: bytes) -> tuple[str, str, bytes]:
     async def replay() -> Message:
         return {"type": "http.request", "body": raw, "more_body": False}
 
-    async with Request(request.scope, replay).form(max_files=1, max_fields=8) as form:
+    async with Request(scope, replay).form(max_files=1, max_fields=8) as form:
         purpose = form.get("purpose")
         upload = form.get("file")
         if purpose not in _UPLOAD_PURPOSES:
@@ -158,7 +179,7 @@ def _quota_full(size: int | None) -> RequestTooLargeError:
 
 
 async def list_files(request: Request) -> Response:
-    _, runner, scope = await scoped(request)
+    _, runner, scope = await _files_scoped(request)
     limit = page_limit(request)
     rows = await runner.store.files(
         scope, request.query_params.get("purpose"), request.query_params.get("after"), limit + 1
@@ -170,7 +191,7 @@ async def _read_file(
     request: Request, read: Callable[[BatchStore, str, str], Awaitable[Found | None]]
 ) -> Found:
     """What `read` finds of the path's file in the request's scope (a 404 when nothing)."""
-    _, runner, scope = await scoped(request)
+    _, runner, scope = await _files_scoped(request)
     file_id: str = request.path_params["file_id"]
     found = await read(runner.store, scope, file_id)
     if found is None:
@@ -190,7 +211,7 @@ async def file_content(request: Request) -> Response:
 
 
 async def delete_file(request: Request) -> Response:
-    _, runner, scope = await scoped(request)
+    _, runner, scope = await _files_scoped(request)
     file_id: str = request.path_params["file_id"]
     if not await runner.store.delete_file(scope, file_id):
         raise not_found("file", file_id)
@@ -252,21 +273,18 @@ async def create_batch(request: Request) -> Response:
     if not isinstance(file_id, str):
         raise BadRequestError("'input_file_id' must be a file's id", param="input_file_id")
     file = await runner.store.file(scope, file_id)
-    content = None if file is None else await runner.store.file_content(scope, file_id)
-    if file is None or content is None or file.purpose != "batch":
+    content = None
+    if file is not None and file.purpose == "batch":
+        content = await runner.store.file_content(scope, file_id)
+    if content is None:
         raise BadRequestError(
             f"no batch input file {file_id!r} (upload one with purpose 'batch')",
             param="input_file_id",
         )
-    lines = read_lines(content, str(endpoint))
+    limit = state.config.batch_max_lines
+    lines = await asyncio.to_thread(input_lines, content, str(endpoint), limit)
     if not lines:
         raise BadRequestError("the input file has no requests", param="input_file_id")
-    if len(lines) > state.config.batch_max_lines:
-        raise BadRequestError(
-            f"the input file has {len(lines)} requests; a batch has at most "
-            f"{state.config.batch_max_lines} (--batch-max-lines)",
-            param="input_file_id",
-        )
     await check_active(state, runner.store, scope)
     batch_id = f"batch_{uuid.uuid4().hex}"
     await runner.store.add_batch(

@@ -8,6 +8,7 @@ Scoped by API key (another key's batch is a 404); the create request's body is b
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import orjson
@@ -18,15 +19,14 @@ from deepinfer_server.api.batches.message_batches import (
     ENDPOINT,
     WINDOW,
     batch_object,
-    read_requests,
     result_line,
 )
+from deepinfer_server.api.batches.message_requests import body_lines
 from deepinfer_server.api.body import read_body, require_json_content_type
 from deepinfer_server.api.routes.answers import fetched_page, json_answer
 from deepinfer_server.api.routes.batches import check_active, not_found, scoped
 from deepinfer_server.api.routes.paging import page_limit
 from deepinfer_server.errors import BadRequestError
-from deepinfer_server.protocol.core.validation import decode_json
 from deepinfer_server.store.batches import BatchRow
 
 _KIND = "anthropic"
@@ -55,13 +55,7 @@ async def create_message_batch(request: Request) -> Response:
         state.config.body_read_timeout,
         state.receiving,
     )
-    lines = read_requests(decode_json(raw))
-    if len(lines) > state.config.batch_max_lines:
-        raise BadRequestError(
-            f"{len(lines)} requests; a batch has at most {state.config.batch_max_lines} "
-            "(--batch-max-lines)",
-            param="requests",
-        )
+    lines = await asyncio.to_thread(body_lines, raw, state.config.batch_max_lines)
     await check_active(state, runner.store, scope)
     batch_id = f"msgbatch_{uuid.uuid4().hex}"
     await runner.store.add_batch(scope, _KIND, ENDPOINT, None, None, WINDOW, lines, batch_id)
