@@ -23,7 +23,7 @@ from deepinfer_server.grammar import chat_constraint
 from deepinfer_server.grammar.compile_queue import QueueLimits
 from deepinfer_server.grammar.errors import GrammarError
 from deepinfer_server.model.tokenizer import embedded_tokenizer_json
-from deepinfer_server.protocol.core.structured import StructuredOutputs
+from deepinfer_server.protocol.core.structured_outputs import StructuredOutputs
 
 FLOODER, VICTIM = "tenant-flooder", "tenant-victim"
 #: Bounded repeats: tens of seconds and gigabytes each, so every one runs to the time bound.

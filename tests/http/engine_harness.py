@@ -33,7 +33,7 @@ from deepinfer_server.ipc.codec import pack_token_ids
 from deepinfer_server.ipc.messages import AddRequest, Images, SamplingOptions
 from deepinfer_server.metrics import ServerMetrics
 from deepinfer_server.protocol.core.images import ImageLimits
-from deepinfer_server.protocol.core.structured import StructuredOutputs
+from deepinfer_server.protocol.core.structured_outputs import StructuredOutputs
 from tests.http.harness import MODEL, FakeCoordinator, _recipe, _tokenizer_json
 
 __all__ = ["MODEL", "EngineCoordinator", "EngineHarness", "SimulatedEngine", "serve_engine"]

@@ -42,7 +42,7 @@ from deepinfer_server.metrics import RankLoad, ServerMetrics
 from deepinfer_server.model.tokenizer import embedded_tokenizer_json
 from deepinfer_server.protocol.core.images import ImageLimits
 from deepinfer_server.protocol.core.recipe import RecipeContext
-from deepinfer_server.protocol.core.structured import StructuredOutputs
+from deepinfer_server.protocol.core.structured_outputs import StructuredOutputs
 from deepinfer_server.server.http import http_config
 from deepinfer_server.store import ResponseStore
 

@@ -22,7 +22,7 @@ import pytest
 
 from deepinfer_server.grammar.compile_queue import QueueLimits
 from deepinfer_server.model.tokenizer import embedded_tokenizer_json
-from deepinfer_server.protocol.core.structured import StructuredOutputs
+from deepinfer_server.protocol.core.structured_outputs import StructuredOutputs
 from tests.http.harness import MODEL, Harness, run, serve
 from tests.lanes import require_grammar
 

@@ -228,13 +228,13 @@ def test_finish_length_reaches_the_client() -> None:
 def test_structured_output_without_xgrammar_is_a_clear_400_but_strict_tools_still_work(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from deepinfer_server.protocol.core import structured
+    from deepinfer_server.protocol.core import structured_outputs
 
-    monkeypatch.setattr(structured, "xgrammar_installed", lambda: False)
+    monkeypatch.setattr(structured_outputs, "xgrammar_installed", lambda: False)
 
     async def body() -> None:
         tokenizer_json = embedded_tokenizer_json()
-        async with serve(structured=structured.StructuredOutputs(tokenizer_json)) as h:
+        async with serve(structured=structured_outputs.StructuredOutputs(tokenizer_json)) as h:
             response = await h.client.post(
                 CHAT,
                 json=chat_body(

@@ -16,7 +16,7 @@ from deepinfer_server.disaggregation.handoff.peers import PrefillPeers
 from deepinfer_server.metrics import RankLoad, ServerMetrics
 from deepinfer_server.metrics.aggregate import Snapshot, merge_loads, merged_exposition
 from deepinfer_server.protocol.core.recipe import RecipeContext
-from deepinfer_server.protocol.core.structured import StructuredOutputs
+from deepinfer_server.protocol.core.structured_outputs import StructuredOutputs
 from deepinfer_server.protocol.core.validation import PRIORITY_MAX
 from deepinfer_server.services.background_runs import BackgroundRuns
 from deepinfer_server.services.batch_runner import BatchRunner

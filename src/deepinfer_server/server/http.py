@@ -40,7 +40,7 @@ from deepinfer_server.metrics import ServerMetrics
 from deepinfer_server.model.tokenizer import load_tokenizer_config, prompt_id_bound
 from deepinfer_server.protocol.core.images import ImageLimits
 from deepinfer_server.protocol.core.recipe import RecipeContext
-from deepinfer_server.protocol.core.structured import StructuredOutputs
+from deepinfer_server.protocol.core.structured_outputs import StructuredOutputs
 from deepinfer_server.store import ResponseStore
 from deepinfer_server.store.location import open_store
 
