@@ -125,6 +125,9 @@ def shared_server() -> Iterator[LiveServer]:
         "--max-model-len",
         "4096",
         grammar_warmup=True,  # long-lived, and serves the structured-output tests
+        # Healthy once structured output is warm: xgrammar and PyTorch loaded by its fork
+        # servers, seconds of CPU each on a loaded machine.
+        startup_timeout=180.0,
     )
     with server:
         yield server

@@ -127,6 +127,7 @@ class LiveServer:
         file_limit: int | None = None,
         api_servers: int = 1,
         grammar_warmup: bool = False,
+        healthy: bool = True,
     ) -> None:
         """`startup_timeout`: seconds to be healthy; by default 60 on the simulated engine and
         180 on DeepInfer's (the twin's ranks import torch and build DeepInfer's engine: 25-45 s
@@ -134,7 +135,11 @@ class LiveServer:
 
         `grammar_warmup`: prepare the grammar compile workers once the server listens, as in
         production (off by default: about 20 s of CPU per server, which most tests never use;
-        their first structured request prepares them, as `--no-grammar-warmup` says)."""
+        their first structured request prepares them, as `--no-grammar-warmup` says; with it,
+        `/health` answers 200 once structured output is warm).
+
+        `healthy`: return once `/health` answers 200; False: once the server listens (its
+        start-up line names the port), to watch what it does before it is healthy."""
         self.api_servers = api_servers
         #: The port the server bound (`--port 0`: the system picks it, the start-up line names
         #: it), known once the server serves; unless `args` give a port of their own.
@@ -166,12 +171,16 @@ class LiveServer:
         )
         self._pump_thread = threading.Thread(target=self._pump, daemon=True)
         self._pump_thread.start()
+        timeout = (
+            startup_timeout
+            if startup_timeout is not None
+            else (180.0 if engine == "deepinfer" else 60.0)
+        )
         try:
-            self.wait_until_healthy(
-                startup_timeout
-                if startup_timeout is not None
-                else (180.0 if engine == "deepinfer" else 60.0)
-            )
+            if healthy:
+                self.wait_until_healthy(timeout)
+            else:
+                self._wait_for_port(time.monotonic() + timeout)
         except BaseException:
             self.kill_tree()
             raise

@@ -1,7 +1,8 @@
-"""A fresh server answers at once and its first structured requests all succeed: `/health`
-does not wait for the grammar compile workers, which are prepared in the background once the
-server listens (`deepinfer:grammar_ready` says 0 until they and the rank's grammar builder are
-warm, then 1), and the four concurrent first schemas wait for them, then
+"""A fresh server's first structured requests all succeed, and `/health` answers 200 only once
+structured output is warm: the grammar compile workers are prepared in the background once the
+server listens, and every rank's grammar builder warms once ready; until both are done `/health`
+says 503 `starting` (`deepinfer:grammar_ready` 0), so a load balancer sends the first schema to
+a warm server. The four concurrent first schemas sent while it warms wait for the workers, then
 for their turn, and are all answered (three of them used to get `400 no grammar compile worker
 was free within 10s` while the workers started, and a first `chat.completions.parse` took the
 workers' 180 s start-up bound)."""
@@ -9,7 +10,6 @@ workers' 180 s start-up bound)."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -49,7 +49,9 @@ class Flag(pydantic.BaseModel):
 
 @pytest.fixture
 def fresh_server() -> Iterator[LiveServer]:
-    with LiveServer("--sim-itl-ms", "1", startup_timeout=180.0, grammar_warmup=True) as live:
+    with LiveServer(
+        "--sim-itl-ms", "1", startup_timeout=180.0, grammar_warmup=True, healthy=False
+    ) as live:
         yield live
 
 
@@ -63,20 +65,13 @@ def _workers_ready(server: LiveServer) -> str:
     return _gauge(server, "grammar_compile_workers_ready")
 
 
-def _wait_grammar_ready(server: LiveServer, timeout: float) -> None:
-    """Until `deepinfer:grammar_ready` says 1 (read once per 0.2 s), failing past `timeout`."""
-    deadline = time.monotonic() + timeout
-    while _gauge(server, "grammar_ready") != "1.0":
-        assert time.monotonic() < deadline, "structured output never said it was warm"
-        time.sleep(0.2)
-
-
 def test_four_concurrent_first_schemas_on_a_fresh_server_are_all_answered(
     fresh_server: LiveServer,
 ) -> None:
-    # The server is healthy while its compile workers and its rank's grammar builder are still
-    # being prepared, and says so.
-    assert httpx.get(fresh_server.base_url + "/health", timeout=10).status_code == 200
+    # The server listens while its compile workers and its rank's grammar builder are still
+    # being prepared, and says it is starting.
+    health = httpx.get(fresh_server.base_url + "/health", timeout=10)
+    assert health.status_code == 503 and health.json()["status"] == "starting", health.text
     assert _workers_ready(fresh_server) == "0.0"
     assert _gauge(fresh_server, "grammar_ready") == "0.0"
 
@@ -111,8 +106,10 @@ def test_four_concurrent_first_schemas_on_a_fresh_server_are_all_answered(
     assert "xgrammar" not in mapped
     assert "libtorch" not in mapped
     # The warm-up ends: every worker ready and the rank's grammar builder warm (it built a
-    # first matcher, through its own compile worker, a process of the rank's).
-    _wait_grammar_ready(fresh_server, 180)
+    # first matcher, through its own compile worker, a process of the rank's); /health says
+    # 200 from then on, never before.
+    fresh_server.wait_until_healthy(180)
+    assert _gauge(fresh_server, "grammar_ready") == "1.0"
     assert _workers_ready(fresh_server) == "3.0"
     children = psutil.Process(fresh_server.process.pid).children()
     [rank] = [p for p in children if "spawn_main" in " ".join(p.cmdline())]

@@ -36,7 +36,9 @@ def _running(process: psutil.Process) -> bool:
 
 
 def test_a_stop_during_the_grammar_warmup_is_quiet_and_leaves_no_process() -> None:
-    with LiveServer("--sim-itl-ms", "1", startup_timeout=180.0, grammar_warmup=True) as server:
+    with LiveServer(
+        "--sim-itl-ms", "1", startup_timeout=180.0, grammar_warmup=True, healthy=False
+    ) as server:
         wait_for(lambda: _fork_server(server), "the warm-up's fork server", timeout=60)
         # Still loading xgrammar: the warm-up has not finished.
         assert "grammar compile workers ready" not in server.log

@@ -10,6 +10,7 @@ from typing import Any, Protocol, TypeVar
 
 from deepinfer_server.api.preparation_gate import PER_KEY_PREPARATIONS, PreparationGate
 from deepinfer_server.api.receive_budget import ReceiveBudget
+from deepinfer_server.api.warmup import GrammarWarmup
 from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.coordinator.coordinator import Coordinator
 from deepinfer_server.disaggregation.handoff.peers import PrefillPeers
@@ -63,6 +64,8 @@ class AppState:
     store: ResponseStore | None = None
     #: Bytes held by requests still being received (`--max-receive-buffer-mb`).
     receiving: ReceiveBudget = field(init=False)
+    #: Structured output's warm-up at start (`/health` says `starting` until it is over).
+    warmup: GrammarWarmup = field(init=False)
     #: This process's background responses (with a store; else None).
     background_runs: BackgroundRuns | None = field(init=False)
     #: This process's share of the batch jobs (with a store; else None).
@@ -75,6 +78,9 @@ class AppState:
         several_keys = len(self.config.tenants) > 1
         self.preparation = PreparationGate(per_key=PER_KEY_PREPARATIONS if several_keys else None)
         self.receiving = ReceiveBudget(self.config.max_receive_buffer_mb * 1024 * 1024)
+        self.warmup = GrammarWarmup(
+            self.structured, lambda: self.coordinator.readiness.grammar_ready
+        )
         self.background_runs = (
             None if self.store is None else BackgroundRuns(self.store, self.metrics)
         )

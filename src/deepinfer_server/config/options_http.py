@@ -94,8 +94,9 @@ class HttpOptions:
         "--grammar-warmup",
         help="prepare the grammar compile workers and vocabulary in the background once the "
         "server listens (and each simulated rank's once it is ready), so that the first "
-        "structured request does not wait for them; about 20 s of CPU per server, which "
-        "--no-grammar-warmup leaves to the first structured request (default: on)",
+        "structured request does not wait for them (/health says 503 starting until they are "
+        "warm, at most 180 s); about 20 s of CPU per server, which --no-grammar-warmup leaves "
+        "to the first structured request (default: on)",
         action=argparse.BooleanOptionalAction,
     )
     max_connections: int = int_option(

@@ -81,9 +81,9 @@ class HttpServer(HookedServer):
     def on_started(self) -> None:
         if self._state.config.grammar_warmup:
             # Once the port answers: loading xgrammar (and PyTorch) beside the ranks' start
-            # slowed it by seconds on a small machine, and `/health` does not wait for the
-            # grammar compile workers (a structured request that comes first does).
-            self._state.structured.start()
+            # slowed it by seconds on a small machine. `/health` says `starting` until it is
+            # warm (`api/warmup.py`).
+            self._state.warmup.start()
         if self._state.background_runs is not None:
             self._state.background_runs.start()
         if self._state.batches is not None:

@@ -21,10 +21,10 @@ from tests.paths import REPO
 _DOTTED = re.compile(r"`([a-z_][a-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+)(?:\(\))?`")
 #: Module names of the package that the docs also use for other things: the SDKs' resources
 #: (`responses.retrieve`), response fields (`logprobs.content`) and DeepInfer's objects
-#: (`scheduler.get_num_preempted_seqs`).
+#: (`scheduler.get_num_preempted_seqs`), request fields (`structured_outputs.regex`).
 _NOT_CODE = frozenset(
     {"models", "logprobs", "responses", "reasoning", "chat"}
-    | {"scheduler", "engine", "messages", "completions"}
+    | {"scheduler", "engine", "messages", "completions", "structured_outputs"}
 )
 _SUFFIXES = frozenset({"py", "md", "json", "yml", "yaml", "toml", "txt", "cfg", "sh"})
 

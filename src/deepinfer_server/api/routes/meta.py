@@ -36,6 +36,15 @@ async def health(request: Request) -> Response:
         return JSONResponse(
             {"status": "draining", "reason": "the server is shutting down"}, status_code=503
         )
+    if state.warmup.warming:
+        return JSONResponse(
+            {
+                "status": "starting",
+                "reason": "structured output is warming up (the grammar compile workers and the "
+                "ranks' grammar builders); --no-grammar-warmup serves before",
+            },
+            status_code=503,
+        )
     if state.peers is not None and not state.peers.all_serving:
         return JSONResponse(
             {"status": "starting", "reason": "not every API server process serves yet"},

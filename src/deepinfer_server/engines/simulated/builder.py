@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 from deepinfer_server.engines.backend import BuiltEngine, EngineSpec, SharedState
 from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver
 from deepinfer_server.engines.role_settings import RoleSettings
@@ -45,6 +47,12 @@ def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:
     abilities = SimulatedAbilities(engine, spec.enable_prefix_caching)
     return BuiltEngine(
         LLMEngineDriver(engine, RequestOutput, abilities, count_drafts=spec.speculative_tokens > 0),
-        after_ready=engine.prepare_structured_outputs if spec.grammar_warmup else None,
+        # Without xgrammar there is nothing to warm: the rank's grammar builder is "warm" at ready.
+        after_ready=engine.prepare_structured_outputs if _warms(spec) else None,
         bootstrap_port=abilities.connector.bootstrap_port,
     )
+
+
+def _warms(spec: EngineSpec) -> bool:
+    """Whether the rank warms its grammar builder once ready (`--grammar-warmup`, xgrammar)."""
+    return spec.grammar_warmup and importlib.util.find_spec("xgrammar") is not None

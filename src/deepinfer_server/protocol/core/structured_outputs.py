@@ -6,8 +6,8 @@ queue in front of the compile workers (`grammar.compile_queue`), with the same c
 version the engine uses, so a bad schema, regex or grammar is a 400 naming the field before the
 engine sees the request; a key over its queued compiles is a 429 and a server out of compile
 capacity a 503, both with Retry-After. The vocabulary and the workers are prepared in the
-background (`start`, once the server listens); a structured request that arrives first waits
-for them, then takes its turn in the queue as any other.
+background (`start`, once the server listens; `/health` waits for them, `api/warmup.py`); a
+structured request that arrives first waits for them, then takes its turn as any other.
 """
 
 from __future__ import annotations
@@ -96,6 +96,15 @@ class StructuredOutputs:
         if compiler is None or queue is None:
             return False
         return compiler.workers.ready >= compiler.processes
+
+    @property
+    def preparing(self) -> bool:
+        """Whether the compile workers are still to be made ready: not started yet, or started
+        and neither all ready nor failed to prepare (False without xgrammar)."""
+        prepared = self._prepared
+        if prepared is not None and prepared.done() and prepared.exception() is not None:
+            return False
+        return not self.warm
 
     def queue_stats(self) -> QueueStats | None:
         """The compile queue's counts (None before the workers are prepared)."""
