@@ -22,6 +22,7 @@ import orjson
 from deepinfer_server.store.batch_records import PENDING, ClaimedLine, LineResult, NewLine
 from deepinfer_server.store.batch_tables import LINE_LEASE
 from deepinfer_server.store.database import Step
+from deepinfer_server.store.decoding import off_loop_if_large
 from deepinfer_server.store.lease import LEASE
 from deepinfer_server.store.records import JsonObject
 from deepinfer_server.store.root import Operations
@@ -151,12 +152,17 @@ class BatchLines(Operations):
                 "ORDER BY line",
                 (batch_id,),
             )
-        return [
-            LineResult(
-                int(r[0]), str(r[1]), str(r[2]), None if r[3] is None else orjson.loads(r[3])
-            )
-            for r in rows
-        ]
+
+        def decoded() -> list[LineResult]:
+            return [
+                LineResult(
+                    int(r[0]), str(r[1]), str(r[2]), None if r[3] is None else orjson.loads(r[3])
+                )
+                for r in rows
+            ]
+
+        # A batch's results together may be many megabytes: decoded off the loop then.
+        return await off_loop_if_large(sum(len(r[3] or "") for r in rows), decoded)
 
 
 def insert_lines(batch_id: str, lines: Sequence[NewLine]) -> list[Step]:

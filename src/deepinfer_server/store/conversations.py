@@ -28,6 +28,7 @@ import orjson
 
 from deepinfer_server.store.conversation_tables import CONVERSATIONS
 from deepinfer_server.store.database import Database, Step
+from deepinfer_server.store.decoding import decode_all
 from deepinfer_server.store.records import Item, JsonObject
 from deepinfer_server.store.root import Operations
 
@@ -231,7 +232,7 @@ class ConversationStore(Operations):
             rows = await db.fetch(sql, params)
         page = rows if limit is None else rows[:limit]
         return ConversationItems(
-            [orjson.loads(body) for body, _ in page],
+            await decode_all([body for body, _ in page]),
             has_more=limit is not None and len(rows) > limit,
             trusted=frozenset(index for index, (_, made) in enumerate(page) if made),
         )

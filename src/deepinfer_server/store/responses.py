@@ -23,6 +23,7 @@ from typing import Literal
 import orjson
 
 from deepinfer_server.store.background_runs import BackgroundRuns
+from deepinfer_server.store.decoding import decode_all
 from deepinfer_server.store.records import BrokenHistory, Item, ItemPage, StoredResponse
 from deepinfer_server.store.response_tables import RESPONSES
 
@@ -99,7 +100,7 @@ class ResponseStore(BackgroundRuns):
             )
             order = {found: index for index, found in enumerate(ids)}
             rows.sort(key=lambda row: (order[row[0]], row[1]))
-            return await self._inflated(scope, [orjson.loads(row[2]) for row in rows])
+            return await self._inflated(scope, await decode_all([row[2] for row in rows]))
 
     async def items(self, scope: str, item_ids: Sequence[str]) -> dict[str, Item]:
         """The stored items with these IDs (inputs or outputs of unexpired responses of this
@@ -116,7 +117,8 @@ class ResponseStore(BackgroundRuns):
                 + ") ORDER BY r.created_at, i.position",
                 (scope, self.oldest(), *wanted),
             )
-            found = {item_id: orjson.loads(body) for item_id, body in rows}
+            bodies = await decode_all([body for _, body in rows])
+            found = dict(zip((item_id for item_id, _ in rows), bodies, strict=True))
             inflated = await self._inflated(scope, list(found.values()))
         return dict(zip(found, inflated, strict=True))
 
@@ -157,7 +159,7 @@ class ResponseStore(BackgroundRuns):
                 f"ORDER BY position {direction} LIMIT ?",
                 (response_id, low, high, limit + 1),
             )
-            items = await self._inflated(scope, [orjson.loads(row[0]) for row in rows[:limit]])
+            items = await self._inflated(scope, await decode_all([row[0] for row in rows[:limit]]))
         return ItemPage(items, has_more=len(rows) > limit)
 
     async def delete(self, scope: str, response_id: str) -> bool:
