@@ -9,6 +9,7 @@ import asyncio
 import io
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +37,12 @@ def _line(custom_id: str, body: dict[str, Any], url: str = CHAT) -> dict[str, An
     return {"custom_id": custom_id, "method": "POST", "url": url, "body": body}
 
 
+def _user(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": text}
+
+
 def _chat(text: str) -> dict[str, Any]:
-    return {"model": MODEL, "messages": [{"role": "user", "content": text}]}
+    return {"model": MODEL, "messages": [_user(text)]}
 
 
 def _jsonl(lines: list[Any]) -> bytes:
@@ -384,6 +389,51 @@ def test_one_keys_files_past_its_store_cap_are_refused_and_other_keys_are_unaffe
             await a.files.delete(kept.id)  # room again once the key deletes its files
             await a.files.create(file=("c.jsonl", io.BytesIO(b"c" * 600_000)), purpose="batch")
 
+    _run_capped(tmp_path, test)
+
+
+def test_a_batch_or_a_file_past_the_keys_store_quota_is_refused_in_each_protocols_shape(
+    tmp_path: Path,
+) -> None:
+    async def test(h: Harness) -> None:
+        async with h.openai(KEY_A) as a:
+            await a.files.create(file=("a.jsonl", io.BytesIO(b"a" * 600_000)), purpose="batch")
+            big = _line("n", _chat("x" * 300_000))
+            source = await _upload(a, [big])  # fits: 900 KB of files
+            with pytest.raises(openai.APIStatusError) as full:
+                await a.batches.create(input_file_id=source, endpoint=CHAT, completion_window="24h")
+            assert full.value.status_code == 413
+            error = full.value.body
+            assert isinstance(error, dict) and error["code"] == "batch_storage_full"
+            assert error["param"] == "input_file_id"
+            assert error["message"].startswith("the batch does not fit in this API key's")
+            assert [b async for b in a.batches.list()] == []  # nothing of it stored
+            # A third file is past --files-key-max-count 2, however small.
+            with pytest.raises(openai.APIStatusError) as many:
+                await a.files.create(file=("c.jsonl", io.BytesIO(b"{}")), purpose="batch")
+            assert many.value.status_code == 413
+            assert isinstance(many.value.body, dict)
+            assert many.value.body["code"] == "file_storage_full"
+            assert "--files-key-max-count" in many.value.body["message"]
+        params = {"model": MODEL, "max_tokens": 8, "messages": [_user("y" * 300_000)]}
+        answer = await h.client.post(  # Anthropic's Message Batches: the same quota
+            "/v1/messages/batches",
+            json={"requests": [{"custom_id": "n", "params": params}]},
+            headers={"x-api-key": KEY_A, "anthropic-version": "2023-06-01"},
+        )
+        assert answer.status_code == 413, answer.text
+        body = answer.json()
+        assert body["type"] == "error" and body["error"]["type"] == "request_too_large"
+        assert body["error"]["message"].startswith("the batch does not fit in this API key's")
+        listed = await h.client.get("/v1/messages/batches", headers={"x-api-key": KEY_A})
+        assert listed.json()["data"] == []
+
+    _run_capped(tmp_path, test, scope_max_files=2)
+
+
+def _run_capped(
+    tmp_path: Path, test: Callable[[Harness], Awaitable[None]], scope_max_files: int = 10_000
+) -> None:
     async def body() -> None:
         # The harness's store, with the caps --response-store-key-max-mb 1 and
         # --response-store-max-mb 4 give it.
@@ -392,6 +442,7 @@ def test_one_keys_files_past_its_store_cap_are_refused_and_other_keys_are_unaffe
             ttl=3600,
             max_bytes=4 * 1024 * 1024,
             scope_max_bytes=1024 * 1024,
+            scope_max_files=scope_max_files,
         )
         await store.open()
         try:
