@@ -5,8 +5,7 @@ Scoped like stored responses (`api.store_scope.request_scope`): another API key'
 batch is a 404. Limits (per API key): `--batch-max-file-mb` (413), the store's byte caps on
 the key's files and batches and on every key's, and `--files-key-max-count` files (413,
 `_QUOTA`: refused, never evicted), `--batch-max-lines` (400), `--batch-max-active` unfinished
-batches (429). Without a store (`--response-store none`)
-every route is a 400 that says so.
+batches (429). Without a store (`--response-store none`) every route is a 400 that says so.
 """
 
 from __future__ import annotations
