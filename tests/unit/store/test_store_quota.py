@@ -1,7 +1,8 @@
 """The store quota on SQLite and PostgreSQL: a key's files and batches' data (requests, recorded
 results, the marks of lines' writes) count against one per-key and one server-wide byte cap; a
 new batch or upload past either is refused with nothing written, even when several race; what a
-batch's work records is always stored; a key keeps at most its count of files."""
+batch's work records is always stored; a key keeps at most its count of files; a version 5
+store gains the batches' bytes, its batches counting nothing."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from collections.abc import Callable
 from deepinfer_server.store import ResponseStore
 from deepinfer_server.store.batch_effects import LineEffects, LineIdentity
 from deepinfer_server.store.batches import BatchStore, NewLine
+from deepinfer_server.store.database import Step
+from deepinfer_server.store.schema import SCHEMA_VERSION
 from tests.unit.store.test_response_store import run_with_store
 
 #: The caps of these tests: a key may keep 10,000 bytes, every key 15,000.
@@ -120,3 +123,33 @@ def test_a_key_keeps_at_most_its_count_of_files(store_url_of: Callable[[], str])
         assert await store.upload_file("k1", "batch", "2.jsonl", "{}") is not None
 
     _run(store_url_of(), body, scope_max_files=2)
+
+
+def test_a_version_5_store_is_brought_to_version_6_and_its_batches_count_nothing(
+    store_url_of: Callable[[], str],
+) -> None:
+    url = store_url_of()
+
+    async def downgrade(responses: ResponseStore) -> None:
+        assert await _add(BatchStore(responses), "k1", "batch_1", _lines(2))
+        await responses.database.write(
+            [
+                Step("DROP TABLE batch_bytes"),
+                Step("UPDATE store_meta SET value = '5' WHERE name = 'schema_version'"),
+            ]
+        )
+
+    async def reopen(responses: ResponseStore) -> None:
+        store = BatchStore(responses)
+        version = await responses.database.fetch(
+            "SELECT value FROM store_meta WHERE name = 'schema_version'"
+        )
+        assert version == [(SCHEMA_VERSION,)] and SCHEMA_VERSION == "6"
+        assert await store.upload_room("k1") == KEY_CAP  # stored before: counted nowhere
+        (line,) = await store.claim("batch_1", "p1", 1, lease=60)
+        assert await store.record(line, "succeeded", {"output": "y"})  # still recorded
+        assert await store.move("batch_1", "cancelled", sources=("validating",))
+        assert await store.delete_batch("k1", "batch_1")
+
+    _run(url, downgrade)
+    _run(url, reopen)
