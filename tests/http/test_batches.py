@@ -23,8 +23,7 @@ from deepinfer_server.metrics import ServerMetrics
 from deepinfer_server.protocol.core.validation import PRIORITY_MAX
 from deepinfer_server.services.batch_runner import BatchRunner
 from deepinfer_server.store.batches import BatchStore
-from deepinfer_server.store.location import open_store
-from tests.http.harness import MODEL, Harness, Script, client_http, run, serve
+from tests.http.harness import MODEL, Harness, Script, client_http
 from tests.http.test_stored_responses import KEY_A, KEY_B, run_stored
 from tests.loop_lag import LoopLag
 
@@ -36,8 +35,12 @@ def _line(custom_id: str, body: dict[str, Any], url: str = CHAT) -> dict[str, An
     return {"custom_id": custom_id, "method": "POST", "url": url, "body": body}
 
 
+def _user(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": text}
+
+
 def _chat(text: str) -> dict[str, Any]:
-    return {"model": MODEL, "messages": [{"role": "user", "content": text}]}
+    return {"model": MODEL, "messages": [_user(text)]}
 
 
 def _jsonl(lines: list[Any]) -> bytes:
@@ -354,53 +357,6 @@ def test_a_file_of_many_short_lines_is_refused_without_holding_the_event_loop(
         assert models.status_code == 200
 
     run_stored(tmp_path, test, *KEYS, "--batch-max-file-mb", "2", "--batch-max-lines", "1000")
-
-
-def test_one_keys_files_past_its_store_cap_are_refused_and_other_keys_are_unaffected(
-    tmp_path: Path,
-) -> None:
-    async def test(h: Harness) -> None:
-        async with h.openai(KEY_A) as a, h.openai(KEY_B) as b:
-            kept = await a.files.create(
-                file=("a.jsonl", io.BytesIO(b"a" * 600_000)), purpose="batch"
-            )
-            for size, told in ((600_000, "the file"), (500_000, "the file of 500000 bytes")):
-                with pytest.raises(openai.APIStatusError) as full:
-                    await a.files.create(file=("x.jsonl", io.BytesIO(b"x" * size)), purpose="batch")
-                assert full.value.status_code == 413
-                error = full.value.body
-                assert isinstance(error, dict) and error["code"] == "file_storage_full"
-                assert error["param"] == "file"
-                assert error["message"].startswith(f"{told} does not fit in this API key's file")
-                assert "--response-store-key-max-mb" in error["message"]
-            assert [f.id async for f in a.files.list()] == [kept.id]  # nothing evicted
-            assert (await a.files.content(kept.id)).content == b"a" * 600_000
-            other = await b.files.create(
-                file=("b.jsonl", io.BytesIO(b"b" * 600_000)), purpose="batch"
-            )
-            assert other.bytes == 600_000
-            stored = await b.responses.create(model=MODEL, input="still stored")
-            assert (await b.responses.retrieve(stored.id)).id == stored.id
-            await a.files.delete(kept.id)  # room again once the key deletes its files
-            await a.files.create(file=("c.jsonl", io.BytesIO(b"c" * 600_000)), purpose="batch")
-
-    async def body() -> None:
-        # The harness's store, with the caps --response-store-key-max-mb 1 and
-        # --response-store-max-mb 4 give it.
-        store = open_store(
-            f"sqlite://{tmp_path / 'responses.sqlite3'}",
-            ttl=3600,
-            max_bytes=4 * 1024 * 1024,
-            scope_max_bytes=1024 * 1024,
-        )
-        await store.open()
-        try:
-            async with serve(*KEYS, script=Script("Stored answer"), store=store) as harness:
-                await test(harness)
-        finally:
-            await store.close()
-
-    run(body)
 
 
 def test_a_batch_stopped_midway_is_finished_by_another_process_each_line_once(

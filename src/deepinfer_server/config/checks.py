@@ -56,6 +56,7 @@ def check_ranges(config: ServerConfig, max_model_len: int) -> None:
             "--batch-max-file-mb": config.batch_max_file_mb,
             "--batch-max-lines": config.batch_max_lines,
             "--batch-max-active": config.batch_max_active,
+            "--files-key-max-count": config.files_key_max_count,
             "--batch-concurrency": config.batch_concurrency,
         }
     )

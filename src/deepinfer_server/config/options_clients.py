@@ -131,6 +131,12 @@ class StoreOptions:
         help="the most batches one API key may have unfinished at once; another is refused "
         "with a 429 (default: %(default)s)",
     )
+    files_key_max_count: int = int_option(
+        10_000,
+        "--files-key-max-count",
+        help="the most files one API key may keep (uploads and batches' output and error "
+        "files); an upload past it is refused with a 413 (default: %(default)s)",
+    )
     batch_concurrency: int = int_option(
         8,
         "--batch-concurrency",

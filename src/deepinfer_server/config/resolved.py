@@ -152,6 +152,7 @@ class ResolvedConfig:
     batch_max_file_mb: int
     batch_max_lines: int
     batch_max_active: int
+    files_key_max_count: int
     batch_concurrency: int
 
     @property

@@ -128,6 +128,7 @@ async def response_store(
         max_bytes=config.response_store_max_bytes,
         scope_max_bytes=config.response_store_scope_max_bytes,
         response_max_bytes=config.response_store_max_response_bytes,
+        scope_max_files=config.files_key_max_count,
     )
     with contextlib.suppress(StoreUnavailableError):  # logged; the requests that need it: 503
         await store.open()

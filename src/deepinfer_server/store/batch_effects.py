@@ -53,20 +53,26 @@ class LineEffects(Operations):
         """Run `steps` (the line's writes) with the row that marks the line answered with
         `body`, in one transaction; the rows each of `steps` changed. LineAnswered, with
         nothing written, when the line's writes are stored already."""
+        text = orjson.dumps(body).decode()
         mark = Step(
             "INSERT INTO batch_line_effects (batch_id, line, body) VALUES (?, ?, ?)",
-            (identity.batch_id, identity.line, orjson.dumps(body).decode()),
+            (identity.batch_id, identity.line, text),
+        )
+        # The mark's bytes count in its batch's (`quota.py`), with the mark or not at all.
+        counted = Step(
+            "UPDATE batch_bytes SET bytes = bytes + ? WHERE batch_id = ?",
+            (len(text.encode()), identity.batch_id),
         )
         async with self._store.connection("store a batch line's answer", write=True) as db:
             try:
-                changed = await db.write([mark, *steps])
+                changed = await db.write([mark, counted, *steps])
             except db.errors:
                 # The key's violation is the backend's own error: told apart from a failure
                 # by the row that caused it.
                 if await self._answered(identity):
                     raise LineAnswered(identity) from None
                 raise
-        return changed[1:]
+        return changed[2:]
 
     async def _answered(self, identity: LineIdentity) -> bool:
         rows = await self._db.fetch(

@@ -27,6 +27,10 @@ from deepinfer_server.store.lease import LEASE
 from deepinfer_server.store.records import JsonObject
 from deepinfer_server.store.root import Operations
 
+#: The condition that a batch's bytes are counted in its key's quota (`quota.py`): what is
+#: stored of it then (its row, its lines) is stored only with them.
+COUNTED = "EXISTS (SELECT 1 FROM batch_bytes WHERE batch_id = ?)"
+
 
 class BatchLines(Operations):
     """The lines of the batches of every process (and replica) sharing the store's database."""
@@ -104,25 +108,27 @@ class BatchLines(Operations):
             )
 
     async def record(self, line: ClaimedLine, status: str, result: JsonObject) -> bool:
-        """A claimed line's answer; False (nothing written) when the claim no longer holds it."""
+        """A claimed line's answer, its bytes counted in its batch's (`quota.py`: always
+        stored); False (nothing written) when the claim no longer holds it."""
+        text = orjson.dumps(result).decode()
+        held = (line.batch_id, line.line, line.claim, PENDING)
         async with self._store.connection("record a batch line", write=True):
             changed = await self._db.write(
                 [
                     Step(
+                        "UPDATE batch_bytes SET bytes = bytes + ? WHERE batch_id = ? AND EXISTS "
+                        "(SELECT 1 FROM batch_lines WHERE batch_id = ? AND line = ? AND "
+                        "claim = ? AND status = ?)",
+                        (len(text.encode()), line.batch_id, *held),
+                    ),
+                    Step(
                         f"UPDATE batch_lines SET status = ?, result = ?, {LINE_LEASE.release()} "
                         "WHERE batch_id = ? AND line = ? AND claim = ? AND status = ?",
-                        (
-                            status,
-                            orjson.dumps(result).decode(),
-                            line.batch_id,
-                            line.line,
-                            line.claim,
-                            PENDING,
-                        ),
-                    )
+                        (status, text, *held),
+                    ),
                 ]
             )
-        return changed[0] > 0
+        return changed[1] > 0
 
     async def effect(self, batch_id: str, line: int) -> JsonObject | None:
         """The body a line's answer stored with its writes (`batch_effects.py`), or None: no
@@ -165,10 +171,11 @@ class BatchLines(Operations):
         return await off_loop_if_large(sum(len(r[3] or "") for r in rows), decoded)
 
 
-def insert_lines(batch_id: str, lines: Sequence[NewLine]) -> list[Step]:
-    """The statements that store a new batch's lines (none without lines)."""
+def insert_lines(batch_id: str, lines: Sequence[NewLine]) -> tuple[list[Step], int]:
+    """The statements that store a new batch's lines (none without lines), each only once the
+    batch's bytes are counted (`COUNTED`), and those bytes (its requests' and results')."""
     if not lines:
-        return []
+        return [], 0
     rows = [
         (
             batch_id,
@@ -177,17 +184,18 @@ def insert_lines(batch_id: str, lines: Sequence[NewLine]) -> list[Step]:
             json_or_none(line.body),
             line.status,
             json_or_none(line.result),
+            batch_id,
         )
         for index, line in enumerate(lines)
     ]
-    return [
-        Step(
-            "INSERT INTO batch_lines (batch_id, line, custom_id, body, status, result) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            rows,
-            many=True,
-        )
-    ]
+    size = sum(sum(len(value.encode()) for value in row[2:6] if value is not None) for row in rows)
+    step = Step(
+        "INSERT INTO batch_lines (batch_id, line, custom_id, body, status, result) "
+        f"SELECT ?, ?, ?, ?, ?, ? WHERE {COUNTED}",
+        rows,
+        many=True,
+    )
+    return [step], size
 
 
 def json_or_none(value: JsonObject | None) -> str | None:

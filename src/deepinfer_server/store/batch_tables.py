@@ -6,6 +6,8 @@ one row per batch (its scope, kind, endpoint, status and the time it reached eac
 `batch_lines`: one row per request of a batch, its request body (None for a malformed line),
 its status (`pending` until answered) and result, and, while a process works on it, the process
 (`claimed_by`), the claim (`claim`) and when its lease ends (`lease_until`).
+`batch_bytes`: the bytes a batch keeps (its requests, its lines' results, the marks of their
+writes), counted against its scope's store quota with its files (`quota.py`).
 `batch_line_effects`: a line whose answer wrote to the store (a Responses line's stored response
 or conversation turn), written in the same transaction as those writes, with the body answered
 (`batch_effects.py`): its key makes a second answer of the line fail, writing nothing.
@@ -72,17 +74,29 @@ BATCH_TABLES = (
         body TEXT NOT NULL,
         PRIMARY KEY (batch_id, line)
     )""",
+    """CREATE TABLE IF NOT EXISTS batch_bytes (
+        batch_id TEXT PRIMARY KEY,
+        scope TEXT NOT NULL,
+        bytes BIGINT NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS batch_bytes_by_scope ON batch_bytes (scope)",
 )
 
 #: Files live for the store's time to live. Their `bytes` count against the store's caps, which
 #: refuse an upload past them (`files.FileStore.upload_file`); they are never evicted for room.
 FILES = ScopedTable("files")
 #: Batches live for the store's time to live once ended (one still at work is kept whatever its
-#: age: its completion window ends it); their lines go with them.
+#: age: its completion window ends it); their lines go with them. Their bytes (`batch_bytes`)
+#: count against the store's quota (`quota.py`), which refuses a new batch past it; they are
+#: never evicted for room.
 BATCHES = ScopedTable(
     "batches",
     size=None,
-    children=(("batch_lines", "batch_id"), ("batch_line_effects", "batch_id")),
+    children=(
+        ("batch_lines", "batch_id"),
+        ("batch_line_effects", "batch_id"),
+        ("batch_bytes", "batch_id"),
+    ),
     evictable="status NOT IN (?, ?, ?, ?)",
     evictable_params=ACTIVE_STATUSES,
 )

@@ -3,7 +3,9 @@ database (tables in `batch_tables.py`), the same on SQLite and PostgreSQL, with 
 (`files.py`) and lines (`batch_lines.py`).
 
 Files and batches are scoped like stored responses: a row read in another scope does not
-exist. They live for the store's time to live (a batch still at work whatever its age).
+exist. They live for the store's time to live (a batch still at work whatever its age). A
+batch's bytes count against its key's store quota with its files (`quota.py`): a batch that
+would pass it is not stored (`add_batch`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from deepinfer_server.store.batch_lines import BatchLines, insert_lines, json_or_none
+from deepinfer_server.store.batch_lines import COUNTED, BatchLines, insert_lines, json_or_none
 from deepinfer_server.store.batch_records import (
     BATCH_COLUMNS,
     PENDING,
@@ -28,6 +30,7 @@ from deepinfer_server.store.batch_records import (
 from deepinfer_server.store.batch_tables import ACTIVE_STATUSES, BATCHES
 from deepinfer_server.store.database import Step
 from deepinfer_server.store.files import FileStore, file_step
+from deepinfer_server.store.quota import SERIALIZE, fits
 from deepinfer_server.store.records import JsonObject
 
 __all__ = [
@@ -64,13 +67,25 @@ class BatchStore(FileStore, BatchLines):
         window: float,
         lines: Sequence[NewLine],
         batch_id: str,
-    ) -> None:
-        """Store a new batch (`validating`) and its lines, in one transaction."""
+    ) -> bool:
+        """Store a new batch (`validating`) and its lines, in one transaction, if its bytes
+        fit in `scope`'s store quota (`quota.py`); whether it did (nothing is written when
+        they do not)."""
         now = time.time()
+        # Up to --batch-max-lines bodies to encode: off the event loop.
+        stored, size = await asyncio.to_thread(insert_lines, batch_id, lines)
+        condition, params = fits(scope, size, self._store.caps)
         steps = [
+            SERIALIZE,
+            Step(
+                "INSERT INTO batch_bytes (batch_id, scope, bytes) "
+                f"SELECT ?, ?, ? WHERE {condition}",
+                (batch_id, scope, size, *params),
+            ),
             Step(
                 "INSERT INTO batches (id, scope, kind, created_at, expires_at, endpoint, "
-                "input_file_id, metadata, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "input_file_id, metadata, status) SELECT ?, ?, ?, ?, ?, ?, ?, ?, ? "
+                f"WHERE {COUNTED}",
                 (
                     batch_id,
                     scope,
@@ -81,13 +96,14 @@ class BatchStore(FileStore, BatchLines):
                     input_file_id,
                     json_or_none(metadata),
                     "validating",
+                    batch_id,
                 ),
-            )
+            ),
+            *stored,
         ]
-        # Up to --batch-max-lines bodies to encode: off the event loop.
-        steps += await asyncio.to_thread(insert_lines, batch_id, lines)
         async with self._store.connection("store a batch", write=True):
-            await self._db.write(steps)
+            changed = await self._db.write(steps)
+        return changed[1] > 0
 
     async def batch(self, scope: str | None, batch_id: str) -> BatchRow | None:
         """A batch of `scope` (None: of any scope, for the runner), or None."""

@@ -2,8 +2,8 @@
 
 A query returns its rows on the event loop; decoding them there costs little for a page, but a
 whole conversation of 30,000 items held the loop for 160 ms, and a batch's 50,000 results of
-1 KB for 0.4 s. Past `ON_LOOP_BYTES` the decoding runs on a worker thread, where the interpreter still
-switches to the loop between rows.
+1 KB for 0.4 s. Past `ON_LOOP_BYTES` the decoding runs on a worker thread, where the
+interpreter still switches to the loop between rows.
 """
 
 from __future__ import annotations

@@ -2,11 +2,12 @@
 database (table `files` in `batch_tables.py`, a scoped table: `FILES`), the same on SQLite and
 PostgreSQL.
 
-Uploads count against the store's byte caps (`StoreRoot.caps`: one API key's files at most
-`scope_max_bytes`, every key's at most `max_bytes`), but are never evicted to make room (a
-batch may be reading its input file): an upload that would pass a cap is refused instead
-(`upload_file`), checked in the same statement that stores it. Batches' output and error
-files count too, and are always stored (the work is done)."""
+Uploads count against the store's quota (`quota.py`: one API key's files and batches' data at
+most `scope_max_bytes`, every key's at most `max_bytes`), and a key's files against its count
+cap (`StoreRoot.scope_max_files`), but are never evicted to make room (a batch may be reading
+its input file): an upload that would pass a cap is refused instead (`upload_file`), checked in
+the transaction that stores it. Batches' output and error files count too, and are always
+stored (the work is done)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Any
 from deepinfer_server.store.batch_records import FileRow
 from deepinfer_server.store.batch_tables import FILES
 from deepinfer_server.store.database import Step
+from deepinfer_server.store.quota import SERIALIZE, USAGE, fits, room
 from deepinfer_server.store.root import Operations
 
 
@@ -39,16 +41,16 @@ class FileStore(Operations):
         return row
 
     async def upload_room(self, scope: str) -> int:
-        """How many more bytes of files `scope` may upload under the caps (0 when full)."""
-        caps = self._store.caps
+        """How many more bytes of files `scope` may upload under the caps (0 when full, or
+        when it holds as many files as it may)."""
         async with self._store.connection("read the files' sizes"):
             rows = await self._db.fetch(
-                "SELECT COALESCE(SUM(bytes), 0), COALESCE(SUM(CASE WHEN scope = ? THEN bytes "
-                "ELSE 0 END), 0) FROM files",
-                (scope,),
+                f"{USAGE}, (SELECT COUNT(*) FROM files WHERE scope = ?)", (scope, scope, scope)
             )
-        every, mine = int(rows[0][0]), int(rows[0][1])
-        return max(0, min(caps.max_bytes - every, caps.scope_max_bytes - mine))
+        mine, every, count = (int(value) for value in rows[0])
+        if count >= self._store.scope_max_files:
+            return 0
+        return room(self._store.caps, mine, every)
 
     async def upload_file(
         self, scope: str, purpose: str, filename: str, content: str, size: int | None = None
@@ -56,15 +58,14 @@ class FileStore(Operations):
         """Store an uploaded file if it fits under the caps (module docstring): the row
         stored, or None (nothing written) when it would pass one. `size`: the content's
         bytes in UTF-8 when the caller has them (else it is encoded again to count them)."""
-        caps = self._store.caps
         if size is None:
             size = len(content.encode())
         row = FileRow(f"file-{uuid.uuid4().hex}", time.time(), purpose, filename, size)
+        condition, params = fits(scope, row.bytes, self._store.caps)
         step = Step(
             "INSERT INTO files (id, scope, created_at, purpose, filename, bytes, content) "
-            "SELECT ?, ?, ?, ?, ?, ?, ? WHERE "
-            "(SELECT COALESCE(SUM(bytes), 0) FROM files WHERE scope = ?) + ? <= ? AND "
-            "(SELECT COALESCE(SUM(bytes), 0) FROM files) + ? <= ?",
+            f"SELECT ?, ?, ?, ?, ?, ?, ? WHERE {condition} AND "
+            "(SELECT COUNT(*) FROM files WHERE scope = ?) < ?",
             (
                 row.id,
                 scope,
@@ -73,16 +74,14 @@ class FileStore(Operations):
                 filename,
                 row.bytes,
                 content,
+                *params,
                 scope,
-                row.bytes,
-                caps.scope_max_bytes,
-                row.bytes,
-                caps.max_bytes,
+                self._store.scope_max_files,
             ),
         )
         async with self._store.connection("store a file", write=True):
-            changed = await self._db.write([step])
-        return row if changed[0] > 0 else None
+            changed = await self._db.write([SERIALIZE, step])
+        return row if changed[1] > 0 else None
 
     async def files(
         self, scope: str, purpose: str | None, after: str | None, limit: int

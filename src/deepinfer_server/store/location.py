@@ -20,6 +20,7 @@ def open_store(
     max_bytes: int,
     scope_max_bytes: int | None = None,
     response_max_bytes: int | None = None,
+    scope_max_files: int = 10_000,
 ) -> ResponseStore:
     """The store at `url` (not connected yet: `await store.open()`); the limits as
     `ResponseStore` takes them."""
@@ -36,6 +37,7 @@ def open_store(
         max_bytes=max_bytes,
         scope_max_bytes=scope_max_bytes,
         response_max_bytes=response_max_bytes,
+        scope_max_files=scope_max_files,
     )
 
 

@@ -29,7 +29,8 @@ class StoreRoot:
     """The database of every API server process (and replica) that shares `database`, with
     the store's time to live (`ttl`, seconds) and byte caps (`max_bytes`: the whole store's,
     `scope_max_bytes`: one scope's, by default the whole store's; `response_max_bytes`: the
-    largest response stored, by default a scope's cap), shared by its tables."""
+    largest response stored, by default a scope's cap), shared by its tables, and the most
+    files one scope may keep (`scope_max_files`)."""
 
     def __init__(
         self,
@@ -39,6 +40,7 @@ class StoreRoot:
         max_bytes: int,
         scope_max_bytes: int | None = None,
         response_max_bytes: int | None = None,
+        scope_max_files: int = 10_000,
     ) -> None:
         self._db = database
         self.ttl = ttl
@@ -47,6 +49,7 @@ class StoreRoot:
         self.response_max_bytes = (
             self.scope_max_bytes if response_max_bytes is None else response_max_bytes
         )
+        self.scope_max_files = scope_max_files
         self._ready = False
         self._salt: bytes | None = None
         #: The last failure of a read and of a write, until one of the same kind succeeds.
@@ -65,7 +68,8 @@ class StoreRoot:
     @property
     def caps(self) -> Caps:
         """The byte caps the scoped tables that count bytes share (each has caps of its own,
-        of these sizes: a key's conversations never evict its responses, nor the reverse)."""
+        of these sizes: a key's conversations never evict its responses, nor the reverse;
+        files and batches' data share one, `quota.py`)."""
         return Caps(max_bytes=self.max_bytes, scope_max_bytes=self.scope_max_bytes)
 
     @property

@@ -68,6 +68,7 @@ OPTIONS: dict[str, tuple[list[str], Any]] = {
     "batch_max_file_mb": (["--batch-max-file-mb", "3"], 3),
     "batch_max_lines": (["--batch-max-lines", "4"], 4),
     "batch_max_active": (["--batch-max-active", "5"], 5),
+    "files_key_max_count": (["--files-key-max-count", "7"], 7),
     "batch_concurrency": (["--batch-concurrency", "6"], 6),
     "response_store_key_max_mb": (["--response-store-key-max-mb", "3"], 3),
     "response_store_max_response_mb": (["--response-store-max-response-mb", "4"], 4),

@@ -3,9 +3,9 @@
 
 Scoped like stored responses (`api.store_scope.request_scope`): another API key's file or
 batch is a 404. Limits (per API key): `--batch-max-file-mb` (413), the store's byte caps on
-the key's files and on every key's (413, `_QUOTA`: refused, never evicted), `--batch-max-lines`
-(400), `--batch-max-active` unfinished batches (429). Without a store (`--response-store none`)
-every route is a 400 that says so.
+the key's files and batches and on every key's, and `--files-key-max-count` files (413,
+`_QUOTA`: refused, never evicted), `--batch-max-lines` (400), `--batch-max-active` unfinished
+batches (429). Without a store (`--response-store none`) every route is a 400 that says so.
 """
 
 from __future__ import annotations
@@ -52,8 +52,10 @@ Found = TypeVar("Found")
 _FORM_SLACK = 64 * 1024
 #: What bounds the files kept, in an upload's 413 when they are full.
 _QUOTA = (
-    "its files may take --response-store-key-max-mb and every key's --response-store-max-mb, "
-    "and are never deleted to make room; delete files it no longer needs (DELETE /v1/files/{id})"
+    "its files and batches may take --response-store-key-max-mb and every key's "
+    "--response-store-max-mb, its files number at most --files-key-max-count, and they are "
+    "never deleted to make room; delete files (DELETE /v1/files/{id}) or ended batches it no "
+    "longer needs"
 )
 #: The purposes of the files this server stores: batch input files (it writes the others).
 _UPLOAD_PURPOSES = ("batch",)
@@ -178,6 +180,16 @@ def _quota_full(size: int | None) -> RequestTooLargeError:
     )
 
 
+def batch_storage_full(param: str) -> RequestTooLargeError:
+    """The 413 of a new batch whose requests do not fit in what the store may still keep of
+    the key's files and batches (nothing of it stored)."""
+    return RequestTooLargeError(
+        f"the batch does not fit in this API key's storage: {_QUOTA}",
+        param=param,
+        code="batch_storage_full",
+    )
+
+
 async def list_files(request: Request) -> Response:
     _, runner, scope = await _files_scoped(request)
     limit = page_limit(request)
@@ -287,9 +299,10 @@ async def create_batch(request: Request) -> Response:
         raise BadRequestError("the input file has no requests", param="input_file_id")
     await check_active(state, runner.store, scope)
     batch_id = f"batch_{uuid.uuid4().hex}"
-    await runner.store.add_batch(
+    if not await runner.store.add_batch(
         scope, "openai", str(endpoint), file_id, metadata, WINDOWS[window], lines, batch_id
-    )
+    ):
+        raise batch_storage_full("input_file_id")
     runner.wake()
     row = await runner.store.batch(scope, batch_id)
     assert row is not None

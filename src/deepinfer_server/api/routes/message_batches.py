@@ -24,7 +24,12 @@ from deepinfer_server.api.batches.message_batches import (
 from deepinfer_server.api.batches.message_requests import body_lines
 from deepinfer_server.api.body import read_body, require_json_content_type
 from deepinfer_server.api.routes.answers import fetched_page, json_answer
-from deepinfer_server.api.routes.batches import check_active, not_found, scoped
+from deepinfer_server.api.routes.batches import (
+    batch_storage_full,
+    check_active,
+    not_found,
+    scoped,
+)
 from deepinfer_server.api.routes.paging import page_limit
 from deepinfer_server.errors import BadRequestError
 from deepinfer_server.store.batches import BatchRow
@@ -58,7 +63,10 @@ async def create_message_batch(request: Request) -> Response:
     lines = await asyncio.to_thread(body_lines, raw, state.config.batch_max_lines)
     await check_active(state, runner.store, scope)
     batch_id = f"msgbatch_{uuid.uuid4().hex}"
-    await runner.store.add_batch(scope, _KIND, ENDPOINT, None, None, WINDOW, lines, batch_id)
+    if not await runner.store.add_batch(
+        scope, _KIND, ENDPOINT, None, None, WINDOW, lines, batch_id
+    ):
+        raise batch_storage_full("requests")
     runner.wake()
     row = await runner.store.batch(scope, batch_id)
     assert row is not None
