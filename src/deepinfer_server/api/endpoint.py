@@ -36,6 +36,7 @@ from deepinfer_server.api.sse import FrameWriter, SSEResponse, complete, write_a
 from deepinfer_server.api.state import LARGE_BODY_BYTES, AppState
 from deepinfer_server.coordinator.admission_limits import most_admitted
 from deepinfer_server.coordinator.handle import RequestHandle
+from deepinfer_server.disaggregation.handoff.peers import refuse_unpaired
 from deepinfer_server.disaggregation.handoff.requests import request_kv_transfer, with_handoff
 from deepinfer_server.disaggregation.role import DisaggregationRole
 from deepinfer_server.errors import BadRequestError
@@ -178,6 +179,7 @@ async def submit(
     )
     if kv_transfer is not None and state.prefill_peers is not None:
         state.prefill_peers.seen(kv_transfer, time.monotonic())
+        await refuse_unpaired(state.prefill_peers, kv_transfer)
     structured = None
     if first.constraint is not None:
         structured = await state.structured.compile(first.constraint, str(tenant))

@@ -9,6 +9,7 @@ import asyncio
 import logging
 
 from deepinfer_server.concurrency import first_of
+from deepinfer_server.disaggregation.layout import KVLayout
 from deepinfer_server.errors import StartupError
 from deepinfer_server.ipc.messages import GrammarWarm, RankReady
 
@@ -25,6 +26,9 @@ class Readiness:
         self._all_ready = asyncio.Event()
         #: Each prefill rank's bound bootstrap port, by DP rank (what `/server_info` lists).
         self.bootstrap_ports: dict[int, int] = {}
+        #: A prefill or decode rank's KV layout (every rank's is the same; None until one
+        #: reported, and on a NORMAL server).
+        self.layout: KVLayout | None = None
 
     def report(self, message: RankReady | GrammarWarm) -> None:
         """A rank's report: it is ready (`RankReady`), or its grammar builder is warm."""
@@ -32,6 +36,8 @@ class Readiness:
             self.grammar_warm(message.rank)
             return
         logger.info("[startup] DP rank %d is ready (pid %d)", message.rank, message.pid)
+        if message.layout is not None:
+            self.layout = message.layout
         self.ready(message.rank, message.bootstrap_port, message.grammar_warming)
 
     def ready(

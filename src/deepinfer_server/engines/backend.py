@@ -18,6 +18,7 @@ from deepinfer_server.config.resolved import (
     DEFAULT_PREFILL_ANY_ATTEMPT_INTERVAL,
     DEFAULT_PREFILL_ATTEMPT_INTERVAL,
 )
+from deepinfer_server.disaggregation.layout import KVLayout
 from deepinfer_server.disaggregation.role import DisaggregationRole
 from deepinfer_server.model.images import ImagePolicy, recipe_image_policy
 
@@ -141,6 +142,9 @@ class BuiltEngine:
     after_ready: Callable[[Callable[[], None]], None] | None = None
     #: A prefill rank's bound disaggregation bootstrap port, reported with its readiness.
     bootstrap_port: int | None = None
+    #: A prefill or decode rank's KV layout, reported with its readiness (the decode side's API
+    #: process compares it with its prefill peers').
+    layout: KVLayout | None = None
 
 
 class EngineBackend(abc.ABC):

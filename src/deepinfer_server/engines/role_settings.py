@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from deepinfer_server.disaggregation.layout import checkpoint_identity
 from deepinfer_server.engines.backend import EngineSpec
 
 
@@ -21,6 +22,10 @@ class RoleSettings:
     rank: int
     hold_timeout: float
     transfer_timeout: float
+    #: What the rank's KV layout names besides its rows: `--speculative-tokens` and the
+    #: checkpoint's identity (`disaggregation.layout.checkpoint_identity`).
+    speculative_tokens: int = 0
+    checkpoint: str | None = None
 
     @classmethod
     def of(cls, spec: EngineSpec) -> RoleSettings:
@@ -32,4 +37,6 @@ class RoleSettings:
             rank=spec.rank,
             hold_timeout=spec.disaggregation_kv_hold_timeout,
             transfer_timeout=spec.disaggregation_transfer_timeout,
+            speculative_tokens=spec.speculative_tokens,
+            checkpoint=checkpoint_identity(spec.model),
         )

@@ -13,6 +13,7 @@ from typing import TypeVar
 import msgspec
 
 from deepinfer_server.disaggregation.handoff.params import KVTransferParams
+from deepinfer_server.disaggregation.layout import KVLayout
 from deepinfer_server.errors import ErrorKind
 
 
@@ -164,6 +165,8 @@ class RankReady(_Message):
     bootstrap_port: int | None = None
     #: Its grammar builder is still warming up: `GrammarWarm` follows (else it is warm now).
     grammar_warming: bool = False
+    #: A prefill or decode rank's KV layout (None on a NORMAL rank).
+    layout: KVLayout | None = None
 
 
 class GrammarWarm(_Message):

@@ -143,7 +143,13 @@ def run_rank(spec: RankSpec, stop: StopAgreement, shared: SharedState | None) ->
     try:
         watchdog.start()
         links.send_all(
-            RankReady(spec.rank, os.getpid(), built.bootstrap_port, built.after_ready is not None)
+            RankReady(
+                spec.rank,
+                os.getpid(),
+                built.bootstrap_port,
+                built.after_ready is not None,
+                layout=built.layout,
+            )
         )
         logger.info("[startup] ready")
         if built.after_ready is not None:

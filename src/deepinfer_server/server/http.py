@@ -232,7 +232,7 @@ def build_server(
         structured=structured,
         peers=peers,
         store=store,
-        prefill_peers=PrefillPeers()
+        prefill_peers=PrefillPeers(lambda: coordinator.readiness.layout)
         if config.disaggregation_mode is DisaggregationRole.DECODE
         else None,
     )

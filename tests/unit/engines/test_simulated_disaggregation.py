@@ -183,7 +183,13 @@ def test_a_prefill_rank_on_bootstrap_port_0_names_the_port_it_bound_in_its_hando
     params = handoff_of(prefill, "b")
     assert (params.remote_bootstrap_port, params.remote_dp_rank) == (port, 0)
     answer = bootstrap_call("127.0.0.1", port, {"op": "ping"}, 5.0)
-    assert answer == {"ok": True, "engine_id": params.remote_engine_id}
+    layout = engine.kv_layout()
+    assert layout is not None and layout.engine == "simulated"
+    assert answer == {
+        "ok": True,
+        "engine_id": params.remote_engine_id,
+        "layout": layout.as_json(),
+    }
 
 
 def test_a_non_zero_bootstrap_port_is_rank_0s_and_rank_r_listens_on_it_plus_r(

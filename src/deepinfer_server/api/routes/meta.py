@@ -61,6 +61,20 @@ async def health(request: Request) -> Response:
                 },
                 status_code=503,
             )
+    if state.prefill_peers is not None:
+        refused = state.prefill_peers.refused(time.monotonic())
+        if refused:
+            # 503 only when no recent prefill peer pairs: the others' requests still succeed.
+            serving = not state.prefill_peers.all_refused(time.monotonic())
+            return JSONResponse(
+                {
+                    "status": "degraded",
+                    "reason": "prefill server(s) refused: their KV layout differs from this "
+                    "decode server's: "
+                    + "; ".join(f"{peer}: {what}" for peer, what in refused.items()),
+                },
+                status_code=200 if serving else 503,
+            )
     store_failure = None if state.store is None else state.store.failure
     if store_failure is not None:
         # Still a 200: the engine serves every request that does not need the store, and a

@@ -4,7 +4,9 @@ The bootstrap port (prefill DP rank r listens on `--disaggregation-bootstrap-por
 0 on a port of its own choosing; a handoff names its rank's port) takes
 one JSON line per connection and answers one: `{"op": "release", "transfer_id": ...}` (the
 decode side has the KV, or gives up on it: the prefill side frees it) and `{"op": "ping"}` (a
-decode server's health probe). The listening side is `transfer.bootstrap.BootstrapServer`.
+decode server's health probe and layout handshake: the answer carries the rank's `engine_id`
+and its KV `layout`, `disaggregation.layout.KVLayout`). The listening side is
+`transfer.bootstrap.BootstrapServer`.
 """
 
 from __future__ import annotations
@@ -44,6 +46,12 @@ def bootstrap_call(
 
 async def bootstrap_ping(host: str, port: int, timeout: float) -> bool:
     """Whether a prefill rank's bootstrap port answers a ping within `timeout` seconds."""
+    return await bootstrap_hello(host, port, timeout) is not None
+
+
+async def bootstrap_hello(host: str, port: int, timeout: float) -> dict[str, object] | None:
+    """A prefill rank's answer to a ping (its engine ID and KV layout) within `timeout`
+    seconds, or None when it does not answer one."""
     try:
         async with asyncio.timeout(timeout):
             reader, writer = await asyncio.open_connection(host, port)
@@ -54,9 +62,11 @@ async def bootstrap_ping(host: str, port: int, timeout: float) -> bool:
             finally:
                 writer.close()
     except (OSError, TimeoutError):
-        return False
+        return None
     try:
         answer = json.loads(line)
     except ValueError:
-        return False
-    return isinstance(answer, dict) and answer.get("ok") is True
+        return None
+    if not isinstance(answer, dict) or answer.get("ok") is not True:
+        return None
+    return answer

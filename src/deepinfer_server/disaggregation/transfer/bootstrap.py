@@ -1,7 +1,9 @@
 """BootstrapServer: a prefill rank's bootstrap port (`handoff.bootstrap`'s protocol).
 
-It runs in threads of its own beside the rank's loop: a release notice is queued for the
-loop's thread (the engine's owner), which frees the held KV at its next step.
+A ping's answer carries the rank's engine ID and its KV layout (`disaggregation.layout`), which
+a decode server compares with its own before it pulls. It runs in threads of its own beside the
+rank's loop: a release notice is queued for the loop's thread (the engine's owner), which frees
+the held KV at its next step.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import socketserver
 import threading
 from typing import Any
 
+from deepinfer_server.disaggregation.layout import KVLayout
 from deepinfer_server.disaggregation.transfer.queues import drain
 
 logger = logging.getLogger(__name__)
@@ -32,7 +35,11 @@ class _Handler(socketserver.StreamRequestHandler):
         if isinstance(message, dict):
             op = message.get("op")
             if op == "ping":
-                answer = {"ok": True, "engine_id": self.server.engine_id}
+                answer = {
+                    "ok": True,
+                    "engine_id": self.server.engine_id,
+                    "layout": self.server.layout,
+                }
             elif op == "release" and isinstance(message.get("transfer_id"), str):
                 self.server.released.put(message["transfer_id"])
                 answer = {"ok": True}
@@ -44,6 +51,7 @@ class _Server(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
     engine_id: str
+    layout: dict[str, object] | None
     released: queue.SimpleQueue[str]
 
 
@@ -58,6 +66,7 @@ class BootstrapServer:
                 f"the disaggregation bootstrap port {host}:{port} is not free: {exc}"
             ) from exc
         self._server.engine_id = engine_id
+        self._server.layout = None
         self._server.released = queue.SimpleQueue()
         #: The bound port (the one asked for, or the kernel's choice when that was 0).
         self.port: int = self._server.server_address[1]
@@ -65,6 +74,11 @@ class BootstrapServer:
             target=self._server.serve_forever, name="pd-bootstrap", daemon=True
         )
         self._thread.start()
+
+    def publish(self, layout: KVLayout) -> None:
+        """Answer pings with the rank's KV layout from now on (decode servers compare it with
+        theirs before they pull)."""
+        self._server.layout = layout.as_json()
 
     def take_released(self) -> list[str]:
         """The transfer IDs released since the last call."""

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 
 from deepinfer_server.disaggregation.handoff.params import KVTransferParams
+from deepinfer_server.disaggregation.layout import KVLayout
 from deepinfer_server.disaggregation.transfer.agent import TransferAgent
 from deepinfer_server.disaggregation.transfer.bootstrap import BootstrapServer
 from deepinfer_server.disaggregation.transfer.held import HeldKV
@@ -40,6 +41,17 @@ def transfer_failed(reason: str) -> str:
 
 class KVConnector:
     """What a rank's role reports to the engine driver; these defaults are a NORMAL engine's."""
+
+    _layout: KVLayout | None = None
+
+    @property
+    def layout(self) -> KVLayout | None:
+        """The rank's KV layout, as its role described it (None: the role moves no KV)."""
+        return self._layout
+
+    def publish(self, layout: KVLayout) -> None:
+        """The role's KV layout, reported with the rank's readiness."""
+        self._layout = layout
 
     @property
     def busy(self) -> bool:
@@ -97,6 +109,11 @@ class PrefillConnector(KVConnector):
     def bootstrap_port(self) -> int:
         """The port this rank's bootstrap server listens on (the one its handoffs name)."""
         return self.bootstrap.port
+
+    def publish(self, layout: KVLayout) -> None:
+        """The role's KV layout, reported with the rank's readiness and answered to pings."""
+        super().publish(layout)
+        self.bootstrap.publish(layout)
 
     def keep(self, transfer_id: str, free: Callable[[], None]) -> None:
         """Keep a prompt's KV for a decode server; `free` runs on release or timeout."""

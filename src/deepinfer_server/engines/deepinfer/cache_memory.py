@@ -15,8 +15,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from deepinfer_server.disaggregation.handoff.params import KVTransferParams
+from deepinfer_server.disaggregation.handoff.params import KV_BLOCK_SIZE, KVTransferParams
+from deepinfer_server.disaggregation.layout import KVLayout
 from deepinfer_server.disaggregation.transfer.agent import TransferAgent
+from deepinfer_server.engines.role_settings import RoleSettings
 
 
 def _row_bytes(tensor: Any) -> int:
@@ -45,6 +47,25 @@ class CacheMemory:
     @property
     def state_address(self) -> int:
         return int(self._states.data_ptr())
+
+    def layout(self, settings: RoleSettings) -> KVLayout:
+        """These rows as the layout handshake describes them: their sizes and dtype, and what
+        DeepInfer sizes them from (the backtracking depth of a state row, the speculative
+        tokens, the checkpoint, DeepInfer's version)."""
+        import deepinfer
+        from deepinfer import envs
+
+        return KVLayout(
+            engine="deepinfer",
+            deepinfer_version=str(getattr(deepinfer, "__version__", None)),
+            checkpoint=settings.checkpoint,
+            block_size=KV_BLOCK_SIZE,
+            block_bytes=self.block_bytes,
+            state_bytes=self.state_bytes,
+            dtype=str(self._blocks.dtype),
+            backtracking_tokens=int(envs.DEEPINFER_MAX_BACKTRACKING_TOKENS),
+            speculative_tokens=settings.speculative_tokens,
+        )
 
     def close(self) -> None:
         self._agent.unregister(self.kv_address)

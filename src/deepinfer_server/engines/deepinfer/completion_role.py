@@ -69,6 +69,7 @@ class CompletionRole(DecodeConnector):
         self.agent = TransferAgent(settings.host, settings.ib_device)
         super().__init__(self.agent)
         self.memory = CacheMemory(engine.driver_worker.cache_engine, self.agent)
+        self.publish(self.memory.layout(settings))
         self._pending: dict[str, _Pending] = {}
         #: Prompt tokens this engine computed: the last one of each pulled prompt.
         self.prompt_tokens_computed = 0

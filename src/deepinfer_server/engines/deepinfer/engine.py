@@ -159,7 +159,10 @@ def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:
     driver = LLMEngineDriver(
         engine, RequestOutput, abilities, count_drafts=spec.speculative_tokens > 0
     )
-    return BuiltEngine(driver, children, bootstrap_port=abilities.connector.bootstrap_port)
+    connector = abilities.connector
+    return BuiltEngine(
+        driver, children, bootstrap_port=connector.bootstrap_port, layout=connector.layout
+    )
 
 
 def _abilities(spec: EngineSpec, engine: Any) -> DeepInferAbilities:

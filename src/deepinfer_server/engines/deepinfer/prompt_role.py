@@ -61,6 +61,7 @@ class PromptRole(PrefillConnector):
         self.agent = TransferAgent(settings.host, settings.ib_device)
         self.memory = CacheMemory(engine.driver_worker.cache_engine, self.agent)
         super().__init__(settings.bootstrap_port, settings.rank, settings.hold_timeout)
+        self.publish(self.memory.layout(settings))
         #: Sequences DeepInfer built, not placed yet (in arrival order).
         self._queue: deque[Any] = deque()
         #: Placed sequences by seq_id, until their prompt step ends (or they are aborted).

@@ -10,6 +10,7 @@ here forwards.
 from __future__ import annotations
 
 from deepinfer_server.disaggregation.handoff.params import KVTransferParams
+from deepinfer_server.disaggregation.layout import KVLayout
 from deepinfer_server.disaggregation.transfer.connector import KVConnector
 from deepinfer_server.disaggregation.transfer.stats import TransferStats
 from deepinfer_server.engines.abilities import EngineAbilities, KVBlockCounts
@@ -33,6 +34,11 @@ class _SimulatedConnector(KVConnector):
     def held_count(self) -> int:
         """Prompts a PROMPT engine holds for decode servers now."""
         return self._engine.held_kv()
+
+    @property
+    def layout(self) -> KVLayout | None:
+        """The role's KV layout."""
+        return self._engine.kv_layout()
 
     @property
     def bootstrap_port(self) -> int | None:

@@ -50,6 +50,7 @@ def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:
         # Without xgrammar there is nothing to warm: the rank's grammar builder is "warm" at ready.
         after_ready=engine.prepare_structured_outputs if _warms(spec) else None,
         bootstrap_port=abilities.connector.bootstrap_port,
+        layout=abilities.connector.layout,
     )
 
 

@@ -30,6 +30,7 @@ from deepinfer_server.disaggregation.transfer.connector import (
     PrefillConnector,
     transfer_failed,
 )
+from deepinfer_server.engines.role_settings import RoleSettings
 from deepinfer_server.engines.simulated.kv_blocks import AllocStatus, KVBlocks, blocks_for
 from deepinfer_server.engines.simulated.kv_memory import KVMemory, writer_id
 from deepinfer_server.engines.simulated.outputs import OutputRecord
@@ -47,17 +48,16 @@ class PrefillRole(PrefillConnector):
         kv: KVBlocks,
         slots: StateSlots,
         agent: TransferAgent,
-        bootstrap_port: int,
-        rank: int,
-        hold_timeout: float,
+        settings: RoleSettings,
     ) -> None:
         self._kv = kv
         self._slots = slots
         self._agent = agent
         self.memory = KVMemory(kv.cache_config.num_gpu_blocks, slots.size, agent)
-        super().__init__(bootstrap_port, rank, hold_timeout)
+        super().__init__(settings.bootstrap_port, settings.rank, settings.hold_timeout)
+        self.publish(self.memory.layout(settings.speculative_tokens, settings.checkpoint))
         self._writer = writer_id(self.engine_id)
-        self._rank = rank
+        self._rank = settings.rank
 
     def hold(self, sequence: Sequence) -> None:
         """`sequence` ended after its prompt step: pin its prompt's blocks and state slot for
@@ -121,7 +121,7 @@ class DecodeRole(DecodeConnector):
         generator: TokenGenerator,
         agent: TransferAgent,
         max_num_seqs: int,
-        transfer_timeout: float,
+        settings: RoleSettings,
     ) -> None:
         super().__init__(agent)
         self._table = table
@@ -129,8 +129,9 @@ class DecodeRole(DecodeConnector):
         self._kv = table.kv
         self._slots = table.cache.slots
         self.memory = KVMemory(self._kv.cache_config.num_gpu_blocks, self._slots.size, agent)
+        self.publish(self.memory.layout(settings.speculative_tokens, settings.checkpoint))
         self._max_num_seqs = max_num_seqs
-        self._timeout = transfer_timeout
+        self._timeout = settings.transfer_timeout
         #: Requests whose KV is not in place yet, in arrival order.
         self._pending: dict[str, _Pending] = {}
 

@@ -33,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from deepinfer_server.disaggregation.handoff.params import KVTransferParams
+from deepinfer_server.disaggregation.layout import KVLayout
 from deepinfer_server.disaggregation.role import DisaggregationRole
 from deepinfer_server.disaggregation.transfer.agent import TransferAgent
 from deepinfer_server.disaggregation.transfer.stats import TransferStats
@@ -151,23 +152,10 @@ class LLMEngine:
             raise ValueError(f"a {args.disaggregation_mode} engine needs its role settings")
         agent = TransferAgent(role.host, role.ib_device)
         if args.disaggregation_mode is DisaggregationRole.PREFILL:
-            self._prefill = PrefillRole(
-                self._kv,
-                self._cache.slots,
-                agent,
-                role.bootstrap_port,
-                args.engine_rank,
-                role.hold_timeout,
-            )
+            self._prefill = PrefillRole(self._kv, self._cache.slots, agent, role)
             self._table.on_finish = self._prefill.hold
         else:
-            self._decode = DecodeRole(
-                self._table,
-                self._generator,
-                agent,
-                args.max_num_seqs,
-                role.transfer_timeout,
-            )
+            self._decode = DecodeRole(self._table, self._generator, agent, args.max_num_seqs, role)
 
     @classmethod
     def from_engine_args(cls, args: SimEngineArgs) -> LLMEngine:
@@ -328,6 +316,11 @@ class LLMEngine:
     def held_kv(self) -> int:
         """Prompts a PROMPT engine holds for decode servers now."""
         return 0 if self._prefill is None else len(self._prefill.held)
+
+    def kv_layout(self) -> KVLayout | None:
+        """The role's KV layout (None for a NORMAL engine)."""
+        role = self._prefill or self._decode
+        return None if role is None else role.layout
 
     def bootstrap_port(self) -> int | None:
         """A PROMPT engine's bound bootstrap port (None for the other roles)."""

@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from deepinfer_server.disaggregation.handoff.params import KVTransferParams
+from deepinfer_server.disaggregation.layout import KVLayout
 from deepinfer_server.disaggregation.transfer.agent import TransferAgent, TransferError
 from deepinfer_server.engines.simulated.kv_blocks import BLOCK_SIZE
 
@@ -43,6 +44,18 @@ class KVMemory:
     @property
     def state_address(self) -> int:
         return int(self.state.ctypes.data)
+
+    def layout(self, speculative_tokens: int, checkpoint: str | None) -> KVLayout:
+        """These rows as the layout handshake describes them."""
+        return KVLayout(
+            engine="simulated",
+            checkpoint=checkpoint,
+            block_size=BLOCK_SIZE,
+            block_bytes=self.kv[0].nbytes,
+            state_bytes=self.state[0].nbytes,
+            dtype=str(self.kv.dtype),
+            speculative_tokens=speculative_tokens,
+        )
 
     def close(self) -> None:
         self._agent.unregister(self.kv_address)
