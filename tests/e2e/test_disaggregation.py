@@ -31,8 +31,13 @@ QUESTION = "Tell me about the lighthouse keeper and the storm that night. " * 40
 def start_prefill() -> LiveServer:
     """A prefill server whose rank binds a bootstrap port of its own choosing (read back with
     `LiveServer.bootstrap_ports`): no port is picked ahead for it to race other processes for."""
+    return start_prefill_with()
+
+
+def start_prefill_with(*args: str) -> LiveServer:
+    """`start_prefill()` with more options."""
     return LiveServer(
-        *COMMON, "--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", "0"
+        *COMMON, "--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", "0", *args
     )
 
 
@@ -228,6 +233,34 @@ def test_a_prefill_server_gone_before_the_pull_is_a_503_and_leaks_nothing(
     assert value(after, failures, reason="transfer_error") == 1 + value(
         before, failures, reason="transfer_error"
     )
+
+
+def test_a_prefill_server_of_another_layout_is_refused_at_pairing_and_nothing_is_pulled(
+    decode: LiveServer,
+) -> None:
+    """Prefill with a speculative token, decode without: the state rows are sized differently,
+    so the decode server refuses the pair before any pull, naming the field and both values."""
+    before = scrape(decode.base_url)
+    with start_prefill_with("--speculative-tokens", "1") as speculating:
+        params = handoff(speculating, "/v1/chat/completions", CHAT, "max_tokens")
+        with openai_client(decode) as pd, pytest.raises(openai.APIStatusError) as refused:
+            pd.chat.completions.create(
+                model=MODEL,
+                messages=CHAT["messages"],  # type: ignore[arg-type]
+                max_tokens=60,
+                extra_body={"kv_transfer_params": params},
+            )
+        health = httpx.get(decode.base_url + "/health", timeout=30)
+    assert refused.value.status_code == 503
+    body: dict[str, Any] = refused.value.body  # type: ignore[assignment]
+    assert body["code"] == "kv_layout_mismatch" and body["param"] == "kv_transfer_params"
+    assert "speculative_tokens (prefill 1, decode 0)" in body["message"]
+    # 503 when this is the only prefill server the decode server knows, else 200: degraded.
+    assert health.json()["status"] == "degraded"
+    assert "speculative_tokens (prefill 1, decode 0)" in health.json()["reason"]
+    after = scrape(decode.base_url)
+    moved = "deepinfer:kv_transfer_bytes_total"
+    assert value(after, moved) == value(before, moved)
 
 
 def two_stored_turns(normal: openai.OpenAI, routed: openai.OpenAI) -> int:
