@@ -63,6 +63,11 @@ TRANSFER_TIMEOUT = 8
 
 
 def start_prefill(checkpoint: Path) -> LiveServer:
+    return start_prefill_with(checkpoint)
+
+
+def start_prefill_with(checkpoint: Path, *args: str) -> LiveServer:
+    """`start_prefill` with more options."""
     return start(
         checkpoint,
         "--disaggregation-mode",
@@ -71,6 +76,7 @@ def start_prefill(checkpoint: Path) -> LiveServer:
         "0",
         "--disaggregation-kv-hold-timeout",
         str(HOLD_TIMEOUT),
+        *args,
     )
 
 
@@ -329,6 +335,34 @@ def test_a_prefill_server_that_stalls_then_dies_mid_transfer_costs_a_503_each_an
     # Its rank serves on: at worst /health says no prefill peer it knows of answers.
     health = httpx.get(decode.base_url + "/health", timeout=10)
     assert health.status_code == 200 or health.json()["status"] == "degraded", health.text
+
+
+def test_a_prefill_server_of_another_layout_is_refused_at_pairing_before_any_pull(
+    checkpoint: Path, prefill: LiveServer, decode: LiveServer
+) -> None:
+    # Prefill speculating one token, decode not: DeepInfer sizes the state row by the
+    # backtracking depth, so the rows differ. Without the handshake the transfer "succeeds"
+    # and the twin's provenance check kills the decode rank; with it nothing is pulled.
+    body = chat()
+    before = scrape(decode.base_url)
+    with start_prefill_with(checkpoint, "--speculative-tokens", "1") as speculating:
+        params = handoff(speculating, body)
+        with client(decode) as pd, pytest.raises(openai.APIStatusError) as refused:
+            pd.chat.completions.create(**body, extra_body={"kv_transfer_params": params})
+        health = httpx.get(decode.base_url + "/health", timeout=30)
+    assert refused.value.status_code == 503
+    error: dict[str, Any] = refused.value.body  # type: ignore[assignment]
+    assert error["code"] == "kv_layout_mismatch", error
+    assert "speculative_tokens (prefill 1, decode 0)" in error["message"]
+    assert health.json()["status"] == "degraded", health.text
+    assert "speculative_tokens (prefill 1, decode 0)" in health.json()["reason"]
+    moved = "deepinfer:kv_transfer_bytes_total"
+    assert value(scrape(decode.base_url), moved) == value(before, moved)
+    # The decode rank lives on: a matching pair still answers.
+    params = handoff(prefill, body)
+    with client(decode) as pd:
+        answer = pd.chat.completions.create(**body, extra_body={"kv_transfer_params": params})
+    assert answer.usage is not None and answer.usage.completion_tokens > 0
 
 
 def test_kv_from_the_wrong_blocks_fails_the_twins_check_on_the_decode_side(
