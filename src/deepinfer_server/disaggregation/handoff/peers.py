@@ -26,6 +26,9 @@ from deepinfer_server.errors import ApiError, ErrorKind
 PEER_MEMORY_SECONDS = 300.0
 #: Seconds a health probe waits for a peer's bootstrap port.
 PEER_PROBE_SECONDS = 1.0
+#: Seconds a request waits for a prefill rank's layout (longer than a health probe: a busy
+#: rank's answer must not let a mismatched pair through unchecked).
+PAIRING_SECONDS = 5.0
 #: The error code of a request whose prefill server is refused for its KV layout.
 LAYOUT_MISMATCH_CODE = "kv_layout_mismatch"
 
@@ -68,7 +71,7 @@ class PrefillPeers:
         self._seen[(params.remote_host, params.remote_bootstrap_port)] = now
 
     async def refusal(
-        self, params: KVTransferParams, probe_seconds: float = PEER_PROBE_SECONDS
+        self, params: KVTransferParams, probe_seconds: float = PAIRING_SECONDS
     ) -> str | None:
         """Why the prefill rank of `params` cannot hand KV to this decode server (what differs
         in their layouts, each with both values), or None. A rank that does not answer is not
