@@ -365,16 +365,25 @@ def test_a_prefill_server_of_another_layout_is_refused_at_pairing_before_any_pul
     assert answer.usage is not None and answer.usage.completion_tokens > 0
 
 
-def test_kv_from_the_wrong_blocks_fails_the_twins_check_on_the_decode_side(
-    checkpoint: Path, prefill: LiveServer
+def test_kv_from_the_wrong_blocks_fails_the_digest_check_and_without_it_the_twins(
+    checkpoint: Path, prefill: LiveServer, decode: LiveServer
 ) -> None:
-    # The control for the provenance the other tests rely on: the same prompt's KV, pulled
-    # from its blocks in the wrong order, is caught by the decode side's first forward (a
-    # rank failure on the twin; on a GPU it would be a wrong answer), so a right answer above
-    # means every position read held its own token, as the prefill side wrote it.
+    # The same prompt's KV pulled from its blocks in the wrong order: the handoff's digest of
+    # the rows catches it after the pull (kv_mismatch), and the decode rank serves on.
     body = chat()
     params = handoff(prefill, body)
     params["remote_block_ids"] = params["remote_block_ids"][::-1]
+    failures = "deepinfer:kv_transfer_failures_total"
+    before = value(scrape(decode.base_url), failures, reason="kv_mismatch")
+    assert "kv_mismatch" in failure(decode, body, params)
+    assert value(scrape(decode.base_url), failures, reason="kv_mismatch") == before + 1
+    # The control for the provenance the other tests rely on: without the digest (a prefill
+    # engine that computes none), the wrong rows are caught by the decode side's first forward
+    # (a rank failure on the twin; on a GPU it would be a wrong answer), so a right answer
+    # above means every position read held its own token, as the prefill side wrote it.
+    params = handoff(prefill, body)
+    params["remote_block_ids"] = params["remote_block_ids"][::-1]
+    assert isinstance(params.pop("kv_digest"), str)
     with start(checkpoint, "--disaggregation-mode", "decode") as doomed:
         answer = httpx.post(
             doomed.base_url + "/v1/chat/completions",

@@ -161,3 +161,34 @@ def test_an_unreachable_prefill_rank_is_left_to_its_pull() -> None:
     params = handoff_from(server)
     server.close()
     assert asyncio.run(PrefillPeers(lambda: LAYOUT).refusal(params, PROBE)) is None
+
+
+class _Agent:
+    """Stands in for the transfer agent: registers nothing."""
+
+    def register(self, address: int, length: int) -> None:
+        del address, length
+
+    def unregister(self, address: int) -> None:
+        del address
+
+
+def test_a_deepinfer_ranks_row_digest_covers_its_rows_in_order_and_the_state_row() -> None:
+    torch = pytest.importorskip("torch")
+    from deepinfer_server.engines.deepinfer.cache_memory import DIGEST_WINDOW, CacheMemory
+
+    generator = torch.Generator().manual_seed(7)
+
+    class Cache:
+        gpu_blocks = torch.randint(0, 256, (4, 4096), dtype=torch.uint8, generator=generator)
+        gpu_states = torch.randn(3, 300, generator=generator).to(torch.bfloat16)
+
+    memory = CacheMemory(Cache(), _Agent())  # type: ignore[arg-type]
+    digest = memory.digest([1, 2], 1)
+    assert digest == memory.digest([1, 2], 1)
+    assert digest != memory.digest([2, 1], 1)  # the wrong order
+    assert digest != memory.digest([1, 2], 2)  # another state row
+    Cache.gpu_blocks[2, DIGEST_WINDOW + 1] ^= 0xFF  # outside the sampled windows: not seen
+    assert memory.digest([1, 2], 1) == digest
+    Cache.gpu_blocks[2, 4096 // 2] ^= 0xFF  # the middle window
+    assert memory.digest([1, 2], 1) != digest

@@ -43,6 +43,9 @@ class KVTransferParams(msgspec.Struct, forbid_unknown_fields=False, kw_only=True
     first_token_id: _NonNegative
     prompt_length: Annotated[int, msgspec.Meta(ge=1)]
     block_size: Annotated[int, msgspec.Meta(ge=1)] = KV_BLOCK_SIZE
+    #: A digest of the held rows (sampled windows of each block row and the state row) the
+    #: decode side compares after its pull (None: the prefill engine computes none).
+    kv_digest: Annotated[str, msgspec.Meta(max_length=64)] | None = None
 
     def as_json(self) -> dict[str, Any]:
         """The object a prefill answer carries."""

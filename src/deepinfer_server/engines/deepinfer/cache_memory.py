@@ -12,6 +12,7 @@ DEEPINFER_PREFILL_STORE_EXTRA_STATE (the kv-store ring), which the roles refuse.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,9 +21,31 @@ from deepinfer_server.disaggregation.layout import KVLayout
 from deepinfer_server.disaggregation.transfer.agent import TransferAgent
 from deepinfer_server.engines.role_settings import RoleSettings
 
+#: Bytes of each sampled window of a row (its start, middle and end) the rows' digest covers.
+DIGEST_WINDOW = 64
+
 
 def _row_bytes(tensor: Any) -> int:
     return int(tensor.stride(0)) * int(tensor.element_size())
+
+
+def _windows(tensor: Any, rows: Sequence[int]) -> bytes:
+    """The start, middle and end windows of `rows` of `tensor`, as bytes (a gather of a few
+    bytes per row: cheap on a device, whatever the row size)."""
+    import torch
+
+    flat = tensor.reshape(int(tensor.shape[0]), -1)
+    if flat.dtype != torch.uint8:
+        flat = flat.view(torch.uint8)
+    width = int(flat.shape[1])
+    edge = min(DIGEST_WINDOW, width)
+    middle = (width - edge) // 2
+    index = torch.tensor(list(rows), dtype=torch.long, device=flat.device)
+    picked = torch.cat(
+        (flat[index, :edge], flat[index, middle : middle + edge], flat[index, width - edge :]),
+        dim=1,
+    )
+    return bytes(picked.cpu().numpy().tobytes())
 
 
 class CacheMemory:
@@ -70,6 +93,14 @@ class CacheMemory:
     def close(self) -> None:
         self._agent.unregister(self.kv_address)
         self._agent.unregister(self.state_address)
+
+    def digest(self, blocks: Sequence[int], slot: int) -> str:
+        """A digest of sampled windows of `blocks`' rows (in that order) and of state row
+        `slot`: what a prefill rank hands off and a decode rank compares after its pull."""
+        digest = hashlib.blake2b(digest_size=16)
+        digest.update(_windows(self._blocks, blocks))
+        digest.update(_windows(self._states, [slot]))
+        return digest.hexdigest()
 
     def pieces(
         self, params: KVTransferParams, blocks: Sequence[int], slot: int

@@ -11,11 +11,14 @@ admits it by cloning its state slot and its last block (its prompt's last token 
 again, by the first decode step), and the role drops its own pins once the fork holds its
 own, so a finished sequence frees everything (`finalize_seq`). A failed or timed-out pull
 frees what it reserved and ends the request "kv_transfer_failed:<reason>"; blocks a pull may
-still write into are freed only when that pull has returned.
+still write into are freed only when that pull has returned. A pull is checked against the
+handoff's digest of its rows (`CacheMemory.digest`): rows that are not those the prefill rank
+computed end the request "kv_transfer_failed:kv_mismatch".
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from deepinfer_server.disaggregation.handoff.params import KV_BLOCK_SIZE, KVTransferParams
-from deepinfer_server.disaggregation.transfer.agent import TransferAgent
+from deepinfer_server.disaggregation.transfer.agent import TransferAgent, TransferError
 from deepinfer_server.disaggregation.transfer.connector import DecodeConnector, transfer_failed
 from deepinfer_server.engines.deepinfer.cache_memory import CacheMemory, allocate
 from deepinfer_server.engines.deepinfer.role_grammar import (
@@ -56,8 +59,19 @@ class _Pending:
     abandoned: bool = False
 
 
-def _no_check() -> None:
-    """DeepInfer's KV is opaque bytes: what a pull moved is checked by the forward using it."""
+def _check_digest(
+    memory: CacheMemory, params: KVTransferParams, blocks: list[int], slot: int
+) -> None:
+    """DeepInfer's KV is opaque bytes: the pulled rows' sampled windows must have the digest the
+    prefill rank handed off (rows read from the wrong place, or overwritten, are caught here;
+    a handoff without a digest is not checked)."""
+    if params.kv_digest is None:
+        return
+    if memory.digest(blocks, slot) != params.kv_digest:
+        raise TransferError(
+            "kv_mismatch",
+            "the pulled KV rows are not those the prefill server computed (their digest differs)",
+        )
 
 
 class CompletionRole(DecodeConnector):
@@ -233,7 +247,9 @@ class CompletionRole(DecodeConnector):
                 pending.seq.request_id,
                 pending.params,
                 self.memory.pieces(pending.params, pending.blocks, pending.slot),
-                _no_check,
+                functools.partial(
+                    _check_digest, self.memory, pending.params, pending.blocks, pending.slot
+                ),
             )
 
     def _end(self, pending: _Pending) -> None:

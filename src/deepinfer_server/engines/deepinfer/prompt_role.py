@@ -200,6 +200,7 @@ class PromptRole(PrefillConnector):
     def _hold(self, placed: _Placed, length: int) -> None:
         seq = placed.seq
         transfer_id = secrets.token_hex(16)
+        blocks = placed.blocks[: -(-length // KV_BLOCK_SIZE)]
         self.keep(transfer_id, functools.partial(self._engine.scheduler.free_seq, seq))
         self.handoffs[seq.request_id] = KVTransferParams(
             remote_host=self.agent.host,
@@ -208,13 +209,14 @@ class PromptRole(PrefillConnector):
             remote_dp_rank=self._settings.rank,
             remote_engine_id=self.engine_id,
             transfer_id=transfer_id,
-            remote_block_ids=placed.blocks[: -(-length // KV_BLOCK_SIZE)],
+            remote_block_ids=blocks,
             remote_kv_address=self.memory.kv_address,
             remote_state_address=self.memory.state_address,
             remote_state_slot=placed.slot,
             first_token_id=int(seq.data.get_token_ids()[length]),
             prompt_length=length,
             block_size=KV_BLOCK_SIZE,
+            kv_digest=self.memory.digest(blocks, placed.slot),
         )
 
     # abort
