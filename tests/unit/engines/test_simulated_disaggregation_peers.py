@@ -3,13 +3,14 @@ them, its reads from the hung peer held back until the test lets them go."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
-from deepinfer_server.disaggregation.transfer.agent import TransferAgent
+from deepinfer_server.disaggregation.transfer.agent import LIBRARY_TRANSFER_TIMEOUT, TransferAgent
 from deepinfer_server.disaggregation.transfer.lanes import PULL_THREADS_PER_PEER
 from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver
 from deepinfer_server.engines.simulated.engine import LLMEngine
@@ -127,3 +128,13 @@ def test_a_hung_prefill_peer_fails_only_its_own_requests_and_its_blocks_come_bac
     assert decode_engine.get_num_unfinished_requests() == 0
     failures = decode_engine.kv_transfer_stats().failures  # type: ignore[union-attr]
     assert failures["timeout"] >= PULL_THREADS_PER_PEER and failures["peer_unhealthy"] >= 1
+
+
+def test_the_transfer_library_never_gives_up_on_a_read_by_itself(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A read the library timed out would return while its socket still writes into the blocks.
+    monkeypatch.delenv("MC_TRANSFER_TIMEOUT", raising=False)
+    TransferAgent("127.0.0.1")
+    assert os.environ["MC_TRANSFER_TIMEOUT"] == LIBRARY_TRANSFER_TIMEOUT
+    assert int(LIBRARY_TRANSFER_TIMEOUT) > 10 * 365 * 86400

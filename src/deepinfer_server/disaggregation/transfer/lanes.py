@@ -3,8 +3,8 @@
 Each peer (a prefill rank's transfer engine, `host:port`) gets its own pull threads and its
 own release thread, made when it is first named. A peer that hangs (stopped, or its network
 gone quiet) holds only its own threads: the pulls queued behind them wait on that peer alone
-while every other peer's pulls go on. A peer whose running pull outlived the transfer timeout
-is sick for `SICK_SECONDS` (or until one of its pulls succeeds): new pulls from it fail at once
+while every other peer's pulls go on. A peer whose pull outlived the transfer timeout is sick
+for `SICK_SECONDS` (or until one of its pulls succeeds): new pulls from it fail at once
 instead of queueing behind the stuck ones.
 """
 
@@ -61,7 +61,7 @@ class PeerLanes:
         return True
 
     def mark_sick(self, peer: str, now: float) -> None:
-        """A pull from `peer` outlived the transfer timeout."""
+        """A pull from `peer` (running or queued) outlived the transfer timeout."""
         self._sick_until[peer] = now + SICK_SECONDS
 
     def mark_well(self, peer: str) -> None:

@@ -135,18 +135,18 @@ class Pulls:
     def abandon(self, request_id: str, timed_out: bool = False) -> bool:
         """The request of a submitted pull ended. True: the pull had not started and never
         will (its blocks are free now; the caller sends the release). False: its read is
-        running, so its blocks stay reserved until its result comes back. A running pull
-        that `timed_out` makes its peer sick, and the pulls queued behind it on that peer
-        fail at once ("peer_unhealthy")."""
+        running, so its blocks stay reserved until its result comes back. A pull that
+        `timed_out` (running, or still queued behind its peer's other pulls) makes its peer
+        sick, and the other pulls queued on that peer fail at once ("peer_unhealthy")."""
         submitted = self._running.get(request_id)
         if submitted is None or submitted.future.done():
             return False  # its result is queued: the caller frees on taking it
+        if timed_out:  # started late or never: either way its peer did not keep up
+            self._lanes.mark_sick(submitted.peer, self._clock())
+            self._fail_queued(submitted.peer, request_id)
         if submitted.future.cancel():
             self._forget(request_id, submitted.peer)
             return True
-        if timed_out:
-            self._lanes.mark_sick(submitted.peer, self._clock())
-            self._fail_queued(submitted.peer, request_id)
         return False
 
     def release_only(self, params: KVTransferParams) -> None:
