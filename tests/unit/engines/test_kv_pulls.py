@@ -8,12 +8,14 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import cast
 
+import msgspec
 import pytest
 
 from deepinfer_server.disaggregation.handoff.params import KVTransferParams
 from deepinfer_server.disaggregation.transfer import lanes, pulls
 from deepinfer_server.disaggregation.transfer.agent import TransferAgent
 from deepinfer_server.disaggregation.transfer.pulls import PullResult, Pulls
+from tests.server import refusing_port
 
 HUNG = "10.0.0.1:15000"
 WELL = "10.0.0.2:15000"
@@ -97,7 +99,8 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def kv_pulls(agent: FakeAgent, clock: Clock) -> Iterator[Pulls]:
+def kv_pulls(agent: FakeAgent, clock: Clock, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pulls]:
+    monkeypatch.setattr(pulls, "_first_contact", lambda params: None)  # no bootstrap port here
     made = Pulls(cast(TransferAgent, agent), clock=clock)
     yield made
     made.close()
@@ -203,3 +206,22 @@ def test_abandoning_a_pull_whose_result_is_queued_keeps_it_for_the_taker(
     assert kv_pulls.abandon("w", timed_out=True) is False
     assert [r.request_id for r in kv_pulls.take_done()] == ["w"]
     assert kv_pulls.healthy(handoff(WELL, "x"))
+
+
+def test_a_peer_that_does_not_answer_a_ping_is_never_read_from(
+    agent: FakeAgent, released: list[str]
+) -> None:
+    # The library opens a new peer under its one lock: a stalled one would hold every read up.
+    with refusing_port() as port:
+        params = msgspec.structs.replace(
+            handoff(HUNG, "t"), remote_host="127.0.0.1", remote_bootstrap_port=port
+        )
+        kv_pulls = Pulls(cast(TransferAgent, agent))
+        try:
+            kv_pulls.submit("r", params, PIECES, lambda: None)
+            (result,) = wait_for(kv_pulls, {"r"})
+        finally:
+            kv_pulls.close()
+    assert result.failure is not None and result.failure.reason == "transfer_error"
+    assert "did not answer" in str(result.failure)
+    assert agent.stuck == 0  # its read never started

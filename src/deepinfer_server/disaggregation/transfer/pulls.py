@@ -33,6 +33,8 @@ logger = logging.getLogger(__name__)
 
 #: Seconds a release notice may take; a prefill side that misses it frees on its timeout.
 RELEASE_TIMEOUT = 2.0
+#: Seconds a peer not read from yet has to answer a ping on its bootstrap port first.
+FIRST_CONTACT_TIMEOUT = 1.0
 
 
 @dataclass
@@ -78,6 +80,20 @@ def _unhealthy(peer: str) -> TransferError:
     )
 
 
+def _first_contact(params: KVTransferParams) -> None:
+    """Ping the prefill rank before the first read from it: the transfer library opens a new
+    peer under its one engine-wide lock, so opening a stalled one would hold up every read from
+    every peer until it answered. Raises TransferError when it does not answer."""
+    port = params.remote_bootstrap_port + params.remote_dp_rank
+    try:
+        bootstrap_call(params.remote_host, port, {"op": "ping"}, FIRST_CONTACT_TIMEOUT)
+    except OSError as exc:
+        raise TransferError(
+            "transfer_error",
+            f"the prefill rank at {params.remote_host}:{port} did not answer: {exc}",
+        ) from exc
+
+
 def release(params: KVTransferParams) -> None:
     """Tell the prefill rank of `params` it may free that transfer's KV (best effort)."""
     port = params.remote_bootstrap_port + params.remote_dp_rank
@@ -107,6 +123,8 @@ class Pulls:
         self._done: queue.SimpleQueue[PullResult] = queue.SimpleQueue()
         #: The pulls not yet taken as done, by request ID.
         self._running: dict[str, _Submitted] = {}
+        #: Peers whose last read succeeded (set and cleared by the lanes' threads).
+        self._known: set[str] = set()
 
     def healthy(self, params: KVTransferParams) -> bool:
         """Whether a pull from `params`' peer may start (False: it is sick, fail at once)."""
@@ -186,12 +204,17 @@ class Pulls:
         started = time.monotonic()
         session = peer_of(params)
         try:
+            if session not in self._known:
+                _first_contact(params)
             nbytes = self._agent.read(session, pull.pieces)
+            self._known.add(session)
             pull.check()
             result = PullResult(request_id, nbytes, time.monotonic() - started, peer=session)
         except TransferError as exc:
+            self._known.discard(session)
             result = PullResult(request_id, 0, time.monotonic() - started, exc, session)
         except Exception as exc:  # the library's own errors: the request fails, not the rank
+            self._known.discard(session)
             logger.exception("KV pull for request %s failed", request_id)
             failure = TransferError("transfer_error", str(exc))
             result = PullResult(request_id, 0, time.monotonic() - started, failure, session)
