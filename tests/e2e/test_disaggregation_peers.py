@@ -80,5 +80,6 @@ def test_a_stalled_prefill_server_holds_up_only_its_own_requests(
         for rank in ranks:
             rank.resume()
     wait_until(lambda: kv_usage(decode) == 0, 30, "the quarantined blocks back once it resumed")
+    # Its stuck reads succeeded once it resumed: it is well again, not skipped any more.
     later = decode_leg(decode, handoff(stalled, "/v1/chat/completions", CHAT, cap))
-    assert later.status_code in (200, 503)
+    assert later.status_code == 200, later.text
