@@ -15,7 +15,7 @@ from deepinfer_server.metrics.declare import (
     gauge_family,
 )
 
-_FAILURE_REASONS = ("timeout", "no_kv_room", "transfer_error", "kv_mismatch")
+_FAILURE_REASONS = ("timeout", "no_kv_room", "transfer_error", "kv_mismatch", "peer_unhealthy")
 
 
 class TransferMetrics:
@@ -53,7 +53,7 @@ def transfer_totals(labels: list[str], ranks: list[EngineCounters]) -> Iterator[
     failures = counter_family(
         "kv_transfer_failures",
         "KV transfers that failed on a decode server, by reason (timeout, no_kv_room, "
-        "transfer_error, kv_mismatch).",
+        "transfer_error, kv_mismatch, peer_unhealthy).",
         "reason",
     )
     held = gauge_family(
