@@ -117,6 +117,18 @@ def _fail_from_watchdog(spec: RankSpec, message: str) -> None:
     exit_rank_process(1)
 
 
+def _ready(spec: RankSpec, built: BuiltEngine) -> RankReady:
+    """The rank's readiness report: its bootstrap port and KV layout (a prefill or decode
+    rank's), and whether its grammar builder still warms up."""
+    return RankReady(
+        spec.rank,
+        os.getpid(),
+        built.bootstrap_port,
+        built.after_ready is not None,
+        layout=built.layout,
+    )
+
+
 def run_rank(spec: RankSpec, stop: StopAgreement, shared: SharedState | None) -> None:
     """Spawn target of DP rank `spec.rank`."""
     _own_process_group()
@@ -142,15 +154,7 @@ def run_rank(spec: RankSpec, stop: StopAgreement, shared: SharedState | None) ->
     watchdog = ChildWatchdog(built.children, lambda message: _fail_from_watchdog(spec, message))
     try:
         watchdog.start()
-        links.send_all(
-            RankReady(
-                spec.rank,
-                os.getpid(),
-                built.bootstrap_port,
-                built.after_ready is not None,
-                layout=built.layout,
-            )
-        )
+        links.send_all(_ready(spec, built))
         logger.info("[startup] ready")
         if built.after_ready is not None:
             built.after_ready(lambda: report(spec.api_addresses, spec.rank, GrammarWarm(spec.rank)))

@@ -11,6 +11,7 @@ from starlette.responses import JSONResponse, Response
 
 from deepinfer_server import __version__
 from deepinfer_server.api.state import AppState
+from deepinfer_server.disaggregation.handoff.peers import PrefillPeers
 from deepinfer_server.metrics import CONTENT_TYPE
 
 #: What GET / answers: the server and where to start. Open, as /health is: it tells no more than
@@ -51,30 +52,9 @@ async def health(request: Request) -> Response:
             status_code=503,
         )
     if state.prefill_peers is not None:
-        unreachable = await state.prefill_peers.unreachable(time.monotonic())
-        if unreachable:
-            return JSONResponse(
-                {
-                    "status": "degraded",
-                    "reason": "no answer from the prefill server(s) this decode server pulls "
-                    f"KV from: {', '.join(unreachable)}",
-                },
-                status_code=503,
-            )
-    if state.prefill_peers is not None:
-        refused = state.prefill_peers.refused(time.monotonic())
-        if refused:
-            # 503 only when no recent prefill peer pairs: the others' requests still succeed.
-            serving = not state.prefill_peers.all_refused(time.monotonic())
-            return JSONResponse(
-                {
-                    "status": "degraded",
-                    "reason": "prefill server(s) refused: their KV layout differs from this "
-                    "decode server's: "
-                    + "; ".join(f"{peer}: {what}" for peer, what in refused.items()),
-                },
-                status_code=200 if serving else 503,
-            )
+        degraded = await _prefill_peers_health(state.prefill_peers)
+        if degraded is not None:
+            return degraded
     store_failure = None if state.store is None else state.store.failure
     if store_failure is not None:
         # Still a 200: the engine serves every request that does not need the store, and a
@@ -83,6 +63,33 @@ async def health(request: Request) -> Response:
             {"status": "degraded", "reason": f"the Responses store fails: {store_failure}"}
         )
     return JSONResponse({"status": "ok"})
+
+
+async def _prefill_peers_health(peers: PrefillPeers) -> Response | None:
+    """A decode server's answer when its prefill peers do not all serve it (None: they do)."""
+    now = time.monotonic()
+    unreachable = await peers.unreachable(now)
+    if unreachable:
+        return JSONResponse(
+            {
+                "status": "degraded",
+                "reason": "no answer from the prefill server(s) this decode server pulls "
+                f"KV from: {', '.join(unreachable)}",
+            },
+            status_code=503,
+        )
+    refused = peers.refused(now)
+    if not refused:
+        return None
+    # 503 only when no recent prefill peer pairs: the others' requests still succeed.
+    return JSONResponse(
+        {
+            "status": "degraded",
+            "reason": "prefill server(s) refused: their KV layout differs from this decode "
+            "server's: " + "; ".join(f"{peer}: {what}" for peer, what in refused.items()),
+        },
+        status_code=503 if peers.all_refused(now) else 200,
+    )
 
 
 async def metrics(request: Request) -> Response:
