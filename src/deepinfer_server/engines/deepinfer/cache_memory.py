@@ -78,9 +78,10 @@ class CacheMemory:
         import deepinfer
         from deepinfer import envs
 
+        version = getattr(deepinfer, "__version__", None)
         return KVLayout(
             engine="deepinfer",
-            deepinfer_version=str(getattr(deepinfer, "__version__", None)),
+            deepinfer_version=None if version is None else str(version),
             checkpoint=settings.checkpoint,
             block_size=KV_BLOCK_SIZE,
             block_bytes=self.block_bytes,
