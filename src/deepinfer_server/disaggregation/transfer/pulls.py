@@ -84,7 +84,8 @@ def _first_contact(params: KVTransferParams) -> None:
     """Ping the prefill rank before the first read from it: the transfer library opens a new
     peer under its one engine-wide lock, so opening a stalled one would hold up every read from
     every peer until it answered. Raises TransferError when it does not answer."""
-    port = params.remote_bootstrap_port + params.remote_dp_rank
+    # The holding rank's own port (each rank reports the one it bound).
+    port = params.remote_bootstrap_port
     try:
         bootstrap_call(params.remote_host, port, {"op": "ping"}, FIRST_CONTACT_TIMEOUT)
     except OSError as exc:
