@@ -29,6 +29,7 @@ from tests.conftest import MODEL
 from tests.deepinfer_twin import engine_env
 from tests.lanes import require_disaggregation
 from tests.metrics_scrape import scrape, value
+from tests.paths import PD_SECRET_ARGS
 from tests.server import LiveServer, wait_until
 
 require_disaggregation()
@@ -52,7 +53,13 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def start(checkpoint: Path, *args: str) -> LiveServer:
     return LiveServer(
-        str(checkpoint), *COMMON, *args, engine="deepinfer", env=ENV, startup_timeout=180
+        str(checkpoint),
+        *COMMON,
+        *PD_SECRET_ARGS,
+        *args,
+        engine="deepinfer",
+        env=ENV,
+        startup_timeout=180,
     )
 
 
@@ -223,7 +230,13 @@ def test_two_dp_ranks_on_each_side_hand_off_between_any_pair(
     # over the DP group on the GPU; the twin has none, so its ranks schedule with it on.
     env = {**ENV, "DEEPINFER_ZERO_OVERHEAD_SCHEDULING": "1"}
     common = ("--max-model-len", "4096", "--served-model-name", MODEL, "--ep", "2", "--dp", "2")
-    prefill_args = ("--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", "0")
+    prefill_args = (
+        *PD_SECRET_ARGS,
+        "--disaggregation-mode",
+        "prefill",
+        "--disaggregation-bootstrap-port",
+        "0",
+    )
     bodies = [
         chat(messages=[{"role": "user", "content": f"Tale {n}: " + QUESTION[: 250 * (n + 2)]}])
         for n in range(4)
@@ -242,6 +255,7 @@ def test_two_dp_ranks_on_each_side_hand_off_between_any_pair(
         LiveServer(
             str(checkpoint),
             *common,
+            *PD_SECRET_ARGS,
             "--disaggregation-mode",
             "decode",
             engine="deepinfer",

@@ -3,7 +3,7 @@ the server's options."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from deepinfer_server.engines.backend import EngineSpec
 
@@ -21,6 +21,8 @@ class RoleSettings:
     rank: int
     hold_timeout: float
     transfer_timeout: float
+    #: The pair's release key: a prefill rank honours only releases proven with it.
+    release_key: bytes | None = field(default=None, repr=False)
 
     @classmethod
     def of(cls, spec: EngineSpec) -> RoleSettings:
@@ -32,4 +34,5 @@ class RoleSettings:
             rank=spec.rank,
             hold_timeout=spec.disaggregation_kv_hold_timeout,
             transfer_timeout=spec.disaggregation_transfer_timeout,
+            release_key=spec.disaggregation_release_key,
         )

@@ -1,7 +1,8 @@
 """BootstrapServer: a prefill rank's bootstrap port (`handoff.bootstrap`'s protocol).
 
 It runs in threads of its own beside the rank's loop: a release notice is queued for the
-loop's thread (the engine's owner), which frees the held KV at its next step.
+loop's thread (the engine's owner), which frees the held KV at its next step. A release
+without a valid proof (`handoff.signing`) is ignored and counted.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import logging
 import queue
 import socketserver
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from deepinfer_server.disaggregation.transfer.queues import drain
@@ -34,8 +36,7 @@ class _Handler(socketserver.StreamRequestHandler):
             if op == "ping":
                 answer = {"ok": True, "engine_id": self.server.engine_id}
             elif op == "release" and isinstance(message.get("transfer_id"), str):
-                self.server.released.put(message["transfer_id"])
-                answer = {"ok": True}
+                answer = self.server.release(message["transfer_id"], message.get("proof"))
         with contextlib.suppress(OSError):
             self.wfile.write(json.dumps(answer).encode() + b"\n")
 
@@ -45,12 +46,31 @@ class _Server(socketserver.ThreadingTCPServer):
     allow_reuse_address = True
     engine_id: str
     released: queue.SimpleQueue[str]
+    verify_release: Callable[[str, object], bool]
+    refused: int = 0
+    lock: threading.Lock
+
+    def release(self, transfer_id: str, proof: object) -> dict[str, Any]:
+        """Queue a proven release; count and ignore one without a valid proof."""
+        if self.verify_release(transfer_id, proof):
+            self.released.put(transfer_id)
+            return {"ok": True}
+        with self.lock:
+            self.refused += 1
+        logger.warning("ignored a release of transfer %s without a valid proof", transfer_id)
+        return {"ok": False, "error": "release proof does not verify"}
 
 
 class BootstrapServer:
     """Listens on `host:port` until `close()`; `take_released()` drains the release notices."""
 
-    def __init__(self, host: str, port: int, engine_id: str) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        engine_id: str,
+        verify_release: Callable[[str, object], bool],
+    ) -> None:
         try:
             self._server = _Server((host, port), _Handler)
         except OSError as exc:
@@ -59,6 +79,8 @@ class BootstrapServer:
             ) from exc
         self._server.engine_id = engine_id
         self._server.released = queue.SimpleQueue()
+        self._server.verify_release = verify_release
+        self._server.lock = threading.Lock()
         #: The bound port (the one asked for, or the kernel's choice when that was 0).
         self.port: int = self._server.server_address[1]
         self._thread = threading.Thread(
@@ -69,6 +91,11 @@ class BootstrapServer:
     def take_released(self) -> list[str]:
         """The transfer IDs released since the last call."""
         return drain(self._server.released)
+
+    @property
+    def refused_releases(self) -> int:
+        """Releases ignored since the start because their proof did not verify."""
+        return self._server.refused
 
     def close(self) -> None:
         self._server.shutdown()

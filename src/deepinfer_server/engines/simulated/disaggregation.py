@@ -50,12 +50,13 @@ class PrefillRole(PrefillConnector):
         bootstrap_port: int,
         rank: int,
         hold_timeout: float,
+        release_key: bytes | None,
     ) -> None:
         self._kv = kv
         self._slots = slots
         self._agent = agent
         self.memory = KVMemory(kv.cache_config.num_gpu_blocks, slots.size, agent)
-        super().__init__(bootstrap_port, rank, hold_timeout)
+        super().__init__(bootstrap_port, rank, hold_timeout, release_key)
         self._writer = writer_id(self.engine_id)
         self._rank = rank
 
