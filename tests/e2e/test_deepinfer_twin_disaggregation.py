@@ -14,22 +14,26 @@ DEEPINFER_BATCH_INVARIANT=1 with a seed.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import openai
 import psutil
 import pytest
 
+from deepinfer_server.disaggregation.handoff.params import KVTransferParams
+from deepinfer_server.disaggregation.handoff.signing import HandoffSigner
 from tests.checkpoint import write_checkpoint
 from tests.conftest import MODEL
 from tests.deepinfer_twin import engine_env
 from tests.lanes import require_disaggregation
 from tests.metrics_scrape import scrape, value
-from tests.paths import PD_SECRET_ARGS
+from tests.paths import PD_SECRET, PD_SECRET_ARGS
 from tests.server import LiveServer, wait_until
 
 require_disaggregation()
@@ -124,6 +128,20 @@ def handoff(server: LiveServer, body: dict[str, Any]) -> dict[str, Any]:
     params = answer.json()["kv_transfer_params"]
     assert isinstance(params, dict) and params["do_remote_prefill"] is True
     return params
+
+
+def resigned(server: LiveServer, body: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """`params` signed again with the pair's secret for `body`'s prompt (as `/tokenize` renders
+    it: the rendering Chat uses)."""
+    tokenized = httpx.post(
+        server.base_url + "/tokenize",
+        json={"model": MODEL, "messages": body["messages"]},
+        timeout=30,
+    )
+    assert tokenized.status_code == 200, tokenized.text
+    signer = HandoffSigner(PD_SECRET.read_bytes().strip(), HOLD_TIMEOUT)
+    unsigned = msgspec.convert(params, KVTransferParams)
+    return signer.sign(unsigned, tokenized.json()["tokens"], time.time()).as_json()
 
 
 def client(server: LiveServer) -> openai.OpenAI:
@@ -351,10 +369,12 @@ def test_kv_from_the_wrong_blocks_fails_the_twins_check_on_the_decode_side(
     # The control for the provenance the other tests rely on: the same prompt's KV, pulled
     # from its blocks in the wrong order, is caught by the decode side's first forward (a
     # rank failure on the twin; on a GPU it would be a wrong answer), so a right answer above
-    # means every position read held its own token, as the prefill side wrote it.
+    # means every position read held its own token, as the prefill side wrote it. The test
+    # holds the pair's secret: it re-signs the tampered handoff, as a faulty prefill would.
     body = chat()
     params = handoff(prefill, body)
     params["remote_block_ids"] = params["remote_block_ids"][::-1]
+    params = resigned(prefill, body, params)
     with start(checkpoint, "--disaggregation-mode", "decode") as doomed:
         answer = httpx.post(
             doomed.base_url + "/v1/chat/completions",
