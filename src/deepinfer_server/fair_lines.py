@@ -7,7 +7,8 @@ served. A key's turn is remembered while it holds anything (waiting or running) 
 once it holds nothing, so a key that comes back later counts as new.
 
 Pure bookkeeping, no waiting and no threads: the owner decides when a slot is free and pops the
-next entry (`api.preparation_gate`). One event loop (or one thread) only.
+next entry (`fair_turns.FairTurns`, which the preparation gate and the grammar compile queue
+use). One event loop (or one thread) only.
 """
 
 from __future__ import annotations

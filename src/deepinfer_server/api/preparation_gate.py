@@ -8,7 +8,7 @@ work without bound. The workers are the gate's own threads, not the event loop's
 executor, where DNS lookups (image URL fetches) and other blocking calls wait: none of those can
 hold up a preparation. Nothing that waits on the network runs here (`api.image_urls`).
 
-The workers are taken in turn between API keys (`fair_lines.FairLines`, as the grammar compile
+The workers are taken in turn between API keys (`fair_turns.FairTurns`, as the grammar compile
 queue's): a key with one preparation waits behind at most those already running, never behind
 another key's backlog. Past the `workers`, `spare` more are kept for keys with nothing being
 prepared: a preparation of seconds (a body of megabytes) holding every worker does not make
@@ -18,16 +18,14 @@ another key's request wait for it to end. On a server with several keys, a key h
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import contextvars
-from collections import Counter
+import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from deepinfer_server.errors import OverloadedError
-from deepinfer_server.fair_lines import FairLines
+from deepinfer_server.fair_turns import FairTurns
 
 T = TypeVar("T")
 
@@ -53,37 +51,21 @@ class PreparationGate:
         self._spare = spare
         self._per_key = per_key
         self._threads = ThreadPoolExecutor(workers + spare, thread_name_prefix="preparation")
-        self._lines: FairLines[asyncio.Future[None]] = FairLines()
-        #: Each key's preparations waiting or running, and running.
-        self._held: Counter[str] = Counter()
-        self._running: Counter[str] = Counter()
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._turns = FairTurns(self._dispatch)
 
     @property
     def pending(self) -> int:
         """Preparations waiting or running."""
-        return self._held.total()
+        return self._turns.held
 
     async def run(self, in_flight: int, capacity: int, work: Callable[[], T], key: str = "") -> T:
         """`work()` on a worker thread in `key`'s turn; 429 when `in_flight` plus pending fill
         `capacity`, or when `key` already holds `per_key` preparations."""
         self._check(in_flight, capacity, key)
-        self._loop = asyncio.get_running_loop()
-        self._held[key] += 1
-        turn: asyncio.Future[None] = self._loop.create_future()
-        self._lines.push(key, turn)
-        self._dispatch()
-        try:
-            await turn
-        except asyncio.CancelledError:
-            self._leave(key, turn)
-            raise
+        await self._turns.wait_turn(key)
         # As asyncio.to_thread does: the request's context (FETCHED_IMAGES) goes along.
         context = contextvars.copy_context()
-        job = self._threads.submit(context.run, work)
-        # The slot is the thread's until the work returns, even if this request goes first.
-        job.add_done_callback(lambda _: self._finished_threadsafe(key))
-        return await asyncio.wrap_future(job)
+        return await self._turns.run(key, self._threads, functools.partial(context.run, work))
 
     def _check(self, in_flight: int, capacity: int, key: str) -> None:
         if in_flight + self.pending >= capacity:
@@ -91,52 +73,21 @@ class PreparationGate:
                 f"the server is at capacity ({capacity} requests in flight or being prepared); "
                 "retry later"
             )
-        if self._per_key is not None and self._held[key] >= self._per_key:
+        if self._per_key is not None and self._turns.held_by(key) >= self._per_key:
             raise OverloadedError(
                 f"this API key already has {self._per_key} large requests being prepared or "
                 "waiting to be; retry once they are done"
             )
 
     def _dispatch(self) -> None:
+        eligible: Callable[[str], bool] | None
         while True:
-            running = self._running.total()
+            running = self._turns.running
             if running < self._slots:
-                taken = self._lines.pop()
+                eligible = None
             elif running < self._slots + self._spare:
-                taken = self._lines.pop(lambda key: self._running[key] == 0)
+                eligible = self._turns.idle
             else:
                 return
-            if taken is None:
+            if not self._turns.start_next(eligible):
                 return
-            key, turn = taken
-            turn.set_result(None)
-            self._running[key] += 1
-
-    def _leave(self, key: str, turn: asyncio.Future[None]) -> None:
-        """A preparation leaves before its work ran (its request gone)."""
-        if not self._lines.remove(key, turn):  # its turn had come: the slot is given back
-            self._stopped(key)
-        self._release(key)
-        self._dispatch()
-
-    def _finished_threadsafe(self, key: str) -> None:
-        loop = self._loop
-        assert loop is not None
-        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-            loop.call_soon_threadsafe(self._finished, key)
-
-    def _finished(self, key: str) -> None:
-        self._stopped(key)
-        self._release(key)
-        self._dispatch()
-
-    def _stopped(self, key: str) -> None:
-        self._running[key] -= 1
-        if self._running[key] <= 0:
-            del self._running[key]
-
-    def _release(self, key: str) -> None:
-        self._held[key] -= 1
-        if self._held[key] <= 0:
-            del self._held[key]
-            self._lines.forget(key)

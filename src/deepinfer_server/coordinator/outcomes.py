@@ -34,6 +34,7 @@ _KV_TRANSFER_REASONS = {
     "no_kv_room": "no KV room for the prompt freed up in time on this decode server",
     "transfer_error": "the prefill server's KV could not be read (is it still running?)",
     "kv_mismatch": "the pulled KV does not hold this request's prompt",
+    "peer_unhealthy": "a KV pull from that prefill server timed out recently: it is skipped",
 }
 
 

@@ -5,11 +5,11 @@ nor continues stored state (`previous_response_id`, item references) takes the s
 unchanged. Otherwise its session reads what the input continues from the store before
 preparation (a store outage: 503, before anything reaches the engine), expands the input as the
 first step of the preparation (on a preparation worker, off the event loop, when what the store
-adds is large: `expanded_size`), and after generation writes the response with the request's own
-input items. The write waits for nothing on the token path: a stored stream's deltas go out as
-they come, and only its terminal event (or the JSON body) waits for the write, so that a client
-that sends its next turn at once finds this one stored, whichever API server process or replica
-answers it.
+adds is large: `expanded_size`; both in `services/stored_input.py`), and after generation writes
+the response with the request's own input items. The write waits for nothing on the token path:
+a stored stream's deltas go out as they come, and only its terminal event (or the JSON body)
+waits for the write, so that a client that sends its next turn at once finds this one stored,
+whichever API server process or replica answers it.
 
 A response asked to be stored (`store: true`, the default) is stored or the client is told: a
 write that fails, or is not done within `WRITE_WAIT` (longer than the store's own bounds on a
@@ -40,7 +40,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 import orjson
 
@@ -49,28 +49,19 @@ from deepinfer_server.errors import BadRequestError, StoreUnavailableError
 from deepinfer_server.metrics import RequestRecord, ServerMetrics
 from deepinfer_server.protocol.core.preparation_size import preparation_size
 from deepinfer_server.protocol.core.recipe import RecipeContext
-from deepinfer_server.protocol.responses.conversations import conversation_not_found
 from deepinfer_server.protocol.responses.output import (
     ResponsesOutput,
     StoredEcho,
     responses_output,
 )
-from deepinfer_server.protocol.responses.reasoning import restore_reasoning
 from deepinfer_server.protocol.responses.request import PreparedResponses, prepare_responses
-from deepinfer_server.protocol.responses.stored import (
-    input_list,
-    previous_not_found,
-    referenced_ids,
-    resolve_references,
-    seal_stored_reasoning,
-    storable_response,
-    with_id,
-)
+from deepinfer_server.protocol.responses.stored import storable_response
 from deepinfer_server.services.background import BackgroundRun, ResponseObject, created_event
 from deepinfer_server.services.background_runs import BackgroundRuns
 from deepinfer_server.services.batch_line import line_answered
+from deepinfer_server.services.stored_input import Expansion, expand_input, read_expansion
 from deepinfer_server.services.token_stream import TokenStream
-from deepinfer_server.store import BrokenHistory, ResponseStore, ResponseTooLarge
+from deepinfer_server.store import ResponseStore, ResponseTooLarge
 from deepinfer_server.store.batch_effects import LineEffects, LineIdentity
 from deepinfer_server.store.conversations import ConversationStore
 from deepinfer_server.store.database import Step
@@ -85,16 +76,6 @@ WRITE_WAIT = 12.0
 #: Fields of the body the session serves itself (the preparation rejects them otherwise).
 _STORE_FIELDS = ("store", "previous_response_id", "background", "conversation")
 _STORED_STATUSES = frozenset({"completed", "incomplete"})
-
-
-class _Expansion(NamedTuple):
-    """What a request continues, as read from the store, before it is expanded."""
-
-    history: list[Any]
-    #: The request's own input items, references resolved.
-    own: list[Any]
-    #: Positions (in history, then own) of the items that came from the store.
-    trusted: set[int]
 
 
 class SessionHost(Protocol):
@@ -153,41 +134,21 @@ class ResponsesSession:
         self._conversations = ConversationStore(store)
         self._body: dict[str, Any] = {}
         #: What `expand` read, until `prepare` expands it (and the stored part's items).
-        self._expansion: _Expansion | None = None
+        self._expansion: Expansion | None = None
         self._stored_parts: list[list[Any]] = []
         self._own_input: list[Any] = []
         self._output: ResponsesOutput | None = None
 
     async def expand(self, body: dict[str, Any]) -> None:
-        """Read what the request continues from the store (the conversation, the
-        `previous_response_id` chain, the items it names). Nothing heavy runs here, on the
-        event loop: the expansion itself (reasoning sealed and restored over every item) is
-        part of `prepare`, which runs on a preparation worker when `expanded_size` is large."""
-        history: list[Any] = []
-        trusted_history: set[int] | None = None  # all of it
-        if self._conversation is not None:
-            page = await self._conversations.items(
-                self._scope, self._conversation, limit=None, order="asc"
-            )
-            if page is None:
-                raise conversation_not_found(self._conversation)
-            history, trusted_history = page.items, set(page.trusted)
-        elif self._previous is not None:
-            try:
-                found = await self._store.history(self._scope, self._previous)
-            except BrokenHistory as broken:
-                raise previous_not_found(broken.missing) from None
-            if found is None:
-                raise previous_not_found(self._previous)
-            history = found
-        own = [with_id(item) for item in input_list(body)]
-        wanted = referenced_ids(own)
-        found_items = await self._store.items(self._scope, wanted) if wanted else {}
-        own, from_store = resolve_references(own, found_items)
-        trusted = set(range(len(history))) if trusted_history is None else trusted_history
-        trusted |= {len(history) + index for index in from_store}
-        self._stored_parts = [history, list(found_items.values())]
-        self._expansion = _Expansion(history, own, trusted)
+        """Read what the request continues from the store (`stored_input.read_expansion`).
+        Nothing heavy runs here, on the event loop: the expansion itself (reasoning sealed
+        and restored over every item) is part of `prepare`, which runs on a preparation
+        worker when `expanded_size` is large."""
+        expansion = await read_expansion(
+            self._store, self._conversations, self._scope, self._conversation, self._previous, body
+        )
+        self._stored_parts = [expansion.history, expansion.referenced]
+        self._expansion = expansion
         self._body = {k: v for k, v in body.items() if k not in _STORE_FIELDS}
 
     def expanded_size(self, bound: int) -> int:
@@ -195,14 +156,10 @@ class ResponsesSession:
         until past `bound`, an image past any bound)."""
         return preparation_size(self._stored_parts, bound)
 
-    def _expand(self, expansion: _Expansion) -> None:
-        """The body to prepare (the stored items before the request's own, stored reasoning
-        sealed) and the request's own input items as they will be stored."""
-        history, own, trusted = expansion
-        seal = self._host.recipe.reasoning_seal
-        expanded = seal_stored_reasoning([*history, *own], trusted, seal)
-        restored, _ = restore_reasoning({"input": expanded}, seal)
-        self._own_input = restored["input"][len(history) :]
+    def _expand(self, expansion: Expansion) -> None:
+        """The body to prepare (`stored_input.expand_input`) and the request's own input
+        items as they will be stored."""
+        expanded, self._own_input = expand_input(expansion, self._host.recipe.reasoning_seal)
         if self._stored:
             self._check_size(self._own_input)
         self._body["input"] = expanded

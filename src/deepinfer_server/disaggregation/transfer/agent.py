@@ -10,10 +10,18 @@ RDMA or NVLink with the same calls (`--disaggregation-ib-device` names the RDMA 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from typing import Any
 
 logger = logging.getLogger(__name__)
+
+#: Seconds Mooncake's synchronous calls wait before giving up (its `MC_TRANSFER_TIMEOUT`), unless
+#: the operator sets it. Effectively never: a read that gives up on its own returns while its
+#: socket still reads into the local blocks (the TCP transport's session is not cancelled), so
+#: a read must return only when the peer answered or its connection failed. The engine's own
+#: transfer timeout ends the request, and its blocks stay reserved until the read returns.
+LIBRARY_TRANSFER_TIMEOUT = str(10**9)
 
 
 class TransferError(Exception):
@@ -25,6 +33,7 @@ class TransferError(Exception):
 
 
 def _transfer_engine() -> Any:
+    os.environ.setdefault("MC_TRANSFER_TIMEOUT", LIBRARY_TRANSFER_TIMEOUT)
     try:
         from mooncake.engine import TransferEngine
     except ImportError as exc:

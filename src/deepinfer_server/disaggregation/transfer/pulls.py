@@ -4,7 +4,14 @@ A pull reads a prompt's KV blocks and state from a prefill rank into blocks and 
 the decode engine reserved, checks them, and tells the prefill rank it may free them (a
 release on its bootstrap port, sent whatever the outcome: a failed or abandoned pull will not
 be retried). The engine's thread submits pulls and takes the finished ones at each step, so a
-slow peer never holds up the rank's other decodes.
+slow peer never holds up the rank's other decodes; each peer's pulls run on that peer's own
+threads (`lanes`), so a hung peer never holds up the other peers' pulls either.
+
+A pull that has started cannot be stopped: Mooncake's `batch_transfer_sync_read` returns only
+when the peer answers or its connection fails, and a peer that was stopped and resumes sends
+the KV then, into the blocks the read named. So the engine gives up on a late request at once,
+but keeps the blocks of a started pull reserved (quarantined) until its read returns; a pull
+still queued on its peer's lane is cancelled and its blocks are free at once (`abandon`).
 """
 
 from __future__ import annotations
@@ -13,18 +20,21 @@ import logging
 import queue
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from deepinfer_server.disaggregation.handoff.bootstrap import bootstrap_call
 from deepinfer_server.disaggregation.handoff.params import KVTransferParams
 from deepinfer_server.disaggregation.transfer.agent import TransferAgent, TransferError
+from deepinfer_server.disaggregation.transfer.lanes import PULL_THREADS_PER_PEER, PeerLanes
 from deepinfer_server.disaggregation.transfer.queues import drain
 
 logger = logging.getLogger(__name__)
 
 #: Seconds a release notice may take; a prefill side that misses it frees on its timeout.
 RELEASE_TIMEOUT = 2.0
+#: Seconds a peer not read from yet has to answer a ping on its bootstrap port first.
+FIRST_CONTACT_TIMEOUT = 1.0
 
 
 @dataclass
@@ -35,6 +45,8 @@ class PullResult:
     nbytes: int
     seconds: float
     failure: TransferError | None = None
+    #: The peer pulled from (its transfer engine's `host:port`).
+    peer: str = ""
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,41 @@ class _Pull:
     params: KVTransferParams
     pieces: list[tuple[int, int, int]]
     check: Callable[[], None]
+
+
+@dataclass(frozen=True)
+class _Submitted:
+    """A pull handed to its peer's lane: where from, and its future (cancellable until its
+    thread takes it)."""
+
+    peer: str
+    params: KVTransferParams
+    future: Future[None]
+
+
+def peer_of(params: KVTransferParams) -> str:
+    """The transfer engine a handoff's KV is read from, as `host:port`."""
+    return f"{params.remote_host}:{params.remote_port}"
+
+
+def _unhealthy(peer: str) -> TransferError:
+    return TransferError(
+        "peer_unhealthy", f"a KV pull from {peer} outlived the transfer timeout recently"
+    )
+
+
+def _first_contact(params: KVTransferParams) -> None:
+    """Ping the prefill rank before the first read from it: the transfer library opens a new
+    peer under its one engine-wide lock, so opening a stalled one would hold up every read from
+    every peer until it answered. Raises TransferError when it does not answer."""
+    port = params.remote_bootstrap_port + params.remote_dp_rank
+    try:
+        bootstrap_call(params.remote_host, port, {"op": "ping"}, FIRST_CONTACT_TIMEOUT)
+    except OSError as exc:
+        raise TransferError(
+            "transfer_error",
+            f"the prefill rank at {params.remote_host}:{port} did not answer: {exc}",
+        ) from exc
 
 
 def release(params: KVTransferParams) -> None:
@@ -61,12 +108,26 @@ def release(params: KVTransferParams) -> None:
 
 
 class Pulls:
-    """A small pool of transfer threads and the queue of their results."""
+    """The transfer threads of each peer (`lanes`) and the queue of their results."""
 
-    def __init__(self, agent: TransferAgent, workers: int = 4) -> None:
+    def __init__(
+        self,
+        agent: TransferAgent,
+        threads_per_peer: int = PULL_THREADS_PER_PEER,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._agent = agent
-        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="kv-pull")
+        self._clock = clock
+        self._lanes = PeerLanes(threads_per_peer)
         self._done: queue.SimpleQueue[PullResult] = queue.SimpleQueue()
+        #: The pulls not yet taken as done, by request ID.
+        self._running: dict[str, _Submitted] = {}
+        #: Peers whose last read succeeded (set and cleared by the lanes' threads).
+        self._known: set[str] = set()
+
+    def healthy(self, params: KVTransferParams) -> bool:
+        """Whether a pull from `params`' peer may start (False: it is sick, fail at once)."""
+        return not self._lanes.sick(peer_of(params), self._clock())
 
     def submit(
         self,
@@ -76,34 +137,85 @@ class Pulls:
         check: Callable[[], None],
     ) -> None:
         """Start pulling `pieces` (local, remote, length) from `params`' peer; `check` runs
-        after the read and raises TransferError when the KV is not what was promised."""
-        self._pool.submit(self._run, _Pull(request_id, params, list(pieces), check))
+        after the read and raises TransferError when the KV is not what was promised. A sick
+        peer's pull fails at once."""
+        peer = peer_of(params)
+        if self._lanes.sick(peer, self._clock()):
+            self._done.put(PullResult(request_id, 0, 0.0, _unhealthy(peer), peer))
+            self.release_only(params)
+            return
+        lane = self._lanes.lane(peer)
+        pull = _Pull(request_id, params, list(pieces), check)
+        self._running[request_id] = _Submitted(peer, params, lane.pulls.submit(self._run, pull))
+        lane.requests.add(request_id)
+
+    def abandon(self, request_id: str, timed_out: bool = False) -> bool:
+        """The request of a submitted pull ended. True: the pull had not started and never
+        will (its blocks are free now; the caller sends the release). False: its read is
+        running, so its blocks stay reserved until its result comes back. A pull that
+        `timed_out` (running, or still queued behind its peer's other pulls) makes its peer
+        sick, and the other pulls queued on that peer fail at once ("peer_unhealthy")."""
+        submitted = self._running.get(request_id)
+        if submitted is None or submitted.future.done():
+            return False  # its result is queued: the caller frees on taking it
+        if timed_out:  # started late or never: either way its peer did not keep up
+            self._lanes.mark_sick(submitted.peer, self._clock())
+            self._fail_queued(submitted.peer, request_id)
+        if submitted.future.cancel():
+            self._forget(request_id, submitted.peer)
+            return True
+        return False
 
     def release_only(self, params: KVTransferParams) -> None:
         """The request went away before its pull: free the prefill side's KV now."""
-        self._pool.submit(release, params)
+        self._lanes.lane(peer_of(params)).releases.submit(release, params)
 
     def take_done(self) -> list[PullResult]:
         """The pulls that finished since the last call."""
-        return drain(self._done)
+        results = drain(self._done)
+        for result in results:
+            if result.request_id in self._running:
+                self._forget(result.request_id, result.peer)
+            if result.failure is None:
+                self._lanes.mark_well(result.peer)
+        return results
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Stop every peer's threads (reads under way return on their own)."""
+        self._lanes.close()
+
+    def _forget(self, request_id: str, peer: str) -> None:
+        del self._running[request_id]
+        self._lanes.lane(peer).requests.discard(request_id)
+
+    def _fail_queued(self, peer: str, keep: str) -> None:
+        """Cancel the pulls queued on `peer`'s lane, each reported as failed now (and its
+        release sent, as a pull's thread would)."""
+        for request_id in list(self._lanes.lane(peer).requests - {keep}):
+            submitted = self._running[request_id]
+            if submitted.future.cancel():
+                self._forget(request_id, peer)
+                self._done.put(PullResult(request_id, 0, 0.0, _unhealthy(peer), peer))
+                self.release_only(submitted.params)
 
     def _run(self, pull: _Pull) -> None:
         request_id, params = pull.request_id, pull.params
         started = time.monotonic()
-        session = f"{params.remote_host}:{params.remote_port}"
+        session = peer_of(params)
         try:
+            if session not in self._known:
+                _first_contact(params)
             nbytes = self._agent.read(session, pull.pieces)
+            self._known.add(session)
             pull.check()
-            result = PullResult(request_id, nbytes, time.monotonic() - started)
+            result = PullResult(request_id, nbytes, time.monotonic() - started, peer=session)
         except TransferError as exc:
-            result = PullResult(request_id, 0, time.monotonic() - started, exc)
+            self._known.discard(session)
+            result = PullResult(request_id, 0, time.monotonic() - started, exc, session)
         except Exception as exc:  # the library's own errors: the request fails, not the rank
+            self._known.discard(session)
             logger.exception("KV pull for request %s failed", request_id)
-            result = PullResult(
-                request_id, 0, time.monotonic() - started, TransferError("transfer_error", str(exc))
-            )
+            failure = TransferError("transfer_error", str(exc))
+            result = PullResult(request_id, 0, time.monotonic() - started, failure, session)
         self._done.put(result)
         release(params)

@@ -10,8 +10,10 @@ sp_token=<the prefill's first token>)` makes it: `prompted`, with that token for
 admits it by cloning its state slot and its last block (its prompt's last token is computed
 again, by the first decode step), and the role drops its own pins once the fork holds its
 own, so a finished sequence frees everything (`finalize_seq`). A failed or timed-out pull
-frees what it reserved and ends the request "kv_transfer_failed:<reason>"; blocks a pull may
-still write into are freed only when that pull has returned.
+frees what it reserved and ends the request "kv_transfer_failed:<reason>"; blocks a started
+pull may still write into are freed only when that pull has returned, those of a pull still
+queued on its peer at once. A request from a peer that is sick (a pull from it timed out)
+fails at once ("peer_unhealthy").
 """
 
 from __future__ import annotations
@@ -178,7 +180,7 @@ class CompletionRole(DecodeConnector):
         for pending in list(self._pending.values()):
             if not pending.abandoned and pending.deadline <= now:
                 self._fail(pending, "timeout" if pending.pulling else "no_kv_room")
-                self._end(pending)
+                self._end(pending, timed_out=True)
         self._admit()
 
     def _enter(self, pending: _Pending) -> None:
@@ -210,6 +212,10 @@ class CompletionRole(DecodeConnector):
         for pending in list(self._pending.values()):
             if pending.pulling or pending.abandoned:
                 continue
+            if not self.pulls.healthy(pending.params):
+                self._fail(pending, "peer_unhealthy")
+                self._end(pending)
+                continue
             needed = -(-pending.params.prompt_length // KV_BLOCK_SIZE)
             if needed + 1 > usable:
                 self._fail(pending, "no_kv_room")
@@ -235,13 +241,17 @@ class CompletionRole(DecodeConnector):
                 _no_check,
             )
 
-    def _end(self, pending: _Pending) -> None:
+    def _end(self, pending: _Pending, timed_out: bool = False) -> None:
         """The request ends before its KV is in place: free what it holds now, or (a pull is
         running into its blocks) when the pull returns."""
+        request_id = pending.seq.request_id
         if pending.pulling and not pending.pulled:
-            pending.abandoned = True
-            return
-        del self._pending[pending.seq.request_id]
+            if not self.pulls.abandon(request_id, timed_out):
+                pending.abandoned = True
+                return
+            self._unreserve(pending)  # the pull never started
+            pending.pulling = False
+        del self._pending[request_id]
         if pending.pulled:
             self._unreserve(pending)  # its pull already told the prefill side
         else:

@@ -12,8 +12,10 @@ free and the running cap allows, reserves them, and is pulled off the loop
 (`disaggregation.pulls.Pulls`). A checked pull enters `running` with the prefill's token
 forced as its first output, as `Scheduler.fork_seq(blocks, sp_token)` enters `prompted`: the
 next decode step goes on from it, with no prompt step. A failed or timed-out pull frees what
-it reserved and ends the request "kv_transfer_failed:<reason>"; blocks a pull may still write
-into are freed only when that pull has returned.
+it reserved and ends the request "kv_transfer_failed:<reason>"; blocks a started pull may
+still write into are freed only when that pull has returned, those of a pull still queued on
+its peer at once. A request from a peer that is sick (a pull from it timed out) fails at once
+("peer_unhealthy").
 """
 
 from __future__ import annotations
@@ -188,7 +190,7 @@ class DecodeRole(DecodeConnector):
             if not pending.abandoned and pending.deadline <= now:
                 reason = "timeout" if pending.pulling else "no_kv_room"
                 records.append(self._failed(pending.sequence, reason))
-                self._end(pending)
+                self._end(pending, timed_out=True)
         records.extend(self._admit())
         return records
 
@@ -200,6 +202,10 @@ class DecodeRole(DecodeConnector):
             if pending.pulling or pending.abandoned:
                 continue
             sequence = pending.sequence
+            if not self.pulls.healthy(pending.params):
+                records.append(self._failed(sequence, "peer_unhealthy"))
+                self._end(pending)
+                continue
             running = len(self._table.running) + sum(p.pulling for p in self._pending.values())
             status = self._kv.can_prefill(len(sequence.prompt) + 1)
             if status is AllocStatus.NEVER:
@@ -224,13 +230,16 @@ class DecodeRole(DecodeConnector):
             pending.pulling = True
         return records
 
-    def _end(self, pending: _Pending) -> None:
+    def _end(self, pending: _Pending, timed_out: bool = False) -> None:
         """The request ends before its KV is in place: free what it holds now, or (a pull is
         running into its blocks) when the pull returns."""
+        request_id = pending.sequence.request_id
         if pending.pulling:
-            pending.abandoned = True
-            return
-        del self._pending[pending.sequence.request_id]
+            if not self.pulls.abandon(request_id, timed_out):
+                pending.abandoned = True
+                return
+            self._free(pending.sequence)  # the pull never started
+        del self._pending[request_id]
         self.pulls.release_only(pending.params)
 
     def _free(self, sequence: Sequence) -> None:
