@@ -23,7 +23,9 @@ import argparse
 import asyncio
 import json
 import random
+import secrets
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -136,6 +138,13 @@ def _summary(name: str, out: Results) -> dict[str, float]:
     return row
 
 
+def _pair_secret() -> str:
+    """A file holding a fresh secret for the pair to sign its handoffs with."""
+    with tempfile.NamedTemporaryFile("w", prefix="pd-secret-", delete=False) as file:
+        file.write(secrets.token_hex(32))
+    return file.name
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--concurrency", type=int, default=16)
@@ -162,15 +171,17 @@ def main() -> int:
             asyncio.run(_run(args, (f"http://127.0.0.1:{normal.port}/v1/chat/completions", None))),
         )
     bootstrap = str(free_port())
+    pair = ("--disaggregation-secret-file", _pair_secret())
     with (
         Server.deepinfer(
             *common,
+            *pair,
             "--disaggregation-mode",
             "prefill",
             "--disaggregation-bootstrap-port",
             bootstrap,
         ) as prefill,
-        Server.deepinfer(*common, "--disaggregation-mode", "decode") as decode,
+        Server.deepinfer(*common, *pair, "--disaggregation-mode", "decode") as decode,
     ):
         urls = (
             f"http://127.0.0.1:{decode.port}/v1/chat/completions",

@@ -70,6 +70,7 @@ class ErrorKind(enum.StrEnum):
     GRAMMAR_CAPACITY = "grammar_capacity"
     RECEIVE_BUFFER_FULL = "receive_buffer_full"
     KV_TRANSFER_FAILED = "kv_transfer_failed"
+    KV_HANDOFF_UNVERIFIED = "kv_handoff_unverified"
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +143,9 @@ ERROR_TABLE: dict[ErrorKind, ErrorSpec] = {
     ErrorKind.ENGINE_ERROR: ErrorSpec(500, "server_error", "engine_error", "api_error"),
     ErrorKind.KV_TRANSFER_FAILED: ErrorSpec(
         503, "service_unavailable", "kv_transfer_failed", "overloaded_error"
+    ),
+    ErrorKind.KV_HANDOFF_UNVERIFIED: ErrorSpec(
+        403, "permission_error", "kv_transfer_params_unverified", "permission_error"
     ),
     ErrorKind.SHUTTING_DOWN: ErrorSpec(
         503, "service_unavailable", "server_shutting_down", "overloaded_error"
@@ -238,6 +242,12 @@ class BadRequestError(ApiError):
     """The request is malformed or asks for something this service does not do."""
 
     kind = ErrorKind.BAD_REQUEST
+
+
+class HandoffUnverifiedError(ApiError):
+    """A decode request's `kv_transfer_params` is not a signed, unexpired handoff of its prompt."""
+
+    kind = ErrorKind.KV_HANDOFF_UNVERIFIED
 
 
 class ContextLengthError(ApiError):

@@ -15,21 +15,26 @@ DEEPINFER_BATCH_INVARIANT=1 with a seed.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import openai
 import psutil
 import pytest
 
+from deepinfer_server.disaggregation.handoff.params import KVTransferParams
+from deepinfer_server.disaggregation.handoff.signing import HandoffSigner
 from tests.checkpoint import write_checkpoint
 from tests.conftest import MODEL
 from tests.deepinfer_twin import engine_env
 from tests.lanes import require_disaggregation
 from tests.metrics_scrape import scrape, value
+from tests.paths import PD_SECRET, PD_SECRET_ARGS
 from tests.server import LiveServer, wait_until
 
 require_disaggregation()
@@ -53,7 +58,13 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def start(checkpoint: Path, *args: str) -> LiveServer:
     return LiveServer(
-        str(checkpoint), *COMMON, *args, engine="deepinfer", env=ENV, startup_timeout=180
+        str(checkpoint),
+        *COMMON,
+        *PD_SECRET_ARGS,
+        *args,
+        engine="deepinfer",
+        env=ENV,
+        startup_timeout=180,
     )
 
 
@@ -124,6 +135,20 @@ def handoff(server: LiveServer, body: dict[str, Any]) -> dict[str, Any]:
     params = answer.json()["kv_transfer_params"]
     assert isinstance(params, dict) and params["do_remote_prefill"] is True
     return params
+
+
+def resigned(server: LiveServer, body: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """`params` signed again with the pair's secret for `body`'s prompt (as `/tokenize` renders
+    it: the rendering Chat uses)."""
+    tokenized = httpx.post(
+        server.base_url + "/tokenize",
+        json={"model": MODEL, "messages": body["messages"]},
+        timeout=30,
+    )
+    assert tokenized.status_code == 200, tokenized.text
+    signer = HandoffSigner(PD_SECRET.read_bytes().strip(), HOLD_TIMEOUT)
+    unsigned = msgspec.convert(params, KVTransferParams)
+    return signer.sign(unsigned, tokenized.json()["tokens"], time.time()).as_json()
 
 
 def client(server: LiveServer) -> openai.OpenAI:
@@ -230,7 +255,13 @@ def test_two_dp_ranks_on_each_side_hand_off_between_any_pair(
     # over the DP group on the GPU; the twin has none, so its ranks schedule with it on.
     env = {**ENV, "DEEPINFER_ZERO_OVERHEAD_SCHEDULING": "1"}
     common = ("--max-model-len", "4096", "--served-model-name", MODEL, "--ep", "2", "--dp", "2")
-    prefill_args = ("--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", "0")
+    prefill_args = (
+        *PD_SECRET_ARGS,
+        "--disaggregation-mode",
+        "prefill",
+        "--disaggregation-bootstrap-port",
+        "0",
+    )
     bodies = [
         chat(messages=[{"role": "user", "content": f"Tale {n}: " + QUESTION[: 250 * (n + 2)]}])
         for n in range(4)
@@ -249,6 +280,7 @@ def test_two_dp_ranks_on_each_side_hand_off_between_any_pair(
         LiveServer(
             str(checkpoint),
             *common,
+            *PD_SECRET_ARGS,
             "--disaggregation-mode",
             "decode",
             engine="deepinfer",
@@ -374,10 +406,12 @@ def test_kv_from_the_wrong_blocks_fails_the_digest_check_and_without_it_the_twin
     checkpoint: Path, prefill: LiveServer, decode: LiveServer
 ) -> None:
     # The same prompt's KV pulled from its blocks in the wrong order: the handoff's digest of
-    # the rows catches it after the pull (kv_mismatch), and the decode rank serves on.
+    # the rows catches it after the pull (kv_mismatch), and the decode rank serves on. The test
+    # holds the pair's secret: it re-signs each tampered handoff, as a faulty prefill would.
     body = chat()
     params = handoff(prefill, body)
     params["remote_block_ids"] = params["remote_block_ids"][::-1]
+    params = resigned(prefill, body, params)
     failures = "deepinfer:kv_transfer_failures_total"
     before = value(scrape(decode.base_url), failures, reason="kv_mismatch")
     assert "kv_mismatch" in failure(decode, body, params)
@@ -389,6 +423,7 @@ def test_kv_from_the_wrong_blocks_fails_the_digest_check_and_without_it_the_twin
     params = handoff(prefill, body)
     params["remote_block_ids"] = params["remote_block_ids"][::-1]
     assert isinstance(params.pop("kv_digest"), str)
+    params = resigned(prefill, body, params)
     with start(checkpoint, "--disaggregation-mode", "decode") as doomed:
         answer = httpx.post(
             doomed.base_url + "/v1/chat/completions",

@@ -15,9 +15,11 @@ import httpx
 import openai
 import pytest
 
+from deepinfer_server.disaggregation.handoff.bootstrap import bootstrap_call
 from tests.conftest import MODEL
 from tests.lanes import require_disaggregation
 from tests.metrics_scrape import scrape, value
+from tests.paths import PD_SECRET_ARGS
 from tests.server import LiveServer, wait_until
 
 require_disaggregation()
@@ -37,7 +39,13 @@ def start_prefill() -> LiveServer:
 def start_prefill_with(*args: str) -> LiveServer:
     """`start_prefill()` with more options."""
     return LiveServer(
-        *COMMON, "--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", "0", *args
+        *COMMON,
+        *PD_SECRET_ARGS,
+        "--disaggregation-mode",
+        "prefill",
+        "--disaggregation-bootstrap-port",
+        "0",
+        *args,
     )
 
 
@@ -49,7 +57,7 @@ def prefill() -> Iterator[LiveServer]:
 
 @pytest.fixture(scope="module")
 def decode() -> Iterator[LiveServer]:
-    with LiveServer(*COMMON, "--disaggregation-mode", "decode") as server:
+    with LiveServer(*COMMON, *PD_SECRET_ARGS, "--disaggregation-mode", "decode") as server:
         yield server
 
 
@@ -202,6 +210,48 @@ def test_a_decode_request_without_a_handoff_is_refused_in_the_protocols_shape(
             extra_body={"kv_transfer_params": {"do_remote_prefill": True}},
         )
     assert malformed.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+
+
+def test_a_forged_handoff_reads_nothing_and_only_a_proven_release_frees_a_hold(
+    prefill: LiveServer, decode: LiveServer
+) -> None:
+    params = handoff(prefill, "/v1/chat/completions", CHAT, "max_tokens")
+    forged = {**params, "remote_kv_address": params["remote_kv_address"] + 4096}
+    moved, held = "deepinfer:kv_transfer_bytes_total", "deepinfer:kv_transfer_held_requests"
+    before = scrape(decode.base_url)
+    with openai_client(decode) as pd, pytest.raises(openai.PermissionDeniedError) as refused:
+        pd.chat.completions.create(
+            model=MODEL,
+            messages=CHAT["messages"],  # type: ignore[arg-type]
+            max_tokens=5,
+            extra_body={"kv_transfer_params": forged},
+        )
+    assert refused.value.body["code"] == "kv_transfer_params_unverified"  # type: ignore[index]
+    assert value(scrape(decode.base_url), moved) == value(before, moved)  # nothing read
+    # A release without the pair's proof (as anyone reaching the bootstrap port could send).
+    release = {"op": "release", "transfer_id": params["transfer_id"]}
+    answer = bootstrap_call("127.0.0.1", params["remote_bootstrap_port"], release, 10)
+    assert answer["ok"] is False
+    unverified = "deepinfer:kv_transfer_failures_total"
+    wait_until(
+        lambda: value(scrape(prefill.base_url), unverified, reason="release_unverified") >= 1,
+        20,
+        "the prefill server counting the unproven release",
+    )
+    holding = value(scrape(prefill.base_url), held)
+    assert holding >= 1  # the hold is still there
+    with openai_client(decode) as pd:
+        pd.chat.completions.create(
+            model=MODEL,
+            messages=CHAT["messages"],  # type: ignore[arg-type]
+            max_tokens=5,
+            extra_body={"kv_transfer_params": params},
+        )
+    wait_until(
+        lambda: value(scrape(prefill.base_url), held) < holding,
+        20,
+        "the decode server's proven release freeing the hold",
+    )
 
 
 def test_a_prefill_server_gone_before_the_pull_is_a_503_and_leaks_nothing(

@@ -14,6 +14,7 @@ import pytest
 from tests.e2e.test_disaggregation import CHAT, COMMON, handoff, start_prefill
 from tests.lanes import require_disaggregation
 from tests.metrics_scrape import scrape, value
+from tests.paths import PD_SECRET_ARGS
 from tests.server import LiveServer, wait_until
 
 require_disaggregation()
@@ -28,7 +29,12 @@ STALLED_REQUESTS = 5
 @pytest.fixture(scope="module")
 def servers() -> Iterator[tuple[LiveServer, LiveServer, LiveServer]]:
     """The prefill server to stall, the healthy one and the decode server."""
-    decode_args = ("--disaggregation-mode", "decode", "--disaggregation-transfer-timeout")
+    decode_args = (
+        *PD_SECRET_ARGS,
+        "--disaggregation-mode",
+        "decode",
+        "--disaggregation-transfer-timeout",
+    )
     with (
         start_prefill() as stalled,
         start_prefill() as healthy,

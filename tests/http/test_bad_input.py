@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from deepinfer_server.protocol.core.validation import MAX_JSON_DEPTH
 from tests.http.harness import MODEL, Harness, failures, run, serve
 from tests.lanes import require_grammar
+from tests.paths import PD_SECRET_ARGS
 
 CHAT, RESPONSES, MESSAGES = "/v1/chat/completions", "/v1/responses", "/v1/messages"
 JSON = {"content-type": "application/json"}
@@ -458,7 +459,7 @@ def test_kv_transfer_params_that_do_not_fit_the_servers_role_are_a_400_in_each_s
     mode: str, extra: dict[str, Any], words: str
 ) -> None:
     async def body() -> None:
-        async with serve("--disaggregation-mode", mode) as h:
+        async with serve(*PD_SECRET_ARGS, "--disaggregation-mode", mode) as h:
             for path in PATHS:
                 response = await h.client.post(path, json={**VALID[path], **extra})
                 assert response.status_code == 400, (path, response.text)
@@ -482,7 +483,7 @@ def test_a_reasoning_budget_on_a_decode_server_is_a_400_in_each_shape() -> None:
     }
 
     async def body() -> None:
-        async with serve("--disaggregation-mode", "decode") as h:
+        async with serve(*PD_SECRET_ARGS, "--disaggregation-mode", "decode") as h:
             for path in PATHS:
                 handoff = {"kv_transfer_params": {"do_remote_prefill": True}}
                 response = await h.client.post(
@@ -500,7 +501,7 @@ def test_a_prefill_server_leaves_the_reasoning_budget_to_the_decode_side() -> No
     forced there would change the prompt whose KV is handed off."""
 
     async def body() -> None:
-        async with serve("--disaggregation-mode", "prefill") as h:
+        async with serve(*PD_SECRET_ARGS, "--disaggregation-mode", "prefill") as h:
             request = {**VALID[CHAT], "max_tokens": 1, "thinking_token_budget": 0}
             response = await h.client.post(CHAT, json=request)
             assert response.status_code == 200, response.text

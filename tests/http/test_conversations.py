@@ -18,6 +18,7 @@ from deepinfer_server.store.sqlite import SqliteDatabase
 from tests.http.agent_harness import last_prompt
 from tests.http.harness import MODEL, Harness, Script, run, serve
 from tests.http.test_stored_responses import KEY_A, KEY_B, run_stored
+from tests.paths import PD_SECRET_ARGS
 
 
 def _texts(items: list[Any]) -> list[str]:
@@ -217,7 +218,9 @@ def test_a_prefill_server_reads_the_conversation_and_leaves_the_turn_to_the_deco
         page = await conversations.items("none", conversation.id, limit=None)
         assert page is not None and len(page.items) == 1
 
-    run_stored(tmp_path, test, "--disaggregation-mode", "prefill", script=Script("Hello"))
+    run_stored(
+        tmp_path, test, *PD_SECRET_ARGS, "--disaggregation-mode", "prefill", script=Script("Hello")
+    )
 
 
 @pytest.mark.parametrize(

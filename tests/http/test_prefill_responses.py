@@ -17,8 +17,9 @@ from deepinfer_server.store.responses import ResponseStore
 from tests.conftest import MODEL
 from tests.http.agent_harness import last_prompt
 from tests.http.harness import Harness, Script, run, serve
+from tests.paths import PD_SECRET_ARGS
 
-PREFILL = ("--disaggregation-mode", "prefill")
+PREFILL = (*PD_SECRET_ARGS, "--disaggregation-mode", "prefill")
 
 
 @asynccontextmanager

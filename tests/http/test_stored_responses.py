@@ -20,6 +20,7 @@ from deepinfer_server.store.sqlite import SqliteDatabase
 from tests.dsml import tool_calls_block
 from tests.http.agent_harness import last_prompt
 from tests.http.harness import MODEL, Harness, Script, failures, run, serve
+from tests.paths import PD_SECRET_ARGS
 
 RESPONSES = "/v1/responses"
 TOOL = {
@@ -83,7 +84,14 @@ def test_a_prefill_servers_answers_are_not_stored(tmp_path: Path) -> None:
         found = await h.client.get(f"/v1/responses/{response.json()['id']}")
         assert found.status_code == 404, found.text
 
-    run_stored(tmp_path, test, "--disaggregation-mode", "prefill", script=Script("Hello back"))
+    run_stored(
+        tmp_path,
+        test,
+        *PD_SECRET_ARGS,
+        "--disaggregation-mode",
+        "prefill",
+        script=Script("Hello back"),
+    )
 
 
 def test_previous_response_id_continues_three_turns(tmp_path: Path) -> None:

@@ -40,6 +40,7 @@ from openai.types.chat import ChatCompletionChunk
 from tests import deploy_queries
 from tests.conftest import MODEL, NO_THINKING
 from tests.lanes import require_disaggregation
+from tests.paths import PD_SECRET_ARGS
 from tests.prometheus.live import LivePrometheus, QueryError, binary
 from tests.routers.fleet import wait_for
 from tests.server import LiveServer
@@ -365,9 +366,9 @@ def test_disaggregation_panels_return_data_from_a_prefill_decode_pair(tmp_path: 
     require_disaggregation()
     common = ("--sim-ttft-ms", "5", "--sim-itl-ms", "2", "--max-model-len", "4096")
     with (
-        LiveServer(*common, "--disaggregation-mode", "prefill",
+        LiveServer(*common, *PD_SECRET_ARGS, "--disaggregation-mode", "prefill",
                    "--disaggregation-bootstrap-port", "0") as prefill,
-        LiveServer(*common, "--disaggregation-mode", "decode") as decode,
+        LiveServer(*common, *PD_SECRET_ARGS, "--disaggregation-mode", "decode") as decode,
     ):  # fmt: skip
         config = lane_config(prefill)
         config["scrape_configs"][0]["static_configs"] = [

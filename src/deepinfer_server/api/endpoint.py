@@ -174,7 +174,8 @@ async def submit(
         read.body,
         config.disaggregation_mode,
         len(choices),
-        len(first.prompt_token_ids),
+        first.prompt_token_ids,
+        state.handoff_signer,
         thinking_budget=first.sampling.thinking_budget is not None,
     )
     if kv_transfer is not None and state.prefill_peers is not None:
@@ -259,7 +260,12 @@ async def _respond(
         stream.abandon()
     if session is not None:
         await session.finished()
-    body = with_handoff(outputs[0].response_json(), handles[0].kv_transfer_params)
+    body = with_handoff(
+        outputs[0].response_json(),
+        handles[0].kv_transfer_params,
+        state.handoff_signer,
+        choices[0].prompt_token_ids,
+    )
     return Response(body, media_type="application/json")
 
 

@@ -14,6 +14,7 @@ from deepinfer_server.api.warmup import GrammarWarmup
 from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.coordinator.coordinator import Coordinator
 from deepinfer_server.disaggregation.handoff.peers import PrefillPeers
+from deepinfer_server.disaggregation.handoff.signing import HandoffSigner
 from deepinfer_server.metrics import RankLoad, ServerMetrics
 from deepinfer_server.metrics.aggregate import Snapshot, merge_loads, merged_exposition
 from deepinfer_server.protocol.core.recipe import RecipeContext
@@ -64,6 +65,8 @@ class AppState:
     store: ResponseStore | None = None
     #: Bytes held by requests still being received (`--max-receive-buffer-mb`).
     receiving: ReceiveBudget = field(init=False)
+    #: Signs a prefill server's handoffs and verifies a decode server's (None: no secret).
+    handoff_signer: HandoffSigner | None = field(init=False)
     #: Structured output's warm-up at start (`/health` says `starting` until it is over).
     warmup: GrammarWarmup = field(init=False)
     #: This process's background responses (with a store; else None).
@@ -78,6 +81,10 @@ class AppState:
         several_keys = len(self.config.tenants) > 1
         self.preparation = PreparationGate(per_key=PER_KEY_PREPARATIONS if several_keys else None)
         self.receiving = ReceiveBudget(self.config.max_receive_buffer_mb * 1024 * 1024)
+        secret = self.config.disaggregation_secret
+        self.handoff_signer = (
+            HandoffSigner(secret, self.config.disaggregation_kv_hold_timeout) if secret else None
+        )
         self.warmup = GrammarWarmup(
             self.structured, lambda: self.coordinator.readiness.grammar_ready
         )

@@ -117,6 +117,13 @@ class ServerConfig(
         help="decode server: seconds a request may wait for KV room and its pull together "
         "before it fails with a 503 (default: %(default)s)",
     )
+    disaggregation_secret_file: str | None = option(
+        None,
+        "--disaggregation-secret-file",
+        help="prefill and decode servers: a file holding the secret (at least 16 bytes) every "
+        "server of the pair shares, to sign and verify KV handoffs and their releases; "
+        "required with a role (default: $DEEPINFER_DISAGGREGATION_SECRET)",
+    )
     get_load_format: Literal["vllm", "sglang"] = option(
         "vllm",
         "--get-load-format",

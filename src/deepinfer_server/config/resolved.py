@@ -25,12 +25,14 @@ from deepinfer_server.config.derive import (
     speculative_tokens,
 )
 from deepinfer_server.config.options import ServerConfig
+from deepinfer_server.config.pd_secret import SECRET_VARIABLE, disaggregation_secret
 from deepinfer_server.config.response_store import (
     default_state_dir,
     parse_duration,
     store_url,
 )
 from deepinfer_server.config.tenants import NamedKey, Tenant, named_keys, tenants_of
+from deepinfer_server.disaggregation.handoff.signing import release_key
 from deepinfer_server.disaggregation.role import DisaggregationRole
 from deepinfer_server.errors import ConfigError
 
@@ -139,6 +141,9 @@ class ResolvedConfig:
     disaggregation_host: str = field(metadata=DERIVED)
     disaggregation_kv_hold_timeout: float
     disaggregation_transfer_timeout: float
+    disaggregation_secret_file: str | None
+    #: The secret the prefill/decode pair signs handoffs with (`config.pd_secret`).
+    disaggregation_secret: bytes | None = field(metadata=DERIVED, repr=False)
     state_dir: str = field(metadata=DERIVED)
     #: The Responses store (`store.location.store_url`), None when disabled.
     response_store: str | None = field(metadata=DERIVED, repr=False)
@@ -154,6 +159,13 @@ class ResolvedConfig:
     batch_max_active: int
     files_key_max_count: int
     batch_concurrency: int
+
+    @property
+    def disaggregation_release_key(self) -> bytes | None:
+        """The key prefill ranks check release proofs with (derived from the pair's secret,
+        which stays in the HTTP processes)."""
+        secret = self.disaggregation_secret
+        return None if secret is None else release_key(secret)
 
     @property
     def response_store_scope_max_bytes(self) -> int:
@@ -248,6 +260,7 @@ def resolve(
         named_keys=keys,
         tenants=tenants_of(keys),
         reasoning_secret=config.reasoning_secret or os.environ.get("DEEPINFER_REASONING_SECRET"),
+        disaggregation_secret=disaggregation_secret(config),
         **_store_settings(config),
     )
 
@@ -318,7 +331,7 @@ def _as_given(config: ServerConfig) -> dict[str, Any]:
 
 #: Settings only the HTTP processes read: once resolved they leave the environment, so that no
 #: rank process, DeepInfer worker or other child inherits them.
-SERVER_ONLY_VARIABLES = ("DEEPINFER_API_KEY", "DEEPINFER_REASONING_SECRET")
+SERVER_ONLY_VARIABLES = ("DEEPINFER_API_KEY", "DEEPINFER_REASONING_SECRET", SECRET_VARIABLE)
 
 
 def withhold_server_secrets(environ: MutableMapping[str, str] | None = None) -> None:

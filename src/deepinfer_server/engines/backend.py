@@ -111,6 +111,8 @@ class EngineSpec:
     disaggregation_host: str = "127.0.0.1"
     disaggregation_kv_hold_timeout: float = 60.0
     disaggregation_transfer_timeout: float = 30.0
+    #: The key a prefill rank checks release proofs with (`handoff.signing.release_key`).
+    disaggregation_release_key: bytes | None = field(default=None, repr=False)
 
     @classmethod
     def for_rank(

@@ -3,7 +3,7 @@ the server's options."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from deepinfer_server.disaggregation.layout import checkpoint_identity
 from deepinfer_server.engines.backend import EngineSpec
@@ -26,6 +26,8 @@ class RoleSettings:
     #: checkpoint's identity (`disaggregation.layout.checkpoint_identity`).
     speculative_tokens: int = 0
     checkpoint: str | None = None
+    #: The pair's release key: a prefill rank honours only releases proven with it.
+    release_key: bytes | None = field(default=None, repr=False)
 
     @classmethod
     def of(cls, spec: EngineSpec) -> RoleSettings:
@@ -39,4 +41,5 @@ class RoleSettings:
             transfer_timeout=spec.disaggregation_transfer_timeout,
             speculative_tokens=spec.speculative_tokens,
             checkpoint=checkpoint_identity(spec.model),
+            release_key=spec.disaggregation_release_key,
         )

@@ -53,7 +53,8 @@ def transfer_totals(labels: list[str], ranks: list[EngineCounters]) -> Iterator[
     failures = counter_family(
         "kv_transfer_failures",
         "KV transfers that failed on a decode server, by reason (timeout, no_kv_room, "
-        "transfer_error, kv_mismatch, peer_unhealthy).",
+        "transfer_error, kv_mismatch, peer_unhealthy); on a prefill server, release notices "
+        "ignored for want of a valid proof (release_unverified).",
         "reason",
     )
     held = gauge_family(

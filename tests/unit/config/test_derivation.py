@@ -25,10 +25,20 @@ from deepinfer_server.server.startup import Prepared, rank_specs
 
 STATE_DIR = "/srv/deepinfer-state"
 STORE = "postgresql://responses:pw-789@db/responses"
-SECRETS = ("key-k1-123", "key-k2-456", "seal-789", "pw-789", "key-k3-789")
+SECRETS = (
+    "key-k1-123",
+    "key-k2-456",
+    "seal-789",
+    "pw-789",
+    "key-k3-789",
+    "pd-pair-secret-0123456789",
+)
 #: An --api-key-file naming one more key.
 KEY_FILE = Path(tempfile.mkdtemp()) / "api-keys"
 KEY_FILE.write_text("# team keys\nteam-a key-k3-789 max_running=2 weight=2\n")
+#: A --disaggregation-secret-file.
+PD_SECRET_FILE = KEY_FILE.parent / "pd-secret"
+PD_SECRET_FILE.write_text(SECRETS[5] + "\n")
 TEAM_A = Tenant("team-a", weight=2.0, max_running=2)
 
 #: Every ServerConfig option set to a value other than its default: (command line, as given).
@@ -114,6 +124,10 @@ OPTIONS: dict[str, tuple[list[str], Any]] = {
     "disaggregation_host": (["--disaggregation-host", "10.0.0.7"], "10.0.0.7"),
     "disaggregation_kv_hold_timeout": (["--disaggregation-kv-hold-timeout", "9"], 9.0),
     "disaggregation_transfer_timeout": (["--disaggregation-transfer-timeout", "8"], 8.0),
+    "disaggregation_secret_file": (
+        ["--disaggregation-secret-file", str(PD_SECRET_FILE)],
+        str(PD_SECRET_FILE),
+    ),
 }
 
 #: Options with one choice so far (nothing else to set them to).
@@ -149,6 +163,8 @@ DERIVED = {
     "response_store_key_max_bytes": 2 * 1024 * 1024,  # MiB, at most the store's cap
     "response_store_max_response_bytes": 2 * 1024 * 1024,  # MiB, at most a key's cap
     "disaggregation_host": "10.0.0.7",  # else --host, else this machine's address
+    # The file's bytes, stripped, else $DEEPINFER_DISAGGREGATION_SECRET.
+    "disaggregation_secret": SECRETS[5].encode(),
 }
 
 CLEARED_VARIABLES = (
@@ -158,6 +174,7 @@ CLEARED_VARIABLES = (
     "DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL",
     "DEEPINFER_USE_NEXTN_DECODE",
     "DEEPINFER_STATE_DIR",
+    "DEEPINFER_DISAGGREGATION_SECRET",
 )
 
 
@@ -190,7 +207,10 @@ def test_every_resolved_field_is_its_option_as_given_or_its_documented_derivatio
         assert (value, type(value)) == (expected, type(expected)), f.name
 
 
-def test_every_option_reaches_the_resolved_configuration() -> None:
+def test_every_option_reaches_the_resolved_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A role needs the pair's secret; from the environment, so the file option stays its own.
+    monkeypatch.setenv("DEEPINFER_DISAGGREGATION_SECRET", SECRETS[5] + "-from-the-environment")
+
     def resolved(server: ServerConfig) -> ResolvedConfig:
         return resolve(
             server, SimulatedOptions(), model_required=False, default_max_model_len=32768

@@ -30,6 +30,7 @@ from deepinfer_server.ipc.messages import (
     StepOutputs,
 )
 from deepinfer_server.metrics import ServerMetrics
+from tests.paths import PD_SECRET_ARGS
 
 HEAVY, LIGHT = 0, 1
 TWO = (Tenant("heavy"), Tenant("light"))
@@ -155,7 +156,7 @@ def test_the_queue_share_comes_from_the_configuration(tmp_path: Path) -> None:
     assert _running(heavy) == 1
     with pytest.raises(OverloadedError, match=r"--key-queued-share 0\.25 of --max-queued-req"):
         admission.admit(HEAVY)
-    decode = parse_config([*args, *flags, "--disaggregation-mode", "decode"])
+    decode = parse_config([*args, *flags, *PD_SECRET_ARGS, "--disaggregation-mode", "decode"])
     assert decode.admission_queued_share == 1.0  # a decode server queues nothing
 
 
@@ -311,6 +312,7 @@ def test_a_decode_servers_requests_reach_their_rank_at_once(tmp_path: Path) -> N
             "2",
             "--api-key-file",
             str(keys),
+            *PD_SECRET_ARGS,
             "--disaggregation-mode",
             "decode",
         ]

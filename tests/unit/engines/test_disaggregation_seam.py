@@ -4,6 +4,7 @@ freeing rules of held KV, the bootstrap port, and a read between two real transf
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import numpy as np
@@ -15,9 +16,10 @@ from deepinfer_server.disaggregation.handoff.params import (
     parse_kv_transfer_params,
 )
 from deepinfer_server.disaggregation.handoff.requests import request_kv_transfer
+from deepinfer_server.disaggregation.handoff.signing import HandoffSigner
 from deepinfer_server.disaggregation.role import DisaggregationRole
 from deepinfer_server.disaggregation.transfer.held import HeldKV
-from deepinfer_server.errors import BadRequestError
+from deepinfer_server.errors import BadRequestError, HandoffUnverifiedError
 from tests.lanes import require_disaggregation
 
 HANDOFF: dict[str, Any] = KVTransferParams(
@@ -33,6 +35,13 @@ HANDOFF: dict[str, Any] = KVTransferParams(
     remote_state_slot=2,
     first_token_id=42,
     prompt_length=200,
+).as_json()
+
+
+SIGNER = HandoffSigner(b"seam-test-pair-secret", 60.0)
+PROMPT = [7] * 200
+SIGNED: dict[str, Any] = SIGNER.sign(
+    parse_kv_transfer_params(dict(HANDOFF)), PROMPT, time.time()
 ).as_json()
 
 
@@ -59,16 +68,22 @@ def test_a_malformed_handoff_is_refused_with_its_reason(change: dict[str, Any], 
 
 
 def test_each_role_accepts_only_its_own_kind_of_kv_transfer_params() -> None:
-    handoff = {"kv_transfer_params": dict(HANDOFF)}
-    assert request_kv_transfer(handoff, DisaggregationRole.DECODE, 1, 200) is not None
+    handoff = {"kv_transfer_params": dict(SIGNED)}
+    decoded = request_kv_transfer(handoff, DisaggregationRole.DECODE, 1, PROMPT, SIGNER)
+    assert decoded is not None
+    assert decoded.release_proof == SIGNER.release_proof(decoded.transfer_id)
     assert (
         request_kv_transfer(
-            {"kv_transfer_params": {"do_remote_decode": True}}, DisaggregationRole.PREFILL, 1, 9
+            {"kv_transfer_params": {"do_remote_decode": True}},
+            DisaggregationRole.PREFILL,
+            1,
+            [7] * 9,
+            SIGNER,
         )
         is None
     )
-    assert request_kv_transfer({}, DisaggregationRole.PREFILL, 1, 9) is None
-    assert request_kv_transfer({}, DisaggregationRole.NULL, 2, 9) is None
+    assert request_kv_transfer({}, DisaggregationRole.PREFILL, 1, [7] * 9, SIGNER) is None
+    assert request_kv_transfer({}, DisaggregationRole.NULL, 2, [7] * 9, None) is None
     refused = [
         (handoff, DisaggregationRole.NULL, 1, 200),  # a NORMAL server takes no handoff
         (handoff, DisaggregationRole.PREFILL, 1, 200),  # a decode request sent to a prefill server
@@ -79,8 +94,24 @@ def test_each_role_accepts_only_its_own_kind_of_kv_transfer_params() -> None:
     ]
     for body, mode, choices, length in refused:
         with pytest.raises(BadRequestError) as caught:
-            request_kv_transfer(body, mode, choices, length)
+            request_kv_transfer(body, mode, choices, [7] * length, SIGNER)
         assert caught.value.param == "kv_transfer_params"
+
+
+def test_a_decode_server_refuses_a_handoff_it_cannot_verify_with_a_403() -> None:
+    forged = {"kv_transfer_params": {**SIGNED, "remote_kv_address": 1 << 22}}
+    unsigned = {"kv_transfer_params": dict(HANDOFF)}
+    other_prompt = [*PROMPT[:-1], 8]  # same length: only the signature tells them apart
+    cases = [
+        (forged, PROMPT, SIGNER, "does not verify"),
+        (unsigned, PROMPT, SIGNER, "no signature"),
+        ({"kv_transfer_params": dict(SIGNED)}, other_prompt, SIGNER, "another prompt"),
+        ({"kv_transfer_params": dict(SIGNED)}, PROMPT, None, "--disaggregation-secret-file"),
+    ]
+    for body, prompt, signer, says in cases:
+        with pytest.raises(HandoffUnverifiedError, match=says) as caught:
+            request_kv_transfer(body, DisaggregationRole.DECODE, 1, prompt, signer)
+        assert (caught.value.status_code, caught.value.param) == (403, "kv_transfer_params")
 
 
 def test_held_kv_is_freed_when_released_or_when_its_time_is_up() -> None:
@@ -103,13 +134,17 @@ def test_held_kv_is_freed_when_released_or_when_its_time_is_up() -> None:
 def test_the_bootstrap_port_queues_releases_and_answers_pings() -> None:
     from deepinfer_server.disaggregation.transfer.bootstrap import BootstrapServer
 
-    server = BootstrapServer("127.0.0.1", 0, "feed")
+    server = BootstrapServer("127.0.0.1", 0, "feed", SIGNER.release_verified)
     try:
-        answer = bootstrap_call("127.0.0.1", server.port, {"op": "release", "transfer_id": "t9"}, 5)
-        assert answer == {"ok": True}
+        proof = SIGNER.release_proof("t9")
+        release = {"op": "release", "transfer_id": "t9", "proof": proof}
+        assert bootstrap_call("127.0.0.1", server.port, release, 5) == {"ok": True}
+        forged = {"op": "release", "transfer_id": "t8", "proof": proof}
+        assert bootstrap_call("127.0.0.1", server.port, forged, 5)["ok"] is False
         assert bootstrap_call("127.0.0.1", server.port, {"op": "nonsense"}, 5) == {"ok": False}
         assert server.take_released() == ["t9"]
         assert server.take_released() == []
+        assert server.refused_releases == 1
         assert asyncio.run(bootstrap_ping("127.0.0.1", server.port, 5.0))
     finally:
         server.close()
@@ -155,8 +190,8 @@ def test_a_decode_server_is_unhealthy_only_when_no_known_prefill_peer_answers() 
 
     peers = PrefillPeers()
     assert asyncio.run(peers.unreachable(0.0)) == []  # no peer known yet
-    live = BootstrapServer("127.0.0.1", 0, "feed")
-    gone = BootstrapServer("127.0.0.1", 0, "dead")
+    live = BootstrapServer("127.0.0.1", 0, "feed", SIGNER.release_verified)
+    gone = BootstrapServer("127.0.0.1", 0, "dead", SIGNER.release_verified)
     gone.close()
     try:
         peers.seen(peer(gone.port), 0.0)

@@ -89,9 +89,14 @@ def handoff_from(server: BootstrapServer, engine_id: str = "feed") -> KVTransfer
     )
 
 
+def _no_release(transfer_id: str, proof: object) -> bool:
+    """The pairing sends no release: none verifies."""
+    return False
+
+
 @pytest.fixture
 def prefill_rank() -> object:
-    server = BootstrapServer("127.0.0.1", 0, "feed")
+    server = BootstrapServer("127.0.0.1", 0, "feed", _no_release)
     yield server
     server.close()
 
@@ -157,7 +162,7 @@ def test_nothing_is_compared_before_the_decode_ranks_reported_their_layout(
 
 
 def test_an_unreachable_prefill_rank_is_left_to_its_pull() -> None:
-    server = BootstrapServer("127.0.0.1", 0, "feed")
+    server = BootstrapServer("127.0.0.1", 0, "feed", _no_release)
     params = handoff_from(server)
     server.close()
     assert asyncio.run(PrefillPeers(lambda: LAYOUT).refusal(params, PROBE)) is None

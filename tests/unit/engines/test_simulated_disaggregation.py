@@ -14,6 +14,7 @@ import pytest
 
 from deepinfer_server.disaggregation.handoff.bootstrap import bootstrap_call
 from deepinfer_server.disaggregation.handoff.params import KVTransferParams
+from deepinfer_server.disaggregation.handoff.signing import HandoffSigner, release_key
 from deepinfer_server.disaggregation.role import DisaggregationRole
 from deepinfer_server.disaggregation.transfer import connector
 from deepinfer_server.disaggregation.transfer.connector import PrefillConnector
@@ -30,6 +31,9 @@ from tests.lanes import require_disaggregation
 
 require_disaggregation()
 pytestmark = pytest.mark.disaggregation
+
+#: The pair's shared secret.
+SECRET = b"simulated-pair-secret"
 
 #: BOS <｜User｜> "Hello" x 100 <｜Assistant｜> </think>: three KV blocks of prompt.
 PROMPT = [0, 128803, *([19923] * 300), 128804, 128822]
@@ -57,6 +61,7 @@ def role_settings(**changes: Any) -> RoleSettings:
         rank=0,
         hold_timeout=60.0,
         transfer_timeout=30.0,
+        release_key=release_key(SECRET),
     )
     return dataclasses.replace(settings, **changes)
 
@@ -129,7 +134,8 @@ def handoff_of(prefill: tuple[LLMEngine, LLMEngineDriver], request_id: str) -> K
     assert len(tokens(deltas)) == 1  # a PROMPT engine answers with the prompt step's token
     params = deltas[-1].kv_transfer_params
     assert params is not None
-    return params
+    # As a decode server's API process hands it on once verified: with its release proof.
+    return HandoffSigner(SECRET, 60.0).armed(params)
 
 
 def wait_released(engine: LLMEngine, driver: LLMEngineDriver) -> None:
@@ -200,14 +206,33 @@ def test_a_non_zero_bootstrap_port_is_rank_0s_and_rank_r_listens_on_it_plus_r(
     class Bound:
         """Stands in for the bootstrap server: records the port asked for, binds nothing."""
 
-        def __init__(self, host: str, port: int, engine_id: str) -> None:
+        def __init__(self, host: str, port: int, engine_id: str, verify: object) -> None:
             asked.append(port)
             self.port = port or 41234  # the kernel's choice for 0
 
     monkeypatch.setattr(connector, "BootstrapServer", Bound)
-    assert PrefillConnector(9100, 2, 1.0).bootstrap_port == 9102
-    assert PrefillConnector(0, 2, 1.0).bootstrap_port == 41234
+    assert PrefillConnector(9100, 2, 1.0, release_key(SECRET)).bootstrap_port == 9102
+    assert PrefillConnector(0, 2, 1.0, release_key(SECRET)).bootstrap_port == 41234
     assert asked == [9102, 0]
+
+
+def test_a_release_without_the_pairs_proof_is_ignored_and_counted(
+    prefill: tuple[LLMEngine, LLMEngineDriver],
+) -> None:
+    engine, driver = prefill
+    params = handoff_of(prefill, "r")
+    stranger = HandoffSigner(b"another-pair-secret", 60.0).release_proof(params.transfer_id)
+    for proof in (None, "0" * 64, stranger, params.release_proof[:-1]):
+        message = {"op": "release", "transfer_id": params.transfer_id, "proof": proof}
+        answer = bootstrap_call("127.0.0.1", params.remote_bootstrap_port, message, 5.0)
+        assert answer["ok"] is False
+    driver.iterate()
+    assert engine.held_kv() == 1
+    stats = engine.kv_transfer_stats()
+    assert stats is not None and stats.failures == {"release_unverified": 4}
+    message = {"op": "release", "transfer_id": params.transfer_id, "proof": params.release_proof}
+    assert bootstrap_call("127.0.0.1", params.remote_bootstrap_port, message, 5.0) == {"ok": True}
+    wait_released(engine, driver)
 
 
 def test_a_prompt_that_is_not_the_handed_off_one_fails_the_provenance_check(

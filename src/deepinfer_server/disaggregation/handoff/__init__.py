@@ -2,6 +2,7 @@
 
 `params` is the `kv_transfer_params` wire format, `bootstrap` the bootstrap port's protocol,
 `requests` a request's handoff checked against the server's role (and the prefill answer's),
-`peers` the prefill ranks a decode server's `/health` probes. The API process imports only
-this side: nothing here imports an engine, the transfer side or a transfer library.
+`signing` the handoff's MAC and the release proof, `peers` the prefill ranks a decode
+server's `/health` probes. The API process imports only this side: nothing here imports an
+engine, the transfer side or a transfer library.
 """

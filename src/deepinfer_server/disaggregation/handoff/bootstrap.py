@@ -2,11 +2,11 @@
 
 The bootstrap port (prefill DP rank r listens on `--disaggregation-bootstrap-port` + r, or with
 0 on a port of its own choosing; a handoff names its rank's port) takes
-one JSON line per connection and answers one: `{"op": "release", "transfer_id": ...}` (the
-decode side has the KV, or gives up on it: the prefill side frees it) and `{"op": "ping"}` (a
-decode server's health probe and layout handshake: the answer carries the rank's `engine_id`
-and its KV `layout`, `disaggregation.layout.KVLayout`). The listening side is
-`transfer.bootstrap.BootstrapServer`.
+one JSON line per connection and answers one: `{"op": "release", "transfer_id": ...,
+"proof": ...}` (the decode side has the KV, or gives up on it: the prefill side frees it when
+the proof verifies, `handoff.signing`) and `{"op": "ping"}` (a decode server's health probe and
+layout handshake: the answer carries the rank's `engine_id` and its KV `layout`,
+`disaggregation.layout.KVLayout`). The listening side is `transfer.bootstrap.BootstrapServer`.
 """
 
 from __future__ import annotations

@@ -46,10 +46,19 @@ class KVTransferParams(msgspec.Struct, forbid_unknown_fields=False, kw_only=True
     #: A digest of the held rows (sampled windows of each block row and the state row) the
     #: decode side compares after its pull (None: the prefill engine computes none).
     kv_digest: Annotated[str, msgspec.Meta(max_length=64)] | None = None
+    #: Unix second after which the handoff is refused (`handoff.signing`).
+    expires_at: int | None = None
+    #: The prefill server's HMAC-SHA256 over the other fields, the prompt and `expires_at`.
+    signature: str | None = None
+    #: Set by the decode server once the handoff verified: the proof its release carries. Never
+    #: read from a request nor written into an answer.
+    release_proof: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         """The object a prefill answer carries."""
-        return msgspec.to_builtins(self)  # type: ignore[no-any-return]
+        wire: dict[str, Any] = msgspec.to_builtins(self)
+        del wire["release_proof"]
+        return wire
 
 
 def parse_kv_transfer_params(value: object, prompt_length: int | None = None) -> KVTransferParams:
@@ -69,6 +78,7 @@ def parse_kv_transfer_params(value: object, prompt_length: int | None = None) ->
         params = msgspec.convert(value, KVTransferParams)
     except msgspec.ValidationError as exc:
         raise ValueError(f"kv_transfer_params: {exc}") from None
+    params.release_proof = None
     if params.block_size != KV_BLOCK_SIZE:
         raise ValueError(f"kv_transfer_params.block_size must be {KV_BLOCK_SIZE}")
     blocks = -(-params.prompt_length // params.block_size)

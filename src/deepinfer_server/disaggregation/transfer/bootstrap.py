@@ -3,7 +3,8 @@
 A ping's answer carries the rank's engine ID and its KV layout (`disaggregation.layout`), which
 a decode server compares with its own before it pulls. It runs in threads of its own beside the
 rank's loop: a release notice is queued for the loop's thread (the engine's owner), which frees
-the held KV at its next step.
+the held KV at its next step. A release without a valid proof (`handoff.signing`) is ignored
+and counted.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import logging
 import queue
 import socketserver
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from deepinfer_server.disaggregation.layout import KVLayout
@@ -41,8 +43,7 @@ class _Handler(socketserver.StreamRequestHandler):
                     "layout": self.server.layout,
                 }
             elif op == "release" and isinstance(message.get("transfer_id"), str):
-                self.server.released.put(message["transfer_id"])
-                answer = {"ok": True}
+                answer = self.server.release(message["transfer_id"], message.get("proof"))
         with contextlib.suppress(OSError):
             self.wfile.write(json.dumps(answer).encode() + b"\n")
 
@@ -53,12 +54,31 @@ class _Server(socketserver.ThreadingTCPServer):
     engine_id: str
     layout: dict[str, object] | None
     released: queue.SimpleQueue[str]
+    verify_release: Callable[[str, object], bool]
+    refused: int = 0
+    lock: threading.Lock
+
+    def release(self, transfer_id: str, proof: object) -> dict[str, Any]:
+        """Queue a proven release; count and ignore one without a valid proof."""
+        if self.verify_release(transfer_id, proof):
+            self.released.put(transfer_id)
+            return {"ok": True}
+        with self.lock:
+            self.refused += 1
+        logger.warning("ignored a release of transfer %s without a valid proof", transfer_id)
+        return {"ok": False, "error": "release proof does not verify"}
 
 
 class BootstrapServer:
     """Listens on `host:port` until `close()`; `take_released()` drains the release notices."""
 
-    def __init__(self, host: str, port: int, engine_id: str) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        engine_id: str,
+        verify_release: Callable[[str, object], bool],
+    ) -> None:
         try:
             self._server = _Server((host, port), _Handler)
         except OSError as exc:
@@ -68,6 +88,8 @@ class BootstrapServer:
         self._server.engine_id = engine_id
         self._server.layout = None
         self._server.released = queue.SimpleQueue()
+        self._server.verify_release = verify_release
+        self._server.lock = threading.Lock()
         #: The bound port (the one asked for, or the kernel's choice when that was 0).
         self.port: int = self._server.server_address[1]
         self._thread = threading.Thread(
@@ -83,6 +105,11 @@ class BootstrapServer:
     def take_released(self) -> list[str]:
         """The transfer IDs released since the last call."""
         return drain(self._server.released)
+
+    @property
+    def refused_releases(self) -> int:
+        """Releases ignored since the start because their proof did not verify."""
+        return self._server.refused
 
     def close(self) -> None:
         self._server.shutdown()

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 
 from deepinfer_server.disaggregation.handoff.params import KVTransferParams
+from deepinfer_server.disaggregation.handoff.signing import release_verified
 from deepinfer_server.disaggregation.layout import KVLayout
 from deepinfer_server.disaggregation.transfer.agent import TransferAgent
 from deepinfer_server.disaggregation.transfer.bootstrap import BootstrapServer
@@ -93,11 +94,15 @@ class PrefillConnector(KVConnector):
     """A PROMPT engine's side: holds prefilled prompts for decode servers and keeps each
     request's handoff until the driver takes it."""
 
-    def __init__(self, bootstrap_port: int, rank: int, hold_timeout: float) -> None:
+    def __init__(
+        self, bootstrap_port: int, rank: int, hold_timeout: float, release_key: bytes | None
+    ) -> None:
         self.engine_id = secrets.token_hex(8)
+        # Without the pair's release key no release can be proven: holds end on their timeout.
+        self._release_key = release_key
         # Port 0: every rank binds a port of its own choosing, reported once bound.
         port = bootstrap_port + rank if bootstrap_port else 0
-        self.bootstrap = BootstrapServer("0.0.0.0", port, self.engine_id)
+        self.bootstrap = BootstrapServer("0.0.0.0", port, self.engine_id, self._release_verified)
         logger.info(
             "[startup] DP rank %d: disaggregation bootstrap port %d", rank, self.bootstrap.port
         )
@@ -130,6 +135,18 @@ class PrefillConnector(KVConnector):
     def held_count(self) -> int:
         """Prompts held for decode servers now."""
         return len(self.held)
+
+    def transfer_stats(self) -> TransferStats:
+        """The releases ignored for want of a valid proof, as the failure reason
+        `release_unverified` (a prefill rank moves no bytes itself)."""
+        stats = TransferStats()
+        if self.bootstrap.refused_releases:
+            stats.failures["release_unverified"] = self.bootstrap.refused_releases
+        return stats
+
+    def _release_verified(self, transfer_id: str, proof: object) -> bool:
+        key = self._release_key
+        return key is not None and release_verified(key, transfer_id, proof)
 
     def close(self) -> None:
         """Stop the bootstrap port and free every hold."""

@@ -101,7 +101,7 @@ def release(params: KVTransferParams) -> None:
         bootstrap_call(
             params.remote_host,
             params.remote_bootstrap_port,
-            {"op": "release", "transfer_id": params.transfer_id},
+            {"op": "release", "transfer_id": params.transfer_id, "proof": params.release_proof},
             RELEASE_TIMEOUT,
         )
     except OSError as exc:

@@ -60,7 +60,9 @@ class PromptRole(PrefillConnector):
         self._settings = settings
         self.agent = TransferAgent(settings.host, settings.ib_device)
         self.memory = CacheMemory(engine.driver_worker.cache_engine, self.agent)
-        super().__init__(settings.bootstrap_port, settings.rank, settings.hold_timeout)
+        super().__init__(
+            settings.bootstrap_port, settings.rank, settings.hold_timeout, settings.release_key
+        )
         self.publish(self.memory.layout(settings))
         #: Sequences DeepInfer built, not placed yet (in arrival order).
         self._queue: deque[Any] = deque()

@@ -56,7 +56,9 @@ class PrefillRole(PrefillConnector):
         self._slots = slots
         self._agent = agent
         self.memory = KVMemory(kv.cache_config.num_gpu_blocks, slots.size, agent)
-        super().__init__(settings.bootstrap_port, settings.rank, settings.hold_timeout)
+        super().__init__(
+            settings.bootstrap_port, settings.rank, settings.hold_timeout, settings.release_key
+        )
         self.publish(self.memory.layout(settings.speculative_tokens, settings.checkpoint))
         self._writer = writer_id(self.engine_id)
         self._rank = settings.rank

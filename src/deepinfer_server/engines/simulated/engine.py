@@ -310,7 +310,10 @@ class LLMEngine:
         return self._prefill.handoffs.pop(request_id, None)
 
     def kv_transfer_stats(self) -> TransferStats | None:
-        """A COMPLETION engine's transfer counters (None for the other roles)."""
+        """A COMPLETION engine's transfer counters, a PROMPT engine's ignored releases (None
+        for a NORMAL engine)."""
+        if self._prefill is not None:
+            return self._prefill.transfer_stats()
         return None if self._decode is None else self._decode.stats
 
     def held_kv(self) -> int:
