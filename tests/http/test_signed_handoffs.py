@@ -11,6 +11,7 @@ import msgspec
 
 from deepinfer_server.disaggregation.handoff.params import KV_BLOCK_SIZE, KVTransferParams
 from deepinfer_server.disaggregation.handoff.signing import HandoffSigner
+from tests.handoffs import sample_handoff
 from tests.http.harness import run, serve
 from tests.http.test_bad_input import MESSAGES, PATHS, VALID
 from tests.paths import PD_SECRET, PD_SECRET_ARGS
@@ -22,18 +23,11 @@ DECODE = (*PD_SECRET_ARGS, "--disaggregation-mode", "decode")
 
 def handoff(prompt: list[int]) -> KVTransferParams:
     """What a prefill server's engine hands off for `prompt`, unsigned."""
-    return KVTransferParams(
+    return sample_handoff(
         remote_host="127.0.0.1",
-        remote_port=15000,
-        remote_bootstrap_port=8998,
         remote_dp_rank=0,
-        remote_engine_id="0123abcd",
-        transfer_id="t1",
         remote_block_ids=list(range(1, -(-len(prompt) // KV_BLOCK_SIZE) + 1)),
-        remote_kv_address=1 << 20,
-        remote_state_address=1 << 21,
         remote_state_slot=1,
-        first_token_id=42,
         prompt_length=len(prompt),
     )
 

@@ -20,22 +20,10 @@ from deepinfer_server.disaggregation.handoff.signing import HandoffSigner
 from deepinfer_server.disaggregation.role import DisaggregationRole
 from deepinfer_server.disaggregation.transfer.held import HeldKV
 from deepinfer_server.errors import BadRequestError, HandoffUnverifiedError
+from tests.handoffs import sample_handoff
 from tests.lanes import require_disaggregation
 
-HANDOFF: dict[str, Any] = KVTransferParams(
-    remote_host="10.0.0.7",
-    remote_port=15000,
-    remote_bootstrap_port=8998,
-    remote_dp_rank=1,
-    remote_engine_id="0123abcd",
-    transfer_id="t1",
-    remote_block_ids=[4, 9],
-    remote_kv_address=1 << 20,
-    remote_state_address=1 << 21,
-    remote_state_slot=2,
-    first_token_id=42,
-    prompt_length=200,
-).as_json()
+HANDOFF: dict[str, Any] = sample_handoff().as_json()
 
 
 SIGNER = HandoffSigner(b"seam-test-pair-secret", 60.0)

@@ -17,26 +17,14 @@ from deepinfer_server.disaggregation.handoff.signing import (
     HandoffRefused,
     HandoffSigner,
 )
+from tests.handoffs import sample_handoff
 
 SECRET = b"a-pair-secret-of-32-bytes-length"
 SIGNER = HandoffSigner(SECRET, 60.0)
 PROMPT = list(range(300))
 NOW = 1_800_000_000.0
 
-PARAMS = KVTransferParams(
-    remote_host="10.0.0.7",
-    remote_port=15000,
-    remote_bootstrap_port=8998,
-    remote_dp_rank=1,
-    remote_engine_id="0123abcd",
-    transfer_id="t1",
-    remote_block_ids=[4, 9, 11],
-    remote_kv_address=1 << 20,
-    remote_state_address=1 << 21,
-    remote_state_slot=2,
-    first_token_id=42,
-    prompt_length=300,
-)
+PARAMS = sample_handoff(remote_block_ids=[4, 9, 11], prompt_length=300)
 
 #: Each wire field, and a value other than the signed one.
 TAMPERED: dict[str, Any] = {
