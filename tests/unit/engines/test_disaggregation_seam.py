@@ -28,9 +28,12 @@ HANDOFF: dict[str, Any] = sample_handoff().as_json()
 
 SIGNER = HandoffSigner(b"seam-test-pair-secret", 60.0)
 PROMPT = [7] * 200
-SIGNED: dict[str, Any] = SIGNER.sign(
-    parse_kv_transfer_params(dict(HANDOFF)), PROMPT, time.time()
-).as_json()
+
+
+def signed() -> dict[str, Any]:
+    """The handoff signed now (it expires: signed at import, it had expired by the time a
+    worker ran a test module queued minutes later)."""
+    return SIGNER.sign(parse_kv_transfer_params(dict(HANDOFF)), PROMPT, time.time()).as_json()
 
 
 def test_a_prefill_answers_handoff_parses_back() -> None:
@@ -56,7 +59,7 @@ def test_a_malformed_handoff_is_refused_with_its_reason(change: dict[str, Any], 
 
 
 def test_each_role_accepts_only_its_own_kind_of_kv_transfer_params() -> None:
-    handoff = {"kv_transfer_params": dict(SIGNED)}
+    handoff = {"kv_transfer_params": signed()}
     decoded = request_kv_transfer(handoff, DisaggregationRole.DECODE, 1, PROMPT, SIGNER)
     assert decoded is not None
     assert decoded.release_proof == SIGNER.release_proof(decoded.transfer_id)
@@ -87,14 +90,14 @@ def test_each_role_accepts_only_its_own_kind_of_kv_transfer_params() -> None:
 
 
 def test_a_decode_server_refuses_a_handoff_it_cannot_verify_with_a_403() -> None:
-    forged = {"kv_transfer_params": {**SIGNED, "remote_kv_address": 1 << 22}}
+    forged = {"kv_transfer_params": {**signed(), "remote_kv_address": 1 << 22}}
     unsigned = {"kv_transfer_params": dict(HANDOFF)}
     other_prompt = [*PROMPT[:-1], 8]  # same length: only the signature tells them apart
     cases = [
         (forged, PROMPT, SIGNER, "does not verify"),
         (unsigned, PROMPT, SIGNER, "no signature"),
-        ({"kv_transfer_params": dict(SIGNED)}, other_prompt, SIGNER, "another prompt"),
-        ({"kv_transfer_params": dict(SIGNED)}, PROMPT, None, "--disaggregation-secret-file"),
+        ({"kv_transfer_params": signed()}, other_prompt, SIGNER, "another prompt"),
+        ({"kv_transfer_params": signed()}, PROMPT, None, "--disaggregation-secret-file"),
     ]
     for body, prompt, signer, says in cases:
         with pytest.raises(HandoffUnverifiedError, match=says) as caught:
