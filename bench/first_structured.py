@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import httpx
-from grammar_startup import _free_port, _structured
+from grammar_startup import _free_port, _structured, wait_healthy
 
 MODEL = "deepseek-flash"
 _READY_LINE = f'deepinfer:grammar_ready{{model_name="{MODEL}"}} 1.0'
@@ -52,15 +52,7 @@ def one_start(state_dir: Path, name: str, src: Path | None) -> tuple[float, floa
         env={**os.environ, "PYTHONPATH": str(src)} if src else os.environ.copy(),
     )
     try:
-        while True:
-            try:
-                if httpx.get(base_url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if server.poll() is not None:
-                raise SystemExit(f"the server exited with {server.returncode}")
-            time.sleep(0.02)
+        wait_healthy(server, base_url, "the server", poll=0.02)
         healthy = time.perf_counter()
         answered = _structured(base_url, name)
         while src is None and not _grammar_ready(base_url):

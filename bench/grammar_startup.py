@@ -49,6 +49,19 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def wait_healthy(server: subprocess.Popen[bytes], base_url: str, what: str, poll: float) -> None:
+    """Until `/health` answers 200 (read every `poll` seconds); exit if `server` exits first."""
+    while True:
+        try:
+            if httpx.get(base_url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if server.poll() is not None:
+            raise SystemExit(f"{what} exited with {server.returncode}")
+        time.sleep(poll)
+
+
 def _cpu(server: psutil.Process) -> float:
     """User and system CPU seconds of the server and its live descendants."""
     total = 0.0
@@ -91,15 +104,7 @@ def run_once(checkout: Path, idle: float) -> Run:
     )
     process = psutil.Process(server.pid)
     try:
-        while True:
-            try:
-                if httpx.get(base_url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if server.poll() is not None:
-                raise SystemExit(f"the server of {checkout} exited with {server.returncode}")
-            time.sleep(0.05)
+        wait_healthy(server, base_url, f"the server of {checkout}", poll=0.05)
         ready = time.perf_counter() - started
         cpu_at_ready = _cpu(process)
         if idle:
