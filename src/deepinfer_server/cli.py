@@ -69,6 +69,7 @@ def parse_config(argv: Sequence[str] | None = None) -> ResolvedConfig:
         model_required=backend.model_required,
         default_max_model_len=backend.default_max_model_len,
         default_prefix_caching=backend.default_prefix_caching,
+        default_kv_offload_host_gb=backend.default_kv_offload_host_gb,
     )
     backend.validate_options(options, config.data_parallel_size)
     return config

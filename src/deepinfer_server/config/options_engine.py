@@ -147,6 +147,16 @@ class SchedulingOptions:
         "(default: %(default)s)",
         choices=["key", "global"],
     )
+    kv_offload_host_gb: float | None = option(
+        None,
+        "--kv-offload-host-gb",
+        help="host memory (GB, per DP rank) for a second prefix-cache tier: prompt prefixes "
+        "evicted from the rank's KV pool are copied there instead of dropped, and a request "
+        "that starts with one is restored from there when the copy back is faster than "
+        "computing it; 0 turns it off (default: 64 for --engine simulated with the prefix "
+        "cache on, 0 for --engine deepinfer until it is validated on GPUs)",
+        type=float,
+    )
     step_timeout: float = float_option(
         300.0,
         "--step-timeout",

@@ -92,6 +92,8 @@ class ResolvedConfig:
     speculative_tokens: int = field(metadata=DERIVED)
     enable_prefix_caching: bool = field(metadata=DERIVED)
     prefix_cache_scope: Literal["key", "global"]
+    #: The prefix cache's host tier per DP rank, in GB (0: none).
+    kv_offload_host_gb: float = field(metadata=DERIVED)
     step_timeout: float
     request_timeout: float
     startup_timeout: float
@@ -220,11 +222,13 @@ def resolve(
     model_required: bool,
     default_max_model_len: int,
     default_prefix_caching: bool = False,
+    default_kv_offload_host_gb: float = 0.0,
 ) -> ResolvedConfig:
     """Validate the options as given and fill every derived default.
 
     `engine_options` is the chosen backend's option group (already validated by the backend);
-    `model_required`, `default_max_model_len` and `default_prefix_caching` are that backend's.
+    `model_required`, `default_max_model_len`, `default_prefix_caching` and
+    `default_kv_offload_host_gb` are that backend's.
     """
     if config.model is None and model_required:
         raise ConfigError(f"MODEL is required with --engine {config.engine}")
@@ -237,6 +241,11 @@ def resolve(
     served = _served_model_names(config)
     keys = named_keys(_api_keys(config), config.api_key_file)
     prefill_attempt, prefill_any_attempt = _prefill_intervals(config)
+    caching = (
+        default_prefix_caching
+        if config.enable_prefix_caching is None
+        else config.enable_prefix_caching
+    )
     return ResolvedConfig(
         **_as_given(config),
         engine_options=engine_options,
@@ -248,11 +257,8 @@ def resolve(
         prefill_attempt_interval=prefill_attempt,
         prefill_any_attempt_interval=prefill_any_attempt,
         speculative_tokens=speculative_tokens(config.speculative_tokens),
-        enable_prefix_caching=(
-            default_prefix_caching
-            if config.enable_prefix_caching is None
-            else config.enable_prefix_caching
-        ),
+        enable_prefix_caching=caching,
+        kv_offload_host_gb=_host_tier_gb(config, caching, default_kv_offload_host_gb),
         allowed_media_domains=tuple(d.lower() for d in config.allowed_media_domains),
         disaggregation_host=advertised_host(config.disaggregation_host, config.host),
         access_log=not config.disable_access_log,
@@ -263,6 +269,17 @@ def resolve(
         disaggregation_secret=disaggregation_secret(config),
         **_store_settings(config),
     )
+
+
+def _host_tier_gb(config: ServerConfig, caching: bool, default: float) -> float:
+    """`--kv-offload-host-gb` as given, else the engine's default while the cache is on."""
+    if config.kv_offload_host_gb is None:
+        return default if caching else 0.0
+    if config.kv_offload_host_gb < 0:
+        raise ConfigError(
+            f"--kv-offload-host-gb must not be negative, got {config.kv_offload_host_gb:g}"
+        )
+    return float(config.kv_offload_host_gb)
 
 
 def _served_model_names(config: ServerConfig) -> tuple[str, ...]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from deepinfer_server.disaggregation.transfer.connector import KVConnector
+from deepinfer_server.ipc.messages import HostTierStats
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,10 @@ class EngineAbilities:
     def prefix_cache_stats(self) -> tuple[int, int, int] | None:
         """(prompt tokens looked up, prompt tokens reused, cached sequences now), or None
         without a prefix cache."""
+        return None
+
+    def host_tier_stats(self) -> HostTierStats | None:
+        """The prefix cache's host-memory tier counters, or None without one."""
         return None
 
     def prompt_tokens_computed(self) -> int | None:

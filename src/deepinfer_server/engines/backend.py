@@ -100,6 +100,8 @@ class EngineSpec:
     speculative_tokens: int = 0
     #: `--enable-prefix-caching`: reuse the KV cache and state of earlier requests' prompts.
     enable_prefix_caching: bool = False
+    #: `--kv-offload-host-gb`: the prefix cache's host tier, in GB (0: none).
+    kv_offload_host_gb: float = 0.0
     #: Prepare the grammar compiler once the rank is ready (`BuiltEngine.after_ready`).
     grammar_warmup: bool = True
 
@@ -171,6 +173,8 @@ class EngineBackend(abc.ABC):
     default_max_model_len: ClassVar[int] = 32768
     #: --enable-prefix-caching when neither it nor --no-enable-prefix-caching is given.
     default_prefix_caching: ClassVar[bool] = False
+    #: --kv-offload-host-gb when not given and the prefix cache is on.
+    default_kv_offload_host_gb: ClassVar[float] = 0.0
 
     def validate_options(self, options: object, data_parallel_size: int) -> None:
         """Raise ConfigError for option values this engine cannot use."""

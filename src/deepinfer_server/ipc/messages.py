@@ -260,13 +260,30 @@ class RequestDelta(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
     detail: str | None = None
 
 
+class HostTierStats(msgspec.Struct, array_like=True, gc=False):
+    """A rank's host-memory KV tier (`--kv-offload-host-gb`): the prompt tokens its restores
+    served, the bytes and seconds of the copies each way since the rank started, and what it
+    holds now against its budget."""
+
+    hit_tokens: int
+    restore_bytes: int
+    restore_seconds: float
+    offload_bytes: int
+    offload_seconds: float
+    sequences: int
+    bytes: int
+    budget_bytes: int
+
+
 class PrefixCacheStats(msgspec.Struct, array_like=True, gc=False):
     """A rank's prefix-cache counters: prompt tokens looked up and found in the cache since
-    the rank started (as vLLM counts them), and the sequences the cache holds now."""
+    the rank started (as vLLM counts them; `hits` counts every tier's), and the sequences the
+    cache holds now; `host`, its host-memory tier's (None without one)."""
 
     queries: int
     hits: int
     sequences: int
+    host: HostTierStats | None = None
 
 
 class EngineCounters(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

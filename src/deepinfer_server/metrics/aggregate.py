@@ -17,6 +17,7 @@ import prometheus_client
 from prometheus_client.core import Metric
 from prometheus_client.samples import Sample
 
+from deepinfer_server.metrics.prefix_cache import PREFIX_CACHE_FAMILIES
 from deepinfer_server.metrics.registry import PREFIX, RankLoad, ServerMetrics
 
 #: Families every process holds in full: taken from the answering process, never summed.
@@ -25,9 +26,7 @@ SEEN_BY_EVERY_PROCESS = frozenset(
     for name in (
         "engine_step_seconds",
         "kv_cache_usage_perc",
-        "prefix_cache_queries",
-        "prefix_cache_hits",
-        "prefix_cache_sequences",
+        *PREFIX_CACHE_FAMILIES,
         "healthy",
         # Read from admission's counts, which every process shares.
         "tenant_requests_running",

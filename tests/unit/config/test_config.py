@@ -332,3 +332,22 @@ def test_prefix_caching_defaults_per_engine_and_the_flags_reach_every_rank() -> 
     prepared = Prepared(get_backend("simulated"), None, 29500, "", cast(RecipeContext, None))
     specs = rank_specs(config, prepared, "/tmp/unused")
     assert [spec.engine.enable_prefix_caching for spec in specs] == [True, True]
+
+
+def test_the_host_tier_defaults_per_engine_and_deepinfer_refuses_it() -> None:
+    simulated = parse_config(["--engine", "simulated"])
+    assert simulated.kv_offload_host_gb == 64.0
+    assert (
+        parse_config(["--engine", "simulated", "--no-enable-prefix-caching"]).kv_offload_host_gb
+        == 0
+    )
+    prepared = Prepared(get_backend("simulated"), None, 29500, "", cast(RecipeContext, None))
+    sized = parse_config(["--engine", "simulated", "--kv-offload-host-gb", "2"])
+    assert [spec.engine.kv_offload_host_gb for spec in rank_specs(sized, prepared, "/x")] == [2.0]
+    assert parse_config(["/models/ckpt", "--engine", "deepinfer"]).kv_offload_host_gb == 0
+    with pytest.raises(ConfigError, match="must not be negative"):
+        parse_config(["--engine", "simulated", "--kv-offload-host-gb", "-1"])
+    tier = ["--enable-prefix-caching", "--kv-offload-host-gb", "8"]
+    config = parse_config(["/models/ckpt", "--engine", "deepinfer", *tier])
+    with pytest.raises(ConfigError, match="not validated on GPU yet"):
+        DeepInferBackend().preflight(config, None)

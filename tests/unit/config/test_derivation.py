@@ -65,6 +65,7 @@ OPTIONS: dict[str, tuple[list[str], Any]] = {
     "speculative_tokens": (["--speculative-tokens", "3"], 3),
     "enable_prefix_caching": (["--enable-prefix-caching"], True),
     "prefix_cache_scope": (["--prefix-cache-scope", "global"], "global"),
+    "kv_offload_host_gb": (["--kv-offload-host-gb", "8"], 8.0),
     "step_timeout": (["--step-timeout", "11"], 11.0),
     "request_timeout": (["--request-timeout", "13"], 13.0),
     "startup_timeout": (["--startup-timeout", "14"], 14.0),
@@ -145,6 +146,7 @@ DERIVED = {
     "prefill_any_attempt_interval": 6,  # else DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL, else 100
     "speculative_tokens": 3,  # else DEEPINFER_USE_NEXTN_DECODE, else 0
     "enable_prefix_caching": True,  # else the engine's default
+    "kv_offload_host_gb": 8.0,  # else the engine's default with the cache on, else 0
     "allowed_media_domains": ("images.example.com",),  # lowercased
     "access_log": False,  # not --disable-access-log
     "api_keys": (*SECRETS[:2], SECRETS[4]),  # else $DEEPINFER_API_KEY; then the file's

@@ -90,6 +90,12 @@ class DeepInferBackend(EngineBackend):
         )
 
     def preflight(self, config: ResolvedConfig, checkpoint: str | None) -> None:
+        if config.kv_offload_host_gb > 0:
+            raise ConfigError(
+                "--kv-offload-host-gb is not validated on GPU yet with --engine deepinfer: the "
+                "prefix cache's host tier runs on --engine simulated only; drop the option "
+                "(or pass 0)"
+            )
         if config.disaggregation_mode.disaggregated:
             check_role(config.disaggregation_mode, config.enable_prefix_caching, os.environ)
         run_preflight(

@@ -52,9 +52,12 @@ class Readouts:
         if stats is None:
             return None
         queries, hits, sequences = stats
+        now = PrefixCacheStats(
+            int(queries), int(hits), int(sequences), self._abilities.host_tier_stats()
+        )
         last = self._last_stats
-        if last is None or (last.queries, last.hits, last.sequences) != (queries, hits, sequences):
-            last = self._last_stats = PrefixCacheStats(int(queries), int(hits), int(sequences))
+        if last is None or last != now:
+            last = self._last_stats = now
         return last
 
     def counters(self) -> EngineCounters | None:

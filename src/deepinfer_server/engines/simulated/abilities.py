@@ -15,6 +15,7 @@ from deepinfer_server.disaggregation.transfer.connector import KVConnector
 from deepinfer_server.disaggregation.transfer.stats import TransferStats
 from deepinfer_server.engines.abilities import EngineAbilities, KVBlockCounts
 from deepinfer_server.engines.simulated.engine import LLMEngine
+from deepinfer_server.ipc.messages import HostTierStats
 
 
 class _SimulatedConnector(KVConnector):
@@ -57,6 +58,10 @@ class SimulatedAbilities(EngineAbilities):
     def prefix_cache_stats(self) -> tuple[int, int, int] | None:
         """The prefix cache's counters, or None without one."""
         return self._engine.prefix_cache_stats() if self.prefix_caching else None
+
+    def host_tier_stats(self) -> HostTierStats | None:
+        """The prefix cache's host tier's counters, or None without one."""
+        return self._engine.host_tier_stats() if self.prefix_caching else None
 
     def prompt_tokens_computed(self) -> int:
         """The prompt tokens the engine's prompt steps computed."""

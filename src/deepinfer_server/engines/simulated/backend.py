@@ -75,6 +75,28 @@ class SimulatedOptions:
         "prompt tokens/s per H800 GPU; a B200 is about twice as fast and V4.1-Flash smaller). "
         "0: a prompt step lasts one step (default: %(default)s)",
     )
+    sim_host_bandwidth_gbps: float = float_option(
+        50.0,
+        "--sim-host-bandwidth-gbps",
+        help="simulated engine: GB/s between host memory and one GPU, each way, for the "
+        "prefix cache's host tier (--kv-offload-host-gb): a restore lasts its bytes over "
+        "this rate times the rank's CP GPUs (default: %(default)s, about PCIe 5 x16)",
+    )
+    sim_kv_bytes_per_token: int = int_option(
+        40_960,
+        "--sim-kv-bytes-per-token",
+        help="simulated engine: the model's KV-cache bytes per token over every layer, which "
+        "the host tier copies (default: %(default)s, an assumption: DeepSeek V3's MLA cache "
+        "in FP8, 656 bytes per token per layer over 61 layers, a bound for V4.1-Flash, whose "
+        "compressed attention keeps less)",
+    )
+    sim_state_bytes: int = int_option(
+        4 * 1024 * 1024,
+        "--sim-state-bytes",
+        help="simulated engine: bytes of one sequence's state snapshot (sliding-window and "
+        "compression rings) the host tier copies with its blocks (default: %(default)s, an "
+        "assumption until a GPU run logs DeepInfer's bytes_of_state_per_seqs)",
+    )
     sim_collective_timeout: float = float_option(
         60.0,
         "--sim-collective-timeout",
@@ -94,6 +116,7 @@ class SimulatedBackend(EngineBackend):
     download_patterns: ClassVar[list[str] | None] = ["*.json", "*.py", "*.model", "*.txt"]
     model_required = False
     default_prefix_caching = True
+    default_kv_offload_host_gb = 64.0
 
     def validate_options(self, options: object, data_parallel_size: int) -> None:
         assert isinstance(options, SimulatedOptions)
@@ -106,6 +129,8 @@ class SimulatedBackend(EngineBackend):
             ("--sim-itl-ms", options.sim_itl_ms),
             ("--sim-fault-after-steps", options.sim_fault_after_steps),
             ("--sim-prefill-tokens-per-s", options.sim_prefill_tokens_per_s),
+            ("--sim-kv-bytes-per-token", options.sim_kv_bytes_per_token),
+            ("--sim-state-bytes", options.sim_state_bytes),
         ):
             if amount < 0:
                 raise ConfigError(f"{flag} must not be negative, got {amount}")
@@ -115,6 +140,8 @@ class SimulatedBackend(EngineBackend):
             raise ConfigError(f"--sim-kv-blocks must be at least 2, got {options.sim_kv_blocks}")
         if options.sim_collective_timeout <= 0:
             raise ConfigError("--sim-collective-timeout must be positive")
+        if options.sim_host_bandwidth_gbps <= 0:
+            raise ConfigError("--sim-host-bandwidth-gbps must be positive")
 
     def preflight(self, config: ResolvedConfig, checkpoint: str | None) -> None:
         options = config.engine_options

@@ -11,6 +11,7 @@ from deepinfer_server.engines.simulated.abilities import SimulatedAbilities
 from deepinfer_server.engines.simulated.backend import SimulatedOptions
 from deepinfer_server.engines.simulated.collectives import LockstepGroup
 from deepinfer_server.engines.simulated.engine import LLMEngine, SimEngineArgs
+from deepinfer_server.engines.simulated.host_tier import HostTierSettings
 from deepinfer_server.engines.simulated.outputs import RequestOutput
 from deepinfer_server.model.tokenizer import load_tokenizer_json
 
@@ -40,6 +41,7 @@ def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:
         kv_blocks=options.sim_kv_blocks,
         enable_prefix_caching=spec.enable_prefix_caching,
         prefill_tokens_per_s=options.sim_prefill_tokens_per_s * spec.context_parallel_size,
+        host_tier=host_tier_settings(spec, options),
         disaggregation_mode=spec.disaggregation_mode,
         role=RoleSettings.of(spec),
     )
@@ -51,6 +53,20 @@ def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:
         after_ready=engine.prepare_structured_outputs if _warms(spec) else None,
         bootstrap_port=abilities.connector.bootstrap_port,
         layout=abilities.connector.layout,
+    )
+
+
+def host_tier_settings(spec: EngineSpec, options: SimulatedOptions) -> HostTierSettings | None:
+    """The prefix cache's host tier of a rank (None without `--kv-offload-host-gb`)."""
+    if spec.kv_offload_host_gb <= 0 or not spec.enable_prefix_caching:
+        return None
+    gpus = spec.context_parallel_size
+    return HostTierSettings(
+        budget_bytes=int(spec.kv_offload_host_gb * 1e9),
+        bandwidth=options.sim_host_bandwidth_gbps * 1e9 * gpus,
+        kv_bytes_per_token=options.sim_kv_bytes_per_token,
+        state_bytes=options.sim_state_bytes,
+        prefill_tokens_per_s=options.sim_prefill_tokens_per_s * gpus,
     )
 
 

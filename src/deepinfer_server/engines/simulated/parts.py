@@ -12,9 +12,10 @@ from typing import Protocol
 
 from tokenizers import Tokenizer
 
+from deepinfer_server.engines.simulated.host_tier import HostTier, HostTierSettings
 from deepinfer_server.engines.simulated.kv_blocks import KVBlocks, default_pool
 from deepinfer_server.engines.simulated.matcher_builds import MatcherBuilds
-from deepinfer_server.engines.simulated.prefix_cache import PrefixCache
+from deepinfer_server.engines.simulated.prefix_cache import MAX_ROLLBACK, PrefixCache
 from deepinfer_server.engines.simulated.request_table import RequestTable
 from deepinfer_server.engines.simulated.script import ScriptWriter
 from deepinfer_server.engines.simulated.state_slots import StateSlots
@@ -33,6 +34,7 @@ class PartsArgs(Protocol):
     speculative_tokens: int
     kv_blocks: int | None
     enable_prefix_caching: bool
+    host_tier: HostTierSettings | None
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,7 @@ class EngineParts:
             max_num_seqs=args.max_num_seqs,
             batched_tokens=batched_tokens,
             prompt_limit=prompt_limit,
+            host=None if args.host_tier is None else HostTier(args.host_tier, MAX_ROLLBACK),
         )
         table = RequestTable(kv, cache)
         eos_id = 1 if eos is None else int(eos)

@@ -20,6 +20,11 @@ docs/design/prefix-caching.md) on the simulated block model, and shares its inde
 - `evict_for_demand`, before each step: least-recently-used entries go while waiting prompts
   would not fit under the 90% prefill watermark, running sequences lack a block each for their
   next token, or waiting prompts lack state slots. Without demand nothing is evicted.
+- With a host tier (`host_tier.HostTier`, `--kv-offload-host-gb`), an evicted entry is copied
+  there instead of dropped, and `add` restores a prompt from a host entry that reuses more
+  than the pool's best fork when the copy back is faster than computing the difference: the
+  prompt keeps no parent blocks, reports the restored tokens as cached and its prompt step
+  lasts the copy's seconds (`take_restore_seconds`) on top of the tokens it computes.
 
 Requests it cannot serve (prompt logprobs, images, grammars) are prefilled in full. With the
 cache off it only hands out the state slots (which running sequences never exhaust).
@@ -34,10 +39,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from deepinfer_server.engines.simulated.host_tier import HostCopy, HostTier
 from deepinfer_server.engines.simulated.kv_blocks import BLOCK_SIZE, PREFILL_WATERMARK, KVBlocks
 from deepinfer_server.engines.simulated.sequence import Sequence
 from deepinfer_server.engines.simulated.state_slots import StateSlots
-from deepinfer_server.prefix_cache.index import CacheEntry, PrefixIndex
+from deepinfer_server.ipc.messages import HostTierStats
+from deepinfer_server.prefix_cache.index import CacheEntry, Match, PrefixIndex
 
 #: Prompts shorter than this are neither cached nor looked up (as on DeepInfer).
 MIN_TOKENS = 256
@@ -65,10 +72,13 @@ class PrefixCache:
         max_num_seqs: int,
         batched_tokens: int,
         prompt_limit: int,
+        host: HostTier | None = None,
     ) -> None:
         self.kv = kv
         self.slots = slots
         self.enabled = enabled
+        #: The host-memory tier evicted entries go to (None: they are dropped).
+        self.host = host if enabled else None
         self.index: PrefixIndex[_Cached] = PrefixIndex(max_rollback=MAX_ROLLBACK)
         self._max_num_seqs = max_num_seqs
         self._batched_blocks = batched_tokens // BLOCK_SIZE
@@ -76,25 +86,58 @@ class PrefixCache:
         self._entries = 0
         self.query_tokens = 0
         self.hit_tokens = 0
+        self._restore_seconds = 0.0
 
     def stats(self) -> tuple[int, int, int]:
-        """(prompt tokens looked up, prompt tokens reused, cached sequences now)."""
+        """(prompt tokens looked up, prompt tokens reused from either tier, cached sequences
+        in the pool now)."""
         return self.query_tokens, self.hit_tokens, len(self.index)
+
+    def host_stats(self) -> HostTierStats | None:
+        """The host tier's counters (None without one)."""
+        return None if self.host is None else self.host.stats()
+
+    def take_restore_seconds(self) -> float:
+        """The seconds of the host-tier restores since the last call (the prompt step that
+        started those prompts lasts them too)."""
+        seconds, self._restore_seconds = self._restore_seconds, 0.0
+        return seconds
 
     # add_request
 
     def add(self, sequence: Sequence, prompt: npt.NDArray[np.int32], cacheable: bool) -> bool:
-        """Count the prompt and fork it from the entry with the longest match; True for a fork
-        (the caller queues it first). `cacheable`: no images, prompt logprobs or grammar."""
+        """Count the prompt and fork it from the entry with the longest match (or restore it
+        from the host tier's, when that reuses more and is worth it); True for a fork or a
+        restore (the caller queues it first). `cacheable`: no images, prompt logprobs or
+        grammar."""
         if not self.enabled:
             return False
         self.query_tokens += int(prompt.size)
         if not (cacheable and MIN_TOKENS <= prompt.size <= self._prompt_limit):
             return False
         sequence.prompt_ids = prompt
-        match = self.index.match(prompt, limit=int(prompt.size) - 2, salt=sequence.cache_salt)
-        if match is None:
+        limit, salt = int(prompt.size) - 2, sequence.cache_salt
+        match = self.index.match(prompt, limit=limit, salt=salt)
+        pool_fork = 0 if match is None else match.fork_point
+        restore = None if self.host is None else self.host.match(prompt, limit, salt, pool_fork)
+        if restore is not None:
+            self._restore_from(sequence, restore)
+        elif match is not None:
+            self._fork(sequence, match)
+        else:
             return False
+        self.hit_tokens += sequence.fork_point
+        return True
+
+    def _restore_from(self, sequence: Sequence, match: Match[HostCopy]) -> None:
+        """`sequence` will restore its first `match.fork_point` tokens from the host tier."""
+        assert self.host is not None
+        self.host.pin(match.entry)
+        sequence.restore_of = match.entry
+        sequence.fork_point = sequence.num_cached_tokens = match.fork_point
+
+    def _fork(self, sequence: Sequence, match: Match[_Cached]) -> None:
+        """`sequence` forks from a pool entry at `match.fork_point` (DeepInfer's fork_seq)."""
         entry, fork_point = match.entry, match.fork_point
         # Only the blocks up to the fork point: those it keeps and the partial one it copies
         # (DeepInfer's fork_seq with explicit `blocks`). Pinning the parent's whole table would
@@ -106,14 +149,13 @@ class PrefixCache:
         self.index.touch(entry)
         sequence.fork_of = entry
         sequence.fork_point = sequence.num_cached_tokens = fork_point
-        self.hit_tokens += fork_point
-        return True
 
     # Prefill
 
     def kept_blocks(self, sequence: Sequence) -> int:
-        """The blocks a waiting sequence's prefill keeps from its parent (a fork's)."""
-        return sequence.fork_point // BLOCK_SIZE
+        """The blocks a waiting sequence's prefill keeps from its parent (a fork's; a restore
+        allocates all of its own)."""
+        return sequence.fork_point // BLOCK_SIZE if sequence.fork_of is not None else 0
 
     def start(self, sequence: Sequence, waiting: int, running: int) -> int:
         """The prefill of `sequence` (its blocks are allocated next): its state slot, a fork's
@@ -124,6 +166,9 @@ class PrefixCache:
         if sequence.fork_point and entry is not None:
             self.kv.keep_first(sequence.request_id, self.kept_blocks(sequence))
             self.slots.release(entry.value.slot)  # cloned into the sequence's own slot
+        restored, sequence.restore_of = sequence.restore_of, None
+        if sequence.fork_point and restored is not None and self.host is not None:
+            self._restore_seconds += self.host.restore(restored, sequence.fork_point)
         computed = sequence.length - sequence.fork_point
         sequence.fork_point = 0
         at_prompt_end = sequence.length == len(sequence.prompt)
@@ -161,7 +206,11 @@ class PrefixCache:
         self.index.add(_Cached(owner, snapshot), sequence.prompt_ids, sequence.cache_salt)
 
     def abort_waiting(self, sequence: Sequence) -> None:
-        """A waiting sequence was aborted: a fork drops its pins."""
+        """A waiting sequence was aborted: a fork drops its pins, a restore its host entry's."""
+        restored, sequence.restore_of = sequence.restore_of, None
+        if restored is not None and self.host is not None:
+            self.host.unpin(restored)
+            sequence.fork_point = 0
         entry = sequence.fork_of
         if sequence.fork_point and entry is not None:
             self.kv.free(sequence.request_id)
@@ -195,7 +244,7 @@ class PrefixCache:
         # With every running slot taken no prompt starts this step: waiting ones want nothing.
         if waiting and running < self._max_num_seqs:
             tokens = sum(sequence.length for sequence in waiting)
-            reused = sum(sequence.fork_point // BLOCK_SIZE for sequence in waiting)
+            reused = sum(self.kept_blocks(sequence) for sequence in waiting)
             needed = -(-tokens // BLOCK_SIZE) + len(waiting) - reused
             want_blocks = min(needed, self._batched_blocks + len(waiting))
             want_slots = min(len(waiting), max(0, self._max_num_seqs - running))
@@ -209,7 +258,10 @@ class PrefixCache:
         self.index.evict_until(satisfied, self.evict)
 
     def evict(self, entry: CacheEntry[Any]) -> None:
-        """Drop one entry: its blocks and snapshot, except what forks still pin."""
+        """Drop one entry: its blocks and snapshot, except what forks still pin; with a host
+        tier, a copy of its prompt's blocks and snapshot goes there first."""
+        if self.host is not None:
+            self.host.offload(entry.tokens, entry.salt)
         self.index.remove(entry)
         self.kv.free(entry.value.owner)
         self.slots.release(entry.value.slot)

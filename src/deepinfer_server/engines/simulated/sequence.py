@@ -52,6 +52,9 @@ class Sequence:
     fork_point: int = 0
     #: The cache entry it was forked from, until it ends.
     fork_of: CacheEntry[Any] | None = None
+    #: The host-tier entry its prefill restores its first `fork_point` tokens from, until then
+    #: (`host_tier.HostTier`; None: none).
+    restore_of: CacheEntry[Any] | None = None
     #: Its state slot while running, and the snapshot of its state at the prompt's end
     #: (`state_slots.StateSlots`; 0: none).
     state_slot: int = 0
