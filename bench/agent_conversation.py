@@ -43,14 +43,23 @@ def _text(rng: random.Random, tokens: int) -> str:
 
 
 def conversation_turns(
-    seed: int, turns: int, system_tokens: int = 14_000, turn_tokens: tuple[int, int] = (200, 400)
+    seed: int,
+    turns: int,
+    system_tokens: int = 14_000,
+    turn_tokens: tuple[int, int] = (200, 400),
+    shared_system: bool = False,
 ) -> list[list[dict[str, Any]]]:
     """The `messages` of each request of one conversation, in order: every request is the one
-    before it plus the previous answer and one user message or tool call and result."""
+    before it plus the previous answer and one user message or tool call and result. With
+    `shared_system` every conversation has the same system prompt (as one agent's sessions
+    do), else its own."""
     rng = random.Random(seed)
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": f"Session {seed}. " + _text(rng, system_tokens)}
-    ]
+    system = (
+        _text(random.Random(0), system_tokens)
+        if shared_system
+        else f"Session {seed}. " + _text(rng, system_tokens)
+    )
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
     requests = []
     for turn in range(turns):
         if turn % 2 == 0 or turn == 0:

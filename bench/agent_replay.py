@@ -42,7 +42,9 @@ from harness import Server
 ANSWER_TOKENS = 16
 
 
-async def _turn(client: httpx.AsyncClient, messages: list[dict[str, Any]]) -> dict[str, float]:
+async def stream_turn(
+    client: httpx.AsyncClient, messages: list[dict[str, Any]]
+) -> dict[str, float]:
     """One streamed request: its TTFT and its usage."""
     body = {
         "model": "deepseek-flash",
@@ -77,7 +79,7 @@ async def _turn(client: httpx.AsyncClient, messages: list[dict[str, Any]]) -> di
 
 async def _conversation(port: int, seed: int, turns: int) -> list[dict[str, float]]:
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600) as client:
-        return [await _turn(client, messages) for messages in conversation_turns(seed, turns)]
+        return [await stream_turn(client, messages) for messages in conversation_turns(seed, turns)]
 
 
 async def _replay(
