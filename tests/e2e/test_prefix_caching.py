@@ -126,3 +126,27 @@ def test_the_next_turn_goes_to_the_rank_that_holds_the_first() -> None:
         assert two.usage.prompt_tokens_details.cached_tokens > 0  # it reached rank 1
         samples = scrape(server.base_url)
         assert value(samples, SEQUENCES, dp_rank="1") >= 1
+
+
+def test_a_turn_evicted_from_the_pool_is_restored_from_the_host_tier() -> None:
+    # 40 blocks: one conversation's entry (21) and another's prompt (22) pass the 90%
+    # watermark together, so the second conversation's first turn evicts the first's entry.
+    with LiveServer("--sim-kv-blocks", "40", "--sim-itl-ms", "2") as server:
+        client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused")
+        extra = {"thinking": {"type": "disabled"}}
+        first, second = _turns()
+        other = [{"role": "system", "content": SYSTEM.replace("Rule", "Law")}, first[1]]
+        one = client.chat.completions.create(model=MODEL, messages=first, extra_body=extra)
+        client.chat.completions.create(model=MODEL, messages=other, extra_body=extra)
+        samples = scrape(server.base_url)
+        assert value(samples, "deepinfer:prefix_cache_host_sequences", dp_rank="0") == 1
+        two = client.chat.completions.create(model=MODEL, messages=second, extra_body=extra)
+        assert one.usage is not None and two.usage is not None
+        assert two.usage.prompt_tokens_details is not None
+        cached = two.usage.prompt_tokens_details.cached_tokens
+        assert cached == one.usage.prompt_tokens
+        samples = scrape(server.base_url)
+        tier = "deepinfer:prefix_cache_hit_tokens_total"
+        assert value(samples, tier, tier="host") == cached
+        assert value(samples, tier, tier="gpu") == 0
+        assert value(samples, "deepinfer:prefix_cache_host_restore_bytes_total") > 0
