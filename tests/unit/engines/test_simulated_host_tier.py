@@ -183,3 +183,24 @@ def test_a_partition_over_its_share_gives_room_first() -> None:
     assert host.offload(_tokens(512, 1), b"a")
     assert host.offload(_tokens(512, 2), b"c")
     assert sorted(entry.salt or b"" for entry in host.entries()) == [b"a", b"c"]
+
+
+def test_a_restore_queues_last_and_a_fork_first() -> None:
+    engine = _engine()
+    evicted, kept = _turn("Hello."), _turn("Bonjour.")
+    _cached(engine, "one", evicted)
+    _clear(engine)
+    _cached(engine, "two", kept)
+    engine._admission.ttft_ms = 60_000.0  # everything waits
+    for request_id, prompt in (
+        ("plain", _turn("Hola.")),
+        ("restore", _turn("Hello.", "Run the tests.")),
+        ("fork", _turn("Bonjour.", "Run the tests.")),
+    ):
+        sequence = engine.add_request("0", request_id, {"max_tokens": 4}, prompt)
+        assert sequence is not None
+    waiting = engine._table.waiting
+    assert [sequence.request_id for sequence in waiting] == ["fork", "plain", "restore"]
+    assert waiting[0].fork_of is not None and waiting[2].restore_of is not None
+    engine.abort_request(["plain", "restore", "fork"])
+    list(run_to_end(engine))

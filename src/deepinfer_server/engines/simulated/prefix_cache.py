@@ -107,9 +107,11 @@ class PrefixCache:
 
     def add(self, sequence: Sequence, prompt: npt.NDArray[np.int32], cacheable: bool) -> bool:
         """Count the prompt and fork it from the entry with the longest match (or restore it
-        from the host tier's, when that reuses more and is worth it); True for a fork or a
-        restore (the caller queues it first). `cacheable`: no images, prompt logprobs or
-        grammar."""
+        from the host tier's, when that reuses more and is worth it); True for a fork (the
+        caller queues it first, as DeepInfer's fork_seq does). A restore queues last, as any
+        prompt: restores arriving faster than the queue drains would otherwise hold the
+        prompts that compute in full back for good. `cacheable`: no images, prompt logprobs
+        or grammar."""
         if not self.enabled:
             return False
         self.query_tokens += int(prompt.size)
@@ -127,7 +129,7 @@ class PrefixCache:
         else:
             return False
         self.hit_tokens += sequence.fork_point
-        return True
+        return restore is None
 
     def _restore_from(self, sequence: Sequence, match: Match[HostCopy]) -> None:
         """`sequence` will restore its first `match.fork_point` tokens from the host tier."""
