@@ -12,8 +12,8 @@ run concurrently against two servers on the simulated engine that differ only in
 sends its next turn a think time after the last answer ended (exponential, mean `--think-s`,
 seeded: the same draws for both servers). The rank's pool is `--kv-blocks` blocks of 128
 tokens, sized so that the sessions' KV is several times the pool (the table says how many);
-the host tier copies at `--kv-bytes-per-token` (the model's KV bytes per token) over
-`--host-bandwidth-gbps`, and a prompt step lasts the tokens it computes over
+the host tier copies DeepSeek-V4.1-Flash's KV blocks and state slot (the simulated engine's
+sizes) over `--host-bandwidth-gbps`, and a prompt step lasts the tokens it computes over
 `--prefill-tokens-per-s`. Per server and repetition it prints the prompt tokens, the tokens
 computed (the prompt less usage's cached tokens), TTFT p50 and p99 over every turn and over
 turns 2 to N, and the tiers' hit tokens from /metrics; then the ratio of computed tokens, host
@@ -79,8 +79,6 @@ def _server(args: argparse.Namespace, host_gb: float) -> Server:
         str(host_gb),
         "--sim-kv-blocks",
         str(args.kv_blocks),
-        "--sim-kv-bytes-per-token",
-        str(args.kv_bytes_per_token),
         "--sim-host-bandwidth-gbps",
         str(args.host_bandwidth_gbps),
         "--sim-prefill-tokens-per-s",
@@ -120,7 +118,6 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--think-s", type=float, default=1.0, help="mean think time (s)")
     parser.add_argument("--kv-blocks", type=int, default=400, help="the rank's KV pool")
     parser.add_argument("--host-gb", type=float, default=64.0)
-    parser.add_argument("--kv-bytes-per-token", type=int, default=40_960)
     parser.add_argument("--host-bandwidth-gbps", type=float, default=50.0)
     parser.add_argument("--prefill-tokens-per-s", type=float, default=20_000)
     parser.add_argument("--max-num-seqs", type=int, default=16)
@@ -134,7 +131,7 @@ def main() -> int:
         f"{args.sessions} sessions x {args.turns} turns, shared system prompt "
         f"{args.system_tokens} tokens, think {args.think_s:g} s (exponential), pool "
         f"{args.kv_blocks} blocks, prefill {args.prefill_tokens_per_s:g} tokens/s, "
-        f"{args.kv_bytes_per_token} KV bytes/token, host link {args.host_bandwidth_gbps:g} GB/s"
+        f"host link {args.host_bandwidth_gbps:g} GB/s"
     )
     print(
         "| server | prompt tokens | computed | TTFT p50 ms | p99 | turns 2+ p50 | p99 "

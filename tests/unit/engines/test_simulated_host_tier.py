@@ -16,14 +16,14 @@ from deepinfer_server.engines.simulated.outputs import RequestOutput
 from tests.unit.engines.test_simulated_engine import make_engine, run_to_end
 from tests.unit.engines.test_simulated_prefix_cache import _baseline, _cached, _clear, _turn
 
-KV_BYTES = 40_960
-STATE_BYTES = 4 << 20
+BLOCK_BYTES = 114_048
+STATE_BYTES = 2_954_688
 
 
 def _settings(
     budget: int = 1 << 40, bandwidth: float = 50e9, rate: float = 20_000.0
 ) -> HostTierSettings:
-    return HostTierSettings(budget, bandwidth, KV_BYTES, STATE_BYTES, rate)
+    return HostTierSettings(budget, bandwidth, BLOCK_BYTES, STATE_BYTES, rate)
 
 
 def _engine(settings: HostTierSettings | None = None, **overrides: object) -> LLMEngine:
@@ -49,7 +49,7 @@ def test_an_evicted_entry_is_copied_to_the_host_tier_at_its_size() -> None:
     host = _host(engine)
     assert len(engine._cache.index) == 0 and len(host.index) == 1
     expected = host.settings.copy_bytes(len(first))
-    assert expected == -(-len(first) // 128) * 128 * KV_BYTES + STATE_BYTES
+    assert expected == -(-len(first) // 128) * BLOCK_BYTES + STATE_BYTES
     stats = engine.host_tier_stats()
     assert (stats.sequences, stats.bytes, stats.offload_bytes) == (1, expected, expected)
     assert stats.offload_seconds == pytest.approx(expected / 50e9)
@@ -88,7 +88,8 @@ def test_a_turn_after_eviction_is_restored_and_counted_as_cached() -> None:
 
 
 def test_a_restore_slower_than_recomputing_is_not_taken() -> None:
-    # 1 MB/s: copying ~700 tokens' blocks back would take minutes, computing them milliseconds.
+    # 1 MB/s: copying the first turn's blocks and state back would take seconds, computing
+    # its ~1.3k tokens some 70 ms.
     engine = _engine(_settings(bandwidth=1e6))
     first, second = _turn("Hello."), _turn("Hello.", "Run the tests.")
     _cached(engine, "one", first)

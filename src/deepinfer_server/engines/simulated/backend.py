@@ -79,23 +79,9 @@ class SimulatedOptions:
         50.0,
         "--sim-host-bandwidth-gbps",
         help="simulated engine: GB/s between host memory and one GPU, each way, for the "
-        "prefix cache's host tier (--kv-offload-host-gb): a restore lasts its bytes over "
-        "this rate times the rank's CP GPUs (default: %(default)s, about PCIe 5 x16)",
-    )
-    sim_kv_bytes_per_token: int = int_option(
-        40_960,
-        "--sim-kv-bytes-per-token",
-        help="simulated engine: the model's KV-cache bytes per token over every layer, which "
-        "the host tier copies (default: %(default)s, an assumption: DeepSeek V3's MLA cache "
-        "in FP8, 656 bytes per token per layer over 61 layers, a bound for V4.1-Flash, whose "
-        "compressed attention keeps less)",
-    )
-    sim_state_bytes: int = int_option(
-        4 * 1024 * 1024,
-        "--sim-state-bytes",
-        help="simulated engine: bytes of one sequence's state snapshot (sliding-window and "
-        "compression rings) the host tier copies with its blocks (default: %(default)s, an "
-        "assumption until a GPU run logs DeepInfer's bytes_of_state_per_seqs)",
+        "prefix cache's host tier (--kv-offload-host-gb): a copy of DeepSeek-V4.1-Flash's KV "
+        "blocks and state slot lasts its bytes over this rate times the rank's CP GPUs "
+        "(default: %(default)s, about PCIe 5 x16)",
     )
     sim_collective_timeout: float = float_option(
         60.0,
@@ -129,8 +115,6 @@ class SimulatedBackend(EngineBackend):
             ("--sim-itl-ms", options.sim_itl_ms),
             ("--sim-fault-after-steps", options.sim_fault_after_steps),
             ("--sim-prefill-tokens-per-s", options.sim_prefill_tokens_per_s),
-            ("--sim-kv-bytes-per-token", options.sim_kv_bytes_per_token),
-            ("--sim-state-bytes", options.sim_state_bytes),
         ):
             if amount < 0:
                 raise ConfigError(f"{flag} must not be negative, got {amount}")

@@ -11,7 +11,11 @@ from deepinfer_server.engines.simulated.abilities import SimulatedAbilities
 from deepinfer_server.engines.simulated.backend import SimulatedOptions
 from deepinfer_server.engines.simulated.collectives import LockstepGroup
 from deepinfer_server.engines.simulated.engine import LLMEngine, SimEngineArgs
-from deepinfer_server.engines.simulated.host_tier import HostTierSettings
+from deepinfer_server.engines.simulated.host_tier import (
+    V41_FLASH_BLOCK_BYTES,
+    V41_FLASH_STATE_BYTES,
+    HostTierSettings,
+)
 from deepinfer_server.engines.simulated.outputs import RequestOutput
 from deepinfer_server.model.tokenizer import load_tokenizer_json
 
@@ -64,8 +68,8 @@ def host_tier_settings(spec: EngineSpec, options: SimulatedOptions) -> HostTierS
     return HostTierSettings(
         budget_bytes=int(spec.kv_offload_host_gb * 1e9),
         bandwidth=options.sim_host_bandwidth_gbps * 1e9 * gpus,
-        kv_bytes_per_token=options.sim_kv_bytes_per_token,
-        state_bytes=options.sim_state_bytes,
+        block_bytes=V41_FLASH_BLOCK_BYTES,
+        state_bytes=V41_FLASH_STATE_BYTES,
         prefill_tokens_per_s=options.sim_prefill_tokens_per_s * gpus,
     )
 

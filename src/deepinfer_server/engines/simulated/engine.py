@@ -88,8 +88,7 @@ class SimEngineArgs:
     enable_prefix_caching: bool = False
     #: Prompt tokens a prompt step computes per second; 0: a prompt step lasts one period.
     prefill_tokens_per_s: float = 0.0
-    #: The prefix cache's host-memory tier (`host_tier.HostTierSettings`; None: none).
-    host_tier: HostTierSettings | None = None
+    host_tier: HostTierSettings | None = None  # the prefix cache's (`host_tier`; None: none)
     #: NULL (NORMAL), PREFILL (PROMPT) or DECODE (COMPLETION): `disaggregation.py`.
     disaggregation_mode: DisaggregationRole = DisaggregationRole.NULL
     #: What a PREFILL or DECODE engine's transfer reads (needed with either).
@@ -123,8 +122,7 @@ class LLMEngine:
         if args.enable_prefix_caching:
             # What the engine driver reads (absent without a cache, as on DeepInfer).
             self.prefix_cache_stats = self._cache.stats
-        #: The host tier's counters (None without one: the server's, not DeepInfer's).
-        self.host_tier_stats = self._cache.host_stats
+        self.host_tier_stats = self._cache.host_stats  # the server's, not DeepInfer's
         self._table, self._generator = parts.table, parts.generator
         batched_tokens, prompt_limit = parts.batched_tokens, parts.prompt_limit
         cadence = PrefillCadence(args.prefill_attempt_interval, args.prefill_any_attempt_interval)
@@ -257,12 +255,10 @@ class LLMEngine:
         prompt_outputs: list[OutputRecord] = []
         prompt_step = self._prompts.schedule(prompt_outputs, step_end, *votes)
         self.prompt_tokens_computed += self._prompts.computed_tokens
-        rate = self._args.prefill_tokens_per_s
-        restore = self._cache.take_restore_seconds()
-        if prompt_step and (rate > 0 or restore):
+        prompt_seconds = self._cache.prompt_seconds(self._prompts.computed_tokens)
+        if prompt_step and prompt_seconds > 0:
             # Across DP ranks the next rendezvous makes the slowest prompt step the group's.
-            computing = self._prompts.computed_tokens / rate if rate > 0 else 0.0
-            step_end = max(step_end, started + restore + computing)
+            step_end = max(step_end, started + prompt_seconds)
         deferred, decoded = self._decode_step(prompt_step)
         returned = deferred + terminal + prompt_outputs
         if self._args.zero_overhead_scheduling:

@@ -2,7 +2,8 @@
 
 When the prefix cache evicts an entry from the rank's pool (`PrefixCache.evict`), the tier
 keeps a copy of what a fork needs of it: the KV blocks of its first P tokens and its state
-snapshot, accounted at the model's size (`kv_bytes_per_token`, `state_bytes`). The copy is
+snapshot, accounted at the model's size (`block_bytes`, `state_bytes`: DeepSeek-V4.1-Flash's
+by default). The copy is
 asynchronous on a GPU (its own stream, from blocks the eviction has already handed back to the
 pool's bookkeeping), so it is counted, never added to a step. A later prompt that starts with
 such an entry's tokens is restored from here instead of recomputed: its blocks and state slot
@@ -28,9 +29,16 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from deepinfer_server.engines.simulated.kv_blocks import BLOCK_SIZE, blocks_for
+from deepinfer_server.engines.simulated.kv_blocks import blocks_for
 from deepinfer_server.ipc.messages import HostTierStats
 from deepinfer_server.prefix_cache.index import CacheEntry, Match, PrefixIndex
+
+#: DeepSeek-V4.1-Flash's KV block (128 tokens: 891 bytes a token) and state slot, as DeepInfer
+#: 0.1.0's cache engine lays out `gpu_blocks` and `gpu_states` for the released config.json
+#: (FP4 main KV and indexer K of the KV-source layers; every layer's sliding window and the
+#: ratio-2 layers' compression rings, rolling back one token).
+V41_FLASH_BLOCK_BYTES = 114_048
+V41_FLASH_STATE_BYTES = 2_954_688
 
 
 @dataclass(frozen=True)
@@ -40,15 +48,15 @@ class HostTierSettings:
     budget_bytes: int
     #: Bytes per second between host memory and one GPU, each way (PCIe 5 x16: ~50 GB/s).
     bandwidth: float
-    #: The model's KV bytes per token (every layer) and one sequence's state snapshot.
-    kv_bytes_per_token: int
+    #: The model's bytes of one KV block (every layer) and of one sequence's state snapshot.
+    block_bytes: int
     state_bytes: int
     #: Prompt tokens a prompt step computes per second (0: computing is free, never restore).
     prefill_tokens_per_s: float
 
     def copy_bytes(self, tokens: int) -> int:
         """The bytes of the blocks holding `tokens` tokens and of a state snapshot."""
-        return blocks_for(tokens) * BLOCK_SIZE * self.kv_bytes_per_token + self.state_bytes
+        return blocks_for(tokens) * self.block_bytes + self.state_bytes
 
     def copy_seconds(self, nbytes: int) -> float:
         """How long a copy of `nbytes` takes one way."""

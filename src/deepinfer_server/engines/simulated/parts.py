@@ -35,6 +35,7 @@ class PartsArgs(Protocol):
     kv_blocks: int | None
     enable_prefix_caching: bool
     host_tier: HostTierSettings | None
+    prefill_tokens_per_s: float
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ class EngineParts:
             batched_tokens=batched_tokens,
             prompt_limit=prompt_limit,
             host=None if args.host_tier is None else HostTier(args.host_tier, MAX_ROLLBACK),
+            prefill_tokens_per_s=args.prefill_tokens_per_s,
         )
         table = RequestTable(kv, cache)
         eos_id = 1 if eos is None else int(eos)

@@ -24,7 +24,7 @@ docs/design/prefix-caching.md) on the simulated block model, and shares its inde
   there instead of dropped, and `add` restores a prompt from a host entry that reuses more
   than the pool's best fork when the copy back is faster than computing the difference: the
   prompt keeps no parent blocks, reports the restored tokens as cached and its prompt step
-  lasts the copy's seconds (`take_restore_seconds`) on top of the tokens it computes.
+  lasts the copy's seconds on top of the tokens it computes (`prompt_seconds`).
 
 Requests it cannot serve (prompt logprobs, images, grammars) are prefilled in full. With the
 cache off it only hands out the state slots (which running sequences never exhaust).
@@ -73,6 +73,7 @@ class PrefixCache:
         batched_tokens: int,
         prompt_limit: int,
         host: HostTier | None = None,
+        prefill_tokens_per_s: float = 0.0,
     ) -> None:
         self.kv = kv
         self.slots = slots
@@ -87,6 +88,7 @@ class PrefixCache:
         self.query_tokens = 0
         self.hit_tokens = 0
         self._restore_seconds = 0.0
+        self._prefill_tokens_per_s = prefill_tokens_per_s
 
     def stats(self) -> tuple[int, int, int]:
         """(prompt tokens looked up, prompt tokens reused from either tier, cached sequences
@@ -97,11 +99,13 @@ class PrefixCache:
         """The host tier's counters (None without one)."""
         return None if self.host is None else self.host.stats()
 
-    def take_restore_seconds(self) -> float:
-        """The seconds of the host-tier restores since the last call (the prompt step that
-        started those prompts lasts them too)."""
+    def prompt_seconds(self, computed: int) -> float:
+        """How long the prompt step that started the prompts since the last call lasts at
+        least: its `computed` tokens at the prefill rate (0: free), after the host-tier
+        restores it made."""
         seconds, self._restore_seconds = self._restore_seconds, 0.0
-        return seconds
+        rate = self._prefill_tokens_per_s
+        return seconds + (computed / rate if rate > 0 else 0.0)
 
     # add_request
 
