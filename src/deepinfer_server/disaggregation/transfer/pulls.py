@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from deepinfer_server.disaggregation.handoff.bootstrap import bootstrap_call
+from deepinfer_server.disaggregation.handoff.bootstrap import bootstrap_call, release
 from deepinfer_server.disaggregation.handoff.params import KVTransferParams
 from deepinfer_server.disaggregation.transfer.agent import TransferAgent, TransferError
 from deepinfer_server.disaggregation.transfer.lanes import PULL_THREADS_PER_PEER, PeerLanes
@@ -31,8 +31,6 @@ from deepinfer_server.disaggregation.transfer.queues import drain
 
 logger = logging.getLogger(__name__)
 
-#: Seconds a release notice may take; a prefill side that misses it frees on its timeout.
-RELEASE_TIMEOUT = 2.0
 #: Seconds a peer not read from yet has to answer a ping on its bootstrap port first.
 FIRST_CONTACT_TIMEOUT = 1.0
 
@@ -93,19 +91,6 @@ def _first_contact(params: KVTransferParams) -> None:
             "transfer_error",
             f"the prefill rank at {params.remote_host}:{port} did not answer: {exc}",
         ) from exc
-
-
-def release(params: KVTransferParams) -> None:
-    """Tell the prefill rank of `params` it may free that transfer's KV (best effort)."""
-    try:
-        bootstrap_call(
-            params.remote_host,
-            params.remote_bootstrap_port,
-            {"op": "release", "transfer_id": params.transfer_id, "proof": params.release_proof},
-            RELEASE_TIMEOUT,
-        )
-    except OSError as exc:
-        logger.info("release of transfer %s not delivered: %s", params.transfer_id, exc)
 
 
 class Pulls:
