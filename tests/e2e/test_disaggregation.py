@@ -289,10 +289,13 @@ def test_a_prefill_server_of_another_layout_is_refused_at_pairing_and_nothing_is
     decode: LiveServer,
 ) -> None:
     """Prefill with a speculative token, decode without: the state rows are sized differently,
-    so the decode server refuses the pair before any pull, naming the field and both values."""
+    so the decode server refuses the pair before any pull, naming the field and both values,
+    and tells the prefill server to free the prompt's KV at once (not at its hold timeout)."""
     before = scrape(decode.base_url)
+    held = "deepinfer:kv_transfer_held_requests"
     with start_prefill_with("--speculative-tokens", "1") as speculating:
         params = handoff(speculating, "/v1/chat/completions", CHAT, "max_tokens")
+        wait_until(lambda: value(scrape(speculating.base_url), held) == 1, 20, "the KV held")
         with openai_client(decode) as pd, pytest.raises(openai.APIStatusError) as refused:
             pd.chat.completions.create(
                 model=MODEL,
@@ -301,6 +304,8 @@ def test_a_prefill_server_of_another_layout_is_refused_at_pairing_and_nothing_is
                 extra_body={"kv_transfer_params": params},
             )
         health = httpx.get(decode.base_url + "/health", timeout=30)
+        # Well within the default 60 s hold: only the release notice frees it this soon.
+        wait_until(lambda: value(scrape(speculating.base_url), held) == 0, 20, "the KV freed")
     assert refused.value.status_code == 503
     body: dict[str, Any] = refused.value.body  # type: ignore[assignment]
     assert body["code"] == "kv_layout_mismatch" and body["param"] == "kv_transfer_params"

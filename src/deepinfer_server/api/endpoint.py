@@ -8,6 +8,7 @@ protocol; a `GenerationProtocol` only says how to prepare, how to frame and how 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -36,6 +37,8 @@ from deepinfer_server.api.sse import FrameWriter, SSEResponse, complete, write_a
 from deepinfer_server.api.state import LARGE_BODY_BYTES, AppState
 from deepinfer_server.coordinator.admission_limits import most_admitted
 from deepinfer_server.coordinator.handle import RequestHandle
+from deepinfer_server.disaggregation.handoff.bootstrap import release
+from deepinfer_server.disaggregation.handoff.params import KVTransferParams
 from deepinfer_server.disaggregation.handoff.peers import refuse_unpaired
 from deepinfer_server.disaggregation.handoff.requests import request_kv_transfer, with_handoff
 from deepinfer_server.disaggregation.role import DisaggregationRole
@@ -168,7 +171,6 @@ async def submit(
     compiled first, off the event loop, in the key's turn)."""
     state: AppState = request.app.state.server
     config = state.config
-    tenant = tenant_of(request.state)
     first = choices[0]
     kv_transfer = request_kv_transfer(
         read.body,
@@ -178,9 +180,32 @@ async def submit(
         state.handoff_signer,
         thinking_budget=first.sampling.thinking_budget is not None,
     )
-    if kv_transfer is not None and state.prefill_peers is not None:
-        state.prefill_peers.seen(kv_transfer, time.monotonic())
-        await refuse_unpaired(state.prefill_peers, kv_transfer)
+    if kv_transfer is None:
+        return await _submit_choices(request, read, choices, response_id, None)
+    try:
+        if state.prefill_peers is not None:
+            state.prefill_peers.seen(kv_transfer, time.monotonic())
+            await refuse_unpaired(state.prefill_peers, kv_transfer)
+        return await _submit_choices(request, read, choices, response_id, kv_transfer)
+    except BaseException:
+        # Refused before the engine took it (layout, grammar, admission, a disconnect): no
+        # pull will release the prefill rank's hold, so tell it now rather than at its timeout.
+        asyncio.get_running_loop().run_in_executor(None, release, kv_transfer)
+        raise
+
+
+async def _submit_choices(
+    request: Request,
+    read: ReadRequest[P],
+    choices: list[P],
+    response_id: str,
+    kv_transfer: KVTransferParams | None,
+) -> list[RequestHandle]:
+    """`submit` once the handoff (if any) is verified and paired."""
+    state: AppState = request.app.state.server
+    config = state.config
+    tenant = tenant_of(request.state)
+    first = choices[0]
     structured = None
     if first.constraint is not None:
         structured = await state.structured.compile(first.constraint, str(tenant))
