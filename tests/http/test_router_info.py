@@ -133,6 +133,7 @@ class _OtherProcess:
 
     index = 1
     all_serving = True
+    all_warm = True
 
     def __init__(self) -> None:
         self.loads = [RankLoad(0, 1, 1, 50, 0.5)]
@@ -164,5 +165,21 @@ def test_with_several_api_server_processes_the_views_are_merged() -> None:
             (engine_request_id,) = h.coordinator.handles
             assert re.fullmatch(r"chatcmpl-[0-9a-f]+-1\.1", engine_request_id)
             task.cancel()
+
+    run(body)
+
+
+def test_health_says_starting_until_every_api_server_process_is_warm() -> None:
+    async def body() -> None:
+        async with serve() as h:
+            other = _OtherProcess()
+            other.all_warm = False  # another process's compile workers are still starting
+            h.state.peers = other
+            starting = await h.client.get("/health")
+            assert starting.status_code == 503
+            assert starting.json()["status"] == "starting"
+            assert "another API server process" in starting.json()["reason"]
+            other.all_warm = True  # the supervisor's AllWarm
+            assert (await h.client.get("/health")).json() == {"status": "ok"}
 
     run(body)
