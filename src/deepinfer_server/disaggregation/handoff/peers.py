@@ -46,6 +46,10 @@ class _Pairing:
 
     engine_id: object
     refusal: str | None
+    #: Whether the rank had published its layout. A rank answers pings a moment before it
+    #: publishes it (a restarted one on the same port, say), so an answer without one is
+    #: asked again by the next request rather than kept.
+    published: bool = True
 
 
 def _no_layout() -> KVLayout | None:
@@ -88,7 +92,7 @@ class PrefillPeers:
             return None
         peer = (params.remote_host, params.remote_bootstrap_port)
         pairing = self._pairings.get(peer)
-        if pairing is None or pairing.engine_id != params.remote_engine_id:
+        if pairing is None or pairing.engine_id != params.remote_engine_id or not pairing.published:
             answer = await bootstrap_hello(*peer, probe_seconds)
             if answer is None:
                 return None
@@ -96,7 +100,8 @@ class PrefillPeers:
         return pairing.refusal
 
     def _pair(self, peer: _Peer, answer: dict[str, object], local: KVLayout) -> _Pairing:
-        pairing = _Pairing(answer.get("engine_id"), _refusal(answer, local))
+        published = answer.get("layout") is not None
+        pairing = _Pairing(answer.get("engine_id"), _refusal(answer, local), published)
         self._pairings[peer] = pairing
         return pairing
 
