@@ -13,6 +13,7 @@ from deepinfer_server.protocol.core.named_events import NamedEventOutput, named_
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.protocol.responses.reasoning import ReasoningItems
 from deepinfer_server.protocol.responses.request import PreparedResponses
+from deepinfer_server.protocol.responses.token_usage import complete_usage
 
 
 def responses_output(
@@ -94,8 +95,10 @@ class ResponsesOutput(NamedEventOutput):
                 payloads.append(named_event(name, chunk.to_json()))
                 continue
             for event in self._items.event(name, orjson.loads(chunk.to_json())):
-                if self._echo is not None and isinstance(event.get("response"), dict):
-                    event["response"].update(self._echo)
+                if isinstance(event.get("response"), dict):
+                    complete_usage(event["response"])
+                    if self._echo is not None:
+                        event["response"].update(self._echo)
                 payload = named_event(event["type"], orjson.dumps(event).decode())
                 if self._hold and event["type"] in _TERMINAL_EVENTS:
                     self.final = event["response"]
@@ -107,7 +110,7 @@ class ResponsesOutput(NamedEventOutput):
     def response(self) -> JsonObject:
         """The non-streaming response object (made once: the request has ended)."""
         if self.final is None:
-            response = self._items.response(orjson.loads(super().response_json()))
+            response = complete_usage(self._items.response(orjson.loads(super().response_json())))
             if self._echo is not None:
                 response.update(self._echo)
             self.final = response
