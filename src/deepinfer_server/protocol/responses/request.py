@@ -11,6 +11,7 @@ from deepinfer_server.errors import BadRequestError, ErrorKind
 from deepinfer_server.grammar import Constraint, in_thinking_mode
 from deepinfer_server.ipc.messages import Images, SamplingOptions
 from deepinfer_server.protocol.core.body import CacheSalt
+from deepinfer_server.protocol.core.cache_retention import check_cache_retention
 from deepinfer_server.protocol.core.choices import reject_n
 from deepinfer_server.protocol.core.effort import check_effort_agrees, read_effort
 from deepinfer_server.protocol.core.field_errors import BodyShape
@@ -140,6 +141,7 @@ def prepare_responses(body: JsonObject, recipe: RecipeContext) -> PreparedRespon
     """Turn a decoded Responses body into prompt token IDs and sampling options."""
     _reject_stateful_options(body)
     _check_input_items(body)
+    check_cache_retention(body)
     reject_n(body, "the Responses API")
     check_model(body, recipe.served_model_names)
     typed = _SAMPLING.typed(body, ResponsesBody)
