@@ -1,14 +1,16 @@
 """Every body the server answers validates against the official SDKs' own types, strictly
 (`model_validate`, as openai-python's batch readers and inspect-ai do, not the lenient
 `construct` the SDKs' own calls use): Responses non-streamed, streamed (`response.completed`),
-stored and polled (background), and a batch's output lines; Chat Completions and Anthropic
-Messages too. openai-python 3.63's `ResponseUsage` requires
-`input_tokens_details.cache_write_tokens`."""
+stored (one stored by an earlier release without the field too) and polled (background), and a
+batch's output lines; Chat Completions and Anthropic Messages too. openai-python 3.63's
+`ResponseUsage` requires `input_tokens_details.cache_write_tokens`."""
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import io
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from anthropic.types import Message
 from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
 
+from deepinfer_server.store.records import NewResponse
 from tests.http.harness import MODEL, Harness, Script, run, serve
 from tests.http.test_stored_responses import run_stored
 
@@ -70,6 +73,13 @@ def test_stored_background_and_batch_responses_validate(tmp_path: Path) -> None:
         _valid_response(polled.json())
         for line in await _batch_output(h):
             _valid_response(line["response"]["body"])
+        # One stored by an earlier release, without cache_write_tokens, reads back complete.
+        older = copy.deepcopy(stored.json())
+        del older["usage"]["input_tokens_details"]["cache_write_tokens"]
+        older["id"] = "resp_older"
+        assert h.state.store is not None
+        await h.state.store.save(NewResponse("resp_older", "none", time.time(), older, []))
+        _valid_response((await h.client.get("/v1/responses/resp_older")).json())
 
     run_stored(tmp_path, test, script=SCRIPT)
 
