@@ -2,7 +2,8 @@
 breakpoints on tools, system and content blocks (`tool_result` content included) take only
 `ephemeral` with a ttl of `5m` or `1h`, at most four, else a 400 `invalid_request_error` in
 Anthropic's words (on /v1/messages and its count_tokens); OpenAI's `prompt_cache_retention` on
-Chat Completions and Responses takes `in_memory` or `24h`, else a 400 `invalid_value`."""
+Chat Completions and Responses takes `in_memory` or `24h` (a response echoes it), else a 400
+`invalid_value`."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from tests.http.harness import MODEL, Harness, client_http, run, serve
 
 EPHEMERAL: Any = {"type": "ephemeral"}
+ENDS = ("response.created", "response.completed")
 
 
 def _anthropic(h: Harness) -> anthropic.AsyncAnthropic:
@@ -120,6 +122,12 @@ def test_openai_prompt_cache_retention_is_accepted(retention: Any) -> None:
                 model=MODEL, input="hi", prompt_cache_retention=retention
             )
             assert response.status == "completed"
+            assert response.prompt_cache_retention == retention  # echoed as OpenAI does
+            events = await client.responses.create(
+                model=MODEL, input="hi", prompt_cache_retention=retention, stream=True
+            )
+            echoed = [e.response.prompt_cache_retention async for e in events if e.type in ENDS]
+            assert echoed == [retention, retention]
 
     run(test)
 

@@ -66,6 +66,7 @@ class ResponsesOutput(NamedEventOutput):
     With `stored` (a request the store serves), every response object reports its `store` and
     `previous_response_id`, and a stored stream's terminal event is held back (`held`, with the
     response it carries in `final`) until the caller has written the response to the store.
+    Every response object echoes the request's `prompt_cache_retention`, as OpenAI's do.
     """
 
     def __init__(
@@ -80,6 +81,8 @@ class ResponsesOutput(NamedEventOutput):
         super().__init__(generator, ResponsesResponse, response_id, prepared, recipe)
         self._items = items
         self._echo = None if stored is None else stored.fields()
+        if prepared.cache_retention is not None:  # the recipe echoes null whatever was asked
+            self._echo = {**(self._echo or {}), "prompt_cache_retention": prepared.cache_retention}
         # A conversation's turn is appended to it before the client hears the end, too.
         self._hold = stored is not None and (stored.store or stored.conversation is not None)
         #: The held terminal event (a stored stream), and the response object it carries.

@@ -46,6 +46,8 @@ class PreparedResponses:
     images: Images | None = None
     #: `cache_salt`: only requests with the same salt share cached prefixes.
     cache_salt: str | None = None
+    #: `prompt_cache_retention` as asked (checked, echoed, not honoured).
+    cache_retention: str | None = None
 
 
 def _reject_stateful_options(body: JsonObject) -> None:
@@ -187,4 +189,5 @@ def prepare_responses(body: JsonObject, recipe: RecipeContext) -> PreparedRespon
         ReasoningRequest.of(body, conversation),
         images=engine.images,
         cache_salt=typed.cache_salt,
+        cache_retention=body.get("prompt_cache_retention"),
     )
