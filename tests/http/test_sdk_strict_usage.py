@@ -2,7 +2,8 @@
 (`model_validate`, as openai-python's batch readers and inspect-ai do, not the lenient
 `construct` the SDKs' own calls use): Responses non-streamed, streamed (`response.completed`),
 stored (one stored by an earlier release without the field too) and polled (background), and a
-batch's output lines; Chat Completions and Anthropic Messages too. openai-python 3.63's
+batch's output lines; Chat Completions and Anthropic Messages too, and every streamed event of
+the three. openai-python 3.63's
 `ResponseUsage` requires `input_tokens_details.cache_write_tokens`."""
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from anthropic.types import Message
-from openai.types.chat import ChatCompletion
-from openai.types.responses import Response
+from anthropic.types import Message, RawMessageStreamEvent
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import TypeAdapter
 
 from deepinfer_server.store.records import NewResponse
 from tests.http.harness import MODEL, Harness, Script, run, serve
@@ -53,9 +55,12 @@ def test_responses_bodies_validate_non_streamed_and_streamed() -> None:
 
 
 async def _events(stream: Any) -> Any:
+    """Each event's data, but Chat's `[DONE]` and Anthropic's `ping` (which the SDKs drop)."""
     async for line in stream.aiter_lines():
-        if line.startswith("data: "):
-            yield orjson.loads(line[6:])
+        if line.startswith("data: ") and line != "data: [DONE]":
+            event = orjson.loads(line[6:])
+            if event.get("type") != "ping":
+                yield event
 
 
 def test_stored_background_and_batch_responses_validate(tmp_path: Path) -> None:
@@ -128,5 +133,39 @@ def test_chat_and_messages_bodies_validate() -> None:
             message = Message.model_validate(messages.json(), strict=True)
             assert message.usage.cache_read_input_tokens == CACHED
             assert message.usage.cache_creation_input_tokens == 0
+
+    run(body)
+
+
+STREAMS: list[tuple[str, Any, Any]] = [
+    ("/v1/responses", {"input": "hello"}, ResponseStreamEvent),
+    (
+        "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": "hello"}],
+            "stream_options": {"include_usage": True},
+        },
+        ChatCompletionChunk,
+    ),
+    (
+        "/v1/messages",
+        {"max_tokens": 64, "messages": [{"role": "user", "content": "hello"}]},
+        RawMessageStreamEvent,
+    ),
+]
+
+
+def test_every_streamed_event_validates() -> None:
+    async def body() -> None:
+        async with serve(script=SCRIPT) as h:
+            for path, fields, event_type in STREAMS:
+                adapter: Any = TypeAdapter(event_type)
+                async with h.client.stream(
+                    "POST", path, json={"model": MODEL, "stream": True, **fields}
+                ) as stream:
+                    events = [event async for event in _events(stream)]
+                assert len(events) > 3
+                for event in events:
+                    adapter.validate_python(event, strict=True)
 
     run(body)
