@@ -28,6 +28,7 @@ def check_ranges(config: ServerConfig, max_model_len: int) -> None:
             "--queue-timeout": config.queue_timeout,
             "--step-timeout": config.step_timeout,
             "--startup-timeout": config.startup_timeout,
+            "--sse-keepalive-seconds": config.sse_keepalive_seconds,
             "--shutdown-timeout": config.shutdown_timeout,
         }
     )

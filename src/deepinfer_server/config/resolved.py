@@ -110,6 +110,7 @@ class ResolvedConfig:
     body_read_timeout: float
     header_timeout: float
     write_timeout: float
+    sse_keepalive_seconds: float
     max_queued_compiles_per_key: int
     grammar_queue_timeout: float
     grammar_warmup: bool

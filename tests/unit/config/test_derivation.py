@@ -96,6 +96,7 @@ OPTIONS: dict[str, tuple[list[str], Any]] = {
     "body_read_timeout": (["--body-read-timeout", "4"], 4.0),
     "header_timeout": (["--header-timeout", "5"], 5.0),
     "write_timeout": (["--write-timeout", "6"], 6.0),
+    "sse_keepalive_seconds": (["--sse-keepalive-seconds", "0"], 0.0),
     "max_connections": (["--max-connections", "50"], 50),
     "max_queued_compiles_per_key": (["--max-queued-compiles-per-key", "3"], 3),
     "grammar_queue_timeout": (["--grammar-queue-timeout", "7.5"], 7.5),

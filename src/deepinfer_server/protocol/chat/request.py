@@ -17,6 +17,7 @@ from deepinfer_server.protocol.core.body import (
     UInt32,
     check_stream_options,
 )
+from deepinfer_server.protocol.core.cache_retention import check_cache_retention
 from deepinfer_server.protocol.core.choices import Choices, seeds_for, with_seed
 from deepinfer_server.protocol.core.effort import check_effort_agrees, read_effort
 from deepinfer_server.protocol.core.field_errors import BodyShape
@@ -123,6 +124,7 @@ def prepare_chat(body: JsonObject, recipe: RecipeContext) -> PreparedChat | list
     Raises BadRequestError (400) or ModelNotFoundError (404); never anything else on bad input.
     """
     check_chat_fields(body)
+    check_cache_retention(body)
     typed = read_chat_body(body)
     sampling = _SAMPLING.values(typed)
     merge_budgets(sampling, body)
