@@ -91,7 +91,6 @@ class Coordinator:
         self._routing = PrefixRouting.for_ranks_of(config.max_num_seqs)
         self._reports = RankReports(config.data_parallel_size, metrics, self._directory)
         self.readiness = Readiness(config.data_parallel_size)
-        metrics.watch_transport(lambda: self.readiness.layout)
         self.bootstrap_ports = self.readiness.bootstrap_ports
         self._failure: str | None = None
         self._causes = FailureCause(self._fail_service)

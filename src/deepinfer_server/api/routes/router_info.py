@@ -74,7 +74,8 @@ def _common(state: AppState) -> ModelFields:
 
 
 def _transport(state: AppState) -> str | None:
-    """The transport the ranks move KV over, as they reported it (None without a role)."""
+    """The transport the ranks move KV over, as they reported it with their readiness (None
+    on a server without a prefill or decode role)."""
     layout = state.coordinator.readiness.layout
     return None if layout is None else layout.transport
 
