@@ -80,8 +80,9 @@ class TransferAgent:
         with transport_environment(plan):
             started = self._engine.initialize(host, "P2PHANDSHAKE", plan.protocol, ib_device or "")
         if started != 0:
+            hint = " (are the --disaggregation-ib-device devices here?)" if ib_device else ""
             raise RuntimeError(
-                f"the Mooncake transfer engine did not start on {host} over {plan.transport}"
+                f"the Mooncake transfer engine did not start on {host} over {plan.transport}{hint}"
             )
         self.host = host
         self.port = int(self._engine.get_rpc_port())
@@ -106,7 +107,9 @@ class TransferAgent:
     def register(self, address: int, length: int) -> None:
         """Make `length` bytes at `address` readable by peers (and writable by reads)."""
         if self._engine.register_memory(address, length) != 0:
-            raise RuntimeError(f"the transfer engine could not register {length} bytes")
+            raise RuntimeError(
+                f"the transfer engine could not register {length} bytes for {self.transport}"
+            )
 
     def unregister(self, address: int) -> None:
         self._engine.unregister_memory(address)
