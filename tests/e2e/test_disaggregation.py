@@ -196,6 +196,36 @@ def test_the_bootstrap_port_a_prefill_rank_bound_is_reported_and_named_by_its_ha
     assert decode_info["disaggregation_bootstrap_ports"] == []
 
 
+def test_each_server_names_the_kv_transport_it_chose_in_its_log_info_and_metrics(
+    prefill: LiveServer, decode: LiveServer
+) -> None:
+    """`auto` on this machine (no RDMA device given, Mooncake's non-CUDA wheel, KV in host
+    memory) is TCP: each rank's startup line says so and why, `/server_info` and the
+    `kv_transfer_transport_info` gauge name it."""
+    for server in (prefill, decode):
+        server.wait_for_line("over tcp (auto: no RDMA device given", 10)
+        info = httpx.get(f"{server.base_url}/server_info", timeout=10).json()
+        assert info["disaggregation_transport"] == "tcp"
+        info_gauge = "deepinfer:kv_transfer_transport_info"
+        assert value(scrape(server.base_url), info_gauge, transport="tcp") == 1
+
+
+def test_nvlink_is_refused_at_start_by_a_mooncake_build_without_it() -> None:
+    """The non-CUDA wheel has no NVLink transport: the rank refuses to start, saying so, and
+    the server exits instead of serving over another transport."""
+    with pytest.raises(RuntimeError, match=r"server exited \(1\)") as exited:
+        LiveServer(
+            *COMMON,
+            *PD_SECRET_ARGS,
+            "--disaggregation-mode",
+            "decode",
+            "--disaggregation-transport",
+            "nvlink",
+        )
+    assert "[startup] failed: DP rank 0 failed: TransportUnavailable" in str(exited.value)
+    assert "has no NVLink transport" in str(exited.value)
+
+
 def test_a_decode_request_without_a_handoff_is_refused_in_the_protocols_shape(
     decode: LiveServer,
 ) -> None:

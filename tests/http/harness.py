@@ -29,6 +29,7 @@ from deepinfer_server.api.state import AppState
 from deepinfer_server.cli import parse_config
 from deepinfer_server.coordinator.coordinator import Coordinator
 from deepinfer_server.coordinator.handle import RequestHandle
+from deepinfer_server.coordinator.readiness import Readiness
 from deepinfer_server.disaggregation.handoff.params import KVTransferParams
 from deepinfer_server.errors import ApiError, OverloadedError
 from deepinfer_server.ipc.messages import (
@@ -85,6 +86,8 @@ class FakeCoordinator:
     kv_cache_usage: float | None = None
     #: Each prefill rank's bound bootstrap port, as the ranks reported it.
     bootstrap_ports: dict[int, int] = field(default_factory=dict)
+    #: What the ranks reported with their readiness (here: a KV layout, set by a test).
+    readiness: Readiness = field(default_factory=lambda: Readiness(1))
     capacity: int | None = None  # admission: 429 beyond this many requests in flight
     #: Each submitted request's (tenant index, priority), by request ID.
     placement: dict[str, tuple[int, int]] = field(default_factory=dict)

@@ -122,6 +122,11 @@ def _check_disaggregation(config: ServerConfig) -> None:
             "--disaggregation-bootstrap-port must be in 0..65535, got "
             f"{config.disaggregation_bootstrap_port}"
         )
+    if config.disaggregation_transport == "rdma" and not config.disaggregation_ib_device:
+        raise ConfigError(
+            "--disaggregation-transport rdma needs --disaggregation-ib-device (the RDMA "
+            "devices to use, for example mlx5_0)"
+        )
     _positive(
         {
             "--disaggregation-kv-hold-timeout": config.disaggregation_kv_hold_timeout,

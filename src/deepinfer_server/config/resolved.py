@@ -138,6 +138,7 @@ class ResolvedConfig:
     disaggregation_transfer_backend: Literal["mooncake"]
     disaggregation_bootstrap_port: int
     disaggregation_ib_device: str | None
+    disaggregation_transport: Literal["auto", "tcp", "rdma", "nvlink"]
     #: The address peers reach this server's transfer engine at (`advertised_host`).
     disaggregation_host: str = field(metadata=DERIVED)
     disaggregation_kv_hold_timeout: float

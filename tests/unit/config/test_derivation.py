@@ -122,6 +122,7 @@ OPTIONS: dict[str, tuple[list[str], Any]] = {
     ),
     "disaggregation_bootstrap_port": (["--disaggregation-bootstrap-port", "9100"], 9100),
     "disaggregation_ib_device": (["--disaggregation-ib-device", "mlx5_0"], "mlx5_0"),
+    "disaggregation_transport": (["--disaggregation-transport", "tcp"], "tcp"),
     "disaggregation_host": (["--disaggregation-host", "10.0.0.7"], "10.0.0.7"),
     "disaggregation_kv_hold_timeout": (["--disaggregation-kv-hold-timeout", "9"], 9.0),
     "disaggregation_transfer_timeout": (["--disaggregation-transfer-timeout", "8"], 8.0),
