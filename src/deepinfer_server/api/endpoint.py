@@ -26,13 +26,9 @@ from deepinfer_server.api.cache_partition import cache_partition
 from deepinfer_server.api.disconnect import until_disconnect
 from deepinfer_server.api.error_responses import as_api_error
 from deepinfer_server.api.fan_out import merge_streams, submit_all
-from deepinfer_server.api.generation_protocol import (
-    Choice,
-    GenerationProtocol,
-    P,
-    Session,
-)
+from deepinfer_server.api.generation_protocol import Choice, GenerationProtocol, P, Session
 from deepinfer_server.api.image_urls import prepare_fetching_images
+from deepinfer_server.api.session_route import session_names
 from deepinfer_server.api.sse import FrameWriter, SSEResponse, complete, write_all
 from deepinfer_server.api.state import LARGE_BODY_BYTES, AppState
 from deepinfer_server.coordinator.admission_limits import most_admitted
@@ -210,6 +206,8 @@ async def _submit_choices(
     if first.constraint is not None:
         structured = await state.structured.compile(first.constraint, str(tenant))
     partition = cache_partition(request, config, first.cache_salt)
+    stored = None if read.session is None else read.session.response_id
+    session = session_names(request, read.body, stored)
 
     def submit_one(index: int) -> RequestHandle:
         choice = choices[index]
@@ -223,6 +221,7 @@ async def _submit_choices(
             cache_salt=partition,
             tenant=tenant,
             priority=read.priority,
+            session=session,
         )
 
     return submit_all(submit_one, len(choices))

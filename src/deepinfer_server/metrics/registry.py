@@ -100,6 +100,11 @@ class ServerMetrics:
         """A rank's disaggregation report: its totals, and its new transfer samples."""
         self.engine.observe_counters(rank, counters)
 
+    def observe_routing(self, rank: int, reason: str) -> None:
+        """A request the coordinator sent to DP rank `rank`, for `reason` (session, prefix,
+        load)."""
+        self.engine.observe_routing(rank, reason)
+
     def observe_step(self, rank: int, seconds: float) -> None:
         """One engine iteration of `rank`."""
         self.engine.observe_step(rank, seconds)

@@ -53,6 +53,8 @@ CACHE_SALT_DESCRIPTION = (
 TYPED_DESCRIPTIONS = {
     "stream_options": "Needs `stream: true`",
     "cache_salt": CACHE_SALT_DESCRIPTION,
+    "prompt_cache_key": "Names the request's session: with DP > 1 and prefix caching, the "
+    "turns of a session go to the DP rank that holds it unless that one is much more loaded",
 }
 ANY_OBJECT: Schema = {"type": "object"}
 #: Prefill/decode disaggregation's handoff (vLLM's field): its fields are

@@ -59,6 +59,8 @@ class ChatBody(OpenAISampling, kw_only=True, frozen=True):
     #: The OpenAI client's current name wins over the deprecated max_tokens, as in vLLM.
     max_completion_tokens: UInt32 | None = None
     cache_salt: CacheSalt | None = None
+    #: Names the request's session for the rank choice (`protocol/core/session_key.py`).
+    prompt_cache_key: str | None = None
 
 
 @dataclass(frozen=True)

@@ -106,6 +106,8 @@ class ResponsesBody(ResponsesSampling, kw_only=True, frozen=True):
     their own)."""
 
     cache_salt: CacheSalt | None = None
+    #: Names the request's session for the rank choice (`protocol/core/session_key.py`).
+    prompt_cache_key: str | None = None
 
 
 def _check_input_items(body: JsonObject) -> None:
