@@ -196,6 +196,36 @@ def test_the_bootstrap_port_a_prefill_rank_bound_is_reported_and_named_by_its_ha
     assert decode_info["disaggregation_bootstrap_ports"] == []
 
 
+def test_each_server_names_the_kv_transport_it_chose_in_its_log_info_and_metrics(
+    prefill: LiveServer, decode: LiveServer
+) -> None:
+    """`auto` on this machine (no RDMA device given, Mooncake's non-CUDA wheel, KV in host
+    memory) is TCP: each rank's startup line says so and why, `/server_info` and the
+    `kv_transfer_transport_info` gauge name it."""
+    for server in (prefill, decode):
+        server.wait_for_line("over tcp (auto: no RDMA device given", 10)
+        info = httpx.get(f"{server.base_url}/server_info", timeout=10).json()
+        assert info["disaggregation_transport"] == "tcp"
+        info_gauge = "deepinfer:kv_transfer_transport_info"
+        assert value(scrape(server.base_url), info_gauge, transport="tcp") == 1
+
+
+def test_nvlink_is_refused_at_start_by_a_mooncake_build_without_it() -> None:
+    """The non-CUDA wheel has no NVLink transport: the rank refuses to start, saying so, and
+    the server exits instead of serving over another transport."""
+    with pytest.raises(RuntimeError, match=r"server exited \(1\)") as exited:
+        LiveServer(
+            *COMMON,
+            *PD_SECRET_ARGS,
+            "--disaggregation-mode",
+            "decode",
+            "--disaggregation-transport",
+            "nvlink",
+        )
+    assert "[startup] failed: DP rank 0 failed: TransportUnavailable" in str(exited.value)
+    assert "has no NVLink transport" in str(exited.value)
+
+
 def test_a_decode_request_without_a_handoff_is_refused_in_the_protocols_shape(
     decode: LiveServer,
 ) -> None:
@@ -289,10 +319,13 @@ def test_a_prefill_server_of_another_layout_is_refused_at_pairing_and_nothing_is
     decode: LiveServer,
 ) -> None:
     """Prefill with a speculative token, decode without: the state rows are sized differently,
-    so the decode server refuses the pair before any pull, naming the field and both values."""
+    so the decode server refuses the pair before any pull, naming the field and both values,
+    and tells the prefill server to free the prompt's KV at once (not at its hold timeout)."""
     before = scrape(decode.base_url)
+    held = "deepinfer:kv_transfer_held_requests"
     with start_prefill_with("--speculative-tokens", "1") as speculating:
         params = handoff(speculating, "/v1/chat/completions", CHAT, "max_tokens")
+        wait_until(lambda: value(scrape(speculating.base_url), held) == 1, 20, "the KV held")
         with openai_client(decode) as pd, pytest.raises(openai.APIStatusError) as refused:
             pd.chat.completions.create(
                 model=MODEL,
@@ -301,6 +334,8 @@ def test_a_prefill_server_of_another_layout_is_refused_at_pairing_and_nothing_is
                 extra_body={"kv_transfer_params": params},
             )
         health = httpx.get(decode.base_url + "/health", timeout=30)
+        # Well within the default 60 s hold: only the release notice frees it this soon.
+        wait_until(lambda: value(scrape(speculating.base_url), held) == 0, 20, "the KV freed")
     assert refused.value.status_code == 503
     body: dict[str, Any] = refused.value.body  # type: ignore[assignment]
     assert body["code"] == "kv_layout_mismatch" and body["param"] == "kv_transfer_params"

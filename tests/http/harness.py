@@ -29,6 +29,8 @@ from deepinfer_server.api.state import AppState
 from deepinfer_server.cli import parse_config
 from deepinfer_server.coordinator.coordinator import Coordinator
 from deepinfer_server.coordinator.handle import RequestHandle
+from deepinfer_server.coordinator.readiness import Readiness
+from deepinfer_server.coordinator.session_routing import SessionNames
 from deepinfer_server.disaggregation.handoff.params import KVTransferParams
 from deepinfer_server.errors import ApiError, OverloadedError
 from deepinfer_server.ipc.messages import (
@@ -85,9 +87,13 @@ class FakeCoordinator:
     kv_cache_usage: float | None = None
     #: Each prefill rank's bound bootstrap port, as the ranks reported it.
     bootstrap_ports: dict[int, int] = field(default_factory=dict)
+    #: What the ranks reported with their readiness (here: a KV layout, set by a test).
+    readiness: Readiness = field(default_factory=lambda: Readiness(1))
     capacity: int | None = None  # admission: 429 beyond this many requests in flight
     #: Each submitted request's (tenant index, priority), by request ID.
     placement: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: The session each request was submitted with.
+    sessions: dict[str, SessionNames | None] = field(default_factory=dict)
     _admission: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
 
     async def wait_admitted(self, count: int = 1) -> None:
@@ -127,6 +133,7 @@ class FakeCoordinator:
         *,
         tenant: int = 0,
         priority: int = 0,
+        session: SessionNames | None = None,
     ) -> RequestHandle:
         if self.submit_error is not None:
             raise self.submit_error
@@ -136,6 +143,7 @@ class FakeCoordinator:
         self.images[request_id] = images
         self.cache_salts[request_id] = cache_salt
         self.placement[request_id] = (tenant, priority)
+        self.sessions[request_id] = session
         self.kv_transfer_params[request_id] = kv_transfer_params
         handle = RequestHandle(request_id, 0, self._on_close, deadline)
         handle.context_tokens = len(prompt_token_ids)

@@ -6,7 +6,8 @@ past --files-key-max-count refused the same way."""
 from __future__ import annotations
 
 import io
-from collections.abc import Awaitable, Callable
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import openai
@@ -109,3 +110,40 @@ def _run_capped(
             await store.close()
 
     run(body)
+
+
+def test_a_message_batch_of_a_key_at_its_store_cap_is_refused_before_its_body_is_read(
+    tmp_path: Path,
+) -> None:
+    """A key whose files fill its cap: its next Message Batch is refused at once, without
+    the server reading (and holding) a body of up to --batch-max-file-mb first."""
+    chunks_read = 0
+
+    async def body_chunks() -> AsyncIterator[bytes]:
+        nonlocal chunks_read
+        params = {"model": MODEL, "max_tokens": 8, "messages": [_user("hi")]}
+        chunks_read += 1
+        yield b'{"requests": [' + json.dumps({"custom_id": "0", "params": params}).encode()
+        for index in range(1, 200):
+            chunks_read += 1
+            yield b", " + json.dumps({"custom_id": str(index), "params": params}).encode()
+        yield b"]}"
+
+    async def test(h: Harness) -> None:
+        async with h.openai(KEY_A) as a:
+            await a.files.create(file=("a.jsonl", io.BytesIO(b"a" * 1024 * 1024)), purpose="batch")
+        answer = await h.client.post(
+            "/v1/messages/batches",
+            content=body_chunks(),
+            headers={
+                "x-api-key": KEY_A,
+                "anthropic-version": "2023-06-01",
+                "content-type": "application/json",
+            },
+        )
+        assert answer.status_code == 413, answer.text
+        assert answer.json()["error"]["type"] == "request_too_large"
+        assert answer.json()["error"]["message"].startswith("the batch does not fit")
+        assert chunks_read <= 1  # the transport may hand over the first chunk; no more
+
+    _run_capped(tmp_path, test)

@@ -1,8 +1,8 @@
 """Prompt tokens reused from the prefix cache, in every protocol's usage as the official clients
 read it (Chat and legacy completions `prompt_tokens_details.cached_tokens`, Responses
 `input_tokens_details.cached_tokens`, Anthropic `cache_read_input_tokens` with `input_tokens`
-the rest), streamed and not, zero without reuse; Anthropic `cache_control` breakpoints are
-accepted as hints."""
+the rest), streamed and not, zero without reuse; Anthropic `cache_control` breakpoints (at
+most four, as Anthropic allows) are accepted as hints."""
 
 from __future__ import annotations
 
@@ -145,7 +145,6 @@ def test_anthropic_cache_control_breakpoints_are_accepted_as_hints() -> None:
                                 "id": "toolu_1",
                                 "name": "get_weather",
                                 "input": {},
-                                "cache_control": ephemeral,
                             }
                         ],
                     },

@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from deepinfer_server.disaggregation.layout import KVLayout
 from deepinfer_server.metrics import RankLoad, ServerMetrics
 from deepinfer_server.metrics.aggregate import Snapshot, take_snapshot
 from tests.http.harness import MODEL, Harness, Script, run, serve
@@ -67,6 +68,18 @@ def test_an_unknown_load_format_is_a_400_naming_the_param() -> None:
     run(body)
 
 
+#: A prefill rank's KV layout as it reports it with its readiness (its transport stamped on).
+RANK_LAYOUT = KVLayout(
+    engine="simulated",
+    block_size=128,
+    block_bytes=1024,
+    state_bytes=64,
+    dtype="int32",
+    transport="nvlink",
+    node="0123456789abcdef",
+)
+
+
 @pytest.mark.parametrize("path", ["/server_info", "/get_server_info"])
 def test_server_info_describes_the_replica(path: str) -> None:
     async def body() -> None:
@@ -81,10 +94,13 @@ def test_server_info_describes_the_replica(path: str) -> None:
             assert info["disaggregation_mode"] == "null"
             assert info["disaggregation_bootstrap_port"] is None
             assert info["disaggregation_bootstrap_ports"] == []
+            assert info["disaggregation_transport"] is None
             h.coordinator.bootstrap_ports = {1: 41001, 0: 41000}  # as two prefill ranks report
+            h.coordinator.readiness.layout = RANK_LAYOUT  # as they report it ready
             info = (await h.client.get(path)).json()
             assert info["disaggregation_bootstrap_port"] == 41000
             assert info["disaggregation_bootstrap_ports"] == [41000, 41001]
+            assert info["disaggregation_transport"] == "nvlink"
 
     run(body)
 
@@ -133,6 +149,7 @@ class _OtherProcess:
 
     index = 1
     all_serving = True
+    all_warm = True
 
     def __init__(self) -> None:
         self.loads = [RankLoad(0, 1, 1, 50, 0.5)]
@@ -164,5 +181,21 @@ def test_with_several_api_server_processes_the_views_are_merged() -> None:
             (engine_request_id,) = h.coordinator.handles
             assert re.fullmatch(r"chatcmpl-[0-9a-f]+-1\.1", engine_request_id)
             task.cancel()
+
+    run(body)
+
+
+def test_health_says_starting_until_every_api_server_process_is_warm() -> None:
+    async def body() -> None:
+        async with serve() as h:
+            other = _OtherProcess()
+            other.all_warm = False  # another process's compile workers are still starting
+            h.state.peers = other
+            starting = await h.client.get("/health")
+            assert starting.status_code == 503
+            assert starting.json()["status"] == "starting"
+            assert "another API server process" in starting.json()["reason"]
+            other.all_warm = True  # the supervisor's AllWarm
+            assert (await h.client.get("/health")).json() == {"status": "ok"}
 
     run(body)

@@ -10,6 +10,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from deepinfer_server.api.auth import ApiKeyMiddleware
+from deepinfer_server.api.keepalive import KeepAlive
 from deepinfer_server.api.path_errors import (
     handle_api_error,
     handle_http_exception,
@@ -24,10 +25,13 @@ from deepinfer_server.errors import ApiError
 
 
 class _App(Starlette):
-    """Starlette whose outermost layer keeps the server's `send` for streamed bodies."""
+    """Starlette whose outermost layer keeps the server's `send` (and its keep-alive policy)
+    for streamed bodies."""
 
     def build_middleware_stack(self) -> ASGIApp:
-        return keep_server_send(super().build_middleware_stack())
+        state: AppState = self.state.server
+        keepalive = KeepAlive(state.config.sse_keepalive_seconds, speaks_anthropic)
+        return keep_server_send(super().build_middleware_stack(), keepalive)
 
 
 def _middleware(state: AppState, endpoints: tuple[Endpoint, ...]) -> list[Middleware]:

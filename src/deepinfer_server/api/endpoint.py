@@ -8,6 +8,7 @@ protocol; a `GenerationProtocol` only says how to prepare, how to frame and how 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -25,17 +26,15 @@ from deepinfer_server.api.cache_partition import cache_partition
 from deepinfer_server.api.disconnect import until_disconnect
 from deepinfer_server.api.error_responses import as_api_error
 from deepinfer_server.api.fan_out import merge_streams, submit_all
-from deepinfer_server.api.generation_protocol import (
-    Choice,
-    GenerationProtocol,
-    P,
-    Session,
-)
+from deepinfer_server.api.generation_protocol import Choice, GenerationProtocol, P, Session
 from deepinfer_server.api.image_urls import prepare_fetching_images
+from deepinfer_server.api.session_route import session_names
 from deepinfer_server.api.sse import FrameWriter, SSEResponse, complete, write_all
 from deepinfer_server.api.state import LARGE_BODY_BYTES, AppState
 from deepinfer_server.coordinator.admission_limits import most_admitted
 from deepinfer_server.coordinator.handle import RequestHandle
+from deepinfer_server.disaggregation.handoff.bootstrap import release
+from deepinfer_server.disaggregation.handoff.params import KVTransferParams
 from deepinfer_server.disaggregation.handoff.peers import refuse_unpaired
 from deepinfer_server.disaggregation.handoff.requests import request_kv_transfer, with_handoff
 from deepinfer_server.disaggregation.role import DisaggregationRole
@@ -168,7 +167,6 @@ async def submit(
     compiled first, off the event loop, in the key's turn)."""
     state: AppState = request.app.state.server
     config = state.config
-    tenant = tenant_of(request.state)
     first = choices[0]
     kv_transfer = request_kv_transfer(
         read.body,
@@ -178,13 +176,38 @@ async def submit(
         state.handoff_signer,
         thinking_budget=first.sampling.thinking_budget is not None,
     )
-    if kv_transfer is not None and state.prefill_peers is not None:
-        state.prefill_peers.seen(kv_transfer, time.monotonic())
-        await refuse_unpaired(state.prefill_peers, kv_transfer)
+    if kv_transfer is None:
+        return await _submit_choices(request, read, choices, response_id, None)
+    try:
+        if state.prefill_peers is not None:
+            state.prefill_peers.seen(kv_transfer, time.monotonic())
+            await refuse_unpaired(state.prefill_peers, kv_transfer)
+        return await _submit_choices(request, read, choices, response_id, kv_transfer)
+    except BaseException:
+        # Refused before the engine took it (layout, grammar, admission, a disconnect): no
+        # pull will release the prefill rank's hold, so tell it now rather than at its timeout.
+        asyncio.get_running_loop().run_in_executor(None, release, kv_transfer)
+        raise
+
+
+async def _submit_choices(
+    request: Request,
+    read: ReadRequest[P],
+    choices: list[P],
+    response_id: str,
+    kv_transfer: KVTransferParams | None,
+) -> list[RequestHandle]:
+    """`submit` once the handoff (if any) is verified and paired."""
+    state: AppState = request.app.state.server
+    config = state.config
+    tenant = tenant_of(request.state)
+    first = choices[0]
     structured = None
     if first.constraint is not None:
         structured = await state.structured.compile(first.constraint, str(tenant))
     partition = cache_partition(request, config, first.cache_salt)
+    stored = None if read.session is None else read.session.response_id
+    session = session_names(request, read.body, stored)
 
     def submit_one(index: int) -> RequestHandle:
         choice = choices[index]
@@ -198,6 +221,7 @@ async def submit(
             cache_salt=partition,
             tenant=tenant,
             priority=read.priority,
+            session=session,
         )
 
     return submit_all(submit_one, len(choices))

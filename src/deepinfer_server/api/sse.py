@@ -7,7 +7,9 @@ it does not have to wait (the usual case: the transport buffers the bytes), so a
 written from the reader task's pass over an engine step without a task switch per stream. The stream
 stops (aborting the engine request) when the client leaves, through `until_disconnect`. A
 client that stops reading is disconnected by the connection's write deadline
-(`api/connection.py`), which ends the stream the same way.
+(`api/connection.py`), which ends the stream the same way. While a stream has nothing to send
+(its request queued or prefilling) it sends keep-alives (`api/keepalive.py`), whichever route
+streams it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from deepinfer_server.api.disconnect import CLIENT_LEFT, until_disconnect
+from deepinfer_server.api.keepalive import KEEPALIVE, KeepAlive, KeptAlive
 from deepinfer_server.api.transport import response_channel
 from deepinfer_server.errors import ClientDisconnected
 
@@ -90,8 +93,9 @@ async def write_all(frames: AsyncGenerator[bytes, None], write: FrameWriter) -> 
         await frames.aclose()
 
 
-def keep_server_send(app: ASGIApp) -> ASGIApp:
-    """`app`, keeping the ASGI server's `send` in the scope for `SSEResponse`.
+def keep_server_send(app: ASGIApp, keepalive: KeepAlive | None = None) -> ASGIApp:
+    """`app`, keeping the ASGI server's `send` in the scope for `SSEResponse` (and the
+    server's `keepalive` policy, None for none).
 
     A stream's body frames go straight to it, past the middlewares' wrappers of `send`: ours,
     Starlette's error boundaries and CORS act on the response start only and pass body
@@ -101,7 +105,9 @@ def keep_server_send(app: ASGIApp) -> ASGIApp:
 
     async def with_server_send(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            scope.setdefault("state", {})[SERVER_SEND] = send
+            state = scope.setdefault("state", {})
+            state[SERVER_SEND] = send
+            state[KEEPALIVE] = keepalive
         await app(scope, receive, send)
 
     return with_server_send
@@ -128,9 +134,13 @@ class SSEResponse:
             message = {"type": "http.response.body", "body": frame, "more_body": True}
             return send_now(body_send, message)
 
+        keepalive: KeepAlive | None = scope.get("state", {}).get(KEEPALIVE)
+        kept = None
+        if keepalive is not None and keepalive.interval > 0:
+            kept = KeptAlive(write, keepalive.frame(scope), keepalive.interval)
         try:
             await send({"type": "http.response.start", "status": 200, "headers": _HEADERS})
-            await until_disconnect(receive, self._stream(write, send))
+            await until_disconnect(receive, self._stream(write, send, kept))
         except ClientDisconnected:
             scope.setdefault("state", {})[CLIENT_LEFT] = True
             return
@@ -138,6 +148,14 @@ class SSEResponse:
             if self._abandon is not None:
                 self._abandon()
 
-    async def _stream(self, write: FrameWriter, send: Send) -> None:
-        await self._body(write)
+    async def _stream(self, write: FrameWriter, send: Send, kept: KeptAlive | None) -> None:
+        if kept is None:
+            await self._body(write)
+        else:
+            pump = asyncio.create_task(kept.run())
+            try:
+                await self._body(kept.write)
+            finally:
+                pump.cancel()
+                await asyncio.wait([pump])  # its last send ends before the body's end
         await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -39,6 +39,8 @@ class Peers(Protocol):
     index: int
     #: Whether every API server process serves (the supervisor says so once they all do).
     all_serving: bool
+    #: Whether every API server process's start-up warm-up is over (`api.warmup`).
+    all_warm: bool
 
     async def snapshots(self, metrics: bool = True) -> list[Snapshot]:
         """Every other process's rank loads, and its metrics unless `metrics` is False (those

@@ -12,6 +12,7 @@ healthy and a structured request waits for what is still cold, as with `--no-gra
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -22,6 +23,8 @@ logger = logging.getLogger(__name__)
 
 #: Seconds `/health` waits for the warm-up at most (the compile workers' own start-up bound).
 WARMUP_HEALTH_WAIT = 180.0
+#: Seconds between looks at the warm-up by `over` (its parts have no event of their own).
+_WARM_POLL_SECONDS = 0.25
 
 
 class GrammarWarmup:
@@ -62,3 +65,9 @@ class GrammarWarmup:
             )
             self._since = None
         return self._since is not None
+
+    async def over(self) -> None:
+        """Return once the warm-up is over (warm, or given up on): what another API server
+        process's `/health` waits for too (`--api-server-count`)."""
+        while self.warming:
+            await asyncio.sleep(_WARM_POLL_SECONDS)

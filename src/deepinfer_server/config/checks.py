@@ -28,6 +28,7 @@ def check_ranges(config: ServerConfig, max_model_len: int) -> None:
             "--queue-timeout": config.queue_timeout,
             "--step-timeout": config.step_timeout,
             "--startup-timeout": config.startup_timeout,
+            "--sse-keepalive-seconds": config.sse_keepalive_seconds,
             "--shutdown-timeout": config.shutdown_timeout,
         }
     )
@@ -120,6 +121,11 @@ def _check_disaggregation(config: ServerConfig) -> None:
         raise ConfigError(
             "--disaggregation-bootstrap-port must be in 0..65535, got "
             f"{config.disaggregation_bootstrap_port}"
+        )
+    if config.disaggregation_transport == "rdma" and not config.disaggregation_ib_device:
+        raise ConfigError(
+            "--disaggregation-transport rdma needs --disaggregation-ib-device (the RDMA "
+            "devices to use, for example mlx5_0)"
         )
     _positive(
         {

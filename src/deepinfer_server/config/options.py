@@ -98,6 +98,18 @@ class ServerConfig(
         help="RDMA device(s) the transfer library uses, comma-separated (for example mlx5_0); "
         "unused by the TCP transport (default: none)",
     )
+    disaggregation_transport: Literal["auto", "tcp", "rdma", "nvlink"] = option(
+        "auto",
+        "--disaggregation-transport",
+        help="the transport Mooncake moves KV over, one for every peer: 'tcp'; 'rdma' on the "
+        "--disaggregation-ib-device devices; 'nvlink' between GPUs of one node (the CUDA "
+        "wheels; refused at start by a build without it, or by an engine whose KV is in host "
+        "memory); 'auto': rdma when --disaggregation-ib-device is given, else nvlink when the "
+        "build offers it and the KV is in GPU memory, else tcp. Both servers of a pair must "
+        "run the same transport, and over nvlink the same node: a decode server refuses "
+        "another pairing (default: %(default)s)",
+        choices=["auto", "tcp", "rdma", "nvlink"],
+    )
     disaggregation_host: str | None = option(
         None,
         "--disaggregation-host",

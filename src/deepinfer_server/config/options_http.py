@@ -77,6 +77,14 @@ class HttpOptions:
         help="seconds a client may take no data of a response (acknowledge nothing while data "
         "waits) before the connection is closed and its request aborted (default: %(default)s)",
     )
+    sse_keepalive_seconds: float = float_option(
+        15.0,
+        "--sse-keepalive-seconds",
+        help="seconds a stream may send nothing (its request waiting in the queue or "
+        "prefilling) before a keep-alive goes out, and again each as long: Anthropic's `ping` "
+        "event on /v1/messages, an SSE comment elsewhere; under common proxy idle timeouts; "
+        "0 sends none (default: %(default)s)",
+    )
     max_queued_compiles_per_key: int = int_option(
         8,
         "--max-queued-compiles-per-key",

@@ -112,6 +112,7 @@ class ResolvedConfig:
     body_read_timeout: float
     header_timeout: float
     write_timeout: float
+    sse_keepalive_seconds: float
     max_queued_compiles_per_key: int
     grammar_queue_timeout: float
     grammar_warmup: bool
@@ -139,6 +140,7 @@ class ResolvedConfig:
     disaggregation_transfer_backend: Literal["mooncake"]
     disaggregation_bootstrap_port: int
     disaggregation_ib_device: str | None
+    disaggregation_transport: Literal["auto", "tcp", "rdma", "nvlink"]
     #: The address peers reach this server's transfer engine at (`advertised_host`).
     disaggregation_host: str = field(metadata=DERIVED)
     disaggregation_kv_hold_timeout: float

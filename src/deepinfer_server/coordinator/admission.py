@@ -17,8 +17,8 @@ Which request starts when a slot frees:
   slot for another key's next request;
 - within a key, the lowest `priority` first, then the earliest.
 
-It goes to the least-loaded rank with a free slot, or, with a `PrefixHint`, to the rank that holds
-its prompt's longest cached prefix unless that one is much more loaded (`prefix_routing.py`).
+It goes to the least-loaded rank with a free slot, or, with a hint, to the rank holding its session
+or its prompt's longest cached prefix unless that one is much more loaded (`rank_router.py`).
 
 With several API server processes (`--api-server-count`) the counts live in shared memory under
 one lock (`SharedAdmission`); each process queues its own requests, and when the request due next
@@ -46,11 +46,11 @@ from deepinfer_server.coordinator.admission_limits import (
     queue_limit,
     running_limit,
 )
-from deepinfer_server.coordinator.prefix_routing import PrefixHint
+from deepinfer_server.coordinator.prefix_routing import RankHint
 from deepinfer_server.errors import OverloadedError, ServiceFailedError
 
 
-def choose_rank(in_flight: Sequence[int], hint: PrefixHint | None = None) -> int:
+def choose_rank(in_flight: Sequence[int], hint: RankHint | None = None) -> int:
     """The least-loaded rank (ties go to the lowest rank number), or the hint's choice."""
     least = min(range(len(in_flight)), key=in_flight.__getitem__)
     return least if hint is None else hint.choose(in_flight, least)
@@ -63,7 +63,7 @@ class Ticket:
     tenant: int
     priority: int
     order: int
-    hint: PrefixHint | None = None
+    hint: RankHint | None = None
     rank: int | None = None
     #: The caller's name for the request.
     request_id: str = ""
@@ -174,7 +174,7 @@ class Admission:
 
     # Requests
 
-    def admit(self, tenant: int = 0, priority: int = 0, hint: PrefixHint | None = None) -> Ticket:
+    def admit(self, tenant: int = 0, priority: int = 0, hint: RankHint | None = None) -> Ticket:
         """Queue a request of `tenant` (429 when the server or the tenant's queue is full);
         `ready()` says when it starts."""
         layout = self._layout

@@ -1,8 +1,8 @@
 """Coordinator: what the HTTP layer uses to run requests on the DP ranks.
 
 It admits requests (429 beyond capacity), starts each on the least-loaded rank (with
-`--enable-prefix-caching` and DP > 1, on the rank that holds the prompt's longest cached
-prefix unless that one is much more loaded: `prefix_directory.py`, `prefix_routing.py`), fans
+`--enable-prefix-caching` and DP > 1, on the rank that holds its session or its prompt's
+longest cached prefix unless that one is much more loaded: `rank_router.py`), fans
 every rank's step outputs out to the live RequestHandles, and owns the service's health: a
 failed or hung rank fails the whole service (every handle ends with a 503, new requests get
 503, and `/health` reports the reason until the server is restarted).
@@ -29,10 +29,10 @@ from deepinfer_server.coordinator.failure_cause import FailureCause
 from deepinfer_server.coordinator.handle import RequestHandle
 from deepinfer_server.coordinator.liveness import LivenessWatch
 from deepinfer_server.coordinator.outcomes import error_for_rejection
-from deepinfer_server.coordinator.prefix_directory import directory_for
-from deepinfer_server.coordinator.prefix_routing import PrefixHint, PrefixRouting
 from deepinfer_server.coordinator.rank_reports import RankReports
+from deepinfer_server.coordinator.rank_router import Placement, RankRouter
 from deepinfer_server.coordinator.readiness import Readiness
+from deepinfer_server.coordinator.session_routing import RouteHint, SessionNames
 from deepinfer_server.disaggregation.handoff.params import KVTransferParams
 from deepinfer_server.errors import (
     ApiError,
@@ -82,14 +82,12 @@ class Coordinator:
         self._handles: dict[str, RequestHandle] = {}
         #: Each request's place in admission, and, until it starts, its framed AddRequest.
         self._tickets: dict[str, Ticket] = {}
-        self._unsent: dict[str, tuple[bytes, list[int]]] = {}
+        self._unsent: dict[str, tuple[bytes, Placement]] = {}
         self._stop_wakes: Callable[[], None] | None = None
         #: Handles whose sinks are due once the messages that arrived together are delivered.
         self._to_flush: list[RequestHandle] = []
-        #: Where prompts' prefixes are cached: only with a choice of ranks to make.
-        self._directory = directory_for(config)
-        self._routing = PrefixRouting.for_ranks_of(config.max_num_seqs)
-        self._reports = RankReports(config.data_parallel_size, metrics, self._directory)
+        self._router = RankRouter(config, metrics)
+        self._reports = RankReports(config.data_parallel_size, metrics, self._router.directory)
         self.readiness = Readiness(config.data_parallel_size)
         self.bootstrap_ports = self.readiness.bootstrap_ports
         self._failure: str | None = None
@@ -183,11 +181,12 @@ class Coordinator:
         *,
         tenant: int = 0,
         priority: int = 0,
+        session: SessionNames | None = None,
     ) -> RequestHandle:
         """Admit a request of `tenant` (an index into `config.tenants`) and start it when its
         turn comes (`admission.py`): on the least-loaded rank with a free slot, or the rank
-        holding its prompt's cached prefix under its `cache_salt` (429/503 when it cannot be
-        admitted).
+        holding its `session` or its prompt's cached prefix under its `cache_salt` (429/503
+        when it cannot be admitted).
 
         The returned handle owns the request's admission slot and its place among the requests
         in flight: closing it frees both, once, whether it is still queued or already started.
@@ -200,8 +199,10 @@ class Coordinator:
             raise ShuttingDownError()
         assert request_id not in self._handles, f"request {request_id} is already in flight"
         packed = pack_token_ids(prompt_token_ids)  # OverflowError for an ID outside int32
-        hashes, hint = self._prefix_hint(packed, len(prompt_token_ids), cache_salt)
-        ticket = self._admit(request_id, tenant, priority, hint)
+        placement = self._router.placement(
+            packed, len(prompt_token_ids), cache_salt, tenant, session
+        )
+        ticket = self._admit(request_id, tenant, priority, placement.hint)
         handle = self._new_handle(ticket, deadline)
         try:
             handle.context_tokens = len(prompt_token_ids)
@@ -209,7 +210,7 @@ class Coordinator:
                 self._channels.frame_add(
                     request_id, packed, sampling, images, cache_salt, kv_transfer_params
                 ),
-                hashes,
+                placement,
             )
         except BaseException:
             handle.withdraw()
@@ -218,16 +219,7 @@ class Coordinator:
         self._start_ready(own=ticket)
         return handle
 
-    def _prefix_hint(
-        self, packed: bytes, prompt_tokens: int, cache_salt: bytes | None
-    ) -> tuple[list[int], PrefixHint | None]:
-        if self._directory is None:
-            return [], None
-        return self._directory.hint(packed, prompt_tokens, cache_salt, self._routing)
-
-    def _admit(
-        self, request_id: str, tenant: int, priority: int, hint: PrefixHint | None
-    ) -> Ticket:
+    def _admit(self, request_id: str, tenant: int, priority: int, hint: RouteHint | None) -> Ticket:
         """A place in admission for the request (OverloadedError, counted, when there is none)."""
         try:
             ticket = self._admission.admit(tenant, priority, hint)
@@ -279,12 +271,11 @@ class Coordinator:
         request_id, rank = ticket.request_id, ticket.rank
         assert rank is not None
         handle = self._handles[request_id]
-        framed, hashes = self._unsent.pop(request_id)
+        framed, placement = self._unsent.pop(request_id)
         handle.rank = rank
         try:
             self._channels.send_framed_add(rank, framed)
-            if self._directory is not None:
-                self._directory.record(rank, request_id, hashes)
+            self._router.placed(rank, request_id, placement)
             logger.debug(
                 "request %s: %d prompt tokens to DP rank %d (%d in flight)",
                 request_id,

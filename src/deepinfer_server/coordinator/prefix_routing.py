@@ -12,6 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
+
+
+class RankHint(Protocol):
+    """What a request's rank choice goes by besides load (`PrefixHint`, `RouteHint`)."""
+
+    def choose(self, in_flight: Sequence[int], least: int) -> int:
+        """The rank for the request, given each rank's requests in flight and the least-loaded
+        rank `least`."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,15 +63,24 @@ class PrefixHint:
     prompt_tokens: int
     policy: PrefixRouting
 
+    def worth(self, tokens: int) -> bool:
+        """Whether a held prefix of `tokens` is worth a less even spread: long enough, and a
+        large enough share of the prompt."""
+        policy = self.policy
+        return tokens >= policy.min_tokens and tokens > policy.cache_threshold * self.prompt_tokens
+
+    def holds(self, rank: int) -> bool:
+        """Whether `rank` holds the prompt's longest known prefix, one worth routing by."""
+        tokens = self.held_tokens[rank]
+        return tokens == max(self.held_tokens) and self.worth(tokens)
+
     def choose(self, in_flight: Sequence[int], least: int) -> int:
         """The rank holding the longest prefix (the less loaded one on ties) when the prefix
         is worth it and that rank is not much more loaded than `least`; else `least`."""
         held = self.held_tokens
         best = max(range(len(held)), key=lambda rank: (held[rank], -in_flight[rank]))
-        tokens = held[best]
-        policy = self.policy
-        if tokens < policy.min_tokens or tokens <= policy.cache_threshold * self.prompt_tokens:
+        if not self.worth(held[best]):
             return least
-        if policy.much_more_loaded(in_flight[best], in_flight[least]):
+        if self.policy.much_more_loaded(in_flight[best], in_flight[least]):
             return least
         return best

@@ -6,8 +6,11 @@ bytes mean the same thing only when everything that shapes them is the same on b
 speculative tokens it is sized for, the engine and its version). Each engine describes its
 own rows (`KVLayout`); a prefill rank publishes its layout on its bootstrap port, a decode rank
 reports its own to its API process, and a pair whose layouts differ is refused before any byte
-moves (`layout_mismatch`). Any other place that keeps KV rows outside the engine (a host-memory
-tier) can describe them with the same type and refuse rows of another layout the same way.
+moves (`layout_mismatch`). The layout also names the rank's KV transport (`transport`: both
+sides must run the same one) and its node (`node`, compared only when the transport is NVLink,
+which reaches GPUs of the same node only). Any other place that keeps KV rows outside the
+engine (a host-memory tier) can describe them with the same type and refuse rows of another
+layout the same way.
 
 Defined below handoff, transfer and the engines, which all read it; it imports nothing of theirs.
 """
@@ -15,6 +18,7 @@ Defined below handoff, transfer and the engines, which all read it; it imports n
 from __future__ import annotations
 
 import hashlib
+import socket
 from pathlib import Path
 
 import msgspec
@@ -44,6 +48,11 @@ class KVLayout(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     backtracking_tokens: int | None = None
     #: `--speculative-tokens`: MTP draft tokens per sequence per step the rows are sized for.
     speculative_tokens: int = 0
+    #: The transport the rank's transfer engine runs (`--disaggregation-transport`: tcp, rdma
+    #: or nvlink; None where no engine moves the rows).
+    transport: str | None = None
+    #: The node the rank runs on (`node_identity`), compared only over NVLink.
+    node: str | None = None
 
     def as_json(self) -> dict[str, object]:
         """The object the bootstrap port publishes."""
@@ -51,7 +60,9 @@ class KVLayout(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
 
 #: The fields compared, in the order a mismatch names them (what a user set first).
-COMPARED_FIELDS = tuple(KVLayout.__struct_fields__)
+COMPARED_FIELDS = tuple(name for name in KVLayout.__struct_fields__ if name != "node")
+#: The transport that reaches only a peer on the same node.
+SAME_NODE_TRANSPORT = "nvlink"
 
 
 def parse_layout(value: object) -> KVLayout | None:
@@ -70,7 +81,24 @@ def layout_mismatch(prefill: KVLayout, decode: KVLayout) -> str | None:
         for name in COMPARED_FIELDS
         if getattr(prefill, name) != getattr(decode, name)
     ]
+    same_node = prefill.transport == decode.transport == SAME_NODE_TRANSPORT
+    if same_node and prefill.node != decode.node:
+        differing.append(
+            f"node (prefill {prefill.node!r}, decode {decode.node!r}: NVLink reaches only a "
+            "prefill server on this node; start both servers with --disaggregation-transport "
+            "rdma or tcp to pair across nodes)"
+        )
     return "; ".join(differing) or None
+
+
+def node_identity() -> str:
+    """This node's identity: a digest of the kernel's boot ID, which every container on one
+    host shares (and hosts do not), else of the host name."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_bytes().strip()
+    except OSError:
+        boot = b""
+    return hashlib.sha256(boot or socket.gethostname().encode()).hexdigest()[:16]
 
 
 def checkpoint_identity(checkpoint: str | None) -> str | None:

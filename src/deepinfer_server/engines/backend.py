@@ -12,7 +12,7 @@ import abc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from multiprocessing.process import BaseProcess
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, Literal, Protocol
 
 from deepinfer_server.config.resolved import (
     DEFAULT_PREFILL_ANY_ATTEMPT_INTERVAL,
@@ -110,6 +110,7 @@ class EngineSpec:
     disaggregation_mode: DisaggregationRole = DisaggregationRole.NULL
     disaggregation_bootstrap_port: int = 8998
     disaggregation_ib_device: str | None = None
+    disaggregation_transport: Literal["auto", "tcp", "rdma", "nvlink"] = "auto"
     disaggregation_host: str = "127.0.0.1"
     disaggregation_kv_hold_timeout: float = 60.0
     disaggregation_transfer_timeout: float = 30.0

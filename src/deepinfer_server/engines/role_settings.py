@@ -4,6 +4,7 @@ the server's options."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from deepinfer_server.disaggregation.layout import checkpoint_identity
 from deepinfer_server.engines.backend import EngineSpec
@@ -28,6 +29,8 @@ class RoleSettings:
     checkpoint: str | None = None
     #: The pair's release key: a prefill rank honours only releases proven with it.
     release_key: bytes | None = field(default=None, repr=False)
+    #: `--disaggregation-transport`: auto, tcp, rdma or nvlink.
+    transport: Literal["auto", "tcp", "rdma", "nvlink"] = "auto"
 
     @classmethod
     def of(cls, spec: EngineSpec) -> RoleSettings:
@@ -35,6 +38,7 @@ class RoleSettings:
         return cls(
             host=spec.disaggregation_host,
             ib_device=spec.disaggregation_ib_device,
+            transport=spec.disaggregation_transport,
             bootstrap_port=spec.disaggregation_bootstrap_port,
             rank=spec.rank,
             hold_timeout=spec.disaggregation_kv_hold_timeout,

@@ -30,6 +30,19 @@ class AllServing:
 
 
 @dataclass(frozen=True)
+class Warm:
+    """API server process -> supervisor: its start-up warm-up is over (`api.warmup`: warm,
+    given up on, or nothing to warm)."""
+
+
+@dataclass(frozen=True)
+class AllWarm:
+    """Supervisor -> API server process: every API server process is warm; until then /health
+    says the server is still starting (the first structured request must not land on a process
+    whose grammar compile workers are still starting)."""
+
+
+@dataclass(frozen=True)
 class Failed:
     """Both ways: the service has failed for `reason` (the first reason wins everywhere)."""
 
@@ -91,6 +104,8 @@ class Pong:
 ControlMessage = (
     Serving
     | AllServing
+    | Warm
+    | AllWarm
     | Failed
     | RankReport
     | Drained

@@ -37,6 +37,7 @@ SEEN_BY_EVERY_PROCESS = frozenset(
         "kv_transfer_held_requests",
         "kv_transfer_seconds",
         "kv_transfer_wait_seconds",
+        "kv_transfer_transport_info",
         "spec_decode_num_drafts",
         "spec_decode_num_draft_tokens",
         "spec_decode_num_accepted_tokens",

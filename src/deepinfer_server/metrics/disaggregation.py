@@ -1,12 +1,15 @@
 """The disaggregation family: KV a decode server pulled from prefill servers (bytes, failures,
-durations) and the prompts a prefill server holds for decode servers."""
+durations), the prompts a prefill server holds for decode servers, and the transport its
+ranks move KV over."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
 
+from deepinfer_server.disaggregation.layout import KVLayout
 from deepinfer_server.ipc.messages import EngineCounters
 from deepinfer_server.metrics.declare import (
     LATENCY_BUCKETS,
@@ -72,3 +75,25 @@ def transfer_totals(labels: list[str], ranks: list[EngineCounters]) -> Iterator[
     yield moved
     yield failures
     yield held
+
+
+class TransportInfo(Collector):
+    """`kv_transfer_transport_info{transport}` 1: the transport the ranks' transfer engines
+    run (`--disaggregation-transport`, resolved), from the layout they reported ready with;
+    absent on a server without a prefill or decode role."""
+
+    def __init__(self, model_name: str, layout: Callable[[], KVLayout | None]) -> None:
+        self._model_name = model_name
+        self._layout = layout
+
+    def collect(self) -> Iterator[Metric]:
+        layout = self._layout()
+        if layout is None or layout.transport is None:
+            return
+        info = gauge_family(
+            "kv_transfer_transport_info",
+            "1 for the transport (tcp, rdma or nvlink) the server's ranks move KV over.",
+            "transport",
+        )
+        info.add_metric([self._model_name, layout.transport], 1.0)
+        yield info

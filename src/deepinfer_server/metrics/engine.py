@@ -51,6 +51,13 @@ class EngineMetrics:
             STEP_BUCKETS,
             ["dp_rank"],
         )
+        self.routing = declare.counter(
+            "dp_routing",
+            "Requests the API process sent to each DP rank (with DP > 1), by why it chose that "
+            "rank: session (the rank of the request's session), prefix (the rank holding its "
+            "prompt's prefix) or load (the least-loaded rank).",
+            ["reason", "dp_rank"],
+        )
         self.transfers = TransferMetrics(declare)
         #: Each rank's last reported totals (None before its first report).
         self._totals: list[EngineCounters | None] = []
@@ -65,6 +72,10 @@ class EngineMetrics:
     def observe_step(self, rank: int, seconds: float) -> None:
         """One engine iteration of `rank`."""
         self.step_seconds.labels(self._name, str(rank)).observe(seconds)
+
+    def observe_routing(self, rank: int, reason: str) -> None:
+        """A request sent to `rank`, for `reason`."""
+        self.routing.labels(self._name, reason, str(rank)).inc()
 
     def observe_counters(self, rank: int, counters: EngineCounters) -> None:
         """A rank's disaggregation report: its totals, and its new transfer samples."""

@@ -15,9 +15,11 @@ from collections.abc import Callable, Iterable
 import prometheus_client
 from prometheus_client import CollectorRegistry
 
+from deepinfer_server.disaggregation.layout import KVLayout
 from deepinfer_server.ipc.messages import AbortReason, EngineCounters
 from deepinfer_server.metrics.background import BackgroundMetrics
 from deepinfer_server.metrics.declare import CONTENT_TYPE, PREFIX, Declarations
+from deepinfer_server.metrics.disaggregation import TransportInfo
 from deepinfer_server.metrics.engine import EngineMetrics, RankLoad
 from deepinfer_server.metrics.grammar import CompileQueueCounts, CompileQueueGauges
 from deepinfer_server.metrics.records import RequestRecord
@@ -45,6 +47,10 @@ class ServerMetrics:
     ) -> None:
         """Expose the per-rank gauges and health from these callables."""
         self.engine.watch_ranks(rank_loads, healthy)
+
+    def watch_transport(self, layout: Callable[[], KVLayout | None]) -> None:
+        """Expose the KV transport of the layout `layout` returns (once the ranks reported)."""
+        self.registry.register(TransportInfo(self.model_name, layout))
 
     def watch_compile_queue(
         self, counts: Callable[[], CompileQueueCounts | None], warm: Callable[[], bool]
@@ -93,6 +99,11 @@ class ServerMetrics:
     def observe_counters(self, rank: int, counters: EngineCounters) -> None:
         """A rank's disaggregation report: its totals, and its new transfer samples."""
         self.engine.observe_counters(rank, counters)
+
+    def observe_routing(self, rank: int, reason: str) -> None:
+        """A request the coordinator sent to DP rank `rank`, for `reason` (session, prefix,
+        load)."""
+        self.engine.observe_routing(rank, reason)
 
     def observe_step(self, rank: int, seconds: float) -> None:
         """One engine iteration of `rank`."""

@@ -17,6 +17,7 @@ from deepinfer_server.openapi.schema import (
     string,
 )
 from deepinfer_server.protocol.completions.request import MAX_STOP_SEQUENCES
+from deepinfer_server.protocol.core.cache_retention import RETENTIONS
 from deepinfer_server.protocol.core.effort import EFFORT_PROMPT
 from deepinfer_server.protocol.core.sampling import SAMPLING, Api, SamplingField
 from deepinfer_server.protocol.core.validation import PRIORITY_MAX, PRIORITY_MIN
@@ -36,6 +37,13 @@ PRIORITY = integer(
     "vLLM's extension: lower starts first among the queued requests of the same API key",
 )
 STREAM = boolean()
+#: OpenAI's `prompt_cache_retention` (Chat Completions and Responses): accepted, not honoured.
+PROMPT_CACHE_RETENTION = nullable(
+    string(
+        "Accepted; the prefix cache keeps prompts until room is needed, whatever is asked",
+        enum=list(RETENTIONS),
+    )
+)
 #: vLLM's `cache_salt` (an extension field in the Messages API).
 CACHE_SALT_DESCRIPTION = (
     "Requests with different salts never share cached prompt prefixes (vLLM's field); with "
@@ -45,6 +53,8 @@ CACHE_SALT_DESCRIPTION = (
 TYPED_DESCRIPTIONS = {
     "stream_options": "Needs `stream: true`",
     "cache_salt": CACHE_SALT_DESCRIPTION,
+    "prompt_cache_key": "Names the request's session: with DP > 1 and prefix caching, the "
+    "turns of a session go to the DP rank that holds it unless that one is much more loaded",
 }
 ANY_OBJECT: Schema = {"type": "object"}
 #: Prefill/decode disaggregation's handoff (vLLM's field): its fields are

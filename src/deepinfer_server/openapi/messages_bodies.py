@@ -28,13 +28,30 @@ from deepinfer_server.openapi.typed_fields import typed_fields
 from deepinfer_server.protocol.completions.request import MAX_STOP_SEQUENCES
 from deepinfer_server.protocol.core.sampling import Api
 from deepinfer_server.protocol.core.validation import UINT32_MAX
+from deepinfer_server.protocol.messages.cache_control import MAX_BREAKPOINTS
 from deepinfer_server.protocol.messages.request import MessagesBody
 
-_TEXT_BLOCK = obj({"type": string(enum=["text"]), "text": string()}, ("type", "text"))
+#: A prompt-cache breakpoint: checked as Anthropic checks it, then a hint only.
+_CACHE_CONTROL = nullable(
+    obj(
+        {"type": string(enum=["ephemeral"]), "ttl": string(enum=["5m", "1h"])},
+        ("type",),
+        f"At most {MAX_BREAKPOINTS} in a request; the prefix cache keeps prompts until room "
+        "is needed, whatever the ttl",
+    )
+)
+_TEXT_BLOCK = obj(
+    {"type": string(enum=["text"]), "text": string(), "cache_control": _CACHE_CONTROL},
+    ("type", "text"),
+)
 _MESSAGES_BLOCK = one_of(
     _TEXT_BLOCK,
     obj(
-        {"type": string(enum=["image"]), "source": obj({"type": string()}, ("type",))},
+        {
+            "type": string(enum=["image"]),
+            "source": obj({"type": string()}, ("type",)),
+            "cache_control": _CACHE_CONTROL,
+        },
         ("type", "source"),
     ),
     obj(
@@ -48,6 +65,7 @@ _MESSAGES_BLOCK = one_of(
             "id": string(),
             "name": string(),
             "input": ANY_OBJECT,
+            "cache_control": _CACHE_CONTROL,
         },
         ("type", "id", "name", "input"),
     ),
@@ -56,6 +74,7 @@ _MESSAGES_BLOCK = one_of(
             "type": string(enum=["tool_result"]),
             "tool_use_id": string(),
             "content": one_of(string(), array(_TEXT_BLOCK)),
+            "cache_control": _CACHE_CONTROL,
         },
         ("type", "tool_use_id"),
     ),
@@ -78,6 +97,7 @@ _ANTHROPIC_TOOL = obj(
         "description": string(),
         "input_schema": JSON_SCHEMA,
         "strict": boolean(),
+        "cache_control": _CACHE_CONTROL,
     },
     ("name",),
 )

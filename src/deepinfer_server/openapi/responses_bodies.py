@@ -10,6 +10,7 @@ from deepinfer_server.openapi.fields import (
     KV_TRANSFER_PARAMS,
     MODEL,
     PRIORITY,
+    PROMPT_CACHE_RETENTION,
     REASONING_EFFORTS,
     RECIPE_MAX_TOKENS,
     STREAM,
@@ -120,6 +121,7 @@ RESPONSES: Schema = obj(
             )
         ),
         "metadata": nullable(ANY_OBJECT),
+        "prompt_cache_retention": PROMPT_CACHE_RETENTION,
         "user": string(),
         "kv_transfer_params": KV_TRANSFER_PARAMS,
     },

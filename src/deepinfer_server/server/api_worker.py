@@ -19,6 +19,7 @@ import socket
 import sys
 from dataclasses import dataclass, field
 
+from deepinfer_server.api.warmup import GrammarWarmup
 from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.config.logs import configure_logging
 from deepinfer_server.coordinator.admission import SharedAdmission, SharedState
@@ -26,6 +27,7 @@ from deepinfer_server.coordinator.channels import RankChannels
 from deepinfer_server.coordinator.coordinator import Coordinator
 from deepinfer_server.ipc.control import (
     AllServing,
+    AllWarm,
     ControlChannel,
     Drained,
     Exit,
@@ -36,6 +38,7 @@ from deepinfer_server.ipc.control import (
     Serving,
     SnapshotReply,
     SnapshotRequest,
+    Warm,
 )
 from deepinfer_server.metrics import ServerMetrics
 from deepinfer_server.metrics.aggregate import Snapshot, take_snapshot
@@ -90,12 +93,14 @@ class ControlPeers:
     ) -> None:
         self.index = index
         self.all_serving = False
+        self.all_warm = False
         self._others = count - 1
         self._control = control
         self._coordinator = coordinator
         self._metrics = metrics
         self._tokens = itertools.count()
         self._pending: dict[int, tuple[list[Snapshot], asyncio.Future[None]]] = {}
+        self._warm_told: asyncio.Future[None] | None = None
         self.exit_requested = asyncio.Event()
 
     async def snapshots(self, metrics: bool = True) -> list[Snapshot]:
@@ -118,6 +123,16 @@ class ControlPeers:
             del self._pending[token]
         return list(replies)
 
+    def started(self, warmup: GrammarWarmup) -> None:
+        """This process accepts requests: tell the supervisor now, and again once its warm-up
+        is over (the supervisor answers AllWarm when every process's is)."""
+        self._control.send(Serving())
+        self._warm_told = asyncio.ensure_future(self._tell_warm(warmup))
+
+    async def _tell_warm(self, warmup: GrammarWarmup) -> None:
+        await warmup.over()
+        self._control.send(Warm())
+
     async def listen(self) -> None:
         """Handle the supervisor's messages until it says exit (or is gone)."""
         while (message := await self._control.receive()) is not None:
@@ -125,6 +140,8 @@ class ControlPeers:
                 self._control.send(Pong())
             elif isinstance(message, AllServing):
                 self.all_serving = True
+            elif isinstance(message, AllWarm):
+                self.all_warm = True
             elif isinstance(message, Failed):
                 self._coordinator.fail_service(message.reason)
             elif isinstance(message, SnapshotRequest):
@@ -184,7 +201,7 @@ async def _serve(spec: WorkerSpec) -> int:
                 metrics,
                 peers=peers,
                 signals=[signal.SIGTERM],
-                on_started=lambda: control.send(Serving()),
+                on_started=lambda: peers.started(server.state.warmup),
                 store=store,
             )
             await server.serve(sockets=[spec.listener])

@@ -240,6 +240,7 @@ def build_server(
         structured.queue_stats, lambda: structured.warm and coordinator.readiness.grammar_ready
     )
     metrics.watch_receive_buffer(lambda: state.receiving.used)
+    metrics.watch_transport(lambda: coordinator.readiness.layout)
     return HttpServer(
         http_config(build_app(state), state),
         state,

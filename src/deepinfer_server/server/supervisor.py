@@ -28,6 +28,7 @@ from deepinfer_server.coordinator.channels import bind_rank_listener
 from deepinfer_server.coordinator.failure_cause import FailureCause
 from deepinfer_server.ipc.control import (
     AllServing,
+    AllWarm,
     ControlChannel,
     ControlMessage,
     Drained,
@@ -39,6 +40,7 @@ from deepinfer_server.ipc.control import (
     Serving,
     SnapshotReply,
     SnapshotRequest,
+    Warm,
 )
 from deepinfer_server.protocol.core.reasoning_seal import seal_key
 from deepinfer_server.server.api_worker import WorkerSpec, run_api_worker
@@ -73,6 +75,7 @@ class _Worker:
         self.process = process
         self.control = control
         self.serving = False
+        self.warm = False
         self.drained = False
         self.exited = asyncio.Event()
         self.signals_sent = 0
@@ -201,6 +204,11 @@ class Supervisor:
             await first_of(self._changed.wait(), self._stopping.wait())
             self._changed.clear()
 
+    def _all(self, holds: Callable[[_Worker], bool]) -> bool:
+        """Whether every API server process has started and `holds` for each."""
+        every = len(self._workers) == self._config.api_server_count
+        return every and all(holds(w) for w in self._workers)
+
     def _drain_timeout(self) -> float:
         return self._config.shutdown_timeout + _DRAIN_SLACK
 
@@ -238,11 +246,15 @@ class Supervisor:
             worker.serving = True
             worker.answered_at = asyncio.get_running_loop().time()
             self._changed.set()
-            every = len(self._workers) == self._config.api_server_count
-            if every and all(w.serving for w in self._workers):
+            if self._all(lambda w: w.serving):
                 log_serving(self._config, self._master_port)
                 for other in self._workers:
                     other.control.send(AllServing())
+        elif isinstance(message, Warm):
+            worker.warm = True
+            if self._all(lambda w: w.warm):
+                for other in self._workers:
+                    other.control.send(AllWarm())
         elif isinstance(message, Drained):
             worker.drained = True
             self._changed.set()

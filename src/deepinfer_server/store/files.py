@@ -40,6 +40,13 @@ class FileStore(Operations):
             await self._db.write([file_step(scope, row, content)])
         return row
 
+    async def quota_room(self, scope: str) -> int:
+        """How many more bytes of files and batches' data `scope` may store under the caps."""
+        async with self._store.connection("read the store's usage"):
+            rows = await self._db.fetch(USAGE, (scope, scope))
+        mine, every = (int(value) for value in rows[0])
+        return room(self._store.caps, mine, every)
+
     async def upload_room(self, scope: str) -> int:
         """How many more bytes of files `scope` may upload under the caps (0 when full, or
         when it holds as many files as it may)."""

@@ -4,6 +4,8 @@ until its bound passes."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from deepinfer_server.api import warmup
@@ -86,3 +88,20 @@ def test_nothing_to_warm_without_xgrammar(monkeypatch: pytest.MonkeyPatch) -> No
     gate.start()
     assert structured.started  # it refuses its structured requests with a clear 400
     assert not gate.warming
+
+
+def test_over_returns_once_the_warmup_is_over_and_not_before() -> None:
+    ranks = [False]
+    gate, structured = _warmup(ranks)
+    gate.start()
+
+    async def watch() -> bool:
+        waiting = asyncio.ensure_future(gate.over())
+        await asyncio.sleep(0)
+        still_warming = not waiting.done()
+        structured.preparing = False
+        ranks[0] = True
+        await asyncio.wait_for(waiting, 5)
+        return still_warming
+
+    assert asyncio.run(watch())

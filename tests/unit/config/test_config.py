@@ -126,6 +126,7 @@ def test_help_documents_every_option() -> None:
         "--get-load-format",
         "--api-server-count",
         "--stream-interval",
+        "--disaggregation-transport",
         "--enable-prefix-caching",
         "--no-enable-prefix-caching",
     ]:
@@ -154,6 +155,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
         ["--engine", "simulated", "--max-header-line-bytes", "100"],
         ["--engine", "simulated", "--max-header-bytes", "4096"],  # under the line bound
         ["--engine", "simulated", "--max-receive-buffer-mb", "0"],
+        ["--engine", "simulated", "--disaggregation-transport", "rdma"],  # no RDMA device
     ],
 )
 def test_bad_command_lines_exit_2_with_one_line(

@@ -27,7 +27,7 @@ from deepinfer_server.coordinator.admission import Admission, Ticket
 from deepinfer_server.coordinator.channels import RankChannels, bind_rank_listener
 from deepinfer_server.coordinator.coordinator import Coordinator
 from deepinfer_server.coordinator.handle import RequestHandle
-from deepinfer_server.coordinator.prefix_routing import PrefixHint
+from deepinfer_server.coordinator.prefix_routing import RankHint
 from deepinfer_server.errors import ApiError, OverloadedError, RequestTimeoutError
 from deepinfer_server.ipc.messages import AbortReason, Finish, GeneratedTokens, SamplingOptions
 from deepinfer_server.metrics import ServerMetrics
@@ -61,7 +61,7 @@ class _FaultyAdmission(Admission):
         super().__init__(DP, CAPACITY, max_num_seqs=max_num_seqs, tenants=TENANTS)
         self._faults = faults
 
-    def admit(self, tenant: int = 0, priority: int = 0, hint: PrefixHint | None = None) -> Ticket:
+    def admit(self, tenant: int = 0, priority: int = 0, hint: RankHint | None = None) -> Ticket:
         self._faults.check("admit")
         return super().admit(tenant, priority, hint)
 

@@ -170,7 +170,11 @@ def test_two_transfer_engines_move_registered_memory_over_loopback_tcp() -> None
 
 
 def test_a_decode_server_is_unhealthy_only_when_no_known_prefill_peer_answers() -> None:
-    from deepinfer_server.disaggregation.handoff.peers import PEER_MEMORY_SECONDS, PrefillPeers
+    from deepinfer_server.disaggregation.handoff.peers import (
+        PEER_GONE_SECONDS,
+        PEER_MEMORY_SECONDS,
+        PrefillPeers,
+    )
     from deepinfer_server.disaggregation.transfer.bootstrap import BootstrapServer
 
     def peer(port: int) -> KVTransferParams:
@@ -194,5 +198,13 @@ def test_a_decode_server_is_unhealthy_only_when_no_known_prefill_peer_answers() 
         alone = PrefillPeers()
         alone.seen(peer(gone.port), 0.0)
         assert asyncio.run(alone.unreachable(PEER_MEMORY_SECONDS + 1)) == []
+        # So is one still named but silent for a while (restarted on another port, say): a
+        # gateway that took the decode server out would never name the new one.
+        restarted = PrefillPeers()
+        restarted.seen(peer(gone.port), 0.0)
+        assert asyncio.run(restarted.unreachable(1.0)) == [f"127.0.0.1:{gone.port}"]
+        restarted.seen(peer(gone.port), PEER_GONE_SECONDS)
+        assert asyncio.run(restarted.unreachable(PEER_GONE_SECONDS)) == [f"127.0.0.1:{gone.port}"]
+        assert asyncio.run(restarted.unreachable(PEER_GONE_SECONDS + 1)) == []
     finally:
         live.close()

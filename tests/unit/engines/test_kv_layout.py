@@ -197,3 +197,15 @@ def test_a_deepinfer_ranks_row_digest_covers_its_rows_in_order_and_the_state_row
     assert memory.digest([1, 2], 1) == digest
     Cache.gpu_blocks[2, 4096 // 2] ^= 0xFF  # the middle window
     assert memory.digest([1, 2], 1) != digest
+
+
+def test_a_rank_asked_before_it_published_its_layout_is_asked_again(
+    prefill_rank: BootstrapServer,
+) -> None:
+    peers = PrefillPeers(lambda: LAYOUT)
+    params = handoff_from(prefill_rank)
+    peers.seen(params, 0.0)
+    assert asyncio.run(peers.refusal(params, PROBE)) is not None  # no layout yet: refused
+    prefill_rank.publish(LAYOUT)  # the same engine, a moment later
+    assert asyncio.run(peers.refusal(params, PROBE)) is None
+    assert peers.refused(1.0) == {}

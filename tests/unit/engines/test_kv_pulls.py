@@ -225,3 +225,27 @@ def test_a_peer_that_does_not_answer_a_ping_is_never_read_from(
     assert result.failure is not None and result.failure.reason == "transfer_error"
     assert "did not answer" in str(result.failure)
     assert agent.stuck == 0  # its read never started
+
+
+def test_a_peers_threads_are_let_go_once_it_has_been_idle_a_while(
+    kv_pulls: Pulls, agent: FakeAgent, clock: Clock, released: list[str]
+) -> None:
+    submit(kv_pulls, WELL, "w")
+    agent.threads = 1
+    ids = stall(kv_pulls, agent, 1)  # the hung peer keeps a pull in flight
+    wait_for(kv_pulls, {"w"})
+    assert kv_pulls.peers() == {WELL, HUNG}
+    clock.now += lanes.IDLE_SECONDS - 1
+    kv_pulls.take_done()
+    assert kv_pulls.peers() == {WELL, HUNG}  # not idle long enough yet
+    clock.now += 1
+    kv_pulls.take_done()
+    assert kv_pulls.peers() == {HUNG}  # a lane with a read in flight is never closed
+    agent.go.set()
+    wait_for(kv_pulls, set(ids))
+    clock.now += lanes.IDLE_SECONDS
+    kv_pulls.take_done()
+    assert kv_pulls.peers() == set()
+    submit(kv_pulls, WELL, "again")  # a peer that comes back gets a lane again
+    assert [r.request_id for r in wait_for(kv_pulls, {"again"})] == ["again"]
+    wait_released(released, {"t-w", "t-again"})

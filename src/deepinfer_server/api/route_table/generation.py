@@ -1,13 +1,14 @@
-"""The route table's generation family: OpenAI's and Anthropic's generation endpoints, Anthropic's
-token count and vLLM's tokenizer endpoints."""
+"""The route table's generation family: OpenAI's and Anthropic's generation endpoints, their token
+counts and vLLM's tokenizer endpoints."""
 
 from __future__ import annotations
 
 from deepinfer_server.api.dialects import Dialect
 from deepinfer_server.api.route import Endpoint
-from deepinfer_server.api.route_table.entries import generation
+from deepinfer_server.api.route_table.entries import generation, post_body
 from deepinfer_server.api.routes.count_tokens import count_tokens
 from deepinfer_server.api.routes.generation import CHAT, COMPLETIONS, MESSAGES, RESPONSES, generate
+from deepinfer_server.api.routes.input_tokens import responses_input_tokens
 from deepinfer_server.api.routes.tokenization import (
     detokenize_route,
     tokenize_route,
@@ -31,6 +32,13 @@ GENERATION: tuple[Endpoint, ...] = (
         "/v1/responses",
         generate(RESPONSES),
         "OpenAI Responses (stored unless store: false)",
+        "ResponsesRequest",
+    ),
+    post_body(
+        "/v1/responses/input_tokens",
+        responses_input_tokens,
+        "OpenAI's input token count: the prompt tokens /v1/responses would report as "
+        "usage.input_tokens, without running the request",
         "ResponsesRequest",
     ),
     generation(

@@ -54,6 +54,8 @@ async def create_message_batch(request: Request) -> Response:
     """Create a message batch of `requests: [{custom_id, params}]`."""
     state, runner, scope = await scoped(request)
     require_json_content_type(request)
+    if await runner.store.quota_room(scope) == 0:  # refused before a byte of the body is read
+        raise batch_storage_full("requests")
     raw = await read_body(
         request,
         state.config.batch_max_file_mb * 1024 * 1024,

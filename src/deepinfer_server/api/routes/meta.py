@@ -51,6 +51,14 @@ async def health(request: Request) -> Response:
             {"status": "starting", "reason": "not every API server process serves yet"},
             status_code=503,
         )
+    if state.peers is not None and not state.peers.all_warm:
+        return JSONResponse(
+            {
+                "status": "starting",
+                "reason": "structured output is warming up in another API server process",
+            },
+            status_code=503,
+        )
     if state.prefill_peers is not None:
         degraded = await _prefill_peers_health(state.prefill_peers)
         if degraded is not None:

@@ -9,7 +9,8 @@
   when it registers a worker (model name and path, DP size, context length, engine kind). The
   server info also says the disaggregation role and, on a prefill server, the bootstrap port
   each DP rank bound (SGLang's `disaggregation_bootstrap_port` is rank 0's): with
-  `--disaggregation-bootstrap-port 0` this is where an operator or a gateway learns them.
+  `--disaggregation-bootstrap-port 0` this is where an operator or a gateway learns them;
+  and the KV transport its ranks run (`disaggregation_transport`: tcp, rdma or nvlink).
 """
 
 from __future__ import annotations
@@ -72,6 +73,13 @@ def _common(state: AppState) -> ModelFields:
     }
 
 
+def _transport(state: AppState) -> str | None:
+    """The transport the ranks move KV over, as they reported it with their readiness (None
+    on a server without a prefill or decode role)."""
+    layout = state.coordinator.readiness.layout
+    return None if layout is None else layout.transport
+
+
 async def server_info(request: Request) -> Response:
     """SGLang's server info: what one replica is and how much it runs at once."""
     state: AppState = request.app.state.server
@@ -89,6 +97,7 @@ async def server_info(request: Request) -> Response:
             "disaggregation_mode": config.disaggregation_mode.value,
             "disaggregation_bootstrap_port": ports[0] if ports else None,
             "disaggregation_bootstrap_ports": ports,
+            "disaggregation_transport": _transport(state),
         }
     )
 

@@ -29,6 +29,7 @@ from deepinfer_server.protocol.responses.stored import (
     check_include,
     response_not_found,
 )
+from deepinfer_server.protocol.responses.token_usage import complete_usage
 from deepinfer_server.services.background_runs import cancel, lost, resume
 from deepinfer_server.store import BrokenHistory, ResponseStore
 
@@ -89,7 +90,8 @@ async def retrieve_response(request: Request) -> Response:
         inputs = history[: len(history) - len(stored.output_items)]
         asked = ReasoningRequest(encrypted=True, conversation=conversation_digest(inputs))
         body = ReasoningItems(asked, state.recipe.reasoning_seal).response(body)
-    return json_answer(body)
+    # A response stored by an earlier release lacks usage fields the clients now require.
+    return json_answer(complete_usage(body))
 
 
 def _starting_after(request: Request) -> int:

@@ -13,11 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 from collections.abc import Mapping
 from typing import Any
 
+from deepinfer_server.disaggregation.handoff.params import KVTransferParams
+
 _MAX_LINE = 4096
+#: Seconds a release notice may take; a prefill side that misses it frees on its timeout.
+RELEASE_TIMEOUT = 2.0
+
+logger = logging.getLogger(__name__)
 
 
 def bootstrap_call(
@@ -70,3 +77,16 @@ async def bootstrap_hello(host: str, port: int, timeout: float) -> dict[str, obj
     if not isinstance(answer, dict) or answer.get("ok") is not True:
         return None
     return answer
+
+
+def release(params: KVTransferParams) -> None:
+    """Tell the prefill rank of `params` it may free that transfer's KV (best effort)."""
+    try:
+        bootstrap_call(
+            params.remote_host,
+            params.remote_bootstrap_port,
+            {"op": "release", "transfer_id": params.transfer_id, "proof": params.release_proof},
+            RELEASE_TIMEOUT,
+        )
+    except OSError as exc:
+        logger.info("release of transfer %s not delivered: %s", params.transfer_id, exc)

@@ -3,7 +3,9 @@ its `/health`.
 
 A decode server's `/health` answers 503 when every prefill rank named by a handoff in the
 last `PEER_MEMORY_SECONDS` fails to answer on its bootstrap port: a gateway then stops sending
-it requests it could not serve.
+it requests it could not serve. A rank silent for `PEER_GONE_SECONDS` is forgotten: a prefill
+server restarted on other ports (`--disaggregation-bootstrap-port 0`) is learned only from the
+handoffs a gateway sends, and one that took the decode server out of rotation would send none.
 
 Pairing: before a handoff's KV is pulled, the prefill rank's KV layout (its ping's answer,
 kept per rank and engine ID, so a restarted rank is asked again) is compared with this decode
@@ -24,6 +26,9 @@ from deepinfer_server.errors import ApiError, ErrorKind
 
 #: A prefill peer not seen in a handoff for this long is forgotten (it may have been replaced).
 PEER_MEMORY_SECONDS = 300.0
+#: A prefill peer that has answered no probe for this long is forgotten (gone, or restarted on
+#: other ports): the decode server is healthy again until a handoff names a peer.
+PEER_GONE_SECONDS = 30.0
 #: Seconds a health probe waits for a peer's bootstrap port.
 PEER_PROBE_SECONDS = 1.0
 #: Seconds a request waits for a prefill rank's layout (longer than a health probe: a busy
@@ -41,6 +46,10 @@ class _Pairing:
 
     engine_id: object
     refusal: str | None
+    #: Whether the rank had published its layout. A rank answers pings a moment before it
+    #: publishes it (a restarted one on the same port, say), so an answer without one is
+    #: asked again by the next request rather than kept.
+    published: bool = True
 
 
 def _no_layout() -> KVLayout | None:
@@ -65,6 +74,8 @@ class PrefillPeers:
         self._seen: dict[_Peer, float] = {}
         self._local = local
         self._pairings: dict[_Peer, _Pairing] = {}
+        #: When each peer that answers no probe first failed one.
+        self._silent_since: dict[_Peer, float] = {}
 
     def seen(self, params: KVTransferParams, now: float) -> None:
         """A handoff named this prefill rank."""
@@ -81,7 +92,7 @@ class PrefillPeers:
             return None
         peer = (params.remote_host, params.remote_bootstrap_port)
         pairing = self._pairings.get(peer)
-        if pairing is None or pairing.engine_id != params.remote_engine_id:
+        if pairing is None or pairing.engine_id != params.remote_engine_id or not pairing.published:
             answer = await bootstrap_hello(*peer, probe_seconds)
             if answer is None:
                 return None
@@ -89,7 +100,8 @@ class PrefillPeers:
         return pairing.refusal
 
     def _pair(self, peer: _Peer, answer: dict[str, object], local: KVLayout) -> _Pairing:
-        pairing = _Pairing(answer.get("engine_id"), _refusal(answer, local))
+        published = answer.get("layout") is not None
+        pairing = _Pairing(answer.get("engine_id"), _refusal(answer, local), published)
         self._pairings[peer] = pairing
         return pairing
 
@@ -116,19 +128,28 @@ class PrefillPeers:
         peers' pairings (a rank restarted with other settings is refused from now on)."""
         for peer, last in list(self._seen.items()):
             if now - last > PEER_MEMORY_SECONDS:
-                del self._seen[peer]
-                self._pairings.pop(peer, None)
+                self._forget(peer)
         peers = list(self._seen)
         answers = await asyncio.gather(
             *(bootstrap_hello(host, port, probe_seconds) for host, port in peers)
         )
         local = self._local()
         for peer, answer in zip(peers, answers, strict=True):
-            if answer is not None and local is not None:
+            if answer is None:
+                if now - self._silent_since.setdefault(peer, now) >= PEER_GONE_SECONDS:
+                    self._forget(peer)
+                continue
+            self._silent_since.pop(peer, None)
+            if local is not None:
                 self._pair(peer, answer, local)
-        if any(answer is not None for answer in answers):
+        if not self._seen or any(answer is not None for answer in answers):
             return []
-        return [f"{host}:{port}" for host, port in peers]
+        return [f"{host}:{port}" for host, port in self._seen]
+
+    def _forget(self, peer: _Peer) -> None:
+        del self._seen[peer]
+        self._pairings.pop(peer, None)
+        self._silent_since.pop(peer, None)
 
 
 async def refuse_unpaired(peers: PrefillPeers, params: KVTransferParams) -> None:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from deepinfer_server.disaggregation.handoff.bootstrap import bootstrap_call
+from deepinfer_server.disaggregation.handoff.bootstrap import bootstrap_call, release
 from deepinfer_server.disaggregation.handoff.params import KVTransferParams
 from deepinfer_server.disaggregation.transfer.agent import TransferAgent, TransferError
 from deepinfer_server.disaggregation.transfer.lanes import PULL_THREADS_PER_PEER, PeerLanes
@@ -31,8 +31,6 @@ from deepinfer_server.disaggregation.transfer.queues import drain
 
 logger = logging.getLogger(__name__)
 
-#: Seconds a release notice may take; a prefill side that misses it frees on its timeout.
-RELEASE_TIMEOUT = 2.0
 #: Seconds a peer not read from yet has to answer a ping on its bootstrap port first.
 FIRST_CONTACT_TIMEOUT = 1.0
 
@@ -95,19 +93,6 @@ def _first_contact(params: KVTransferParams) -> None:
         ) from exc
 
 
-def release(params: KVTransferParams) -> None:
-    """Tell the prefill rank of `params` it may free that transfer's KV (best effort)."""
-    try:
-        bootstrap_call(
-            params.remote_host,
-            params.remote_bootstrap_port,
-            {"op": "release", "transfer_id": params.transfer_id, "proof": params.release_proof},
-            RELEASE_TIMEOUT,
-        )
-    except OSError as exc:
-        logger.info("release of transfer %s not delivered: %s", params.transfer_id, exc)
-
-
 class Pulls:
     """The transfer threads of each peer (`lanes`) and the queue of their results."""
 
@@ -145,7 +130,7 @@ class Pulls:
             self._done.put(PullResult(request_id, 0, 0.0, _unhealthy(peer), peer))
             self.release_only(params)
             return
-        lane = self._lanes.lane(peer)
+        lane = self._lanes.lane(peer, self._clock())
         pull = _Pull(request_id, params, list(pieces), check)
         self._running[request_id] = _Submitted(peer, params, lane.pulls.submit(self._run, pull))
         lane.requests.add(request_id)
@@ -169,7 +154,7 @@ class Pulls:
 
     def release_only(self, params: KVTransferParams) -> None:
         """The request went away before its pull: free the prefill side's KV now."""
-        self._lanes.lane(peer_of(params)).releases.submit(release, params)
+        self._lanes.lane(peer_of(params), self._clock()).releases.submit(release, params)
 
     def take_done(self) -> list[PullResult]:
         """The pulls that finished since the last call."""
@@ -179,7 +164,13 @@ class Pulls:
                 self._forget(result.request_id, result.peer)
             if result.failure is None:
                 self._lanes.mark_well(result.peer)
+        for peer in self._lanes.prune(self._clock()):
+            self._known.discard(peer)  # a peer back after its lane closed is pinged again
         return results
+
+    def peers(self) -> set[str]:
+        """The peers with transfer threads now."""
+        return self._lanes.peers()
 
     def close(self) -> None:
         """Stop every peer's threads (reads under way return on their own)."""
@@ -187,12 +178,12 @@ class Pulls:
 
     def _forget(self, request_id: str, peer: str) -> None:
         del self._running[request_id]
-        self._lanes.lane(peer).requests.discard(request_id)
+        self._lanes.lane(peer, self._clock()).requests.discard(request_id)
 
     def _fail_queued(self, peer: str, keep: str) -> None:
         """Cancel the pulls queued on `peer`'s lane, each reported as failed now (and its
         release sent, as a pull's thread would)."""
-        for request_id in list(self._lanes.lane(peer).requests - {keep}):
+        for request_id in list(self._lanes.lane(peer, self._clock()).requests - {keep}):
             submitted = self._running[request_id]
             if submitted.future.cancel():
                 self._forget(request_id, peer)

@@ -48,6 +48,13 @@ def _windows(tensor: Any, rows: Sequence[int]) -> bytes:
     return bytes(picked.cpu().numpy().tobytes())
 
 
+def transfer_agent(engine: Any, settings: RoleSettings) -> TransferAgent:
+    """The rank's transfer agent over the transport its settings ask for (NVLink only when the
+    cache rows are in GPU memory)."""
+    on_gpu = bool(engine.driver_worker.cache_engine.gpu_blocks.is_cuda)
+    return TransferAgent(settings.host, settings.ib_device, settings.transport, on_gpu)
+
+
 class CacheMemory:
     """One rank's KV block rows and state rows, registered with its transfer agent."""
 

@@ -29,9 +29,9 @@ from typing import Any
 import numpy as np
 
 from deepinfer_server.disaggregation.handoff.params import KV_BLOCK_SIZE, KVTransferParams
-from deepinfer_server.disaggregation.transfer.agent import TransferAgent, TransferError
+from deepinfer_server.disaggregation.transfer.agent import TransferError
 from deepinfer_server.disaggregation.transfer.connector import DecodeConnector, transfer_failed
-from deepinfer_server.engines.deepinfer.cache_memory import CacheMemory, allocate
+from deepinfer_server.engines.deepinfer.cache_memory import CacheMemory, allocate, transfer_agent
 from deepinfer_server.engines.deepinfer.role_grammar import (
     GRAMMAR_FAILED,
     build_grammar,
@@ -82,10 +82,10 @@ class CompletionRole(DecodeConnector):
     def __init__(self, engine: Any, settings: RoleSettings) -> None:
         self._engine = engine
         self._timeout = settings.transfer_timeout
-        self.agent = TransferAgent(settings.host, settings.ib_device)
+        self.agent = transfer_agent(engine, settings)
         super().__init__(self.agent)
         self.memory = CacheMemory(engine.driver_worker.cache_engine, self.agent)
-        self.publish(self.memory.layout(settings))
+        self.publish(self.agent.describe(self.memory.layout(settings)))
         self._pending: dict[str, _Pending] = {}
         #: Prompt tokens this engine computed: the last one of each pulled prompt.
         self.prompt_tokens_computed = 0

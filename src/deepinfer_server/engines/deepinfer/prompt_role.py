@@ -30,9 +30,8 @@ from typing import Any
 import numpy as np
 
 from deepinfer_server.disaggregation.handoff.params import KV_BLOCK_SIZE, KVTransferParams
-from deepinfer_server.disaggregation.transfer.agent import TransferAgent
 from deepinfer_server.disaggregation.transfer.connector import PrefillConnector
-from deepinfer_server.engines.deepinfer.cache_memory import CacheMemory, allocate
+from deepinfer_server.engines.deepinfer.cache_memory import CacheMemory, allocate, transfer_agent
 from deepinfer_server.engines.deepinfer.role_grammar import build_grammar, without_grammar
 from deepinfer_server.engines.role_settings import RoleSettings
 
@@ -58,12 +57,12 @@ class PromptRole(PrefillConnector):
     def __init__(self, engine: Any, settings: RoleSettings) -> None:
         self._engine = engine
         self._settings = settings
-        self.agent = TransferAgent(settings.host, settings.ib_device)
+        self.agent = transfer_agent(engine, settings)
         self.memory = CacheMemory(engine.driver_worker.cache_engine, self.agent)
         super().__init__(
             settings.bootstrap_port, settings.rank, settings.hold_timeout, settings.release_key
         )
-        self.publish(self.memory.layout(settings))
+        self.publish(self.agent.describe(self.memory.layout(settings)))
         #: Sequences DeepInfer built, not placed yet (in arrival order).
         self._queue: deque[Any] = deque()
         #: Placed sequences by seq_id, until their prompt step ends (or they are aborted).

@@ -59,7 +59,9 @@ class PrefillRole(PrefillConnector):
         super().__init__(
             settings.bootstrap_port, settings.rank, settings.hold_timeout, settings.release_key
         )
-        self.publish(self.memory.layout(settings.speculative_tokens, settings.checkpoint))
+        self.publish(
+            agent.describe(self.memory.layout(settings.speculative_tokens, settings.checkpoint))
+        )
         self._writer = writer_id(self.engine_id)
         self._rank = settings.rank
 
@@ -133,7 +135,9 @@ class DecodeRole(DecodeConnector):
         self._kv = table.kv
         self._slots = table.cache.slots
         self.memory = KVMemory(self._kv.cache_config.num_gpu_blocks, self._slots.size, agent)
-        self.publish(self.memory.layout(settings.speculative_tokens, settings.checkpoint))
+        self.publish(
+            agent.describe(self.memory.layout(settings.speculative_tokens, settings.checkpoint))
+        )
         self._max_num_seqs = max_num_seqs
         self._timeout = settings.transfer_timeout
         #: Requests whose KV is not in place yet, in arrival order.

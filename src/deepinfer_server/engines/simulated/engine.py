@@ -153,7 +153,7 @@ class LLMEngine:
         role = args.role
         if role is None:
             raise ValueError(f"a {args.disaggregation_mode} engine needs its role settings")
-        agent = TransferAgent(role.host, role.ib_device)
+        agent = TransferAgent(role.host, role.ib_device, role.transport)
         if args.disaggregation_mode is DisaggregationRole.PREFILL:
             self._prefill = PrefillRole(self._kv, self._cache.slots, agent, role)
             self._table.on_finish = self._prefill.hold

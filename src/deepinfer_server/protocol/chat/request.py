@@ -17,6 +17,7 @@ from deepinfer_server.protocol.core.body import (
     UInt32,
     check_stream_options,
 )
+from deepinfer_server.protocol.core.cache_retention import check_cache_retention
 from deepinfer_server.protocol.core.choices import Choices, seeds_for, with_seed
 from deepinfer_server.protocol.core.effort import check_effort_agrees, read_effort
 from deepinfer_server.protocol.core.field_errors import BodyShape
@@ -58,6 +59,8 @@ class ChatBody(OpenAISampling, kw_only=True, frozen=True):
     #: The OpenAI client's current name wins over the deprecated max_tokens, as in vLLM.
     max_completion_tokens: UInt32 | None = None
     cache_salt: CacheSalt | None = None
+    #: Names the request's session for the rank choice (`protocol/core/session_key.py`).
+    prompt_cache_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,7 @@ def prepare_chat(body: JsonObject, recipe: RecipeContext) -> PreparedChat | list
     Raises BadRequestError (400) or ModelNotFoundError (404); never anything else on bad input.
     """
     check_chat_fields(body)
+    check_cache_retention(body)
     typed = read_chat_body(body)
     sampling = _SAMPLING.values(typed)
     merge_budgets(sampling, body)

@@ -55,6 +55,8 @@ class CompletionBody(OpenAISampling, kw_only=True, frozen=True):
     max_tokens: UInt32 | None = None
     ignore_eos: bool | None = None
     cache_salt: CacheSalt | None = None
+    #: Names the request's session for the rank choice (`protocol/core/session_key.py`).
+    prompt_cache_key: str | None = None
 
 
 @dataclass(frozen=True)

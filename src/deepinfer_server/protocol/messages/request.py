@@ -30,6 +30,7 @@ from deepinfer_server.protocol.core.structured import (
 )
 from deepinfer_server.protocol.core.thinking_budget import merge_budgets
 from deepinfer_server.protocol.core.validation import check_model
+from deepinfer_server.protocol.messages.cache_control import check_cache_control
 from deepinfer_server.protocol.messages.compat import (
     anthropic_context_error,
     normalize_messages_body,
@@ -92,6 +93,7 @@ def _convert(body: JsonObject, recipe: RecipeContext) -> _Converted:
     check_model(body, recipe.served_model_names)
     reject_thread(body)
     reject_n(body, "the Messages API")
+    check_cache_control(body)
     typed = _SAMPLING.typed(body, MessagesBody)
     sampling = _SAMPLING.values(typed)
     merge_budgets(sampling, body)

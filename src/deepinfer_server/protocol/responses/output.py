@@ -13,6 +13,7 @@ from deepinfer_server.protocol.core.named_events import NamedEventOutput, named_
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.protocol.responses.reasoning import ReasoningItems
 from deepinfer_server.protocol.responses.request import PreparedResponses
+from deepinfer_server.protocol.responses.token_usage import complete_usage
 
 
 def responses_output(
@@ -65,6 +66,7 @@ class ResponsesOutput(NamedEventOutput):
     With `stored` (a request the store serves), every response object reports its `store` and
     `previous_response_id`, and a stored stream's terminal event is held back (`held`, with the
     response it carries in `final`) until the caller has written the response to the store.
+    Every response object echoes the request's `prompt_cache_retention`, as OpenAI's do.
     """
 
     def __init__(
@@ -79,6 +81,8 @@ class ResponsesOutput(NamedEventOutput):
         super().__init__(generator, ResponsesResponse, response_id, prepared, recipe)
         self._items = items
         self._echo = None if stored is None else stored.fields()
+        if prepared.cache_retention is not None:  # the recipe echoes null whatever was asked
+            self._echo = {**(self._echo or {}), "prompt_cache_retention": prepared.cache_retention}
         # A conversation's turn is appended to it before the client hears the end, too.
         self._hold = stored is not None and (stored.store or stored.conversation is not None)
         #: The held terminal event (a stored stream), and the response object it carries.
@@ -94,8 +98,10 @@ class ResponsesOutput(NamedEventOutput):
                 payloads.append(named_event(name, chunk.to_json()))
                 continue
             for event in self._items.event(name, orjson.loads(chunk.to_json())):
-                if self._echo is not None and isinstance(event.get("response"), dict):
-                    event["response"].update(self._echo)
+                if isinstance(event.get("response"), dict):
+                    complete_usage(event["response"])
+                    if self._echo is not None:
+                        event["response"].update(self._echo)
                 payload = named_event(event["type"], orjson.dumps(event).decode())
                 if self._hold and event["type"] in _TERMINAL_EVENTS:
                     self.final = event["response"]
@@ -107,7 +113,7 @@ class ResponsesOutput(NamedEventOutput):
     def response(self) -> JsonObject:
         """The non-streaming response object (made once: the request has ended)."""
         if self.final is None:
-            response = self._items.response(orjson.loads(super().response_json()))
+            response = complete_usage(self._items.response(orjson.loads(super().response_json())))
             if self._echo is not None:
                 response.update(self._echo)
             self.final = response

@@ -11,6 +11,7 @@ from deepinfer_server.errors import BadRequestError, ErrorKind
 from deepinfer_server.grammar import Constraint, in_thinking_mode
 from deepinfer_server.ipc.messages import Images, SamplingOptions
 from deepinfer_server.protocol.core.body import CacheSalt
+from deepinfer_server.protocol.core.cache_retention import check_cache_retention
 from deepinfer_server.protocol.core.choices import reject_n
 from deepinfer_server.protocol.core.effort import check_effort_agrees, read_effort
 from deepinfer_server.protocol.core.field_errors import BodyShape
@@ -45,6 +46,8 @@ class PreparedResponses:
     images: Images | None = None
     #: `cache_salt`: only requests with the same salt share cached prefixes.
     cache_salt: str | None = None
+    #: `prompt_cache_retention` as asked (checked, echoed, not honoured).
+    cache_retention: str | None = None
 
 
 def _reject_stateful_options(body: JsonObject) -> None:
@@ -103,6 +106,8 @@ class ResponsesBody(ResponsesSampling, kw_only=True, frozen=True):
     their own)."""
 
     cache_salt: CacheSalt | None = None
+    #: Names the request's session for the rank choice (`protocol/core/session_key.py`).
+    prompt_cache_key: str | None = None
 
 
 def _check_input_items(body: JsonObject) -> None:
@@ -140,6 +145,7 @@ def prepare_responses(body: JsonObject, recipe: RecipeContext) -> PreparedRespon
     """Turn a decoded Responses body into prompt token IDs and sampling options."""
     _reject_stateful_options(body)
     _check_input_items(body)
+    check_cache_retention(body)
     reject_n(body, "the Responses API")
     check_model(body, recipe.served_model_names)
     typed = _SAMPLING.typed(body, ResponsesBody)
@@ -185,4 +191,5 @@ def prepare_responses(body: JsonObject, recipe: RecipeContext) -> PreparedRespon
         ReasoningRequest.of(body, conversation),
         images=engine.images,
         cache_salt=typed.cache_salt,
+        cache_retention=body.get("prompt_cache_retention"),
     )
