@@ -11,6 +11,7 @@ from deepinfer_server.engines.simulated.abilities import SimulatedAbilities
 from deepinfer_server.engines.simulated.backend import SimulatedOptions
 from deepinfer_server.engines.simulated.collectives import LockstepGroup
 from deepinfer_server.engines.simulated.engine import LLMEngine, SimEngineArgs
+from deepinfer_server.engines.simulated.kv_size import kv_size_option
 from deepinfer_server.engines.simulated.outputs import RequestOutput
 from deepinfer_server.model.tokenizer import load_tokenizer_json
 
@@ -30,6 +31,7 @@ def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:
         max_num_batched_tokens=spec.max_num_batched_tokens,
         ttft_ms=options.sim_ttft_ms,
         itl_ms=options.sim_itl_ms,
+        itl_ms_per_request=options.sim_itl_ms_per_request,
         tokens_per_step=options.sim_tokens_per_step,
         speculative_tokens=spec.speculative_tokens,
         zero_overhead_scheduling=not options.sim_disable_zos,
@@ -42,6 +44,7 @@ def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:
         prefill_tokens_per_s=options.sim_prefill_tokens_per_s * spec.context_parallel_size,
         disaggregation_mode=spec.disaggregation_mode,
         role=RoleSettings.of(spec),
+        kv_size=kv_size_option(options.sim_kv_bytes_per_token, spec.model, spec.speculative_tokens),
     )
     engine = LLMEngine.from_engine_args(args)
     abilities = SimulatedAbilities(engine, spec.enable_prefix_caching)
