@@ -149,6 +149,9 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
         ["--engine", "simulated", "--ep", "8", "--dp", "2", "--cp", "2"],
         ["--engine", "simulated", "--max-num-seqs", "0"],
         ["--engine", "simulated", "--sim-kv-blocks", "1"],
+        ["--engine", "simulated", "--sim-kv-bytes-per-token", "big"],
+        ["--engine", "simulated", "--sim-kv-bytes-per-token", "0"],
+        ["--engine", "simulated", "--sim-itl-ms-per-request", "-1"],
         ["--ep", "8"],  # the default engine needs MODEL
         ["--engine", "simulated", "--api-server-count", "0"],
         ["--engine", "simulated", "--stream-interval", "0"],
