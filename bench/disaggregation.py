@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import re
 import secrets
@@ -234,13 +235,15 @@ def disaggregated(args: argparse.Namespace) -> Configuration:
     """A prefill server and a decode server (DP 1 each) behind smg in PD mode."""
     config = Configuration("disaggregated, 1 prefill + 1 decode (smg PD)")
     bootstrap = str(free_port())
-    pair = ("--disaggregation-secret-file", _pair_secret())
+    secret = _pair_secret()
+    pair = ("--disaggregation-secret-file", secret)
     kv: tuple[str, ...] = ("--sim-kv-bytes-per-token", args.kv_bytes_per_token)
     if args.kv_bytes_per_token == "none":
         kv = ()
     bootstrap_args = ("--disaggregation-bootstrap-port", bootstrap)
     prefill_args = ("--disaggregation-mode", "prefill", *bootstrap_args)
     with ExitStack() as stack:
+        stack.callback(os.unlink, secret)
         prefill = stack.enter_context(Server.deepinfer(*_common(args), *pair, *kv, *prefill_args))
         decode = stack.enter_context(
             Server.deepinfer(*_common(args), *pair, *kv, "--disaggregation-mode", "decode")
