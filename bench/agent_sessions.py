@@ -13,7 +13,7 @@ sends its next turn a think time after the last answer ended (exponential, mean 
 seeded: the same draws for both servers). The rank's pool is `--kv-blocks` blocks of 128
 tokens, sized so that the sessions' KV is several times the pool (the table says how many);
 the host tier copies DeepSeek-V4.1-Flash's KV blocks and state slot (the simulated engine's
-sizes) over `--host-bandwidth-gbps`, and a prompt step lasts the tokens it computes over
+default without a checkpoint) over `--host-bandwidth-gbps`, and a prompt step lasts the tokens it computes over
 `--prefill-tokens-per-s`. Per server and repetition it prints the prompt tokens, the tokens
 computed (the prompt less usage's cached tokens), TTFT p50 and p99 over every turn and over
 turns 2 to N, and the tiers' hit tokens from /metrics; then the ratio of computed tokens, host

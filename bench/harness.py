@@ -151,6 +151,69 @@ class Server:
         self.stop()
 
 
+def smg_binary() -> str:
+    """The Shepherd Model Gateway that scripts/install-smg.sh installs in a venv of its own:
+    `$SMG_BIN`, default `$SMG_PREFIX/bin/smg` (SMG_PREFIX: ~/.cache/deepinfer-server/smg)."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    prefix = Path(os.environ.get("SMG_PREFIX", cache / "deepinfer-server" / "smg"))
+    binary = Path(os.environ.get("SMG_BIN", prefix / "bin" / "smg"))
+    if not binary.exists():
+        raise RuntimeError(f"{binary} is not installed (scripts/install-smg.sh)")
+    return str(binary)
+
+
+@dataclass
+class Gateway:
+    """smg in front of servers, on a free loopback port, once it lists them all as healthy."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+
+    @classmethod
+    def smg(cls, workers: list[str], expected: int, timeout: float = 60) -> Gateway:
+        """`smg launch WORKERS...` (`--worker-urls URL`, or `--pd-disaggregation --prefill URL
+        PORT --decode URL`) serving `expected` workers."""
+        import httpx
+
+        port = free_port()
+        command = [
+            smg_binary(), "launch", *workers, "--host", "127.0.0.1", "--port", str(port),
+            "--prometheus-port", str(free_port()), "--log-level", "warn",
+            "--health-check-interval-secs", "1", "--worker-startup-check-interval", "1",
+        ]  # fmt: skip
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        gateway = cls(process, port)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"smg exited with {process.returncode}")
+            try:
+                workers_now = httpx.get(f"http://127.0.0.1:{port}/workers", timeout=2).json()
+            except (httpx.HTTPError, ValueError):
+                workers_now = {}
+            healthy = [w for w in workers_now.get("workers", []) if w.get("is_healthy")]
+            if len(healthy) == expected:
+                return gateway
+            time.sleep(0.2)  # smg registers its workers in the background after it listens
+        gateway.stop()
+        raise TimeoutError(f"smg did not list {expected} healthy workers")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def __enter__(self) -> Gateway:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
 def run_client(
     port: int,
     body: dict[str, Any],

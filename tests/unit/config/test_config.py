@@ -14,6 +14,7 @@ from deepinfer_server.config import ResolvedConfig, derive_parallelism
 from deepinfer_server.engines.deepinfer.backend import DeepInferBackend, DeepInferOptions
 from deepinfer_server.engines.registry import get_backend
 from deepinfer_server.engines.simulated.backend import SimulatedOptions
+from deepinfer_server.engines.simulated.builder import host_tier_settings
 from deepinfer_server.errors import ConfigError
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.server.startup import Prepared, rank_specs
@@ -149,6 +150,9 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
         ["--engine", "simulated", "--ep", "8", "--dp", "2", "--cp", "2"],
         ["--engine", "simulated", "--max-num-seqs", "0"],
         ["--engine", "simulated", "--sim-kv-blocks", "1"],
+        ["--engine", "simulated", "--sim-kv-bytes-per-token", "big"],
+        ["--engine", "simulated", "--sim-kv-bytes-per-token", "0"],
+        ["--engine", "simulated", "--sim-itl-ms-per-request", "-1"],
         ["--ep", "8"],  # the default engine needs MODEL
         ["--engine", "simulated", "--api-server-count", "0"],
         ["--engine", "simulated", "--stream-interval", "0"],
@@ -345,7 +349,17 @@ def test_the_host_tier_defaults_per_engine_and_deepinfer_refuses_it() -> None:
     )
     prepared = Prepared(get_backend("simulated"), None, 29500, "", cast(RecipeContext, None))
     sized = parse_config(["--engine", "simulated", "--kv-offload-host-gb", "2"])
-    assert [spec.engine.kv_offload_host_gb for spec in rank_specs(sized, prepared, "/x")] == [2.0]
+    (spec,) = rank_specs(sized, prepared, "/x")
+    assert spec.engine.kv_offload_host_gb == 2.0
+    # The tier copies the checkpoint's rows (the released V4.1-Flash's without one), or the
+    # size --sim-kv-bytes-per-token gives.
+    settings = host_tier_settings(spec.engine, sized.engine_options)
+    assert settings is not None and settings.budget_bytes == 2_000_000_000
+    assert (settings.block_bytes, settings.state_bytes) == (114_048, 2_954_688)
+    given = parse_config(["--engine", "simulated", "--sim-kv-bytes-per-token", "100"])
+    (spec,) = rank_specs(given, prepared, "/x")
+    settings = host_tier_settings(spec.engine, given.engine_options)
+    assert settings is not None and settings.block_bytes == 128 * 100
     assert parse_config(["/models/ckpt", "--engine", "deepinfer"]).kv_offload_host_gb == 0
     with pytest.raises(ConfigError, match="must not be negative"):
         parse_config(["--engine", "simulated", "--kv-offload-host-gb", "-1"])

@@ -23,6 +23,7 @@ from deepinfer_server.engines.role_settings import RoleSettings
 from deepinfer_server.engines.simulated.abilities import SimulatedAbilities
 from deepinfer_server.engines.simulated.collectives import new_lockstep_group
 from deepinfer_server.engines.simulated.engine import LLMEngine, SimEngineArgs
+from deepinfer_server.engines.simulated.kv_size import KVSize
 from deepinfer_server.engines.simulated.outputs import RequestOutput
 from deepinfer_server.ipc.codec import pack_token_ids
 from deepinfer_server.ipc.messages import AddRequest, Finish, RequestDelta, SamplingOptions
@@ -177,6 +178,21 @@ def test_a_handoff_decodes_the_normal_engines_answer_without_computing_the_promp
     assert prefill_engine.scheduler.get_num_free_gpu_blocks() == free_before
     counters = decode_driver.counters()
     assert counters is not None and counters.kv_transfer_bytes == stats.bytes
+
+
+def test_real_size_rows_move_every_byte_of_the_prompts_blocks_and_its_state_slot() -> None:
+    size = KVSize(block_bytes=114048, state_bytes=2954688)  # the released Flash's
+    prefill_engine, prefill_driver = make("prefill", kv_size=size)
+    decode_engine, decode_driver = make("decode", kv_size=size)
+    try:
+        params = handoff_of((prefill_engine, prefill_driver), "p")
+        add(decode_driver, "d", PROMPT, params, max_tokens=4)
+        assert len(tokens(run(decode_driver)["d"])) == 4
+        stats = decode_engine.kv_transfer_stats()
+        assert stats is not None and stats.bytes == 3 * 114048 + 2954688
+    finally:
+        decode_driver.close()
+        prefill_driver.close()
 
 
 def test_a_prefill_rank_on_bootstrap_port_0_names_the_port_it_bound_in_its_handoffs(

@@ -111,8 +111,10 @@ def test_a_hung_prefill_peer_fails_only_its_own_requests_and_its_blocks_come_bac
     for request_id in hung_ids[:PULL_THREADS_PER_PEER]:
         assert details[request_id] == (Finish.KV_TRANSFER_FAILED, "timeout")
     assert details[hung_ids[-1]][1] in {"timeout", "peer_unhealthy"}  # queued behind them
-    # Only the started pulls' blocks stay reserved, until their reads return.
+    # Only the started pulls' blocks stay reserved, until their reads return. A pull failed
+    # while still queued frees its blocks when the engine takes its result: at its next step.
     reserved = PULL_THREADS_PER_PEER * blocks_for(len(PROMPT) + 1)
+    decode_driver.iterate()
     assert decode_engine.scheduler.get_num_free_gpu_blocks() == free - reserved
 
     add(decode_driver, "again", PROMPT, stuck[0])

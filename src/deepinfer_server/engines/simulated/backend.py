@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 from deepinfer_server.config.option_field import flag_option, float_option, int_option, option
 from deepinfer_server.engines.backend import EngineBackend, SharedState
 from deepinfer_server.engines.simulated.collectives import new_lockstep_group
+from deepinfer_server.engines.simulated.kv_size import valid_kv_bytes
 from deepinfer_server.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -30,6 +31,15 @@ class SimulatedOptions:
         10.0,
         "--sim-itl-ms",
         help="simulated engine: duration of every engine step (default: %(default)s)",
+    )
+    sim_itl_ms_per_request: float = float_option(
+        0.0,
+        "--sim-itl-ms-per-request",
+        help="simulated engine: milliseconds a decode step lasts beyond --sim-itl-ms for each "
+        "sequence it decodes (a linear cost model: a decode step of B sequences lasts "
+        "--sim-itl-ms + B times this; a fixed part, the weights read and the launches, and a "
+        "part that grows with the batch, each sequence's KV read and its share of the expert "
+        "work). 0: a decode step costs the same whatever its batch (default: %(default)s)",
     )
     sim_tokens_per_step: int = int_option(
         1,
@@ -65,6 +75,18 @@ class SimulatedOptions:
         "decode preempts as DeepInfer does (default: enough for --max-num-seqs sequences of "
         "--max-model-len tokens)",
     )
+    sim_kv_bytes_per_token: str | None = option(
+        None,
+        "--sim-kv-bytes-per-token",
+        help="simulated engine, prefill and decode servers: the bytes of KV each prompt token "
+        "holds, which a transfer moves. auto: the checkpoint's, as DeepInfer 0.1.0 lays out "
+        "its KV blocks and state slots (from its config.json: the KV-source layers' "
+        "compressed main KV and indexer K per block, every layer's sliding window and the "
+        "compression rings per sequence; the released DeepSeek-V4.1-Flash's without a "
+        "checkpoint: 891 bytes a token and about 2.9 MB a sequence); N: N bytes a token. The "
+        "rows are allocated for every KV block of the rank (--sim-kv-blocks bounds them). "
+        "Default: 8 bytes a token (each position's token and writer)",
+    )
     sim_prefill_tokens_per_s: float = float_option(
         20_000.0,
         "--sim-prefill-tokens-per-s",
@@ -79,8 +101,9 @@ class SimulatedOptions:
         50.0,
         "--sim-host-bandwidth-gbps",
         help="simulated engine: GB/s between host memory and one GPU, each way, for the "
-        "prefix cache's host tier (--kv-offload-host-gb): a copy of DeepSeek-V4.1-Flash's KV "
-        "blocks and state slot lasts its bytes over this rate times the rank's CP GPUs "
+        "prefix cache's host tier (--kv-offload-host-gb): a copy of an entry's KV blocks and "
+        "state slot (as --sim-kv-bytes-per-token sizes them; for the tier, the checkpoint's "
+        "unless given, as auto) lasts its bytes over this rate times the rank's CP GPUs "
         "(default: %(default)s, about PCIe 5 x16)",
     )
     sim_collective_timeout: float = float_option(
@@ -113,6 +136,7 @@ class SimulatedBackend(EngineBackend):
         for flag, amount in (
             ("--sim-ttft-ms", options.sim_ttft_ms),
             ("--sim-itl-ms", options.sim_itl_ms),
+            ("--sim-itl-ms-per-request", options.sim_itl_ms_per_request),
             ("--sim-fault-after-steps", options.sim_fault_after_steps),
             ("--sim-prefill-tokens-per-s", options.sim_prefill_tokens_per_s),
         ):
@@ -122,6 +146,11 @@ class SimulatedBackend(EngineBackend):
             raise ConfigError(f"--sim-fault-rank must be a DP rank in 0..{data_parallel_size - 1}")
         if options.sim_kv_blocks is not None and options.sim_kv_blocks < 2:
             raise ConfigError(f"--sim-kv-blocks must be at least 2, got {options.sim_kv_blocks}")
+        if not valid_kv_bytes(options.sim_kv_bytes_per_token):
+            raise ConfigError(
+                "--sim-kv-bytes-per-token must be auto or a positive number of bytes, got "
+                f"{options.sim_kv_bytes_per_token}"
+            )
         if options.sim_collective_timeout <= 0:
             raise ConfigError("--sim-collective-timeout must be positive")
         if options.sim_host_bandwidth_gbps <= 0:

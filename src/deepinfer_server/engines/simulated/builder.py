@@ -11,11 +11,8 @@ from deepinfer_server.engines.simulated.abilities import SimulatedAbilities
 from deepinfer_server.engines.simulated.backend import SimulatedOptions
 from deepinfer_server.engines.simulated.collectives import LockstepGroup
 from deepinfer_server.engines.simulated.engine import LLMEngine, SimEngineArgs
-from deepinfer_server.engines.simulated.host_tier import (
-    V41_FLASH_BLOCK_BYTES,
-    V41_FLASH_STATE_BYTES,
-    HostTierSettings,
-)
+from deepinfer_server.engines.simulated.host_tier import HostTierSettings
+from deepinfer_server.engines.simulated.kv_size import KVSize, kv_size_option
 from deepinfer_server.engines.simulated.outputs import RequestOutput
 from deepinfer_server.model.tokenizer import load_tokenizer_json
 
@@ -35,6 +32,7 @@ def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:
         max_num_batched_tokens=spec.max_num_batched_tokens,
         ttft_ms=options.sim_ttft_ms,
         itl_ms=options.sim_itl_ms,
+        itl_ms_per_request=options.sim_itl_ms_per_request,
         tokens_per_step=options.sim_tokens_per_step,
         speculative_tokens=spec.speculative_tokens,
         zero_overhead_scheduling=not options.sim_disable_zos,
@@ -48,6 +46,7 @@ def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:
         host_tier=host_tier_settings(spec, options),
         disaggregation_mode=spec.disaggregation_mode,
         role=RoleSettings.of(spec),
+        kv_size=kv_size_option(options.sim_kv_bytes_per_token, spec.model, spec.speculative_tokens),
     )
     engine = LLMEngine.from_engine_args(args)
     abilities = SimulatedAbilities(engine, spec.enable_prefix_caching)
@@ -61,15 +60,19 @@ def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:
 
 
 def host_tier_settings(spec: EngineSpec, options: SimulatedOptions) -> HostTierSettings | None:
-    """The prefix cache's host tier of a rank (None without `--kv-offload-host-gb`)."""
+    """The prefix cache's host tier of a rank (None without `--kv-offload-host-gb`): it copies
+    the KV rows `--sim-kv-bytes-per-token` sizes, by default the checkpoint's (as `auto`)."""
     if spec.kv_offload_host_gb <= 0 or not spec.enable_prefix_caching:
         return None
+    size = kv_size_option(
+        options.sim_kv_bytes_per_token, spec.model, spec.speculative_tokens
+    ) or KVSize.of_checkpoint(spec.model, spec.speculative_tokens + 1)
     gpus = spec.context_parallel_size
     return HostTierSettings(
         budget_bytes=int(spec.kv_offload_host_gb * 1e9),
         bandwidth=options.sim_host_bandwidth_gbps * 1e9 * gpus,
-        block_bytes=V41_FLASH_BLOCK_BYTES,
-        state_bytes=V41_FLASH_STATE_BYTES,
+        block_bytes=size.block_bytes,
+        state_bytes=size.state_bytes,
         prefill_tokens_per_s=options.sim_prefill_tokens_per_s * gpus,
     )
 

@@ -35,6 +35,7 @@ from deepinfer_server.disaggregation.transfer.connector import (
 from deepinfer_server.engines.role_settings import RoleSettings
 from deepinfer_server.engines.simulated.kv_blocks import AllocStatus, KVBlocks, blocks_for
 from deepinfer_server.engines.simulated.kv_memory import KVMemory, writer_id
+from deepinfer_server.engines.simulated.kv_size import KVSize
 from deepinfer_server.engines.simulated.outputs import OutputRecord
 from deepinfer_server.engines.simulated.request_table import RequestTable
 from deepinfer_server.engines.simulated.sequence import FINISH_LENGTH, FINISH_STOP, Sequence
@@ -51,11 +52,12 @@ class PrefillRole(PrefillConnector):
         slots: StateSlots,
         agent: TransferAgent,
         settings: RoleSettings,
+        size: KVSize | None = None,
     ) -> None:
         self._kv = kv
         self._slots = slots
         self._agent = agent
-        self.memory = KVMemory(kv.cache_config.num_gpu_blocks, slots.size, agent)
+        self.memory = KVMemory(kv.cache_config.num_gpu_blocks, slots.size, agent, size)
         super().__init__(
             settings.bootstrap_port, settings.rank, settings.hold_timeout, settings.release_key
         )
@@ -128,13 +130,14 @@ class DecodeRole(DecodeConnector):
         agent: TransferAgent,
         max_num_seqs: int,
         settings: RoleSettings,
+        size: KVSize | None = None,
     ) -> None:
         super().__init__(agent)
         self._table = table
         self._generator = generator
         self._kv = table.kv
         self._slots = table.cache.slots
-        self.memory = KVMemory(self._kv.cache_config.num_gpu_blocks, self._slots.size, agent)
+        self.memory = KVMemory(self._kv.cache_config.num_gpu_blocks, self._slots.size, agent, size)
         self.publish(
             agent.describe(self.memory.layout(settings.speculative_tokens, settings.checkpoint))
         )

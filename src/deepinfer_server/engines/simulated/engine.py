@@ -8,17 +8,14 @@ DeepInfer's finish-reason strings; running vs waiting abort semantics; `prompt_l
 at prefill time; EOS generated as an ordinary token under `ignore_eos`; the prefill cadence
 (`prompt_scheduler.PromptScheduler`); `has_unfinished_requests()` as an all-reduce MAX (whose
 rendezvous also carries the step's prefill votes) and `step()`/`close()` as collectives across
-the DP ranks; single-thread ownership; DeepInfer's
-structured outputs (`matcher_builds.MatcherBuilds`).
+the DP ranks; single-thread ownership; DeepInfer's structured outputs (`matcher_builds`).
 
-This module is the contract's face and the order of one step; the parts live beside it, built
-from the arguments by `parts`: request admission (`admission`), the queues (`request_table`),
-prompt steps (`prompt_scheduler`), decode preemption (`preemption`),
-the tokens (`token_generator`), grammar builds (`matcher_builds`), the prefix cache and state
-slots (`prefix_cache`, `state_slots`; DeepInfer's with the server's `--enable-prefix-caching`)
-and the timing (`step_clock`: every step lasts `itl_ms` while there is work, a prompt step at
-least its computed tokens over `prefill_tokens_per_s`; a request is schedulable `ttft_ms`
-after `add_request`, or, while requests run, after the start of the step it can first join).
+This module is the contract's face and the order of one step; `parts` builds the rest beside
+it (admission, queues, prompt steps, preemption, tokens, grammar builds, the prefix cache with
+its host tier, the state slots) and `step_clock` times it: a step lasts `itl_ms` while there is
+work, a decode step `itl_ms_per_request` more per sequence, a prompt step at least its computed
+tokens over `prefill_tokens_per_s` plus its host-tier restores; a request is schedulable
+`ttft_ms` after `add_request` (while requests run: after the start of the step it can join).
 """
 
 from __future__ import annotations
@@ -43,6 +40,7 @@ from deepinfer_server.engines.simulated.collectives import Ballot, LockstepGroup
 from deepinfer_server.engines.simulated.disaggregation import DecodeRole, PrefillRole
 from deepinfer_server.engines.simulated.host_tier import HostTierSettings
 from deepinfer_server.engines.simulated.inputs import Extra, MultiModalData, SamplingParamsDict
+from deepinfer_server.engines.simulated.kv_size import KVSize
 from deepinfer_server.engines.simulated.outputs import OutputRecord, Published, RequestOutput
 from deepinfer_server.engines.simulated.parts import EngineParts
 from deepinfer_server.engines.simulated.preemption import schedule_decode
@@ -74,6 +72,7 @@ class SimEngineArgs:
     max_num_batched_tokens: int | None = None
     ttft_ms: float = 20.0
     itl_ms: float = 10.0
+    itl_ms_per_request: float = 0.0  # a decode step's added length per sequence (`step_clock`)
     tokens_per_step: int = 1
     #: MTP draft tokens verified per sequence per decode step (0: no speculation).
     speculative_tokens: int = 0
@@ -93,6 +92,8 @@ class SimEngineArgs:
     disaggregation_mode: DisaggregationRole = DisaggregationRole.NULL
     #: What a PREFILL or DECODE engine's transfer reads (needed with either).
     role: RoleSettings | None = None
+    #: A KV block's and a state slot's bytes, as a role's transfers move them (None: 8 a token).
+    kv_size: KVSize | None = None
 
 
 class LLMEngine:
@@ -112,7 +113,7 @@ class LLMEngine:
         self._deferred: list[OutputRecord] = []
         self._pending_terminal: list[OutputRecord] = []
         self._published = Published()
-        self._clock = StepClock(args.itl_ms)
+        self._clock = StepClock(args.itl_ms, args.itl_ms_per_request)
         self._closed = False
         self._builds = parts.builds
         # DeepInfer's KV read-out: `scheduler.get_num_free_gpu_blocks()`, `cache_config`.
@@ -155,10 +156,11 @@ class LLMEngine:
             raise ValueError(f"a {args.disaggregation_mode} engine needs its role settings")
         agent = TransferAgent(role.host, role.ib_device, role.transport)
         if args.disaggregation_mode is DisaggregationRole.PREFILL:
-            self._prefill = PrefillRole(self._kv, self._cache.slots, agent, role)
+            self._prefill = PrefillRole(self._kv, self._cache.slots, agent, role, args.kv_size)
             self._table.on_finish = self._prefill.hold
         else:
-            self._decode = DecodeRole(self._table, self._generator, agent, args.max_num_seqs, role)
+            table, seqs = self._table, args.max_num_seqs
+            self._decode = DecodeRole(table, self._generator, agent, seqs, role, args.kv_size)
 
     @classmethod
     def from_engine_args(cls, args: SimEngineArgs) -> LLMEngine:
@@ -259,7 +261,8 @@ class LLMEngine:
         if prompt_step and prompt_seconds > 0:
             # Across DP ranks the next rendezvous makes the slowest prompt step the group's.
             step_end = max(step_end, started + prompt_seconds)
-        deferred, decoded = self._decode_step(prompt_step)
+        deferred, decoded, batch = self._decode_step(prompt_step)
+        step_end = self._clock.decode_end(step_end, batch)
         returned = deferred + terminal + prompt_outputs
         if self._args.zero_overhead_scheduling:
             self._deferred = decoded
@@ -367,18 +370,20 @@ class LLMEngine:
             return None
         return min(s.ready_at for s in table.waiting)
 
-    def _decode_step(self, prompt_step: bool) -> tuple[list[OutputRecord], list[OutputRecord]]:
-        """The previous step's deferred outputs and, off a prompt step, this one's tokens."""
+    def _decode_step(self, prompt_step: bool) -> tuple[list[OutputRecord], list[OutputRecord], int]:
+        """The previous step's deferred outputs and, off a prompt step, this one's tokens and
+        the sequences it decoded."""
         deferred, self._deferred = self._deferred, []
         decoded: list[OutputRecord] = []
-        if not prompt_step:
-            # Before the deferred outputs leave: a preempted sequence's in-flight tokens go.
-            scheduled, deferred = schedule_decode(
-                self._table, deferred, self._step_tokens, stop_preempted=self._decode is not None
-            )
-            for sequence in scheduled:
-                decoded.extend(self._generator.generate(sequence))
-        return deferred, decoded
+        if prompt_step:
+            return deferred, decoded, 0
+        # Before the deferred outputs leave: a preempted sequence's in-flight tokens go.
+        scheduled, deferred = schedule_decode(
+            self._table, deferred, self._step_tokens, stop_preempted=self._decode is not None
+        )
+        for sequence in scheduled:
+            decoded.extend(self._generator.generate(sequence))
+        return deferred, decoded, len(scheduled)
 
     def _check_thread(self) -> None:
         if threading.get_ident() != self._owner:

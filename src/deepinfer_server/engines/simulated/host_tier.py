@@ -2,10 +2,10 @@
 
 When the prefix cache evicts an entry from the rank's pool (`PrefixCache.evict`), the tier
 keeps a copy of what a fork needs of it: the KV blocks of its first P tokens and its state
-snapshot, accounted at the model's size (`block_bytes`, `state_bytes`: DeepSeek-V4.1-Flash's
-by default). The copy is
-asynchronous on a GPU (its own stream, from blocks the eviction has already handed back to the
-pool's bookkeeping), so it is counted, never added to a step. A later prompt that starts with
+snapshot, accounted at the model's size (`block_bytes`, `state_bytes`: the rows
+`kv_size.KVSize` gives, the checkpoint's by default). The copy is asynchronous on a GPU (its
+own stream, from blocks the eviction has already handed back to the pool's bookkeeping), so it
+is counted, never added to a step. A later prompt that starts with
 such an entry's tokens is restored from here instead of recomputed: its blocks and state slot
 are allocated as for any prompt, the prompt step lasts the copy back (`bytes / bandwidth`) on
 top of the tokens it still computes, and the restored tokens count as cached. A restore is
@@ -32,13 +32,6 @@ import numpy.typing as npt
 from deepinfer_server.engines.simulated.kv_blocks import blocks_for
 from deepinfer_server.ipc.messages import HostTierStats
 from deepinfer_server.prefix_cache.index import CacheEntry, Match, PrefixIndex
-
-#: DeepSeek-V4.1-Flash's KV block (128 tokens: 891 bytes a token) and state slot, as DeepInfer
-#: 0.1.0's cache engine lays out `gpu_blocks` and `gpu_states` for the released config.json
-#: (FP4 main KV and indexer K of the KV-source layers; every layer's sliding window and the
-#: ratio-2 layers' compression rings, rolling back one token).
-V41_FLASH_BLOCK_BYTES = 114_048
-V41_FLASH_STATE_BYTES = 2_954_688
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,10 @@ A state slot holds the prompt's length, the first token sampled after it and the
 prefill rank writes these at its prompt step; a decode rank's pull copies them with the
 transfer library into its own blocks and slot and checks that every position it will attend
 to holds exactly its prompt's tokens, written by the prefill engine that promised them.
+
+Given a `KVSize` (`kv_size`: the real model's bytes per block and per state slot), each block
+and slot is a row of that many bytes, the provenance at its start: a transfer moves as many
+bytes as DeepInfer's would. Without one the rows are the provenance alone.
 """
 
 from __future__ import annotations
@@ -18,8 +22,10 @@ from deepinfer_server.disaggregation.handoff.params import KVTransferParams
 from deepinfer_server.disaggregation.layout import KVLayout
 from deepinfer_server.disaggregation.transfer.agent import TransferAgent, TransferError
 from deepinfer_server.engines.simulated.kv_blocks import BLOCK_SIZE
+from deepinfer_server.engines.simulated.kv_size import KVSize
 
 _STATE_FIELDS = 4
+_INT32 = 4
 
 
 def writer_id(engine_id: str) -> int:
@@ -30,20 +36,29 @@ def writer_id(engine_id: str) -> int:
 class KVMemory:
     """One rank's KV positions and state slots, registered with its transfer agent."""
 
-    def __init__(self, num_blocks: int, num_slots: int, agent: TransferAgent) -> None:
-        self.kv: npt.NDArray[np.int32] = np.zeros((num_blocks, BLOCK_SIZE, 2), dtype=np.int32)
-        self.state: npt.NDArray[np.int32] = np.zeros((num_slots, _STATE_FIELDS), dtype=np.int32)
+    def __init__(
+        self, num_blocks: int, num_slots: int, agent: TransferAgent, size: KVSize | None = None
+    ) -> None:
+        provenance = BLOCK_SIZE * 2 * _INT32
+        block_bytes = max(provenance, size.block_bytes if size else 0)
+        state_bytes = max(_STATE_FIELDS * _INT32, size.state_bytes if size else 0)
+        #: The registered rows: one per block, one per state slot.
+        self.blocks: npt.NDArray[np.uint8] = np.zeros((num_blocks, block_bytes), dtype=np.uint8)
+        self.slots: npt.NDArray[np.uint8] = np.zeros((num_slots, state_bytes), dtype=np.uint8)
+        #: Views of their starts: each position's (token, writer), each slot's fields.
+        self.kv = _int32_view(self.blocks, provenance).reshape(num_blocks, BLOCK_SIZE, 2)
+        self.state = _int32_view(self.slots, _STATE_FIELDS * _INT32)
         self._agent = agent
-        agent.register(self.kv_address, self.kv.nbytes)
-        agent.register(self.state_address, self.state.nbytes)
+        agent.register(self.kv_address, self.blocks.nbytes)
+        agent.register(self.state_address, self.slots.nbytes)
 
     @property
     def kv_address(self) -> int:
-        return int(self.kv.ctypes.data)
+        return int(self.blocks.ctypes.data)
 
     @property
     def state_address(self) -> int:
-        return int(self.state.ctypes.data)
+        return int(self.slots.ctypes.data)
 
     def layout(self, speculative_tokens: int, checkpoint: str | None) -> KVLayout:
         """These rows as the layout handshake describes them."""
@@ -51,8 +66,8 @@ class KVMemory:
             engine="simulated",
             checkpoint=checkpoint,
             block_size=BLOCK_SIZE,
-            block_bytes=self.kv[0].nbytes,
-            state_bytes=self.state[0].nbytes,
+            block_bytes=self.blocks[0].nbytes,
+            state_bytes=self.slots[0].nbytes,
             dtype=str(self.kv.dtype),
             speculative_tokens=speculative_tokens,
         )
@@ -79,7 +94,7 @@ class KVMemory:
         self, params: KVTransferParams, blocks: list[int], slot: int
     ) -> list[tuple[int, int, int]]:
         """(local, remote, length) for every block of the prompt and its state slot."""
-        block_bytes = self.kv[0].nbytes
+        block_bytes = self.blocks[0].nbytes
         pieces = [
             (
                 self.kv_address + local * block_bytes,
@@ -88,7 +103,7 @@ class KVMemory:
             )
             for local, remote in zip(blocks, params.remote_block_ids, strict=True)
         ]
-        slot_bytes = self.state[0].nbytes
+        slot_bytes = self.slots[0].nbytes
         pieces.append(
             (
                 self.state_address + slot * slot_bytes,
@@ -118,3 +133,8 @@ class KVMemory:
                 "kv_mismatch",
                 "the pulled KV does not hold this prompt as its prefill engine computed it",
             )
+
+
+def _int32_view(rows: npt.NDArray[np.uint8], nbytes: int) -> npt.NDArray[np.int32]:
+    """The first `nbytes` of every row of `rows`, as int32 (a view: writes land in the rows)."""
+    return rows[:, :nbytes].view(np.int32)

@@ -2,7 +2,10 @@
 
 Every step, prompt steps included, lasts `itl_ms` while there is work (host work overlaps the
 step: a step computes its outputs as of its end, then waits for that end; a slower loop slows
-the steps); a step with only waiting requests ends when the first of them is ready.
+the steps); a step with only waiting requests ends when the first of them is ready. A decode
+step lasts `itl_ms_per_request` longer per sequence it decodes (`decode_end`): a linear cost
+model, a fixed part (weights read, launch) plus a part that grows with the batch (each
+sequence's KV read and its share of the expert work).
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ _SPIN_SECONDS = 0.0003
 class StepClock:
     """The step cadence of one engine (owned by its loop's thread)."""
 
-    def __init__(self, itl_ms: float) -> None:
+    def __init__(self, itl_ms: float, itl_ms_per_request: float = 0.0) -> None:
         self._itl = itl_ms / 1000.0
+        self._per_request = itl_ms_per_request / 1000.0
         self._deadline = 0.0
 
     def step_end(self, started: float, first_ready: float | None) -> float:
@@ -31,6 +35,11 @@ class StepClock:
         if first_ready is not None:
             deadline = min(deadline, max(started, first_ready))
         return deadline
+
+    def decode_end(self, step_end: float, batch: int) -> float:
+        """When a decode step of `batch` sequences ends, that would end at `step_end` (as
+        `step_end` gives it) with none."""
+        return step_end + self._per_request * batch
 
     def period_start(self, now: float) -> float:
         """When the step that the engine would start at `now` begins: the previous step's end
