@@ -6,18 +6,18 @@ host tier on against the GPU-only cache, in one run, repeated.
                                    [--host-gb 64] [--repeat 2] [--think-s 1.0]
 
 Claude Code-like sessions (`bench/agent_conversation.py` with one shared system prompt of
-`--system-tokens`, then turns of 200-400 tokens, half of them tool calls with their results)
-run concurrently against two servers on the simulated engine that differ only in `--kv-offload-
-host-gb` (0: the GPU-only prefix cache; `--host-gb`: the host tier). Each session sends its next
-turn a think time after the last answer ended (exponential, mean `--think-s`, seeded: the same
-draws for both servers). The rank's pool is `--kv-blocks` blocks of 128 tokens, sized so that
-the sessions' KV is several times the pool (the table says how many); the host tier copies
-DeepSeek-V4.1-Flash's KV blocks and state slot (the simulated engine's default without a
-checkpoint) over `--host-bandwidth-gbps`, and a prompt step lasts the tokens it computes over
-`--prefill-tokens-per-s`. Per server and repetition it prints the prompt tokens, the tokens
-computed (the prompt less usage's cached tokens), TTFT p50 and p99 over every turn and over
-turns 2 to N, and the tiers' hit tokens from /metrics; then the ratio of computed tokens, host
-tier on / GPU only.
+`--system-tokens`, then turns of 200-400 tokens, half of them tool calls with their results) run
+concurrently against two servers on the simulated engine that differ only in
+`--kv-offload-host-gb` (0: the GPU-only prefix cache; `--host-gb`: the host tier). Each session
+sends its next turn a think time after the last answer ended (exponential, mean `--think-s`,
+seeded: the same draws for both servers). The rank's pool is `--kv-blocks` blocks of 128 tokens,
+sized so that the sessions' KV is several times the pool (the table says how many); the host
+tier copies DeepSeek-V4.1-Flash's KV blocks and state slot (the simulated engine's default
+without a checkpoint) over `--host-bandwidth-gbps`, and a prompt step lasts the tokens it
+computes over `--prefill-tokens-per-s`. Per server and repetition it prints the prompt tokens,
+the tokens computed (the prompt less usage's cached tokens), TTFT p50 and p99 over every turn
+and over turns 2 to N, and the tiers' hit tokens from /metrics; then the ratio of computed
+tokens, host tier on / GPU only.
 """
 
 from __future__ import annotations
