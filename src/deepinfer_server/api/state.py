@@ -17,6 +17,7 @@ from deepinfer_server.disaggregation.handoff.peers import PrefillPeers
 from deepinfer_server.disaggregation.handoff.signing import HandoffSigner
 from deepinfer_server.metrics import RankLoad, ServerMetrics
 from deepinfer_server.metrics.aggregate import Snapshot, merge_loads, merged_exposition
+from deepinfer_server.protocol.core.json_types import JsonObject
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.protocol.core.structured_outputs import StructuredOutputs
 from deepinfer_server.protocol.core.validation import PRIORITY_MAX
@@ -124,8 +125,8 @@ class AppState:
 
     async def prepare_body(
         self,
-        prepare: Callable[[dict[str, Any], RecipeContext], T],
-        body: dict[str, Any],
+        prepare: Callable[[JsonObject, RecipeContext], T],
+        body: JsonObject,
         size: int,
         tenant: int,
         *,

@@ -10,7 +10,6 @@ the answer.
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 import orjson
 from starlette.requests import Request
@@ -23,6 +22,7 @@ from deepinfer_server.coordinator.handle import RequestHandle
 from deepinfer_server.disaggregation.role import DisaggregationRole
 from deepinfer_server.errors import BadRequestError, StoredObjectNotFound
 from deepinfer_server.metrics import RequestRecord
+from deepinfer_server.protocol.core.json_types import JsonObject
 from deepinfer_server.protocol.core.validation import optional_bool
 from deepinfer_server.protocol.responses.conversations import read_conversation
 from deepinfer_server.protocol.responses.stored import (
@@ -56,7 +56,7 @@ class StoredSession(ResponsesSession):
         return SSEResponse(write_body)
 
 
-def _prefill_leg(body: dict[str, Any], has_store: bool) -> None:
+def _prefill_leg(body: JsonObject, has_store: bool) -> None:
     """A prefill server's part in a Responses request: its answer is the first token of one
     a decode server gives, runs and stores. `store` (a PD gateway sets it on every request) is
     the decode server's to honour, so it is taken out of the body here; what needs the history
@@ -81,7 +81,7 @@ def _prefill_leg(body: dict[str, Any], has_store: bool) -> None:
             )
 
 
-async def open_session(request: Request, body: dict[str, Any]) -> StoredSession | None:
+async def open_session(request: Request, body: JsonObject) -> StoredSession | None:
     """The session of a Responses request the store serves, or None (the stateless path)."""
     state: AppState = request.app.state.server
     store = state.store

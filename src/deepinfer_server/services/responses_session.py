@@ -47,6 +47,7 @@ import orjson
 from deepinfer_server.coordinator.handle import RequestHandle
 from deepinfer_server.errors import BadRequestError, StoreUnavailableError
 from deepinfer_server.metrics import RequestRecord, ServerMetrics
+from deepinfer_server.protocol.core.json_types import JsonObject
 from deepinfer_server.protocol.core.preparation_size import preparation_size
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.protocol.responses.output import (
@@ -132,14 +133,14 @@ class ResponsesSession:
         self._conversation = conversation
         self._appends = appends
         self._conversations = ConversationStore(store)
-        self._body: dict[str, Any] = {}
+        self._body: JsonObject = {}
         #: What `expand` read, until `prepare` expands it (and the stored part's items).
         self._expansion: Expansion | None = None
         self._stored_parts: list[list[Any]] = []
         self._own_input: list[Any] = []
         self._output: ResponsesOutput | None = None
 
-    async def expand(self, body: dict[str, Any]) -> None:
+    async def expand(self, body: JsonObject) -> None:
         """Read what the request continues from the store (`stored_input.read_expansion`).
         Nothing heavy runs here, on the event loop: the expansion itself (reasoning sealed
         and restored over every item) is part of `prepare`, which runs on a preparation
@@ -177,7 +178,7 @@ class ResponsesSession:
                 param="store",
             ) from None
 
-    def prepare(self, body: dict[str, Any], recipe: RecipeContext) -> PreparedResponses:
+    def prepare(self, body: JsonObject, recipe: RecipeContext) -> PreparedResponses:
         """`prepare_responses` on the expanded body (the one passed in is the client's),
         expanded first (once: a preparation that stops for image URLs runs again)."""
         expansion, self._expansion = self._expansion, None

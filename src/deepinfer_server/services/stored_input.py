@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from deepinfer_server.protocol.core.json_types import JsonObject
 from deepinfer_server.protocol.core.reasoning_seal import ReasoningSeal
 from deepinfer_server.protocol.responses.conversations import conversation_not_found
 from deepinfer_server.protocol.responses.reasoning import restore_reasoning
@@ -48,7 +49,7 @@ async def read_expansion(
     scope: str,
     conversation: str | None,
     previous: str | None,
-    body: dict[str, Any],
+    body: JsonObject,
 ) -> Expansion:
     """Read what the request continues from the store (the conversation, the
     `previous_response_id` chain, the items it names); a 404 of the missing one."""

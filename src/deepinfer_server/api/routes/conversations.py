@@ -9,8 +9,6 @@ without a store (`--response-store none`) creating one is a 400 and every ID a 4
 
 from __future__ import annotations
 
-from typing import Any
-
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -20,6 +18,7 @@ from deepinfer_server.api.routes.paging import include_values, page_limit, page_
 from deepinfer_server.api.state import AppState
 from deepinfer_server.api.store_scope import request_scope
 from deepinfer_server.errors import BadRequestError, ErrorKind
+from deepinfer_server.protocol.core.json_types import JsonObject
 from deepinfer_server.protocol.responses.conversations import (
     check_added_items,
     conversation_not_found,
@@ -47,7 +46,7 @@ async def _opened(request: Request) -> tuple[ConversationStore, str, str]:
     )
 
 
-async def _body(request: Request) -> dict[str, Any]:
+async def _body(request: Request) -> JsonObject:
     state: AppState = request.app.state.server
     return (await read_json_body(request, state.config, state.receiving)).value
 
