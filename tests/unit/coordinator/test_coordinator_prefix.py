@@ -10,12 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
-from deepinfer_server.cli import parse_config
-from deepinfer_server.coordinator.channels import RankChannels, bind_rank_listener
 from deepinfer_server.coordinator.coordinator import Coordinator
 from deepinfer_server.ipc.messages import (
     AbortReason,
@@ -25,24 +21,13 @@ from deepinfer_server.ipc.messages import (
     SamplingOptions,
     StepOutputs,
 )
-from deepinfer_server.metrics import ServerMetrics
 from tests.metrics_scrape import parse_metrics, value
+from tests.unit.coordinator.unconnected import unconnected_coordinator
 
 
 def _prompt(length: int, seed: int) -> list[int]:
     generator = random.Random(seed)
     return [generator.randrange(129_280) for _ in range(length)]
-
-
-@asynccontextmanager
-async def _coordinator(tmp_path: Path, *flags: str) -> AsyncIterator[Coordinator]:
-    config = parse_config(["--engine", "simulated", "--dp", "2", *flags])
-    channels = RankChannels(bind_rank_listener(str(tmp_path / "ranks.sock")), 2)
-    coordinator = Coordinator(config, channels, ServerMetrics("m"))
-    try:
-        yield coordinator
-    finally:
-        channels.close()
 
 
 def _report(
@@ -53,7 +38,7 @@ def _report(
 
 def test_a_next_turn_goes_to_the_rank_holding_its_prefix(tmp_path: Path) -> None:
     async def body() -> None:
-        async with _coordinator(tmp_path, "--enable-prefix-caching") as coordinator:
+        async with unconnected_coordinator(tmp_path, "--enable-prefix-caching") as coordinator:
             for rank in (0, 1):
                 _report(coordinator, rank, PrefixCacheStats(0, 0, 0))
             busy = coordinator.submit("busy", [1, 2, 3], SamplingOptions(8), None)
@@ -82,7 +67,7 @@ def test_a_next_turn_under_another_cache_salt_goes_by_load(tmp_path: Path) -> No
     # Prefix-aware routing respects the cache's partition: what tenant A's turn left on a
     # rank draws only tenant A's next turn there.
     async def body() -> None:
-        async with _coordinator(tmp_path, "--enable-prefix-caching") as coordinator:
+        async with unconnected_coordinator(tmp_path, "--enable-prefix-caching") as coordinator:
             for rank in (0, 1):
                 _report(coordinator, rank, PrefixCacheStats(0, 0, 0))
             busy = coordinator.submit("busy", [1, 2, 3], SamplingOptions(8), None)
@@ -112,7 +97,7 @@ def test_without_prefix_caching_every_request_goes_to_the_least_loaded_rank(
     tmp_path: Path,
 ) -> None:
     async def body() -> None:
-        async with _coordinator(tmp_path, "--no-enable-prefix-caching") as coordinator:
+        async with unconnected_coordinator(tmp_path, "--no-enable-prefix-caching") as coordinator:
             turn_1 = _prompt(2000, seed=1)
             first = coordinator.submit("turn-1", turn_1, SamplingOptions(8), None)
             second = coordinator.submit("turn-2", [*turn_1, 7], SamplingOptions(8), None)
@@ -127,7 +112,7 @@ def test_the_first_delta_gives_the_handle_its_cached_tokens_and_counters_become_
     tmp_path: Path,
 ) -> None:
     async def body() -> None:
-        async with _coordinator(tmp_path, "--enable-prefix-caching") as coordinator:
+        async with unconnected_coordinator(tmp_path, "--enable-prefix-caching") as coordinator:
             handle = coordinator.submit("r", _prompt(1000, seed=4), SamplingOptions(8), None)
             assert handle.cached_tokens is None
             stats = PrefixCacheStats(queries=3000, hits=2560, sequences=2)

@@ -10,31 +10,17 @@ in memory), as in `test_coordinator_prefix.py`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
-from deepinfer_server.cli import parse_config
-from deepinfer_server.coordinator.channels import RankChannels, bind_rank_listener
 from deepinfer_server.coordinator.coordinator import Coordinator
 from deepinfer_server.coordinator.handle import RequestHandle
 from deepinfer_server.coordinator.session_routing import SessionNames
 from deepinfer_server.ipc.messages import AbortReason, SamplingOptions
-from deepinfer_server.metrics import ServerMetrics
 from tests.metrics_scrape import parse_metrics, value
+from tests.unit.coordinator.unconnected import unconnected_coordinator
 
-
-@asynccontextmanager
-async def _coordinator(tmp_path: Path, *flags: str) -> AsyncIterator[Coordinator]:
-    config = parse_config(
-        ["--engine", "simulated", "--dp", "2", "--api-key", "k1", "--api-key", "k2", *flags]
-    )
-    channels = RankChannels(bind_rank_listener(str(tmp_path / "ranks.sock")), 2)
-    coordinator = Coordinator(config, channels, ServerMetrics("m"))
-    try:
-        yield coordinator
-    finally:
-        channels.close()
+#: Two API keys, whose sessions of one name are two sessions.
+KEYS = ("--api-key", "k1", "--api-key", "k2")
 
 
 def _session(name: str) -> SessionNames:
@@ -60,7 +46,7 @@ def _routed(coordinator: Coordinator, reason: str, rank: int) -> float:
 
 def test_a_sessions_turns_follow_its_rank_and_other_keys_sessions_do_not(tmp_path: Path) -> None:
     async def body() -> None:
-        async with _coordinator(tmp_path) as coordinator:
+        async with unconnected_coordinator(tmp_path, *KEYS) as coordinator:
             first = _submit(coordinator, "s-1", _session("chat"))
             assert first.rank == 0  # new: the least-loaded rank
             busy = _submit(coordinator, "busy", None)
@@ -86,7 +72,7 @@ def test_a_sessions_turns_follow_its_rank_and_other_keys_sessions_do_not(tmp_pat
 
 def test_a_session_whose_rank_is_much_more_loaded_moves(tmp_path: Path) -> None:
     async def body() -> None:
-        async with _coordinator(tmp_path) as coordinator:
+        async with unconnected_coordinator(tmp_path, *KEYS) as coordinator:
             # Concurrent turns of one session (an agent's subagents) pile onto its rank until
             # it runs more than 4 more than the other (the threshold for --max-num-seqs 16).
             piled = [_submit(coordinator, f"s-{n}", _session("agent")) for n in range(5)]
@@ -109,7 +95,7 @@ def test_a_session_whose_rank_is_much_more_loaded_moves(tmp_path: Path) -> None:
 
 def test_a_stored_response_is_continued_on_its_rank(tmp_path: Path) -> None:
     async def body() -> None:
-        async with _coordinator(tmp_path) as coordinator:
+        async with unconnected_coordinator(tmp_path, *KEYS) as coordinator:
             busy = _submit(coordinator, "busy", None)
             first = _submit(coordinator, "t-1", SessionNames(None, ("resp_1",)))
             assert (busy.rank, first.rank) == (0, 1)
@@ -130,7 +116,9 @@ def test_a_stored_response_is_continued_on_its_rank(tmp_path: Path) -> None:
 
 def test_without_prefix_caching_sessions_go_by_load(tmp_path: Path) -> None:
     async def body() -> None:
-        async with _coordinator(tmp_path, "--no-enable-prefix-caching") as coordinator:
+        async with unconnected_coordinator(
+            tmp_path, *KEYS, "--no-enable-prefix-caching"
+        ) as coordinator:
             first = _submit(coordinator, "s-1", _session("chat"))
             second = _submit(coordinator, "s-2", _session("chat"))
             assert (first.rank, second.rank) == (0, 1)
