@@ -13,8 +13,9 @@ key's scope and the request's `cache_salt`, `Sequence.cache_salt`), measured in 
   entries stand in the way of is not made.
 
 A write over its partition's budget is kept as any prompt (plain LRU, no pin); a rewrite of
-the same prompt renews its pin. A pin is looked up by the entry's prompt (its index key, its
-length and its salt), so it follows the entry from the pool to the host tier and back.
+the same prompt renews its pin. A pin is looked up by the entry's prompt (its index key, the
+tokens after its full blocks and its salt), so it follows the entry from the pool to the host
+tier and back.
 """
 
 from __future__ import annotations
@@ -24,14 +25,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from deepinfer_server.engines.simulated.kv_blocks import blocks_for
+from deepinfer_server.engines.simulated.kv_blocks import BLOCK_SIZE, blocks_for
 from deepinfer_server.prefix_cache.index import CacheEntry
 
 #: The share of its tier (the host tier's blocks, else the pool's) one partition may pin.
 KEY_BUDGET_SHARE = 0.25
 
 _E = TypeVar("_E", bound=CacheEntry[Any])
-_PinKey = tuple[bytes | None, tuple[int, int], int]
+_PinKey = tuple[bytes | None, tuple[int, int], bytes]
 
 
 @dataclass(slots=True)
@@ -43,7 +44,9 @@ class Pin:
 
 
 def _key_of(entry: CacheEntry[Any]) -> _PinKey:
-    return entry.salt, entry.key, entry.length
+    """The entry's prompt: its salt, the hash of its full blocks (the index key) and the
+    tokens after them (the key leaves them out)."""
+    return entry.salt, entry.key, entry.tokens[entry.key[0] * BLOCK_SIZE :].tobytes()
 
 
 class Retention:
