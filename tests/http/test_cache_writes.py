@@ -33,6 +33,12 @@ def test_messages_report_the_written_prompt_as_created(ttl: str | None, seconds:
             assert usage.cache_read_input_tokens == CACHED
             assert usage.cache_creation_input_tokens == prompt - CACHED
             assert usage.input_tokens == 0  # the whole prompt is written
+            assert usage.cache_creation is not None
+            by_ttl = usage.cache_creation
+            hour = by_ttl.ephemeral_1h_input_tokens
+            assert (by_ttl.ephemeral_5m_input_tokens, hour) == (
+                (0, prompt - CACHED) if ttl == "1h" else (prompt - CACHED, 0)
+            )
             async with client.messages.stream(
                 model=MODEL, max_tokens=64, system=system, messages=HELLO, thinking=THINKING
             ) as stream:
