@@ -148,3 +148,15 @@ def test_an_aborted_waiting_write_gives_its_slot_back() -> None:
     engine.abort_request("one")
     list(run_to_end(engine))
     assert engine._cache.slots.free_count == free and not engine._cache.index
+
+
+def test_a_preempted_write_keeps_its_slot_and_is_still_written() -> None:
+    engine = make_engine(enable_prefix_caching=True)
+    prompt = _turn("Hello.")
+    sequence = engine.add_request("0", "one", {"max_tokens": 4}, prompt, retention_seconds=300)
+    assert sequence is not None
+    slot = sequence.snapshot_slot
+    engine._cache.preempted(sequence)  # as the decode plan does before requeueing it
+    assert sequence.snapshot_slot == slot
+    list(run_to_end(engine))
+    assert [len(entry.tokens) for entry in engine._cache.index] == [len(prompt)]

@@ -257,7 +257,8 @@ class PrefixCache:
             self.slots.release(entry.value.slot)
             sequence.fork_point = 0
         self._fork_ended(sequence)
-        if sequence.request_id in self._reserved:
+        # A write's slot, reserved at admission or kept through a preemption.
+        if sequence.snapshot_slot:
             self._reserved.discard(sequence.request_id)
             self.slots.release(sequence.snapshot_slot)
             sequence.snapshot_slot = 0
