@@ -70,8 +70,10 @@ def test_anthropic_clients_read_the_cached_tokens_of_a_resent_conversation() -> 
         system: Any = [{"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}]
         first: Any = [{"role": "user", "content": "Hello there."}]
         one = client.messages.create(model=MODEL, max_tokens=64, system=system, messages=first)
-        prompt = one.usage.input_tokens
         assert one.usage.cache_read_input_tokens == 0
+        # The breakpoint writes the whole prompt: it counts as created, none of it as input.
+        prompt = one.usage.cache_creation_input_tokens or 0
+        assert prompt > 0 and one.usage.input_tokens == 0
         second: Any = [
             *first,
             {"role": "assistant", "content": one.content},
@@ -93,7 +95,8 @@ def test_anthropic_clients_read_the_cached_tokens_of_a_resent_conversation() -> 
         start = next(event for event in events if event.type == "message_start")
         cached = start.message.usage.cache_read_input_tokens or 0
         assert cached >= 0.9 * prompt
-        assert start.message.usage.input_tokens + cached > prompt  # the rest is counted as input
+        created = start.message.usage.cache_creation_input_tokens or 0
+        assert start.message.usage.input_tokens + created + cached > prompt  # and the new turn
 
 
 def test_the_next_turn_goes_to_the_rank_that_holds_the_first() -> None:
