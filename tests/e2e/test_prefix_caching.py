@@ -1,7 +1,9 @@
 """Prefix caching end to end on the simulated engine: a second turn that extends the first
 reuses at least 90% of the first turn's prompt (under another cache_salt, nothing), the
 official clients read it from usage, /metrics counts it once whichever API server process
-answers, and with two DP ranks the next turn goes to the rank that holds the first."""
+answers, with two DP ranks the next turn goes to the rank that holds the first, and on a small
+pool a turn evicted by another conversation is restored from the host tier, as is a system
+prompt marked `cache_control` (its first call reports the tokens it created)."""
 
 from __future__ import annotations
 
@@ -68,8 +70,10 @@ def test_anthropic_clients_read_the_cached_tokens_of_a_resent_conversation() -> 
         system: Any = [{"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}]
         first: Any = [{"role": "user", "content": "Hello there."}]
         one = client.messages.create(model=MODEL, max_tokens=64, system=system, messages=first)
-        prompt = one.usage.input_tokens
         assert one.usage.cache_read_input_tokens == 0
+        # The breakpoint writes the whole prompt: it counts as created, none of it as input.
+        prompt = one.usage.cache_creation_input_tokens or 0
+        assert prompt > 0 and one.usage.input_tokens == 0
         second: Any = [
             *first,
             {"role": "assistant", "content": one.content},
@@ -91,7 +95,8 @@ def test_anthropic_clients_read_the_cached_tokens_of_a_resent_conversation() -> 
         start = next(event for event in events if event.type == "message_start")
         cached = start.message.usage.cache_read_input_tokens or 0
         assert cached >= 0.9 * prompt
-        assert start.message.usage.input_tokens + cached > prompt  # the rest is counted as input
+        created = start.message.usage.cache_creation_input_tokens or 0
+        assert start.message.usage.input_tokens + created + cached > prompt  # and the new turn
 
 
 def test_the_next_turn_goes_to_the_rank_that_holds_the_first() -> None:
@@ -150,3 +155,37 @@ def test_a_turn_evicted_from_the_pool_is_restored_from_the_host_tier() -> None:
         assert value(samples, tier, tier="host") == cached
         assert value(samples, tier, tier="gpu") == 0
         assert value(samples, "deepinfer:prefix_cache_host_restore_bytes_total") > 0
+        # On the same server: a retained system prompt outlives other sessions' traffic.
+        _a_retained_prefix_is_read_after_other_sessions(server)
+
+
+def _a_retained_prefix_is_read_after_other_sessions(server: LiveServer) -> None:
+    """A Messages system prompt marked `cache_control` is written on its first call (created
+    tokens in usage) and read back on a later turn, after two other sessions' prompts (each
+    larger than the pool's room beside it) took its place in the pool."""
+    client = anthropic.Anthropic(base_url=server.base_url, api_key="unused")
+    marker = {"type": "ephemeral", "ttl": "1h"}
+    text = SYSTEM.replace("Rule", "Term")
+    system: Any = [{"type": "text", "text": text, "cache_control": marker}]
+    first: Any = [{"role": "user", "content": "Hello there."}]
+    one = client.messages.create(model=MODEL, max_tokens=8, system=system, messages=first)
+    assert one.usage.cache_read_input_tokens == 0
+    created = one.usage.cache_creation_input_tokens or 0
+    assert created > 0
+    for word in ("Canon", "Maxim"):  # systems no earlier request sent
+        other = SYSTEM.replace("Rule", word)
+        client.messages.create(model=MODEL, max_tokens=8, system=other, messages=first)
+    second: Any = [
+        *first,
+        {"role": "assistant", "content": one.content},
+        {"role": "user", "content": "Now run the tests, please."},
+    ]
+    host_hits = "deepinfer:prefix_cache_hit_tokens_total"
+    before = value(scrape(server.base_url), host_hits, tier="host")
+    two = client.messages.create(model=MODEL, max_tokens=8, system=system, messages=second)
+    read = two.usage.cache_read_input_tokens or 0
+    assert read >= 0.9 * created
+    # Read from the host tier: the other sessions had taken its place in the pool.
+    assert value(scrape(server.base_url), host_hits, tier="host") - before == read
+    prompt = two.usage.input_tokens + (two.usage.cache_creation_input_tokens or 0) + read
+    assert prompt > created  # the new turn's tokens on top of what was read

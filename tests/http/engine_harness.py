@@ -81,7 +81,7 @@ class EngineCoordinator(FakeCoordinator):
             for delta in deltas:
                 generated.extend(delta.tokens.token_ids)
                 if delta.cached_tokens is not None:  # as the coordinator's dispatch does
-                    handle.started(delta.cached_tokens)
+                    handle.started(delta.cached_tokens, delta.written_tokens or 0)
                 due = handle.deliver(delta.tokens, delta.finish, 0.0, 0.0) or due
             if due:
                 handle.flush()

@@ -66,6 +66,9 @@ class Script:
     hold: bool = False  # deliver nothing: the request stays in flight
     #: The prompt tokens the engine says it reused from its prefix cache (its first delta).
     cached_tokens: int = 0
+    #: Whether the engine writes the whole prompt to its cache for a request that asked for
+    #: retention (`SamplingOptions.retention_seconds`), as the simulated engine does.
+    writes: bool = False
 
 
 @dataclass
@@ -169,7 +172,8 @@ class FakeCoordinator:
         now = time.perf_counter()
         # One "arrival" of two steps, as the reader task takes them: deliver, then flush. The
         # first delta says the engine took the request and what its prefix cache reused.
-        handle.started(script.cached_tokens)
+        writes = script.writes and sampling.retention_seconds > 0
+        handle.started(script.cached_tokens, len(prompt) if writes else 0)
         due = handle.deliver(_with_logprobs(ids, prompt, sampling), None, now, 0.001)
         if script.error is not None:
             handle.fail(script.error, engine_finished=True)

@@ -1,9 +1,9 @@
-"""Prompt-cache hints checked as Anthropic and OpenAI check them: Anthropic `cache_control`
-breakpoints on tools, system and content blocks (`tool_result` content included) take only
-`ephemeral` with a ttl of `5m` or `1h`, at most four, else a 400 `invalid_request_error` in
-Anthropic's words (on /v1/messages and its count_tokens); OpenAI's `prompt_cache_retention` on
-Chat Completions and Responses takes `in_memory` or `24h` (a response echoes it), else a 400
-`invalid_value`."""
+"""Prompt-cache retention requests checked as Anthropic and OpenAI check them: Anthropic
+`cache_control` breakpoints on tools, system and content blocks (`tool_result` content
+included) take only `ephemeral` with a ttl of `5m` or `1h`, at most four, else a 400
+`invalid_request_error` in Anthropic's words (on /v1/messages and its count_tokens); OpenAI's
+`prompt_cache_retention` on Chat Completions and Responses takes `in_memory` or `24h` (a
+response echoes it), else a 400 `invalid_value`."""
 
 from __future__ import annotations
 

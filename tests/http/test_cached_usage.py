@@ -2,7 +2,8 @@
 read it (Chat and legacy completions `prompt_tokens_details.cached_tokens`, Responses
 `input_tokens_details.cached_tokens`, Anthropic `cache_read_input_tokens` with `input_tokens`
 the rest), streamed and not, zero without reuse; Anthropic `cache_control` breakpoints (at
-most four, as Anthropic allows) are accepted as hints."""
+most four, as Anthropic allows) are accepted on every kind of block (what they write:
+test_cache_writes.py)."""
 
 from __future__ import annotations
 
@@ -116,7 +117,7 @@ def test_anthropic_usage_reads_the_cached_tokens_and_counts_the_rest_as_input() 
     run(body)
 
 
-def test_anthropic_cache_control_breakpoints_are_accepted_as_hints() -> None:
+def test_anthropic_cache_control_breakpoints_are_accepted_on_every_kind_of_block() -> None:
     async def body() -> None:
         async with serve(script=Script(text="Hi.", cached_tokens=CACHED)) as h:
             ephemeral: Any = {"type": "ephemeral"}

@@ -30,7 +30,7 @@ class _Output:
         self.cached_tokens: int | None = None
         self.pushed: list[list[int]] = []
 
-    def start(self, cached_tokens: int = 0) -> list[str]:
+    def start(self, cached_tokens: int = 0, written_tokens: int = 0) -> list[str]:
         assert self.cached_tokens is None, "started twice"
         self.cached_tokens = cached_tokens
         return ["start"]

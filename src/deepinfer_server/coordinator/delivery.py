@@ -25,7 +25,7 @@ def deliver_step(
         if handle is None:
             continue
         if delta.cached_tokens is not None:
-            handle.started(delta.cached_tokens)
+            handle.started(delta.cached_tokens, delta.written_tokens or 0)
         if delta.kv_transfer_params is not None:
             handle.kv_transfer_params = delta.kv_transfer_params
         finish = delta.finish

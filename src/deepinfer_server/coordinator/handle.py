@@ -90,6 +90,8 @@ class RequestHandle:
         #: The prompt tokens the engine reused from its prefix cache; None until the engine
         #: has taken the request (its first delta says).
         self.cached_tokens: int | None = None
+        #: The prompt tokens the engine will write to its prefix cache (retention asked).
+        self.written_tokens = 0
         #: A prefill engine's handoff of this request's KV (prefill role), once it ended.
         self.kv_transfer_params: KVTransferParams | None = None
         self._finish: Finish | None = None
@@ -154,10 +156,12 @@ class RequestHandle:
         self._event.set()
         return False
 
-    def started(self, cached_tokens: int) -> None:
-        """The engine took the request, reusing `cached_tokens` prompt tokens: the output's
-        opening (whose usage carries them) is due, even without a token."""
+    def started(self, cached_tokens: int, written_tokens: int = 0) -> None:
+        """The engine took the request, reusing `cached_tokens` prompt tokens and writing
+        `written_tokens` to its cache: the output's opening (whose usage carries them) is due,
+        even without a token."""
         self.cached_tokens = cached_tokens
+        self.written_tokens = written_tokens
         self._first_waiting = True
 
     def flush(self) -> None:

@@ -28,6 +28,8 @@ class EngineAbilities:
 
     #: Whether the engine has a prefix cache: its `add_request` then takes `cache_salt`.
     prefix_caching: bool = False
+    #: Whether its `add_request` takes `retention_seconds` (prompts kept for a time).
+    retention: bool = False
 
     def __init__(self, connector: KVConnector | None = None) -> None:
         #: The rank's prefill/decode role, as the driver reads it.

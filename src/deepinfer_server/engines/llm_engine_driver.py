@@ -87,8 +87,10 @@ class LLMEngineDriver:
         self._live: dict[str, SamplingOptions] = {}
         self._prompt_logprobs_sent: set[str] = set()
         self._aborts = UnplacedAborts(engine)
-        #: Requests added since the last read, with the prompt tokens the engine reused.
-        self._started: dict[str, int] = {}
+        #: Requests added since the last read, with the prompt tokens the engine reused and
+        #: those it will write to its cache (`Sequence.num_written_tokens`, an engine's that
+        #: honours `retention_seconds`).
+        self._started: dict[str, tuple[int, int]] = {}
         self._budgets = ReasoningBudgets()
         self._readouts = Readouts(self._abilities)
         #: Speculative decoding's totals are read only when it is on: without drafts every
@@ -106,7 +108,7 @@ class LLMEngineDriver:
         start = self._budgets.start(request, unpack_token_ids(request.prompt_token_ids))
         if start is None:  # `</think>` is the whole output: no engine request
             self._live[request_id] = request.sampling
-            self._started[request_id] = 0
+            self._started[request_id] = (0, 0)
             return None
         params = engine_params(request.sampling, start.after_reasoning)
         try:
@@ -135,7 +137,8 @@ class LLMEngineDriver:
             )
         self._live[request_id] = request.sampling
         cached = int(getattr(sequence, "num_cached_tokens", 0))
-        self._started[request_id] = cached
+        written = int(getattr(sequence, "num_written_tokens", 0))
+        self._started[request_id] = (cached, written)
         if request.kv_transfer_params is None:
             self._readouts.prompt_added(start.prompt.size, cached)
         return None
@@ -153,6 +156,8 @@ class LLMEngineDriver:
         extra_args: dict[str, Any] = {}
         if request.cache_salt is not None and self._abilities.prefix_caching:
             extra_args["cache_salt"] = request.cache_salt
+        if request.sampling.retention_seconds and self._abilities.retention:
+            extra_args["retention_seconds"] = request.sampling.retention_seconds
         if handoff and request.kv_transfer_params is not None:
             extra_args["extra"] = {"kv_transfer_params": request.kv_transfer_params}
         # Text requests pass no multi_modal_data: any dict, even empty, goes to DeepInfer's
@@ -300,7 +305,7 @@ class LLMEngineDriver:
     def _report_started(self, by_request: dict[str, RequestDelta]) -> None:
         """Give every request added since the last read its first delta, with its cached
         tokens (a delta of its own when this step produced nothing for it)."""
-        for request_id, cached in self._started.items():
+        for request_id, (cached, written) in self._started.items():
             delta = by_request.get(request_id)
             if delta is None:
                 sampling = self._live.get(request_id)
@@ -308,6 +313,7 @@ class LLMEngineDriver:
                     continue
                 delta = by_request[request_id] = RequestDelta(request_id, empty_tokens(sampling))
             delta.cached_tokens = cached
+            delta.written_tokens = written or None
         self._started.clear()
 
     def _continue_after_budgets(self, due: list[DueContinuation]) -> list[RequestDelta]:

@@ -98,6 +98,10 @@ class SamplingOptions(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fa
     #: `thinking_end_id` (`</think>`) is the next token and the answer follows.
     thinking_budget: int | None = None
     thinking_end_id: int = -1
+    #: How long the request asked that its prompt be kept in the prefix cache (Anthropic's
+    #: `cache_control` ttl, OpenAI's `prompt_cache_retention`); 0: no retention asked. The
+    #: driver hands it to engines that honour it, never in the sampling parameters.
+    retention_seconds: int = 0
 
 
 class Images(msgspec.Struct, array_like=True, gc=False):
@@ -258,6 +262,9 @@ class RequestDelta(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
     kv_transfer_params: KVTransferParams | None = None
     #: The engine's reason for an error finish (a failed KV transfer's), when it gives one.
     detail: str | None = None
+    #: With `cached_tokens`: the prompt tokens the engine will write to its prefix cache for
+    #: a request that asked for retention (0: none will be).
+    written_tokens: int | None = None
 
 
 class HostTierStats(msgspec.Struct, array_like=True, gc=False):

@@ -99,9 +99,9 @@ class _Watched:
     def client_finish_reason(self) -> str | None:
         return self._output.client_finish_reason
 
-    def start(self, cached_tokens: int = 0) -> list[str]:
+    def start(self, cached_tokens: int = 0, written_tokens: int = 0) -> list[str]:
         self._on_start()
-        return self._output.start(cached_tokens)
+        return self._output.start(cached_tokens, written_tokens)
 
     def push(self, tokens: GeneratedTokens) -> list[str]:
         return self._output.push(tokens)

@@ -48,7 +48,7 @@ class ProtocolOutput(Protocol):
     @property
     def client_finish_reason(self) -> str | None: ...
 
-    def start(self, cached_tokens: int = 0) -> list[str]: ...
+    def start(self, cached_tokens: int = 0, written_tokens: int = 0) -> list[str]: ...
 
     def push(self, tokens: GeneratedTokens) -> list[str]: ...
 
@@ -105,7 +105,7 @@ class TokenStream:
         if self._opened:
             return []
         self._opened = True
-        return self._output.start(self._handle.cached_tokens or 0)
+        return self._output.start(self._handle.cached_tokens or 0, self._handle.written_tokens)
 
     def advance(
         self, tokens: GeneratedTokens, finish: Finish | None, arrived_at: float, step_seconds: float

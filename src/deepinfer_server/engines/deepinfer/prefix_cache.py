@@ -16,7 +16,9 @@ only the rest); this module supplies the policy, through the engine's own hooks:
   no room) takes DeepInfer's ordinary path, never an error. The fork's `num_cached_tokens` is
   the count of reused tokens. A request's cache salt (the server's `cache_salt` argument, not
   DeepInfer's) partitions the cache: it forks only from entries kept under the same salt, and
-  is kept under its own.
+  is kept under its own. A request's retention (`cache_control`, `prompt_cache_retention`)
+  is not honoured here (the engine's abilities say so, so the driver never passes it): its
+  prompt is kept and evicted as any other and no written tokens are reported.
 - `step`: before the scheduler runs, least-recently-used entries are evicted until the waiting
   prompts fit under the 90% prefill watermark, running sequences have a block each for their
   next token, and waiting prompts have state slots; without demand the cache stays.

@@ -54,6 +54,7 @@ class SimulatedAbilities(EngineAbilities):
         super().__init__(_SimulatedConnector(engine))
         self._engine = engine
         self.prefix_caching = prefix_caching
+        self.retention = prefix_caching
 
     def prefix_cache_stats(self) -> tuple[int, int, int] | None:
         """The prefix cache's counters, or None without one."""

@@ -75,6 +75,7 @@ class Admission:
         extra: Extra | None,
         enqueue: bool,
         cache_salt: bytes | None,
+        retention_seconds: float = 0.0,
     ) -> Sequence | None:
         """`LLMEngine.add_request`: the queued sequence, or None for out-of-vocabulary IDs."""
         # The TTFT delay runs from arrival: preparing the script below overlaps it. While
@@ -105,6 +106,7 @@ class Admission:
             script=self.parts.script.answer_tokens(prompt, multi_modal_data),
             ready_at=arrived + self.ttft_ms / 1000.0,
             cache_salt=cache_salt,
+            retain_seconds=retention_seconds,
         )
         if self.decode is not None:
             self._pull(self.decode, sequence, handoff)

@@ -182,12 +182,13 @@ class LLMEngine:
         chunk_checkpoints: list[int] | None = None,
         *,
         cache_salt: bytes | None = None,
+        retention_seconds: float = 0.0,
     ) -> Sequence | None:
         """Queue a request; returns None (and never outputs) for out-of-vocabulary IDs
         (`admission`; `arrival_time` and `chunk_checkpoints` are ignored, as on DeepInfer).
 
         `cache_salt` (the server's, not DeepInfer's): the prefix-cache partition it forks from
-        and is kept in."""
+        and is kept in; `retention_seconds`, how long it asked that its prompt be kept."""
         self._check_thread()
         self._votes = None
         return self._admission.admit(
@@ -199,6 +200,7 @@ class LLMEngine:
             extra,
             enqueue,
             cache_salt,
+            retention_seconds,
         )
 
     def abort_request(self, request_id: str | Iterable[str]) -> tuple[int, int]:

@@ -30,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from deepinfer_server.engines.simulated.kv_blocks import blocks_for
+from deepinfer_server.engines.simulated.retention import Retention
 from deepinfer_server.ipc.messages import HostTierStats
 from deepinfer_server.prefix_cache.index import CacheEntry, Match, PrefixIndex
 
@@ -86,6 +87,8 @@ class HostTier:
         self.restore_seconds = 0.0
         self.offload_bytes = 0
         self.offload_seconds = 0.0
+        #: Entries requests asked to keep for a time are never dropped before it runs out.
+        self.pins: Retention | None = None
 
     def offload(self, tokens: npt.NDArray[np.int32], salt: bytes | None) -> bool:
         """Keep a copy of an entry the pool evicts (its first P tokens, for prompts with the
@@ -159,7 +162,12 @@ class HostTier:
         """The entry to drop for room for one of partition `salt`: the least recently used of
         a partition over its fair share, else the least recently used; never one a waiting
         prompt counts on."""
-        idle = [entry for entry in self.index.eviction_order() if entry.live_forks == 0]
+        pins = self.pins
+        idle = [
+            entry
+            for entry in self.index.eviction_order()
+            if entry.live_forks == 0 and (pins is None or not pins.pinned(entry))
+        ]
         if not idle:
             return None
         partitions = set(self._partition_bytes) | {salt}

@@ -20,6 +20,8 @@ docs/design/prefix-caching.md) on the simulated block model, and shares its inde
 - `evict_for_demand`, before each step: least-recently-used entries go while waiting prompts
   would not fit under the 90% prefill watermark, running sequences lack a block each for their
   next token, or waiting prompts lack state slots. Without demand nothing is evicted.
+- A request that asked for retention (`retention.Retention`) reserves its snapshot slot at
+  `add` and its entry is pinned at `finish`: pinned entries are evicted last.
 - With a host tier (`host_tier.HostTier`, `--kv-offload-host-gb`), an evicted entry is copied
   there instead of dropped, and `add` restores a prompt from a host entry that reuses more
   than the pool's best fork when the copy back is faster than computing the difference: the
@@ -41,6 +43,7 @@ import numpy.typing as npt
 
 from deepinfer_server.engines.simulated.host_tier import HostCopy, HostTier
 from deepinfer_server.engines.simulated.kv_blocks import BLOCK_SIZE, PREFILL_WATERMARK, KVBlocks
+from deepinfer_server.engines.simulated.retention import KEY_BUDGET_SHARE, Retention
 from deepinfer_server.engines.simulated.sequence import Sequence
 from deepinfer_server.engines.simulated.state_slots import StateSlots
 from deepinfer_server.ipc.messages import HostTierStats
@@ -89,6 +92,17 @@ class PrefixCache:
         self.hit_tokens = 0
         self._restore_seconds = 0.0
         self._prefill_tokens_per_s = prefill_tokens_per_s
+        tier_blocks = (
+            kv.cache_config.num_gpu_blocks
+            if self.host is None
+            else self.host.settings.budget_bytes // max(1, self.host.settings.block_bytes)
+        )
+        #: The prompts requests asked to keep for a time (`retention.Retention`).
+        self.retention = Retention(int(tier_blocks * KEY_BUDGET_SHARE))
+        if self.host is not None:
+            self.host.pins = self.retention
+        #: The waiting sequences holding a snapshot slot reserved for their write.
+        self._reserved: set[str] = set()
 
     def stats(self) -> tuple[int, int, int]:
         """(prompt tokens looked up, prompt tokens reused from either tier, cached sequences
@@ -130,10 +144,25 @@ class PrefixCache:
             self._restore_from(sequence, restore)
         elif match is not None:
             self._fork(sequence, match)
-        else:
-            return False
+        # After the fork pinned its parent: the reservation may evict idle entries.
+        self._reserve_write(sequence)
         self.hit_tokens += sequence.fork_point
-        return restore is None
+        return restore is None and match is not None
+
+    def _reserve_write(self, sequence: Sequence) -> None:
+        """A prompt that asked for retention is written when it ends: its snapshot slot is
+        taken now, so that the written tokens reported with its first output are true. Fewer
+        reservations than the slots beyond `max_num_seqs` are held, so running sequences
+        always have theirs; when none can be had, nothing is written (and 0 reported)."""
+        if sequence.retain_seconds <= 0 or sequence.prompt_ids is None:
+            return
+        if len(self._reserved) >= self.slots.size - 1 - self._max_num_seqs:
+            return
+        slot = self._spare_slot(0, 0)
+        if slot:
+            self._reserved.add(sequence.request_id)
+            sequence.snapshot_slot = slot
+            sequence.num_written_tokens = int(sequence.prompt_ids.size)
 
     def _restore_from(self, sequence: Sequence, match: Match[HostCopy]) -> None:
         """`sequence` will restore its first `match.fork_point` tokens from the host tier."""
@@ -178,7 +207,9 @@ class PrefixCache:
         computed = sequence.length - sequence.fork_point
         sequence.fork_point = 0
         at_prompt_end = sequence.length == len(sequence.prompt)
-        if self.enabled and sequence.prompt_ids is not None and at_prompt_end:
+        if sequence.snapshot_slot:  # a write reserved at admission (or before a preemption)
+            self._reserved.discard(sequence.request_id)
+        elif self.enabled and sequence.prompt_ids is not None and at_prompt_end:
             sequence.snapshot_slot = self._spare_slot(waiting, running + 1)
         return computed
 
@@ -188,7 +219,8 @@ class PrefixCache:
         one reused); 0 when none can be had."""
         reserve = min(waiting, max(0, self._max_num_seqs - running))
         while self.slots.free_count - reserve < 1:
-            idle = [entry for entry in self.index.eviction_order() if entry.live_forks == 0]
+            order = self.retention.last(self.index.eviction_order())
+            idle = [entry for entry in order if entry.live_forks == 0]
             if not idle:
                 return 0
             self.evict(idle[0])
@@ -209,7 +241,9 @@ class PrefixCache:
         self._entries += 1
         owner = f"prefix-cache:{self._entries}"
         self.kv.rename(sequence.request_id, owner)
-        self.index.add(_Cached(owner, snapshot), sequence.prompt_ids, sequence.cache_salt)
+        entry = self.index.add(_Cached(owner, snapshot), sequence.prompt_ids, sequence.cache_salt)
+        if sequence.num_written_tokens:
+            self.retention.pin(entry, sequence.retain_seconds)
 
     def abort_waiting(self, sequence: Sequence) -> None:
         """A waiting sequence was aborted: a fork drops its pins, a restore its host entry's."""
@@ -223,6 +257,11 @@ class PrefixCache:
             self.slots.release(entry.value.slot)
             sequence.fork_point = 0
         self._fork_ended(sequence)
+        # A write's slot, reserved at admission or kept through a preemption.
+        if sequence.snapshot_slot:
+            self._reserved.discard(sequence.request_id)
+            self.slots.release(sequence.snapshot_slot)
+            sequence.snapshot_slot = 0
 
     def preempted(self, sequence: Sequence) -> None:
         """A running sequence lost its blocks (freed by the decode plan): its state and
@@ -230,7 +269,8 @@ class PrefixCache:
         if sequence.state_slot:
             self.slots.release(sequence.state_slot)
             sequence.state_slot = 0
-        if sequence.snapshot_slot:
+        # A write reported at admission keeps its slot: the recomputed prompt is written.
+        if sequence.snapshot_slot and not sequence.num_written_tokens:
             self.slots.release(sequence.snapshot_slot)
             sequence.snapshot_slot = 0
 
@@ -261,7 +301,13 @@ class PrefixCache:
             fits = total - free + want_blocks <= PREFILL_WATERMARK * total
             return fits and free >= running and self.slots.free_count >= want_slots
 
-        self.index.evict_until(satisfied, self.evict)
+        # Pinned entries go last (to the host tier, where they stay pinned).
+        if satisfied():
+            return
+        for entry in self.retention.last(self.index.eviction_order()):
+            self.evict(entry)
+            if satisfied():
+                return
 
     def evict(self, entry: CacheEntry[Any]) -> None:
         """Drop one entry: its blocks and snapshot, except what forks still pin; with a host

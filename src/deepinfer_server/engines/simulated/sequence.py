@@ -48,6 +48,11 @@ class Sequence:
     #: Prompt tokens reused from a cached sequence, as DeepInfer's Sequence reports them after
     #: `add_request`: what usage shows, even when a preemption recomputes them later.
     num_cached_tokens: int = 0
+    #: Seconds it asked the prefix cache to keep its prompt (`AddRequest.retention_seconds`;
+    #: 0: none), and the prompt tokens that will be written for it, decided at admission
+    #: (`PrefixCache.add`; reported with its first output as DeepInfer's Sequence would).
+    retain_seconds: float = 0.0
+    num_written_tokens: int = 0
     #: Prompt tokens the next prefill skips: the fork point (0 once a preemption dropped it).
     fork_point: int = 0
     #: The cache entry it was forked from, until it ends.

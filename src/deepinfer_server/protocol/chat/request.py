@@ -126,7 +126,7 @@ def prepare_chat(body: JsonObject, recipe: RecipeContext) -> PreparedChat | list
     Raises BadRequestError (400) or ModelNotFoundError (404); never anything else on bad input.
     """
     check_chat_fields(body)
-    check_cache_retention(body)
+    retention = check_cache_retention(body)
     typed = read_chat_body(body)
     sampling = _SAMPLING.values(typed)
     merge_budgets(sampling, body)
@@ -135,6 +135,7 @@ def prepare_chat(body: JsonObject, recipe: RecipeContext) -> PreparedChat | list
     converted, constraint = convert_chat(recipe_body(body, typed), recipe)
     ignore_eos = bool(typed.ignore_eos)
     engine = engine_input(converted, recipe, ignore_eos, protocol=_SAMPLING, sampling=sampling)
+    engine.sampling.retention_seconds = retention
     prepared = PreparedChat(
         converted,
         engine.prompt_token_ids,

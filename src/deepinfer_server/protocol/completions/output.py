@@ -123,7 +123,7 @@ class CompletionOutput:
         """True once the answer is complete (EOS, stop sequence, or an echo-only request)."""
         return self._scored or bool(self._processor.finished)
 
-    def start(self, cached_tokens: int = 0) -> list[str]:
+    def start(self, cached_tokens: int = 0, written_tokens: int = 0) -> list[str]:
         self._cached_tokens = cached_tokens
         usage = PromptUsage(
             prompt_tokens=len(self._prepared.prompt_token_ids),

@@ -124,6 +124,7 @@ class RecipeOutput:
         self._prompt_tokens = prompt_tokens
         self._ends_inside = ends_inside_output(options)
         self._completion_tokens = 0
+        self._cached_tokens = self._written_tokens = 0
         # The parser's state, read once per push: it changes only when the parser is pushed.
         self._finished = False
         self._client_finish_reason: str | None = None
@@ -146,9 +147,11 @@ class RecipeOutput:
         reason = choices[0].get("finish_reason") if choices else None
         return reason if isinstance(reason, str) else None
 
-    def start(self, cached_tokens: int = 0) -> list[str]:
+    def start(self, cached_tokens: int = 0, written_tokens: int = 0) -> list[str]:
         """The opening payloads (role, created events); `cached_tokens` is how many prompt
-        tokens the engine reused from its prefix cache (each protocol's usage reports them)."""
+        tokens the engine reused from its prefix cache (each protocol's usage reports them),
+        `written_tokens` how many it will write there (Messages and Responses report them)."""
+        self._cached_tokens, self._written_tokens = cached_tokens, written_tokens
         usage = PromptUsage(
             prompt_tokens=self._prompt_tokens, prompt_cache_hit_tokens=cached_tokens
         )

@@ -3,9 +3,12 @@
 A system block, a tool, or a content block of a message (a `tool_result`'s own content blocks
 included) may carry `cache_control: {"type": "ephemeral", "ttl": "5m" | "1h"}`. Anthropic
 refuses another type or ttl, and more than four breakpoints in one request, with a 400
-`invalid_request_error`; this server refuses them with the same messages. A valid breakpoint is
-a hint only: the prefix cache finds every reusable prefix by itself and keeps it until room is
-needed, whatever the ttl (docs/operations/prefix-caching.md).
+`invalid_request_error`; this server refuses them with the same messages. A request with
+breakpoints asks the engine to keep its prompt for the longest ttl among them
+(`SamplingOptions.retention_seconds`; 5m without one): an engine that honours it writes the
+whole prompt (the prefix cache keeps prompts whole, so a breakpoint before the last message
+keeps more than Anthropic would) and pins it that long, within a per-key budget
+(docs/operations/prefix-caching.md).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from deepinfer_server.protocol.core.json_types import JsonObject
 #: The most breakpoints one request may carry.
 MAX_BREAKPOINTS = 4
 _TYPE = "ephemeral"
-_TTLS = ("5m", "1h")
+_TTLS = {"5m": 300, "1h": 3600}
 
 
 def _listed(value: Any) -> list[Any]:
@@ -61,21 +64,25 @@ def _check_marker(where: str, marker: Any) -> None:
             param=f"{where}.cache_control.type",
         )
     ttl = marker.get("ttl")
-    if ttl is not None and ttl not in _TTLS:
+    if ttl is not None and not (isinstance(ttl, str) and ttl in _TTLS):
         raise BadRequestError(
             f"{where}.cache_control.{_TYPE}.ttl: Input should be '5m' or '1h'",
             param=f"{where}.cache_control.ttl",
         )
 
 
-def check_cache_control(body: JsonObject) -> None:
-    """400 for a breakpoint of another type or ttl, or more than `MAX_BREAKPOINTS`."""
-    found = 0
+def check_cache_control(body: JsonObject) -> int:
+    """The seconds the request's breakpoints ask its prompt be kept (the longest ttl; 0
+    without a breakpoint); 400 for a breakpoint of another type or ttl, or more than
+    `MAX_BREAKPOINTS`."""
+    found = seconds = 0
     for where, marker in _markers(body):
         _check_marker(where, marker)
         found += 1
+        seconds = max(seconds, _TTLS[marker.get("ttl") or "5m"])
     if found > MAX_BREAKPOINTS:
         raise BadRequestError(
             f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. "
             f"Found {found}."
         )
+    return seconds

@@ -83,6 +83,8 @@ class _Converted(NamedTuple):
     sampling: EngineValues
     constraint: Constraint | None
     cache_salt: str | None
+    #: The seconds its `cache_control` breakpoints ask its prompt be kept (0: none).
+    retention: int
 
 
 def _convert(body: JsonObject, recipe: RecipeContext) -> _Converted:
@@ -93,7 +95,7 @@ def _convert(body: JsonObject, recipe: RecipeContext) -> _Converted:
     check_model(body, recipe.served_model_names)
     reject_thread(body)
     reject_n(body, "the Messages API")
-    check_cache_control(body)
+    retention = check_cache_control(body)
     typed = _SAMPLING.typed(body, MessagesBody)
     sampling = _SAMPLING.values(typed)
     merge_budgets(sampling, body)
@@ -108,12 +110,13 @@ def _convert(body: JsonObject, recipe: RecipeContext) -> _Converted:
     )
     thinking = converted.conversation.thinking_mode
     check_messages_effort(effort, thinking)
-    return _Converted(converted, sampling, in_thinking_mode(constraint, thinking), typed.cache_salt)
+    constraint = in_thinking_mode(constraint, thinking)
+    return _Converted(converted, sampling, constraint, typed.cache_salt, retention)
 
 
 def prepare_messages(body: JsonObject, recipe: RecipeContext) -> PreparedMessages:
     """Turn a decoded Messages body into prompt token IDs and sampling options."""
-    converted, sampling, constraint, cache_salt = _convert(body, recipe)
+    converted, sampling, constraint, cache_salt, retention = _convert(body, recipe)
     engine = engine_input(
         converted,
         recipe,
@@ -122,6 +125,7 @@ def prepare_messages(body: JsonObject, recipe: RecipeContext) -> PreparedMessage
         protocol=_SAMPLING,
         sampling=sampling,
     )
+    engine.sampling.retention_seconds = retention
     return PreparedMessages(
         converted,
         engine.prompt_token_ids,

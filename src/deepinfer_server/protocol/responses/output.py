@@ -99,7 +99,7 @@ class ResponsesOutput(NamedEventOutput):
                 continue
             for event in self._items.event(name, orjson.loads(chunk.to_json())):
                 if isinstance(event.get("response"), dict):
-                    complete_usage(event["response"])
+                    complete_usage(event["response"], self._cache_writes())
                     if self._echo is not None:
                         event["response"].update(self._echo)
                 payload = named_event(event["type"], orjson.dumps(event).decode())
@@ -110,10 +110,15 @@ class ResponsesOutput(NamedEventOutput):
                     payloads.append(payload)
         return payloads
 
+    def _cache_writes(self) -> int:
+        """The prompt tokens the engine writes to its cache beyond those it read."""
+        return max(0, self._written_tokens - self._cached_tokens)
+
     def response(self) -> JsonObject:
         """The non-streaming response object (made once: the request has ended)."""
         if self.final is None:
-            response = complete_usage(self._items.response(orjson.loads(super().response_json())))
+            made = self._items.response(orjson.loads(super().response_json()))
+            response = complete_usage(made, self._cache_writes())
             if self._echo is not None:
                 response.update(self._echo)
             self.final = response

@@ -145,7 +145,7 @@ def prepare_responses(body: JsonObject, recipe: RecipeContext) -> PreparedRespon
     """Turn a decoded Responses body into prompt token IDs and sampling options."""
     _reject_stateful_options(body)
     _check_input_items(body)
-    check_cache_retention(body)
+    retention = check_cache_retention(body)
     reject_n(body, "the Responses API")
     check_model(body, recipe.served_model_names)
     typed = _SAMPLING.typed(body, ResponsesBody)
@@ -180,6 +180,7 @@ def prepare_responses(body: JsonObject, recipe: RecipeContext) -> PreparedRespon
         sampling=_SAMPLING.values(typed),
         logprobs=_wants_logprobs(body),
     )
+    engine.sampling.retention_seconds = retention
     return PreparedResponses(
         converted,
         engine.prompt_token_ids,
