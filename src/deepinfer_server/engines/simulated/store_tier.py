@@ -173,6 +173,7 @@ class StoreTier:
                 self.pages_written += 1
 
     def _lookup_loop(self) -> None:
+        self._client_or_none()  # connect now: the first lookup must not wait for the setup
         while True:
             pending = self._lookups.get()
             try:
