@@ -195,3 +195,13 @@ def test_writes_never_wait_for_the_store() -> None:
     release.set()
     store.drain()
     assert store.pages_written == 2 and len(client.values) == 2
+
+
+def test_a_store_slower_than_computing_is_not_read() -> None:
+    shared = FakeStore()
+    first, second = _turn("Hello."), _turn("Hello.", "Run the tests.")
+    writer = _tier(shared)
+    _cached(_engine(writer), "one", first)
+    writer.drain()
+    slow = StoreTier(StoreTierSettings(LAYOUT, bandwidth=1e3, lookup_timeout=5.0), lambda: shared)
+    assert _cached(_engine(slow), "two", second) == 0

@@ -56,13 +56,13 @@ class HostTierSettings:
         """How long a copy of `nbytes` takes one way."""
         return nbytes / self.bandwidth
 
-    def worth_restoring(self, tokens: int, saved: int) -> bool:
-        """Whether restoring the first `tokens` tokens is faster than computing the `saved`
-        tokens it spares the prompt step."""
+    def worth_restoring(self, tokens: int, saved: int, fetch: float = 0.0) -> bool:
+        """Whether restoring the first `tokens` tokens (after `fetch` seconds bringing them to
+        host memory) is faster than computing the `saved` tokens it spares the prompt step."""
         if self.prefill_tokens_per_s <= 0 or saved <= 0:
             return False
         restore = self.copy_seconds(self.copy_bytes(tokens))
-        return restore < saved / self.prefill_tokens_per_s
+        return fetch + restore < saved / self.prefill_tokens_per_s
 
 
 @dataclass(slots=True)

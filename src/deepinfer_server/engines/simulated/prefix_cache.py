@@ -157,9 +157,9 @@ class PrefixCache:
         assert self.store is not None and self.host is not None
         found = self.store.lookup(prompt, limit, salt)
         settings = self.host.settings
-        if found <= pool_fork or not settings.worth_restoring(found, found - pool_fork):
-            return None
         seconds = self.store.transfer_seconds(settings.copy_bytes(found))
+        if not settings.worth_restoring(found, found - pool_fork, seconds):
+            return None
         if not self.host.offload(prompt[:found], salt, fetched=seconds):
             return None
         return self.host.match(prompt, limit, salt, pool_fork)
