@@ -175,6 +175,11 @@ def test_an_unanswered_lookup_is_a_miss() -> None:
     sequence = engine.add_request("0", "two", {"max_tokens": 2}, _turn("Hello.", "Again."))
     assert sequence is not None and sequence.num_cached_tokens == 0
     assert store.errors == 1
+    # While it stays unanswered, the next lookups miss without waiting for the store.
+    prompt = _turn("Hello.", "Once more.")
+    queued = store._lookups.qsize()
+    assert store.lookup(prompt, len(prompt) - 2, None) == 0
+    assert store.errors == 2 and store._lookups.qsize() == queued  # never asked
     release.set()
 
 

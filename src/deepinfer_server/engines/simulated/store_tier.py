@@ -108,6 +108,8 @@ class StoreTier:
             maxsize=settings.queue_depth
         )
         self._lookups: queue.Queue[_Lookup] = queue.Queue()
+        #: The last lookup that timed out: until it is answered, lookups miss at once.
+        self._unanswered: Future[int] | None = None
         #: Store errors and timed-out lookups, writes dropped for a full queue, pages written.
         self.errors = 0
         self.dropped = 0
@@ -131,11 +133,16 @@ class StoreTier:
         no answer within the timeout)."""
         if limit < BLOCK_SIZE:
             return 0
+        if self._unanswered is not None and not self._unanswered.done():
+            # A stuck store would otherwise cost every request the whole timeout.
+            self._failed("a lookup is still unanswered")
+            return 0
         pending = _Lookup(prompt[: limit - limit % BLOCK_SIZE], salt, Future())
         self._lookups.put(pending)
         try:
             return pending.answer.result(timeout=self.settings.lookup_timeout)
         except TimeoutError:
+            self._unanswered = pending.answer
             self._failed("a lookup timed out")
             return 0
 
