@@ -99,7 +99,9 @@ def servers(
     keys = tmp_path_factory.mktemp("keys") / "keys"
     keys.write_text(f"first {FIRST_KEY}\nsecond {SECOND_KEY}\n")
     store = ("--kv-offload-store", "mooncake", "--kv-offload-store-master")
-    args = (*store, f"127.0.0.1:{master.port}", "--sim-itl-ms", "2", "--api-key-file", str(keys))
+    # A loaded CI machine must not turn a lookup into a miss: the wait is long here.
+    args = (*store, f"127.0.0.1:{master.port}", "--sim-store-lookup-timeout-ms", "5000")
+    args += ("--sim-itl-ms", "2", "--api-key-file", str(keys))
     with contextlib.ExitStack() as stack:
         one = stack.enter_context(LiveServer(*args))
         two = stack.enter_context(LiveServer(*args))

@@ -393,3 +393,5 @@ def test_the_store_tier_needs_its_master_and_the_host_tier() -> None:
         DeepInferBackend().preflight(deepinfer, None)
     with pytest.raises(ConfigError, match="--sim-store-bandwidth-gbps must be positive"):
         parse_config(["--engine", "simulated", "--sim-store-bandwidth-gbps", "0"])
+    with pytest.raises(ConfigError, match="--sim-store-lookup-timeout-ms must be positive"):
+        parse_config(["--engine", "simulated", "--sim-store-lookup-timeout-ms", "0"])

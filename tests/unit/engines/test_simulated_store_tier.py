@@ -37,9 +37,9 @@ class FakeStore:
             self.values[key] = value
         return 0
 
-    def get(self, key: str) -> bytes:
+    def get_batch(self, keys: list[str]) -> list[bytes]:
         with self.lock:
-            return self.values.get(key, b"")
+            return [self.values.get(key, b"") for key in keys]
 
     def batch_is_exist(self, keys: list[str]) -> list[int]:
         with self.lock:
@@ -52,8 +52,8 @@ class LostMaster(FakeStore):
     def put(self, key: str, value: bytes) -> int:
         return -900
 
-    def get(self, key: str) -> bytes:
-        return b""
+    def get_batch(self, keys: list[str]) -> list[bytes]:
+        return [b""] * len(keys)
 
     def batch_is_exist(self, keys: list[str]) -> list[int]:
         return [-900] * len(keys)

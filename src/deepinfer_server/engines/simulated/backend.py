@@ -113,6 +113,12 @@ class SimulatedOptions:
         "host memory: a prefix found there is copied to the host tier in its bytes over this "
         "rate, then restored from there (default: %(default)s, about one 200 Gb/s RDMA NIC)",
     )
+    sim_store_lookup_timeout_ms: float = float_option(
+        100.0,
+        "--sim-store-lookup-timeout-ms",
+        help="simulated engine: milliseconds a request's admission waits for the shared "
+        "store's answer (--kv-offload-store) before it counts as a miss (default: %(default)s)",
+    )
     sim_collective_timeout: float = float_option(
         60.0,
         "--sim-collective-timeout",
@@ -181,6 +187,8 @@ class SimulatedBackend(EngineBackend):
             raise ConfigError("--sim-host-bandwidth-gbps must be positive")
         if options.sim_store_bandwidth_gbps <= 0:
             raise ConfigError("--sim-store-bandwidth-gbps must be positive")
+        if options.sim_store_lookup_timeout_ms <= 0:
+            raise ConfigError("--sim-store-lookup-timeout-ms must be positive")
 
     def preflight(self, config: ResolvedConfig, checkpoint: str | None) -> None:
         options = config.engine_options

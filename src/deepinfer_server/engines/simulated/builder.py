@@ -106,6 +106,7 @@ def store_tier(spec: EngineSpec, options: SimulatedOptions) -> StoreTier | None:
     settings = StoreTierSettings(
         identity=msgspec.json.encode(layout),
         bandwidth=options.sim_store_bandwidth_gbps * 1e9,
+        lookup_timeout=options.sim_store_lookup_timeout_ms / 1000,
     )
     hostname = spec.disaggregation_host
     return StoreTier(settings, lambda: mooncake_client(master, hostname))

@@ -52,8 +52,8 @@ class StoreClient(Protocol):
     def put(self, key: str, value: bytes) -> int:
         """Store `value` under `key`."""
 
-    def get(self, key: str) -> bytes:
-        """The value under `key` (empty when absent or on an error)."""
+    def get_batch(self, keys: list[str]) -> list[bytes]:
+        """The value under each key (empty when absent or on an error)."""
 
     def batch_is_exist(self, keys: list[str]) -> list[int]:
         """1 for each key present, 0 absent, negative on an error."""
@@ -72,7 +72,7 @@ class StoreTierSettings:
     #: Bytes per second from the store to a rank's host memory (RDMA: ~25 GB/s).
     bandwidth: float
     #: Seconds `add_request` waits for a lookup before it counts as a miss.
-    lookup_timeout: float = 0.05
+    lookup_timeout: float = 0.1
     #: Writes waiting for the writer thread beyond which new ones are dropped.
     queue_depth: int = 256
 
@@ -198,8 +198,9 @@ class StoreTier:
         keys = page_keys(self.settings.identity, salt, prompt)
         present = _checked(client.batch_is_exist(keys)) if keys else []
         pages = next((page for page, found in enumerate(present) if not found), len(present))
-        for page in range(pages):
-            if client.get(keys[page]) != page_value(prompt, page):
+        values = client.get_batch(keys[:pages]) if pages else []
+        for page, value in enumerate(values):
+            if value != page_value(prompt, page):
                 return page * BLOCK_SIZE  # evicted meanwhile (or a foreign value): stop here
         return pages * BLOCK_SIZE
 
