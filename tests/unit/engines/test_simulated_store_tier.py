@@ -210,3 +210,25 @@ def test_a_store_slower_than_computing_is_not_read() -> None:
     writer.drain()
     slow = StoreTier(StoreTierSettings(LAYOUT, bandwidth=1e3, lookup_timeout=5.0), lambda: shared)
     assert _cached(_engine(slow), "two", second) == 0
+
+
+def test_a_prompt_the_pool_serves_whole_is_not_looked_up() -> None:
+    class Counting(FakeStore):
+        asked = 0
+
+        def batch_is_exist(self, keys: list[str]) -> list[int]:
+            Counting.asked += 1
+            return super().batch_is_exist(keys)
+
+    client = Counting()
+    store = _tier(client)
+    engine = _engine(store)
+    first = _turn("Hello.")
+    _cached(engine, "one", first)
+    store.drain()
+    asked = Counting.asked  # the first turn's lookup and its write
+    # Two tokens more: the pool's fork leaves no whole page beyond it for the store.
+    longer = np.concatenate([first, first[-2:]])
+    assert _cached(engine, "longer", longer) == len(first)
+    store.drain()
+    assert Counting.asked == asked + 1  # only the write's existence check

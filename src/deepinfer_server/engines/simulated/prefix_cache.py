@@ -155,6 +155,8 @@ class PrefixCache:
         """The host entry to restore `prompt` from once the store's pages of it are brought
         to host memory, when they reuse more than the pool's fork and it is worth it."""
         assert self.store is not None and self.host is not None
+        if limit - limit % BLOCK_SIZE <= pool_fork:
+            return None  # no whole page beyond the pool's fork: not worth a round trip
         found = self.store.lookup(prompt, limit, salt)
         settings = self.host.settings
         seconds = self.store.transfer_seconds(settings.copy_bytes(found))
