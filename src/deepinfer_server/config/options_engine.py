@@ -157,6 +157,23 @@ class SchedulingOptions:
         "cache on, 0 for --engine deepinfer until it is validated on GPUs)",
         type=float,
     )
+    kv_offload_store: Literal["mooncake"] | None = option(
+        None,
+        "--kv-offload-store",
+        help="a third prefix-cache tier shared by every server that names the same store: each "
+        "cached prompt prefix is written there in the background, and a request that starts "
+        "with one another replica or prefill server computed is restored from there through the "
+        "host tier (it needs --kv-offload-host-gb); `mooncake`: Mooncake Store (the "
+        "disaggregation extra), its master given by --kv-offload-store-master. Losing the store "
+        "costs only misses. --engine simulated only (default: none)",
+        choices=["mooncake"],
+    )
+    kv_offload_store_master: str | None = option(
+        None,
+        "--kv-offload-store-master",
+        help="HOST:PORT of the store's master (`mooncake_master --rpc_port PORT`), with "
+        "--kv-offload-store",
+    )
     step_timeout: float = float_option(
         300.0,
         "--step-timeout",

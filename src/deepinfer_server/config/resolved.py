@@ -94,6 +94,9 @@ class ResolvedConfig:
     prefix_cache_scope: Literal["key", "global"]
     #: The prefix cache's host tier per DP rank, in GB (0: none).
     kv_offload_host_gb: float = field(metadata=DERIVED)
+    #: The prefix cache's shared store and its master (None: none).
+    kv_offload_store: Literal["mooncake"] | None
+    kv_offload_store_master: str | None
     step_timeout: float
     request_timeout: float
     startup_timeout: float

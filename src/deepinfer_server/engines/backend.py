@@ -102,6 +102,9 @@ class EngineSpec:
     enable_prefix_caching: bool = False
     #: `--kv-offload-host-gb`: the prefix cache's host tier, in GB (0: none).
     kv_offload_host_gb: float = 0.0
+    #: `--kv-offload-store` and `--kv-offload-store-master`: the shared store tier (None: none).
+    kv_offload_store: Literal["mooncake"] | None = None
+    kv_offload_store_master: str | None = None
     #: Prepare the grammar compiler once the rank is ready (`BuiltEngine.after_ready`).
     grammar_warmup: bool = True
 

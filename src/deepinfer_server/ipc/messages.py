@@ -280,6 +280,10 @@ class HostTierStats(msgspec.Struct, array_like=True, gc=False):
     sequences: int
     bytes: int
     budget_bytes: int
+    #: Of `hit_tokens`, those first brought from the shared store (`--kv-offload-store`), and
+    #: the store's errors and timed-out lookups (each a miss).
+    store_hit_tokens: int = 0
+    store_errors: int = 0
 
 
 class PrefixCacheStats(msgspec.Struct, array_like=True, gc=False):

@@ -3,9 +3,11 @@
 The counters are tokens, as vLLM's `prefix_cache_queries` and `prefix_cache_hits` count them:
 summed over the ranks, each rank's as of its last step report (every API process hears every
 rank, so they are never summed over processes). `prefix_cache_hit_tokens{tier}` splits the hits
-by where the reused tokens were: `gpu`, the rank's KV pool (a fork), or `host`, the host-memory
-tier (`--kv-offload-host-gb`: a restore); the host tier's copies (bytes and seconds each way)
-and what it holds now are beside them.
+by where the reused tokens were: `gpu`, the rank's KV pool (a fork), `host`, the host-memory
+tier (`--kv-offload-host-gb`: a restore), or `store`, the store shared by the replicas
+(`--kv-offload-store`: brought to the host tier, then restored); the host tier's copies (bytes
+and seconds each way) and what it holds now are beside them, and the store's errors (each a
+miss).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ PREFIX_CACHE_FAMILIES = (
     "prefix_cache_host_sequences",
     "prefix_cache_host_bytes",
     "prefix_cache_host_budget_bytes",
+    "prefix_cache_store_errors",
 )
 
 
@@ -110,7 +113,8 @@ class PrefixCacheFamilies:
         self.hit_tokens = counter_family(
             "prefix_cache_hit_tokens",
             "Prompt tokens found in the prefix cache by the tier they were reused from (gpu: "
-            "the rank's KV pool; host: the host-memory tier), over every DP rank.",
+            "the rank's KV pool; host: the host-memory tier; store: the store the replicas "
+            "share), over every DP rank.",
             "tier",
         )
         self.sequences = gauge_family(
@@ -118,8 +122,13 @@ class PrefixCacheFamilies:
             "Sequences held in each DP rank's prefix cache, at its last engine step.",
             "dp_rank",
         )
+        self.store_errors = counter_family(
+            "prefix_cache_store_errors",
+            "Errors and unanswered lookups of the shared store (--kv-offload-store), each a "
+            "miss, over every DP rank.",
+        )
         self.host = _HostTierFamilies()
-        self._queries = self._hits = self._host_hits = 0
+        self._queries = self._hits = self._host_hits = self._store_hits = self._store_errors = 0
 
     def add(self, rank_labels: list[str], cache: PrefixCacheStats | None) -> None:
         """One rank's counters at its last step report (None without a cache)."""
@@ -128,16 +137,23 @@ class PrefixCacheFamilies:
         if cache is not None:
             self._queries += cache.queries
             self._hits += cache.hits
-            self._host_hits += cache.host.hit_tokens if cache.host is not None else 0
+            if cache.host is not None:
+                self._host_hits += cache.host.hit_tokens - cache.host.store_hit_tokens
+                self._store_hits += cache.host.store_hit_tokens
+                self._store_errors += cache.host.store_errors
 
     def families(self) -> Iterator[Metric]:
         """The families, with the ranks' counters summed."""
         self.queries.add_metric([self._model_name], self._queries)
         self.hits.add_metric([self._model_name], self._hits)
-        self.hit_tokens.add_metric([self._model_name, "gpu"], self._hits - self._host_hits)
+        restored = self._host_hits + self._store_hits
+        self.hit_tokens.add_metric([self._model_name, "gpu"], self._hits - restored)
         self.hit_tokens.add_metric([self._model_name, "host"], self._host_hits)
+        self.hit_tokens.add_metric([self._model_name, "store"], self._store_hits)
+        self.store_errors.add_metric([self._model_name], self._store_errors)
         yield self.queries
         yield self.hits
         yield self.hit_tokens
+        yield self.store_errors
         yield self.sequences
         yield from self.host.families(self._model_name)

@@ -367,3 +367,31 @@ def test_the_host_tier_defaults_per_engine_and_deepinfer_refuses_it() -> None:
     config = parse_config(["/models/ckpt", "--engine", "deepinfer", *tier])
     with pytest.raises(ConfigError, match="not validated on GPU yet"):
         DeepInferBackend().preflight(config, None)
+
+
+def test_the_store_tier_needs_its_master_and_the_host_tier() -> None:
+    backend = get_backend("simulated")
+    store = ["--engine", "simulated", "--kv-offload-store", "mooncake"]
+    with pytest.raises(ConfigError, match="needs --kv-offload-store-master"):
+        backend.preflight(parse_config(store), None)
+    with_master = [*store, "--kv-offload-store-master", "127.0.0.1:50051"]
+    with pytest.raises(ConfigError, match="needs --kv-offload-host-gb"):
+        backend.preflight(parse_config([*with_master, "--kv-offload-host-gb", "0"]), None)
+    with pytest.raises(ConfigError, match="needs --kv-offload-store"):
+        master_only = ["--engine", "simulated", "--kv-offload-store-master", "127.0.0.1:50051"]
+        backend.preflight(parse_config(master_only), None)
+    config = parse_config(with_master)
+    backend.preflight(config, None)
+    prepared = Prepared(backend, None, 29500, "", cast(RecipeContext, None))
+    (spec,) = rank_specs(config, prepared, "/x")
+    assert (spec.engine.kv_offload_store, spec.engine.kv_offload_store_master) == (
+        "mooncake",
+        "127.0.0.1:50051",
+    )
+    deepinfer = parse_config(["/models/ckpt", "--engine", "deepinfer", *with_master[2:]])
+    with pytest.raises(ConfigError, match="simulated only"):
+        DeepInferBackend().preflight(deepinfer, None)
+    with pytest.raises(ConfigError, match="--sim-store-bandwidth-gbps must be positive"):
+        parse_config(["--engine", "simulated", "--sim-store-bandwidth-gbps", "0"])
+    with pytest.raises(ConfigError, match="--sim-store-lookup-timeout-ms must be positive"):
+        parse_config(["--engine", "simulated", "--sim-store-lookup-timeout-ms", "0"])

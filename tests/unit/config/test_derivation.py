@@ -66,6 +66,8 @@ OPTIONS: dict[str, tuple[list[str], Any]] = {
     "enable_prefix_caching": (["--enable-prefix-caching"], True),
     "prefix_cache_scope": (["--prefix-cache-scope", "global"], "global"),
     "kv_offload_host_gb": (["--kv-offload-host-gb", "8"], 8.0),
+    "kv_offload_store": (["--kv-offload-store", "mooncake"], "mooncake"),
+    "kv_offload_store_master": (["--kv-offload-store-master", "10.0.0.9:50051"], "10.0.0.9:50051"),
     "step_timeout": (["--step-timeout", "11"], 11.0),
     "request_timeout": (["--request-timeout", "13"], 13.0),
     "startup_timeout": (["--startup-timeout", "14"], 14.0),

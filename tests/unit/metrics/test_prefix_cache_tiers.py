@@ -48,3 +48,19 @@ def test_every_prefix_cache_family_is_taken_from_one_process() -> None:
     names = {metric.name for metric in PrefixCacheFamilies("m").families()}
     assert names == {"deepinfer:" + name for name in PREFIX_CACHE_FAMILIES}
     assert names <= SEEN_BY_EVERY_PROCESS
+
+
+def test_the_store_tiers_hits_and_errors_are_their_own() -> None:
+    families = PrefixCacheFamilies("m")
+    # 700 restored through the host tier, 512 of them first brought from the shared store.
+    host = HostTierStats(700, 7_000, 0.5, 9_000, 0.25, 3, 40_000, 64_000, 512, 2)
+    families.add(["m", "0"], PrefixCacheStats(5_000, 1_000, 2, host))
+    families.add(["m", "1"], PrefixCacheStats(2_000, 300, 1, HostTierStats(*[0] * 8, 0, 1)))
+    samples = _samples(list(families.families()))
+    model = (("model_name", "m"),)
+
+    def tier(name: str) -> float:
+        return samples[("deepinfer:prefix_cache_hit_tokens_total", (*model, ("tier", name)))]
+
+    assert (tier("gpu"), tier("host"), tier("store")) == (600, 188, 512)
+    assert samples[("deepinfer:prefix_cache_store_errors_total", model)] == 3

@@ -96,6 +96,8 @@ class DeepInferBackend(EngineBackend):
                 "prefix cache's host tier runs on --engine simulated only; drop the option "
                 "(or pass 0)"
             )
+        if config.kv_offload_store is not None:
+            raise ConfigError("--kv-offload-store runs on --engine simulated only")
         if config.disaggregation_mode.disaggregated:
             check_role(config.disaggregation_mode, config.enable_prefix_caching, os.environ)
         run_preflight(

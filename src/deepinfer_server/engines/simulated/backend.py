@@ -106,12 +106,42 @@ class SimulatedOptions:
         "unless given, as auto) lasts its bytes over this rate times the rank's CP GPUs "
         "(default: %(default)s, about PCIe 5 x16)",
     )
+    sim_store_bandwidth_gbps: float = float_option(
+        25.0,
+        "--sim-store-bandwidth-gbps",
+        help="simulated engine: GB/s from the shared store (--kv-offload-store) to a rank's "
+        "host memory: a prefix found there is copied to the host tier in its bytes over this "
+        "rate, then restored from there (default: %(default)s, about one 200 Gb/s RDMA NIC)",
+    )
+    sim_store_lookup_timeout_ms: float = float_option(
+        100.0,
+        "--sim-store-lookup-timeout-ms",
+        help="simulated engine: milliseconds a request's admission waits for the shared "
+        "store's answer (--kv-offload-store) before it counts as a miss (default: %(default)s)",
+    )
     sim_collective_timeout: float = float_option(
         60.0,
         "--sim-collective-timeout",
         help="simulated engine: seconds a rank waits in a DP collective before it reports a "
         "lockstep violation (default: %(default)s)",
     )
+
+
+def check_store(config: ResolvedConfig) -> None:
+    """The shared store tier needs its master and the host tier it restores through."""
+    if config.kv_offload_store is None:
+        if config.kv_offload_store_master is not None:
+            raise ConfigError("--kv-offload-store-master needs --kv-offload-store")
+        return
+    if not config.kv_offload_store_master:
+        raise ConfigError(
+            "--kv-offload-store needs --kv-offload-store-master HOST:PORT (its master's)"
+        )
+    if config.kv_offload_host_gb <= 0:
+        raise ConfigError(
+            "--kv-offload-store restores through the host tier: it needs --kv-offload-host-gb "
+            "above 0 (and the prefix cache on)"
+        )
 
 
 class SimulatedBackend(EngineBackend):
@@ -155,6 +185,10 @@ class SimulatedBackend(EngineBackend):
             raise ConfigError("--sim-collective-timeout must be positive")
         if options.sim_host_bandwidth_gbps <= 0:
             raise ConfigError("--sim-host-bandwidth-gbps must be positive")
+        if options.sim_store_bandwidth_gbps <= 0:
+            raise ConfigError("--sim-store-bandwidth-gbps must be positive")
+        if options.sim_store_lookup_timeout_ms <= 0:
+            raise ConfigError("--sim-store-lookup-timeout-ms must be positive")
 
     def preflight(self, config: ResolvedConfig, checkpoint: str | None) -> None:
         options = config.engine_options
@@ -164,6 +198,7 @@ class SimulatedBackend(EngineBackend):
                 "--sim-tokens-per-step and --speculative-tokens both set the tokens of a decode "
                 "step: give one of them"
             )
+        check_store(config)
 
     def shared_state(self, config: ResolvedConfig) -> SharedState:
         options = config.engine_options

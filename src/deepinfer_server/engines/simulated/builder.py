@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 
+import msgspec
+
+from deepinfer_server.disaggregation.layout import KVLayout, checkpoint_identity
 from deepinfer_server.engines.backend import BuiltEngine, EngineSpec, SharedState
 from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver
 from deepinfer_server.engines.role_settings import RoleSettings
@@ -12,8 +15,14 @@ from deepinfer_server.engines.simulated.backend import SimulatedOptions
 from deepinfer_server.engines.simulated.collectives import LockstepGroup
 from deepinfer_server.engines.simulated.engine import LLMEngine, SimEngineArgs
 from deepinfer_server.engines.simulated.host_tier import HostTierSettings
+from deepinfer_server.engines.simulated.kv_blocks import BLOCK_SIZE
 from deepinfer_server.engines.simulated.kv_size import KVSize, kv_size_option
 from deepinfer_server.engines.simulated.outputs import RequestOutput
+from deepinfer_server.engines.simulated.store_tier import (
+    StoreTier,
+    StoreTierSettings,
+    mooncake_client,
+)
 from deepinfer_server.model.tokenizer import load_tokenizer_json
 
 
@@ -44,6 +53,7 @@ def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:
         enable_prefix_caching=spec.enable_prefix_caching,
         prefill_tokens_per_s=options.sim_prefill_tokens_per_s * spec.context_parallel_size,
         host_tier=host_tier_settings(spec, options),
+        store_tier=store_tier(spec, options),
         disaggregation_mode=spec.disaggregation_mode,
         role=RoleSettings.of(spec),
         kv_size=kv_size_option(options.sim_kv_bytes_per_token, spec.model, spec.speculative_tokens),
@@ -75,6 +85,31 @@ def host_tier_settings(spec: EngineSpec, options: SimulatedOptions) -> HostTierS
         state_bytes=size.state_bytes,
         prefill_tokens_per_s=options.sim_prefill_tokens_per_s * gpus,
     )
+
+
+def store_tier(spec: EngineSpec, options: SimulatedOptions) -> StoreTier | None:
+    """The host tier's shared store (None without `--kv-offload-store` or a host tier): its
+    pages are keyed by the layout of the rows the host tier copies and the checkpoint."""
+    host = host_tier_settings(spec, options)
+    master = spec.kv_offload_store_master
+    if host is None or spec.kv_offload_store is None or master is None:
+        return None
+    layout = KVLayout(
+        engine="simulated",
+        checkpoint=checkpoint_identity(spec.model) or spec.model,
+        block_size=BLOCK_SIZE,
+        block_bytes=host.block_bytes,
+        state_bytes=host.state_bytes,
+        dtype="uint8",
+        speculative_tokens=spec.speculative_tokens,
+    )
+    settings = StoreTierSettings(
+        identity=msgspec.json.encode(layout),
+        bandwidth=options.sim_store_bandwidth_gbps * 1e9,
+        lookup_timeout=options.sim_store_lookup_timeout_ms / 1000,
+    )
+    hostname = spec.disaggregation_host
+    return StoreTier(settings, lambda: mooncake_client(master, hostname))
 
 
 def _warms(spec: EngineSpec) -> bool:

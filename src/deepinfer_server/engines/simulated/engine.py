@@ -10,12 +10,12 @@ at prefill time; EOS generated as an ordinary token under `ignore_eos`; the pref
 rendezvous also carries the step's prefill votes) and `step()`/`close()` as collectives across
 the DP ranks; single-thread ownership; DeepInfer's structured outputs (`matcher_builds`).
 
-This module is the contract's face and the order of one step; `parts` builds the rest beside
-it (admission, queues, prompt steps, preemption, tokens, grammar builds, the prefix cache with
-its host tier, the state slots) and `step_clock` times it: a step lasts `itl_ms` while there is
+This module is the contract's face and the order of one step; `parts` builds the rest beside it
+(admission, queues, prompt steps, preemption, tokens, grammar builds, the prefix cache with its host
+and store tiers, the state slots) and `step_clock` times it: a step lasts `itl_ms` while there is
 work, a decode step `itl_ms_per_request` more per sequence, a prompt step at least its computed
-tokens over `prefill_tokens_per_s` plus its host-tier restores; a request is schedulable
-`ttft_ms` after `add_request` (while requests run: after the start of the step it can join).
+tokens over `prefill_tokens_per_s` plus its restores; a request is schedulable `ttft_ms` after
+`add_request` (while requests run: after the start of the step it can join).
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ from deepinfer_server.engines.simulated.scheduler import (
 )
 from deepinfer_server.engines.simulated.sequence import FINISH_ABORT, Sequence
 from deepinfer_server.engines.simulated.step_clock import StepClock
+from deepinfer_server.engines.simulated.store_tier import StoreTier
 
 logger = logging.getLogger(__name__)
 
@@ -74,8 +75,7 @@ class SimEngineArgs:
     itl_ms: float = 10.0
     itl_ms_per_request: float = 0.0  # a decode step's added length per sequence (`step_clock`)
     tokens_per_step: int = 1
-    #: MTP draft tokens verified per sequence per decode step (0: no speculation).
-    speculative_tokens: int = 0
+    speculative_tokens: int = 0  # MTP drafts verified per sequence per decode step (0: none)
     zero_overhead_scheduling: bool = True
     close_timeout: float = 10.0
     prefill_attempt_interval: int = DEFAULT_PREFILL_ATTEMPT_INTERVAL
@@ -83,11 +83,11 @@ class SimEngineArgs:
     fault: str | None = None
     fault_after_steps: int = 0
     kv_blocks: int | None = None
-    #: Keep finished prompts' KV and state and fork new prompts from them (DeepInfer's cache).
-    enable_prefix_caching: bool = False
+    enable_prefix_caching: bool = False  # keep finished prompts' KV and state, fork from them
     #: Prompt tokens a prompt step computes per second; 0: a prompt step lasts one period.
     prefill_tokens_per_s: float = 0.0
     host_tier: HostTierSettings | None = None  # the prefix cache's (`host_tier`; None: none)
+    store_tier: StoreTier | None = None  # the host tier's shared store (`store_tier`)
     #: NULL (NORMAL), PREFILL (PROMPT) or DECODE (COMPLETION): `disaggregation.py`.
     disaggregation_mode: DisaggregationRole = DisaggregationRole.NULL
     #: What a PREFILL or DECODE engine's transfer reads (needed with either).

@@ -17,7 +17,8 @@ The tier has its own least-recently-used order and byte budget, with the pool's 
 room is needed, a partition holding more than the budget over the partitions present loses
 its least recently used entry first, so that one key's sessions cannot push every other key's
 out. A restored entry moves back to the pool: it leaves the tier once no waiting prompt
-still counts on it.
+still counts on it. An entry found in the shared store (`store_tier`) is brought here first
+and restored like any other, after the store's copy.
 """
 
 from __future__ import annotations
@@ -56,13 +57,13 @@ class HostTierSettings:
         """How long a copy of `nbytes` takes one way."""
         return nbytes / self.bandwidth
 
-    def worth_restoring(self, tokens: int, saved: int) -> bool:
-        """Whether restoring the first `tokens` tokens is faster than computing the `saved`
-        tokens it spares the prompt step."""
+    def worth_restoring(self, tokens: int, saved: int, fetch: float = 0.0) -> bool:
+        """Whether restoring the first `tokens` tokens (after `fetch` seconds bringing them to
+        host memory) is faster than computing the `saved` tokens it spares the prompt step."""
         if self.prefill_tokens_per_s <= 0 or saved <= 0:
             return False
         restore = self.copy_seconds(self.copy_bytes(tokens))
-        return restore < saved / self.prefill_tokens_per_s
+        return fetch + restore < saved / self.prefill_tokens_per_s
 
 
 @dataclass(slots=True)
@@ -72,6 +73,8 @@ class HostCopy:
     nbytes: int
     #: False once it left the tier (dropped, or moved back to the pool).
     resident: bool = True
+    #: The seconds its copy from the shared store took (None: offloaded from this rank's pool).
+    fetched: float | None = None
 
 
 class HostTier:
@@ -89,11 +92,15 @@ class HostTier:
         self.offload_seconds = 0.0
         #: Entries requests asked to keep for a time are never dropped before it runs out.
         self.pins: Retention | None = None
+        self.store_hit_tokens = 0
 
-    def offload(self, tokens: npt.NDArray[np.int32], salt: bytes | None) -> bool:
+    def offload(
+        self, tokens: npt.NDArray[np.int32], salt: bytes | None, fetched: float | None = None
+    ) -> bool:
         """Keep a copy of an entry the pool evicts (its first P tokens, for prompts with the
-        cache salt `salt`); False when it cannot fit (larger than the budget, or only entries
-        that waiting prompts count on stand in the way)."""
+        cache salt `salt`), or of one the shared store's copy brought in `fetched` seconds;
+        False when it cannot fit (larger than the budget, or only entries that waiting prompts
+        count on stand in the way)."""
         nbytes = self.settings.copy_bytes(len(tokens))
         if nbytes > self.settings.budget_bytes:
             return False
@@ -102,11 +109,12 @@ class HostTier:
             if victim is None:
                 return False
             self._drop(victim)
-        self.index.add(HostCopy(nbytes), tokens, salt)
+        self.index.add(HostCopy(nbytes, fetched=fetched), tokens, salt)
         self.used_bytes += nbytes
         self._partition_bytes[salt] = self._partition_bytes.get(salt, 0) + nbytes
-        self.offload_bytes += nbytes
-        self.offload_seconds += self.settings.copy_seconds(nbytes)
+        if fetched is None:
+            self.offload_bytes += nbytes
+            self.offload_seconds += self.settings.copy_seconds(nbytes)
         return True
 
     def match(
@@ -143,7 +151,11 @@ class HostTier:
         self.unpin(entry)
         if entry.live_forks == 0 and entry.value.resident:
             self._drop(entry)
-        return seconds
+        fetched: float | None = entry.value.fetched
+        if fetched is None:
+            return seconds
+        self.store_hit_tokens += fork_point
+        return fetched + seconds  # the store's copy to host memory came first
 
     def stats(self) -> HostTierStats:
         """The tier's counters and occupancy."""
@@ -156,6 +168,7 @@ class HostTier:
             len(self.index),
             self.used_bytes,
             self.settings.budget_bytes,
+            self.store_hit_tokens,
         )
 
     def _victim(self, salt: bytes | None) -> CacheEntry[HostCopy] | None:

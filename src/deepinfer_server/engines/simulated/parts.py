@@ -19,6 +19,7 @@ from deepinfer_server.engines.simulated.prefix_cache import MAX_ROLLBACK, Prefix
 from deepinfer_server.engines.simulated.request_table import RequestTable
 from deepinfer_server.engines.simulated.script import ScriptWriter
 from deepinfer_server.engines.simulated.state_slots import StateSlots
+from deepinfer_server.engines.simulated.store_tier import StoreTier
 from deepinfer_server.engines.simulated.token_generator import TokenGenerator
 from deepinfer_server.model.tokens import EOS_TOKEN
 
@@ -35,6 +36,7 @@ class PartsArgs(Protocol):
     kv_blocks: int | None
     enable_prefix_caching: bool
     host_tier: HostTierSettings | None
+    store_tier: StoreTier | None
     prefill_tokens_per_s: float
 
 
@@ -78,6 +80,7 @@ class EngineParts:
             prompt_limit=prompt_limit,
             host=None if args.host_tier is None else HostTier(args.host_tier, MAX_ROLLBACK),
             prefill_tokens_per_s=args.prefill_tokens_per_s,
+            store=args.store_tier,
         )
         table = RequestTable(kv, cache)
         eos_id = 1 if eos is None else int(eos)

@@ -27,6 +27,9 @@ docs/design/prefix-caching.md) on the simulated block model, and shares its inde
   than the pool's best fork when the copy back is faster than computing the difference: the
   prompt keeps no parent blocks, reports the restored tokens as cached and its prompt step
   lasts the copy's seconds on top of the tokens it computes (`prompt_seconds`).
+- With a shared store too (`store_tier.StoreTier`, `--kv-offload-store`), every entry the
+  pool keeps is written there in the background, and a prompt that the store holds more of
+  than the pool and the host tier is brought into the host tier and restored from there.
 
 Requests it cannot serve (prompt logprobs, images, grammars) are prefilled in full. With the
 cache off it only hands out the state slots (which running sequences never exhaust).
@@ -46,6 +49,7 @@ from deepinfer_server.engines.simulated.kv_blocks import BLOCK_SIZE, PREFILL_WAT
 from deepinfer_server.engines.simulated.retention import KEY_BUDGET_SHARE, Retention
 from deepinfer_server.engines.simulated.sequence import Sequence
 from deepinfer_server.engines.simulated.state_slots import StateSlots
+from deepinfer_server.engines.simulated.store_tier import StoreTier
 from deepinfer_server.ipc.messages import HostTierStats
 from deepinfer_server.prefix_cache.index import CacheEntry, Match, PrefixIndex
 
@@ -77,12 +81,15 @@ class PrefixCache:
         prompt_limit: int,
         host: HostTier | None = None,
         prefill_tokens_per_s: float = 0.0,
+        store: StoreTier | None = None,
     ) -> None:
         self.kv = kv
         self.slots = slots
         self.enabled = enabled
         #: The host-memory tier evicted entries go to (None: they are dropped).
         self.host = host if enabled else None
+        #: The store shared with other replicas (None: none; it needs the host tier).
+        self.store = store if self.host is not None else None
         self.index: PrefixIndex[_Cached] = PrefixIndex(max_rollback=MAX_ROLLBACK)
         self._max_num_seqs = max_num_seqs
         self._batched_blocks = batched_tokens // BLOCK_SIZE
@@ -111,7 +118,12 @@ class PrefixCache:
 
     def host_stats(self) -> HostTierStats | None:
         """The host tier's counters (None without one)."""
-        return None if self.host is None else self.host.stats()
+        if self.host is None:
+            return None
+        stats = self.host.stats()
+        if self.store is not None:
+            stats.store_errors = self.store.errors
+        return stats
 
     def prompt_seconds(self, computed: int) -> float:
         """How long the prompt step that started the prompts since the last call lasts at
@@ -140,6 +152,8 @@ class PrefixCache:
         match = self.index.match(prompt, limit=limit, salt=salt)
         pool_fork = 0 if match is None else match.fork_point
         restore = None if self.host is None else self.host.match(prompt, limit, salt, pool_fork)
+        if restore is None and self.store is not None:
+            restore = self._from_store(prompt, limit, salt, pool_fork)
         if restore is not None:
             self._restore_from(sequence, restore)
         elif match is not None:
@@ -163,6 +177,23 @@ class PrefixCache:
             self._reserved.add(sequence.request_id)
             sequence.snapshot_slot = slot
             sequence.num_written_tokens = int(sequence.prompt_ids.size)
+
+    def _from_store(
+        self, prompt: npt.NDArray[np.int32], limit: int, salt: bytes | None, pool_fork: int
+    ) -> Match[HostCopy] | None:
+        """The host entry to restore `prompt` from once the store's pages of it are brought
+        to host memory, when they reuse more than the pool's fork and it is worth it."""
+        assert self.store is not None and self.host is not None
+        if limit - limit % BLOCK_SIZE <= pool_fork:
+            return None  # no whole page beyond the pool's fork: not worth a round trip
+        found = self.store.lookup(prompt, limit, salt)
+        settings = self.host.settings
+        seconds = self.store.transfer_seconds(settings.copy_bytes(found))
+        if not settings.worth_restoring(found, found - pool_fork, seconds):
+            return None
+        if not self.host.offload(prompt[:found], salt, fetched=seconds):
+            return None
+        return self.host.match(prompt, limit, salt, pool_fork)
 
     def _restore_from(self, sequence: Sequence, match: Match[HostCopy]) -> None:
         """`sequence` will restore its first `match.fork_point` tokens from the host tier."""
@@ -244,6 +275,8 @@ class PrefixCache:
         entry = self.index.add(_Cached(owner, snapshot), sequence.prompt_ids, sequence.cache_salt)
         if sequence.num_written_tokens:
             self.retention.pin(entry, sequence.retain_seconds)
+        if self.store is not None:
+            self.store.write(sequence.prompt_ids, sequence.cache_salt)
 
     def abort_waiting(self, sequence: Sequence) -> None:
         """A waiting sequence was aborted: a fork drops its pins, a restore its host entry's."""

@@ -1,0 +1,234 @@
+"""The prefix cache's shared store tier on the simulated engine, against an in-memory store
+client: a prompt one engine cached is restored by another (counted as the store's hits), never
+across a partition or a layout, a store failure is a miss, and a write never waits."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from deepinfer_server.engines.simulated.engine import LLMEngine
+from deepinfer_server.engines.simulated.host_tier import HostTierSettings
+from deepinfer_server.engines.simulated.store_tier import (
+    StoreClient,
+    StoreTier,
+    StoreTierSettings,
+    page_keys,
+)
+from tests.unit.engines.test_simulated_engine import make_engine, run_to_end
+from tests.unit.engines.test_simulated_prefix_cache import _cached, _turn
+
+BLOCK_BYTES = 114_048
+STATE_BYTES = 2_954_688
+LAYOUT = b"simulated layout"
+
+
+class FakeStore:
+    """Mooncake Store's calls on a dict shared by every client of one "master"."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, bytes] = {}
+        self.lock = threading.Lock()
+
+    def put(self, key: str, value: bytes) -> int:
+        with self.lock:
+            self.values[key] = value
+        return 0
+
+    def get_batch(self, keys: list[str]) -> list[bytes]:
+        with self.lock:
+            return [self.values.get(key, b"") for key in keys]
+
+    def batch_is_exist(self, keys: list[str]) -> list[int]:
+        with self.lock:
+            return [int(key in self.values) for key in keys]
+
+
+class LostMaster(FakeStore):
+    """A client whose master went away: every call answers an error code."""
+
+    def put(self, key: str, value: bytes) -> int:
+        return -900
+
+    def get_batch(self, keys: list[str]) -> list[bytes]:
+        return [b""] * len(keys)
+
+    def batch_is_exist(self, keys: list[str]) -> list[int]:
+        return [-900] * len(keys)
+
+
+def _tier(client: StoreClient, identity: bytes = LAYOUT, timeout: float = 5.0) -> StoreTier:
+    settings = StoreTierSettings(identity, bandwidth=25e9, lookup_timeout=timeout)
+    return StoreTier(settings, lambda: client)
+
+
+def _engine(store: StoreTier) -> LLMEngine:
+    host = HostTierSettings(1 << 40, 50e9, BLOCK_BYTES, STATE_BYTES, 20_000.0)
+    return make_engine(enable_prefix_caching=True, host_tier=host, store_tier=store)
+
+
+def _pages(tokens: int) -> int:
+    return tokens - tokens % 128
+
+
+def test_a_turn_moved_to_another_engine_is_restored_from_the_store() -> None:
+    shared = FakeStore()
+    first, second = _turn("Hello."), _turn("Hello.", "Run the tests.")
+    writer, reader = _tier(shared), _tier(shared)
+    _cached(_engine(writer), "one", first)
+    writer.drain()
+    assert writer.pages_written == len(first) // 128 == len(shared.values)
+    engine = _engine(reader)
+    computed = engine.prompt_tokens_computed
+    assert _cached(engine, "two", second) == _pages(len(first))
+    assert engine.prompt_tokens_computed - computed == len(second) - _pages(len(first))
+    stats = engine.host_tier_stats()
+    assert stats is not None
+    assert stats.store_hit_tokens == stats.hit_tokens == _pages(len(first))
+    assert stats.store_errors == 0
+
+
+def test_the_restore_lasts_the_store_copy_and_the_host_copy() -> None:
+    shared = FakeStore()
+    first, second = _turn("Hello."), _turn("Hello.", "Run the tests.")
+    writer = _tier(shared)
+    _cached(_engine(writer), "one", first)
+    writer.drain()
+    engine = _engine(_tier(shared))
+    engine.add_request("0", "two", {"max_tokens": 2}, second)
+    cache = engine._cache
+    assert cache.host is not None
+    nbytes = cache.host.settings.copy_bytes(_pages(len(first)))
+    engine.step()
+    assert cache.host.restore_bytes == nbytes
+    assert cache.host.restore_seconds == pytest.approx(nbytes / 50e9)
+
+
+@pytest.mark.parametrize(("written", "read"), [(None, b"salt"), (b"salt", None), (b"a", b"b")])
+def test_no_hit_crosses_a_partition(written: bytes | None, read: bytes | None) -> None:
+    shared = FakeStore()
+    first, second = _turn("Hello."), _turn("Hello.", "Run the tests.")
+    writer = _tier(shared)
+    engine = _engine(writer)
+    assert engine.add_request("0", "one", {"max_tokens": 2}, first, cache_salt=written)
+    list(run_to_end(engine))
+    writer.drain()
+    assert shared.values
+    engine = _engine(_tier(shared))
+    sequence = engine.add_request("0", "two", {"max_tokens": 2}, second, cache_salt=read)
+    assert sequence is not None and sequence.num_cached_tokens == 0
+
+
+def test_the_key_includes_the_layout_and_the_partition() -> None:
+    tokens = np.arange(300, dtype=np.int32)
+    keys = page_keys(LAYOUT, None, tokens)
+    assert len(keys) == 2 and len(set(keys)) == 2
+    assert page_keys(b"another layout", None, tokens)[0] != keys[0]
+    assert page_keys(LAYOUT, b"", tokens)[0] != keys[0]
+    changed = tokens.copy()
+    changed[5] += 1
+    assert page_keys(LAYOUT, None, changed)[1] != keys[1]
+
+
+def test_rows_of_another_layout_are_not_read() -> None:
+    shared = FakeStore()
+    first, second = _turn("Hello."), _turn("Hello.", "Run the tests.")
+    writer = _tier(shared)
+    _cached(_engine(writer), "one", first)
+    writer.drain()
+    engine = _engine(_tier(shared, identity=b"another layout"))
+    assert _cached(engine, "two", second) == 0
+
+
+def test_a_lost_master_is_a_miss_and_counted() -> None:
+    second = _turn("Hello.", "Run the tests.")
+    store = _tier(LostMaster())
+    engine = _engine(store)
+    assert _cached(engine, "two", second) == 0
+    store.drain()  # the finished prompt's write failed too
+    stats = engine.host_tier_stats()
+    assert stats is not None and stats.store_errors == 2
+
+
+def test_a_client_that_cannot_connect_is_a_miss() -> None:
+    def refuse() -> StoreClient:
+        raise RuntimeError("no master")
+
+    store = StoreTier(StoreTierSettings(LAYOUT, 25e9, lookup_timeout=5.0), refuse)
+    engine = _engine(store)
+    assert _cached(engine, "two", _turn("Hello.", "Run the tests.")) == 0
+    assert store.errors == 1  # the connection is retried later, not at once
+
+
+def test_an_unanswered_lookup_is_a_miss() -> None:
+    release = threading.Event()
+
+    class Hung(FakeStore):
+        def batch_is_exist(self, keys: list[str]) -> list[int]:
+            release.wait()
+            return super().batch_is_exist(keys)
+
+    store = _tier(Hung(), timeout=0.01)
+    engine = _engine(store)
+    sequence = engine.add_request("0", "two", {"max_tokens": 2}, _turn("Hello.", "Again."))
+    assert sequence is not None and sequence.num_cached_tokens == 0
+    assert store.errors == 1
+    # While it stays unanswered, the next lookups miss without waiting for the store.
+    prompt = _turn("Hello.", "Once more.")
+    queued = store._lookups.qsize()
+    assert store.lookup(prompt, len(prompt) - 2, None) == 0
+    assert store.errors == 2 and store._lookups.qsize() == queued  # never asked
+    release.set()
+
+
+def test_writes_never_wait_for_the_store() -> None:
+    release = threading.Event()
+
+    class Slow(FakeStore):
+        def batch_is_exist(self, keys: list[str]) -> list[int]:
+            release.wait()
+            return super().batch_is_exist(keys)
+
+    client = Slow()
+    store = StoreTier(StoreTierSettings(LAYOUT, 25e9, queue_depth=2), lambda: client)
+    tokens = np.arange(256, dtype=np.int32)
+    for _ in range(10):
+        store.write(tokens, None)  # returns while the writer is stuck
+    assert store.dropped >= 7
+    release.set()
+    store.drain()
+    assert store.pages_written == 2 and len(client.values) == 2
+
+
+def test_a_store_slower_than_computing_is_not_read() -> None:
+    shared = FakeStore()
+    first, second = _turn("Hello."), _turn("Hello.", "Run the tests.")
+    writer = _tier(shared)
+    _cached(_engine(writer), "one", first)
+    writer.drain()
+    slow = StoreTier(StoreTierSettings(LAYOUT, bandwidth=1e3, lookup_timeout=5.0), lambda: shared)
+    assert _cached(_engine(slow), "two", second) == 0
+
+
+def test_a_prompt_the_pool_serves_whole_is_not_looked_up() -> None:
+    class Counting(FakeStore):
+        asked = 0
+
+        def batch_is_exist(self, keys: list[str]) -> list[int]:
+            Counting.asked += 1
+            return super().batch_is_exist(keys)
+
+    client = Counting()
+    store = _tier(client)
+    engine = _engine(store)
+    first = _turn("Hello.")
+    _cached(engine, "one", first)
+    store.drain()
+    asked = Counting.asked  # the first turn's lookup and its write
+    # Two tokens more: the pool's fork leaves no whole page beyond it for the store.
+    longer = np.concatenate([first, first[-2:]])
+    assert _cached(engine, "longer", longer) == len(first)
+    store.drain()
+    assert Counting.asked == asked + 1  # only the write's existence check
