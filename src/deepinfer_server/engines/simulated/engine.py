@@ -24,7 +24,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -34,66 +33,25 @@ from deepinfer_server.disaggregation.layout import KVLayout
 from deepinfer_server.disaggregation.role import DisaggregationRole
 from deepinfer_server.disaggregation.transfer.agent import TransferAgent
 from deepinfer_server.disaggregation.transfer.stats import TransferStats
-from deepinfer_server.engines.role_settings import RoleSettings
 from deepinfer_server.engines.simulated.admission import Admission
-from deepinfer_server.engines.simulated.collectives import Ballot, LockstepGroup, Tally
+from deepinfer_server.engines.simulated.collectives import Ballot, Tally
 from deepinfer_server.engines.simulated.disaggregation import DecodeRole, PrefillRole
-from deepinfer_server.engines.simulated.host_tier import HostTierSettings
+from deepinfer_server.engines.simulated.engine_args import SimEngineArgs
 from deepinfer_server.engines.simulated.inputs import Extra, MultiModalData, SamplingParamsDict
-from deepinfer_server.engines.simulated.kv_size import KVSize
 from deepinfer_server.engines.simulated.outputs import OutputRecord, Published, RequestOutput
 from deepinfer_server.engines.simulated.parts import EngineParts
 from deepinfer_server.engines.simulated.preemption import schedule_decode
 from deepinfer_server.engines.simulated.prompt_scheduler import PromptScheduler
 from deepinfer_server.engines.simulated.sampling_params import SamplingParams
 from deepinfer_server.engines.simulated.scheduler import (
-    DEFAULT_PREFILL_ANY_ATTEMPT_INTERVAL,
-    DEFAULT_PREFILL_ATTEMPT_INTERVAL,
     PrefillCadence,
 )
 from deepinfer_server.engines.simulated.sequence import FINISH_ABORT, Sequence
 from deepinfer_server.engines.simulated.step_clock import StepClock
-from deepinfer_server.engines.simulated.store_tier import StoreTier
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["LLMEngine", "RequestOutput", "SamplingParams", "SimEngineArgs"]
-
-
-@dataclass
-class SimEngineArgs:
-    """Construction arguments of the simulated engine (the subset of EngineArgs it uses)."""
-
-    tokenizer_json: str
-    lockstep: LockstepGroup
-    engine_rank: int = 0
-    data_parallel_size: int = 1
-    max_model_len: int = 32768
-    max_num_seqs: int = 16
-    max_num_batched_tokens: int | None = None
-    ttft_ms: float = 20.0
-    itl_ms: float = 10.0
-    itl_ms_per_request: float = 0.0  # a decode step's added length per sequence (`step_clock`)
-    tokens_per_step: int = 1
-    speculative_tokens: int = 0  # MTP drafts verified per sequence per decode step (0: none)
-    zero_overhead_scheduling: bool = True
-    close_timeout: float = 10.0
-    prefill_attempt_interval: int = DEFAULT_PREFILL_ATTEMPT_INTERVAL
-    prefill_any_attempt_interval: int = DEFAULT_PREFILL_ANY_ATTEMPT_INTERVAL
-    fault: str | None = None
-    fault_after_steps: int = 0
-    kv_blocks: int | None = None
-    enable_prefix_caching: bool = False  # keep finished prompts' KV and state, fork from them
-    #: Prompt tokens a prompt step computes per second; 0: a prompt step lasts one period.
-    prefill_tokens_per_s: float = 0.0
-    host_tier: HostTierSettings | None = None  # the prefix cache's (`host_tier`; None: none)
-    store_tier: StoreTier | None = None  # the host tier's shared store (`store_tier`)
-    #: NULL (NORMAL), PREFILL (PROMPT) or DECODE (COMPLETION): `disaggregation.py`.
-    disaggregation_mode: DisaggregationRole = DisaggregationRole.NULL
-    #: What a PREFILL or DECODE engine's transfer reads (needed with either).
-    role: RoleSettings | None = None
-    #: A KV block's and a state slot's bytes, as a role's transfers move them (None: 8 a token).
-    kv_size: KVSize | None = None
 
 
 class LLMEngine:
