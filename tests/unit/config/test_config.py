@@ -15,6 +15,7 @@ from deepinfer_server.engines.deepinfer.backend import DeepInferBackend, DeepInf
 from deepinfer_server.engines.registry import get_backend
 from deepinfer_server.engines.simulated.backend import SimulatedOptions
 from deepinfer_server.engines.simulated.builder import host_tier_settings
+from deepinfer_server.engines.simulated.kv_size import kv_size_option
 from deepinfer_server.errors import ConfigError
 from deepinfer_server.protocol.core.recipe import RecipeContext
 from deepinfer_server.server.startup import Prepared, rank_specs
@@ -353,12 +354,12 @@ def test_the_host_tier_defaults_per_engine_and_deepinfer_refuses_it() -> None:
     assert spec.engine.kv_offload_host_gb == 2.0
     # The tier copies the checkpoint's rows (the released V4.1-Flash's without one), or the
     # size --sim-kv-bytes-per-token gives.
-    settings = host_tier_settings(spec.engine, sized.engine_options)
+    settings = host_tier_settings(spec.engine, sized.engine_options, None)
     assert settings is not None and settings.budget_bytes == 2_000_000_000
     assert (settings.block_bytes, settings.state_bytes) == (114_048, 2_954_688)
     given = parse_config(["--engine", "simulated", "--sim-kv-bytes-per-token", "100"])
     (spec,) = rank_specs(given, prepared, "/x")
-    settings = host_tier_settings(spec.engine, given.engine_options)
+    settings = host_tier_settings(spec.engine, given.engine_options, kv_size_option("100", None, 0))
     assert settings is not None and settings.block_bytes == 128 * 100
     assert parse_config(["/models/ckpt", "--engine", "deepinfer"]).kv_offload_host_gb == 0
     with pytest.raises(ConfigError, match="must not be negative"):

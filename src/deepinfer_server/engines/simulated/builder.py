@@ -31,6 +31,8 @@ def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:
     options = spec.engine_options
     assert isinstance(options, SimulatedOptions)
     assert isinstance(shared, LockstepGroup), "the simulated backend shares a LockstepGroup"
+    kv_size = kv_size_option(options.sim_kv_bytes_per_token, spec.model, spec.speculative_tokens)
+    host_tier = host_tier_settings(spec, options, kv_size)
     args = SimEngineArgs(
         tokenizer_json=load_tokenizer_json(spec.model),
         lockstep=shared,
@@ -52,11 +54,11 @@ def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:
         kv_blocks=options.sim_kv_blocks,
         enable_prefix_caching=spec.enable_prefix_caching,
         prefill_tokens_per_s=options.sim_prefill_tokens_per_s * spec.context_parallel_size,
-        host_tier=host_tier_settings(spec, options),
-        store_tier=store_tier(spec, options),
+        host_tier=host_tier,
+        store_tier=store_tier(spec, options, host_tier),
         disaggregation_mode=spec.disaggregation_mode,
         role=RoleSettings.of(spec),
-        kv_size=kv_size_option(options.sim_kv_bytes_per_token, spec.model, spec.speculative_tokens),
+        kv_size=kv_size,
     )
     engine = LLMEngine.from_engine_args(args)
     abilities = SimulatedAbilities(engine, spec.enable_prefix_caching)
@@ -69,14 +71,15 @@ def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:
     )
 
 
-def host_tier_settings(spec: EngineSpec, options: SimulatedOptions) -> HostTierSettings | None:
+def host_tier_settings(
+    spec: EngineSpec, options: SimulatedOptions, kv_size: KVSize | None
+) -> HostTierSettings | None:
     """The prefix cache's host tier of a rank (None without `--kv-offload-host-gb`): it copies
-    the KV rows `--sim-kv-bytes-per-token` sizes, by default the checkpoint's (as `auto`)."""
+    the KV rows `kv_size` gives (`--sim-kv-bytes-per-token`'s), by default the checkpoint's (as
+    `auto`)."""
     if spec.kv_offload_host_gb <= 0 or not spec.enable_prefix_caching:
         return None
-    size = kv_size_option(
-        options.sim_kv_bytes_per_token, spec.model, spec.speculative_tokens
-    ) or KVSize.of_checkpoint(spec.model, spec.speculative_tokens + 1)
+    size = kv_size or KVSize.of_checkpoint(spec.model, spec.speculative_tokens + 1)
     gpus = spec.context_parallel_size
     return HostTierSettings(
         budget_bytes=int(spec.kv_offload_host_gb * 1e9),
@@ -87,10 +90,11 @@ def host_tier_settings(spec: EngineSpec, options: SimulatedOptions) -> HostTierS
     )
 
 
-def store_tier(spec: EngineSpec, options: SimulatedOptions) -> StoreTier | None:
-    """The host tier's shared store (None without `--kv-offload-store` or a host tier): its
-    pages are keyed by the layout of the rows the host tier copies and the checkpoint."""
-    host = host_tier_settings(spec, options)
+def store_tier(
+    spec: EngineSpec, options: SimulatedOptions, host: HostTierSettings | None
+) -> StoreTier | None:
+    """The host tier's shared store (None without `--kv-offload-store` or the host tier `host`):
+    its pages are keyed by the layout of the rows the host tier copies and the checkpoint."""
     master = spec.kv_offload_store_master
     if host is None or spec.kv_offload_store is None or master is None:
         return None

@@ -11,25 +11,20 @@ from deepinfer_server.ipc.messages import Images, SamplingOptions
 from deepinfer_server.protocol.chat.history import recipe_messages
 from deepinfer_server.protocol.core.body import (
     NO_STREAM_OPTIONS,
-    CacheSalt,
     StreamOptions,
     TopLogprobs,
     UInt32,
     check_stream_options,
 )
 from deepinfer_server.protocol.core.cache_retention import check_cache_retention
-from deepinfer_server.protocol.core.choices import Choices, seeds_for, with_seed
+from deepinfer_server.protocol.core.choices import seeds_for, with_seed
 from deepinfer_server.protocol.core.effort import check_effort_agrees, read_effort
 from deepinfer_server.protocol.core.field_errors import BodyShape
 from deepinfer_server.protocol.core.json_types import JsonObject
+from deepinfer_server.protocol.core.openai_body import OpenAIGenerationBody
 from deepinfer_server.protocol.core.prepare import engine_input
 from deepinfer_server.protocol.core.recipe import RecipeContext
-from deepinfer_server.protocol.core.sampling import (
-    SAMPLING,
-    Api,
-    OpenAISampling,
-    reject_logit_bias,
-)
+from deepinfer_server.protocol.core.sampling import SAMPLING, Api, reject_logit_bias
 from deepinfer_server.protocol.core.structured import (
     CHAT_CONSTRAINT,
     convert_honouring_tool_choice,
@@ -46,21 +41,14 @@ _SHAPE = BodyShape(
 _ENABLE_THINKING = 'send `thinking: {"type": "enabled"}`'
 
 
-class ChatBody(OpenAISampling, kw_only=True, frozen=True):
+class ChatBody(OpenAIGenerationBody, kw_only=True, frozen=True):
     """The Chat Completions fields the server reads itself (deepseek-recipe converts the
     body's messages, tools and the rest)."""
 
-    n: Choices | None = None
     logprobs: bool | None = None
     top_logprobs: TopLogprobs | None = None
-    ignore_eos: bool | None = None
-    stream_options: StreamOptions | None = None
-    max_tokens: UInt32 | None = None
     #: The OpenAI client's current name wins over the deprecated max_tokens, as in vLLM.
     max_completion_tokens: UInt32 | None = None
-    cache_salt: CacheSalt | None = None
-    #: Names the request's session for the rank choice (`protocol/core/session_key.py`).
-    prompt_cache_key: str | None = None
 
 
 @dataclass(frozen=True)

@@ -18,21 +18,15 @@ from deepinfer_server.ipc.messages import SamplingOptions
 from deepinfer_server.model.tokens import BOS_TOKEN
 from deepinfer_server.protocol.core.body import (
     NO_STREAM_OPTIONS,
-    CacheSalt,
     StreamOptions,
     TopLogprobs,
-    UInt32,
     check_stream_options,
 )
-from deepinfer_server.protocol.core.choices import Choices, seeds_for, with_seed
+from deepinfer_server.protocol.core.choices import seeds_for, with_seed
 from deepinfer_server.protocol.core.json_types import JsonObject
+from deepinfer_server.protocol.core.openai_body import OpenAIGenerationBody
 from deepinfer_server.protocol.core.recipe import RecipeContext
-from deepinfer_server.protocol.core.sampling import (
-    SAMPLING,
-    Api,
-    OpenAISampling,
-    reject_logit_bias,
-)
+from deepinfer_server.protocol.core.sampling import SAMPLING, Api, reject_logit_bias
 from deepinfer_server.protocol.core.thinking_budget import budgeted
 from deepinfer_server.protocol.core.validation import check_model
 
@@ -43,20 +37,13 @@ DEFAULT_MAX_TOKENS = 16
 MAX_STOP_SEQUENCES = 16
 
 
-class CompletionBody(OpenAISampling, kw_only=True, frozen=True):
+class CompletionBody(OpenAIGenerationBody, kw_only=True, frozen=True):
     """The Completions fields the server reads (and the prompt: `_prompts`, `text_prompt`)."""
 
-    n: Choices | None = None
     stream: bool | None = None
-    stream_options: StreamOptions | None = None
     echo: bool | None = None
     #: `logprobs: k`: report the top k alternatives of each token.
     logprobs: TopLogprobs | None = None
-    max_tokens: UInt32 | None = None
-    ignore_eos: bool | None = None
-    cache_salt: CacheSalt | None = None
-    #: Names the request's session for the rank choice (`protocol/core/session_key.py`).
-    prompt_cache_key: str | None = None
 
 
 @dataclass(frozen=True)
