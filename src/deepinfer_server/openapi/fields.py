@@ -71,6 +71,12 @@ KV_TRANSFER_PARAMS: Schema = {
         {"type": "null"},
     ]
 }
+#: The fields this server adds to every generation body, whatever its protocol (vLLM's):
+#: the request's scheduling priority and a disaggregated decode request's handoff.
+SERVER_EXTENSIONS: dict[str, Schema] = {
+    "priority": nullable(PRIORITY),
+    "kv_transfer_params": KV_TRANSFER_PARAMS,
+}
 JSON_SCHEMA: Schema = {
     "anyOf": [{"type": "object"}, {"type": "boolean"}, {"type": "string"}],
     "description": "A JSON Schema (an object, a boolean, or its JSON text)",

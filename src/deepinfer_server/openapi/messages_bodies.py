@@ -5,11 +5,10 @@ from __future__ import annotations
 from deepinfer_server.openapi.fields import (
     ANY_OBJECT,
     JSON_SCHEMA,
-    KV_TRANSFER_PARAMS,
     MODEL,
-    PRIORITY,
     REASONING_EFFORTS,
     RECIPE_MAX_TOKENS,
+    SERVER_EXTENSIONS,
     STREAM,
     THINKING,
     TYPED_DESCRIPTIONS,
@@ -140,11 +139,10 @@ MESSAGES: Schema = obj(
         "max_tokens": integer(
             1, UINT32_MAX, f"Required; above {RECIPE_MAX_TOKENS} it is lowered to that"
         ),
-        "priority": nullable(PRIORITY),
         "stop_sequences": array(string(), 0, MAX_STOP_SEQUENCES),
         "stream": STREAM,
         "metadata": obj({"user_id": nullable(string())}),
-        "kv_transfer_params": KV_TRANSFER_PARAMS,
+        **SERVER_EXTENSIONS,
     },
     ("model", "max_tokens", "messages"),
 )

@@ -16,13 +16,12 @@ from deepinfer_server.openapi.fields import (
     CHAT_ROLES,
     FUNCTION_FIELDS,
     JSON_SCHEMA,
-    KV_TRANSFER_PARAMS,
     LOGIT_BIAS,
     MODEL,
-    PRIORITY,
     PROMPT_CACHE_RETENTION,
     REASONING_EFFORTS,
     RECIPE_MAX_TOKENS,
+    SERVER_EXTENSIONS,
     STOP,
     STREAM,
     THINKING,
@@ -61,13 +60,13 @@ _STREAM_OPTIONS_NEED_STREAM: Schema = {
 
 def _openai_body(properties: dict[str, Schema], required: tuple[str, ...]) -> Schema:
     """A Chat or legacy Completions body: its `properties`, then the fields both end with
-    (`user`, vLLM's `kv_transfer_params`, `logit_bias`); stream_options needs stream."""
+    (`user`, `logit_bias`, this server's extensions); stream_options needs stream."""
     body = obj(
         {
             **properties,
             "user": string(),
-            "kv_transfer_params": KV_TRANSFER_PARAMS,
             "logit_bias": LOGIT_BIAS,
+            **SERVER_EXTENSIONS,
         },
         required,
     )
@@ -160,7 +159,6 @@ CHAT_COMPLETIONS = _openai_body(
         "stop": STOP,
         "prompt_cache_retention": PROMPT_CACHE_RETENTION,
         "stream": nullable(STREAM),
-        "priority": nullable(PRIORITY),
         "tools": nullable(array(_CHAT_TOOL)),
         "tool_choice": nullable(_CHAT_TOOL_CHOICE),
         "parallel_tool_calls": nullable(boolean()),
@@ -196,7 +194,6 @@ COMPLETIONS = _openai_body(
         ),
         "best_of": nullable(integer(description="Only equal to n")),
         "stop": STOP,
-        "priority": nullable(PRIORITY),
         "suffix": nullable(string(enum=[""], description="Not supported: absent or empty")),
     },
     ("model", "prompt"),

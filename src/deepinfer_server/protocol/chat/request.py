@@ -122,8 +122,14 @@ def prepare_chat(body: JsonObject, recipe: RecipeContext) -> PreparedChat | list
     check_model(body, recipe.served_model_names)
     converted, constraint = convert_chat(recipe_body(body, typed), recipe)
     ignore_eos = bool(typed.ignore_eos)
-    engine = engine_input(converted, recipe, ignore_eos, protocol=_SAMPLING, sampling=sampling)
-    engine.sampling.retention_seconds = retention
+    engine = engine_input(
+        converted,
+        recipe,
+        ignore_eos,
+        protocol=_SAMPLING,
+        sampling=sampling,
+        retention_seconds=retention,
+    )
     prepared = PreparedChat(
         converted,
         engine.prompt_token_ids,

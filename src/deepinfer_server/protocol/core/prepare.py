@@ -82,12 +82,14 @@ def engine_input(
     protocol: ProtocolSampling,
     sampling: EngineValues,
     logprobs: bool = False,
+    retention_seconds: int = 0,
 ) -> EngineInput:
     """Encode the conversation (V4.1) and resolve max_tokens against the context (lowered to
     the room left with `--clamp-max-tokens`, the default, where the recipe would refuse it).
 
     `sampling` is what `protocol.read` read of the body. `logprobs` asks for them
-    even when the converted request does not (Responses `include`).
+    even when the converted request does not (Responses `include`). `retention_seconds` is how
+    long the request asks the prefix cache to keep its prompt (`cache_retention`).
     Images are decoded and checked here (a 400 or 413 for bad ones); each counts at its image
     token count against the context. A prompt that does not fit is a ContextLengthError, or
     `overflow`'s error when the protocol words it its own way.
@@ -114,6 +116,7 @@ def engine_input(
         ignore_eos=ignore_eos,
         logprobs=logprobs,
         top_logprobs=(inference.top_logprobs or 0) if logprobs else 0,
+        retention_seconds=retention_seconds,
     )
     options = budgeted(options, converted.conversation.thinking_mode, recipe.think_end_id)
     return EngineInput(prompt_token_ids, options, images)

@@ -124,8 +124,8 @@ def prepare_messages(body: JsonObject, recipe: RecipeContext) -> PreparedMessage
         overflow=anthropic_context_error,
         protocol=_SAMPLING,
         sampling=sampling,
+        retention_seconds=retention,
     )
-    engine.sampling.retention_seconds = retention
     return PreparedMessages(
         converted,
         engine.prompt_token_ids,

@@ -179,8 +179,8 @@ def prepare_responses(body: JsonObject, recipe: RecipeContext) -> PreparedRespon
         protocol=_SAMPLING,
         sampling=_SAMPLING.values(typed),
         logprobs=_wants_logprobs(body),
+        retention_seconds=retention,
     )
-    engine.sampling.retention_seconds = retention
     return PreparedResponses(
         converted,
         engine.prompt_token_ids,
