@@ -177,12 +177,12 @@ def test_an_identical_retry_is_not_forked() -> None:
 
 
 def test_an_aborted_waiting_fork_and_a_preempted_one_give_back_what_they_held() -> None:
-    engine = make_engine(enable_prefix_caching=True, ttft_ms=60_000.0)
+    engine = make_engine(enable_prefix_caching=True)
     empty = _baseline(engine)
-    engine._args.ttft_ms = 0.0
     _cached(engine, "one", _turn("Hello."))
-    engine._args.ttft_ms = 60_000.0  # forks wait
-    engine.add_request("0", "waits", {"max_tokens": 4}, _turn("Hello.", "Run the tests."))
+    # No step runs between the fork's add and its abort: it is aborted while it waits.
+    fork = engine.add_request("0", "waits", {"max_tokens": 4}, _turn("Hello.", "Run the tests."))
+    assert fork is not None and fork.num_cached_tokens > 0
     assert engine.abort_request("waits") == (1, len(_turn("Hello.", "Run the tests.")))
     list(run_to_end(engine))
     _clear(engine)
