@@ -11,7 +11,7 @@ import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Self
 
 import psutil
 
@@ -50,11 +50,41 @@ def _wait_listening(port: int, process: subprocess.Popen[bytes], timeout: float 
 
 
 @dataclass
-class Server:
-    """A running server process and its port."""
+class _Running:
+    """A process the bench started, listening on `port`, stopped on leaving a `with`."""
 
     process: subprocess.Popen[bytes]
     port: int
+
+    #: Seconds a terminated process has to exit before it is killed.
+    stop_grace: ClassVar[float] = 10
+
+    def stop(self) -> None:
+        """Terminate the process; kill what is left after `stop_grace` seconds."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(self.stop_grace)
+            except subprocess.TimeoutExpired:
+                self._kill()
+
+    def _kill(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@dataclass
+class Server(_Running):
+    """A running server process and its port."""
+
+    #: A server drains its requests when terminated.
+    stop_grace: ClassVar[float] = 30
 
     @classmethod
     def deepinfer(cls, *args: str, env: dict[str, str] | None = None) -> Server:
@@ -135,20 +165,11 @@ class Server:
     def rss_bytes(self) -> int:
         return int(psutil.Process(self.process.pid).memory_info().rss)
 
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                for p in self.tree():
-                    p.kill()
-
-    def __enter__(self) -> Server:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def _kill(self) -> None:
+        # Its ranks and API processes too: the server is not there to stop them.
+        for process in self.tree():
+            process.kill()
+        self.process.wait()
 
 
 def smg_binary() -> str:
@@ -163,11 +184,8 @@ def smg_binary() -> str:
 
 
 @dataclass
-class Gateway:
+class Gateway(_Running):
     """smg in front of servers, on a free loopback port, once it lists them all as healthy."""
-
-    process: subprocess.Popen[bytes]
-    port: int
 
     @classmethod
     def smg(cls, workers: list[str], expected: int, timeout: float = 60) -> Gateway:
@@ -197,21 +215,6 @@ class Gateway:
             time.sleep(0.2)  # smg registers its workers in the background after it listens
         gateway.stop()
         raise TimeoutError(f"smg did not list {expected} healthy workers")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-    def __enter__(self) -> Gateway:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def run_client(
