@@ -31,8 +31,10 @@ from deepinfer_server.disaggregation.transfer.queues import drain
 
 logger = logging.getLogger(__name__)
 
-#: Seconds a peer not read from yet has to answer a ping on its bootstrap port first.
-FIRST_CONTACT_TIMEOUT = 1.0
+#: Seconds a peer not read from yet has to answer a ping on its bootstrap port first (the ping
+#: waits on the peer's own lane, never on the engine: a busy prefill rank's answer may take
+#: more than a second on a loaded node, and one failed first contact fails a request).
+FIRST_CONTACT_TIMEOUT = 3.0
 
 
 @dataclass
