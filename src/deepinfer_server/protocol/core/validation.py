@@ -81,6 +81,20 @@ PRIORITY_MIN = -(2**31)
 PRIORITY_MAX = 2**31 - 1
 
 
+def refuse_given(
+    body: Mapping[str, Any],
+    name: str,
+    message: str,
+    *,
+    param: str | None = None,
+    kind: ErrorKind | None = None,
+) -> None:
+    """A 400 (`kind`'s, else a plain bad request) saying `message` and naming `param` (default
+    `name`) when the body gives `name` (null is not given)."""
+    if body.get(name) is not None:
+        raise BadRequestError(message, param=param or name, kind=kind)
+
+
 def read_priority(body: Mapping[str, Any]) -> int:
     """`priority` (vLLM's extension: lower starts first among the API key's queued requests;
     default 0), or 400 for anything but an integer in range."""

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from deepinfer_server.errors import BadRequestError, ContextLengthError, ErrorKind
+from deepinfer_server.errors import ContextLengthError, ErrorKind
 from deepinfer_server.protocol.core.json_types import JsonObject
+from deepinfer_server.protocol.core.validation import refuse_given
 
 _BASH_SCHEMA: JsonObject = {
     "type": "object",
@@ -101,13 +102,13 @@ def normalize_messages_body(body: JsonObject) -> JsonObject:
 
 def reject_thread(body: JsonObject) -> None:
     """A 400 `thread_unsupported_request` for a body with a `thread` (null is no thread)."""
-    if body.get("thread") is not None:
-        raise BadRequestError(
-            "message threads are not supported by this server: send the whole conversation "
-            "without `thread`",
-            param="thread",
-            kind=ErrorKind.THREAD_UNSUPPORTED,
-        )
+    refuse_given(
+        body,
+        "thread",
+        "message threads are not supported by this server: send the whole conversation "
+        "without `thread`",
+        kind=ErrorKind.THREAD_UNSUPPORTED,
+    )
 
 
 def anthropic_context_error(

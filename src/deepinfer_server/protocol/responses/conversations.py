@@ -13,6 +13,7 @@ from typing import Any
 
 from deepinfer_server.errors import BadRequestError, ErrorKind, StoredObjectNotFound
 from deepinfer_server.protocol.core.json_types import JsonObject
+from deepinfer_server.protocol.core.validation import refuse_given
 from deepinfer_server.protocol.responses.request import INPUT_ITEM_TYPES
 from deepinfer_server.protocol.responses.stored import ITEM_REFERENCE, with_id
 
@@ -43,12 +44,13 @@ def read_conversation(body: JsonObject) -> str | None:
             "'conversation' must be a conversation ID or an object with its 'id'",
             param="conversation",
         )
-    if body.get("previous_response_id") is not None:
-        raise BadRequestError(
-            "Mutually exclusive parameters: Ensure you are only providing one of: "
-            "'previous_response_id' or 'conversation'.",
-            param="conversation",
-        )
+    refuse_given(
+        body,
+        "previous_response_id",
+        "Mutually exclusive parameters: Ensure you are only providing one of: "
+        "'previous_response_id' or 'conversation'.",
+        param="conversation",
+    )
     return value
 
 

@@ -24,7 +24,7 @@ from deepinfer_server.protocol.core.structured import (
     convert_honouring_tool_choice,
     read_constraint,
 )
-from deepinfer_server.protocol.core.validation import check_model, optional_bool
+from deepinfer_server.protocol.core.validation import check_model, optional_bool, refuse_given
 from deepinfer_server.protocol.responses.reasoning import (
     ReasoningRequest,
     restore_reasoning,
@@ -53,25 +53,25 @@ class PreparedResponses:
 def _reject_stateful_options(body: JsonObject) -> None:
     """What only the store serves (it takes these fields out of the bodies it prepares), and
     what this server serves in no case."""
-    if body.get("previous_response_id") is not None:
-        raise BadRequestError(
-            "previous_response_id is not supported: this server stores no responses "
-            "(--response-store none); send the whole conversation in `input`",
-            param="previous_response_id",
-        )
+    refuse_given(
+        body,
+        "previous_response_id",
+        "previous_response_id is not supported: this server stores no responses "
+        "(--response-store none); send the whole conversation in `input`",
+    )
     if optional_bool(body, "store"):
         raise BadRequestError(
             "store: true is not supported: this server stores no responses "
             "(--response-store none); omit `store` or set it to false",
             param="store",
         )
-    if body.get("conversation") is not None:
-        raise BadRequestError(
-            "conversations need the Responses store: this server stores none "
-            "(--response-store none); send the whole conversation in `input`",
-            param="conversation",
-            kind=ErrorKind.UNSUPPORTED,
-        )
+    refuse_given(
+        body,
+        "conversation",
+        "conversations need the Responses store: this server stores none "
+        "(--response-store none); send the whole conversation in `input`",
+        kind=ErrorKind.UNSUPPORTED,
+    )
     if optional_bool(body, "background"):
         raise BadRequestError(
             "background responses need the Responses store: this server stores no responses "
