@@ -1,5 +1,7 @@
 """Retention: prompts a request asked the prefix cache to keep for a time, and their pins.
 
+Engine-independent: the simulated engine's cache (`engines/simulated/prefix_cache.py`) uses it.
+
 A request with a retention (`AddRequest.retention_seconds`: Anthropic's `cache_control` ttl,
 OpenAI's `prompt_cache_retention`) whose prompt the cache can keep has it written when it
 ends (`PrefixCache.finish`); the write is decided at admission, so that the engine reports
@@ -25,8 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from deepinfer_server.engines.simulated.kv_blocks import BLOCK_SIZE, blocks_for
-from deepinfer_server.prefix_cache.index import CacheEntry
+from deepinfer_server.prefix_cache.index import BLOCK_SIZE, CacheEntry
 
 #: The share of its tier (the host tier's blocks, else the pool's) one partition may pin.
 KEY_BUDGET_SHARE = 0.25
@@ -43,6 +44,11 @@ class Pin:
     blocks: int
 
 
+def _blocks_for(num_tokens: int) -> int:
+    """The KV blocks `num_tokens` tokens fill."""
+    return -(-num_tokens // BLOCK_SIZE)
+
+
 def _key_of(entry: CacheEntry[Any]) -> _PinKey:
     """The entry's prompt: its salt, the hash of its full blocks (the index key) and the
     tokens after them (the key leaves them out)."""
@@ -50,7 +56,7 @@ def _key_of(entry: CacheEntry[Any]) -> _PinKey:
 
 
 class Retention:
-    """The pins of one simulated rank's prefix cache (its loop's thread owns it)."""
+    """The pins of one rank's prefix cache (its loop's thread owns it)."""
 
     def __init__(self, key_budget_blocks: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.key_budget_blocks = key_budget_blocks
@@ -62,7 +68,7 @@ class Retention:
         live pins and it would exceed the budget."""
         self._expire()
         key = _key_of(entry)
-        blocks = blocks_for(entry.length)
+        blocks = _blocks_for(entry.length)
         held = sum(pin.blocks for (salt, *_), pin in self._pins.items() if salt == entry.salt)
         held -= self._pins[key].blocks if key in self._pins else 0
         if held + blocks > self.key_budget_blocks:
