@@ -192,7 +192,7 @@ RESULT = {{
     "turn1": len(turn1),
     "turn3": len(turn3),
     "cached": cached,
-    "salts_left": len(ENGINE.prefix_cache._salts),
+    "salts_left": len(ENGINE.prefix_cache.asks),
     "violations": ENGINE._run_workers("twin_kv_report"),
     "ledger": ledger_problems(ENGINE),
     "baseline": traces.baseline_problems(),
@@ -434,6 +434,108 @@ def test_a_fork_whose_pins_leave_its_prefill_no_room_prefills_in_full(
         assert result["reused"] > 0 and result["too_large"] == 0, result
     else:
         assert result["reused"] == 0 and result["too_large"] == 1, result
+    assert result["problems"] == [] and result["violations"] == [], result
+    assert result["baseline"] == [], result
+
+
+RETENTION = """
+import sys
+sys.path.insert(0, {repo!r})
+from tests.deepinfer_twin.prefix_traces import TraceRunner, ledger_problems
+
+traces = TraceRunner(ENGINE, DRIVER, TOKENIZER, system_words=60)
+cache = ENGINE.prefix_cache
+def words(text, count):
+    ids = TOKENIZER.encode(" ".join([text] * count), add_special_tokens=False).ids
+    return ids[:count]
+def conversation(text):
+    return [traces.bos, *traces.system, traces.user, *words(text, 120), traces.assistant,
+            traces.end_think]
+def send(name, prompt, retention=0, salt=b"a", max_tokens=4):
+    options = SamplingOptions(max_tokens=max_tokens, ignore_eos=True,
+                              retention_seconds=retention)
+    assert DRIVER.add(AddRequest(name, pack_token_ids(prompt), options, cache_salt=salt)) is None
+    written = None
+    for _ in range(2000):
+        unfinished, deltas = DRIVER.iterate()
+        for delta in deltas:
+            if delta.request_id == name and written is None:
+                written = delta.written_tokens or 0
+        if not unfinished and not deltas and DRIVER.num_live == 0:
+            return written
+    raise AssertionError(f"{{name}} never ended")
+def kept(prompt):
+    return [entry for entry in cache.index if entry.tokens.tolist() == prompt]
+
+prompts = {{name: conversation(name) for name in ("pinned", "over", "plain", "other")}}
+written, pins = {{}}, {{}}
+written["short"] = send("short", [traces.bos, traces.user, *words("hi", 8), traces.assistant])
+for name, retention, salt in [
+    ("pinned", 300, b"a"),
+    # Key a's budget (a quarter of the pool) holds one of these prompts, not two: kept and
+    # reported written all the same, unpinned.
+    ("over", 300, b"a"),
+    ("plain", 0, b"a"),
+    ("other", 300, b"b"),  # another key's own budget
+]:
+    written[name] = send(name, prompts[name], retention=retention, salt=salt)
+    pins[name] = [cache.retention.pinned(entry) for entry in kept(prompts[name])]
+kept_before = [len(cache.index), cache.evictions]
+order = [entry.tokens.tolist() for entry in cache.index.eviction_order()]
+lru_first = [name for name, prompt in prompts.items() if order and order[0] == prompt]
+# A long prompt the pool has room for only once all but two entries are evicted.
+evictions = cache.evictions
+send("pressure", conversation("pressure")[:140] + words("more words", 360), salt=None)
+RESULT = {{
+    "blocks": int(ENGINE.cache_config.num_gpu_blocks),
+    "prompt": len(prompts["pinned"]),
+    "written": written,
+    "pins": pins,
+    "budget": cache.retention.key_budget_blocks,
+    "lru_first": lru_first,
+    "evicted": cache.evictions - evictions,
+    "kept_before": kept_before,
+    "survivors": {{name: len(kept(prompt)) for name, prompt in prompts.items()}},
+    "problems": ledger_problems(ENGINE),
+    "violations": ENGINE._run_workers("twin_kv_report"),
+    "baseline": traces.baseline_problems(),
+}}
+"""
+
+
+def test_a_retained_prompt_is_written_pinned_within_its_budget_and_evicted_last(
+    checkpoint: Path,
+) -> None:
+    # 12 KV blocks (11 allocatable): a partition may pin 3, one 227-token prompt's 2 blocks.
+    # Four conversations are kept (2 blocks each); a 500-token prompt then needs 5 blocks
+    # under the 90% watermark: both unpinned entries go and the pinned ones stay, though the
+    # pinned conversation is the least recently used.
+    result = run_in_twin(
+        checkpoint,
+        RETENTION.format(repo=str(REPO)),
+        engine={**CACHE, "max_num_seqs": 2, "max_model_len": 1024},
+        env={"DEEPINFER_TWIN_KV_BLOCKS": "12", "DEEPINFER_NUM_STATE_SLOTS_RATIO": "4"},
+    )
+    prompt = result["prompt"]
+    assert (result["blocks"], result["budget"]) == (12, 3), result
+    assert result["written"] == {
+        "pinned": prompt,
+        "over": prompt,
+        "plain": 0,
+        "other": prompt,
+        "short": 0,  # below min_tokens: never kept, so nothing is reported written
+    }, result
+    assert result["pins"] == {
+        "pinned": [True],
+        "over": [False],
+        "plain": [False],
+        "other": [True],
+    }, result
+    print(result)
+    assert result["kept_before"] == [4, 0], result  # four entries, nothing evicted yet
+    assert result["lru_first"] == ["pinned"], result
+    assert result["evicted"] == 2, result
+    assert result["survivors"] == {"pinned": 1, "over": 0, "plain": 0, "other": 1}, result
     assert result["problems"] == [] and result["violations"] == [], result
     assert result["baseline"] == [], result
 

@@ -1,13 +1,15 @@
 """Retention: prompts a request asked the prefix cache to keep for a time, and their pins.
 
-Engine-independent: the simulated engine's cache (`engines/simulated/prefix_cache.py`) uses it.
+Engine-independent: both engines' caches pin with it (`engines/simulated/prefix_cache.py`,
+`engines/deepinfer/prefix_cache.py`).
 
 A request with a retention (`AddRequest.retention_seconds`: Anthropic's `cache_control` ttl,
 OpenAI's `prompt_cache_retention`) whose prompt the cache can keep has it written when it
-ends (`PrefixCache.finish`); the write is decided at admission, so that the engine reports
-the written tokens with the request's first output, as it reports the cached ones. The entry
-is then pinned until its ttl runs out, within a per-partition budget (a partition: the API
-key's scope and the request's `cache_salt`, `Sequence.cache_salt`), measured in KV blocks:
+ends (the simulated `PrefixCache.finish`, DeepInfer's `finalize_seq`); the write is decided
+at admission, so that the engine reports the written tokens with the request's first output,
+as it reports the cached ones. The entry is then pinned until its ttl runs out, within a
+per-partition budget (a partition: the API key's scope and the request's `cache_salt`),
+measured in KV blocks:
 
 - in the pool, pinned entries are evicted after every unpinned one (least recently used
   first within each group), and only when the pool needs the room;
@@ -84,8 +86,11 @@ class Retention:
     def last(self, entries: Iterable[_E]) -> list[_E]:
         """`entries` (an eviction order) with the pinned ones moved after the others."""
         listed = list(entries)
-        free = [entry for entry in listed if not self.pinned(entry)]
-        pinned = [entry for entry in listed if self.pinned(entry)]
+        if not self._pins:  # the common case: nothing to reorder, no key to build
+            return listed
+        marks = [self.pinned(entry) for entry in listed]
+        free = [entry for entry, pinned in zip(listed, marks, strict=True) if not pinned]
+        pinned = [entry for entry, pinned in zip(listed, marks, strict=True) if pinned]
         return free + pinned
 
     def pinned_blocks(self, salt: bytes | None) -> int:
