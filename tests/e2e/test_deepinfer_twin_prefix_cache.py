@@ -47,14 +47,18 @@ spec = EngineSpec(
     rank=0, model=CHECKPOINT, served_model_name="flash", data_parallel_size=1,
     context_parallel_size=1, expert_parallel_size=1, max_model_len=4096, max_num_seqs=8,
     max_num_batched_tokens=None, engine_options=DeepInferOptions(),
-    enable_prefix_caching={enabled},
+    enable_prefix_caching={enabled}, prefix_cache_retention_share=0.5,
 )
 built = build(spec, None)
 ENGINE = built.core._engine
+cache = getattr(ENGINE, "prefix_cache", None)
 RESULT = {{
     "class": type(ENGINE).__name__,
     "stats": hasattr(ENGINE, "prefix_cache_stats"),
     "driver_stats": getattr(ENGINE, "prefix_cache_stats", lambda: None)(),
+    "retention": built.core._abilities.retention,
+    "pin_budget": None if cache is None else cache.retention.key_budget_blocks,
+    "blocks": int(ENGINE.cache_config.num_gpu_blocks),
 }}
 """
 
@@ -62,14 +66,24 @@ RESULT = {{
 @pytest.mark.parametrize("enabled", [True, False])
 def test_a_rank_builds_the_cache_when_its_spec_enables_it(checkpoint: Path, enabled: bool) -> None:
     result = run_in_twin(checkpoint, RANK_BUILD.format(enabled=enabled), engine={"build": False})
+    blocks = result.pop("blocks")
     if enabled:
+        # --prefix-cache-retention-share reaches the cache: half the pool per partition.
         assert result == {
             "class": "PrefixCachingLLMEngine",
             "stats": True,
             "driver_stats": [0, 0, 0],
+            "retention": True,
+            "pin_budget": blocks // 2,
         }
     else:
-        assert result == {"class": "LLMEngine", "stats": False, "driver_stats": None}
+        assert result == {
+            "class": "LLMEngine",
+            "stats": False,
+            "driver_stats": None,
+            "retention": False,
+            "pin_budget": None,
+        }
 
 
 TWO_TURNS = """

@@ -31,7 +31,8 @@ from typing import Any, TypeVar
 
 from deepinfer_server.prefix_cache.index import BLOCK_SIZE, CacheEntry
 
-#: The share of its tier (the host tier's blocks, else the pool's) one partition may pin.
+#: The share of its tier (the host tier's blocks, else the pool's) one partition may pin, by
+#: default (`--prefix-cache-retention-share`).
 KEY_BUDGET_SHARE = 0.25
 
 _E = TypeVar("_E", bound=CacheEntry[Any])

@@ -143,3 +143,10 @@ def test_a_preempted_write_keeps_its_slot_and_is_still_written() -> None:
     assert sequence.snapshot_slot == slot
     list(run_to_end(engine))
     assert [len(entry.tokens) for entry in engine._cache.index] == [len(prompt)]
+
+
+def test_the_retention_share_sizes_each_partitions_budget() -> None:
+    default = make_engine(enable_prefix_caching=True, kv_blocks=400)
+    half = make_engine(enable_prefix_caching=True, kv_blocks=400, prefix_cache_retention_share=0.5)
+    assert default._cache.retention.key_budget_blocks == 100
+    assert half._cache.retention.key_budget_blocks == 200

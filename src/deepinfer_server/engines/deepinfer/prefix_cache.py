@@ -67,6 +67,8 @@ class PrefixCacheSettings:
     #: How far before its snapshot an entry may be forked (bounded by DeepInfer's rollback room,
     #: DEEPINFER_MAX_BACKTRACKING_TOKENS); 1 serves a thinking-mode user turn.
     max_rollback: int = 1
+    #: The share of the pool's blocks one partition's retained prompts may pin.
+    retention_share: float = KEY_BUDGET_SHARE
 
 
 class PrefixCache:
@@ -95,7 +97,7 @@ class PrefixCache:
         #: Live sequences with a cache salt or a retention: what `finalize` keeps them under.
         self.asks = Asks(SequenceStatus)
         #: The prompts requests asked to keep for a time, pinned within a per-partition budget.
-        self.retention = Retention(int(self._total_blocks * KEY_BUDGET_SHARE))
+        self.retention = Retention(int(self._total_blocks * settings.retention_share))
         #: Matches prefilled in full because their fork could never be scheduled.
         self.forks_too_large = 0
         self._preempted_seen = int(self._scheduler.get_num_preempted_seqs())

@@ -82,6 +82,7 @@ class PrefixCache:
         host: HostTier | None = None,
         prefill_tokens_per_s: float = 0.0,
         store: StoreTier | None = None,
+        retention_share: float = KEY_BUDGET_SHARE,
     ) -> None:
         self.kv = kv
         self.slots = slots
@@ -105,7 +106,7 @@ class PrefixCache:
             else self.host.settings.budget_bytes // max(1, self.host.settings.block_bytes)
         )
         #: The prompts requests asked to keep for a time (`retention.Retention`).
-        self.retention = Retention(int(tier_blocks * KEY_BUDGET_SHARE))
+        self.retention = Retention(int(tier_blocks * retention_share))
         if self.host is not None:
             self.host.pins = self.retention
         #: The waiting sequences holding a snapshot slot reserved for their write.
