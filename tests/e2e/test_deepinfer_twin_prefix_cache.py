@@ -497,9 +497,14 @@ for name, retention, salt in [
 kept_before = [len(cache.index), cache.evictions]
 order = [entry.tokens.tolist() for entry in cache.index.eviction_order()]
 lru_first = [name for name, prompt in prompts.items() if order and order[0] == prompt]
-# A long prompt the pool has room for only once all but two entries are evicted.
+# A long prompt the pool has room for once the two unpinned entries are evicted.
 evictions = cache.evictions
 send("pressure", conversation("pressure")[:140] + words("more words", 360), salt=None)
+survivors = {{name: len(kept(prompt)) for name, prompt in prompts.items()}}
+evicted = cache.evictions - evictions
+# One the pool has room for only once every entry is gone, pinned ones too: their pins go
+# with them (no other tier holds them), so key a's budget is free again.
+send("flood", conversation("flood")[:140] + words("many more words", 760), salt=None)
 RESULT = {{
     "blocks": int(ENGINE.cache_config.num_gpu_blocks),
     "prompt": len(prompts["pinned"]),
@@ -507,9 +512,11 @@ RESULT = {{
     "pins": pins,
     "budget": cache.retention.key_budget_blocks,
     "lru_first": lru_first,
-    "evicted": cache.evictions - evictions,
+    "evicted": evicted,
     "kept_before": kept_before,
-    "survivors": {{name: len(kept(prompt)) for name, prompt in prompts.items()}},
+    "survivors": survivors,
+    "after_flood": [len(kept(prompts["pinned"])), cache.retention.pinned_blocks(b"a"),
+                    cache.retention.pinned_blocks(b"b")],
     "problems": ledger_problems(ENGINE),
     "violations": ENGINE._run_workers("twin_kv_report"),
     "baseline": traces.baseline_problems(),
@@ -523,7 +530,8 @@ def test_a_retained_prompt_is_written_pinned_within_its_budget_and_evicted_last(
     # 12 KV blocks (11 allocatable): a partition may pin 3, one 227-token prompt's 2 blocks.
     # Four conversations are kept (2 blocks each); a 500-token prompt then needs 5 blocks
     # under the 90% watermark: both unpinned entries go and the pinned ones stay, though the
-    # pinned conversation is the least recently used.
+    # pinned conversation is the least recently used. A 900-token prompt then needs the whole
+    # pool: the pinned entries go too, and their pins with them.
     result = run_in_twin(
         checkpoint,
         RETENTION.format(repo=str(REPO)),
@@ -545,11 +553,11 @@ def test_a_retained_prompt_is_written_pinned_within_its_budget_and_evicted_last(
         "plain": [False],
         "other": [True],
     }, result
-    print(result)
     assert result["kept_before"] == [4, 0], result  # four entries, nothing evicted yet
     assert result["lru_first"] == ["pinned"], result
     assert result["evicted"] == 2, result
     assert result["survivors"] == {"pinned": 1, "over": 0, "plain": 0, "other": 1}, result
+    assert result["after_flood"] == [0, 0, 0], result
     assert result["problems"] == [] and result["violations"] == [], result
     assert result["baseline"] == [], result
 

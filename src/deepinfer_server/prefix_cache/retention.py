@@ -79,6 +79,18 @@ class Retention:
         self._pins[key] = Pin(self._clock() + seconds, blocks)
         return True
 
+    def release(self, entry: CacheEntry[Any], held: Iterable[CacheEntry[Any]]) -> None:
+        """`entry` left the cache: its pin goes, unless another entry of `held` (those the
+        cache still holds) is the same prompt. A pin of a prompt no tier holds would count
+        against its partition's budget until its ttl (up to a day) for nothing."""
+        key = _key_of(entry)
+        if key not in self._pins:
+            return
+        for other in held:
+            if other.key == entry.key and other.salt == entry.salt and _key_of(other) == key:
+                return
+        del self._pins[key]
+
     def pinned(self, entry: CacheEntry[Any]) -> bool:
         """Whether `entry`'s prompt is pinned now."""
         pin = self._pins.get(_key_of(entry))

@@ -93,3 +93,27 @@ def test_pinned_entries_go_last_and_each_group_keeps_its_order() -> None:
     assert order == [entries[1], entries[2], entries[4], entries[0], entries[3]]
     clock.now += 61  # entries[3]'s pin runs out: it goes back to its LRU place
     assert retention.last(index.eviction_order()) == [*entries[1:], entries[0]]
+
+
+def test_a_released_pin_frees_its_partitions_budget() -> None:
+    index: PrefixIndex[int] = PrefixIndex()
+    retention = Retention(key_budget_blocks=512 // BLOCK_SIZE, clock=Clock())
+    first, second = _entries(index, 2)
+    assert retention.pin(first, 3600) and not retention.pin(second, 3600)
+    index.remove(first)
+    retention.release(first, index)  # evicted, and no tier holds it
+    assert retention.pinned_blocks(b"a") == 0 and retention.pin(second, 3600)
+
+
+def test_a_pin_stays_while_the_cache_holds_the_same_prompt_again() -> None:
+    index: PrefixIndex[int] = PrefixIndex()
+    retention = Retention(key_budget_blocks=100, clock=Clock())
+    prompt = _tokens(300, 0)
+    first, again = index.add(0, prompt, b"a"), index.add(1, prompt, b"a")
+    assert retention.pin(first, 60) and retention.pin(again, 60)
+    index.remove(first)
+    retention.release(first, index)
+    assert retention.pinned(again)
+    index.remove(again)
+    retention.release(again, index)
+    assert not retention.pinned(again) and retention.pinned_blocks(b"a") == 0

@@ -283,9 +283,14 @@ class PrefixCache:
         if satisfied():
             return
         for entry in self.retention.last(self.index.eviction_order()):
-            self.evict(entry)
+            self._evict_for_room(entry)
             if satisfied():
                 return
+
+    def _evict_for_room(self, entry: CacheEntry[Any]) -> None:
+        """Evict `entry` to make room; no other tier keeps it, so its pin goes with it."""
+        self.evict(entry)
+        self.retention.release(entry, self.index)
 
     def evict(self, entry: CacheEntry[Any]) -> None:
         """Drop one entry and free its blocks and snapshot (what no fork still pins)."""
@@ -336,7 +341,7 @@ class PrefixCache:
             idle = [entry for entry in order if entry.live_forks == 0]
             if not idle:
                 return None
-            self.evict(idle[0])
+            self._evict_for_room(idle[0])
         self._states.lock()
         try:
             (slot,) = self._states.allocate_nolock(1)
