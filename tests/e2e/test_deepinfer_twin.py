@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -187,25 +189,79 @@ def _png(width: int, height: int) -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
-def test_an_image_reaches_deepinfers_vision_input(checkpoint: Path) -> None:
-    # deepseek-recipe renders <｜image｜> (129279); DeepInfer expands only the checkpoint's own
-    # placeholder (here <｜deepseek_image｜>): any other ID passes as text, image ignored.
+@pytest.fixture(scope="module")
+def cached_server(checkpoint: Path) -> Iterator[LiveServer]:
+    """One server with DeepInfer's engine and the server's prefix cache on its hooks."""
     env = engine_env("0")
-    with LiveServer(str(checkpoint), "--ep", "1", engine="deepinfer", env=env) as server:
-        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
-        content: list[dict[str, object]] = [
-            {"type": "image_url", "image_url": {"url": _png(300, 200)}},
-            {"type": "text", "text": "what is this?"},
-        ]
-        reply = client.chat.completions.create(
-            model=str(checkpoint),
-            messages=[{"role": "user", "content": content}],  # type: ignore[misc,list-item]
-            max_tokens=200,
-            extra_body={"thinking": {"type": "disabled"}},
-        )
-        answer = reply.choices[0].message.content or ""
-        assert answer.startswith("[image 1: "), answer
-        assert answer.endswith("what is this?")
+    args = (str(checkpoint), "--ep", "1", "--enable-prefix-caching")
+    with LiveServer(*args, engine="deepinfer", env=env) as server:
+        yield server
+
+
+def test_an_image_reaches_deepinfers_vision_input(
+    checkpoint: Path, cached_server: LiveServer
+) -> None:
+    # deepseek-recipe renders <｜image｜> (129279); DeepInfer expands only the checkpoint's own
+    # placeholder (here <｜deepseek_image｜>): any other ID passes as text, image ignored. The
+    # prefix cache sends an image prompt down DeepInfer's own path.
+    client = openai.OpenAI(base_url=cached_server.base_url + "/v1", api_key="x", max_retries=0)
+    content: list[dict[str, object]] = [
+        {"type": "image_url", "image_url": {"url": _png(300, 200)}},
+        {"type": "text", "text": "what is this?"},
+    ]
+    reply = client.chat.completions.create(
+        model=str(checkpoint),
+        messages=[{"role": "user", "content": content}],  # type: ignore[misc,list-item]
+        max_tokens=200,
+        extra_body={"thinking": {"type": "disabled"}},
+    )
+    answer = reply.choices[0].message.content or ""
+    assert answer.startswith("[image 1: "), answer
+    assert answer.endswith("what is this?")
+
+
+def _messages(server: LiveServer, checkpoint: Path, messages: list[Any]) -> dict[str, Any]:
+    system = [
+        {
+            "type": "text",
+            "text": " ".join(f"rule {number} keep answers short." for number in range(80)),
+            "cache_control": {"type": "ephemeral", "ttl": "1h"},
+        }
+    ]
+    reply = httpx.post(
+        server.base_url + "/v1/messages",
+        json={"model": str(checkpoint), "max_tokens": 16, "system": system, "messages": messages},
+        headers={"anthropic-version": "2023-06-01"},
+        timeout=120,
+    )
+    assert reply.status_code == 200, reply.text
+    body: dict[str, Any] = reply.json()
+    return body
+
+
+def test_a_cache_control_prompt_is_written_and_read_back_on_deepinfer(
+    checkpoint: Path, cached_server: LiveServer
+) -> None:
+    # Claude Code's shape: a marked system prompt, then the next turn resends the conversation.
+    turn1: list[Any] = [{"role": "user", "content": "list the files"}]
+    first = _messages(cached_server, checkpoint, turn1)
+    usage = first["usage"]
+    assert usage["cache_read_input_tokens"] == 0
+    assert usage["cache_creation_input_tokens"] > 300  # the whole prompt is written
+    assert usage["input_tokens"] == 0
+    assert (
+        usage["cache_creation"]["ephemeral_1h_input_tokens"]
+        == (usage["cache_creation_input_tokens"])
+    )
+    answer = "".join(block["text"] for block in first["content"] if block["type"] == "text")
+    turn2 = [
+        *turn1,
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "open the first one"},
+    ]
+    second = _messages(cached_server, checkpoint, turn2)["usage"]
+    assert second["cache_read_input_tokens"] >= usage["cache_creation_input_tokens"] - 1
+    assert second["cache_creation_input_tokens"] > 0
 
 
 def test_the_servers_image_token_count_is_deepinfers(checkpoint: Path) -> None:

@@ -47,14 +47,18 @@ spec = EngineSpec(
     rank=0, model=CHECKPOINT, served_model_name="flash", data_parallel_size=1,
     context_parallel_size=1, expert_parallel_size=1, max_model_len=4096, max_num_seqs=8,
     max_num_batched_tokens=None, engine_options=DeepInferOptions(),
-    enable_prefix_caching={enabled},
+    enable_prefix_caching={enabled}, prefix_cache_retention_share=0.5,
 )
 built = build(spec, None)
 ENGINE = built.core._engine
+cache = getattr(ENGINE, "prefix_cache", None)
 RESULT = {{
     "class": type(ENGINE).__name__,
     "stats": hasattr(ENGINE, "prefix_cache_stats"),
     "driver_stats": getattr(ENGINE, "prefix_cache_stats", lambda: None)(),
+    "retention": built.core._abilities.retention,
+    "pin_budget": None if cache is None else cache.retention.key_budget_blocks,
+    "blocks": int(ENGINE.cache_config.num_gpu_blocks),
 }}
 """
 
@@ -62,14 +66,24 @@ RESULT = {{
 @pytest.mark.parametrize("enabled", [True, False])
 def test_a_rank_builds_the_cache_when_its_spec_enables_it(checkpoint: Path, enabled: bool) -> None:
     result = run_in_twin(checkpoint, RANK_BUILD.format(enabled=enabled), engine={"build": False})
+    blocks = result.pop("blocks")
     if enabled:
+        # --prefix-cache-retention-share reaches the cache: half the pool per partition.
         assert result == {
             "class": "PrefixCachingLLMEngine",
             "stats": True,
             "driver_stats": [0, 0, 0],
+            "retention": True,
+            "pin_budget": blocks // 2,
         }
     else:
-        assert result == {"class": "LLMEngine", "stats": False, "driver_stats": None}
+        assert result == {
+            "class": "LLMEngine",
+            "stats": False,
+            "driver_stats": None,
+            "retention": False,
+            "pin_budget": None,
+        }
 
 
 TWO_TURNS = """
@@ -192,7 +206,7 @@ RESULT = {{
     "turn1": len(turn1),
     "turn3": len(turn3),
     "cached": cached,
-    "salts_left": len(ENGINE.prefix_cache._salts),
+    "salts_left": len(ENGINE.prefix_cache.asks),
     "violations": ENGINE._run_workers("twin_kv_report"),
     "ledger": ledger_problems(ENGINE),
     "baseline": traces.baseline_problems(),
@@ -434,6 +448,116 @@ def test_a_fork_whose_pins_leave_its_prefill_no_room_prefills_in_full(
         assert result["reused"] > 0 and result["too_large"] == 0, result
     else:
         assert result["reused"] == 0 and result["too_large"] == 1, result
+    assert result["problems"] == [] and result["violations"] == [], result
+    assert result["baseline"] == [], result
+
+
+RETENTION = """
+import sys
+sys.path.insert(0, {repo!r})
+from tests.deepinfer_twin.prefix_traces import TraceRunner, ledger_problems
+
+traces = TraceRunner(ENGINE, DRIVER, TOKENIZER, system_words=60)
+cache = ENGINE.prefix_cache
+def words(text, count):
+    ids = TOKENIZER.encode(" ".join([text] * count), add_special_tokens=False).ids
+    return ids[:count]
+def conversation(text):
+    return [traces.bos, *traces.system, traces.user, *words(text, 120), traces.assistant,
+            traces.end_think]
+def send(name, prompt, retention=0, salt=b"a", max_tokens=4):
+    options = SamplingOptions(max_tokens=max_tokens, ignore_eos=True,
+                              retention_seconds=retention)
+    assert DRIVER.add(AddRequest(name, pack_token_ids(prompt), options, cache_salt=salt)) is None
+    written = None
+    for _ in range(2000):
+        unfinished, deltas = DRIVER.iterate()
+        for delta in deltas:
+            if delta.request_id == name and written is None:
+                written = delta.written_tokens or 0
+        if not unfinished and not deltas and DRIVER.num_live == 0:
+            return written
+    raise AssertionError(f"{{name}} never ended")
+def kept(prompt):
+    return [entry for entry in cache.index if entry.tokens.tolist() == prompt]
+
+prompts = {{name: conversation(name) for name in ("pinned", "over", "plain", "other")}}
+written, pins = {{}}, {{}}
+written["short"] = send("short", [traces.bos, traces.user, *words("hi", 8), traces.assistant])
+for name, retention, salt in [
+    ("pinned", 300, b"a"),
+    # Key a's budget (a quarter of the pool) holds one of these prompts, not two: kept and
+    # reported written all the same, unpinned.
+    ("over", 300, b"a"),
+    ("plain", 0, b"a"),
+    ("other", 300, b"b"),  # another key's own budget
+]:
+    written[name] = send(name, prompts[name], retention=retention, salt=salt)
+    pins[name] = [cache.retention.pinned(entry) for entry in kept(prompts[name])]
+kept_before = [len(cache.index), cache.evictions]
+order = [entry.tokens.tolist() for entry in cache.index.eviction_order()]
+lru_first = [name for name, prompt in prompts.items() if order and order[0] == prompt]
+# A long prompt the pool has room for once the two unpinned entries are evicted.
+evictions = cache.evictions
+send("pressure", conversation("pressure")[:140] + words("more words", 360), salt=None)
+survivors = {{name: len(kept(prompt)) for name, prompt in prompts.items()}}
+evicted = cache.evictions - evictions
+# One the pool has room for only once every entry is gone, pinned ones too: their pins go
+# with them (no other tier holds them), so key a's budget is free again.
+send("flood", conversation("flood")[:140] + words("many more words", 760), salt=None)
+RESULT = {{
+    "blocks": int(ENGINE.cache_config.num_gpu_blocks),
+    "prompt": len(prompts["pinned"]),
+    "written": written,
+    "pins": pins,
+    "budget": cache.retention.key_budget_blocks,
+    "lru_first": lru_first,
+    "evicted": evicted,
+    "kept_before": kept_before,
+    "survivors": survivors,
+    "after_flood": [len(kept(prompts["pinned"])), cache.retention.pinned_blocks(b"a"),
+                    cache.retention.pinned_blocks(b"b")],
+    "problems": ledger_problems(ENGINE),
+    "violations": ENGINE._run_workers("twin_kv_report"),
+    "baseline": traces.baseline_problems(),
+}}
+"""
+
+
+def test_a_retained_prompt_is_written_pinned_within_its_budget_and_evicted_last(
+    checkpoint: Path,
+) -> None:
+    # 12 KV blocks (11 allocatable): a partition may pin 3, one 227-token prompt's 2 blocks.
+    # Four conversations are kept (2 blocks each); a 500-token prompt then needs 5 blocks
+    # under the 90% watermark: both unpinned entries go and the pinned ones stay, though the
+    # pinned conversation is the least recently used. A 900-token prompt then needs the whole
+    # pool: the pinned entries go too, and their pins with them.
+    result = run_in_twin(
+        checkpoint,
+        RETENTION.format(repo=str(REPO)),
+        engine={**CACHE, "max_num_seqs": 2, "max_model_len": 1024},
+        env={"DEEPINFER_TWIN_KV_BLOCKS": "12", "DEEPINFER_NUM_STATE_SLOTS_RATIO": "4"},
+    )
+    prompt = result["prompt"]
+    assert (result["blocks"], result["budget"]) == (12, 3), result
+    assert result["written"] == {
+        "pinned": prompt,
+        "over": prompt,
+        "plain": 0,
+        "other": prompt,
+        "short": 0,  # below min_tokens: never kept, so nothing is reported written
+    }, result
+    assert result["pins"] == {
+        "pinned": [True],
+        "over": [False],
+        "plain": [False],
+        "other": [True],
+    }, result
+    assert result["kept_before"] == [4, 0], result  # four entries, nothing evicted yet
+    assert result["lru_first"] == ["pinned"], result
+    assert result["evicted"] == 2, result
+    assert result["survivors"] == {"pinned": 1, "over": 0, "plain": 0, "other": 1}, result
+    assert result["after_flood"] == [0, 0, 0], result
     assert result["problems"] == [] and result["violations"] == [], result
     assert result["baseline"] == [], result
 

@@ -104,6 +104,11 @@ def _check_media(config: ServerConfig) -> None:
 
 
 def _check_admission(config: ServerConfig) -> None:
+    if not 0 < config.prefix_cache_retention_share <= 1:
+        raise ConfigError(
+            "--prefix-cache-retention-share must be in (0, 1], got "
+            f"{config.prefix_cache_retention_share}"
+        )
     if not 0 < config.key_running_share <= 1:
         raise ConfigError(f"--key-running-share must be in (0, 1], got {config.key_running_share}")
     if not 0 < config.key_queued_share <= 1:

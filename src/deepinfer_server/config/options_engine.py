@@ -147,6 +147,14 @@ class SchedulingOptions:
         "(default: %(default)s)",
         choices=["key", "global"],
     )
+    prefix_cache_retention_share: float = float_option(
+        0.25,
+        "--prefix-cache-retention-share",
+        help="the share of a prefix-cache tier (the host tier's blocks, else the KV pool's) the "
+        "prompts one partition (an API key with its cache_salt) asked to keep may pin, "
+        "Anthropic's cache_control and OpenAI's prompt_cache_retention; a write beyond it is "
+        "kept unpinned (default: %(default)s)",
+    )
     kv_offload_host_gb: float | None = option(
         None,
         "--kv-offload-host-gb",

@@ -92,6 +92,8 @@ class ResolvedConfig:
     speculative_tokens: int = field(metadata=DERIVED)
     enable_prefix_caching: bool = field(metadata=DERIVED)
     prefix_cache_scope: Literal["key", "global"]
+    #: The share of a prefix-cache tier one partition's retained prompts may pin.
+    prefix_cache_retention_share: float
     #: The prefix cache's host tier per DP rank, in GB (0: none).
     kv_offload_host_gb: float = field(metadata=DERIVED)
     #: The prefix cache's shared store and its master (None: none).

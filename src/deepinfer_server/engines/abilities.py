@@ -49,6 +49,11 @@ class EngineAbilities:
         counts them)."""
         return self.connector.computed_prompt_tokens()
 
+    def written_tokens(self, sequence: object) -> int:
+        """The prompt tokens the engine will write to its prefix cache for the sequence its
+        `add_request` just returned (a request with `retention_seconds`; 0: none)."""
+        return int(getattr(sequence, "num_written_tokens", 0))
+
     def kv_blocks(self) -> KVBlockCounts | None:
         """The KV blocks now, or None when the engine cannot tell."""
         return None

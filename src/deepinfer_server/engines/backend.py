@@ -100,6 +100,8 @@ class EngineSpec:
     speculative_tokens: int = 0
     #: `--enable-prefix-caching`: reuse the KV cache and state of earlier requests' prompts.
     enable_prefix_caching: bool = False
+    #: `--prefix-cache-retention-share`: the share of a tier one partition may pin.
+    prefix_cache_retention_share: float = 0.25
     #: `--kv-offload-host-gb`: the prefix cache's host tier, in GB (0: none).
     kv_offload_host_gb: float = 0.0
     #: `--kv-offload-store` and `--kv-offload-store-master`: the shared store tier (None: none).

@@ -88,7 +88,7 @@ class LLMEngineDriver:
         self._prompt_logprobs_sent: set[str] = set()
         self._aborts = UnplacedAborts(engine)
         #: Requests added since the last read, with the prompt tokens the engine reused and
-        #: those it will write to its cache (`Sequence.num_written_tokens`, an engine's that
+        #: those it will write to its cache (`EngineAbilities.written_tokens`, an engine's that
         #: honours `retention_seconds`).
         self._started: dict[str, tuple[int, int]] = {}
         self._budgets = ReasoningBudgets()
@@ -137,7 +137,7 @@ class LLMEngineDriver:
             )
         self._live[request_id] = request.sampling
         cached = int(getattr(sequence, "num_cached_tokens", 0))
-        written = int(getattr(sequence, "num_written_tokens", 0))
+        written = self._abilities.written_tokens(sequence)
         self._started[request_id] = (cached, written)
         if request.kv_transfer_params is None:
             self._readouts.prompt_added(start.prompt.size, cached)

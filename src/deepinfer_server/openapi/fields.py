@@ -37,10 +37,11 @@ PRIORITY = integer(
     "vLLM's extension: lower starts first among the queued requests of the same API key",
 )
 STREAM = boolean()
-#: OpenAI's `prompt_cache_retention` (Chat Completions and Responses): accepted, not honoured.
+#: OpenAI's `prompt_cache_retention` (Chat Completions and Responses).
 PROMPT_CACHE_RETENTION = nullable(
     string(
-        "Accepted; the prefix cache keeps prompts until room is needed, whatever is asked",
+        "How long the prefix cache keeps the prompt pinned (in_memory: 10 minutes); with the "
+        "cache off, accepted and not acted on",
         enum=list(RETENTIONS),
     )
 )

@@ -35,8 +35,8 @@ _CACHE_CONTROL = nullable(
     obj(
         {"type": string(enum=["ephemeral"]), "ttl": string(enum=["5m", "1h"])},
         ("type",),
-        f"At most {MAX_BREAKPOINTS} in a request; the prefix cache keeps prompts until room "
-        "is needed, whatever the ttl",
+        f"At most {MAX_BREAKPOINTS} in a request; the prefix cache keeps the whole prompt "
+        "pinned for the longest ttl (5m without one)",
     )
 )
 _TEXT_BLOCK = obj(

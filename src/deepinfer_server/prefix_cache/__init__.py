@@ -2,6 +2,7 @@
 
 `index.py` finds, for a new prompt, the cached sequence it can be forked from (block-prefix
 hashes, then an exact token compare) and keeps the cached sequences in least-recently-used
-order. It imports no engine and no torch: the DeepInfer engine's cache
-(`engines/deepinfer/prefix_cache.py`) uses it, and so can the simulated engine and the router.
+order; `retention.py` pins the prompts requests asked to keep for a time (`cache_control`,
+`prompt_cache_retention`) and puts them last in that order. They import no engine and no
+torch: both engines' caches use them (and a router could use the index).
 """

@@ -65,6 +65,7 @@ OPTIONS: dict[str, tuple[list[str], Any]] = {
     "speculative_tokens": (["--speculative-tokens", "3"], 3),
     "enable_prefix_caching": (["--enable-prefix-caching"], True),
     "prefix_cache_scope": (["--prefix-cache-scope", "global"], "global"),
+    "prefix_cache_retention_share": (["--prefix-cache-retention-share", "0.5"], 0.5),
     "kv_offload_host_gb": (["--kv-offload-host-gb", "8"], 8.0),
     "kv_offload_store": (["--kv-offload-store", "mooncake"], "mooncake"),
     "kv_offload_store_master": (["--kv-offload-store-master", "10.0.0.9:50051"], "10.0.0.9:50051"),

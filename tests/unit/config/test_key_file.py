@@ -70,7 +70,9 @@ def test_a_missing_file_is_refused(tmp_path: Path) -> None:
         parse_config(["--engine", "simulated", "--api-key-file", str(tmp_path / "none")])
 
 
-@pytest.mark.parametrize("flag", ["--key-running-share", "--key-queued-share"])
+@pytest.mark.parametrize(
+    "flag", ["--key-running-share", "--key-queued-share", "--prefix-cache-retention-share"]
+)
 @pytest.mark.parametrize("share", ["0", "1.5"])
 def test_the_shares_are_fractions(flag: str, share: str) -> None:
     with pytest.raises(ConfigError, match=flag):

@@ -13,10 +13,9 @@ from deepinfer_server.engines.simulated.engine import LLMEngine
 from deepinfer_server.engines.simulated.host_tier import HostTier
 from deepinfer_server.engines.simulated.kv_blocks import blocks_for
 from deepinfer_server.engines.simulated.outputs import RequestOutput
-from deepinfer_server.engines.simulated.retention import Retention
 from deepinfer_server.ipc.codec import pack_token_ids
 from deepinfer_server.ipc.messages import AddRequest, SamplingOptions
-from deepinfer_server.prefix_cache.index import PrefixIndex
+from deepinfer_server.prefix_cache.retention import Retention
 from tests.unit.engines.test_simulated_engine import make_engine, run_to_end
 from tests.unit.engines.test_simulated_host_tier import _settings, _tokens
 from tests.unit.engines.test_simulated_prefix_cache import _turn
@@ -103,22 +102,6 @@ def test_a_pin_ends_with_its_ttl() -> None:
     assert not any(np.array_equal(tokens, _turn("Conversation pinned.")) for tokens in held)
 
 
-def test_over_its_partitions_budget_a_write_is_kept_unpinned() -> None:
-    index: PrefixIndex[int] = PrefixIndex()
-    clock = Clock()
-    retention = Retention(key_budget_blocks=2 * blocks_for(512), clock=clock)
-    entries = [index.add(number, _tokens(512, number), b"a") for number in range(3)]
-    assert retention.pin(entries[0], 60) and retention.pin(entries[1], 60)
-    assert not retention.pin(entries[2], 60)  # over key a's budget: plain LRU
-    assert not retention.pinned(entries[2])
-    assert retention.pin(index.add(9, _tokens(512, 9), b"b"), 60)  # another key's own budget
-    assert retention.pin(entries[0], 60)  # a rewrite renews its pin within the same budget
-    assert retention.pinned_blocks(b"a") == 2 * blocks_for(512)
-    clock.now += 61
-    assert retention.pinned_blocks(b"a") == 0 and retention.pin(entries[2], 60)
-    assert retention.last(entries) == [entries[0], entries[1], entries[2]]
-
-
 def test_the_host_tier_keeps_a_pinned_entry_until_its_ttl() -> None:
     one = _settings().copy_bytes(512)
     host = HostTier(_settings(budget=2 * one), max_rollback=1)
@@ -160,3 +143,10 @@ def test_a_preempted_write_keeps_its_slot_and_is_still_written() -> None:
     assert sequence.snapshot_slot == slot
     list(run_to_end(engine))
     assert [len(entry.tokens) for entry in engine._cache.index] == [len(prompt)]
+
+
+def test_the_retention_share_sizes_each_partitions_budget() -> None:
+    default = make_engine(enable_prefix_caching=True, kv_blocks=400)
+    half = make_engine(enable_prefix_caching=True, kv_blocks=400, prefix_cache_retention_share=0.5)
+    assert default._cache.retention.key_budget_blocks == 100
+    assert half._cache.retention.key_budget_blocks == 200

@@ -118,9 +118,11 @@ def _engine_class(spec: EngineSpec, base: type[Any]) -> type[Any]:
 
         return role_engine(base, spec.disaggregation_mode, RoleSettings.of(spec))
     if spec.enable_prefix_caching:
+        from deepinfer_server.engines.deepinfer.prefix_cache import PrefixCacheSettings
         from deepinfer_server.engines.deepinfer.prefix_engine import prefix_caching_engine
 
-        return prefix_caching_engine(base)
+        settings = PrefixCacheSettings(retention_share=spec.prefix_cache_retention_share)
+        return prefix_caching_engine(base, settings)
     return base
 
 

@@ -16,18 +16,20 @@ only the rest); this module supplies the policy, through the engine's own hooks:
   no room) takes DeepInfer's ordinary path, never an error. The fork's `num_cached_tokens` is
   the count of reused tokens. A request's cache salt (the server's `cache_salt` argument, not
   DeepInfer's) partitions the cache: it forks only from entries kept under the same salt, and
-  is kept under its own. A request's retention (`cache_control`, `prompt_cache_retention`)
-  is not honoured here (the engine's abilities say so, so the driver never passes it): its
-  prompt is kept and evicted as any other and no written tokens are reported.
+  is kept under its own. A request's retention (`cache_control`, `prompt_cache_retention`:
+  `retention_seconds`) has its prompt's write decided at admission (`prefix_asks`; its
+  written tokens are reported with its first output) and, once kept, its entry pinned for that
+  long within its partition's budget (`prefix_cache.retention.Retention`).
 - `step`: before the scheduler runs, least-recently-used entries are evicted until the waiting
   prompts fit under the 90% prefill watermark, running sequences have a block each for their
-  next token, and waiting prompts have state slots; without demand the cache stays.
+  next token, and waiting prompts have state slots; without demand the cache stays. Pinned
+  entries go after every unpinned one (least recently used first within each group).
 - `abort_request`: a fork aborted while still waiting would keep its pins (DeepInfer frees
   aborted waiting sequences never), so it is freed here. An aborted waiting sequence is never
-  finalized either: the salt noted for it is dropped here.
+  finalized either: the salt and retention noted for it are dropped here.
 
-The forks' bookkeeping is `prefix_forks`. Everything runs on the rank loop's thread, as the
-engine does.
+The forks' bookkeeping is `prefix_forks`, the sequences' salts and retentions `prefix_asks`.
+Everything runs on the rank loop's thread, as the engine does.
 """
 
 from __future__ import annotations
@@ -42,9 +44,11 @@ import numpy as np
 import numpy.typing as npt
 
 from deepinfer_server.engines.deepinfer.engine_checks import copy_clone_unpins, disabled_reason
+from deepinfer_server.engines.deepinfer.prefix_asks import Ask, Asks, keepable_at_admission
 from deepinfer_server.engines.deepinfer.prefix_forks import Forks
 from deepinfer_server.engines.deepinfer.prefix_snapshots import Snapshots
 from deepinfer_server.prefix_cache.index import BLOCK_SIZE, CacheEntry, Match, PrefixIndex
+from deepinfer_server.prefix_cache.retention import KEY_BUDGET_SHARE, Retention
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +56,6 @@ logger = logging.getLogger(__name__)
 FORK_BRANCH = "_prefix_cache"
 #: KV use above which DeepInfer's scheduler starts no prefill (`GPU_CACHE_PREFILL_WATERMARK`).
 GPU_CACHE_PREFILL_WATERMARK = 0.9
-#: Salted sequences noted before the first look for ones DeepInfer ended without finalizing.
-_SALTS_PRUNE_MIN = 1024
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,8 @@ class PrefixCacheSettings:
     #: How far before its snapshot an entry may be forked (bounded by DeepInfer's rollback room,
     #: DEEPINFER_MAX_BACKTRACKING_TOKENS); 1 serves a thinking-mode user turn.
     max_rollback: int = 1
+    #: The share of the pool's blocks one partition's retained prompts may pin.
+    retention_share: float = KEY_BUDGET_SHARE
 
 
 class PrefixCache:
@@ -82,13 +86,6 @@ class PrefixCache:
             SequenceStatus.FINISHED_LENGTH_CAPPED,
             SequenceStatus.FINISHED_ABORTED,
         }
-        #: Finishes that are never finalized or never kept (DeepInfer's ignored sequences).
-        self._never_kept = {
-            SequenceStatus.FINISHED_IGNORED,
-            SequenceStatus.FINISHED_PREEMPTED,
-            SequenceStatus.FINISHED_SO_FAILED,
-            SequenceStatus.FINISHED_VE_FAILED,
-        }
         self.settings = settings
         rollback = min(settings.max_rollback, int(envs.DEEPINFER_MAX_BACKTRACKING_TOKENS))
         self.index: PrefixIndex[Any] = PrefixIndex(max_rollback=rollback)
@@ -97,10 +94,10 @@ class PrefixCache:
         self.forks = Forks(self._scheduler, SequenceStatus)
         #: Entries -> the KV blocks their table holds (at most): what a fork of them pins.
         self._table_blocks: dict[int, int] = {}
-        #: Live sequences with a cache salt -> (sequence, salt): what `finalize` keeps it under.
-        self._salts: dict[int, tuple[Any, bytes]] = {}
-        #: Past this many, salts of sequences that can no longer be kept are dropped.
-        self._salts_pruned_at = _SALTS_PRUNE_MIN
+        #: Live sequences with a cache salt or a retention: what `finalize` keeps them under.
+        self.asks = Asks(SequenceStatus)
+        #: The prompts requests asked to keep for a time, pinned within a per-partition budget.
+        self.retention = Retention(int(self._total_blocks * settings.retention_share))
         #: Matches prefilled in full because their fork could never be scheduled.
         self.forks_too_large = 0
         self._preempted_seen = int(self._scheduler.get_num_preempted_seqs())
@@ -129,16 +126,43 @@ class PrefixCache:
     # F: add_request
 
     def add_request(
-        self, add: Callable[..., Any], *args: Any, cache_salt: bytes | None = None
+        self,
+        add: Callable[..., Any],
+        *args: Any,
+        cache_salt: bytes | None = None,
+        retention_seconds: float = 0.0,
     ) -> Any:
         """`LLMEngine.add_request(*args)` (all nine arguments, positionally), or a fork of an
-        entry kept under `cache_salt`; the sequence is kept under `cache_salt` when it ends."""
+        entry kept under `cache_salt`; the sequence is kept under `cache_salt` when it ends,
+        and pinned for `retention_seconds` (0: not pinned)."""
         if self.disabled is not None:
             return add(*args)
         seq = self._add(add, args, cache_salt)
-        if seq is not None and cache_salt is not None:
-            self._salts[seq.seq_id] = (seq, cache_salt)
+        if seq is not None:
+            self._note_ask(seq, args, cache_salt, retention_seconds)
         return seq
+
+    def _note_ask(
+        self, seq: Any, args: tuple[Any, ...], salt: bytes | None, retain_seconds: float
+    ) -> None:
+        """Note what `finalize` keeps `seq` under; a retained prompt the cache would keep is
+        reported written now (`written_tokens`)."""
+        written = 0
+        if retain_seconds > 0:
+            images, extra = args[4], args[6]
+            text_only = images is None and not (extra and "multi_modal_data" in extra)
+            prompt_tokens = int(seq.get_prompt_len())
+            limits = (self.settings.min_tokens, self._prompt_limit)
+            if keepable_at_admission(prompt_tokens, text_only, *limits):
+                written = prompt_tokens
+        if salt is not None or written:
+            self.asks.note(Ask(seq, salt, retain_seconds if written else 0.0, written))
+
+    def written_tokens(self, seq: Any) -> int:
+        """The prompt tokens reported written to the cache for a sequence just added (0: none:
+        no retention asked, or a prompt the cache does not keep)."""
+        ask = self.asks.get(seq.seq_id)
+        return 0 if ask is None else ask.written
 
     def _add(self, add: Callable[..., Any], args: tuple[Any, ...], salt: bytes | None) -> Any:
         (user_id, request_id, params, prompt, images, arrival, extra, enqueue, checkpoints) = args
@@ -221,20 +245,11 @@ class PrefixCache:
         self, abort: Callable[[list[str]], tuple[int, int]], request_ids: list[str]
     ) -> tuple[int, int]:
         """`LLMEngine.abort_request(request_ids)`, then free the forks it hit while they wait
-        and drop the salts of waiting sequences (DeepInfer ends those without finalizing)."""
+        and drop the asks of waiting sequences (DeepInfer ends those without finalizing)."""
         ids = set(request_ids)
-        waiting = [
-            seq_id
-            for seq_id, (seq, _salt) in self._salts.items()
-            if seq.request_id in ids and seq.status == self._status.WAITING
-        ]
+        waiting = self.asks.waiting(ids)
         result = abort(request_ids)
-        aborted = self._status.FINISHED_ABORTED
-        for seq_id in waiting:
-            # Only those the abort reached: one whose grammar still compiles is in no queue yet,
-            # and may yet run (and be kept) before a later abort finds it.
-            if self._salts[seq_id][0].status == aborted:
-                del self._salts[seq_id]
+        self.asks.drop_aborted(waiting)
         if self.forks.waiting:
             self.forks.free_aborted(ids)
         return result
@@ -242,8 +257,9 @@ class PrefixCache:
     # A: eviction
 
     def evict_for_demand(self) -> None:
-        """Evict entries (least recently used first) while they stand in the way of waiting
-        prompts (KV watermark, state slots) or of the next decode step's blocks."""
+        """Evict entries (least recently used first, pinned ones last) while they stand in the
+        way of waiting prompts (KV watermark, state slots) or of the next decode step's
+        blocks."""
         if not self.index:
             return
         scheduler = self._scheduler
@@ -264,7 +280,17 @@ class PrefixCache:
             fits = self._total_blocks - free + want_blocks <= limit
             return fits and free >= running and slots >= want_slots
 
-        self.index.evict_until(satisfied, self.evict)
+        if satisfied():
+            return
+        for entry in self.retention.last(self.index.eviction_order()):
+            self._evict_for_room(entry)
+            if satisfied():
+                return
+
+    def _evict_for_room(self, entry: CacheEntry[Any]) -> None:
+        """Evict `entry` to make room; no other tier keeps it, so its pin goes with it."""
+        self.evict(entry)
+        self.retention.release(entry, self.index)
 
     def evict(self, entry: CacheEntry[Any]) -> None:
         """Drop one entry and free its blocks and snapshot (what no fork still pins)."""
@@ -291,8 +317,7 @@ class PrefixCache:
                     self.snapshots.note(seq)
         if self.forks.waiting:
             self.forks.drop_refused()
-        if len(self._salts) > self._salts_pruned_at:
-            self._prune_salts()
+        self.asks.prune_if_due()
         if outputs.prompt_run:
             return
         preempted = int(self._scheduler.get_num_preempted_seqs())
@@ -305,25 +330,18 @@ class PrefixCache:
         if self.snapshots.pending:
             self.snapshots.take(outputs, self._spare_state_slot)
 
-    def _prune_salts(self) -> None:
-        """Drop the salts of sequences DeepInfer ended as ignored (too long, preempted for
-        good, failed grammar or image): they are never kept. Amortised: the bound doubles."""
-        never = self._never_kept
-        for seq_id, (seq, _salt) in list(self._salts.items()):
-            if seq.status in never:
-                del self._salts[seq_id]
-        self._salts_pruned_at = max(_SALTS_PRUNE_MIN, 2 * len(self._salts))
-
     def _spare_state_slot(self, running: int) -> int | None:
         """A state slot for a snapshot, leaving the waiting prompts theirs; the least recently
-        used idle entry is evicted to make one (a newer prefix is the likelier one reused)."""
+        used idle entry (pinned ones last) is evicted to make one (a newer prefix is the
+        likelier one reused)."""
         waiting, _ = self._scheduler.get_sum_prompt_len_waiting()
         reserve = min(waiting, max(0, self._max_num_seqs - running))
         while self._states.get_num_free_blocks() - reserve < 1:
-            idle = [entry for entry in self.index.eviction_order() if entry.live_forks == 0]
+            order = self.retention.last(self.index.eviction_order())
+            idle = [entry for entry in order if entry.live_forks == 0]
             if not idle:
                 return None
-            self.evict(idle[0])
+            self._evict_for_room(idle[0])
         self._states.lock()
         try:
             (slot,) = self._states.allocate_nolock(1)
@@ -334,11 +352,12 @@ class PrefixCache:
     # D: keeping finished sequences
 
     def finalize(self, seq: Any) -> None:
-        """`finalize_seq`: keep a finished sequence with a state at P as an entry, else free."""
+        """`finalize_seq`: keep a finished sequence with a state at P as an entry (pinned when
+        its write was reported), else free it."""
         seq_id = seq.seq_id
         self.forks.ended(seq_id)
         self.forks.prefilled(seq_id)
-        salted = self._salts.pop(seq_id, None)
+        ask = self.asks.pop(seq_id)
         slot, at_prompt_end = self.snapshots.finished(seq)
         if (slot is None and not at_prompt_end) or seq.status not in self._keepable:
             if slot is not None:
@@ -353,4 +372,7 @@ class PrefixCache:
         # Its table covers its tokens and at most one block more (MTP drafts, in flight); read
         # now, since a fork sets the entry's data to the fork's prompt.
         self._table_blocks[seq_id] = -(-int(seq.get_len()) // BLOCK_SIZE) + 1
-        self.index.add(seq, tokens, salted[1] if salted is not None else None)
+        entry = self.index.add(seq, tokens, ask.salt if ask is not None else None)
+        if ask is not None and ask.written:
+            # Over its partition's budget it stays unpinned: plain LRU.
+            self.retention.pin(entry, ask.retain_seconds)

@@ -35,11 +35,21 @@ class PrefixCacheHooks(_DeepInferEngine):  # type: ignore[misc]
             settings.min_tokens,
         )
 
-    def add_request(self, *args: Any, cache_salt: bytes | None = None, **kwargs: Any) -> Any:
-        """DeepInfer's `add_request`, plus the server's `cache_salt`: the prefix-cache
-        partition the request forks from and is kept in."""
+    def add_request(
+        self,
+        *args: Any,
+        cache_salt: bytes | None = None,
+        retention_seconds: float = 0.0,
+        **kwargs: Any,
+    ) -> Any:
+        """DeepInfer's `add_request`, plus the server's `cache_salt` (the prefix-cache
+        partition the request forks from and is kept in) and `retention_seconds` (how long
+        its prompt is pinned once kept)."""
         return self.prefix_cache.add_request(
-            super().add_request, *add_request_args(*args, **kwargs), cache_salt=cache_salt
+            super().add_request,
+            *add_request_args(*args, **kwargs),
+            cache_salt=cache_salt,
+            retention_seconds=retention_seconds,
         )
 
     def abort_request(self, request_id: Any) -> tuple[int, int]:

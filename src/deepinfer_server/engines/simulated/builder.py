@@ -53,6 +53,7 @@ def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:
         fault_after_steps=options.sim_fault_after_steps,
         kv_blocks=options.sim_kv_blocks,
         enable_prefix_caching=spec.enable_prefix_caching,
+        prefix_cache_retention_share=spec.prefix_cache_retention_share,
         prefill_tokens_per_s=options.sim_prefill_tokens_per_s * spec.context_parallel_size,
         host_tier=host_tier,
         store_tier=store_tier(spec, options, host_tier),

@@ -15,6 +15,7 @@ from deepinfer_server.engines.simulated.scheduler import (
     DEFAULT_PREFILL_ATTEMPT_INTERVAL,
 )
 from deepinfer_server.engines.simulated.store_tier import StoreTier
+from deepinfer_server.prefix_cache.retention import KEY_BUDGET_SHARE
 
 
 @dataclass
@@ -43,6 +44,7 @@ class SimEngineArgs:
     enable_prefix_caching: bool = False  # keep finished prompts' KV and state, fork from them
     #: Prompt tokens a prompt step computes per second; 0: a prompt step lasts one period.
     prefill_tokens_per_s: float = 0.0
+    prefix_cache_retention_share: float = KEY_BUDGET_SHARE  # one partition's pins, of a tier
     host_tier: HostTierSettings | None = None  # the prefix cache's (`host_tier`; None: none)
     store_tier: StoreTier | None = None  # the host tier's shared store (`store_tier`)
     #: NULL (NORMAL), PREFILL (PROMPT) or DECODE (COMPLETION): `disaggregation.py`.

@@ -31,9 +31,9 @@ import numpy as np
 import numpy.typing as npt
 
 from deepinfer_server.engines.simulated.kv_blocks import blocks_for
-from deepinfer_server.engines.simulated.retention import Retention
 from deepinfer_server.ipc.messages import HostTierStats
 from deepinfer_server.prefix_cache.index import CacheEntry, Match, PrefixIndex
+from deepinfer_server.prefix_cache.retention import Retention
 
 
 @dataclass(frozen=True)

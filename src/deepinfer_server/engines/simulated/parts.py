@@ -35,6 +35,7 @@ class PartsArgs(Protocol):
     speculative_tokens: int
     kv_blocks: int | None
     enable_prefix_caching: bool
+    prefix_cache_retention_share: float
     host_tier: HostTierSettings | None
     store_tier: StoreTier | None
     prefill_tokens_per_s: float
@@ -81,6 +82,7 @@ class EngineParts:
             host=None if args.host_tier is None else HostTier(args.host_tier, MAX_ROLLBACK),
             prefill_tokens_per_s=args.prefill_tokens_per_s,
             store=args.store_tier,
+            retention_share=args.prefix_cache_retention_share,
         )
         table = RequestTable(kv, cache)
         eos_id = 1 if eos is None else int(eos)

@@ -46,12 +46,12 @@ import numpy.typing as npt
 
 from deepinfer_server.engines.simulated.host_tier import HostCopy, HostTier
 from deepinfer_server.engines.simulated.kv_blocks import BLOCK_SIZE, PREFILL_WATERMARK, KVBlocks
-from deepinfer_server.engines.simulated.retention import KEY_BUDGET_SHARE, Retention
 from deepinfer_server.engines.simulated.sequence import Sequence
 from deepinfer_server.engines.simulated.state_slots import StateSlots
 from deepinfer_server.engines.simulated.store_tier import StoreTier
 from deepinfer_server.ipc.messages import HostTierStats
 from deepinfer_server.prefix_cache.index import CacheEntry, Match, PrefixIndex
+from deepinfer_server.prefix_cache.retention import KEY_BUDGET_SHARE, Retention
 
 #: Prompts shorter than this are neither cached nor looked up (as on DeepInfer).
 MIN_TOKENS = 256
@@ -82,6 +82,7 @@ class PrefixCache:
         host: HostTier | None = None,
         prefill_tokens_per_s: float = 0.0,
         store: StoreTier | None = None,
+        retention_share: float = KEY_BUDGET_SHARE,
     ) -> None:
         self.kv = kv
         self.slots = slots
@@ -105,7 +106,7 @@ class PrefixCache:
             else self.host.settings.budget_bytes // max(1, self.host.settings.block_bytes)
         )
         #: The prompts requests asked to keep for a time (`retention.Retention`).
-        self.retention = Retention(int(tier_blocks * KEY_BUDGET_SHARE))
+        self.retention = Retention(int(tier_blocks * retention_share))
         if self.host is not None:
             self.host.pins = self.retention
         #: The waiting sequences holding a snapshot slot reserved for their write.

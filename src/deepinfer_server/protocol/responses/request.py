@@ -46,7 +46,7 @@ class PreparedResponses:
     images: Images | None = None
     #: `cache_salt`: only requests with the same salt share cached prefixes.
     cache_salt: str | None = None
-    #: `prompt_cache_retention` as asked (checked, echoed, not honoured).
+    #: `prompt_cache_retention` as asked (checked and echoed; the engine pins the prompt).
     cache_retention: str | None = None
 
 

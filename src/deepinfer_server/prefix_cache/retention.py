@@ -1,11 +1,15 @@
 """Retention: prompts a request asked the prefix cache to keep for a time, and their pins.
 
+Engine-independent: both engines' caches pin with it (`engines/simulated/prefix_cache.py`,
+`engines/deepinfer/prefix_cache.py`).
+
 A request with a retention (`AddRequest.retention_seconds`: Anthropic's `cache_control` ttl,
 OpenAI's `prompt_cache_retention`) whose prompt the cache can keep has it written when it
-ends (`PrefixCache.finish`); the write is decided at admission, so that the engine reports
-the written tokens with the request's first output, as it reports the cached ones. The entry
-is then pinned until its ttl runs out, within a per-partition budget (a partition: the API
-key's scope and the request's `cache_salt`, `Sequence.cache_salt`), measured in KV blocks:
+ends (the simulated `PrefixCache.finish`, DeepInfer's `finalize_seq`); the write is decided
+at admission, so that the engine reports the written tokens with the request's first output,
+as it reports the cached ones. The entry is then pinned until its ttl runs out, within a
+per-partition budget (a partition: the API key's scope and the request's `cache_salt`),
+measured in KV blocks:
 
 - in the pool, pinned entries are evicted after every unpinned one (least recently used
   first within each group), and only when the pool needs the room;
@@ -25,10 +29,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from deepinfer_server.engines.simulated.kv_blocks import BLOCK_SIZE, blocks_for
-from deepinfer_server.prefix_cache.index import CacheEntry
+from deepinfer_server.prefix_cache.index import BLOCK_SIZE, CacheEntry
 
-#: The share of its tier (the host tier's blocks, else the pool's) one partition may pin.
+#: The share of its tier (the host tier's blocks, else the pool's) one partition may pin, by
+#: default (`--prefix-cache-retention-share`).
 KEY_BUDGET_SHARE = 0.25
 
 _E = TypeVar("_E", bound=CacheEntry[Any])
@@ -43,6 +47,11 @@ class Pin:
     blocks: int
 
 
+def _blocks_for(num_tokens: int) -> int:
+    """The KV blocks `num_tokens` tokens fill."""
+    return -(-num_tokens // BLOCK_SIZE)
+
+
 def _key_of(entry: CacheEntry[Any]) -> _PinKey:
     """The entry's prompt: its salt, the hash of its full blocks (the index key) and the
     tokens after them (the key leaves them out)."""
@@ -50,7 +59,7 @@ def _key_of(entry: CacheEntry[Any]) -> _PinKey:
 
 
 class Retention:
-    """The pins of one simulated rank's prefix cache (its loop's thread owns it)."""
+    """The pins of one rank's prefix cache (its loop's thread owns it)."""
 
     def __init__(self, key_budget_blocks: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.key_budget_blocks = key_budget_blocks
@@ -62,13 +71,25 @@ class Retention:
         live pins and it would exceed the budget."""
         self._expire()
         key = _key_of(entry)
-        blocks = blocks_for(entry.length)
+        blocks = _blocks_for(entry.length)
         held = sum(pin.blocks for (salt, *_), pin in self._pins.items() if salt == entry.salt)
         held -= self._pins[key].blocks if key in self._pins else 0
         if held + blocks > self.key_budget_blocks:
             return False
         self._pins[key] = Pin(self._clock() + seconds, blocks)
         return True
+
+    def release(self, entry: CacheEntry[Any], held: Iterable[CacheEntry[Any]]) -> None:
+        """`entry` left the cache: its pin goes, unless another entry of `held` (those the
+        cache still holds) is the same prompt. A pin of a prompt no tier holds would count
+        against its partition's budget until its ttl (up to a day) for nothing."""
+        key = _key_of(entry)
+        if key not in self._pins:
+            return
+        for other in held:
+            if other.key == entry.key and other.salt == entry.salt and _key_of(other) == key:
+                return
+        del self._pins[key]
 
     def pinned(self, entry: CacheEntry[Any]) -> bool:
         """Whether `entry`'s prompt is pinned now."""
@@ -78,8 +99,11 @@ class Retention:
     def last(self, entries: Iterable[_E]) -> list[_E]:
         """`entries` (an eviction order) with the pinned ones moved after the others."""
         listed = list(entries)
-        free = [entry for entry in listed if not self.pinned(entry)]
-        pinned = [entry for entry in listed if self.pinned(entry)]
+        if not self._pins:  # the common case: nothing to reorder, no key to build
+            return listed
+        marks = [self.pinned(entry) for entry in listed]
+        free = [entry for entry, pinned in zip(listed, marks, strict=True) if not pinned]
+        pinned = [entry for entry, pinned in zip(listed, marks, strict=True) if pinned]
         return free + pinned
 
     def pinned_blocks(self, salt: bytes | None) -> int:
