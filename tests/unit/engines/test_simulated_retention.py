@@ -90,6 +90,22 @@ def test_pinned_entries_leave_the_pool_last() -> None:
     assert 1 <= len(held) < 6
 
 
+def test_a_pinned_entry_the_pool_gives_up_takes_its_pin_along() -> None:
+    # Room for one conversation's entry and the next prompt: the pinned entry must go too.
+    first = _turn("Conversation pinned.")
+    engine = make_engine(enable_prefix_caching=True, kv_blocks=2 * blocks_for(len(first) + 5))
+    assert engine._cache.host is None
+    _with_clock(engine)
+    _run(engine, "pinned", first, seconds=300)
+    assert engine._cache.retention.pinned_blocks(None) > 0
+    for number in range(3):
+        _run(engine, f"c{number}", _turn(f"Conversation {number}, a little longer."))
+    held = [entry.tokens for entry in engine._cache.index]
+    assert not any(np.array_equal(tokens, first) for tokens in held)
+    # Without a tier to take it along, the pin of a prompt gone no longer counts.
+    assert engine._cache.retention.pinned_blocks(None) == 0
+
+
 def test_a_pin_ends_with_its_ttl() -> None:
     first = _turn("Hello.")
     engine = make_engine(enable_prefix_caching=True, kv_blocks=3 * blocks_for(len(first) + 5))

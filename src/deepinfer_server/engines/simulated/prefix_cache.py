@@ -349,5 +349,8 @@ class PrefixCache:
         if self.host is not None:
             self.host.offload(entry.tokens, entry.salt)
         self.index.remove(entry)
+        if self.host is None:
+            # No tier takes its pin along: a pin of a prompt gone would count until its ttl.
+            self.retention.release(entry, self.index)
         self.kv.free(entry.value.owner)
         self.slots.release(entry.value.slot)
