@@ -1,4 +1,4 @@
-"""HostTier: the host-memory KV tier behind the simulated engine's prefix cache.
+"""HostTier: the host-memory KV tier behind a prefix cache (either engine's).
 
 When the prefix cache evicts an entry from the rank's pool (`PrefixCache.evict`), the tier
 keeps a copy of what a fork needs of it: the KV blocks of its first P tokens and its state
@@ -25,15 +25,24 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from deepinfer_server.engines.simulated.kv_blocks import blocks_for
-from deepinfer_server.engines.simulated.retention import Retention
 from deepinfer_server.ipc.messages import HostTierStats
-from deepinfer_server.prefix_cache.index import CacheEntry, Match, PrefixIndex
+from deepinfer_server.prefix_cache.index import BLOCK_SIZE, CacheEntry, Match, PrefixIndex
+
+
+class Pins(Protocol):
+    """Which entries requests asked to keep for a time (the simulated engine's retention)."""
+
+    def pinned(self, entry: CacheEntry[Any]) -> bool: ...
+
+
+def blocks_for(tokens: int) -> int:
+    """The KV blocks that hold `tokens` tokens."""
+    return -(-tokens // BLOCK_SIZE)
 
 
 @dataclass(frozen=True)
@@ -91,7 +100,7 @@ class HostTier:
         self.offload_bytes = 0
         self.offload_seconds = 0.0
         #: Entries requests asked to keep for a time are never dropped before it runs out.
-        self.pins: Retention | None = None
+        self.pins: Pins | None = None
         self.store_hit_tokens = 0
 
     def offload(
