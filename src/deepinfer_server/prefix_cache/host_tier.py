@@ -23,7 +23,7 @@ and restored like any other, after the store's copy.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -57,6 +57,8 @@ class HostTierSettings:
     state_bytes: int
     #: Prompt tokens a prompt step computes per second (0: computing is free, never restore).
     prefill_tokens_per_s: float
+    #: The engine counts the copies' real seconds itself (DeepInfer); else `bytes / bandwidth`.
+    measured: bool = False
 
     def copy_bytes(self, tokens: int) -> int:
         """The bytes of the blocks holding `tokens` tokens and of a state snapshot."""
@@ -84,6 +86,8 @@ class HostCopy:
     resident: bool = True
     #: The seconds its copy from the shared store took (None: offloaded from this rank's pool).
     fetched: float | None = None
+    #: The copied rows, where the engine keeps real ones (DeepInfer's `host_rows.HostRows`).
+    rows: object = None
 
 
 class HostTier:
@@ -104,12 +108,16 @@ class HostTier:
         self.store_hit_tokens = 0
 
     def offload(
-        self, tokens: npt.NDArray[np.int32], salt: bytes | None, fetched: float | None = None
+        self,
+        tokens: npt.NDArray[np.int32],
+        salt: bytes | None,
+        fetched: float | None = None,
+        copy: Callable[[], object] | None = None,
     ) -> bool:
         """Keep a copy of an entry the pool evicts (its first P tokens, for prompts with the
         cache salt `salt`), or of one the shared store's copy brought in `fetched` seconds;
         False when it cannot fit (larger than the budget, or only entries that waiting prompts
-        count on stand in the way)."""
+        count on stand in the way). `copy`, called once room is made, copies the rows."""
         nbytes = self.settings.copy_bytes(len(tokens))
         if nbytes > self.settings.budget_bytes:
             return False
@@ -118,12 +126,14 @@ class HostTier:
             if victim is None:
                 return False
             self._drop(victim)
-        self.index.add(HostCopy(nbytes, fetched=fetched), tokens, salt)
+        rows = None if copy is None else copy()
+        self.index.add(HostCopy(nbytes, fetched=fetched, rows=rows), tokens, salt)
         self.used_bytes += nbytes
         self._partition_bytes[salt] = self._partition_bytes.get(salt, 0) + nbytes
         if fetched is None:
             self.offload_bytes += nbytes
-            self.offload_seconds += self.settings.copy_seconds(nbytes)
+            if not self.settings.measured:
+                self.offload_seconds += self.settings.copy_seconds(nbytes)
         return True
 
     def match(
@@ -156,7 +166,8 @@ class HostTier:
         seconds = self.settings.copy_seconds(nbytes)
         self.hit_tokens += fork_point
         self.restore_bytes += nbytes
-        self.restore_seconds += seconds
+        if not self.settings.measured:
+            self.restore_seconds += seconds
         self.unpin(entry)
         if entry.live_forks == 0 and entry.value.resident:
             self._drop(entry)
@@ -206,6 +217,12 @@ class HostTier:
             self._partition_bytes[entry.salt] = left
         else:
             del self._partition_bytes[entry.salt]
+
+    def clear(self) -> None:
+        """Drop every entry no waiting prompt counts on."""
+        for entry in self.index.eviction_order():
+            if entry.live_forks == 0:
+                self._drop(entry)
 
     def entries(self) -> Iterable[CacheEntry[HostCopy]]:
         """The entries held, least recently used first."""

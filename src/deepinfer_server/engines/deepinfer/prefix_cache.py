@@ -42,16 +42,17 @@ import numpy as np
 import numpy.typing as npt
 
 from deepinfer_server.engines.deepinfer.engine_checks import copy_clone_unpins, disabled_reason
+from deepinfer_server.engines.deepinfer.placement import GPU_CACHE_PREFILL_WATERMARK
 from deepinfer_server.engines.deepinfer.prefix_forks import Forks
+from deepinfer_server.engines.deepinfer.prefix_host import HostPath, HostPathSettings
 from deepinfer_server.engines.deepinfer.prefix_snapshots import Snapshots
+from deepinfer_server.ipc.messages import HostTierStats
 from deepinfer_server.prefix_cache.index import BLOCK_SIZE, CacheEntry, Match, PrefixIndex
 
 logger = logging.getLogger(__name__)
 
 #: The branch name forks get; DeepInfer's prefill takes the forked path for a leading "_".
 FORK_BRANCH = "_prefix_cache"
-#: KV use above which DeepInfer's scheduler starts no prefill (`GPU_CACHE_PREFILL_WATERMARK`).
-GPU_CACHE_PREFILL_WATERMARK = 0.9
 #: Salted sequences noted before the first look for ones DeepInfer ended without finalizing.
 _SALTS_PRUNE_MIN = 1024
 
@@ -65,6 +66,11 @@ class PrefixCacheSettings:
     #: How far before its snapshot an entry may be forked (bounded by DeepInfer's rollback room,
     #: DEEPINFER_MAX_BACKTRACKING_TOKENS); 1 serves a thinking-mode user turn.
     max_rollback: int = 1
+    #: The host tier's bytes (`--kv-offload-host-gb`; 0: none, `prefix_host`), the bytes per
+    #: second of its copies and the prompt tokens per second a restore must beat.
+    host_tier_bytes: int = 0
+    host_bandwidth: float = 50e9
+    prefill_tokens_per_s: float = 20_000.0
 
 
 class PrefixCache:
@@ -108,6 +114,10 @@ class PrefixCache:
         self.disabled = disabled_reason(engine)
         if self.disabled is None:
             copy_clone_unpins(engine.deferred_release)
+        self.host: HostPath | None = None
+        if self.disabled is None and settings.host_tier_bytes > 0:
+            rates = (settings.host_bandwidth, settings.prefill_tokens_per_s)
+            self.host = HostPath(engine, self, HostPathSettings(settings.host_tier_bytes, *rates))
 
     def _read_limits(self, engine: Any) -> None:
         """The engine's sizes the cache's decisions read: sequences, blocks, prompt limit."""
@@ -125,6 +135,10 @@ class PrefixCache:
     def stats(self) -> tuple[int, int, int]:
         """(prompt tokens looked up, prompt tokens reused, entries now)."""
         return self.query_tokens, self.hit_tokens, len(self.index)
+
+    def host_stats(self) -> HostTierStats | None:
+        """The host tier's counters (None without one)."""
+        return None if self.host is None else self.host.stats()
 
     # F: add_request
 
@@ -149,6 +163,8 @@ class PrefixCache:
         if not self._forkable(params, prompt):
             return add(*args)
         match = self.index.match(prompt, limit=len(prompt) - 2, salt=salt)
+        if self.host is not None:
+            return self._add_placed(self.host, add, args, salt, match)
         if match is None:
             return add(*args)
         if not self._fork_fits(match, int(prompt.size)):
@@ -166,6 +182,22 @@ class PrefixCache:
             self.evict(match.entry)
             self._scheduler.add_sequence(seq)
             return seq
+
+    def _add_placed(
+        self, host: HostPath, add: Callable[..., Any], args: tuple[Any, ...], salt: Any, match: Any
+    ) -> Any:
+        """With the host tier: the prompt placed (`prefix_host`), else as without it."""
+        prompt = np.asarray(args[3])
+        seq = add(*args[:4], None, *args[5:7], False, None)  # built, never enqueued
+        if seq is None:
+            return None
+        placed = host.add(seq, prompt, salt, match)
+        if placed is not None:
+            return placed
+        if match is not None and self._fork_fits(match, int(prompt.size)):
+            return self._fork(match, seq)
+        self._scheduler.add_sequence(seq)
+        return seq
 
     def _forkable(self, params: Any, prompt: npt.NDArray[Any]) -> bool:
         def field(name: str) -> Any:
@@ -266,17 +298,22 @@ class PrefixCache:
 
         self.index.evict_until(satisfied, self.evict)
 
-    def evict(self, entry: CacheEntry[Any]) -> None:
-        """Drop one entry and free its blocks and snapshot (what no fork still pins)."""
+    def evict(self, entry: CacheEntry[Any], offload: bool = True) -> None:
+        """Drop one entry and free its blocks and snapshot (what no fork still pins), after
+        copying it to the host tier (if any, and `offload`)."""
         self.index.remove(entry)
         self._table_blocks.pop(entry.value.seq_id, None)
+        if self.host is not None:
+            self.host.evicted(entry, offload)
         self._scheduler.free_seq(entry.value)
         self.evictions += 1
 
     def clear(self) -> None:
-        """Evict every entry."""
+        """Evict every entry, the host tier's too."""
         for entry in list(self.index):
-            self.evict(entry)
+            self.evict(entry, offload=False)
+        if self.host is not None:
+            self.host.clear()
 
     # C: snapshots
 
@@ -302,6 +339,8 @@ class PrefixCache:
             gone = (self._status.WAITING, self._status.FINISHED_PREEMPTED)
             self.snapshots.drop_preempted(gone)
             self.forks.drop_preempted(gone)
+            if self.host is not None:
+                self.host.preempted(gone)
         if self.snapshots.pending:
             self.snapshots.take(outputs, self._spare_state_slot)
 

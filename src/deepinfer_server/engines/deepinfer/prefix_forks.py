@@ -30,6 +30,11 @@ class Forks:
         self.waiting[fork.seq_id] = fork
         self.live[fork.seq_id] = (fork, entry)
 
+    def placed(self, fork: Any) -> None:
+        """A prompt placed in blocks the cache chose (`placement`), from no pool entry, waiting
+        for its prefill."""
+        self.waiting[fork.seq_id] = fork
+
     def prefilled(self, seq_id: int) -> None:
         """The sequence's prompt was scheduled (or it finished): it no longer waits."""
         self.waiting.pop(seq_id, None)
@@ -41,11 +46,13 @@ class Forks:
             ended[1].live_forks -= 1
 
     def reused_blocks(self) -> int:
-        """The blocks the waiting forks' prefills keep from their parents."""
+        """The blocks the waiting forks' prefills keep from their parents, or, placed ones,
+        hold already."""
         return sum(
             int(fork.num_cached_tokens) // BLOCK_SIZE
-            for fork in self.waiting.values()
             if fork.branch_id.startswith("_")
+            else -(-int(fork.get_len()) // BLOCK_SIZE)
+            for fork in self.waiting.values()
         )
 
     def free_aborted(self, request_ids: Collection[str]) -> None:

@@ -1,0 +1,170 @@
+"""The prefix cache's host-memory tier on DeepInfer 0.1.0's own engine (the CPU twin).
+
+An evicted entry's KV block rows and state row are copied to host memory and copied back into
+new blocks when a prompt that starts with it arrives (`engines/deepinfer/prefix_host.py`). The
+twin's worker checks before every forward that each sequence sees exactly its own token prefix
+and a state at the right position, so rows restored wrong fail the forward; the tests also
+compare the restored rows with the evicted ones byte for byte, check that nothing leaks (blocks,
+state slots, host bytes) when a restore races an abort, that an answer after a restore equals a
+cold prefill's, that a host entry is found only under its cache salt, and that a restore slower
+than computing is not taken.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.checkpoint import write_checkpoint
+from tests.deepinfer_twin.runner import run_in_twin
+from tests.paths import REPO
+
+pytestmark = pytest.mark.deepinfer_twin
+
+HOST = {"min_tokens": 64, "host_tier_bytes": 10**9}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_checkpoint(tmp_path_factory.mktemp("twin-host") / "DeepSeek-V4.1-Flash")
+
+
+SCENARIOS = """
+import sys
+sys.path.insert(0, {repo!r})
+import msgspec
+from deepinfer_server.engines.deepinfer.placement import blocks_for
+from tests.deepinfer_twin.prefix_traces import TraceRunner, ledger_problems
+
+CACHE = ENGINE.prefix_cache
+HOST = CACHE.host
+ROWS = ENGINE.driver_worker.cache_engine
+returned = {{}}
+add_request = ENGINE.add_request
+def capture(*args, **kwargs):
+    seq = add_request(*args, **kwargs)
+    returned[args[1]] = seq
+    return seq
+ENGINE.add_request = capture
+
+traces = TraceRunner(ENGINE, DRIVER, TOKENIZER, system_words=400)
+def words(text):
+    return TOKENIZER.encode(text, add_special_tokens=False).ids
+def turn(text):
+    return [traces.bos, *traces.system, traces.user, *words(text), traces.assistant,
+            traces.end_think]
+def send(name, tokens, salt=None, max_tokens=16):
+    DRIVER.add(AddRequest(name, pack_token_ids(tokens), SamplingOptions(max_tokens=max_tokens),
+                          cache_salt=salt))
+    return int(returned[name].num_cached_tokens)
+def next_turn(tokens, answer, text):
+    return [*tokens, *answer, traces.eos, traces.user, *words(text), traces.assistant,
+            traces.end_think]
+def rows_of(blocks, slot):
+    return (ROWS.gpu_blocks[blocks].clone().numpy().tobytes(),
+            ROWS.gpu_states[slot].clone().numpy().tobytes())
+def evict_all():
+    for entry in list(CACHE.index):
+        CACHE.evict(entry)
+def host_hits():
+    return HOST.stats().hit_tokens
+
+checks = {{}}
+# (1) provenance: the evicted rows, the host copy and the restored rows are the same bytes.
+turn1 = turn("list the files in the repository")
+send("t1", turn1)
+answer1 = run()["t1"]["tokens"]
+(entry,) = list(CACHE.index)
+table = CACHE.host.placement.table_of(entry.value)
+evicted = rows_of(table[: blocks_for(entry.length)], int(entry.value.state_id))
+evict_all()
+(host_entry,) = list(HOST.tier.entries())
+rows = host_entry.value.rows
+checks["host_copy_equal"] = (rows.blocks.numpy().tobytes(), rows.state.numpy().tobytes()) == evicted
+turn2 = next_turn(turn1, answer1, "now open the first one")
+checks["t2_cached"] = send("t2", turn2)
+fork = returned["t2"]
+restored_table = CACHE.host.placement.table_of(fork)
+restored = rows_of(restored_table[: blocks_for(len(turn1))], int(fork.state_id))
+checks["restored_equal"] = restored == evicted
+checks["host_hits_t2"] = host_hits()
+checks["host_left_t2"] = HOST.tier.used_bytes
+warm = run()["t2"]
+checks["t2_finish"] = warm["finish"]
+
+# (3) a greedy answer after a restore equals a cold prefill's.
+evict_all()
+turn3 = next_turn(turn2, warm["tokens"], "and the second one")
+checks["t3_cached"] = send("t3", turn3)
+restored_answer = run()["t3"]["tokens"]
+CACHE.clear()
+checks["cold_cached"] = send("t3-cold", turn3)
+cold_answer = run()["t3-cold"]["tokens"]
+checks["same_answer"] = restored_answer == cold_answer and len(cold_answer) > 0
+
+# (2) a restore aborted while its fork waits leaks nothing.
+CACHE.clear()
+send("b1", turn("explain the build"))
+answer_b = run()["b1"]["tokens"]
+evict_all()
+before = host_hits()
+checks["b2_cached"] = send("b2", next_turn(turn("explain the build"), answer_b, "go on"))
+DRIVER.abort(["b2"])
+run()
+checks["abort_hits"] = host_hits() - before
+checks["abort_host_bytes"] = HOST.tier.used_bytes
+checks["abort_ledger"] = ledger_problems(ENGINE)
+
+# (4) a host entry is found only under its cache salt.
+CACHE.clear()
+send("s1", turn1, b"a")
+salted_answer = run()["s1"]["tokens"]
+evict_all()
+salted2 = next_turn(turn1, salted_answer, "now open the first one")
+checks["salt_b"] = send("s2b", salted2, b"b")
+run()
+checks["salt_none"] = send("s2n", salted2)
+run()
+checks["salt_a"] = send("s2a", salted2, b"a")
+run()
+
+RESULT = {{
+    "turn1": len(turn1),
+    "checks": checks,
+    "stats": msgspec.to_builtins(HOST.stats()),
+    "unplaced": HOST.unplaced_evictions,
+    "violations": ENGINE._run_workers("twin_kv_report"),
+    "ledger": ledger_problems(ENGINE),
+    "baseline": traces.baseline_problems(),
+    "host_after_clear": HOST.tier.used_bytes,
+}}
+"""
+
+
+def test_the_host_tier_restores_exactly_what_it_evicted(checkpoint: Path) -> None:
+    result = run_in_twin(
+        checkpoint,
+        SCENARIOS.format(repo=str(REPO)),
+        engine={"prefix_cache": HOST},
+    )
+    checks = result["checks"]
+    prompt = result["turn1"]
+    # (1) The rows went to host memory and came back byte for byte; the twin's forward checks
+    # passed on them (a violation raises in the driver).
+    assert checks["host_copy_equal"] and checks["restored_equal"]
+    assert checks["t2_cached"] == prompt and checks["host_hits_t2"] == prompt
+    assert checks["host_left_t2"] == 0  # the restored entry left the tier
+    assert checks["t2_finish"] in ("STOP", "LENGTH")
+    # (3) The same answer restored as computed cold.
+    assert checks["t3_cached"] > prompt and checks["cold_cached"] == 0
+    assert checks["same_answer"]
+    # (2) The aborted restore was counted, then freed everything; the host copy went with it.
+    assert checks["b2_cached"] > 0 and checks["abort_hits"] == checks["b2_cached"]
+    assert checks["abort_host_bytes"] == 0 and checks["abort_ledger"] == []
+    # (4) Salts partition the tier.
+    assert checks["salt_b"] == 0 and checks["salt_none"] == 0
+    assert checks["salt_a"] == prompt
+    assert result["unplaced"] == 0
+    assert result["violations"] == [] and result["ledger"] == [] and result["baseline"] == []
+    assert result["host_after_clear"] == 0
