@@ -33,6 +33,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 SCENARIOS = """
 import sys
 sys.path.insert(0, {repo!r})
+import dataclasses
 import msgspec
 from deepinfer_server.engines.deepinfer.placement import blocks_for
 from tests.deepinfer_twin.prefix_traces import TraceRunner, ledger_problems
@@ -129,6 +130,27 @@ run()
 checks["salt_a"] = send("s2a", salted2, b"a")
 run()
 
+# (5) a restore slower than computing is not taken: the copy of one block and a state row
+# takes as long as computing 100 tokens.
+CACHE.clear()
+rate = HOST.tier.settings.prefill_tokens_per_s
+one_block = HOST.tier.settings.copy_bytes(1)
+HOST.tier.settings = dataclasses.replace(HOST.tier.settings, bandwidth=one_block * rate / 100)
+short = [traces.bos, traces.user, *words("alpha bravo charlie delta echo " * 14)[:70],
+         traces.assistant, traces.end_think]
+send("short1", short)
+short_answer = run()["short1"]["tokens"]
+evict_all()
+checks["short_prompt"] = len(short)
+checks["short_cached"] = send("short2", next_turn(short, short_answer, "go on"))
+run()
+checks["short_host_kept"] = len(list(HOST.tier.entries()))
+send("long1", turn1)
+long_answer = run()["long1"]["tokens"]
+evict_all()
+checks["long_cached"] = send("long2", next_turn(turn1, long_answer, "go on"))
+run()
+
 RESULT = {{
     "turn1": len(turn1),
     "checks": checks,
@@ -165,6 +187,10 @@ def test_the_host_tier_restores_exactly_what_it_evicted(checkpoint: Path) -> Non
     # (4) Salts partition the tier.
     assert checks["salt_b"] == 0 and checks["salt_none"] == 0
     assert checks["salt_a"] == prompt
+    # (5) A short prefix is recomputed (its host entry stays), a long one restored.
+    assert 64 <= checks["short_prompt"] < 100
+    assert checks["short_cached"] == 0 and checks["short_host_kept"] == 1
+    assert checks["long_cached"] == prompt
     assert result["unplaced"] == 0
     assert result["violations"] == [] and result["ledger"] == [] and result["baseline"] == []
     assert result["host_after_clear"] == 0

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from deepinfer_server.disaggregation.transfer.connector import KVConnector
 from deepinfer_server.engines.abilities import EngineAbilities, KVBlockCounts
+from deepinfer_server.ipc.messages import HostTierStats
 
 
 class _FreeBlocks(Protocol):
@@ -21,9 +22,11 @@ class _FreeBlocks(Protocol):
 
 
 class _PrefixCacheStats(Protocol):
-    """The prefix cache's counters (`prefix_cache.PrefixCache.stats`)."""
+    """The prefix cache's counters (`prefix_cache.PrefixCache.stats`, `.host_stats`)."""
 
     def stats(self) -> tuple[int, int, int]: ...
+
+    def host_stats(self) -> HostTierStats | None: ...
 
 
 class DeepInferAbilities(EngineAbilities):
@@ -45,6 +48,10 @@ class DeepInferAbilities(EngineAbilities):
     def prefix_cache_stats(self) -> tuple[int, int, int] | None:
         """The prefix cache's counters, or None without one."""
         return None if self._prefix_cache is None else self._prefix_cache.stats()
+
+    def host_tier_stats(self) -> HostTierStats | None:
+        """The prefix cache's host tier counters, or None without one."""
+        return None if self._prefix_cache is None else self._prefix_cache.host_stats()
 
     def kv_blocks(self) -> KVBlockCounts:
         """Free blocks from DeepInfer's scheduler, over its pool."""

@@ -187,14 +187,12 @@ class PrefixCache:
         self, host: HostPath, add: Callable[..., Any], args: tuple[Any, ...], salt: Any, match: Any
     ) -> Any:
         """With the host tier: the prompt placed (`prefix_host`), else as without it."""
-        prompt = np.asarray(args[3])
         seq = add(*args[:4], None, *args[5:7], False, None)  # built, never enqueued
-        if seq is None:
-            return None
-        placed = host.add(seq, prompt, salt, match)
-        if placed is not None:
-            return placed
-        if match is not None and self._fork_fits(match, int(prompt.size)):
+        return None if seq is None else host.add(seq, np.asarray(args[3]), salt, match)
+
+    def enter_unplaced(self, seq: Any, match: Match[Any] | None) -> Any:
+        """Queue a built sequence DeepInfer places: forked from `match`, or computed in full."""
+        if match is not None and self._fork_fits(match, int(seq.get_prompt_len())):
             return self._fork(match, seq)
         self._scheduler.add_sequence(seq)
         return seq
@@ -269,6 +267,8 @@ class PrefixCache:
                 del self._salts[seq_id]
         if self.forks.waiting:
             self.forks.free_aborted(ids)
+        if self.host is not None:
+            self.host.abort(ids)
         return result
 
     # A: eviction

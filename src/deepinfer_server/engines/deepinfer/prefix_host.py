@@ -26,6 +26,7 @@ restored prompt (whose own entry the pool keeps when it ends) takes its rows.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -65,6 +66,17 @@ class _Cache(Protocol):
 
     def evict(self, entry: CacheEntry[Any], offload: bool = True) -> None: ...
 
+    def enter_unplaced(self, seq: Any, match: Match[Any] | None) -> Any: ...
+
+
+@dataclass
+class _Pending:
+    """A prompt waiting here for the blocks to place it in."""
+
+    seq: Any
+    prompt: npt.NDArray[np.int32]
+    salt: bytes | None
+
 
 class HostPath:
     """One rank's host tier, its placed tables and its copies."""
@@ -90,6 +102,8 @@ class HostPath:
             max_rollback=cache.index.max_rollback,
         )
         self.placement = Placement(engine)
+        #: Prompts waiting for their blocks, in arrival order.
+        self.pending: deque[_Pending] = deque()
         #: Evicted entries DeepInfer placed (their rows cannot be named): dropped, not offloaded.
         self.unplaced_evictions = 0
 
@@ -110,9 +124,56 @@ class HostPath:
         self, seq: Any, prompt: npt.NDArray[np.int32], salt: bytes | None, match: Match[Any] | None
     ) -> Any:
         """Enter `seq` (built, not queued) placed: restored from the tier, forked from a placed
-        entry, or computed in full; None when its blocks cannot be had now (the caller takes
-        the ordinary path)."""
+        entry, or computed in full; queued here while its blocks cannot be had (placed at a
+        later step, `place_pending`); a prompt that could never be placed, or a fork of an
+        entry DeepInfer placed, takes the cache's ordinary path (`fallback`)."""
         self.placement.prune(self._alive, {entry.value.seq_id for entry in self._cache.index})
+        needed = blocks_for(int(prompt.size))
+        if needed + 1 > GPU_CACHE_PREFILL_WATERMARK * self._total_blocks:
+            return self._fallback(seq, match)
+        if not self.pending:
+            entered = self._enter(seq, prompt, salt, match)
+            if entered is not None:
+                return entered
+        # Its usage reports what it would reuse now; placed later, it may reuse otherwise.
+        seq.num_cached_tokens = self._reusable(prompt, salt, match)
+        self.pending.append(_Pending(seq, prompt, salt))
+        return seq
+
+    def place_pending(self) -> None:
+        """Before a step: place the queued prompts in order while their blocks can be had; on
+        an engine with nothing else to run, one that still cannot be placed takes the
+        ordinary path."""
+        while self.pending:
+            head = self.pending[0]
+            match = self._cache.index.match(head.prompt, int(head.prompt.size) - 2, head.salt)
+            if self._enter(head.seq, head.prompt, head.salt, match) is None:
+                if self._scheduler.has_unfinished_seqs():
+                    return
+                self._fallback(head.seq, match)
+            self.pending.popleft()
+
+    def abort(self, request_ids: Collection[str]) -> None:
+        """Queued prompts an abort reached end here (DeepInfer never saw them)."""
+        if any(pending.seq.request_id in request_ids for pending in self.pending):
+            kept = [p for p in self.pending if p.seq.request_id not in request_ids]
+            self.pending = deque(kept)
+
+    def _fallback(self, seq: Any, match: Match[Any] | None) -> Any:
+        seq.num_cached_tokens = 0
+        return self._cache.enter_unplaced(seq, match)
+
+    def _reusable(
+        self, prompt: npt.NDArray[np.int32], salt: bytes | None, match: Match[Any] | None
+    ) -> int:
+        pool_fork = 0 if match is None else match.fork_point
+        restore = self.tier.match(prompt, int(prompt.size) - 2, salt, pool_fork)
+        return pool_fork if restore is None else restore.fork_point
+
+    def _enter(
+        self, seq: Any, prompt: npt.NDArray[np.int32], salt: bytes | None, match: Match[Any] | None
+    ) -> Any:
+        """The placed fork of `seq`, or None while its blocks cannot be had."""
         length = int(prompt.size)
         pool_fork = 0 if match is None else match.fork_point
         restore = self.tier.match(prompt, length - 2, salt, pool_fork)
@@ -124,8 +185,9 @@ class HostPath:
         if match is None:
             return self._placed(seq) if self._room(blocks_for(length), None) else None
         parent = self.placement.table_of(match.entry.value)
-        kept = match.fork_point // BLOCK_SIZE
-        if parent is None or not self._room(blocks_for(length) - kept, match):
+        if parent is None:
+            return self._fallback(seq, match)  # DeepInfer's forked path waits for its room
+        if not self._room(blocks_for(length) - match.fork_point // BLOCK_SIZE, match):
             return None
         return self._fork(seq, match, parent)
 
@@ -140,7 +202,7 @@ class HostPath:
         def satisfied() -> bool:
             free = int(scheduler.get_num_free_gpu_blocks())
             fits = self._total_blocks - free + blocks <= limit and free - blocks >= running
-            return fits and int(states.get_num_free_blocks()) >= 2
+            return fits and int(states.get_num_free_blocks()) >= 1
 
         if satisfied():
             return True
