@@ -34,7 +34,6 @@ SCENARIOS = """
 import sys
 sys.path.insert(0, {repo!r})
 import dataclasses
-import msgspec
 from deepinfer_server.engines.deepinfer.placement import blocks_for
 from tests.deepinfer_twin.prefix_traces import TraceRunner, ledger_problems
 
@@ -154,7 +153,7 @@ run()
 RESULT = {{
     "turn1": len(turn1),
     "checks": checks,
-    "stats": msgspec.to_builtins(HOST.stats()),
+    "stats": {{name: getattr(HOST.stats(), name) for name in HOST.stats().__struct_fields__}},
     "unplaced": HOST.unplaced_evictions,
     "violations": ENGINE._run_workers("twin_kv_report"),
     "ledger": ledger_problems(ENGINE),
@@ -192,5 +191,48 @@ def test_the_host_tier_restores_exactly_what_it_evicted(checkpoint: Path) -> Non
     assert checks["short_cached"] == 0 and checks["short_host_kept"] == 1
     assert checks["long_cached"] == prompt
     assert result["unplaced"] == 0
+    stats = result["stats"]
+    assert stats["hit_tokens"] >= 3 * prompt and stats["restore_bytes"] > 0
+    assert stats["offload_bytes"] > stats["restore_bytes"]  # not every copy came back
+    assert stats["offload_seconds"] > 0 and stats["restore_seconds"] > 0
     assert result["violations"] == [] and result["ledger"] == [] and result["baseline"] == []
     assert result["host_after_clear"] == 0
+
+
+RANK_BUILD = """
+from deepinfer_server.engines.backend import EngineSpec
+from deepinfer_server.engines.deepinfer.backend import DeepInferOptions
+from deepinfer_server.engines.deepinfer.engine import build
+
+spec = EngineSpec(
+    rank=0, model=CHECKPOINT, served_model_name="flash", data_parallel_size=1,
+    context_parallel_size=1, expert_parallel_size=1, max_model_len=4096, max_num_seqs=8,
+    max_num_batched_tokens=None,
+    engine_options=DeepInferOptions(kv_offload_host_bandwidth_gbps=10.0),
+    enable_prefix_caching=True, kv_offload_host_gb={gb},
+)
+built = build(spec, None)
+ENGINE = built.core._engine
+stats = built.core._readouts.prefix_cache_stats()
+RESULT = {{
+    "host": None if stats.host is None
+    else {{name: getattr(stats.host, name) for name in stats.host.__struct_fields__}},
+    "bandwidth": None if ENGINE.prefix_cache.host is None
+    else ENGINE.prefix_cache.host.tier.settings.bandwidth,
+}}
+"""
+
+
+@pytest.mark.parametrize("gb", [0.5, 0.0])
+def test_a_rank_builds_the_tier_its_spec_asks_for_and_reports_it(
+    checkpoint: Path, gb: float
+) -> None:
+    # The driver's prefix-cache readout carries the tier's counters (what /metrics shows as
+    # prefix_cache_host_* and tier="host"), as on the simulated engine; none without a tier.
+    result = run_in_twin(checkpoint, RANK_BUILD.format(gb=gb), engine={"build": False})
+    if gb:
+        assert result["bandwidth"] == 10e9
+        assert result["host"]["budget_bytes"] == 500_000_000
+        assert result["host"]["hit_tokens"] == 0
+    else:
+        assert result == {"host": None, "bandwidth": None}
