@@ -47,7 +47,8 @@ class Placement:
         self._scheduler = engine.scheduler
         #: Placed sequences (live, or kept as entries) -> (sequence, its block table).
         self._tables: dict[int, tuple[Any, list[int]]] = {}
-        self._pruned_at = _PRUNE_MIN
+        #: Past this many tables, those of sequences that ended unkept are dropped.
+        self.pruned_at = _PRUNE_MIN
 
     def __len__(self) -> int:
         return len(self._tables)
@@ -73,27 +74,33 @@ class Placement:
         the caller's pins on `owned` blocks and on `slot` are dropped."""
         seq.num_cached_tokens = max(cached, 1)
         seq.state_id = slot
-        fork = self._scheduler.fork_seq(
-            seq,
-            np.asarray(table, dtype=np.int32),
-            PLACED_BRANCH,
-            seq.sampling_params,
-            None,
-            -1,
-            -1,
-            seq.seq_id,
-            time.time() * 1000.0,  # milliseconds, as add_sequence stamps
-        )
+        try:
+            fork = self._scheduler.fork_seq(
+                seq,
+                np.asarray(table, dtype=np.int32),
+                PLACED_BRANCH,
+                seq.sampling_params,
+                None,
+                -1,
+                -1,
+                seq.seq_id,
+                time.time() * 1000.0,  # milliseconds, as add_sequence stamps
+            )
+        finally:
+            seq.state_id = -1
+            self.release(owned, slot)  # the fork holds its own pins (or failed: none)
         if cached == 0:
             fork.num_cached_tokens = 0
         fork.cached_hit_tokens = cached
-        seq.state_id = -1
-        engine = self._engine
-        if owned:
-            engine.block_manager.unpin_blocks(np.asarray(owned, dtype=np.int32))
-        engine.state_manager.unpin_blocks(np.asarray([slot], dtype=np.int32))
         self._tables[int(fork.seq_id)] = (fork, list(table))
         return fork
+
+    def release(self, blocks: list[int], slot: int) -> None:
+        """Drop the caller's pins on `blocks` and `slot` (`reserve`)."""
+        engine = self._engine
+        if blocks:
+            engine.block_manager.unpin_blocks(np.asarray(blocks, dtype=np.int32))
+        engine.state_manager.unpin_blocks(np.asarray([slot], dtype=np.int32))
 
     def table_of(self, seq: Any) -> list[int] | None:
         """The block table of a placed sequence or entry (None: DeepInfer placed it)."""
@@ -113,12 +120,10 @@ class Placement:
                 del self._tables[seq_id]
 
     def prune(self, alive: Collection[Any], kept: Collection[int]) -> None:
-        """Past a bound, drop the tables of sequences that ended without being kept (`alive`:
-        the statuses of sequences that may still run; `kept`: the entries' sequence IDs).
-        Amortised: the bound doubles."""
-        if len(self._tables) <= self._pruned_at:
-            return
+        """Drop the tables of sequences that ended without being kept (`alive`: the statuses
+        of sequences that may still run; `kept`: the entries' sequence IDs). Called past
+        `pruned_at` tables, which then doubles (amortised)."""
         for seq_id, (seq, _table) in list(self._tables.items()):
             if seq_id not in kept and seq.status not in alive:
                 del self._tables[seq_id]
-        self._pruned_at = max(_PRUNE_MIN, 2 * len(self._tables))
+        self.pruned_at = max(_PRUNE_MIN, 2 * len(self._tables))

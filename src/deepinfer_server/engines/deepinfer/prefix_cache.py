@@ -44,7 +44,7 @@ import numpy.typing as npt
 from deepinfer_server.engines.deepinfer.engine_checks import copy_clone_unpins, disabled_reason
 from deepinfer_server.engines.deepinfer.placement import GPU_CACHE_PREFILL_WATERMARK
 from deepinfer_server.engines.deepinfer.prefix_forks import Forks
-from deepinfer_server.engines.deepinfer.prefix_host import HostPath, HostPathSettings
+from deepinfer_server.engines.deepinfer.prefix_host import HostPath, HostPathSettings, host_path
 from deepinfer_server.engines.deepinfer.prefix_snapshots import Snapshots
 from deepinfer_server.ipc.messages import HostTierStats
 from deepinfer_server.prefix_cache.index import BLOCK_SIZE, CacheEntry, Match, PrefixIndex
@@ -117,7 +117,7 @@ class PrefixCache:
         self.host: HostPath | None = None
         if self.disabled is None and settings.host_tier_bytes > 0:
             rates = (settings.host_bandwidth, settings.prefill_tokens_per_s)
-            self.host = HostPath(engine, self, HostPathSettings(settings.host_tier_bytes, *rates))
+            self.host = host_path(engine, self, HostPathSettings(settings.host_tier_bytes, *rates))
 
     def _read_limits(self, engine: Any) -> None:
         """The engine's sizes the cache's decisions read: sequences, blocks, prompt limit."""

@@ -26,6 +26,7 @@ restored prompt (whose own entry the pool keeps when it ends) takes its rows.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -45,6 +46,8 @@ from deepinfer_server.ipc.messages import HostTierStats
 from deepinfer_server.prefix_cache.host_tier import HostCopy, HostTier, HostTierSettings
 from deepinfer_server.prefix_cache.index import BLOCK_SIZE, CacheEntry, Match, PrefixIndex
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class HostPathSettings:
@@ -55,6 +58,15 @@ class HostPathSettings:
     bandwidth: float
     #: Prompt tokens a prompt step computes per second.
     prefill_tokens_per_s: float
+
+
+def host_path(engine: Any, cache: _Cache, settings: HostPathSettings) -> HostPath | None:
+    """The host tier of `cache`, or None with more than one CP worker (each holds its own rows,
+    and the copies read the driver worker's: the server refuses the option then)."""
+    if int(engine.parallel_config.context_parallel_size) > 1:
+        logger.warning("[startup] prefix cache host tier off: more than one CP worker")
+        return None
+    return HostPath(engine, cache, settings)
 
 
 class _Cache(Protocol):
@@ -127,7 +139,8 @@ class HostPath:
         entry, or computed in full; queued here while its blocks cannot be had (placed at a
         later step, `place_pending`); a prompt that could never be placed, or a fork of an
         entry DeepInfer placed, takes the cache's ordinary path (`fallback`)."""
-        self.placement.prune(self._alive, {entry.value.seq_id for entry in self._cache.index})
+        if len(self.placement) > self.placement.pruned_at:
+            self.placement.prune(self._alive, {entry.value.seq_id for entry in self._cache.index})
         needed = blocks_for(int(prompt.size))
         if needed + 1 > GPU_CACHE_PREFILL_WATERMARK * self._total_blocks:
             return self._fallback(seq, match)
