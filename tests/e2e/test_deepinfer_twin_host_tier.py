@@ -5,9 +5,10 @@ new blocks when a prompt that starts with it arrives (`engines/deepinfer/prefix_
 twin's worker checks before every forward that each sequence sees exactly its own token prefix
 and a state at the right position, so rows restored wrong fail the forward; the tests also
 compare the restored rows with the evicted ones byte for byte, check that nothing leaks (blocks,
-state slots, host bytes) when a restore races an abort, that an answer after a restore equals a
-cold prefill's, that a host entry is found only under its cache salt, and that a restore slower
-than computing is not taken.
+state slots, host bytes) when a restore races an abort (while its fork waits, or while it waits
+in the tier's queue for room) or its host entry is dropped while it waits, that an answer after
+a restore equals a cold prefill's, that a host entry is found only under its cache salt, and
+that a restore slower than computing is not taken.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ SCENARIOS = """
 import sys
 sys.path.insert(0, {repo!r})
 import dataclasses
+import numpy as np
 from deepinfer_server.engines.deepinfer.placement import blocks_for
 from tests.deepinfer_twin.prefix_traces import TraceRunner, ledger_problems
 
@@ -116,6 +118,32 @@ checks["abort_hits"] = host_hits() - before
 checks["abort_host_bytes"] = HOST.tier.used_bytes
 checks["abort_ledger"] = ledger_problems(ENGINE)
 
+# (2) a restore that waits for room in the tier's queue: aborted there, or its host entry
+# dropped while it waits (it then computes in full); blocks are held elsewhere meanwhile.
+from deepinfer_server.engines.deepinfer.cache_memory import allocate
+def hold_blocks():
+    return allocate(ENGINE.block_manager, int(ENGINE.scheduler.get_num_free_gpu_blocks()) - 2)
+def release(blocks):
+    ENGINE.block_manager.unpin_blocks(np.asarray(blocks, dtype=np.int32))
+send("b3", turn("explain the build"))
+turn_b2 = next_turn(turn("explain the build"), run()["b3"]["tokens"], "go on")
+evict_all()
+held = hold_blocks()
+send("q1", turn_b2)
+checks["queued"] = [len(HOST.pending), HOST.tier.used_bytes > 0]
+DRIVER.abort(["q1"])
+checks["queued_after_abort"] = len(HOST.pending)
+release(held)
+run()
+checks["queue_abort_ledger"] = ledger_problems(ENGINE)
+held = hold_blocks()
+checks["q2_cached"] = send("q2", turn_b2)
+HOST.tier.clear()
+release(held)
+checks["q2_finish"] = run()["q2"]["finish"]
+checks["q2_host_hits"] = host_hits() - before
+checks["queue_drop_ledger"] = ledger_problems(ENGINE)
+
 # (4) a host entry is found only under its cache salt.
 CACHE.clear()
 send("s1", turn1, b"a")
@@ -183,6 +211,12 @@ def test_the_host_tier_restores_exactly_what_it_evicted(checkpoint: Path) -> Non
     # (2) The aborted restore was counted, then freed everything; the host copy went with it.
     assert checks["b2_cached"] > 0 and checks["abort_hits"] == checks["b2_cached"]
     assert checks["abort_host_bytes"] == 0 and checks["abort_ledger"] == []
+    # A queued restore aborted frees nothing it did not hold (its host entry stays); one whose
+    # host entry went while it waited computes in full, correctly.
+    assert checks["queued"] == [1, True] and checks["queued_after_abort"] == 0
+    assert checks["queue_abort_ledger"] == [] and checks["queue_drop_ledger"] == []
+    assert checks["q2_cached"] > 0 and checks["q2_finish"] in ("STOP", "LENGTH")
+    assert checks["q2_host_hits"] == checks["b2_cached"]  # the aborted restore's only
     # (4) Salts partition the tier.
     assert checks["salt_b"] == 0 and checks["salt_none"] == 0
     assert checks["salt_a"] == prompt
