@@ -14,11 +14,13 @@ slot the server allocated (`placement.Placement`):
   forked-prompt path clones them (`clone_and_zero_states_and_blocks_on_default_stream`);
 - a restore from the tier: new blocks and slot, the host rows copied back into them.
 
-Each is prefilled from its `num_cached_tokens`; when the blocks are not free now (after evicting
-idle entries), the prompt takes the cache's ordinary path and its entry is dropped, not
-offloaded, when evicted. A restore is taken only when its host entry reuses more than the pool's
-best fork and restoring beats computing the difference; the host entry leaves the tier as the
-restored prompt (whose own entry the pool keeps when it ends) takes its rows.
+Each is prefilled from its `num_cached_tokens`. When its blocks are not free now (after evicting
+idle entries, to the tier), the prompt waits in the tier's queue and is placed before a later
+step; a prompt that could never be placed, or a fork of an entry DeepInfer placed, takes the
+cache's ordinary path, and its entry is dropped, not offloaded, when evicted. A restore is
+taken only when its host entry reuses more than the pool's best fork and restoring beats
+computing the difference; the host entry leaves the tier as the restored prompt (whose own
+entry the pool keeps when it ends) takes its rows.
 
 `PrefixCache.evict` offloads a placed entry (its prompt's block rows and snapshot row,
 `host_rows.RowCopier`) before freeing it.
