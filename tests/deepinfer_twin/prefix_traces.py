@@ -159,6 +159,24 @@ EXPLICIT_TRACES = (
     ],
 )
 
+#: With the host tier, in a small pool: four conversations push the first ones out of the pool
+#: (to host memory); their next turns are restored, one aborted at once (a restore still
+#: waiting for its prefill), one while decoding.
+HOST_TRACES = (
+    [
+        Action(0, "turn", 0, "fresh", 40, 8),
+        Action(20, "turn", 1, "fresh", 40, 8),
+        Action(40, "turn", 2, "fresh", 40, 8),
+        Action(60, "turn", 3, "fresh", 40, 8),
+        Action(80, "turn", 0, "extend", 20, 8),
+        Action(80, "abort", victim=0),
+        Action(90, "turn", 1, "extend", 20, 80, ignore_eos=True),
+        Action(92, "abort", victim=0),
+        Action(100, "turn", 2, "thinking", 20, 8),
+        Action(120, "turn", 0, "extend", 20, 8),
+    ],
+)
+
 
 def _fields(action: Action) -> tuple[Any, ...]:
     return (
@@ -281,7 +299,8 @@ class TraceRunner:
         if turn.reused:
             report.hits += 1
             report.reused_tokens += turn.reused
-            forks = max(entry.live_forks for entry in self.engine.prefix_cache.index)
+            index = self.engine.prefix_cache.index  # empty after a restore from host memory
+            forks = max((entry.live_forks for entry in index), default=0)
             report.concurrent_forks = max(report.concurrent_forks, forks)
         live[turn.request_id] = turn
         return True

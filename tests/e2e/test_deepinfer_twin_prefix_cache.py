@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from deepinfer_server.engines.deepinfer.prefix_cache import FORK_BRANCH
+from deepinfer_server.engines.deepinfer.prefix_forks import FORK_BRANCH
 from tests.checkpoint import write_checkpoint
-from tests.deepinfer_twin import engine_env
+from tests.deepinfer_twin import engine_env, prefix_traces
 from tests.deepinfer_twin.runner import run_in_twin, run_in_twin_ranks
 from tests.paths import REPO
 
@@ -566,7 +566,9 @@ PROPERTY = """
 import sys
 sys.path.insert(0, {repo!r})
 from hypothesis import HealthCheck, Phase, example, given, settings
-from tests.deepinfer_twin.prefix_traces import EXPLICIT_TRACES, TraceRunner, action_strategy
+from tests.deepinfer_twin.prefix_traces import (
+    EXPLICIT_TRACES, HOST_TRACES, TraceRunner, action_strategy,
+)
 
 runner = TraceRunner(ENGINE, DRIVER, TOKENIZER, system_words={system_words})
 totals = {{"examples": 0, "requests": 0, "hits": 0, "reused_tokens": 0, "evictions": 0,
@@ -585,10 +587,13 @@ def trace(actions):
     for key, value in vars(report).items():
         totals[key] = max(totals[key], value) if key == "concurrent_forks" else totals[key] + value
 
-for explicit in EXPLICIT_TRACES:
+for explicit in {explicit}:
     trace = example(actions=explicit)(trace)
 trace()
-RESULT = {{**totals, "violations": ENGINE._run_workers("twin_kv_report")}}
+HOST = ENGINE.prefix_cache.host
+RESULT = {{**totals, "violations": ENGINE._run_workers("twin_kv_report"),
+           "host_hits": 0 if HOST is None else HOST.stats().hit_tokens,
+           "offloaded": 0 if HOST is None else HOST.stats().offload_bytes}}
 """
 
 
@@ -601,6 +606,8 @@ class Lane:
     examples: int
     conversations: int = 3
     system_words: int = 100
+    #: The traces every run plays first (names in `prefix_traces`).
+    explicit: tuple[str, ...] = ("EXPLICIT_TRACES",)
 
 
 LANES = {
@@ -615,6 +622,19 @@ LANES = {
         20,
         conversations=5,
         system_words=300,
+    ),
+    # A small pool with the host tier: evicted entries go to host memory, and come back.
+    "host-tier": Lane(
+        {
+            "max_num_seqs": 4,
+            "max_model_len": 1024,
+            "prefix_cache": {"min_tokens": 64, "host_tier_bytes": 10**9},
+        },
+        {"DEEPINFER_TWIN_KV_BLOCKS": "12", "DEEPINFER_ZERO_OVERHEAD_SCHEDULING": "1"},
+        12,
+        conversations=5,
+        system_words=300,
+        explicit=("EXPLICIT_TRACES", "HOST_TRACES"),
     ),
     "two-cp-workers": Lane({"max_num_seqs": 4, "context_parallel_size": 2}, {}, 6),
     # Two MTP drafts per step, never accepted by the twin: every decode step rolls the state
@@ -635,6 +655,7 @@ def test_random_agent_traces_keep_every_prefix_exact(checkpoint: Path, name: str
         examples=lane.examples,
         system_words=lane.system_words,
         conversations=lane.conversations,
+        explicit="(" + "".join(f"*{name}, " for name in lane.explicit) + ")",
     )
     result = run_in_twin(
         checkpoint,
@@ -644,13 +665,16 @@ def test_random_agent_traces_keep_every_prefix_exact(checkpoint: Path, name: str
         timeout=900,
     )
     assert result["violations"] == []
-    assert result["examples"] == lane.examples + 1  # and the explicit trace
+    explicit = sum(len(getattr(prefix_traces, name)) for name in lane.explicit)
+    assert result["examples"] == lane.examples + explicit
     # The traces did exercise the cache: hits, aborts, and in the tiny pool evictions and
     # preemption.
     assert result["hits"] > 0 and result["reused_tokens"] > 0 and result["aborted"] > 0
     assert result["concurrent_forks"] >= 2
     if name == "tiny-pool":
         assert result["evictions"] > 0 and result["preempted"] > 0
+    if name == "host-tier":
+        assert result["evictions"] > 0 and result["offloaded"] > 0 and result["host_hits"] > 0
 
 
 DP_TRACE = """

@@ -38,6 +38,12 @@ import numpy.typing as npt
 #: DeepInfer's KV block size (tokens per block): prefixes are hashed block by block.
 BLOCK_SIZE = 128
 
+
+def blocks_for(tokens: int) -> int:
+    """The KV blocks that hold `tokens` tokens."""
+    return -(-tokens // BLOCK_SIZE)
+
+
 T = TypeVar("T")
 
 
@@ -96,11 +102,19 @@ class CacheEntry(Generic[T]):
     live_forks: int = 0
     #: When it was last added or forked from (larger is more recent).
     stamp: int = field(default_factory=lambda: next(_stamps))
+    _prompt_digest: bytes | None = field(default=None, repr=False)
 
     @property
     def length(self) -> int:
         """P: the tokens its state snapshot was taken after."""
         return len(self.tokens)
+
+    def prompt_digest(self) -> bytes:
+        """A digest of its tokens, the same in every index (its `key` hashes under its own
+        index's secret weights): what names its prompt from one tier to the next."""
+        if self._prompt_digest is None:
+            self._prompt_digest = hashlib.blake2b(self.tokens.tobytes(), digest_size=16).digest()
+        return self._prompt_digest
 
 
 @dataclass(frozen=True)

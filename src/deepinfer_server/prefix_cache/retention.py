@@ -17,9 +17,9 @@ measured in KV blocks:
   entries stand in the way of is not made.
 
 A write over its partition's budget is kept as any prompt (plain LRU, no pin); a rewrite of
-the same prompt renews its pin. A pin is looked up by the entry's prompt (its index key, the
-tokens after its full blocks and its salt), so it follows the entry from the pool to the host
-tier and back.
+the same prompt renews its pin. A pin is looked up by the entry's prompt (its salt and a digest
+of its tokens, which no index's secret hash weights change), so it follows the entry from the
+pool to the host tier and back.
 """
 
 from __future__ import annotations
@@ -29,14 +29,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from deepinfer_server.prefix_cache.index import BLOCK_SIZE, CacheEntry
+from deepinfer_server.prefix_cache.index import CacheEntry, blocks_for
 
 #: The share of its tier (the host tier's blocks, else the pool's) one partition may pin, by
 #: default (`--prefix-cache-retention-share`).
 KEY_BUDGET_SHARE = 0.25
 
 _E = TypeVar("_E", bound=CacheEntry[Any])
-_PinKey = tuple[bytes | None, tuple[int, int], bytes]
+_PinKey = tuple[bytes | None, bytes]
 
 
 @dataclass(slots=True)
@@ -47,15 +47,10 @@ class Pin:
     blocks: int
 
 
-def _blocks_for(num_tokens: int) -> int:
-    """The KV blocks `num_tokens` tokens fill."""
-    return -(-num_tokens // BLOCK_SIZE)
-
-
 def _key_of(entry: CacheEntry[Any]) -> _PinKey:
-    """The entry's prompt: its salt, the hash of its full blocks (the index key) and the
-    tokens after them (the key leaves them out)."""
-    return entry.salt, entry.key, entry.tokens[entry.key[0] * BLOCK_SIZE :].tobytes()
+    """The entry's prompt, the same whichever tier's index holds it: its salt and its tokens'
+    digest."""
+    return entry.salt, entry.prompt_digest()
 
 
 class Retention:
@@ -71,7 +66,7 @@ class Retention:
         live pins and it would exceed the budget."""
         self._expire()
         key = _key_of(entry)
-        blocks = _blocks_for(entry.length)
+        blocks = blocks_for(entry.length)
         held = sum(pin.blocks for (salt, *_), pin in self._pins.items() if salt == entry.salt)
         held -= self._pins[key].blocks if key in self._pins else 0
         if held + blocks > self.key_budget_blocks:
@@ -87,7 +82,7 @@ class Retention:
         if key not in self._pins:
             return
         for other in held:
-            if other.key == entry.key and other.salt == entry.salt and _key_of(other) == key:
+            if other.length == entry.length and _key_of(other) == key:
                 return
         del self._pins[key]
 

@@ -11,7 +11,9 @@ import pytest
 
 from deepinfer_server.cli import build_parser, main, parse_config
 from deepinfer_server.config import ResolvedConfig, derive_parallelism
+from deepinfer_server.engines.backend import EngineSpec
 from deepinfer_server.engines.deepinfer.backend import DeepInferBackend, DeepInferOptions
+from deepinfer_server.engines.deepinfer.prefix_engine import prefix_cache_settings
 from deepinfer_server.engines.registry import get_backend
 from deepinfer_server.engines.simulated.backend import SimulatedOptions
 from deepinfer_server.engines.simulated.builder import host_tier_settings
@@ -341,7 +343,7 @@ def test_prefix_caching_defaults_per_engine_and_the_flags_reach_every_rank() -> 
     assert [spec.engine.enable_prefix_caching for spec in specs] == [True, True]
 
 
-def test_the_host_tier_defaults_per_engine_and_deepinfer_refuses_it() -> None:
+def test_the_host_tier_defaults_per_engine_and_deepinfer_takes_it_on_one_cp_worker() -> None:
     simulated = parse_config(["--engine", "simulated"])
     assert simulated.kv_offload_host_gb == 64.0
     assert (
@@ -366,8 +368,19 @@ def test_the_host_tier_defaults_per_engine_and_deepinfer_refuses_it() -> None:
         parse_config(["--engine", "simulated", "--kv-offload-host-gb", "-1"])
     tier = ["--enable-prefix-caching", "--kv-offload-host-gb", "8"]
     config = parse_config(["/models/ckpt", "--engine", "deepinfer", *tier])
-    with pytest.raises(ConfigError, match="not validated on GPU yet"):
-        DeepInferBackend().preflight(config, None)
+    DeepInferBackend().preflight(config, None)  # accepted; off unless given
+    spec = EngineSpec(
+        rank=0, model="/models/ckpt", served_model_name="flash", data_parallel_size=1,
+        context_parallel_size=1, expert_parallel_size=1, max_model_len=4096, max_num_seqs=8,
+        max_num_batched_tokens=None, engine_options=config.engine_options,
+        kv_offload_host_gb=config.kv_offload_host_gb,
+    )  # fmt: skip
+    settings = prefix_cache_settings(spec)
+    assert settings.host_tier_bytes == 8_000_000_000
+    assert (settings.host_bandwidth, settings.prefill_tokens_per_s) == (50e9, 20_000.0)
+    two_cp = ["/models/ckpt", "--engine", "deepinfer", "--context-parallel-size", "2", *tier]
+    with pytest.raises(ConfigError, match="needs --context-parallel-size 1"):
+        DeepInferBackend().preflight(parse_config(two_cp), None)
 
 
 def test_the_store_tier_needs_its_master_and_the_host_tier() -> None:

@@ -11,8 +11,8 @@ import pytest
 from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver
 from deepinfer_server.engines.simulated.abilities import SimulatedAbilities
 from deepinfer_server.engines.simulated.engine import LLMEngine
-from deepinfer_server.engines.simulated.host_tier import HostTier, HostTierSettings
 from deepinfer_server.engines.simulated.outputs import RequestOutput
+from deepinfer_server.prefix_cache.host_tier import HostTier, HostTierSettings
 from tests.unit.engines.test_simulated_engine import make_engine, run_to_end
 from tests.unit.engines.test_simulated_prefix_cache import _baseline, _cached, _clear, _turn
 

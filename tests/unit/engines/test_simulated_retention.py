@@ -10,11 +10,11 @@ import numpy as np
 from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver
 from deepinfer_server.engines.simulated.abilities import SimulatedAbilities
 from deepinfer_server.engines.simulated.engine import LLMEngine
-from deepinfer_server.engines.simulated.host_tier import HostTier
 from deepinfer_server.engines.simulated.kv_blocks import blocks_for
 from deepinfer_server.engines.simulated.outputs import RequestOutput
 from deepinfer_server.ipc.codec import pack_token_ids
 from deepinfer_server.ipc.messages import AddRequest, SamplingOptions
+from deepinfer_server.prefix_cache.host_tier import HostTier
 from deepinfer_server.prefix_cache.retention import Retention
 from tests.unit.engines.test_simulated_engine import make_engine, run_to_end
 from tests.unit.engines.test_simulated_host_tier import _settings, _tokens
@@ -134,6 +134,23 @@ def test_the_host_tier_keeps_a_pinned_entry_until_its_ttl() -> None:
     clock.now += 3601
     assert host.offload(_tokens(512, 3), None)
     assert not any(np.array_equal(held.tokens, pinned) for held in host.entries())
+
+
+def test_a_pin_follows_its_entry_from_the_pool_into_the_host_tier() -> None:
+    # Each tier's index hashes blocks under weights of its own: the pin must not name the
+    # entry by its pool index key.
+    first = _turn("Conversation pinned.")
+    engine = make_engine(
+        enable_prefix_caching=True, host_tier=_settings(), kv_blocks=2 * blocks_for(len(first) + 5)
+    )
+    _with_clock(engine)
+    _run(engine, "pinned", first, seconds=300)
+    for number in range(3):
+        _run(engine, f"c{number}", _turn(f"Conversation {number}, a little longer."))
+    host = engine._cache.host
+    assert host is not None
+    (moved,) = [entry for entry in host.entries() if np.array_equal(entry.tokens, first)]
+    assert engine._cache.retention.pinned(moved)
 
 
 def test_an_aborted_waiting_write_gives_its_slot_back() -> None:

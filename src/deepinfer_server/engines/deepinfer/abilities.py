@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from deepinfer_server.disaggregation.transfer.connector import KVConnector
 from deepinfer_server.engines.abilities import EngineAbilities, KVBlockCounts
+from deepinfer_server.ipc.messages import HostTierStats
 
 
 class _FreeBlocks(Protocol):
@@ -27,6 +28,8 @@ class _PrefixCache(Protocol):
     def stats(self) -> tuple[int, int, int]: ...
 
     def written_tokens(self, seq: Any) -> int: ...
+
+    def host_stats(self) -> HostTierStats | None: ...
 
 
 class DeepInferAbilities(EngineAbilities):
@@ -55,6 +58,10 @@ class DeepInferAbilities(EngineAbilities):
         """The prompt tokens the prefix cache reported written for a sequence just added
         (DeepInfer's sequences take no attribute of the server's: the cache holds it)."""
         return 0 if self._prefix_cache is None else self._prefix_cache.written_tokens(sequence)
+
+    def host_tier_stats(self) -> HostTierStats | None:
+        """The prefix cache's host tier counters, or None without one."""
+        return None if self._prefix_cache is None else self._prefix_cache.host_stats()
 
     def kv_blocks(self) -> KVBlockCounts:
         """Free blocks from DeepInfer's scheduler, over its pool."""

@@ -48,6 +48,21 @@ class DeepInferOptions:
         "--disable-log-stats",
         help="turn off DeepInfer's periodic engine statistics log",
     )
+    kv_offload_host_bandwidth_gbps: float = float_option(
+        50.0,
+        "--kv-offload-host-bandwidth-gbps",
+        help="GB/s between host memory and the GPU, each way, that the prefix cache's host "
+        "tier (--kv-offload-host-gb) assumes when it decides whether restoring a prompt's "
+        "prefix beats computing it (docs/development/gpu-validation.md measures it; "
+        "default: %(default)s, about PCIe 5 x16)",
+    )
+    kv_offload_prefill_tokens_per_s: float = float_option(
+        20_000.0,
+        "--kv-offload-prefill-tokens-per-s",
+        help="prompt tokens a prompt step computes per second, which a host-tier restore "
+        "must beat (a restore of a prefix shorter than its copy's worth is recomputed; "
+        "default: %(default)s)",
+    )
 
 
 class DeepInferBackend(EngineBackend):
@@ -65,6 +80,12 @@ class DeepInferBackend(EngineBackend):
             raise ConfigError(
                 f"--gpu-memory-utilization must be in (0, 1], got {options.gpu_memory_utilization}"
             )
+        for flag, value in (
+            ("--kv-offload-host-bandwidth-gbps", options.kv_offload_host_bandwidth_gbps),
+            ("--kv-offload-prefill-tokens-per-s", options.kv_offload_prefill_tokens_per_s),
+        ):
+            if value <= 0:
+                raise ConfigError(f"{flag} must be positive, got {value:g}")
 
     def check_installed(self) -> None:
         if importlib.util.find_spec("deepinfer") is None:
@@ -90,11 +111,11 @@ class DeepInferBackend(EngineBackend):
         )
 
     def preflight(self, config: ResolvedConfig, checkpoint: str | None) -> None:
-        if config.kv_offload_host_gb > 0:
+        if config.kv_offload_host_gb > 0 and config.context_parallel_size > 1:
             raise ConfigError(
-                "--kv-offload-host-gb is not validated on GPU yet with --engine deepinfer: the "
-                "prefix cache's host tier runs on --engine simulated only; drop the option "
-                "(or pass 0)"
+                "--kv-offload-host-gb with --engine deepinfer needs --context-parallel-size 1: "
+                "the host tier copies the driver worker's KV rows only, and each CP worker "
+                "holds its own; drop the option (or pass 0)"
             )
         if config.kv_offload_store is not None:
             raise ConfigError("--kv-offload-store runs on --engine simulated only")

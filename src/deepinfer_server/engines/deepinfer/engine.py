@@ -118,11 +118,12 @@ def _engine_class(spec: EngineSpec, base: type[Any]) -> type[Any]:
 
         return role_engine(base, spec.disaggregation_mode, RoleSettings.of(spec))
     if spec.enable_prefix_caching:
-        from deepinfer_server.engines.deepinfer.prefix_cache import PrefixCacheSettings
-        from deepinfer_server.engines.deepinfer.prefix_engine import prefix_caching_engine
+        from deepinfer_server.engines.deepinfer.prefix_engine import (
+            prefix_cache_settings,
+            prefix_caching_engine,
+        )
 
-        settings = PrefixCacheSettings(retention_share=spec.prefix_cache_retention_share)
-        return prefix_caching_engine(base, settings)
+        return prefix_caching_engine(base, prefix_cache_settings(spec))
     return base
 
 

@@ -35,7 +35,6 @@ Everything runs on the rank loop's thread, as the engine does.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -44,18 +43,16 @@ import numpy as np
 import numpy.typing as npt
 
 from deepinfer_server.engines.deepinfer.engine_checks import copy_clone_unpins, disabled_reason
+from deepinfer_server.engines.deepinfer.placement import GPU_CACHE_PREFILL_WATERMARK
 from deepinfer_server.engines.deepinfer.prefix_asks import Ask, Asks, keepable_at_admission
-from deepinfer_server.engines.deepinfer.prefix_forks import Forks
+from deepinfer_server.engines.deepinfer.prefix_forks import Forks, fork_fits
+from deepinfer_server.engines.deepinfer.prefix_host import HostPath, HostPathSettings, host_path
 from deepinfer_server.engines.deepinfer.prefix_snapshots import Snapshots
+from deepinfer_server.ipc.messages import HostTierStats
 from deepinfer_server.prefix_cache.index import BLOCK_SIZE, CacheEntry, Match, PrefixIndex
 from deepinfer_server.prefix_cache.retention import KEY_BUDGET_SHARE, Retention
 
 logger = logging.getLogger(__name__)
-
-#: The branch name forks get; DeepInfer's prefill takes the forked path for a leading "_".
-FORK_BRANCH = "_prefix_cache"
-#: KV use above which DeepInfer's scheduler starts no prefill (`GPU_CACHE_PREFILL_WATERMARK`).
-GPU_CACHE_PREFILL_WATERMARK = 0.9
 
 
 @dataclass(frozen=True)
@@ -69,6 +66,11 @@ class PrefixCacheSettings:
     max_rollback: int = 1
     #: The share of the pool's blocks one partition's retained prompts may pin.
     retention_share: float = KEY_BUDGET_SHARE
+    #: The host tier's bytes (`--kv-offload-host-gb`; 0: none, `prefix_host`), the bytes per
+    #: second of its copies and the prompt tokens per second a restore must beat.
+    host_tier_bytes: int = 0
+    host_bandwidth: float = 50e9
+    prefill_tokens_per_s: float = 20_000.0
 
 
 class PrefixCache:
@@ -96,8 +98,6 @@ class PrefixCache:
         self._table_blocks: dict[int, int] = {}
         #: Live sequences with a cache salt or a retention: what `finalize` keeps them under.
         self.asks = Asks(SequenceStatus)
-        #: The prompts requests asked to keep for a time, pinned within a per-partition budget.
-        self.retention = Retention(int(self._total_blocks * settings.retention_share))
         #: Matches prefilled in full because their fork could never be scheduled.
         self.forks_too_large = 0
         self._preempted_seen = int(self._scheduler.get_num_preempted_seqs())
@@ -105,6 +105,18 @@ class PrefixCache:
         self.disabled = disabled_reason(engine)
         if self.disabled is None:
             copy_clone_unpins(engine.deferred_release)
+        self.host: HostPath | None = None
+        if self.disabled is None and settings.host_tier_bytes > 0:
+            rates = (settings.host_bandwidth, settings.prefill_tokens_per_s)
+            self.host = host_path(engine, self, HostPathSettings(settings.host_tier_bytes, *rates))
+        #: The prompts requests asked to keep for a time, pinned within a per-partition share of
+        #: the slowest tier (the host tier's blocks, else the pool's), whose eviction they follow.
+        tier_blocks = (
+            self._total_blocks if self.host is None else self.host.tier.settings.capacity_blocks()
+        )
+        self.retention = Retention(int(tier_blocks * settings.retention_share))
+        if self.host is not None:
+            self.host.tier.pins = self.retention
 
     def _read_limits(self, engine: Any) -> None:
         """The engine's sizes the cache's decisions read: sequences, blocks, prompt limit."""
@@ -122,6 +134,10 @@ class PrefixCache:
     def stats(self) -> tuple[int, int, int]:
         """(prompt tokens looked up, prompt tokens reused, entries now)."""
         return self.query_tokens, self.hit_tokens, len(self.index)
+
+    def host_stats(self) -> HostTierStats | None:
+        """The host tier's counters (None without one)."""
+        return None if self.host is None else self.host.stats()
 
     # F: add_request
 
@@ -173,6 +189,8 @@ class PrefixCache:
         if not self._forkable(params, prompt):
             return add(*args)
         match = self.index.match(prompt, limit=len(prompt) - 2, salt=salt)
+        if self.host is not None:
+            return self._add_placed(self.host, add, args, salt, match)
         if match is None:
             return add(*args)
         if not self._fork_fits(match, int(prompt.size)):
@@ -191,6 +209,20 @@ class PrefixCache:
             self._scheduler.add_sequence(seq)
             return seq
 
+    def _add_placed(
+        self, host: HostPath, add: Callable[..., Any], args: tuple[Any, ...], salt: Any, match: Any
+    ) -> Any:
+        """With the host tier: the prompt placed (`prefix_host`), else as without it."""
+        seq = add(*args[:4], None, *args[5:7], False, None)  # built, never enqueued
+        return None if seq is None else host.add(seq, np.asarray(args[3]), salt, match)
+
+    def enter_unplaced(self, seq: Any, match: Match[Any] | None) -> Any:
+        """Queue a built sequence DeepInfer places: forked from `match`, or computed in full."""
+        if match is not None and self._fork_fits(match, int(seq.get_prompt_len())):
+            return self._fork(match, seq)
+        self._scheduler.add_sequence(seq)
+        return seq
+
     def _forkable(self, params: Any, prompt: npt.NDArray[Any]) -> bool:
         def field(name: str) -> Any:
             return params.get(name) if isinstance(params, dict) else getattr(params, name, None)
@@ -200,43 +232,13 @@ class PrefixCache:
         return self.settings.min_tokens <= prompt.size <= self._prompt_limit
 
     def _fork_fits(self, match: Match[Any], prompt_tokens: int) -> bool:
-        """Whether the fork's prefill can ever be scheduled, on an otherwise idle rank.
-
-        A fork pins its parent's whole block table, answer included (the bindings give no
-        block IDs to pin only the reused ones), until its prefill runs, and DeepInfer prefills
-        it only at or below 90% KV use and with the blocks for the rest of its prompt free
-        (`Scheduler`'s forked branch; more than the pool fails its TORCH_CHECK). A fork past
-        that would wait forever, holding up the prompts queued behind it: a full prefill needs
-        only the prompt's own blocks, once the entry is evicted."""
-        pinned = self._table_blocks[match.entry.value.seq_id]
-        needed = -(-prompt_tokens // BLOCK_SIZE) - match.fork_point // BLOCK_SIZE
-        total = self._total_blocks
-        return pinned <= GPU_CACHE_PREFILL_WATERMARK * total and pinned + needed < total
+        table_blocks = self._table_blocks[match.entry.value.seq_id]
+        return fork_fits(table_blocks, match, prompt_tokens, self._total_blocks)
 
     def _fork(self, match: Match[Any], seq: Any) -> Any:
-        entry, fork_point = match.entry, match.fork_point
-        parent = entry.value
-        # fork_seq copies these from the parent at the call: make them the new request's.
-        parent.data = seq.data
-        parent.compressed_data = seq.compressed_data
-        parent.request_id = seq.request_id
-        parent.user_id = seq.user_id
-        parent.num_cached_tokens = fork_point
-        fork = self._scheduler.fork_seq(
-            parent,
-            None,  # the parent's whole table, pinned; the prefill drops what it does not keep
-            FORK_BRANCH,
-            seq.sampling_params,
-            None,
-            -1,
-            -1,
-            seq.seq_id,
-            time.time() * 1000.0,  # milliseconds, as add_sequence stamps
-        )
-        fork.cached_hit_tokens = fork_point
-        self.forks.add(fork, entry)
-        self.index.touch(entry)
-        self.hit_tokens += fork_point
+        fork = self.forks.fork(match, seq)
+        self.index.touch(match.entry)
+        self.hit_tokens += match.fork_point
         return fork
 
     # G: aborts
@@ -252,6 +254,8 @@ class PrefixCache:
         self.asks.drop_aborted(waiting)
         if self.forks.waiting:
             self.forks.free_aborted(ids)
+        if self.host is not None:
+            self.host.abort(ids)
         return result
 
     # A: eviction
@@ -282,27 +286,37 @@ class PrefixCache:
 
         if satisfied():
             return
-        for entry in self.retention.last(self.index.eviction_order()):
-            self._evict_for_room(entry)
+        for entry in self.eviction_order():
+            self.evict_for_room(entry)
             if satisfied():
                 return
 
-    def _evict_for_room(self, entry: CacheEntry[Any]) -> None:
-        """Evict `entry` to make room; no other tier keeps it, so its pin goes with it."""
-        self.evict(entry)
-        self.retention.release(entry, self.index)
+    def eviction_order(self) -> list[CacheEntry[Any]]:
+        """The entries in the order room is made: least recently used first, pinned ones last."""
+        return self.retention.last(self.index.eviction_order())
 
-    def evict(self, entry: CacheEntry[Any]) -> None:
-        """Drop one entry and free its blocks and snapshot (what no fork still pins)."""
+    def evict_for_room(self, entry: CacheEntry[Any]) -> None:
+        """Evict `entry` to make room; without a host tier to take its pin along, the pin goes."""
+        self.evict(entry)
+        if self.host is None:
+            self.retention.release(entry, self.index)
+
+    def evict(self, entry: CacheEntry[Any], offload: bool = True) -> None:
+        """Drop one entry and free its blocks and snapshot (what no fork still pins), after
+        copying it to the host tier (if any, and `offload`)."""
         self.index.remove(entry)
         self._table_blocks.pop(entry.value.seq_id, None)
+        if self.host is not None:
+            self.host.evicted(entry, offload)
         self._scheduler.free_seq(entry.value)
         self.evictions += 1
 
     def clear(self) -> None:
-        """Evict every entry."""
+        """Evict every entry, the host tier's too."""
         for entry in list(self.index):
-            self.evict(entry)
+            self.evict(entry, offload=False)
+        if self.host is not None:
+            self.host.clear()
 
     # C: snapshots
 
@@ -327,6 +341,8 @@ class PrefixCache:
             gone = (self._status.WAITING, self._status.FINISHED_PREEMPTED)
             self.snapshots.drop_preempted(gone)
             self.forks.drop_preempted(gone)
+            if self.host is not None:
+                self.host.preempted(gone)
         if self.snapshots.pending:
             self.snapshots.take(outputs, self._spare_state_slot)
 
@@ -337,11 +353,10 @@ class PrefixCache:
         waiting, _ = self._scheduler.get_sum_prompt_len_waiting()
         reserve = min(waiting, max(0, self._max_num_seqs - running))
         while self._states.get_num_free_blocks() - reserve < 1:
-            order = self.retention.last(self.index.eviction_order())
-            idle = [entry for entry in order if entry.live_forks == 0]
+            idle = [entry for entry in self.eviction_order() if entry.live_forks == 0]
             if not idle:
                 return None
-            self._evict_for_room(idle[0])
+            self.evict_for_room(idle[0])
         self._states.lock()
         try:
             (slot,) = self._states.allocate_nolock(1)

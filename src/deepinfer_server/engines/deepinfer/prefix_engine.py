@@ -5,8 +5,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from deepinfer_server.engines.backend import EngineSpec
 from deepinfer_server.engines.deepinfer.add_request import add_request_args
+from deepinfer_server.engines.deepinfer.backend import DeepInferOptions
 from deepinfer_server.engines.deepinfer.prefix_cache import PrefixCache, PrefixCacheSettings
+from deepinfer_server.ipc.messages import HostTierStats
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +29,11 @@ class PrefixCacheHooks(_DeepInferEngine):  # type: ignore[misc]
         if self.prefix_cache.disabled is not None:
             logger.warning("[startup] prefix cache off: %s", self.prefix_cache.disabled)
             return
+        if self.prefix_cache.host is not None:
+            logger.info(
+                "[startup] prefix cache host tier on: %.1f GB of host memory",
+                settings.host_tier_bytes / 1e9,
+            )
         logger.info(
             "[startup] prefix cache on: %d KV blocks, %d state slots (one per running "
             "request, one per snapshot or cached prompt; DEEPINFER_NUM_STATE_SLOTS_RATIO "
@@ -58,9 +66,19 @@ class PrefixCacheHooks(_DeepInferEngine):  # type: ignore[misc]
         return self.prefix_cache.abort_request(super().abort_request, ids)
 
     def step(self) -> Any:
-        """DeepInfer's `step`, after the evictions its waiting prompts need."""
+        """DeepInfer's `step`, after the prompts the host tier holds back are placed and the
+        evictions its waiting prompts need."""
+        host = self.prefix_cache.host
+        if host is not None and host.pending:
+            host.place_pending()
         self.prefix_cache.evict_for_demand()
         return super().step()
+
+    def so_builder_has_pending(self) -> bool:
+        """DeepInfer's check for requests still outside its queue (its grammar builds), which
+        `has_unfinished_requests` counts (across DP ranks): the host tier's too."""
+        host = self.prefix_cache.host
+        return bool(super().so_builder_has_pending()) or (host is not None and bool(host.pending))
 
     def post_schedule(self, scheduler_outputs: Any) -> None:
         """DeepInfer's hook after scheduling: note prompts, take snapshots."""
@@ -70,6 +88,10 @@ class PrefixCacheHooks(_DeepInferEngine):  # type: ignore[misc]
         """DeepInfer's hook on a finished sequence: keep it as an entry, or free it."""
         self.prefix_cache.finalize(seq)
 
+    def host_tier_stats(self) -> HostTierStats | None:
+        """The host tier's counters, or None without one."""
+        return self.prefix_cache.host_stats()
+
     def prefix_cache_stats(self) -> tuple[int, int, int]:
         """(prompt tokens looked up, prompt tokens reused, cached sequences now)."""
         return self.prefix_cache.stats()
@@ -77,6 +99,19 @@ class PrefixCacheHooks(_DeepInferEngine):  # type: ignore[misc]
     def clear_prefix_cache(self) -> None:
         """Evict every cached sequence."""
         self.prefix_cache.clear()
+
+
+def prefix_cache_settings(spec: EngineSpec) -> PrefixCacheSettings:
+    """A rank's cache settings: its partitions' retention share and its host tier's
+    (`--kv-offload-host-gb`, per DP rank) budget and rates."""
+    options = spec.engine_options
+    assert isinstance(options, DeepInferOptions)
+    return PrefixCacheSettings(
+        retention_share=spec.prefix_cache_retention_share,
+        host_tier_bytes=int(spec.kv_offload_host_gb * 1e9),
+        host_bandwidth=options.kv_offload_host_bandwidth_gbps * 1e9,
+        prefill_tokens_per_s=options.kv_offload_prefill_tokens_per_s,
+    )
 
 
 def prefix_caching_engine(

@@ -7,10 +7,29 @@ fork, which keeps the entry from being evicted to make a snapshot slot.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection
 from typing import Any
 
-from deepinfer_server.prefix_cache.index import BLOCK_SIZE, CacheEntry
+from deepinfer_server.engines.deepinfer.placement import GPU_CACHE_PREFILL_WATERMARK
+from deepinfer_server.prefix_cache.index import BLOCK_SIZE, CacheEntry, Match
+
+#: The branch name forks get; DeepInfer's prefill takes the forked path for a leading "_".
+FORK_BRANCH = "_prefix_cache"
+
+
+def fork_fits(table_blocks: int, match: Match[Any], prompt_tokens: int, total: int) -> bool:
+    """Whether a fork of `match` (its entry's table holding `table_blocks` blocks) can ever
+    have its prefill scheduled, on an otherwise idle rank of `total` blocks.
+
+    A fork pins its parent's whole block table, answer included (the bindings give no
+    block IDs to pin only the reused ones), until its prefill runs, and DeepInfer prefills
+    it only at or below 90% KV use and with the blocks for the rest of its prompt free
+    (`Scheduler`'s forked branch; more than the pool fails its TORCH_CHECK). A fork past
+    that would wait forever, holding up the prompts queued behind it: a full prefill needs
+    only the prompt's own blocks, once the entry is evicted."""
+    needed = -(-prompt_tokens // BLOCK_SIZE) - match.fork_point // BLOCK_SIZE
+    return table_blocks <= GPU_CACHE_PREFILL_WATERMARK * total and table_blocks + needed < total
 
 
 class Forks:
@@ -24,11 +43,42 @@ class Forks:
         #: Every fork not yet ended -> (fork, the entry it came from).
         self.live: dict[int, tuple[Any, CacheEntry[Any]]] = {}
 
+    def fork(self, match: Match[Any], seq: Any) -> Any:
+        """Fork the built sequence `seq` from `match`'s entry at its fork point (DeepInfer
+        prefills the rest of its prompt); the fork, waiting for its prefill."""
+        entry, fork_point = match.entry, match.fork_point
+        parent = entry.value
+        # fork_seq copies these from the parent at the call: make them the new request's.
+        parent.data = seq.data
+        parent.compressed_data = seq.compressed_data
+        parent.request_id = seq.request_id
+        parent.user_id = seq.user_id
+        parent.num_cached_tokens = fork_point
+        fork = self._scheduler.fork_seq(
+            parent,
+            None,  # the parent's whole table, pinned; the prefill drops what it does not keep
+            FORK_BRANCH,
+            seq.sampling_params,
+            None,
+            -1,
+            -1,
+            seq.seq_id,
+            time.time() * 1000.0,  # milliseconds, as add_sequence stamps
+        )
+        fork.cached_hit_tokens = fork_point
+        self.add(fork, entry)
+        return fork
+
     def add(self, fork: Any, entry: CacheEntry[Any]) -> None:
         """A fork of `entry`, waiting for its prefill."""
         entry.live_forks += 1
         self.waiting[fork.seq_id] = fork
         self.live[fork.seq_id] = (fork, entry)
+
+    def placed(self, fork: Any) -> None:
+        """A prompt placed in blocks the cache chose (`placement`), from no pool entry, waiting
+        for its prefill."""
+        self.waiting[fork.seq_id] = fork
 
     def prefilled(self, seq_id: int) -> None:
         """The sequence's prompt was scheduled (or it finished): it no longer waits."""
@@ -41,11 +91,13 @@ class Forks:
             ended[1].live_forks -= 1
 
     def reused_blocks(self) -> int:
-        """The blocks the waiting forks' prefills keep from their parents."""
+        """The blocks the waiting forks' prefills keep from their parents, or, placed ones,
+        hold already."""
         return sum(
             int(fork.num_cached_tokens) // BLOCK_SIZE
-            for fork in self.waiting.values()
             if fork.branch_id.startswith("_")
+            else -(-int(fork.get_len()) // BLOCK_SIZE)
+            for fork in self.waiting.values()
         )
 
     def free_aborted(self, request_ids: Collection[str]) -> None:

@@ -14,7 +14,6 @@ from deepinfer_server.engines.simulated.abilities import SimulatedAbilities
 from deepinfer_server.engines.simulated.backend import SimulatedOptions
 from deepinfer_server.engines.simulated.collectives import LockstepGroup
 from deepinfer_server.engines.simulated.engine import LLMEngine, SimEngineArgs
-from deepinfer_server.engines.simulated.host_tier import HostTierSettings
 from deepinfer_server.engines.simulated.kv_blocks import BLOCK_SIZE
 from deepinfer_server.engines.simulated.kv_size import KVSize, kv_size_option
 from deepinfer_server.engines.simulated.outputs import RequestOutput
@@ -24,6 +23,7 @@ from deepinfer_server.engines.simulated.store_tier import (
     mooncake_client,
 )
 from deepinfer_server.model.tokenizer import load_tokenizer_json
+from deepinfer_server.prefix_cache.host_tier import HostTierSettings
 
 
 def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:

@@ -8,13 +8,13 @@ from dataclasses import dataclass
 from deepinfer_server.disaggregation.role import DisaggregationRole
 from deepinfer_server.engines.role_settings import RoleSettings
 from deepinfer_server.engines.simulated.collectives import LockstepGroup
-from deepinfer_server.engines.simulated.host_tier import HostTierSettings
 from deepinfer_server.engines.simulated.kv_size import KVSize
 from deepinfer_server.engines.simulated.scheduler import (
     DEFAULT_PREFILL_ANY_ATTEMPT_INTERVAL,
     DEFAULT_PREFILL_ATTEMPT_INTERVAL,
 )
 from deepinfer_server.engines.simulated.store_tier import StoreTier
+from deepinfer_server.prefix_cache.host_tier import HostTierSettings
 from deepinfer_server.prefix_cache.retention import KEY_BUDGET_SHARE
 
 

@@ -12,7 +12,6 @@ from typing import Protocol
 
 from tokenizers import Tokenizer
 
-from deepinfer_server.engines.simulated.host_tier import HostTier, HostTierSettings
 from deepinfer_server.engines.simulated.kv_blocks import KVBlocks, default_pool
 from deepinfer_server.engines.simulated.matcher_builds import MatcherBuilds
 from deepinfer_server.engines.simulated.prefix_cache import MAX_ROLLBACK, PrefixCache
@@ -22,6 +21,7 @@ from deepinfer_server.engines.simulated.state_slots import StateSlots
 from deepinfer_server.engines.simulated.store_tier import StoreTier
 from deepinfer_server.engines.simulated.token_generator import TokenGenerator
 from deepinfer_server.model.tokens import EOS_TOKEN
+from deepinfer_server.prefix_cache.host_tier import HostTier, HostTierSettings
 
 
 class PartsArgs(Protocol):

@@ -22,7 +22,7 @@ docs/design/prefix-caching.md) on the simulated block model, and shares its inde
   next token, or waiting prompts lack state slots. Without demand nothing is evicted.
 - A request that asked for retention (`retention.Retention`) reserves its snapshot slot at
   `add` and its entry is pinned at `finish`: pinned entries are evicted last.
-- With a host tier (`host_tier.HostTier`, `--kv-offload-host-gb`), an evicted entry is copied
+- With a host tier (`HostTier`, `--kv-offload-host-gb`), an evicted entry is copied
   there instead of dropped, and `add` restores a prompt from a host entry that reuses more
   than the pool's best fork when the copy back is faster than computing the difference: the
   prompt keeps no parent blocks, reports the restored tokens as cached and its prompt step
@@ -44,12 +44,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from deepinfer_server.engines.simulated.host_tier import HostCopy, HostTier
 from deepinfer_server.engines.simulated.kv_blocks import BLOCK_SIZE, PREFILL_WATERMARK, KVBlocks
 from deepinfer_server.engines.simulated.sequence import Sequence
 from deepinfer_server.engines.simulated.state_slots import StateSlots
 from deepinfer_server.engines.simulated.store_tier import StoreTier
 from deepinfer_server.ipc.messages import HostTierStats
+from deepinfer_server.prefix_cache.host_tier import HostCopy, HostTier
 from deepinfer_server.prefix_cache.index import CacheEntry, Match, PrefixIndex
 from deepinfer_server.prefix_cache.retention import KEY_BUDGET_SHARE, Retention
 
@@ -103,7 +103,7 @@ class PrefixCache:
         tier_blocks = (
             kv.cache_config.num_gpu_blocks
             if self.host is None
-            else self.host.settings.budget_bytes // max(1, self.host.settings.block_bytes)
+            else self.host.settings.capacity_blocks()
         )
         #: The prompts requests asked to keep for a time (`retention.Retention`).
         self.retention = Retention(int(tier_blocks * retention_share))

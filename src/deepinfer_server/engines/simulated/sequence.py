@@ -58,7 +58,7 @@ class Sequence:
     #: The cache entry it was forked from, until it ends.
     fork_of: CacheEntry[Any] | None = None
     #: The host-tier entry its prefill restores its first `fork_point` tokens from, until then
-    #: (`host_tier.HostTier`; None: none).
+    #: (`prefix_cache.host_tier.HostTier`; None: none).
     restore_of: CacheEntry[Any] | None = None
     #: Its state slot while running, and the snapshot of its state at the prompt's end
     #: (`state_slots.StateSlots`; 0: none).

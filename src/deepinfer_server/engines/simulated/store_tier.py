@@ -1,7 +1,7 @@
 """StoreTier: a prefix-cache tier shared by every replica, on Mooncake Store.
 
-Beside each rank's pool and host tier (`host_tier.HostTier`), `--kv-offload-store mooncake`
-puts every cached prompt's KV in a distributed store that replicas and prefill servers share
+Beside each rank's pool and host tier (`HostTier`), `--kv-offload-store mooncake` puts
+every cached prompt's KV in a distributed store that replicas and prefill servers share
 (its master, `mooncake_master`, runs as a process of its own), so a conversation that moves to
 another replica reuses what any of them computed, as SGLang's HiCache does on the same store.
 

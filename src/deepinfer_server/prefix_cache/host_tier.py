@@ -1,4 +1,4 @@
-"""HostTier: the host-memory KV tier behind the simulated engine's prefix cache.
+"""HostTier: the host-memory KV tier behind a prefix cache (either engine's).
 
 When the prefix cache evicts an entry from the rank's pool (`PrefixCache.evict`), the tier
 keeps a copy of what a fork needs of it: the KV blocks of its first P tokens and its state
@@ -23,17 +23,21 @@ and restored like any other, after the store's copy.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from deepinfer_server.engines.simulated.kv_blocks import blocks_for
 from deepinfer_server.ipc.messages import HostTierStats
-from deepinfer_server.prefix_cache.index import CacheEntry, Match, PrefixIndex
-from deepinfer_server.prefix_cache.retention import Retention
+from deepinfer_server.prefix_cache.index import CacheEntry, Match, PrefixIndex, blocks_for
+
+
+class Pins(Protocol):
+    """Which entries requests asked to keep for a time (the simulated engine's retention)."""
+
+    def pinned(self, entry: CacheEntry[Any]) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,12 @@ class HostTierSettings:
     state_bytes: int
     #: Prompt tokens a prompt step computes per second (0: computing is free, never restore).
     prefill_tokens_per_s: float
+    #: The engine counts the copies' real seconds itself (DeepInfer); else `bytes / bandwidth`.
+    measured: bool = False
+
+    def capacity_blocks(self) -> int:
+        """The KV blocks the budget holds (what a partition's retention share is a share of)."""
+        return self.budget_bytes // max(1, self.block_bytes)
 
     def copy_bytes(self, tokens: int) -> int:
         """The bytes of the blocks holding `tokens` tokens and of a state snapshot."""
@@ -75,6 +85,8 @@ class HostCopy:
     resident: bool = True
     #: The seconds its copy from the shared store took (None: offloaded from this rank's pool).
     fetched: float | None = None
+    #: The copied rows, where the engine keeps real ones (DeepInfer's `host_rows.HostRows`).
+    rows: object = None
 
 
 class HostTier:
@@ -91,16 +103,20 @@ class HostTier:
         self.offload_bytes = 0
         self.offload_seconds = 0.0
         #: Entries requests asked to keep for a time are never dropped before it runs out.
-        self.pins: Retention | None = None
+        self.pins: Pins | None = None
         self.store_hit_tokens = 0
 
     def offload(
-        self, tokens: npt.NDArray[np.int32], salt: bytes | None, fetched: float | None = None
+        self,
+        tokens: npt.NDArray[np.int32],
+        salt: bytes | None,
+        fetched: float | None = None,
+        copy: Callable[[], object] | None = None,
     ) -> bool:
         """Keep a copy of an entry the pool evicts (its first P tokens, for prompts with the
         cache salt `salt`), or of one the shared store's copy brought in `fetched` seconds;
         False when it cannot fit (larger than the budget, or only entries that waiting prompts
-        count on stand in the way)."""
+        count on stand in the way). `copy`, called once room is made, copies the rows."""
         nbytes = self.settings.copy_bytes(len(tokens))
         if nbytes > self.settings.budget_bytes:
             return False
@@ -109,12 +125,14 @@ class HostTier:
             if victim is None:
                 return False
             self._drop(victim)
-        self.index.add(HostCopy(nbytes, fetched=fetched), tokens, salt)
+        rows = None if copy is None else copy()
+        self.index.add(HostCopy(nbytes, fetched=fetched, rows=rows), tokens, salt)
         self.used_bytes += nbytes
         self._partition_bytes[salt] = self._partition_bytes.get(salt, 0) + nbytes
         if fetched is None:
             self.offload_bytes += nbytes
-            self.offload_seconds += self.settings.copy_seconds(nbytes)
+            if not self.settings.measured:
+                self.offload_seconds += self.settings.copy_seconds(nbytes)
         return True
 
     def match(
@@ -147,7 +165,8 @@ class HostTier:
         seconds = self.settings.copy_seconds(nbytes)
         self.hit_tokens += fork_point
         self.restore_bytes += nbytes
-        self.restore_seconds += seconds
+        if not self.settings.measured:
+            self.restore_seconds += seconds
         self.unpin(entry)
         if entry.live_forks == 0 and entry.value.resident:
             self._drop(entry)
@@ -197,6 +216,12 @@ class HostTier:
             self._partition_bytes[entry.salt] = left
         else:
             del self._partition_bytes[entry.salt]
+
+    def clear(self) -> None:
+        """Drop every entry no waiting prompt counts on."""
+        for entry in self.index.eviction_order():
+            if entry.live_forks == 0:
+                self._drop(entry)
 
     def entries(self) -> Iterable[CacheEntry[HostCopy]]:
         """The entries held, least recently used first."""
