@@ -32,6 +32,7 @@ from deepinfer_server.disaggregation.handoff.params import KV_BLOCK_SIZE, KVTran
 from deepinfer_server.disaggregation.transfer.agent import TransferError
 from deepinfer_server.disaggregation.transfer.connector import DecodeConnector, transfer_failed
 from deepinfer_server.engines.deepinfer.cache_memory import CacheMemory, allocate, transfer_agent
+from deepinfer_server.engines.deepinfer.fork_seq import fork_seq
 from deepinfer_server.engines.deepinfer.role_grammar import (
     GRAMMAR_FAILED,
     build_grammar,
@@ -203,16 +204,14 @@ class CompletionRole(DecodeConnector):
         engine = self._engine
         seq.num_cached_tokens = params.prompt_length
         seq.state_id = pending.slot
-        engine.scheduler.fork_seq(
+        fork_seq(
+            engine.scheduler,
             seq,
-            np.asarray(pending.blocks, dtype=np.int32),
+            pending.blocks,
             BRANCH,
-            seq.sampling_params,
-            seq.so_matcher,
-            params.first_token_id,
-            -1,
-            seq.seq_id,
-            time.time() * 1000.0,  # milliseconds, as add_sequence stamps
+            seq,
+            so_matcher=seq.so_matcher,
+            sp_token=params.first_token_id,
         )
         seq.state_id = -1
         # The fork pinned the blocks and the slot itself.

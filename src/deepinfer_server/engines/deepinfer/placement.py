@@ -17,13 +17,13 @@ blocks from DeepInfer); a kept one's until its entry is evicted.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
 
 from deepinfer_server.engines.deepinfer.cache_memory import allocate
+from deepinfer_server.engines.deepinfer.fork_seq import fork_seq
 from deepinfer_server.prefix_cache.index import BLOCK_SIZE
 
 #: KV use above which DeepInfer's scheduler starts no prefill (`GPU_CACHE_PREFILL_WATERMARK`).
@@ -75,17 +75,7 @@ class Placement:
         seq.num_cached_tokens = max(cached, 1)
         seq.state_id = slot
         try:
-            fork = self._scheduler.fork_seq(
-                seq,
-                np.asarray(table, dtype=np.int32),
-                PLACED_BRANCH,
-                seq.sampling_params,
-                None,
-                -1,
-                -1,
-                seq.seq_id,
-                time.time() * 1000.0,  # milliseconds, as add_sequence stamps
-            )
+            fork = fork_seq(self._scheduler, seq, table, PLACED_BRANCH, seq)
         finally:
             seq.state_id = -1
             self.release(owned, slot)  # the fork holds its own pins (or failed: none)

@@ -7,10 +7,10 @@ fork, which keeps the entry from being evicted to make a snapshot slot.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Collection
 from typing import Any
 
+from deepinfer_server.engines.deepinfer.fork_seq import fork_seq
 from deepinfer_server.engines.deepinfer.placement import GPU_CACHE_PREFILL_WATERMARK
 from deepinfer_server.prefix_cache.index import BLOCK_SIZE, CacheEntry, Match
 
@@ -54,17 +54,8 @@ class Forks:
         parent.request_id = seq.request_id
         parent.user_id = seq.user_id
         parent.num_cached_tokens = fork_point
-        fork = self._scheduler.fork_seq(
-            parent,
-            None,  # the parent's whole table, pinned; the prefill drops what it does not keep
-            FORK_BRANCH,
-            seq.sampling_params,
-            None,
-            -1,
-            -1,
-            seq.seq_id,
-            time.time() * 1000.0,  # milliseconds, as add_sequence stamps
-        )
+        # The parent's whole table, pinned; the prefill drops what it does not keep.
+        fork = fork_seq(self._scheduler, parent, None, FORK_BRANCH, seq)
         fork.cached_hit_tokens = fork_point
         self.add(fork, entry)
         return fork
