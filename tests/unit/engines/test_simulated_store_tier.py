@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from deepinfer_server.engines.simulated.engine import LLMEngine
+from deepinfer_server.engines.simulated.store_pages import page_keys
 from deepinfer_server.engines.simulated.store_tier import (
     StoreClient,
     StoreTier,
     StoreTierSettings,
-    page_keys,
 )
 from deepinfer_server.prefix_cache.host_tier import HostTierSettings
 from tests.unit.engines.test_simulated_engine import make_engine, run_to_end

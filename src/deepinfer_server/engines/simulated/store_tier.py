@@ -23,7 +23,6 @@ the store's copy (`bytes / bandwidth`) on top of the host's.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import queue
 import threading
@@ -37,10 +36,10 @@ import numpy as np
 import numpy.typing as npt
 
 from deepinfer_server.engines.simulated.kv_blocks import BLOCK_SIZE
+from deepinfer_server.engines.simulated.store_pages import page_keys, page_value
 
 logger = logging.getLogger(__name__)
 
-_PERSON = b"kv-store-page"
 #: Seconds between two attempts to set a failed client up again.
 RETRY_SECONDS = 5.0
 
@@ -75,24 +74,6 @@ class StoreTierSettings:
     lookup_timeout: float = 0.1
     #: Writes waiting for the writer thread beyond which new ones are dropped.
     queue_depth: int = 256
-
-
-def page_keys(identity: bytes, salt: bytes | None, tokens: npt.NDArray[np.int32]) -> list[str]:
-    """The keys of the pages of `tokens`' whole blocks: page i's digests every token up to
-    its end, the partition `salt` and `identity`."""
-    seed = identity + (b"\x00" if salt is None else b"\x01" + salt)
-    digest = hashlib.blake2b(seed, digest_size=16, person=_PERSON)
-    keys = []
-    for page in range(len(tokens) // BLOCK_SIZE):
-        digest.update(page_value(tokens, page))
-        keys.append("deepinfer-kv-" + digest.copy().hexdigest())
-    return keys
-
-
-def page_value(tokens: npt.NDArray[np.int32], page: int) -> bytes:
-    """What the simulated engine stores for page `page`: its block's token ids."""
-    block = tokens[page * BLOCK_SIZE : (page + 1) * BLOCK_SIZE]
-    return np.ascontiguousarray(block, dtype="<i4").tobytes()
 
 
 class StoreTier:
