@@ -216,8 +216,12 @@ class StoreTier:
         wanted = [
             slot for slot, here in zip(slots, found, strict=True) if here and slot[0] <= pages
         ]
-        values = client.get_batch(keys[:pages] + [key for _, key in wanted])
-        fetched = pages
+        fetched, read = pages, keys[:pages] + [key for _, key in wanted]
+        if not read:
+            return []  # Mooncake answers a get_batch of no key with one empty value
+        values = client.get_batch(read)
+        if len(values) != len(read):
+            raise StoreError(f"get_batch answered {len(values)} values for {len(read)} keys")
         for page, value in enumerate(values[:fetched]):
             if value != page_value(prompt, page):
                 pages = page  # evicted meanwhile (or a foreign value): stop here
