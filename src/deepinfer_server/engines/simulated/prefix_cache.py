@@ -28,8 +28,10 @@ docs/design/prefix-caching.md) on the simulated block model, and shares its inde
   prompt keeps no parent blocks, reports the restored tokens as cached and its prompt step
   lasts the copy's seconds on top of the tokens it computes (`prompt_seconds`).
 - With a shared store too (`store_tier.StoreTier`, `--kv-offload-store`), every entry the
-  pool keeps is written there in the background, and a prompt that the store holds more of
-  than the pool and the host tier is brought into the host tier and restored from there.
+  pool keeps is written there in the background (its whole blocks and its state snapshot),
+  and a prompt that can fork from a stored entry further than from the pool and the host
+  tier (the index's rule: at the entry's P, or P - 1) has that entry brought into the host
+  tier and restored from there; shared blocks without a snapshot restore nothing.
 
 Requests it cannot serve (prompt logprobs, images, grammars) are prefilled in full. With the
 cache off it only hands out the state slots (which running sequences never exhaust).

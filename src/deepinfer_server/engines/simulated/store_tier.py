@@ -5,15 +5,19 @@ every cached prompt's KV in a distributed store that replicas and prefill server
 (its master, `mooncake_master`, runs as a process of its own), so a conversation that moves to
 another replica reuses what any of them computed, as SGLang's HiCache does on the same store.
 
-The store holds pages: one per whole KV block (128 tokens) of a prompt, keyed by a chained
-digest of the rows' layout and model (`identity`: rows of another layout are never read), the
-request's prefix-cache partition (its API-key scope and `cache_salt`, or none) and every token
-up to the page's end, so no page is found from another partition, model or prefix. In the
-simulated engine a page's value is its block's token ids (a lookup checks them against the
-prompt); the bytes moved are accounted at the model's size (`HostTierSettings.copy_bytes`).
+The store holds, for each cached prompt, its whole KV blocks (block pages) and its state
+snapshot (a snapshot page), keyed by a chained digest of the rows' layout and model, the
+request's prefix-cache partition and the prompt's tokens (`store_pages`), so no page is found
+from another partition, model or prefix. A restore starts only where a snapshot was taken, at a
+cached prompt's end P: a block boundary alone has no state to resume from (a fork needs the
+state row at its fork point). A lookup answers the snapshots filed at the boundaries of the
+pages the prompt shares, each as its entry's tokens; the prefix cache decides which one, if
+any, the prompt forks from. The bytes moved are accounted at the model's size
+(`HostTierSettings.copy_bytes`: the blocks and one state row).
 
 Nothing here runs in a step. A write (`write`: an entry the pool keeps) goes to a bounded
-queue that a thread drains (a full queue drops it: a write never waits); a lookup
+queue that a thread drains (a full queue drops it: a write never waits; racing writers of one
+snapshot slot may lose a snapshot, which only costs a later miss); a lookup
 (`lookup`: a prompt that the pool and the host tier serve less of) runs in another thread and
 is waited for at most `lookup_timeout` when the request is added. A store error or timeout,
 including a lost master, is a miss: it is counted (`errors`), logged once, and never fails a
