@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from deepinfer_server.engines.simulated.engine import LLMEngine
-from deepinfer_server.engines.simulated.store_pages import page_keys
+from deepinfer_server.engines.simulated.store_pages import SNAPSHOT_SLOTS, page_keys
 from deepinfer_server.engines.simulated.store_tier import (
     StoreClient,
     StoreTier,
@@ -291,3 +291,19 @@ def test_a_prompt_the_pool_serves_whole_is_not_looked_up() -> None:
     assert _cached(engine, "longer", longer) == len(first)
     store.drain()
     assert Counting.asked == asked + 1  # only the write's existence check
+
+
+def test_a_boundary_keeps_one_copy_of_each_snapshot_up_to_its_slots() -> None:
+    shared = FakeStore()
+    store = _tier(shared)
+    base = np.arange(300, dtype=np.int32)
+    for _ in range(2):
+        store.write(base, None)
+    # Prompts ending in the same block as `base` after the same pages, one more than the slots.
+    for extra in range(SNAPSHOT_SLOTS):
+        store.write(np.concatenate([base[:-1], [1000 + extra]]).astype(np.int32), None)
+    store.drain()
+    assert store.pages_written == 2
+    assert store.snapshots_written == SNAPSHOT_SLOTS  # the last prompt's has no slot left
+    assert len(store.lookup(base, None)) == SNAPSHOT_SLOTS
+    assert store.errors == 0
