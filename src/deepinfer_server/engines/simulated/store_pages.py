@@ -49,7 +49,12 @@ def chain(identity: bytes, salt: bytes | None, tokens: npt.NDArray[np.int32]) ->
 def page_keys(identity: bytes, salt: bytes | None, tokens: npt.NDArray[np.int32]) -> list[str]:
     """The keys of the pages of `tokens`' whole blocks: page i's digests every token up to
     its end, the partition `salt` and `identity`."""
-    return ["deepinfer-kv-" + digest.hex() for digest in chain(identity, salt, tokens)[1:]]
+    return [page_key(digest) for digest in chain(identity, salt, tokens)[1:]]
+
+
+def page_key(digest: bytes) -> str:
+    """The key of the page whose chained digest (through its end) is `digest`."""
+    return "deepinfer-kv-" + digest.hex()
 
 
 def page_value(tokens: npt.NDArray[np.int32], page: int) -> bytes:

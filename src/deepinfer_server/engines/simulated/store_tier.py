@@ -43,6 +43,7 @@ from deepinfer_server.engines.simulated.kv_blocks import BLOCK_SIZE
 from deepinfer_server.engines.simulated.store_pages import (
     boundary,
     chain,
+    page_key,
     page_value,
     snapshot_keys,
     snapshot_tokens,
@@ -168,10 +169,10 @@ class StoreTier:
         if client is None:
             return
         digests = chain(self.settings.identity, salt, tokens)
-        keys = ["deepinfer-kv-" + digest.hex() for digest in digests[1:]]
+        keys = [page_key(digest) for digest in digests[1:]]
         slots = snapshot_keys(digests[boundary(len(tokens))])
         present = _checked(client.batch_is_exist(keys + slots))
-        for page, (key, found) in enumerate(zip(keys, present, strict=False)):
+        for page, (key, found) in enumerate(zip(keys, present[: len(keys)], strict=True)):
             if not found:
                 _put(client, key, page_value(tokens, page))
                 self.pages_written += 1
@@ -212,7 +213,7 @@ class StoreTier:
         if client is None:
             return []
         digests = chain(self.settings.identity, salt, prompt)
-        keys = ["deepinfer-kv-" + digest.hex() for digest in digests[1:]]
+        keys = [page_key(digest) for digest in digests[1:]]
         slots = [(at, key) for at, digest in enumerate(digests) for key in snapshot_keys(digest)]
         present = _checked(client.batch_is_exist(keys + [key for _, key in slots]))
         pages = next((page for page in range(len(keys)) if not present[page]), len(keys))
