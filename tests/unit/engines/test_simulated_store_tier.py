@@ -1,6 +1,7 @@
 """The prefix cache's shared store tier on the simulated engine, against an in-memory store
-client: a prompt one engine cached is restored by another (counted as the store's hits), never
-across a partition or a layout, a store failure is a miss, and a write never waits."""
+client: a prompt one engine cached is restored by another (counted as the store's hits) at a
+cached entry's end, where its state snapshot was taken, never at a mere block boundary, never
+across a partition or a layout; a store failure is a miss, and a write never waits."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ import numpy as np
 import pytest
 
 from deepinfer_server.engines.simulated.engine import LLMEngine
+from deepinfer_server.engines.simulated.store_pages import SNAPSHOT_SLOTS, page_keys
 from deepinfer_server.engines.simulated.store_tier import (
     StoreClient,
     StoreTier,
     StoreTierSettings,
-    page_keys,
 )
 from deepinfer_server.prefix_cache.host_tier import HostTierSettings
 from tests.unit.engines.test_simulated_engine import make_engine, run_to_end
@@ -38,6 +39,8 @@ class FakeStore:
         return 0
 
     def get_batch(self, keys: list[str]) -> list[bytes]:
+        if not keys:
+            return [b""]  # as Mooncake answers a read of no key
         with self.lock:
             return [self.values.get(key, b"") for key in keys]
 
@@ -69,25 +72,79 @@ def _engine(store: StoreTier) -> LLMEngine:
     return make_engine(enable_prefix_caching=True, host_tier=host, store_tier=store)
 
 
-def _pages(tokens: int) -> int:
-    return tokens - tokens % 128
+def _written(shared: FakeStore, *prompts: np.ndarray, salt: bytes | None = None) -> None:
+    """Cache each of `prompts` on an engine of its own writing to `shared`."""
+    for number, prompt in enumerate(prompts):
+        writer = _tier(shared)
+        engine = _engine(writer)
+        engine.add_request("0", f"w{number}", {"max_tokens": 2}, prompt, cache_salt=salt)
+        list(run_to_end(engine))
+        writer.drain()
 
 
 def test_a_turn_moved_to_another_engine_is_restored_from_the_store() -> None:
     shared = FakeStore()
     first, second = _turn("Hello."), _turn("Hello.", "Run the tests.")
+    assert len(first) % 128  # its snapshot is mid-block
     writer, reader = _tier(shared), _tier(shared)
     _cached(_engine(writer), "one", first)
     writer.drain()
-    assert writer.pages_written == len(first) // 128 == len(shared.values)
+    assert writer.pages_written == len(first) // 128 == len(shared.values) - 1
+    assert writer.snapshots_written == 1
     engine = _engine(reader)
     computed = engine.prompt_tokens_computed
-    assert _cached(engine, "two", second) == _pages(len(first))
-    assert engine.prompt_tokens_computed - computed == len(second) - _pages(len(first))
+    # Restored at the first turn's end, where its state was taken, not at the page before.
+    assert _cached(engine, "two", second) == len(first)
+    assert engine.prompt_tokens_computed - computed == len(second) - len(first)
     stats = engine.host_tier_stats()
     assert stats is not None
-    assert stats.store_hit_tokens == stats.hit_tokens == _pages(len(first))
+    assert stats.store_hit_tokens == stats.hit_tokens == len(first)
     assert stats.store_errors == 0
+
+
+def test_whole_pages_without_a_snapshot_restore_nothing() -> None:
+    shared = FakeStore()
+    first = _turn("Hello.")
+    _written(shared, first)
+    # Its first three pages, then other tokens: no state was ever taken in there.
+    other = np.concatenate([first[:384], first[384:] + 1, first[:100]]).astype(np.int32)
+    engine = _engine(_tier(shared))
+    assert _cached(engine, "two", other) == 0
+    assert engine.prompt_tokens_computed == len(other)
+
+
+def test_entries_ending_in_the_same_block_are_each_found() -> None:
+    shared = FakeStore()
+    base = _turn("Hello.")
+    end = len(base) - len(base) % 128 + 60  # mid-block, with room for a longer one after it
+    short = np.concatenate([base, base[:80]])[:end].astype(np.int32)
+    long = np.concatenate([short, base[5:35]]).astype(np.int32)
+    assert len(short) // 128 == len(long) // 128
+    _written(shared, short, long)
+    engine = _engine(_tier(shared))
+    more = base[200:300]
+    assert _cached(engine, "short", np.concatenate([short, more + 7])) == len(short)
+    engine = _engine(_tier(shared))
+    assert _cached(engine, "long", np.concatenate([long, more])) == len(long)
+
+
+def test_a_thinking_turn_restores_from_the_snapshot_one_token_on() -> None:
+    shared = FakeStore()
+    first = _turn("Hello.", thinking=True)
+    second = _turn("Hello.", "Run the tests.", thinking=True)
+    _written(shared, first)
+    assert second[len(first) - 1] != first[-1]
+    assert _cached(_engine(_tier(shared)), "two", second) == len(first) - 1
+
+
+def test_a_block_aligned_entry_serves_a_thinking_turn() -> None:
+    shared = FakeStore()
+    first = _turn("Hello.", thinking=True)
+    aligned = np.concatenate([first[: len(first) - len(first) % 128 - 1], first[-1:]])
+    assert len(aligned) % 128 == 0
+    _written(shared, aligned)
+    second = np.concatenate([aligned[:-1], first[10:200]]).astype(np.int32)
+    assert _cached(_engine(_tier(shared)), "two", second) == len(aligned) - 1
 
 
 def test_the_restore_lasts_the_store_copy_and_the_host_copy() -> None:
@@ -100,7 +157,7 @@ def test_the_restore_lasts_the_store_copy_and_the_host_copy() -> None:
     engine.add_request("0", "two", {"max_tokens": 2}, second)
     cache = engine._cache
     assert cache.host is not None
-    nbytes = cache.host.settings.copy_bytes(_pages(len(first)))
+    nbytes = cache.host.settings.copy_bytes(len(first))
     engine.step()
     assert cache.host.restore_bytes == nbytes
     assert cache.host.restore_seconds == pytest.approx(nbytes / 50e9)
@@ -116,9 +173,11 @@ def test_no_hit_crosses_a_partition(written: bytes | None, read: bytes | None) -
     list(run_to_end(engine))
     writer.drain()
     assert shared.values
-    engine = _engine(_tier(shared))
+    reader = _tier(shared)
+    engine = _engine(reader)
     sequence = engine.add_request("0", "two", {"max_tokens": 2}, second, cache_salt=read)
     assert sequence is not None and sequence.num_cached_tokens == 0
+    assert reader.errors == 0  # a miss, not a failure
 
 
 def test_the_key_includes_the_layout_and_the_partition() -> None:
@@ -178,7 +237,7 @@ def test_an_unanswered_lookup_is_a_miss() -> None:
     # While it stays unanswered, the next lookups miss without waiting for the store.
     prompt = _turn("Hello.", "Once more.")
     queued = store._lookups.qsize()
-    assert store.lookup(prompt, len(prompt) - 2, None) == 0
+    assert store.lookup(prompt, None) == []
     assert store.errors == 2 and store._lookups.qsize() == queued  # never asked
     release.set()
 
@@ -199,7 +258,7 @@ def test_writes_never_wait_for_the_store() -> None:
     assert store.dropped >= 7
     release.set()
     store.drain()
-    assert store.pages_written == 2 and len(client.values) == 2
+    assert store.pages_written == 2 and store.snapshots_written == 1 and len(client.values) == 3
 
 
 def test_a_store_slower_than_computing_is_not_read() -> None:
@@ -232,3 +291,19 @@ def test_a_prompt_the_pool_serves_whole_is_not_looked_up() -> None:
     assert _cached(engine, "longer", longer) == len(first)
     store.drain()
     assert Counting.asked == asked + 1  # only the write's existence check
+
+
+def test_a_boundary_keeps_one_copy_of_each_snapshot_up_to_its_slots() -> None:
+    shared = FakeStore()
+    store = _tier(shared)
+    base = np.arange(300, dtype=np.int32)
+    for _ in range(2):
+        store.write(base, None)
+    # Prompts ending in the same block as `base` after the same pages, one more than the slots.
+    for extra in range(SNAPSHOT_SLOTS):
+        store.write(np.concatenate([base[:-1], [1000 + extra]]).astype(np.int32), None)
+    store.drain()
+    assert store.pages_written == 2
+    assert store.snapshots_written == SNAPSHOT_SLOTS  # the last prompt's has no slot left
+    assert len(store.lookup(base, None)) == SNAPSHOT_SLOTS
+    assert store.errors == 0

@@ -28,8 +28,10 @@ docs/design/prefix-caching.md) on the simulated block model, and shares its inde
   prompt keeps no parent blocks, reports the restored tokens as cached and its prompt step
   lasts the copy's seconds on top of the tokens it computes (`prompt_seconds`).
 - With a shared store too (`store_tier.StoreTier`, `--kv-offload-store`), every entry the
-  pool keeps is written there in the background, and a prompt that the store holds more of
-  than the pool and the host tier is brought into the host tier and restored from there.
+  pool keeps is written there in the background (its whole blocks and its state snapshot),
+  and a prompt that can fork from a stored entry further than from the pool and the host
+  tier (the index's rule: at the entry's P, or P - 1) has that entry brought into the host
+  tier and restored from there; shared blocks without a snapshot restore nothing.
 
 Requests it cannot serve (prompt logprobs, images, grammars) are prefilled in full. With the
 cache off it only hands out the state slots (which running sequences never exhaust).
@@ -182,17 +184,25 @@ class PrefixCache:
     def _from_store(
         self, prompt: npt.NDArray[np.int32], limit: int, salt: bytes | None, pool_fork: int
     ) -> Match[HostCopy] | None:
-        """The host entry to restore `prompt` from once the store's pages of it are brought
-        to host memory, when they reuse more than the pool's fork and it is worth it."""
+        """The host entry to restore `prompt` from once the store's copy of an entry (its
+        pages and its state snapshot) is brought to host memory, when it reuses more than the
+        pool's fork and it is worth it."""
         assert self.store is not None and self.host is not None
-        if limit - limit % BLOCK_SIZE <= pool_fork:
-            return None  # no whole page beyond the pool's fork: not worth a round trip
-        found = self.store.lookup(prompt, limit, salt)
-        settings = self.host.settings
-        seconds = self.store.transfer_seconds(settings.copy_bytes(found))
-        if not settings.worth_restoring(found, found - pool_fork, seconds):
+        if limit <= pool_fork:
+            return None  # nothing beyond the pool's fork can be restored: no round trip
+        snapshots = self.store.lookup(prompt[: limit + MAX_ROLLBACK], salt)
+        # The index's rule decides where (and whether) the prompt can fork from each one.
+        candidates: PrefixIndex[None] = PrefixIndex(max_rollback=MAX_ROLLBACK)
+        for tokens in snapshots:
+            candidates.add(None, tokens, salt)
+        best = candidates.match(prompt, limit=limit, salt=salt)
+        if best is None or best.fork_point <= pool_fork:
             return None
-        if not self.host.offload(prompt[:found], salt, fetched=seconds):
+        settings, found = self.host.settings, best.entry.tokens
+        seconds = self.store.transfer_seconds(settings.copy_bytes(len(found)))
+        if not settings.worth_restoring(best.fork_point, best.fork_point - pool_fork, seconds):
+            return None
+        if not self.host.offload(found, salt, fetched=seconds):
             return None
         return self.host.match(prompt, limit, salt, pool_fork)
 

@@ -5,15 +5,19 @@ every cached prompt's KV in a distributed store that replicas and prefill server
 (its master, `mooncake_master`, runs as a process of its own), so a conversation that moves to
 another replica reuses what any of them computed, as SGLang's HiCache does on the same store.
 
-The store holds pages: one per whole KV block (128 tokens) of a prompt, keyed by a chained
-digest of the rows' layout and model (`identity`: rows of another layout are never read), the
-request's prefix-cache partition (its API-key scope and `cache_salt`, or none) and every token
-up to the page's end, so no page is found from another partition, model or prefix. In the
-simulated engine a page's value is its block's token ids (a lookup checks them against the
-prompt); the bytes moved are accounted at the model's size (`HostTierSettings.copy_bytes`).
+The store holds, for each cached prompt, its whole KV blocks (block pages) and its state
+snapshot (a snapshot page), keyed by a chained digest of the rows' layout and model, the
+request's prefix-cache partition and the prompt's tokens (`store_pages`), so no page is found
+from another partition, model or prefix. A restore starts only where a snapshot was taken, at a
+cached prompt's end P: a block boundary alone has no state to resume from (a fork needs the
+state row at its fork point). A lookup answers the snapshots filed at the boundaries of the
+pages the prompt shares, each as its entry's tokens; the prefix cache decides which one, if
+any, the prompt forks from. The bytes moved are accounted at the model's size
+(`HostTierSettings.copy_bytes`: the blocks and one state row).
 
 Nothing here runs in a step. A write (`write`: an entry the pool keeps) goes to a bounded
-queue that a thread drains (a full queue drops it: a write never waits); a lookup
+queue that a thread drains (a full queue drops it: a write never waits; racing writers of one
+snapshot slot may lose a snapshot, which only costs a later miss); a lookup
 (`lookup`: a prompt that the pool and the host tier serve less of) runs in another thread and
 is waited for at most `lookup_timeout` when the request is added. A store error or timeout,
 including a lost master, is a miss: it is counted (`errors`), logged once, and never fails a
@@ -23,7 +27,6 @@ the store's copy (`bytes / bandwidth`) on top of the host's.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import queue
 import threading
@@ -37,10 +40,20 @@ import numpy as np
 import numpy.typing as npt
 
 from deepinfer_server.engines.simulated.kv_blocks import BLOCK_SIZE
+from deepinfer_server.engines.simulated.store_pages import (
+    boundary,
+    chain,
+    page_key,
+    page_value,
+    snapshot_keys,
+    snapshot_tokens,
+    tail_value,
+)
 
 logger = logging.getLogger(__name__)
+#: What a lookup finds: the tokens of each snapshot (entry) the prompt may resume from.
+Snapshots = list[npt.NDArray[np.int32]]
 
-_PERSON = b"kv-store-page"
 #: Seconds between two attempts to set a failed client up again.
 RETRY_SECONDS = 5.0
 
@@ -77,24 +90,6 @@ class StoreTierSettings:
     queue_depth: int = 256
 
 
-def page_keys(identity: bytes, salt: bytes | None, tokens: npt.NDArray[np.int32]) -> list[str]:
-    """The keys of the pages of `tokens`' whole blocks: page i's digests every token up to
-    its end, the partition `salt` and `identity`."""
-    seed = identity + (b"\x00" if salt is None else b"\x01" + salt)
-    digest = hashlib.blake2b(seed, digest_size=16, person=_PERSON)
-    keys = []
-    for page in range(len(tokens) // BLOCK_SIZE):
-        digest.update(page_value(tokens, page))
-        keys.append("deepinfer-kv-" + digest.copy().hexdigest())
-    return keys
-
-
-def page_value(tokens: npt.NDArray[np.int32], page: int) -> bytes:
-    """What the simulated engine stores for page `page`: its block's token ids."""
-    block = tokens[page * BLOCK_SIZE : (page + 1) * BLOCK_SIZE]
-    return np.ascontiguousarray(block, dtype="<i4").tobytes()
-
-
 class StoreTier:
     """One rank's client of the shared store; its loop's thread calls `write` and `lookup`."""
 
@@ -109,17 +104,20 @@ class StoreTier:
         )
         self._lookups: queue.Queue[_Lookup] = queue.Queue()
         #: The last lookup that timed out: until it is answered, lookups miss at once.
-        self._unanswered: Future[int] | None = None
-        #: Store errors and timed-out lookups, writes dropped for a full queue, pages written.
+        self._unanswered: Future[Snapshots] | None = None
+        #: Store errors and timed-out lookups, writes dropped for a full queue, block pages
+        #: and snapshot pages written.
         self.errors = 0
         self.dropped = 0
         self.pages_written = 0
+        self.snapshots_written = 0
         self._logged = False
         for target, name in ((self._write_loop, "writer"), (self._lookup_loop, "lookups")):
             threading.Thread(target=target, name=f"kv-store-{name}", daemon=True).start()
 
     def write(self, tokens: npt.NDArray[np.int32], salt: bytes | None) -> None:
-        """Put the whole-block pages of a cached prompt the store lacks, in the background."""
+        """Put the whole-block pages of a cached prompt and its snapshot page, those the
+        store lacks, in the background."""
         if len(tokens) < BLOCK_SIZE:
             return
         try:
@@ -127,24 +125,24 @@ class StoreTier:
         except queue.Full:
             self.dropped += 1
 
-    def lookup(self, prompt: npt.NDArray[np.int32], limit: int, salt: bytes | None) -> int:
-        """The tokens of `prompt`'s longest prefix of at most `limit` tokens the store holds
-        in pages of partition `salt` (a multiple of the block size; 0 on a miss, an error or
-        no answer within the timeout)."""
-        if limit < BLOCK_SIZE:
-            return 0
+    def lookup(self, prompt: npt.NDArray[np.int32], salt: bytes | None) -> Snapshots:
+        """The snapshots of partition `salt` the store holds with every whole page before
+        them shared with `prompt`, each as its entry's tokens (the caller decides which one,
+        if any, `prompt` forks from); none on a miss, an error or no answer in time."""
+        if len(prompt) < BLOCK_SIZE:
+            return []
         if self._unanswered is not None and not self._unanswered.done():
             # A stuck store would otherwise cost every request the whole timeout.
             self._failed("a lookup is still unanswered")
-            return 0
-        pending = _Lookup(prompt[: limit - limit % BLOCK_SIZE], salt, Future())
+            return []
+        pending = _Lookup(prompt, salt, Future())
         self._lookups.put(pending)
         try:
             return pending.answer.result(timeout=self.settings.lookup_timeout)
         except TimeoutError:
             self._unanswered = pending.answer
             self._failed("a lookup timed out")
-            return 0
+            return []
 
     def drain(self) -> None:
         """Wait until every queued write has been handled (for tests and shutdown)."""
@@ -170,14 +168,32 @@ class StoreTier:
         client = self._client_or_none()
         if client is None:
             return
-        keys = page_keys(self.settings.identity, salt, tokens)
-        present = _checked(client.batch_is_exist(keys))
-        for page, (key, found) in enumerate(zip(keys, present, strict=True)):
+        digests = chain(self.settings.identity, salt, tokens)
+        keys = [page_key(digest) for digest in digests[1:]]
+        slots = snapshot_keys(digests[boundary(len(tokens))])
+        present = _checked(client.batch_is_exist(keys + slots))
+        for page, (key, found) in enumerate(zip(keys, present[: len(keys)], strict=True)):
             if not found:
-                code = client.put(key, page_value(tokens, page))
-                if code != 0:
-                    raise StoreError(f"put returned {code}")
+                _put(client, key, page_value(tokens, page))
                 self.pages_written += 1
+        self._put_snapshot(client, list(zip(slots, present[len(keys) :], strict=True)), tokens)
+
+    def _put_snapshot(
+        self, client: StoreClient, slots: list[tuple[str, bool]], tokens: npt.NDArray[np.int32]
+    ) -> None:
+        """Put the snapshot after `tokens` in the first free one of its boundary's `slots`
+        (each key and whether it is taken), unless a slot holds it already. Two writers may
+        take the same slot at once: the store keeps the first one's value and the other's
+        snapshot is lost (a later lookup misses it, nothing worse); with every slot taken it
+        goes unstored too."""
+        value = tail_value(tokens)
+        taken = [key for key, found in slots if found]
+        if value in (client.get_batch(taken) if taken else []):
+            return
+        free = next((key for key, found in slots if not found), None)
+        if free is not None:
+            _put(client, free, value)
+            self.snapshots_written += 1
 
     def _lookup_loop(self) -> None:
         self._client_or_none()  # connect now: the first lookup must not wait for the setup
@@ -187,22 +203,39 @@ class StoreTier:
                 found = self._find(pending.prompt, pending.salt)
             except Exception as error:
                 self._failed(f"a lookup failed: {error}")
-                found = 0
+                found = []
             pending.answer.set_result(found)
 
-    def _find(self, prompt: npt.NDArray[np.int32], salt: bytes | None) -> int:
-        """The pages of `prompt` present in a row from its start, checked token by token."""
+    def _find(self, prompt: npt.NDArray[np.int32], salt: bytes | None) -> Snapshots:
+        """The snapshots at the boundaries of the pages of `prompt` present in a row from its
+        start (checked token by token): one existence check, then one fetch."""
         client = self._client_or_none()
         if client is None:
-            return 0
-        keys = page_keys(self.settings.identity, salt, prompt)
-        present = _checked(client.batch_is_exist(keys)) if keys else []
-        pages = next((page for page, found in enumerate(present) if not found), len(present))
-        values = client.get_batch(keys[:pages]) if pages else []
-        for page, value in enumerate(values):
+            return []
+        digests = chain(self.settings.identity, salt, prompt)
+        keys = [page_key(digest) for digest in digests[1:]]
+        slots = [(at, key) for at, digest in enumerate(digests) for key in snapshot_keys(digest)]
+        present = _checked(client.batch_is_exist(keys + [key for _, key in slots]))
+        pages = next((page for page in range(len(keys)) if not present[page]), len(keys))
+        found = present[len(keys) :]
+        wanted = [
+            slot for slot, here in zip(slots, found, strict=True) if here and slot[0] <= pages
+        ]
+        fetched, read = pages, keys[:pages] + [key for _, key in wanted]
+        if not read:
+            return []  # Mooncake answers a get_batch of no key with one empty value
+        values = client.get_batch(read)
+        if len(values) != len(read):
+            raise StoreError(f"get_batch answered {len(values)} values for {len(read)} keys")
+        for page, value in enumerate(values[:fetched]):
             if value != page_value(prompt, page):
-                return page * BLOCK_SIZE  # evicted meanwhile (or a foreign value): stop here
-        return pages * BLOCK_SIZE
+                pages = page  # evicted meanwhile (or a foreign value): stop here
+                break
+        return [
+            snapshot_tokens(prompt, at, value)
+            for (at, _), value in zip(wanted, values[fetched:], strict=True)
+            if value and at <= pages  # an empty value: evicted since the existence check
+        ]
 
     def _client_or_none(self) -> StoreClient | None:
         """The connected client; None while a failed connection waits for its retry."""
@@ -249,7 +282,14 @@ def mooncake_client(master: str, hostname: str) -> StoreClient:
 class _Lookup:
     prompt: npt.NDArray[np.int32]
     salt: bytes | None
-    answer: Future[int]
+    answer: Future[Snapshots]
+
+
+def _put(client: StoreClient, key: str, value: bytes) -> None:
+    """Store `value` under `key`; raises for an error code."""
+    code = client.put(key, value)
+    if code != 0:
+        raise StoreError(f"put returned {code}")
 
 
 def _checked(codes: list[int]) -> list[bool]:
