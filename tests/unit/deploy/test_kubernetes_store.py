@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.lanes import missing_lane
 from tests.unit.deploy.test_kubernetes_manifests import DEPLOY, validate
 
 STORE = DEPLOY / "store"
@@ -50,10 +51,11 @@ def test_the_service_reaches_the_masters_rpc_port() -> None:
     assert f"--metrics_port={ports['metrics']}" in container["args"]
 
 
+@pytest.mark.disaggregation
 def test_mooncake_master_knows_every_option() -> None:
     binary = Path(sys.executable).parent / "mooncake_master"
     if not binary.exists():
-        pytest.skip("mooncake_master is not installed (the disaggregation extra)")
+        missing_lane("disaggregation", "mooncake_master is not installed (its extra)")
     (deployment,) = [d for d in _documents() if d["kind"] == "Deployment"]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     known = subprocess.run(
