@@ -14,7 +14,7 @@ from typing import Any
 from deepinfer_server.errors import BadRequestError, ErrorKind, StoredObjectNotFound
 from deepinfer_server.protocol.core.json_types import JsonObject
 from deepinfer_server.protocol.core.validation import refuse_given
-from deepinfer_server.protocol.responses.request import INPUT_ITEM_TYPES
+from deepinfer_server.protocol.responses.request import check_item_type
 from deepinfer_server.protocol.responses.stored import ITEM_REFERENCE, with_id
 
 Item = JsonObject
@@ -104,13 +104,7 @@ def _checked_item(item: Any, where: str) -> Item:
             param=f"{where}.type",
             kind=ErrorKind.UNSUPPORTED,
         )
-    if not isinstance(kind, str) or kind not in INPUT_ITEM_TYPES:
-        raise BadRequestError(
-            f"{where}: input item type {kind!r} is not supported; supported: "
-            + ", ".join(sorted(INPUT_ITEM_TYPES)),
-            param=f"{where}.type",
-            kind=ErrorKind.UNSUPPORTED,
-        )
+    check_item_type(kind, where)
     if kind == "message":
         if item.get("role", "user") not in _ROLES:
             raise BadRequestError(

@@ -95,6 +95,17 @@ INPUT_ITEM_TYPES = frozenset(
     }
 )
 
+
+def check_item_type(kind: object, where: str) -> None:
+    """400 (unsupported) naming `where` for an input item type outside `INPUT_ITEM_TYPES`."""
+    if not isinstance(kind, str) or kind not in INPUT_ITEM_TYPES:
+        raise BadRequestError(
+            f"{where}: input item type {kind!r} is not supported; supported: "
+            + ", ".join(sorted(INPUT_ITEM_TYPES)),
+            param=f"{where}.type",
+            kind=ErrorKind.UNSUPPORTED,
+        )
+
 _SAMPLING = SAMPLING[Api.RESPONSES]
 #: How the recipe parses a Responses body (see `field_errors`).
 _SHAPE = BodyShape(ResponsesRequest, {"model": "", "input": ""})
@@ -118,14 +129,7 @@ def _check_input_items(body: JsonObject) -> None:
     for index, item in enumerate(items):
         if not isinstance(item, dict) or "type" not in item:
             continue  # the recipe rejects non-objects and reads typeless items as messages
-        kind = item["type"]
-        if not isinstance(kind, str) or kind not in INPUT_ITEM_TYPES:
-            raise BadRequestError(
-                f"input[{index}]: input item type {kind!r} is not supported; supported: "
-                + ", ".join(sorted(INPUT_ITEM_TYPES)),
-                param=f"input[{index}].type",
-                kind=ErrorKind.UNSUPPORTED,
-            )
+        check_item_type(item["type"], f"input[{index}]")
 
 
 _LOGPROBS_INCLUDE = "message.output_text.logprobs"
