@@ -63,14 +63,7 @@ def parse_config(argv: Sequence[str] | None = None) -> ResolvedConfig:
     server = ServerConfig(**_values(namespace, ServerConfig))
     backend = get_backend(server.engine)
     options = backend.options_type(**_values(namespace, backend.options_type))
-    config = resolve(
-        server,
-        options,
-        model_required=backend.model_required,
-        default_max_model_len=backend.default_max_model_len,
-        default_prefix_caching=backend.default_prefix_caching,
-        default_kv_offload_host_gb=backend.default_kv_offload_host_gb,
-    )
+    config = resolve(server, options, backend.defaults)
     backend.validate_options(options, config.data_parallel_size)
     return config
 

@@ -222,34 +222,41 @@ class ResolvedConfig:
         return self.data_parallel_size * self.max_num_seqs + self.max_queued_requests
 
 
+@dataclass(frozen=True)
+class EngineDefaults:
+    """What an engine backend decides where the command line is silent."""
+
+    #: Whether MODEL must be given.
+    model_required: bool = True
+    #: --max-model-len when not given.
+    max_model_len: int = 32768
+    #: --enable-prefix-caching when neither it nor --no-enable-prefix-caching is given.
+    prefix_caching: bool = False
+    #: --kv-offload-host-gb when not given and the prefix cache is on.
+    kv_offload_host_gb: float = 0.0
+
+
 def resolve(
-    config: ServerConfig,
-    engine_options: object,
-    *,
-    model_required: bool,
-    default_max_model_len: int,
-    default_prefix_caching: bool = False,
-    default_kv_offload_host_gb: float = 0.0,
+    config: ServerConfig, engine_options: object, defaults: EngineDefaults
 ) -> ResolvedConfig:
     """Validate the options as given and fill every derived default.
 
-    `engine_options` is the chosen backend's option group (already validated by the backend);
-    `model_required`, `default_max_model_len`, `default_prefix_caching` and
-    `default_kv_offload_host_gb` are that backend's.
+    `engine_options` is the chosen backend's option group (already validated by the backend),
+    `defaults` what that backend decides where the options are silent.
     """
-    if config.model is None and model_required:
+    if config.model is None and defaults.model_required:
         raise ConfigError(f"MODEL is required with --engine {config.engine}")
     ep, dp, cp = derive_parallelism(
         config.expert_parallel_size, config.data_parallel_size, config.context_parallel_size
     )
-    max_model_len = config.max_model_len or default_max_model_len
+    max_model_len = config.max_model_len or defaults.max_model_len
     check_decode_layout(config, cp)
     check_ranges(config, max_model_len)
     served = _served_model_names(config)
     keys = named_keys(_api_keys(config), config.api_key_file)
     prefill_attempt, prefill_any_attempt = _prefill_intervals(config)
     caching = (
-        default_prefix_caching
+        defaults.prefix_caching
         if config.enable_prefix_caching is None
         else config.enable_prefix_caching
     )
@@ -265,7 +272,7 @@ def resolve(
         prefill_any_attempt_interval=prefill_any_attempt,
         speculative_tokens=speculative_tokens(config.speculative_tokens),
         enable_prefix_caching=caching,
-        kv_offload_host_gb=_host_tier_gb(config, caching, default_kv_offload_host_gb),
+        kv_offload_host_gb=_host_tier_gb(config, caching, defaults.kv_offload_host_gb),
         allowed_media_domains=tuple(d.lower() for d in config.allowed_media_domains),
         disaggregation_host=advertised_host(config.disaggregation_host, config.host),
         access_log=not config.disable_access_log,

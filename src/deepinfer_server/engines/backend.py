@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal, Protocol
 from deepinfer_server.config.resolved import (
     DEFAULT_PREFILL_ANY_ATTEMPT_INTERVAL,
     DEFAULT_PREFILL_ATTEMPT_INTERVAL,
+    EngineDefaults,
 )
 from deepinfer_server.disaggregation.layout import KVLayout
 from deepinfer_server.disaggregation.role import DisaggregationRole
@@ -173,14 +174,8 @@ class EngineBackend(abc.ABC):
     required_files: ClassVar[tuple[str, ...]]
     #: Hub download patterns (None: the whole repository).
     download_patterns: ClassVar[list[str] | None] = None
-    #: Whether MODEL must be given.
-    model_required: ClassVar[bool] = True
-    #: --max-model-len when not given.
-    default_max_model_len: ClassVar[int] = 32768
-    #: --enable-prefix-caching when neither it nor --no-enable-prefix-caching is given.
-    default_prefix_caching: ClassVar[bool] = False
-    #: --kv-offload-host-gb when not given and the prefix cache is on.
-    default_kv_offload_host_gb: ClassVar[float] = 0.0
+    #: What this engine decides where the command line is silent.
+    defaults: ClassVar[EngineDefaults] = EngineDefaults()
 
     def validate_options(self, options: object, data_parallel_size: int) -> None:
         """Raise ConfigError for option values this engine cannot use."""

@@ -13,7 +13,7 @@ import pytest
 
 from deepinfer_server.cli import parse_config
 from deepinfer_server.config import ResolvedConfig, ServerConfig, resolve
-from deepinfer_server.config.resolved import is_derived
+from deepinfer_server.config.resolved import EngineDefaults, is_derived
 from deepinfer_server.config.tenants import NamedKey, Tenant
 from deepinfer_server.disaggregation.role import DisaggregationRole
 from deepinfer_server.engines.backend import OF_THE_RANK
@@ -219,9 +219,7 @@ def test_every_option_reaches_the_resolved_configuration(monkeypatch: pytest.Mon
     monkeypatch.setenv("DEEPINFER_DISAGGREGATION_SECRET", SECRETS[5] + "-from-the-environment")
 
     def resolved(server: ServerConfig) -> ResolvedConfig:
-        return resolve(
-            server, SimulatedOptions(), model_required=False, default_max_model_len=32768
-        )
+        return resolve(server, SimulatedOptions(), EngineDefaults(model_required=False))
 
     defaults = resolved(ServerConfig())
     for name, (_, given) in OPTIONS.items():

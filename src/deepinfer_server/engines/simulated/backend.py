@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 from deepinfer_server.config.option_field import flag_option, float_option, int_option, option
+from deepinfer_server.config.resolved import EngineDefaults
 from deepinfer_server.engines.backend import EngineBackend, SharedState
 from deepinfer_server.engines.simulated.collectives import new_lockstep_group
 from deepinfer_server.engines.simulated.kv_size import valid_kv_bytes
@@ -153,9 +154,7 @@ class SimulatedBackend(EngineBackend):
     builder = "deepinfer_server.engines.simulated.builder:build"
     required_files = ("tokenizer.json",)
     download_patterns: ClassVar[list[str] | None] = ["*.json", "*.py", "*.model", "*.txt"]
-    model_required = False
-    default_prefix_caching = True
-    default_kv_offload_host_gb = 64.0
+    defaults = EngineDefaults(model_required=False, prefix_caching=True, kv_offload_host_gb=64.0)
 
     def validate_options(self, options: object, data_parallel_size: int) -> None:
         assert isinstance(options, SimulatedOptions)

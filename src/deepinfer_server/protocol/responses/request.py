@@ -106,6 +106,7 @@ def check_item_type(kind: object, where: str) -> None:
             kind=ErrorKind.UNSUPPORTED,
         )
 
+
 _SAMPLING = SAMPLING[Api.RESPONSES]
 #: How the recipe parses a Responses body (see `field_errors`).
 _SHAPE = BodyShape(ResponsesRequest, {"model": "", "input": ""})
