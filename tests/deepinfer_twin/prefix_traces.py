@@ -209,6 +209,13 @@ class TraceRunner:
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
+    def words(self, text: str, count: int | None = None) -> list[int]:
+        """`text`'s token IDs, without special tokens; with `count`, the first `count` of
+        `text` repeated `count` times (a prompt of a chosen length)."""
+        if count is None:
+            return self._encode(text)
+        return self._encode(" ".join([text] * count))[:count]
+
     # The trace
 
     def run(self, actions: list[Action], seed: int = 0, iterations: int | None = None) -> Report:
@@ -386,6 +393,21 @@ _SPECIAL = (
     "<think>",
     "</think>",
 )
+
+
+def capture_added(engine: Any) -> dict[str, Any]:
+    """Keep every sequence `engine.add_request` returns, by request ID, in the dict returned
+    (a scenario reads what its requests became: a fork, a restore, their cached tokens)."""
+    returned: dict[str, Any] = {}
+    add_request = engine.add_request
+
+    def capture(*args: Any, **kwargs: Any) -> Any:
+        seq = add_request(*args, **kwargs)
+        returned[args[1]] = seq
+        return seq
+
+    engine.add_request = capture
+    return returned
 
 
 def ledger_problems(engine: Any) -> list[str]:

@@ -37,22 +37,14 @@ sys.path.insert(0, {repo!r})
 import dataclasses
 import numpy as np
 from deepinfer_server.engines.deepinfer.placement import blocks_for
-from tests.deepinfer_twin.prefix_traces import TraceRunner, ledger_problems
+from tests.deepinfer_twin.prefix_traces import TraceRunner, capture_added, ledger_problems
 
 CACHE = ENGINE.prefix_cache
 HOST = CACHE.host
 ROWS = ENGINE.driver_worker.cache_engine
-returned = {{}}
-add_request = ENGINE.add_request
-def capture(*args, **kwargs):
-    seq = add_request(*args, **kwargs)
-    returned[args[1]] = seq
-    return seq
-ENGINE.add_request = capture
-
+returned = capture_added(ENGINE)
 traces = TraceRunner(ENGINE, DRIVER, TOKENIZER, system_words=400)
-def words(text):
-    return TOKENIZER.encode(text, add_special_tokens=False).ids
+words = traces.words
 def turn(text):
     return [traces.bos, *traces.system, traces.user, *words(text), traces.assistant,
             traces.end_think]

@@ -159,19 +159,11 @@ def test_a_second_turn_reuses_the_first_turns_prompt(
 SALTS = """
 import sys
 sys.path.insert(0, {repo!r})
-from tests.deepinfer_twin.prefix_traces import TraceRunner, ledger_problems
+from tests.deepinfer_twin.prefix_traces import TraceRunner, capture_added, ledger_problems
 
-returned = {{}}
-add_request = ENGINE.add_request
-def capture(*args, **kwargs):
-    seq = add_request(*args, **kwargs)
-    returned[args[1]] = seq
-    return seq
-ENGINE.add_request = capture
-
+returned = capture_added(ENGINE)
 traces = TraceRunner(ENGINE, DRIVER, TOKENIZER, system_words=400)
-def words(text):
-    return TOKENIZER.encode(text, add_special_tokens=False).ids
+words = traces.words
 def turn(*parts):
     return [traces.bos, *traces.system, *parts, traces.assistant, traces.end_think]
 def send(name, tokens, salt, max_tokens=16):
@@ -394,9 +386,7 @@ from tests.deepinfer_twin.prefix_traces import TraceRunner, ledger_problems
 
 traces = TraceRunner(ENGINE, DRIVER, TOKENIZER, system_words=60)
 cache = ENGINE.prefix_cache
-def words(text, count):
-    ids = TOKENIZER.encode(" ".join([text] * count), add_special_tokens=False).ids
-    return ids[:count]
+words = traces.words
 def start(request_id, prompt, **options):
     request = AddRequest(request_id, pack_token_ids(prompt), SamplingOptions(**options))
     assert DRIVER.add(request) is None
@@ -459,9 +449,7 @@ from tests.deepinfer_twin.prefix_traces import TraceRunner, ledger_problems
 
 traces = TraceRunner(ENGINE, DRIVER, TOKENIZER, system_words=60)
 cache = ENGINE.prefix_cache
-def words(text, count):
-    ids = TOKENIZER.encode(" ".join([text] * count), add_special_tokens=False).ids
-    return ids[:count]
+words = traces.words
 def conversation(text):
     return [traces.bos, *traces.system, traces.user, *words(text, 120), traces.assistant,
             traces.end_think]
