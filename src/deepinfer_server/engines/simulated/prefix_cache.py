@@ -49,11 +49,11 @@ import numpy.typing as npt
 from deepinfer_server.engines.simulated.kv_blocks import BLOCK_SIZE, PREFILL_WATERMARK, KVBlocks
 from deepinfer_server.engines.simulated.sequence import Sequence
 from deepinfer_server.engines.simulated.state_slots import StateSlots
-from deepinfer_server.engines.simulated.store_tier import StoreTier
 from deepinfer_server.ipc.messages import HostTierStats
 from deepinfer_server.prefix_cache.host_tier import HostCopy, HostTier
 from deepinfer_server.prefix_cache.index import CacheEntry, Match, PrefixIndex
 from deepinfer_server.prefix_cache.retention import KEY_BUDGET_SHARE, Retention
+from deepinfer_server.prefix_cache.store_tier import StoreTier
 
 #: Prompts shorter than this are neither cached nor looked up (as on DeepInfer).
 MIN_TOKENS = 256

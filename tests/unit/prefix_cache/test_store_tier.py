@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from deepinfer_server.engines.simulated.engine import LLMEngine
-from deepinfer_server.engines.simulated.store_pages import SNAPSHOT_SLOTS, page_keys
-from deepinfer_server.engines.simulated.store_tier import (
+from deepinfer_server.prefix_cache.host_tier import HostTierSettings
+from deepinfer_server.prefix_cache.store_pages import SNAPSHOT_SLOTS, page_keys
+from deepinfer_server.prefix_cache.store_tier import (
     StoreClient,
     StoreTier,
     StoreTierSettings,
 )
-from deepinfer_server.prefix_cache.host_tier import HostTierSettings
 from tests.unit.engines.test_simulated_engine import make_engine, run_to_end
 from tests.unit.engines.test_simulated_prefix_cache import _cached, _turn
 

@@ -26,7 +26,7 @@ import hashlib
 import numpy as np
 import numpy.typing as npt
 
-from deepinfer_server.engines.simulated.kv_blocks import BLOCK_SIZE
+from deepinfer_server.prefix_cache.index import BLOCK_SIZE
 
 _PERSON = b"kv-store-page"
 _STATE_PERSON = b"kv-store-state"

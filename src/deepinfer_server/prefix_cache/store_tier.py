@@ -39,8 +39,8 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from deepinfer_server.engines.simulated.kv_blocks import BLOCK_SIZE
-from deepinfer_server.engines.simulated.store_pages import (
+from deepinfer_server.prefix_cache.index import BLOCK_SIZE
+from deepinfer_server.prefix_cache.store_pages import (
     boundary,
     chain,
     page_key,
