@@ -193,8 +193,8 @@ class PrefixCache:
         snapshots = self.store.lookup(prompt[: limit + MAX_ROLLBACK], salt)
         # The index's rule decides where (and whether) the prompt can fork from each one.
         candidates: PrefixIndex[None] = PrefixIndex(max_rollback=MAX_ROLLBACK)
-        for tokens in snapshots:
-            candidates.add(None, tokens, salt)
+        for snapshot in snapshots:
+            candidates.add(None, snapshot.tokens, salt)
         best = candidates.match(prompt, limit=limit, salt=salt)
         if best is None or best.fork_point <= pool_fork:
             return None
