@@ -162,6 +162,7 @@ def test_a_turn_computed_by_one_engine_is_restored_by_another_from_the_store(
     # Restored at the first engine's entry's end, from the store through the host tier.
     assert read["restored"] == prompt
     assert read["stats"]["store_hit_tokens"] == read["stats"]["hit_tokens"] == prompt
+    assert read["stats"]["store_errors"] == 0
     # Another partition finds nothing; computed cold, the greedy answer is the same.
     assert read["cold"] == 0
     restored_answer, cold_answer = read["answers"]

@@ -141,7 +141,10 @@ class HostPath:
     def stats(self) -> HostTierStats:
         """The tier's counters and occupancy."""
         self.copier.reap()
-        return self.tier.stats()
+        stats = self.tier.stats()
+        if self.store is not None:
+            stats.store_errors = self.store.store.errors
+        return stats
 
     # add_request
 
