@@ -26,7 +26,7 @@ from tests.paths import REPO
 from tests.server import wait_until
 
 require_disaggregation()
-pytestmark = pytest.mark.deepinfer_twin
+pytestmark = [pytest.mark.deepinfer_twin, pytest.mark.disaggregation]
 
 HOST = {"min_tokens": 64, "host_tier_bytes": 10**9}
 
