@@ -23,7 +23,9 @@ computing the difference; the host entry leaves the tier as the restored prompt 
 entry the pool keeps when it ends) takes its rows.
 
 `PrefixCache.evict` offloads a placed entry (its prompt's block rows and snapshot row,
-`host_rows.RowCopier`) before freeing it.
+`host_rows.RowCopier`) before freeing it. With the shared store (`prefix_store`), a placed
+entry the pool keeps is written there, and a prompt the store may serve more of than the pool
+and the tier is looked up there first, the snapshot found brought into the tier.
 """
 
 from __future__ import annotations
