@@ -184,6 +184,16 @@ def run_in_twin(
     )
 
 
+def start_in_twin(
+    checkpoint: Path, body: str, engine: dict[str, Any] | None = None
+) -> Callable[[float], Any]:
+    """Start `body` as `run_in_twin` runs it, without waiting: a function that waits for it
+    (a timeout in seconds) and returns its RESULT (for a body that must outlive another's)."""
+    script = PRELUDE + textwrap.dedent(body) + EPILOGUE
+    argv = [str(checkpoint), json.dumps(engine or {})]
+    return _start(script, argv, _environment(None, "0", _master_port()))
+
+
 def run_in_twin_ranks(
     checkpoint: Path,
     body: str,

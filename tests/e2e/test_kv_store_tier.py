@@ -7,10 +7,7 @@ there."""
 from __future__ import annotations
 
 import contextlib
-import subprocess
-import sys
 import tempfile
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +18,8 @@ import pytest
 from tests.conftest import MODEL
 from tests.lanes import require_disaggregation
 from tests.metrics_scrape import scrape, value
-from tests.server import LiveServer, PortTaken, free_port, on_free_ports, port_taken, wait_until
+from tests.mooncake_master import MooncakeMaster
+from tests.server import LiveServer, wait_until
 
 require_disaggregation()
 pytestmark = pytest.mark.disaggregation
@@ -30,56 +28,6 @@ FIRST_KEY, SECOND_KEY = "sk-e2e-store-first-1", "sk-e2e-store-second-2"
 #: A system prompt of about 2,500 tokens: twenty 128-token blocks.
 SYSTEM = " ".join(f"Rule {n}: keep the answer short and check the tests." for n in range(220))
 STORE_HITS = "deepinfer:prefix_cache_hit_tokens_total"
-
-
-class MooncakeMaster:
-    """A `mooncake_master` on free loopback ports (its RPC port and its metrics port)."""
-
-    def __init__(self, log: Path) -> None:
-        self._log = log
-        self.port = self.metrics_port = 0
-        self._process: subprocess.Popen[bytes] | None = None
-        on_free_ports(self._start)
-
-    def _start(self) -> None:
-        self.port, self.metrics_port = free_port(), free_port()
-        binary = Path(sys.executable).parent / "mooncake_master"
-        with self._log.open("wb") as log:
-            self._process = subprocess.Popen(
-                [str(binary), f"--rpc_port={self.port}", f"--metrics_port={self.metrics_port}"],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        wait_until(lambda: self._ready(), 30, "mooncake_master serves its metrics")
-
-    def _ready(self) -> bool:
-        assert self._process is not None
-        if self._process.poll() is not None:
-            if port_taken(self._log.read_text(errors="replace")):
-                raise PortTaken(f"mooncake_master: port {self.port} is taken")
-            raise AssertionError(f"mooncake_master exited:\n{self._log.read_text()}")
-        return self.keys() is not None
-
-    def keys(self) -> int | None:
-        """The keys the master holds (None while it does not answer)."""
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        try:
-            with urllib.request.urlopen(url, timeout=2) as answer:
-                body = answer.read().decode()
-        except OSError:
-            return None
-        lines = body.splitlines()
-        counts = [line.split()[1] for line in lines if line.startswith("master_key_count ")]
-        return int(float(counts[0])) if counts else None
-
-    def close(self) -> None:
-        if self._process is not None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
 
 
 @pytest.fixture(scope="module")

@@ -173,7 +173,7 @@ class SchedulingOptions:
         "with one another replica or prefill server computed is restored from there through the "
         "host tier (it needs --kv-offload-host-gb); `mooncake`: Mooncake Store (the "
         "disaggregation extra), its master given by --kv-offload-store-master. Losing the store "
-        "costs only misses. --engine simulated only (default: none)",
+        "costs only misses (default: none)",
         choices=["mooncake"],
     )
     kv_offload_store_master: str | None = option(

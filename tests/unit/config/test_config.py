@@ -402,9 +402,24 @@ def test_the_store_tier_needs_its_master_and_the_host_tier() -> None:
         "mooncake",
         "127.0.0.1:50051",
     )
-    deepinfer = parse_config(["/models/ckpt", "--engine", "deepinfer", *with_master[2:]])
-    with pytest.raises(ConfigError, match="simulated only"):
-        DeepInferBackend().preflight(deepinfer, None)
+    # DeepInfer's engine restores through its host tier too: refused without it.
+    deepinfer = ["/models/ckpt", "--engine", "deepinfer", *with_master[2:]]
+    with pytest.raises(ConfigError, match="deepinfer needs --kv-offload-host-gb above 0"):
+        DeepInferBackend().preflight(parse_config([*deepinfer, "--kv-offload-host-gb", "0"]), None)
+    no_master = parse_config([*deepinfer[:-2], "--kv-offload-host-gb", "1"])
+    with pytest.raises(ConfigError, match="needs --kv-offload-store-master"):
+        DeepInferBackend().preflight(no_master, None)
+    hosted = parse_config([*deepinfer, "--kv-offload-host-gb", "1"])
+    DeepInferBackend().preflight(hosted, None)
+    spec = EngineSpec(
+        rank=0, model="/models/ckpt", served_model_name="flash", data_parallel_size=1,
+        context_parallel_size=1, expert_parallel_size=1, max_model_len=4096, max_num_seqs=8,
+        max_num_batched_tokens=None, engine_options=hosted.engine_options,
+        kv_offload_host_gb=1.0, kv_offload_store="mooncake",
+        kv_offload_store_master="127.0.0.1:50051",
+    )  # fmt: skip
+    store = prefix_cache_settings(spec).store
+    assert store is not None and (store.master, store.hostname) == ("127.0.0.1:50051", "127.0.0.1")
     with pytest.raises(ConfigError, match="--sim-store-bandwidth-gbps must be positive"):
         parse_config(["--engine", "simulated", "--sim-store-bandwidth-gbps", "0"])
     with pytest.raises(ConfigError, match="--sim-store-lookup-timeout-ms must be positive"):

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from deepinfer_server.engines.deepinfer.host_rows import RowCopier
+from deepinfer_server.engines.deepinfer.host_rows import RowCopier, row_bytes
 
 torch = pytest.importorskip("torch")
 
@@ -35,3 +35,19 @@ def test_rows_go_to_host_memory_and_back_into_other_rows() -> None:
     assert torch.equal(states[4], expected_state)
     assert [offloaded for offloaded, _ in seconds] == [True, False]
     assert all(spent >= 0 for _, spent in seconds)
+
+
+def test_rows_read_as_bytes_for_the_store_come_back_as_rows_and_are_not_counted() -> None:
+    blocks = torch.arange(6 * 4 * 2, dtype=torch.int32).reshape(6, 4, 2)
+    states = torch.arange(4 * 3, dtype=torch.int64).reshape(4, 3)
+    seconds: list[tuple[bool, float]] = []
+    copier = RowCopier(
+        SimpleNamespace(gpu_blocks=blocks, gpu_states=states),
+        lambda offloaded, spent: seconds.append((offloaded, spent)),
+    )
+    rows = copier.offload([4, 1], 2, counted=False)
+    assert seconds == []  # a copy for the shared store is not the host tier's
+    stored = b"".join(row_bytes(row) for row in rows.blocks)
+    assert len(stored) == 2 * copier.block_bytes
+    back = copier.rows_from(stored, row_bytes(rows.state))
+    assert torch.equal(back.blocks, blocks[[4, 1]]) and torch.equal(back.state, states[2])

@@ -117,8 +117,7 @@ class DeepInferBackend(EngineBackend):
                 "the host tier copies the driver worker's KV rows only, and each CP worker "
                 "holds its own; drop the option (or pass 0)"
             )
-        if config.kv_offload_store is not None:
-            raise ConfigError("--kv-offload-store runs on --engine simulated only")
+        _check_store(config)
         if config.disaggregation_mode.disaggregated:
             check_role(config.disaggregation_mode, config.enable_prefix_caching, os.environ)
         run_preflight(
@@ -163,3 +162,20 @@ class DeepInferBackend(EngineBackend):
             )
             environments.append({**environment, **cadence})
         return environments
+
+
+def _check_store(config: ResolvedConfig) -> None:
+    """The shared store tier needs its master and the host tier it restores through."""
+    if config.kv_offload_store is None:
+        if config.kv_offload_store_master is not None:
+            raise ConfigError("--kv-offload-store-master needs --kv-offload-store")
+        return
+    if not config.kv_offload_store_master:
+        raise ConfigError(
+            "--kv-offload-store needs --kv-offload-store-master HOST:PORT (its master's)"
+        )
+    if config.kv_offload_host_gb <= 0:
+        raise ConfigError(
+            "--kv-offload-store with --engine deepinfer needs --kv-offload-host-gb above 0: "
+            "what the shared store holds is brought into the host tier and restored from there"
+        )

@@ -48,6 +48,29 @@ def _windows(tensor: Any, rows: Sequence[int]) -> bytes:
     return bytes(picked.cpu().numpy().tobytes())
 
 
+def rows_layout(
+    blocks: Any, states: Any, checkpoint: str | None, speculative_tokens: int
+) -> KVLayout:
+    """The layout of a rank's cache rows (`blocks`: `gpu_blocks`, `states`: `gpu_states`):
+    their sizes and dtype, and what DeepInfer sizes them from (the backtracking depth of a
+    state row, the speculative tokens, the checkpoint, DeepInfer's version)."""
+    import deepinfer
+    from deepinfer import envs
+
+    version = getattr(deepinfer, "__version__", None)
+    return KVLayout(
+        engine="deepinfer",
+        deepinfer_version=None if version is None else str(version),
+        checkpoint=checkpoint,
+        block_size=KV_BLOCK_SIZE,
+        block_bytes=_row_bytes(blocks),
+        state_bytes=_row_bytes(states),
+        dtype=str(blocks.dtype),
+        backtracking_tokens=int(envs.DEEPINFER_MAX_BACKTRACKING_TOKENS),
+        speculative_tokens=speculative_tokens,
+    )
+
+
 def transfer_agent(engine: Any, settings: RoleSettings) -> TransferAgent:
     """The rank's transfer agent over the transport its settings ask for (NVLink only when the
     cache rows are in GPU memory)."""
@@ -79,23 +102,9 @@ class CacheMemory:
         return int(self._states.data_ptr())
 
     def layout(self, settings: RoleSettings) -> KVLayout:
-        """These rows as the layout handshake describes them: their sizes and dtype, and what
-        DeepInfer sizes them from (the backtracking depth of a state row, the speculative
-        tokens, the checkpoint, DeepInfer's version)."""
-        import deepinfer
-        from deepinfer import envs
-
-        version = getattr(deepinfer, "__version__", None)
-        return KVLayout(
-            engine="deepinfer",
-            deepinfer_version=None if version is None else str(version),
-            checkpoint=settings.checkpoint,
-            block_size=KV_BLOCK_SIZE,
-            block_bytes=self.block_bytes,
-            state_bytes=self.state_bytes,
-            dtype=str(self._blocks.dtype),
-            backtracking_tokens=int(envs.DEEPINFER_MAX_BACKTRACKING_TOKENS),
-            speculative_tokens=settings.speculative_tokens,
+        """These rows as the layout handshake describes them (`rows_layout`)."""
+        return rows_layout(
+            self._blocks, self._states, settings.checkpoint, settings.speculative_tokens
         )
 
     def close(self) -> None:

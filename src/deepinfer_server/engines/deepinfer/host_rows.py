@@ -28,6 +28,8 @@ class HostRows:
 
     blocks: Any
     state: Any
+    #: On a GPU, the event after which the host tensors hold the rows (None: they do now).
+    ready: Any = None
 
     @property
     def nbytes(self) -> int:
@@ -41,6 +43,7 @@ class _InFlight:
     done: Any
     offloaded: bool
     rows: HostRows
+    counted: bool
 
 
 class RowCopier:
@@ -66,8 +69,13 @@ class RowCopier:
         """Bytes of one state row."""
         return int(self._states[0].nbytes)
 
-    def offload(self, blocks: Sequence[int], slot: int) -> HostRows:
-        """Copy block rows `blocks` and state row `slot` to host memory."""
+    def rows_from(self, blocks: bytes, state: bytes) -> HostRows:
+        """Host rows holding the bytes of whole block rows `blocks` and of a state row."""
+        return HostRows(_tensor(blocks, self._blocks), _tensor(state, self._states)[0])
+
+    def offload(self, blocks: Sequence[int], slot: int, counted: bool = True) -> HostRows:
+        """Copy block rows `blocks` and state row `slot` to host memory (its seconds handed
+        on when `counted`: a copy for the shared store is not the host tier's)."""
         import torch
 
         self.reap()
@@ -75,14 +83,15 @@ class RowCopier:
             started = time.perf_counter()
             index = torch.tensor(list(blocks), dtype=torch.long)
             rows = HostRows(self._blocks.index_select(0, index), self._states[slot].clone())
-            self._seconds(True, time.perf_counter() - started)
+            if counted:
+                self._seconds(True, time.perf_counter() - started)
             return rows
         shape = (len(blocks), *self._blocks.shape[1:])
         rows = HostRows(
             torch.empty(shape, dtype=self._blocks.dtype, pin_memory=True),
             torch.empty(self._states.shape[1:], dtype=self._states.dtype, pin_memory=True),
         )
-        with self._copying(True, rows):
+        with self._copying(True, rows, counted):
             for at, block in enumerate(blocks):
                 rows.blocks[at].copy_(self._blocks[block], non_blocking=True)
             rows.state.copy_(self._states[slot], non_blocking=True)
@@ -106,7 +115,7 @@ class RowCopier:
                 self._blocks[block].copy_(rows.blocks[at], non_blocking=True)
             self._states[slot].copy_(rows.state, non_blocking=True)
 
-    def _copying(self, offloaded: bool, rows: HostRows) -> Any:
+    def _copying(self, offloaded: bool, rows: HostRows, counted: bool = True) -> Any:
         """The side stream, ordered after the default stream's queued work and before its
         next (a context manager)."""
         import contextlib
@@ -127,7 +136,8 @@ class RowCopier:
                 yield
                 done.record(stream)
             default.wait_event(done)
-            self._in_flight.append(_InFlight(start, done, offloaded, rows))
+            rows.ready = done
+            self._in_flight.append(_InFlight(start, done, offloaded, rows, counted))
 
         return ordered()
 
@@ -138,7 +148,23 @@ class RowCopier:
         left = []
         for copy in self._in_flight:
             if copy.done.query():
-                self._seconds(copy.offloaded, copy.start.elapsed_time(copy.done) / 1000.0)
+                if copy.counted:
+                    self._seconds(copy.offloaded, copy.start.elapsed_time(copy.done) / 1000.0)
             else:
                 left.append(copy)
         self._in_flight = left
+
+
+def _tensor(data: bytes, like: Any) -> Any:
+    """Rows of `like`'s shape and dtype (on the CPU) holding `data`."""
+    import torch
+
+    flat = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    return flat.view(like.dtype).reshape(-1, *like.shape[1:])
+
+
+def row_bytes(tensor: Any) -> bytes:
+    """The bytes of host tensor `tensor`."""
+    import torch
+
+    return bytes(tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())

@@ -48,6 +48,7 @@ from deepinfer_server.engines.deepinfer.prefix_asks import Ask, Asks, keepable_a
 from deepinfer_server.engines.deepinfer.prefix_forks import Forks, fork_fits
 from deepinfer_server.engines.deepinfer.prefix_host import HostPath, HostPathSettings, host_path
 from deepinfer_server.engines.deepinfer.prefix_snapshots import Snapshots
+from deepinfer_server.engines.deepinfer.prefix_store import StoreOptions
 from deepinfer_server.ipc.messages import HostTierStats
 from deepinfer_server.prefix_cache.index import BLOCK_SIZE, CacheEntry, Match, PrefixIndex
 from deepinfer_server.prefix_cache.retention import KEY_BUDGET_SHARE, Retention
@@ -71,6 +72,7 @@ class PrefixCacheSettings:
     host_tier_bytes: int = 0
     host_bandwidth: float = 50e9
     prefill_tokens_per_s: float = 20_000.0
+    store: StoreOptions | None = None  # the shared store behind the host tier (`prefix_store`)
 
 
 class PrefixCache:
@@ -107,7 +109,7 @@ class PrefixCache:
             copy_clone_unpins(engine.deferred_release)
         self.host: HostPath | None = None
         if self.disabled is None and settings.host_tier_bytes > 0:
-            rates = (settings.host_bandwidth, settings.prefill_tokens_per_s)
+            rates = (settings.host_bandwidth, settings.prefill_tokens_per_s, settings.store)
             self.host = host_path(engine, self, HostPathSettings(settings.host_tier_bytes, *rates))
         #: The prompts requests asked to keep for a time, pinned within a per-partition share of
         #: the slowest tier (the host tier's blocks, else the pool's), whose eviction they follow.
@@ -388,6 +390,8 @@ class PrefixCache:
         # now, since a fork sets the entry's data to the fork's prompt.
         self._table_blocks[seq_id] = -(-int(seq.get_len()) // BLOCK_SIZE) + 1
         entry = self.index.add(seq, tokens, ask.salt if ask is not None else None)
+        if self.host is not None:
+            self.host.kept(entry)
         if ask is not None and ask.written:
             # Over its partition's budget it stays unpinned: plain LRU.
             self.retention.pin(entry, ask.retain_seconds)

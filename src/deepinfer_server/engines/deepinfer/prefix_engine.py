@@ -5,10 +5,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from deepinfer_server.disaggregation.layout import checkpoint_identity
 from deepinfer_server.engines.backend import EngineSpec
 from deepinfer_server.engines.deepinfer.add_request import add_request_args
 from deepinfer_server.engines.deepinfer.backend import DeepInferOptions
 from deepinfer_server.engines.deepinfer.prefix_cache import PrefixCache, PrefixCacheSettings
+from deepinfer_server.engines.deepinfer.prefix_store import StoreOptions
 from deepinfer_server.ipc.messages import HostTierStats
 
 logger = logging.getLogger(__name__)
@@ -102,15 +104,21 @@ class PrefixCacheHooks(_DeepInferEngine):  # type: ignore[misc]
 
 
 def prefix_cache_settings(spec: EngineSpec) -> PrefixCacheSettings:
-    """A rank's cache settings: its partitions' retention share and its host tier's
-    (`--kv-offload-host-gb`, per DP rank) budget and rates."""
+    """A rank's cache settings: its partitions' retention share, its host tier's
+    (`--kv-offload-host-gb`, per DP rank) budget and rates, and the shared store behind it
+    (`--kv-offload-store`)."""
     options = spec.engine_options
     assert isinstance(options, DeepInferOptions)
+    master, store = spec.kv_offload_store_master, None
+    if spec.kv_offload_store is not None and master is not None:
+        checkpoint = checkpoint_identity(spec.model)
+        store = StoreOptions(master, spec.disaggregation_host, checkpoint, spec.speculative_tokens)
     return PrefixCacheSettings(
         retention_share=spec.prefix_cache_retention_share,
         host_tier_bytes=int(spec.kv_offload_host_gb * 1e9),
         host_bandwidth=options.kv_offload_host_bandwidth_gbps * 1e9,
         prefill_tokens_per_s=options.kv_offload_prefill_tokens_per_s,
+        store=store,
     )
 
 

@@ -23,7 +23,9 @@ computing the difference; the host entry leaves the tier as the restored prompt 
 entry the pool keeps when it ends) takes its rows.
 
 `PrefixCache.evict` offloads a placed entry (its prompt's block rows and snapshot row,
-`host_rows.RowCopier`) before freeing it.
+`host_rows.RowCopier`) before freeing it. With the shared store (`prefix_store`), a placed
+entry the pool keeps is written there, and a prompt the store may serve more of than the pool
+and the tier is looked up there first, the snapshot found brought into the tier.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from deepinfer_server.engines.deepinfer.placement import (
     blocks_for,
 )
 from deepinfer_server.engines.deepinfer.prefix_forks import Forks
+from deepinfer_server.engines.deepinfer.prefix_store import StoreOptions, StorePath, store_path
 from deepinfer_server.ipc.messages import HostTierStats
 from deepinfer_server.prefix_cache.host_tier import HostCopy, HostTier, HostTierSettings
 from deepinfer_server.prefix_cache.index import BLOCK_SIZE, CacheEntry, Match, PrefixIndex
@@ -60,6 +63,8 @@ class HostPathSettings:
     bandwidth: float
     #: Prompt tokens a prompt step computes per second.
     prefill_tokens_per_s: float
+    #: The shared store behind the tier (`--kv-offload-store`; None: none, `prefix_store`).
+    store: StoreOptions | None = None
 
 
 def host_path(engine: Any, cache: _Cache, settings: HostPathSettings) -> HostPath | None:
@@ -68,7 +73,10 @@ def host_path(engine: Any, cache: _Cache, settings: HostPathSettings) -> HostPat
     if int(engine.parallel_config.context_parallel_size) > 1:
         logger.warning("[startup] prefix cache host tier off: more than one CP worker")
         return None
-    return HostPath(engine, cache, settings)
+    path = HostPath(engine, cache, settings)
+    if settings.store is not None:
+        path.store = store_path(engine, path.copier, path.tier, settings.store)
+    return path
 
 
 class _Cache(Protocol):
@@ -124,6 +132,7 @@ class HostPath:
         self.pending: deque[_Pending] = deque()
         #: Evicted entries DeepInfer placed (their rows cannot be named): dropped, not offloaded.
         self.unplaced_evictions = 0
+        self.store: StorePath | None = None
 
     def _measured(self, offloaded: bool, seconds: float) -> None:
         if offloaded:
@@ -134,7 +143,10 @@ class HostPath:
     def stats(self) -> HostTierStats:
         """The tier's counters and occupancy."""
         self.copier.reap()
-        return self.tier.stats()
+        stats = self.tier.stats()
+        if self.store is not None:
+            stats.store_errors = self.store.store.errors
+        return stats
 
     # add_request
 
@@ -150,6 +162,9 @@ class HostPath:
         needed = blocks_for(int(prompt.size))
         if needed + 1 > GPU_CACHE_PREFILL_WATERMARK * self._total_blocks:
             return self._fallback(seq, match)
+        if self.store is not None:
+            served = self.store.served(prompt, salt, match)
+            self.store.bring(prompt, int(prompt.size) - 2, salt, served)
         if not self.pending:
             entered = self._enter(seq, prompt, salt, match)
             if entered is not None:
@@ -264,7 +279,13 @@ class HostPath:
         self._cache.forks.placed(fork)
         return fork
 
-    # eviction
+    # keeping and eviction
+
+    def kept(self, entry: CacheEntry[Any]) -> None:
+        """The pool keeps `entry`: with a shared store, write its pages (if it was placed)."""
+        table = self.placement.table_of(entry.value)
+        if self.store is not None and table is not None:
+            self.store.kept(entry.tokens, entry.salt, table, int(entry.value.state_id))
 
     def evicted(self, entry: CacheEntry[Any], offload: bool) -> None:
         """The pool evicts `entry` (its blocks and slot still held): copy it to the tier."""

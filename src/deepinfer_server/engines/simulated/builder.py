@@ -17,13 +17,13 @@ from deepinfer_server.engines.simulated.engine import LLMEngine, SimEngineArgs
 from deepinfer_server.engines.simulated.kv_blocks import BLOCK_SIZE
 from deepinfer_server.engines.simulated.kv_size import KVSize, kv_size_option
 from deepinfer_server.engines.simulated.outputs import RequestOutput
-from deepinfer_server.engines.simulated.store_tier import (
+from deepinfer_server.model.tokenizer import load_tokenizer_json
+from deepinfer_server.prefix_cache.host_tier import HostTierSettings
+from deepinfer_server.prefix_cache.store_tier import (
     StoreTier,
     StoreTierSettings,
     mooncake_client,
 )
-from deepinfer_server.model.tokenizer import load_tokenizer_json
-from deepinfer_server.prefix_cache.host_tier import HostTierSettings
 
 
 def build(spec: EngineSpec, shared: SharedState | None) -> BuiltEngine:

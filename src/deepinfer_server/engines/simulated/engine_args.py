@@ -13,9 +13,9 @@ from deepinfer_server.engines.simulated.scheduler import (
     DEFAULT_PREFILL_ANY_ATTEMPT_INTERVAL,
     DEFAULT_PREFILL_ATTEMPT_INTERVAL,
 )
-from deepinfer_server.engines.simulated.store_tier import StoreTier
 from deepinfer_server.prefix_cache.host_tier import HostTierSettings
 from deepinfer_server.prefix_cache.retention import KEY_BUDGET_SHARE
+from deepinfer_server.prefix_cache.store_tier import StoreTier
 
 
 @dataclass

@@ -18,10 +18,10 @@ from deepinfer_server.engines.simulated.prefix_cache import MAX_ROLLBACK, Prefix
 from deepinfer_server.engines.simulated.request_table import RequestTable
 from deepinfer_server.engines.simulated.script import ScriptWriter
 from deepinfer_server.engines.simulated.state_slots import StateSlots
-from deepinfer_server.engines.simulated.store_tier import StoreTier
 from deepinfer_server.engines.simulated.token_generator import TokenGenerator
 from deepinfer_server.model.tokens import EOS_TOKEN
 from deepinfer_server.prefix_cache.host_tier import HostTier, HostTierSettings
+from deepinfer_server.prefix_cache.store_tier import StoreTier
 
 
 class PartsArgs(Protocol):

@@ -49,11 +49,11 @@ import numpy.typing as npt
 from deepinfer_server.engines.simulated.kv_blocks import BLOCK_SIZE, PREFILL_WATERMARK, KVBlocks
 from deepinfer_server.engines.simulated.sequence import Sequence
 from deepinfer_server.engines.simulated.state_slots import StateSlots
-from deepinfer_server.engines.simulated.store_tier import StoreTier
 from deepinfer_server.ipc.messages import HostTierStats
 from deepinfer_server.prefix_cache.host_tier import HostCopy, HostTier
 from deepinfer_server.prefix_cache.index import CacheEntry, Match, PrefixIndex
 from deepinfer_server.prefix_cache.retention import KEY_BUDGET_SHARE, Retention
+from deepinfer_server.prefix_cache.store_tier import StoreTier
 
 #: Prompts shorter than this are neither cached nor looked up (as on DeepInfer).
 MIN_TOKENS = 256
@@ -193,8 +193,8 @@ class PrefixCache:
         snapshots = self.store.lookup(prompt[: limit + MAX_ROLLBACK], salt)
         # The index's rule decides where (and whether) the prompt can fork from each one.
         candidates: PrefixIndex[None] = PrefixIndex(max_rollback=MAX_ROLLBACK)
-        for tokens in snapshots:
-            candidates.add(None, tokens, salt)
+        for snapshot in snapshots:
+            candidates.add(None, snapshot.tokens, salt)
         best = candidates.match(prompt, limit=limit, salt=salt)
         if best is None or best.fork_point <= pool_fork:
             return None

@@ -39,8 +39,8 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from deepinfer_server.engines.simulated.kv_blocks import BLOCK_SIZE
-from deepinfer_server.engines.simulated.store_pages import (
+from deepinfer_server.prefix_cache.index import BLOCK_SIZE
+from deepinfer_server.prefix_cache.store_pages import (
     boundary,
     chain,
     page_key,
@@ -51,8 +51,37 @@ from deepinfer_server.engines.simulated.store_pages import (
 )
 
 logger = logging.getLogger(__name__)
-#: What a lookup finds: the tokens of each snapshot (entry) the prompt may resume from.
-Snapshots = list[npt.NDArray[np.int32]]
+
+
+@dataclass(frozen=True)
+class Found:
+    """A snapshot (entry) a lookup found that the prompt may resume from: its P tokens, its
+    boundary (the whole pages before its last block) and the rows the engine stored beside
+    the token ids (`PageRows`: empty in the simulated engine): those of each page before the
+    boundary, then the snapshot's."""
+
+    tokens: npt.NDArray[np.int32]
+    at: int
+    blocks: list[bytes]
+    state: bytes
+
+
+#: What a lookup finds: each snapshot the prompt may resume from.
+Snapshots = list[Found]
+
+
+class PageRows(Protocol):
+    """The rows an engine stores beside a cached prompt's token ids (DeepInfer's KV rows;
+    the simulated engine stores none): called on the writer thread, for the pages the store
+    lacks."""
+
+    def block(self, page: int) -> bytes:
+        """The rows of whole block `page` (`StoreTierSettings.block_rows` bytes)."""
+
+    def snapshot(self) -> bytes:
+        """The rows of the snapshot: its last block's and its state's
+        (`StoreTierSettings.snapshot_rows` bytes)."""
+
 
 #: Seconds between two attempts to set a failed client up again.
 RETRY_SECONDS = 5.0
@@ -88,6 +117,10 @@ class StoreTierSettings:
     lookup_timeout: float = 0.1
     #: Writes waiting for the writer thread beyond which new ones are dropped.
     queue_depth: int = 256
+    #: The bytes of rows a block page and a snapshot page hold after their token ids
+    #: (`PageRows`); a value of another size is a miss.
+    block_rows: int = 0
+    snapshot_rows: int = 0
 
 
 class StoreTier:
@@ -99,9 +132,7 @@ class StoreTier:
         self._client: StoreClient | None = None
         self._failed_at = -RETRY_SECONDS
         self._lock = threading.Lock()
-        self._writes: queue.Queue[tuple[npt.NDArray[np.int32], bytes | None]] = queue.Queue(
-            maxsize=settings.queue_depth
-        )
+        self._writes: queue.Queue[_Write] = queue.Queue(maxsize=settings.queue_depth)
         self._lookups: queue.Queue[_Lookup] = queue.Queue()
         #: The last lookup that timed out: until it is answered, lookups miss at once.
         self._unanswered: Future[Snapshots] | None = None
@@ -115,13 +146,15 @@ class StoreTier:
         for target, name in ((self._write_loop, "writer"), (self._lookup_loop, "lookups")):
             threading.Thread(target=target, name=f"kv-store-{name}", daemon=True).start()
 
-    def write(self, tokens: npt.NDArray[np.int32], salt: bytes | None) -> None:
+    def write(
+        self, tokens: npt.NDArray[np.int32], salt: bytes | None, rows: PageRows | None = None
+    ) -> None:
         """Put the whole-block pages of a cached prompt and its snapshot page, those the
-        store lacks, in the background."""
+        store lacks, in the background (with `rows`: each page's rows after its ids)."""
         if len(tokens) < BLOCK_SIZE:
             return
         try:
-            self._writes.put_nowait((tokens, salt))
+            self._writes.put_nowait((tokens, salt, rows))
         except queue.Full:
             self.dropped += 1
 
@@ -156,15 +189,17 @@ class StoreTier:
 
     def _write_loop(self) -> None:
         while True:
-            tokens, salt = self._writes.get()
+            tokens, salt, rows = self._writes.get()
             try:
-                self._put(tokens, salt)
+                self._put(tokens, salt, rows)
             except Exception as error:  # a store failure costs this write, never the loop
                 self._failed(f"a write failed: {error}")
             finally:
                 self._writes.task_done()
 
-    def _put(self, tokens: npt.NDArray[np.int32], salt: bytes | None) -> None:
+    def _put(
+        self, tokens: npt.NDArray[np.int32], salt: bytes | None, rows: PageRows | None
+    ) -> None:
         client = self._client_or_none()
         if client is None:
             return
@@ -174,25 +209,31 @@ class StoreTier:
         present = _checked(client.batch_is_exist(keys + slots))
         for page, (key, found) in enumerate(zip(keys, present[: len(keys)], strict=True)):
             if not found:
-                _put(client, key, page_value(tokens, page))
+                value = page_value(tokens, page)
+                _put(client, key, value if rows is None else value + rows.block(page))
                 self.pages_written += 1
-        self._put_snapshot(client, list(zip(slots, present[len(keys) :], strict=True)), tokens)
+        taken = list(zip(slots, present[len(keys) :], strict=True))
+        self._put_snapshot(client, taken, tokens, rows)
 
     def _put_snapshot(
-        self, client: StoreClient, slots: list[tuple[str, bool]], tokens: npt.NDArray[np.int32]
+        self,
+        client: StoreClient,
+        slots: list[tuple[str, bool]],
+        tokens: npt.NDArray[np.int32],
+        rows: PageRows | None,
     ) -> None:
         """Put the snapshot after `tokens` in the first free one of its boundary's `slots`
         (each key and whether it is taken), unless a slot holds it already. Two writers may
         take the same slot at once: the store keeps the first one's value and the other's
         snapshot is lost (a later lookup misses it, nothing worse); with every slot taken it
         goes unstored too."""
-        value = tail_value(tokens)
+        tail, extra = tail_value(tokens), self.settings.snapshot_rows
         taken = [key for key, found in slots if found]
-        if value in (client.get_batch(taken) if taken else []):
+        if tail in [_ids(value, extra) for value in (client.get_batch(taken) if taken else [])]:
             return
         free = next((key for key, found in slots if not found), None)
         if free is not None:
-            _put(client, free, value)
+            _put(client, free, tail if rows is None else tail + rows.snapshot())
             self.snapshots_written += 1
 
     def _lookup_loop(self) -> None:
@@ -227,14 +268,17 @@ class StoreTier:
         values = client.get_batch(read)
         if len(values) != len(read):
             raise StoreError(f"get_batch answered {len(values)} values for {len(read)} keys")
+        block_rows, extra = self.settings.block_rows, self.settings.snapshot_rows
         for page, value in enumerate(values[:fetched]):
-            if value != page_value(prompt, page):
+            if _ids(value, block_rows) != page_value(prompt, page):
                 pages = page  # evicted meanwhile (or a foreign value): stop here
                 break
+        blocks = [value[BLOCK_SIZE * 4 :] for value in values[:pages]]
         return [
-            snapshot_tokens(prompt, at, value)
+            Found(snapshot_tokens(prompt, at, tail), at, blocks[:at], value[len(tail) :])
             for (at, _), value in zip(wanted, values[fetched:], strict=True)
-            if value and at <= pages  # an empty value: evicted since the existence check
+            # An empty value: evicted since the existence check.
+            if at <= pages and (tail := _ids(value, extra))
         ]
 
     def _client_or_none(self) -> StoreClient | None:
@@ -283,6 +327,17 @@ class _Lookup:
     prompt: npt.NDArray[np.int32]
     salt: bytes | None
     answer: Future[Snapshots]
+
+
+#: A queued write: a cached prompt's tokens, its partition and its rows (None: ids only).
+_Write = tuple[npt.NDArray[np.int32], bytes | None, PageRows | None]
+
+
+def _ids(value: bytes, rows: int) -> bytes:
+    """The token ids a page's `value` begins with, before its `rows` bytes of rows (empty
+    when it is too short to hold them, or its ids are not whole int32s)."""
+    ids = len(value) - rows
+    return value[:ids] if ids > 0 and ids % 4 == 0 else b""
 
 
 def _put(client: StoreClient, key: str, value: bytes) -> None:

@@ -5,7 +5,8 @@ digest of the rows' layout and model (`identity`: rows of another layout are nev
 request's prefix-cache partition (its API-key scope and `cache_salt`, or none) and every token
 up to the page's end, so no page is found from another partition, model or prefix. In the
 simulated engine a page's value is its block's token ids (a lookup checks them against the
-prompt).
+prompt); an engine with real rows (DeepInfer's) puts its rows after the ids
+(`store_tier.PageRows`), so the same check makes a foreign or replaced value a miss.
 
 KV rows alone cannot be resumed from: a fork needs the sequence's state row (every layer's
 sliding window and compression rings) at the fork point, and a state exists only where a
@@ -26,7 +27,7 @@ import hashlib
 import numpy as np
 import numpy.typing as npt
 
-from deepinfer_server.engines.simulated.kv_blocks import BLOCK_SIZE
+from deepinfer_server.prefix_cache.index import BLOCK_SIZE
 
 _PERSON = b"kv-store-page"
 _STATE_PERSON = b"kv-store-state"

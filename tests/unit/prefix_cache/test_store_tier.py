@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from deepinfer_server.engines.simulated.engine import LLMEngine
-from deepinfer_server.engines.simulated.store_pages import SNAPSHOT_SLOTS, page_keys
-from deepinfer_server.engines.simulated.store_tier import (
+from deepinfer_server.prefix_cache.host_tier import HostTierSettings
+from deepinfer_server.prefix_cache.store_pages import SNAPSHOT_SLOTS, page_keys
+from deepinfer_server.prefix_cache.store_tier import (
     StoreClient,
     StoreTier,
     StoreTierSettings,
 )
-from deepinfer_server.prefix_cache.host_tier import HostTierSettings
 from tests.unit.engines.test_simulated_engine import make_engine, run_to_end
 from tests.unit.engines.test_simulated_prefix_cache import _cached, _turn
 
@@ -306,4 +306,46 @@ def test_a_boundary_keeps_one_copy_of_each_snapshot_up_to_its_slots() -> None:
     assert store.pages_written == 2
     assert store.snapshots_written == SNAPSHOT_SLOTS  # the last prompt's has no slot left
     assert len(store.lookup(base, None)) == SNAPSHOT_SLOTS
+    assert store.errors == 0
+
+
+class _Rows:
+    """Rows an engine stores beside the ids: each block's page number, the snapshot's mark."""
+
+    def block(self, page: int) -> bytes:
+        return bytes([page]) * 3
+
+    def snapshot(self) -> bytes:
+        return b"state"
+
+
+def _rows_tier(client: StoreClient) -> StoreTier:
+    settings = StoreTierSettings(LAYOUT, 25e9, lookup_timeout=5.0, block_rows=3, snapshot_rows=5)
+    return StoreTier(settings, lambda: client)
+
+
+def test_rows_stored_beside_the_ids_come_back_with_the_snapshot() -> None:
+    shared = FakeStore()
+    writer, reader = _rows_tier(shared), _rows_tier(shared)
+    prompt = np.arange(300, dtype=np.int32)
+    writer.write(prompt, b"salt", _Rows())
+    writer.drain()
+    (found,) = reader.lookup(np.concatenate([prompt, [7, 8]]).astype(np.int32), b"salt")
+    assert found.tokens.tolist() == prompt.tolist()
+    assert found.at == 2
+    assert found.blocks == [b"\x00" * 3, b"\x01" * 3]
+    assert found.state == b"state"
+    assert reader.lookup(prompt, b"other") == []
+
+
+def test_a_page_whose_ids_differ_from_the_prompt_is_a_miss() -> None:
+    shared = FakeStore()
+    store = _rows_tier(shared)
+    prompt = np.arange(300, dtype=np.int32)
+    store.write(prompt, None, _Rows())
+    store.drain()
+    (first,) = page_keys(LAYOUT, None, prompt)[:1]
+    # A foreign value under the key (another writer's, or one evicted and replaced).
+    shared.values[first] = np.arange(1, 129, dtype="<i4").tobytes() + b"abc"
+    assert store.lookup(prompt, None) == []
     assert store.errors == 0
