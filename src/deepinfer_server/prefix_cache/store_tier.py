@@ -304,19 +304,26 @@ class StoreTier:
             logger.debug("KV store: %s", what)
 
 
-#: The memory each client gives the store's pool, and its transfer buffer: in the simulated
-#: engine a page is its 512 bytes of token ids, so 64 MiB holds some 16 million tokens' pages.
+#: The memory a client gives the store's pool by default, and its transfer buffer: in the
+#: simulated engine a page is its 512 bytes of token ids, so 64 MiB holds some 16 million
+#: tokens' pages (DeepInfer's rows take `--kv-offload-store-segment-gb`).
 SEGMENT_BYTES = 64 * 1024 * 1024
 BUFFER_BYTES = 16 * 1024 * 1024
 
 
-def mooncake_client(master: str, hostname: str) -> StoreClient:
+def mooncake_client(
+    master: str,
+    hostname: str,
+    segment_bytes: int = SEGMENT_BYTES,
+    buffer_bytes: int = BUFFER_BYTES,
+) -> StoreClient:
     """A Mooncake Store client of the master at `master` (host:port), over TCP, peers meeting
-    by handshake (no metadata server); raises when it cannot be set up."""
+    by handshake (no metadata server), giving the pool `segment_bytes` and transferring
+    through a `buffer_bytes` buffer; raises when it cannot be set up."""
     from mooncake.store import MooncakeDistributedStore  # the disaggregation extra
 
     store = MooncakeDistributedStore()
-    code = store.setup(hostname, "P2PHANDSHAKE", SEGMENT_BYTES, BUFFER_BYTES, "tcp", "", master)
+    code = store.setup(hostname, "P2PHANDSHAKE", segment_bytes, buffer_bytes, "tcp", "", master)
     if code != 0:
         raise StoreError(f"setup with the master at {master} returned {code}")
     return store  # type: ignore[no-any-return]

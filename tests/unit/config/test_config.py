@@ -409,7 +409,8 @@ def test_the_store_tier_needs_its_master_and_the_host_tier() -> None:
     no_master = parse_config([*deepinfer[:-2], "--kv-offload-host-gb", "1"])
     with pytest.raises(ConfigError, match="needs --kv-offload-store-master"):
         DeepInferBackend().preflight(no_master, None)
-    hosted = parse_config([*deepinfer, "--kv-offload-host-gb", "1"])
+    sized = ["--kv-offload-store-segment-gb", "8", "--kv-offload-store-buffer-gb", "0.5"]
+    hosted = parse_config([*deepinfer, "--kv-offload-host-gb", "1", *sized])
     DeepInferBackend().preflight(hosted, None)
     spec = EngineSpec(
         rank=0, model="/models/ckpt", served_model_name="flash", data_parallel_size=1,
@@ -420,6 +421,9 @@ def test_the_store_tier_needs_its_master_and_the_host_tier() -> None:
     )  # fmt: skip
     store = prefix_cache_settings(spec).store
     assert store is not None and (store.master, store.hostname) == ("127.0.0.1:50051", "127.0.0.1")
+    assert (store.segment_bytes, store.buffer_bytes) == (8 * 10**9, 5 * 10**8)
+    with pytest.raises(ConfigError, match="--kv-offload-store-segment-gb must be positive"):
+        parse_config([*deepinfer, "--kv-offload-store-segment-gb", "0"])
     with pytest.raises(ConfigError, match="--sim-store-bandwidth-gbps must be positive"):
         parse_config(["--engine", "simulated", "--sim-store-bandwidth-gbps", "0"])
     with pytest.raises(ConfigError, match="--sim-store-lookup-timeout-ms must be positive"):

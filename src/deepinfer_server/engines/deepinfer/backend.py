@@ -63,6 +63,19 @@ class DeepInferOptions:
         "must beat (a restore of a prefix shorter than its copy's worth is recomputed; "
         "default: %(default)s)",
     )
+    kv_offload_store_segment_gb: float = float_option(
+        4.0,
+        "--kv-offload-store-segment-gb",
+        help="host memory each rank gives the shared Mooncake Store's pool "
+        "(--kv-offload-store; its global segment: a prompt's pages take its KV bytes and a "
+        "state row; default: %(default)s)",
+    )
+    kv_offload_store_buffer_gb: float = float_option(
+        1.0,
+        "--kv-offload-store-buffer-gb",
+        help="each rank's Mooncake Store transfer buffer, which one lookup's pages must fit "
+        "in (its local buffer; default: %(default)s)",
+    )
 
 
 class DeepInferBackend(EngineBackend):
@@ -83,6 +96,8 @@ class DeepInferBackend(EngineBackend):
         for flag, value in (
             ("--kv-offload-host-bandwidth-gbps", options.kv_offload_host_bandwidth_gbps),
             ("--kv-offload-prefill-tokens-per-s", options.kv_offload_prefill_tokens_per_s),
+            ("--kv-offload-store-segment-gb", options.kv_offload_store_segment_gb),
+            ("--kv-offload-store-buffer-gb", options.kv_offload_store_buffer_gb),
         ):
             if value <= 0:
                 raise ConfigError(f"{flag} must be positive, got {value:g}")

@@ -112,7 +112,14 @@ def prefix_cache_settings(spec: EngineSpec) -> PrefixCacheSettings:
     master, store = spec.kv_offload_store_master, None
     if spec.kv_offload_store is not None and master is not None:
         checkpoint = checkpoint_identity(spec.model)
-        store = StoreOptions(master, spec.disaggregation_host, checkpoint, spec.speculative_tokens)
+        store = StoreOptions(
+            master,
+            spec.disaggregation_host,
+            checkpoint,
+            spec.speculative_tokens,
+            segment_bytes=int(options.kv_offload_store_segment_gb * 1e9),
+            buffer_bytes=int(options.kv_offload_store_buffer_gb * 1e9),
+        )
     return PrefixCacheSettings(
         retention_share=spec.prefix_cache_retention_share,
         host_tier_bytes=int(spec.kv_offload_host_gb * 1e9),

@@ -32,6 +32,8 @@ from deepinfer_server.prefix_cache.host_tier import HostTier
 from deepinfer_server.prefix_cache.index import BLOCK_SIZE, Match, PrefixIndex, blocks_for
 from deepinfer_server.prefix_cache.store_pages import boundary
 from deepinfer_server.prefix_cache.store_tier import (
+    BUFFER_BYTES,
+    SEGMENT_BYTES,
     Found,
     StoreClient,
     StoreTier,
@@ -54,6 +56,9 @@ class StoreOptions:
     #: Bytes per second from the store to host memory, and how long a lookup is waited for.
     bandwidth: float = 25e9
     lookup_timeout: float = 0.1
+    #: The memory this rank's client gives the store's pool, and its transfer buffer.
+    segment_bytes: int = SEGMENT_BYTES
+    buffer_bytes: int = BUFFER_BYTES
 
 
 class _Pages:
@@ -150,6 +155,8 @@ def store_path(engine: Any, copier: RowCopier, tier: HostTier, options: StoreOpt
     )
 
     def connect() -> StoreClient:
-        return mooncake_client(options.master, options.hostname)
+        return mooncake_client(
+            options.master, options.hostname, options.segment_bytes, options.buffer_bytes
+        )
 
     return StorePath(StoreTier(settings, connect), copier, tier)
