@@ -21,6 +21,7 @@ from deepinfer_server.config.resolved import (
 )
 from deepinfer_server.disaggregation.layout import KVLayout
 from deepinfer_server.disaggregation.role import DisaggregationRole
+from deepinfer_server.errors import ConfigError
 from deepinfer_server.model.images import ImagePolicy, recipe_image_policy
 
 if TYPE_CHECKING:
@@ -208,3 +209,21 @@ class EngineBackend(abc.ABC):
         """Cross-process state the ranks share (created in the API process), if any."""
         del config
         return None
+
+
+def check_store_tier(config: ResolvedConfig) -> None:
+    """The shared store tier (`--kv-offload-store`) needs its master and the host tier it
+    restores through, on every engine."""
+    if config.kv_offload_store is None:
+        if config.kv_offload_store_master is not None:
+            raise ConfigError("--kv-offload-store-master needs --kv-offload-store")
+        return
+    if not config.kv_offload_store_master:
+        raise ConfigError(
+            "--kv-offload-store needs --kv-offload-store-master HOST:PORT (its master's)"
+        )
+    if config.kv_offload_host_gb <= 0:
+        raise ConfigError(
+            "--kv-offload-store restores through the host tier: it needs --kv-offload-host-gb "
+            "above 0 (and the prefix cache on)"
+        )

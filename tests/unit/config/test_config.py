@@ -404,7 +404,7 @@ def test_the_store_tier_needs_its_master_and_the_host_tier() -> None:
     )
     # DeepInfer's engine restores through its host tier too: refused without it.
     deepinfer = ["/models/ckpt", "--engine", "deepinfer", *with_master[2:]]
-    with pytest.raises(ConfigError, match="deepinfer needs --kv-offload-host-gb above 0"):
+    with pytest.raises(ConfigError, match="it needs --kv-offload-host-gb above 0"):
         DeepInferBackend().preflight(parse_config([*deepinfer, "--kv-offload-host-gb", "0"]), None)
     no_master = parse_config([*deepinfer[:-2], "--kv-offload-host-gb", "1"])
     with pytest.raises(ConfigError, match="needs --kv-offload-store-master"):

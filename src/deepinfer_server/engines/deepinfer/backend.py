@@ -16,7 +16,7 @@ import psutil
 
 from deepinfer_server.config.option_field import flag_option, float_option
 from deepinfer_server.config.resolved import SPECULATIVE_TOKENS_VARIABLE
-from deepinfer_server.engines.backend import EngineBackend
+from deepinfer_server.engines.backend import EngineBackend, check_store_tier
 from deepinfer_server.engines.deepinfer.environment import (
     physical_gpu_count,
     rank_environment,
@@ -132,7 +132,7 @@ class DeepInferBackend(EngineBackend):
                 "the host tier copies the driver worker's KV rows only, and each CP worker "
                 "holds its own; drop the option (or pass 0)"
             )
-        _check_store(config)
+        check_store_tier(config)
         if config.disaggregation_mode.disaggregated:
             check_role(config.disaggregation_mode, config.enable_prefix_caching, os.environ)
         run_preflight(
@@ -177,20 +177,3 @@ class DeepInferBackend(EngineBackend):
             )
             environments.append({**environment, **cadence})
         return environments
-
-
-def _check_store(config: ResolvedConfig) -> None:
-    """The shared store tier needs its master and the host tier it restores through."""
-    if config.kv_offload_store is None:
-        if config.kv_offload_store_master is not None:
-            raise ConfigError("--kv-offload-store-master needs --kv-offload-store")
-        return
-    if not config.kv_offload_store_master:
-        raise ConfigError(
-            "--kv-offload-store needs --kv-offload-store-master HOST:PORT (its master's)"
-        )
-    if config.kv_offload_host_gb <= 0:
-        raise ConfigError(
-            "--kv-offload-store with --engine deepinfer needs --kv-offload-host-gb above 0: "
-            "what the shared store holds is brought into the host tier and restored from there"
-        )

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 from deepinfer_server.config.option_field import flag_option, float_option, int_option, option
 from deepinfer_server.config.resolved import EngineDefaults
-from deepinfer_server.engines.backend import EngineBackend, SharedState
+from deepinfer_server.engines.backend import EngineBackend, SharedState, check_store_tier
 from deepinfer_server.engines.simulated.collectives import new_lockstep_group
 from deepinfer_server.engines.simulated.kv_size import valid_kv_bytes
 from deepinfer_server.errors import ConfigError
@@ -128,23 +128,6 @@ class SimulatedOptions:
     )
 
 
-def check_store(config: ResolvedConfig) -> None:
-    """The shared store tier needs its master and the host tier it restores through."""
-    if config.kv_offload_store is None:
-        if config.kv_offload_store_master is not None:
-            raise ConfigError("--kv-offload-store-master needs --kv-offload-store")
-        return
-    if not config.kv_offload_store_master:
-        raise ConfigError(
-            "--kv-offload-store needs --kv-offload-store-master HOST:PORT (its master's)"
-        )
-    if config.kv_offload_host_gb <= 0:
-        raise ConfigError(
-            "--kv-offload-store restores through the host tier: it needs --kv-offload-host-gb "
-            "above 0 (and the prefix cache on)"
-        )
-
-
 class SimulatedBackend(EngineBackend):
     """The CPU implementation of DeepInfer's LLMEngine contract (echoes the last user turn)."""
 
@@ -197,7 +180,7 @@ class SimulatedBackend(EngineBackend):
                 "--sim-tokens-per-step and --speculative-tokens both set the tokens of a decode "
                 "step: give one of them"
             )
-        check_store(config)
+        check_store_tier(config)
 
     def shared_state(self, config: ResolvedConfig) -> SharedState:
         options = config.engine_options
