@@ -170,6 +170,31 @@ evict_all()
 checks["long_cached"] = send("long2", next_turn(turn1, long_answer, "go on"))
 run()
 
+# (7) a restore whose copy fails takes a full prefill and gives back what it reserved; a
+# queued prompt aborted leaves no ask behind.
+CACHE.clear()
+send("f1", turn1)
+f_answer = run()["f1"]["tokens"]
+evict_all()
+(f_host,) = list(HOST.tier.entries())
+real_restore = HOST.copier.restore
+def failing_restore(*args, **kwargs):
+    raise RuntimeError("the copy failed")
+HOST.copier.restore = failing_restore
+checks["f2_cached"] = send("f2", next_turn(turn1, f_answer, "go on"))
+HOST.copier.restore = real_restore
+checks["f2_finish"] = run()["f2"]["finish"]
+checks["f_host_forks"] = f_host.live_forks
+checks["f_ledger"] = ledger_problems(ENGINE)
+held = hold_blocks()
+send("q3", turn("a salted question about the build"), b"q")
+q3_id = returned["q3"].seq_id
+checks["q3_queued"] = len(HOST.pending)
+DRIVER.abort(["q3"])
+release(held)
+run()
+checks["q3_ask_dropped"] = CACHE.asks.get(q3_id) is None
+
 # (6) retention: a pin follows its entry into the tier, where an unpinned entry's copy does not
 # push it out.
 CACHE.clear()
@@ -234,13 +259,20 @@ def test_the_host_tier_restores_exactly_what_it_evicted(checkpoint: Path) -> Non
     assert 64 <= checks["short_prompt"] < 100
     assert checks["short_cached"] == 0 and checks["short_host_kept"] == 1
     assert checks["long_cached"] == prompt
-    assert result["unplaced"] == 0
+    # One entry DeepInfer placed was dropped, not offloaded: (7)'s full prefill, evicted for
+    # the queued prompt's room.
+    assert result["unplaced"] == 1
     stats = result["stats"]
     assert stats["hit_tokens"] >= 3 * prompt and stats["restore_bytes"] > 0
     assert stats["offload_bytes"] > stats["restore_bytes"]  # not every copy came back
     assert stats["offload_seconds"] > 0 and stats["restore_seconds"] > 0
     assert result["violations"] == [] and result["ledger"] == [] and result["baseline"] == []
     assert result["host_after_clear"] == 0
+    # (7) The failed restore computed in full, correctly, leaking nothing; the aborted queued
+    # prompt's ask went with it.
+    assert checks["f2_cached"] == 0 and checks["f2_finish"] in ("STOP", "LENGTH")
+    assert checks["f_host_forks"] == 0 and checks["f_ledger"] == []
+    assert checks["q3_queued"] == 1 and checks["q3_ask_dropped"]
     # (6) The pin went into the tier with its entry and kept it there.
     assert checks["pins_shared"] and checks["pinned_in_tier"]
     assert checks["pinned_kept"] == [True]

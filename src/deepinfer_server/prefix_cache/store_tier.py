@@ -158,6 +158,10 @@ class StoreTier:
         except queue.Full:
             self.dropped += 1
 
+    def writes_full(self) -> bool:
+        """Whether a write now would be dropped (its queue is full)."""
+        return self._writes.full()
+
     def lookup(self, prompt: npt.NDArray[np.int32], salt: bytes | None) -> Snapshots:
         """The snapshots of partition `salt` the store holds with every whole page before
         them shared with `prompt`, each as its entry's tokens (the caller decides which one,

@@ -6,29 +6,24 @@ its prefill: keep the parent's full blocks, copy the partial one, clone the stat
 only the rest); this module supplies the policy, through the engine's own hooks:
 
 - `post_schedule`: a sequence whose prompt was just computed gets its state slot copied to a
-  spare slot on its first decode step, before that step's forward (the snapshot at P:
-  `prefix_snapshots`).
+  spare slot on its first decode step, before that step's forward (the snapshot at P).
 - `finalize_seq`: a finished sequence with a snapshot is kept (its blocks and the snapshot slot)
   as a cache entry instead of being freed.
 - `add_request`: a text prompt that starts with an entry's P tokens (P - 1 with a thinking-mode
-  turn) is forked from it with `fork_seq`; anything the fork path cannot serve (prompt logprobs,
-  images, a grammar, chunk checkpoints, a too-long prompt, a fork whose pins leave its prefill
-  no room) takes DeepInfer's ordinary path, never an error. The fork's `num_cached_tokens` is
-  the count of reused tokens. A request's cache salt (the server's `cache_salt` argument, not
-  DeepInfer's) partitions the cache: it forks only from entries kept under the same salt, and
-  is kept under its own. A request's retention (`cache_control`, `prompt_cache_retention`:
-  `retention_seconds`) has its prompt's write decided at admission (`prefix_asks`; its
-  written tokens are reported with its first output) and, once kept, its entry pinned for that
-  long within its partition's budget (`prefix_cache.retention.Retention`).
-- `step`: before the scheduler runs, least-recently-used entries are evicted until the waiting
-  prompts fit under the 90% prefill watermark, running sequences have a block each for their
-  next token, and waiting prompts have state slots; without demand the cache stays. Pinned
-  entries go after every unpinned one (least recently used first within each group).
+  turn) is forked from it; anything the fork path cannot serve (prompt logprobs, images, a
+  grammar, chunk checkpoints, a too-long prompt, a fork whose pins leave its prefill no room)
+  takes DeepInfer's ordinary path, never an error. The fork's `num_cached_tokens` counts the
+  reused tokens. A request's cache salt partitions the cache: it forks only from entries kept
+  under the same salt, and is kept under its own. A retained request (`retention_seconds`) has
+  its write decided at admission (`prefix_asks`) and, once kept, its entry pinned within its
+  partition's budget (`prefix_cache.retention`). With the host tier (`prefix_host`) prompts
+  are placed in blocks the cache chose, evicted entries copied to host memory and restored.
+- `step`: before the scheduler runs, least-recently-used entries (pinned ones last) are evicted
+  until the waiting prompts fit under the 90% prefill watermark, running sequences have a block
+  each for their next token, and waiting prompts have state slots.
 - `abort_request`: a fork aborted while still waiting would keep its pins (DeepInfer frees
-  aborted waiting sequences never), so it is freed here. An aborted waiting sequence is never
-  finalized either: the salt and retention noted for it are dropped here.
+  aborted waiting sequences never), so it is freed here, and the asks noted for it dropped.
 
-The forks' bookkeeping is `prefix_forks`, the sequences' salts and retentions `prefix_asks`.
 Everything runs on the rank loop's thread, as the engine does.
 """
 
@@ -257,7 +252,8 @@ class PrefixCache:
         if self.forks.waiting:
             self.forks.free_aborted(ids)
         if self.host is not None:
-            self.host.abort(ids)
+            for seq_id in self.host.abort(ids):
+                self.asks.pop(seq_id)
         return result
 
     # A: eviction
@@ -298,20 +294,25 @@ class PrefixCache:
         return self.retention.last(self.index.eviction_order())
 
     def evict_for_room(self, entry: CacheEntry[Any]) -> None:
-        """Evict `entry` to make room; without a host tier to take its pin along, the pin goes."""
-        self.evict(entry)
-        if self.host is None:
+        """Evict `entry` to make room; unless the host tier took it (and its pin along), its
+        pin goes."""
+        if not self.evict(entry):
             self.retention.release(entry, self.index)
 
-    def evict(self, entry: CacheEntry[Any], offload: bool = True) -> None:
+    def evict(self, entry: CacheEntry[Any], offload: bool = True) -> bool:
         """Drop one entry and free its blocks and snapshot (what no fork still pins), after
-        copying it to the host tier (if any, and `offload`)."""
+        copying it to the host tier (if any, and `offload`); whether the tier kept a copy."""
         self.index.remove(entry)
         self._table_blocks.pop(entry.value.seq_id, None)
+        kept = False
         if self.host is not None:
-            self.host.evicted(entry, offload)
+            try:
+                kept = self.host.evicted(entry, offload)
+            except Exception:  # a failed copy loses the entry, never its rows or the step
+                logger.exception("copying an evicted prefix to host memory failed: dropped")
         self._scheduler.free_seq(entry.value)
         self.evictions += 1
+        return kept
 
     def clear(self) -> None:
         """Evict every entry, the host tier's too."""

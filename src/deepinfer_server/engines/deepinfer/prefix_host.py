@@ -30,6 +30,7 @@ and the tier is looked up there first, the snapshot found brought into the tier.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import deque
 from collections.abc import Collection
@@ -86,7 +87,7 @@ class _Cache(Protocol):
     forks: Forks
     hit_tokens: int
 
-    def evict(self, entry: CacheEntry[Any], offload: bool = True) -> None: ...
+    def evict(self, entry: CacheEntry[Any], offload: bool = True) -> bool: ...
 
     def eviction_order(self) -> list[CacheEntry[Any]]: ...
 
@@ -166,7 +167,7 @@ class HostPath:
             served = self.store.served(prompt, salt, match)
             self.store.bring(prompt, int(prompt.size) - 2, salt, served)
         if not self.pending:
-            entered = self._enter(seq, prompt, salt, match)
+            entered = self._enter_or_fallback(seq, prompt, salt, match)
             if entered is not None:
                 return entered
         # Its usage reports what it would reuse now; placed later, it may reuse otherwise.
@@ -181,17 +182,20 @@ class HostPath:
         while self.pending:
             head = self.pending[0]
             match = self._cache.index.match(head.prompt, int(head.prompt.size) - 2, head.salt)
-            if self._enter(head.seq, head.prompt, head.salt, match) is None:
+            if self._enter_or_fallback(head.seq, head.prompt, head.salt, match) is None:
                 if self._scheduler.has_unfinished_seqs():
                     return
                 self._fallback(head.seq, match)
             self.pending.popleft()
 
-    def abort(self, request_ids: Collection[str]) -> None:
-        """Queued prompts an abort reached end here (DeepInfer never saw them)."""
-        if any(pending.seq.request_id in request_ids for pending in self.pending):
+    def abort(self, request_ids: Collection[str]) -> list[int]:
+        """Queued prompts an abort reached end here (DeepInfer never saw them): the sequence
+        IDs of those that ended."""
+        ended = [p.seq.seq_id for p in self.pending if p.seq.request_id in request_ids]
+        if ended:
             kept = [p for p in self.pending if p.seq.request_id not in request_ids]
             self.pending = deque(kept)
+        return ended
 
     def _fallback(self, seq: Any, match: Match[Any] | None) -> Any:
         seq.num_cached_tokens = 0
@@ -203,6 +207,18 @@ class HostPath:
         pool_fork = 0 if match is None else match.fork_point
         restore = self.tier.match(prompt, int(prompt.size) - 2, salt, pool_fork)
         return pool_fork if restore is None else restore.fork_point
+
+    def _enter_or_fallback(
+        self, seq: Any, prompt: npt.NDArray[np.int32], salt: bytes | None, match: Match[Any] | None
+    ) -> Any:
+        """`_enter`, or, when placing fails (a copy, a clone or `fork_seq` raised, having given
+        back what it reserved), the ordinary path: one request's failure never ends the rank's
+        step."""
+        try:
+            return self._enter(seq, prompt, salt, match)
+        except Exception:
+            logger.exception("placing request %s failed: full prefill", seq.request_id)
+            return self._fallback(seq, None)
 
     def _enter(
         self, seq: Any, prompt: npt.NDArray[np.int32], salt: bytes | None, match: Match[Any] | None
@@ -254,7 +270,12 @@ class HostPath:
         rows = entry.value.rows
         assert isinstance(rows, HostRows)
         blocks, slot = self.placement.reserve(blocks_for(int(seq.get_prompt_len())))
-        self.copier.restore(rows, blocks[: blocks_for(fork_point)], slot)
+        try:
+            self.copier.restore(rows, blocks[: blocks_for(fork_point)], slot)
+        except Exception:
+            self.placement.release(blocks, slot)
+            self.tier.unpin(entry)
+            raise
         self.tier.restore(entry, fork_point)
         fork = self.placement.enter(seq, blocks, slot, fork_point, owned=blocks)
         self._cache.forks.placed(fork)
@@ -266,7 +287,11 @@ class HostPath:
         kept = fork_point // BLOCK_SIZE
         new, slot = self.placement.reserve(blocks_for(int(seq.get_prompt_len())) - kept)
         partial = [(parent[kept], new[0])] if fork_point % BLOCK_SIZE else []
-        self.placement.clone([(int(entry.value.state_id), slot)], partial)
+        try:
+            self.placement.clone([(int(entry.value.state_id), slot)], partial)
+        except Exception:
+            self.placement.release(new, slot)
+            raise
         fork = self.placement.enter(seq, parent[:kept] + new, slot, fork_point, owned=new)
         self._cache.forks.add(fork, entry)
         self._cache.index.touch(entry)
@@ -287,17 +312,19 @@ class HostPath:
         if self.store is not None and table is not None:
             self.store.kept(entry.tokens, entry.salt, table, int(entry.value.state_id))
 
-    def evicted(self, entry: CacheEntry[Any], offload: bool) -> None:
-        """The pool evicts `entry` (its blocks and slot still held): copy it to the tier."""
+    def evicted(self, entry: CacheEntry[Any], offload: bool) -> bool:
+        """The pool evicts `entry` (its blocks and slot still held): copy it to the tier;
+        whether the tier kept it (not when DeepInfer placed it, nor when it cannot fit)."""
         table = self.placement.forget(entry.value)
         if not offload:
-            return
+            return False
         if table is None:
             self.unplaced_evictions += 1
-            return
+            return False
         blocks = table[: blocks_for(entry.length)]
         slot = int(entry.value.state_id)
-        self.tier.offload(entry.tokens, entry.salt, copy=lambda: self.copier.offload(blocks, slot))
+        copy = functools.partial(self.copier.offload, blocks, slot)
+        return self.tier.offload(entry.tokens, entry.salt, copy=copy)
 
     def preempted(self, gone: Collection[Any]) -> None:
         """Placed sequences preempted lost their blocks (`gone`: their statuses)."""

@@ -84,6 +84,11 @@ class _Pages:
         return row_bytes(rows.blocks[self._last]) + row_bytes(rows.state)
 
 
+#: Kept entries waiting for the writer thread: each holds its prompt's rows in host memory that
+#: no tier's budget counts (a 15k-token prompt's are some 16 MB of V4.1-Flash's), so few.
+WRITE_QUEUE_DEPTH = 16
+
+
 class StorePath:
     """One rank's store tier: its writes of kept entries and its lookups into the host tier."""
 
@@ -98,6 +103,9 @@ class StorePath:
         """The cache keeps an entry of `tokens` in `blocks` and state row `slot`: write its
         pages the store lacks, in the background."""
         if len(tokens) < BLOCK_SIZE:
+            return
+        if self.store.writes_full():
+            self.store.dropped += 1  # before the copy: queued rows are host memory no tier counts
             return
         rows = self._copier.offload(blocks[: blocks_for(len(tokens))], slot, counted=False)
         self.store.write(tokens, salt, _Pages(rows, len(tokens)))
@@ -152,6 +160,7 @@ def store_path(engine: Any, copier: RowCopier, tier: HostTier, options: StoreOpt
         lookup_timeout=options.lookup_timeout,
         block_rows=copier.block_bytes,
         snapshot_rows=copier.block_bytes + copier.state_bytes,
+        queue_depth=WRITE_QUEUE_DEPTH,
     )
 
     def connect() -> StoreClient:

@@ -356,11 +356,10 @@ class PrefixCache:
     def evict(self, entry: CacheEntry[Any]) -> None:
         """Drop one entry: its blocks and snapshot, except what forks still pin; with a host
         tier, a copy of its prompt's blocks and snapshot goes there first."""
-        if self.host is not None:
-            self.host.offload(entry.tokens, entry.salt)
+        offloaded = self.host is not None and self.host.offload(entry.tokens, entry.salt)
         self.index.remove(entry)
-        if self.host is None:
-            # No tier takes its pin along: a pin of a prompt gone would count until its ttl.
+        if not offloaded:
+            # No tier took its pin along: a pin of a prompt gone would count until its ttl.
             self.retention.release(entry, self.index)
         self.kv.free(entry.value.owner)
         self.slots.release(entry.value.slot)
