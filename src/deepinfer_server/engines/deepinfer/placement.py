@@ -24,7 +24,6 @@ import numpy as np
 
 from deepinfer_server.engines.deepinfer.cache_memory import allocate
 from deepinfer_server.engines.deepinfer.fork_seq import fork_seq
-from deepinfer_server.prefix_cache.index import BLOCK_SIZE
 
 #: KV use above which DeepInfer's scheduler starts no prefill (`GPU_CACHE_PREFILL_WATERMARK`).
 GPU_CACHE_PREFILL_WATERMARK = 0.9
@@ -32,11 +31,6 @@ GPU_CACHE_PREFILL_WATERMARK = 0.9
 PLACED_BRANCH = "prefix_placed"
 #: Tables noted before the first look for sequences that ended without being kept.
 _PRUNE_MIN = 256
-
-
-def blocks_for(tokens: int) -> int:
-    """The KV blocks that hold `tokens` tokens."""
-    return -(-tokens // BLOCK_SIZE)
 
 
 class Placement:

@@ -12,7 +12,7 @@ from typing import Any
 
 from deepinfer_server.engines.deepinfer.fork_seq import fork_seq
 from deepinfer_server.engines.deepinfer.placement import GPU_CACHE_PREFILL_WATERMARK
-from deepinfer_server.prefix_cache.index import BLOCK_SIZE, CacheEntry, Match
+from deepinfer_server.prefix_cache.index import BLOCK_SIZE, CacheEntry, Match, blocks_for
 
 #: The branch name forks get; DeepInfer's prefill takes the forked path for a leading "_".
 FORK_BRANCH = "_prefix_cache"
@@ -28,7 +28,7 @@ def fork_fits(table_blocks: int, match: Match[Any], prompt_tokens: int, total: i
     (`Scheduler`'s forked branch; more than the pool fails its TORCH_CHECK). A fork past
     that would wait forever, holding up the prompts queued behind it: a full prefill needs
     only the prompt's own blocks, once the entry is evicted."""
-    needed = -(-prompt_tokens // BLOCK_SIZE) - match.fork_point // BLOCK_SIZE
+    needed = blocks_for(prompt_tokens) - match.fork_point // BLOCK_SIZE
     return table_blocks <= GPU_CACHE_PREFILL_WATERMARK * total and table_blocks + needed < total
 
 
@@ -87,7 +87,7 @@ class Forks:
         return sum(
             int(fork.num_cached_tokens) // BLOCK_SIZE
             if fork.branch_id.startswith("_")
-            else -(-int(fork.get_len()) // BLOCK_SIZE)
+            else blocks_for(int(fork.get_len()))
             for fork in self.waiting.values()
         )
 

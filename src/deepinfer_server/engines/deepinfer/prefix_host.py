@@ -41,16 +41,18 @@ import numpy as np
 import numpy.typing as npt
 
 from deepinfer_server.engines.deepinfer.host_rows import HostRows, RowCopier
-from deepinfer_server.engines.deepinfer.placement import (
-    GPU_CACHE_PREFILL_WATERMARK,
-    Placement,
-    blocks_for,
-)
+from deepinfer_server.engines.deepinfer.placement import GPU_CACHE_PREFILL_WATERMARK, Placement
 from deepinfer_server.engines.deepinfer.prefix_forks import Forks
 from deepinfer_server.engines.deepinfer.prefix_store import StoreOptions, StorePath, store_path
 from deepinfer_server.ipc.messages import HostTierStats
 from deepinfer_server.prefix_cache.host_tier import HostCopy, HostTier, HostTierSettings
-from deepinfer_server.prefix_cache.index import BLOCK_SIZE, CacheEntry, Match, PrefixIndex
+from deepinfer_server.prefix_cache.index import (
+    BLOCK_SIZE,
+    CacheEntry,
+    Match,
+    PrefixIndex,
+    blocks_for,
+)
 
 logger = logging.getLogger(__name__)
 
