@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Any
 
 
 class ErrorKind(enum.StrEnum):
@@ -205,6 +206,12 @@ class ApiError(ServerError):
 
     kind: ErrorKind = ErrorKind.INTERNAL
 
+    def __init_subclass__(cls, *, kind: ErrorKind | None = None, **rest: Any) -> None:
+        """A subclass names its kind in its bases: `class X(ApiError, kind=ErrorKind.Y)`."""
+        super().__init_subclass__(**rest)
+        if kind is not None:
+            cls.kind = kind
+
     def __init__(
         self,
         message: str,
@@ -238,53 +245,37 @@ class ApiError(ServerError):
         return {}
 
 
-class BadRequestError(ApiError):
+class BadRequestError(ApiError, kind=ErrorKind.BAD_REQUEST):
     """The request is malformed or asks for something this service does not do."""
 
-    kind = ErrorKind.BAD_REQUEST
 
-
-class HandoffUnverifiedError(ApiError):
+class HandoffUnverifiedError(ApiError, kind=ErrorKind.KV_HANDOFF_UNVERIFIED):
     """A decode request's `kv_transfer_params` is not a signed, unexpired handoff of its prompt."""
 
-    kind = ErrorKind.KV_HANDOFF_UNVERIFIED
 
-
-class ContextLengthError(ApiError):
+class ContextLengthError(ApiError, kind=ErrorKind.CONTEXT_LENGTH_EXCEEDED):
     """The prompt (plus the requested output) does not fit in the context window."""
 
-    kind = ErrorKind.CONTEXT_LENGTH_EXCEEDED
 
-
-class AuthenticationError(ApiError):
+class AuthenticationError(ApiError, kind=ErrorKind.AUTHENTICATION):
     """A missing or wrong API key."""
 
-    kind = ErrorKind.AUTHENTICATION
 
-
-class ModelNotFoundError(ApiError):
+class ModelNotFoundError(ApiError, kind=ErrorKind.MODEL_NOT_FOUND):
     """The request names a model this server does not serve."""
 
-    kind = ErrorKind.MODEL_NOT_FOUND
 
-
-class StoredObjectNotFound(ApiError):
+class StoredObjectNotFound(ApiError, kind=ErrorKind.RESPONSE_NOT_FOUND):
     """A stored response or item that does not exist, expired, or belongs to another API key's
     scope (all three look the same to the client)."""
 
-    kind = ErrorKind.RESPONSE_NOT_FOUND
 
-
-class RequestTimeoutError(ApiError):
+class RequestTimeoutError(ApiError, kind=ErrorKind.REQUEST_TIMEOUT):
     """The request ran longer than `--request-timeout` (or its body took too long)."""
 
-    kind = ErrorKind.REQUEST_TIMEOUT
 
-
-class RequestTooLargeError(ApiError):
+class RequestTooLargeError(ApiError, kind=ErrorKind.REQUEST_TOO_LARGE):
     """The request body is larger than the server accepts."""
-
-    kind = ErrorKind.REQUEST_TOO_LARGE
 
 
 class RetryLaterError(ApiError):
@@ -298,75 +289,55 @@ class RetryLaterError(ApiError):
         return {"Retry-After": str(self.retry_after_seconds)}
 
 
-class OverloadedError(RetryLaterError):
+class OverloadedError(RetryLaterError, kind=ErrorKind.OVERLOADED):
     """Admission capacity is full; the client should retry later."""
 
-    kind = ErrorKind.OVERLOADED
 
-
-class QueueTimeoutError(OverloadedError):
+class QueueTimeoutError(OverloadedError, kind=ErrorKind.QUEUE_TIMEOUT):
     """The request waited longer than `--queue-timeout` for its first token."""
 
-    kind = ErrorKind.QUEUE_TIMEOUT
 
-
-class GrammarCapacityError(RetryLaterError):
+class GrammarCapacityError(RetryLaterError, kind=ErrorKind.GRAMMAR_CAPACITY):
     """No grammar compile worker was free in time: the server is out of compile capacity for
     now (the grammar itself is not at fault); the client should retry later."""
 
-    kind = ErrorKind.GRAMMAR_CAPACITY
 
-
-class EngineRequestError(ApiError):
+class EngineRequestError(ApiError, kind=ErrorKind.ENGINE_ABORTED):
     """The engine refused or ended one request; the engine itself is still healthy."""
 
-    kind = ErrorKind.ENGINE_ABORTED
 
-
-class ServiceUnavailableError(ApiError):
+class ServiceUnavailableError(ApiError, kind=ErrorKind.SERVICE_FAILED):
     """The service cannot take requests (see the two subclasses)."""
 
-    kind = ErrorKind.SERVICE_FAILED
 
-
-class ShuttingDownError(ServiceUnavailableError):
+class ShuttingDownError(ServiceUnavailableError, kind=ErrorKind.SHUTTING_DOWN):
     """The server is draining or stopping."""
-
-    kind = ErrorKind.SHUTTING_DOWN
 
     def __init__(self, message: str = "the server is shutting down") -> None:
         super().__init__(message)
 
 
-class ServiceFailedError(ServiceUnavailableError):
+class ServiceFailedError(ServiceUnavailableError, kind=ErrorKind.SERVICE_FAILED):
     """A rank failed or hung; every request fails until the server is restarted."""
 
-    kind = ErrorKind.SERVICE_FAILED
 
-
-class StoreUnavailableError(ApiError):
+class StoreUnavailableError(ApiError, kind=ErrorKind.STORE_UNAVAILABLE):
     """The Responses store failed (its database is unreachable, locked or broken): only the
     requests that need it fail."""
-
-    kind = ErrorKind.STORE_UNAVAILABLE
 
     def __init__(self, message: str = "the response store is unavailable; retry later") -> None:
         super().__init__(message)
 
 
-class ClientDisconnected(ApiError):
+class ClientDisconnected(ApiError, kind=ErrorKind.CLIENT_DISCONNECTED):
     """The client closed the connection before the response was complete."""
-
-    kind = ErrorKind.CLIENT_DISCONNECTED
 
     def __init__(self, message: str = "the client closed the connection") -> None:
         super().__init__(message)
 
 
-class InternalError(ApiError):
+class InternalError(ApiError, kind=ErrorKind.INTERNAL):
     """An unexpected exception (a bug), reported to the client as a generic 500."""
-
-    kind = ErrorKind.INTERNAL
 
     def __init__(self, message: str = "internal server error") -> None:
         super().__init__(message)

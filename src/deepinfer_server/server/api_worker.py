@@ -25,21 +25,8 @@ from deepinfer_server.config.logs import configure_logging
 from deepinfer_server.coordinator.admission import SharedAdmission, SharedState
 from deepinfer_server.coordinator.channels import RankChannels
 from deepinfer_server.coordinator.coordinator import Coordinator
-from deepinfer_server.ipc.control import (
-    AllServing,
-    AllWarm,
-    ControlChannel,
-    Drained,
-    Exit,
-    Failed,
-    Ping,
-    Pong,
-    RankReport,
-    Serving,
-    SnapshotReply,
-    SnapshotRequest,
-    Warm,
-)
+from deepinfer_server.ipc import control
+from deepinfer_server.ipc.control import ControlChannel
 from deepinfer_server.metrics import ServerMetrics
 from deepinfer_server.metrics.aggregate import Snapshot, take_snapshot
 from deepinfer_server.model.tokenizer import load_tokenizer_json
@@ -87,7 +74,7 @@ class ControlPeers:
         self,
         index: int,
         count: int,
-        control: ControlChannel,
+        channel: ControlChannel,
         coordinator: Coordinator,
         metrics: ServerMetrics,
     ) -> None:
@@ -95,7 +82,7 @@ class ControlPeers:
         self.all_serving = False
         self.all_warm = False
         self._others = count - 1
-        self._control = control
+        self._control = channel
         self._coordinator = coordinator
         self._metrics = metrics
         self._tokens = itertools.count()
@@ -108,7 +95,7 @@ class ControlPeers:
         replies: list[Snapshot] = []
         complete = asyncio.get_running_loop().create_future()
         self._pending[token] = (replies, complete)
-        self._control.send(SnapshotRequest(self.index, token, metrics))
+        self._control.send(control.SnapshotRequest(self.index, token, metrics))
         try:
             async with asyncio.timeout(SNAPSHOT_TIMEOUT):
                 await complete
@@ -126,39 +113,41 @@ class ControlPeers:
     def started(self, warmup: GrammarWarmup) -> None:
         """This process accepts requests: tell the supervisor now, and again once its warm-up
         is over (the supervisor answers AllWarm when every process's is)."""
-        self._control.send(Serving())
+        self._control.send(control.Serving())
         self._warm_told = asyncio.ensure_future(self._tell_warm(warmup))
 
     async def _tell_warm(self, warmup: GrammarWarmup) -> None:
         await warmup.over()
-        self._control.send(Warm())
+        self._control.send(control.Warm())
 
     async def listen(self) -> None:
         """Handle the supervisor's messages until it says exit (or is gone)."""
         while (message := await self._control.receive()) is not None:
-            if isinstance(message, Ping):
-                self._control.send(Pong())
-            elif isinstance(message, AllServing):
+            if isinstance(message, control.Ping):
+                self._control.send(control.Pong())
+            elif isinstance(message, control.AllServing):
                 self.all_serving = True
-            elif isinstance(message, AllWarm):
+            elif isinstance(message, control.AllWarm):
                 self.all_warm = True
-            elif isinstance(message, Failed):
+            elif isinstance(message, control.Failed):
                 self._coordinator.fail_service(message.reason)
-            elif isinstance(message, SnapshotRequest):
+            elif isinstance(message, control.SnapshotRequest):
                 loads = self._coordinator.rank_loads()
                 snapshot = (
                     take_snapshot(self._metrics, loads)
                     if message.metrics
                     else Snapshot(rank_loads=loads)
                 )
-                self._control.send(SnapshotReply(message.requester, message.token, snapshot))
-            elif isinstance(message, SnapshotReply):
+                self._control.send(
+                    control.SnapshotReply(message.requester, message.token, snapshot)
+                )
+            elif isinstance(message, control.SnapshotReply):
                 self._on_reply(message)
-            elif isinstance(message, Exit):
+            elif isinstance(message, control.Exit):
                 break
         self.exit_requested.set()
 
-    def _on_reply(self, reply: SnapshotReply) -> None:
+    def _on_reply(self, reply: control.SnapshotReply) -> None:
         pending = self._pending.get(reply.token)
         if pending is None:  # answered after the scrape gave up on it
             return
@@ -171,7 +160,7 @@ class ControlPeers:
 
 async def _serve(spec: WorkerSpec) -> int:
     config = spec.config
-    control = await ControlChannel.open(spec.control)
+    channel = await ControlChannel.open(spec.control)
     metrics = ServerMetrics(config.served_model_name)
     channels = RankChannels(spec.rank_listener, config.data_parallel_size, client=spec.index)
     coordinator = Coordinator(
@@ -179,10 +168,10 @@ async def _serve(spec: WorkerSpec) -> int:
         channels,
         metrics,
         admission=SharedAdmission.for_process(config, spec.slots, spec.index),
-        on_failure=lambda reason: control.send(Failed(reason)),
-        on_rank_report=lambda rank, reason: control.send(RankReport(rank, reason)),
+        on_failure=lambda reason: channel.send(control.Failed(reason)),
+        on_rank_report=lambda rank, reason: channel.send(control.RankReport(rank, reason)),
     )
-    peers = ControlPeers(spec.index, config.api_server_count, control, coordinator, metrics)
+    peers = ControlPeers(spec.index, config.api_server_count, channel, coordinator, metrics)
     listener = asyncio.ensure_future(peers.listen())
     try:
         tokenizer_json = load_tokenizer_json(spec.checkpoint)
@@ -210,13 +199,13 @@ async def _serve(spec: WorkerSpec) -> int:
             return 1
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the supervisor says when to exit
         coordinator.stop_watching()  # the supervisor stops the ranks next
-        control.send(Drained())
+        channel.send(control.Drained())
         await peers.exit_requested.wait()  # the supervisor stops the ranks meanwhile
         return 0
     finally:
         listener.cancel()
         await coordinator.release()
-        control.close()
+        channel.close()
 
 
 def run_api_worker(spec: WorkerSpec) -> None:

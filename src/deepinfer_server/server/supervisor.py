@@ -26,22 +26,8 @@ from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.coordinator.admission import shared_state
 from deepinfer_server.coordinator.channels import bind_rank_listener
 from deepinfer_server.coordinator.failure_cause import FailureCause
-from deepinfer_server.ipc.control import (
-    AllServing,
-    AllWarm,
-    ControlChannel,
-    ControlMessage,
-    Drained,
-    Exit,
-    Failed,
-    Ping,
-    Pong,
-    RankReport,
-    Serving,
-    SnapshotReply,
-    SnapshotRequest,
-    Warm,
-)
+from deepinfer_server.ipc import control
+from deepinfer_server.ipc.control import ControlChannel, ControlMessage
 from deepinfer_server.protocol.core.reasoning_seal import seal_key
 from deepinfer_server.server.api_worker import WorkerSpec, run_api_worker
 from deepinfer_server.server.http import STOP_SIGNALS, log_serving
@@ -70,10 +56,10 @@ API_SERVER_TIMEOUT = 10.0
 class _Worker:
     """The supervisor's handle on one API server process."""
 
-    def __init__(self, index: int, process: BaseProcess, control: ControlChannel) -> None:
+    def __init__(self, index: int, process: BaseProcess, channel: ControlChannel) -> None:
         self.index = index
         self.process = process
-        self.control = control
+        self.control = channel
         self.serving = False
         self.warm = False
         self.drained = False
@@ -144,7 +130,7 @@ class Supervisor:
         logger.info("[shutdown] stopping DP ranks")
         await self._ranks.stop(RANK_STOP_TIMEOUT)
         for worker in self._workers:
-            worker.control.send(Exit())
+            worker.control.send(control.Exit())
         if not await self._until(lambda w: w.exited.is_set(), _WORKER_EXIT_TIMEOUT):
             for worker in self._workers:
                 if not worker.exited.is_set():
@@ -230,32 +216,32 @@ class Supervisor:
             self._on_message(worker, message)
 
     def _on_message(self, worker: _Worker, message: ControlMessage) -> None:
-        if isinstance(message, SnapshotRequest):
+        if isinstance(message, control.SnapshotRequest):
             for other in self._workers:
                 if other is not worker and not other.exited.is_set():
                     other.control.send(message)
-        elif isinstance(message, SnapshotReply):
+        elif isinstance(message, control.SnapshotReply):
             self._workers[message.requester].control.send(message)
-        elif isinstance(message, Failed):
+        elif isinstance(message, control.Failed):
             self._fail(message.reason)
-        elif isinstance(message, RankReport):
+        elif isinstance(message, control.RankReport):
             self._causes.report(message.rank, message.reason)
-        elif isinstance(message, Pong):
+        elif isinstance(message, control.Pong):
             worker.answered_at = asyncio.get_running_loop().time()
-        elif isinstance(message, Serving):
+        elif isinstance(message, control.Serving):
             worker.serving = True
             worker.answered_at = asyncio.get_running_loop().time()
             self._changed.set()
             if self._all(lambda w: w.serving):
                 log_serving(self._config, self._master_port)
                 for other in self._workers:
-                    other.control.send(AllServing())
-        elif isinstance(message, Warm):
+                    other.control.send(control.AllServing())
+        elif isinstance(message, control.Warm):
             worker.warm = True
             if self._all(lambda w: w.warm):
                 for other in self._workers:
-                    other.control.send(AllWarm())
-        elif isinstance(message, Drained):
+                    other.control.send(control.AllWarm())
+        elif isinstance(message, control.Drained):
             worker.drained = True
             self._changed.set()
 
@@ -273,7 +259,7 @@ class Supervisor:
                 if now - worker.answered_at > API_SERVER_TIMEOUT:
                     self._on_stuck(worker)
                 else:
-                    worker.control.send(Ping())
+                    worker.control.send(control.Ping())
 
     def _on_stuck(self, worker: _Worker) -> None:
         """Kill a stuck API server process (its clients' connections close) and fail the
@@ -308,7 +294,7 @@ class Supervisor:
             return
         self._failure = reason
         for worker in self._workers:
-            worker.control.send(Failed(reason))
+            worker.control.send(control.Failed(reason))
         if break_collectives:
             self._ranks.break_collectives()
 
