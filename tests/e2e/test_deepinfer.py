@@ -131,34 +131,6 @@ def test_ranks_construct_deepinfer_as_configured(checkpoint: Path, tmp_path: Pat
 
 
 @pytest.mark.deepinfer_twin
-def test_exported_deepinfer_variables_override_the_defaults(
-    checkpoint: Path, tmp_path: Path
-) -> None:
-    env = _env(
-        tmp_path, DEEPINFER_USE_NEXTN_DECODE="2", DEEPINFER_JIT_CACHE_DIR=str(tmp_path / "jit")
-    )
-    with LiveServer(str(checkpoint), "--ep", "1", engine="deepinfer", env=env) as server:
-        reply = httpx.post(
-            server.base_url + "/v1/chat/completions",
-            json={
-                "model": str(checkpoint),
-                "messages": [{"role": "user", "content": "one two three"}],
-                "thinking": {"type": "disabled"},
-                "stream": True,
-            },
-            timeout=30,
-        )
-        assert "one two three" in "".join(
-            json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
-            for line in reply.text.splitlines()
-            if line.startswith("data: {")
-        )
-    imported_with = _records(tmp_path, 0)[0]["import_env"]
-    assert imported_with["DEEPINFER_USE_NEXTN_DECODE"] == "2"
-    assert imported_with["DEEPINFER_JIT_CACHE_DIR"] == str(tmp_path / "jit")
-
-
-@pytest.mark.deepinfer_twin
 def test_dead_cp_worker_fails_the_service(checkpoint: Path, tmp_path: Path) -> None:
     with LiveServer(str(checkpoint), "--ep", "2", engine="deepinfer", env=_env(tmp_path)) as server:
         children = _records(tmp_path, 0)[0]["payload"]  # the engine's children by name
@@ -281,15 +253,33 @@ def test_a_killed_rank_is_noticed_and_leaves_no_orphan(checkpoint: Path, tmp_pat
 
 
 @pytest.mark.deepinfer_twin
-def test_the_servers_secrets_do_not_reach_the_engine_processes(
+def test_deepinfer_sees_its_exported_variables_and_none_of_the_servers_secrets(
     checkpoint: Path, tmp_path: Path
 ) -> None:
-    env = _env(tmp_path, DEEPINFER_API_KEY="key-123", DEEPINFER_REASONING_SECRET="seal-456")
+    env = _env(
+        tmp_path,
+        DEEPINFER_USE_NEXTN_DECODE="2",
+        DEEPINFER_JIT_CACHE_DIR=str(tmp_path / "jit"),
+        DEEPINFER_API_KEY="key-123",
+        DEEPINFER_REASONING_SECRET="seal-456",
+    )
     with LiveServer(str(checkpoint), "--ep", "2", engine="deepinfer", env=env) as server:
-        reply = httpx.get(
-            server.base_url + "/v1/models", headers={"Authorization": "Bearer key-123"}, timeout=30
+        reply = httpx.post(
+            server.base_url + "/v1/chat/completions",
+            headers={"Authorization": "Bearer key-123"},  # the HTTP process still has the key
+            json={
+                "model": str(checkpoint),
+                "messages": [{"role": "user", "content": "one two three"}],
+                "thinking": {"type": "disabled"},
+                "stream": True,
+            },
+            timeout=30,
         )
-        assert reply.status_code == 200  # the HTTP process still has the key
+        assert "one two three" in "".join(
+            json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+            for line in reply.text.splitlines()
+            if line.startswith("data: {")
+        )
         engine_family = _engine_family(server)
         assert engine_family
         for process in engine_family:
@@ -297,5 +287,8 @@ def test_the_servers_secrets_do_not_reach_the_engine_processes(
             assert "DEEPINFER_API_KEY" not in inherited, process.name()
             assert "DEEPINFER_REASONING_SECRET" not in inherited, process.name()
     imported_with = _records(tmp_path, 0)[0]["import_env"]
+    # Exported DeepInfer variables override the server's defaults.
+    assert imported_with["DEEPINFER_USE_NEXTN_DECODE"] == "2"
+    assert imported_with["DEEPINFER_JIT_CACHE_DIR"] == str(tmp_path / "jit")
     assert "DEEPINFER_API_KEY" not in imported_with
     assert "DEEPINFER_REASONING_SECRET" not in imported_with
