@@ -33,10 +33,8 @@ class ReceiveBudget:
         self.used -= size
 
 
-class ReceiveBufferFullError(ApiError):
+class ReceiveBufferFullError(ApiError, kind=ErrorKind.RECEIVE_BUFFER_FULL):
     """A request whose bytes do not fit in the process's receive budget: retry later."""
-
-    kind = ErrorKind.RECEIVE_BUFFER_FULL
 
     def __init__(self) -> None:
         super().__init__(
