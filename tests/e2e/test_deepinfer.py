@@ -280,6 +280,8 @@ def test_deepinfer_sees_its_exported_variables_and_none_of_the_servers_secrets(
             for line in reply.text.splitlines()
             if line.startswith("data: {")
         )
+        keyless = httpx.get(server.base_url + "/v1/models", timeout=30)
+        assert keyless.status_code == 401  # the key is still required
         engine_family = _engine_family(server)
         assert engine_family
         for process in engine_family:
