@@ -31,12 +31,12 @@ from pathlib import Path
 
 import httpx
 
+from deepinfer_server.model.kv_block import blocks_for
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from agent_conversation import conversation_turns
 from agent_replay import stream_turn
 from harness import Server
-
-BLOCK_SIZE = 128
 
 
 async def _session(port: int, seed: int, args: argparse.Namespace) -> list[dict[str, float]]:
@@ -150,7 +150,7 @@ def main() -> int:
             computed[label] = sum(turn["computed"] for s in sessions for turn in s)
             last_prompts = [session[-1]["prompt"] for session in sessions]
         ratios.append(computed["host tier"] / computed["GPU only"])
-    kv = sum(-(-int(tokens) // BLOCK_SIZE) for tokens in last_prompts)
+    kv = sum(blocks_for(int(tokens)) for tokens in last_prompts)
     print(
         f"\nsessions' KV at their last turn: {kv} blocks = {kv / args.kv_blocks:.1f}x the pool; "
         "prompt tokens computed, host tier / GPU only: "

@@ -36,7 +36,7 @@ import sys
 sys.path.insert(0, {repo!r})
 import dataclasses
 import numpy as np
-from deepinfer_server.prefix_cache.index import blocks_for
+from deepinfer_server.model.kv_block import blocks_for
 from tests.deepinfer_twin.prefix_traces import TraceRunner, capture_added, ledger_problems
 
 CACHE = ENGINE.prefix_cache

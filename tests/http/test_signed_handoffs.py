@@ -9,8 +9,9 @@ from typing import Any
 
 import msgspec
 
-from deepinfer_server.disaggregation.handoff.params import KV_BLOCK_SIZE, KVTransferParams
+from deepinfer_server.disaggregation.handoff.params import KVTransferParams
 from deepinfer_server.disaggregation.handoff.signing import HandoffSigner
+from deepinfer_server.model.kv_block import blocks_for
 from tests.handoffs import sample_handoff
 from tests.http.harness import run, serve
 from tests.http.test_bad_input import MESSAGES, PATHS, VALID
@@ -26,7 +27,7 @@ def handoff(prompt: list[int]) -> KVTransferParams:
     return sample_handoff(
         remote_host="127.0.0.1",
         remote_dp_rank=0,
-        remote_block_ids=list(range(1, -(-len(prompt) // KV_BLOCK_SIZE) + 1)),
+        remote_block_ids=list(range(1, blocks_for(len(prompt)) + 1)),
         remote_state_slot=1,
         prompt_length=len(prompt),
     )

@@ -28,9 +28,8 @@ import numpy as np
 
 from deepinfer_server.config import ResolvedConfig
 from deepinfer_server.coordinator.prefix_routing import PrefixHint, PrefixRouting
+from deepinfer_server.model.kv_block import BLOCK_SIZE, blocks_for
 
-#: Tokens per KV block in both engines (DeepInfer's `block_size`).
-BLOCK_TOKENS = 128
 #: The most prompts remembered per rank, whatever the rank reports.
 MAX_ENTRIES_PER_RANK = 4096
 
@@ -82,7 +81,7 @@ class PrefixDirectory:
     def __init__(self, ranks: int, max_model_len: int, running_slots: int) -> None:
         self._ranks = [_RankPrefixes() for _ in range(ranks)]
         self._running_slots = running_slots
-        positions = -(-max_model_len // BLOCK_TOKENS) * BLOCK_TOKENS
+        positions = blocks_for(max_model_len) * BLOCK_SIZE
         generator = np.random.default_rng(secrets.randbits(128))
         self._weights = generator.integers(0, 2**64, size=positions, dtype=np.uint64) | 1
         self._salt_key = secrets.token_bytes(32)
@@ -90,12 +89,12 @@ class PrefixDirectory:
     def block_hashes(self, packed_prompt: bytes, salt: bytes | None = None) -> list[int]:
         """The hash of each prefix of whole blocks of a prompt packed by `ipc.codec`, under the
         cache salt `salt`."""
-        blocks = min(len(packed_prompt) // (4 * BLOCK_TOKENS), len(self._weights) // BLOCK_TOKENS)
+        blocks = min(len(packed_prompt) // (4 * BLOCK_SIZE), len(self._weights) // BLOCK_SIZE)
         if blocks == 0:
             return []
-        count = blocks * BLOCK_TOKENS
+        count = blocks * BLOCK_SIZE
         tokens = np.frombuffer(packed_prompt, dtype="<i4", count=count).astype(np.uint64)
-        weighted = (tokens * self._weights[:count]).reshape(blocks, BLOCK_TOKENS)
+        weighted = (tokens * self._weights[:count]).reshape(blocks, BLOCK_SIZE)
         sums = weighted.sum(axis=1, dtype=np.uint64)
         if salt is not None:
             digest = hashlib.blake2b(salt, digest_size=8, key=self._salt_key).digest()
@@ -115,7 +114,7 @@ class PrefixDirectory:
 
     def held_tokens(self, hashes: list[int]) -> list[int]:
         """Per rank, the prompt tokens of the longest prefix it is believed to hold."""
-        return [rank.held_blocks(hashes) * BLOCK_TOKENS for rank in self._ranks]
+        return [rank.held_blocks(hashes) * BLOCK_SIZE for rank in self._ranks]
 
     def record(self, rank: int, key: str, hashes: list[int]) -> None:
         """`rank` got the prompt with these hashes (`key`: its request ID)."""

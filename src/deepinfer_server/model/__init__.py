@@ -1,1 +1,2 @@
-"""What belongs to the checkpoint: where it is, its tokenizer, its special tokens, its images."""
+"""What belongs to the checkpoint: where it is, its tokenizer, its special tokens, its images,
+its KV block."""

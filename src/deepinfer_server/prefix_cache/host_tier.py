@@ -31,7 +31,8 @@ import numpy as np
 import numpy.typing as npt
 
 from deepinfer_server.ipc.messages import HostTierStats
-from deepinfer_server.prefix_cache.index import CacheEntry, Match, PrefixIndex, blocks_for
+from deepinfer_server.model.kv_block import blocks_for
+from deepinfer_server.prefix_cache.index import CacheEntry, Match, PrefixIndex
 
 
 class Pins(Protocol):

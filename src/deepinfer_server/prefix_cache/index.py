@@ -35,14 +35,7 @@ from typing import Generic, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-#: DeepInfer's KV block size (tokens per block): prefixes are hashed block by block.
-BLOCK_SIZE = 128
-
-
-def blocks_for(tokens: int) -> int:
-    """The KV blocks that hold `tokens` tokens."""
-    return -(-tokens // BLOCK_SIZE)
-
+from deepinfer_server.model.kv_block import BLOCK_SIZE
 
 T = TypeVar("T")
 

@@ -29,7 +29,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from deepinfer_server.prefix_cache.index import CacheEntry, blocks_for
+from deepinfer_server.model.kv_block import blocks_for
+from deepinfer_server.prefix_cache.index import CacheEntry
 
 #: The share of its tier (the host tier's blocks, else the pool's) one partition may pin, by
 #: default (`--prefix-cache-retention-share`).

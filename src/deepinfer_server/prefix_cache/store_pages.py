@@ -27,7 +27,7 @@ import hashlib
 import numpy as np
 import numpy.typing as npt
 
-from deepinfer_server.prefix_cache.index import BLOCK_SIZE
+from deepinfer_server.model.kv_block import BLOCK_SIZE
 
 _PERSON = b"kv-store-page"
 _STATE_PERSON = b"kv-store-state"

@@ -39,7 +39,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from deepinfer_server.prefix_cache.index import BLOCK_SIZE
+from deepinfer_server.model.kv_block import BLOCK_SIZE
 from deepinfer_server.prefix_cache.store_pages import (
     boundary,
     chain,

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import random
 
-from deepinfer_server.coordinator.prefix_directory import BLOCK_TOKENS, PrefixDirectory
+from deepinfer_server.coordinator.prefix_directory import PrefixDirectory
 from deepinfer_server.ipc.codec import pack_token_ids
+from deepinfer_server.model.kv_block import BLOCK_SIZE
 
 SLOTS = 2
 
@@ -27,11 +28,11 @@ def test_a_prompt_hashes_each_whole_block_prefix_and_an_extension_keeps_them() -
     directory = _directory()
     turn = _prompt(1000)
     hashes = directory.block_hashes(pack_token_ids(turn))
-    assert len(hashes) == 1000 // BLOCK_TOKENS == 7  # the partial last block is not hashed
+    assert len(hashes) == 1000 // BLOCK_SIZE == 7  # the partial last block is not hashed
     longer = directory.block_hashes(pack_token_ids([*turn, *_prompt(300, seed=1)]))
     assert longer[:7] == hashes and len(longer) == 10
     changed = list(turn)
-    changed[3 * BLOCK_TOKENS + 5] += 1  # one token of the fourth block
+    changed[3 * BLOCK_SIZE + 5] += 1  # one token of the fourth block
     other = directory.block_hashes(pack_token_ids(changed))
     assert other[:3] == hashes[:3]
     assert all(a != b for a, b in zip(other[3:], hashes[3:], strict=True))
@@ -43,7 +44,7 @@ def test_a_prefix_is_held_only_under_the_cache_salt_it_was_routed_with() -> None
     turn_1 = _prompt(2000)
     directory.record(1, "turn-1", directory.block_hashes(pack_token_ids(turn_1), b"a"))
     turn_2 = pack_token_ids([*turn_1, *_prompt(300, seed=2)])
-    held = 2000 // BLOCK_TOKENS * BLOCK_TOKENS
+    held = 2000 // BLOCK_SIZE * BLOCK_SIZE
     assert directory.held_tokens(directory.block_hashes(turn_2, b"a")) == [0, held]
     assert directory.held_tokens(directory.block_hashes(turn_2, b"b")) == [0, 0]
     assert directory.held_tokens(directory.block_hashes(turn_2)) == [0, 0]
@@ -55,7 +56,7 @@ def test_a_rank_holds_the_prefix_of_the_prompts_routed_to_it() -> None:
     directory.record(1, "turn-1", directory.block_hashes(pack_token_ids(turn_1)))
     turn_2 = [*turn_1, *_prompt(300, seed=2)]
     held = directory.held_tokens(directory.block_hashes(pack_token_ids(turn_2)))
-    assert held == [0, 14_000 // BLOCK_TOKENS * BLOCK_TOKENS]
+    assert held == [0, 14_000 // BLOCK_SIZE * BLOCK_SIZE]
     stranger = directory.block_hashes(pack_token_ids(_prompt(14_000, seed=3)))
     assert directory.held_tokens(stranger) == [0, 0]
 

@@ -8,8 +8,9 @@ import numpy as np
 
 from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver
 from deepinfer_server.engines.simulated.abilities import SimulatedAbilities
-from deepinfer_server.engines.simulated.kv_blocks import AllocStatus, KVBlocks, blocks_for
+from deepinfer_server.engines.simulated.kv_blocks import AllocStatus, KVBlocks
 from deepinfer_server.engines.simulated.outputs import RequestOutput
+from deepinfer_server.model.kv_block import blocks_for
 from tests.unit.engines.test_simulated_engine import make_engine, prompt, run_to_end
 
 

@@ -11,7 +11,6 @@ import pytest
 
 from deepinfer_server.engines.simulated.collectives import new_lockstep_group
 from deepinfer_server.engines.simulated.engine import LLMEngine, SimEngineArgs
-from deepinfer_server.engines.simulated.kv_blocks import BLOCK_SIZE
 from deepinfer_server.engines.simulated.kv_memory import KVMemory
 from deepinfer_server.engines.simulated.kv_size import (
     RELEASED_TEXT_CONFIG,
@@ -22,6 +21,7 @@ from deepinfer_server.engines.simulated.kv_size import (
     valid_kv_bytes,
 )
 from deepinfer_server.engines.simulated.step_clock import StepClock
+from deepinfer_server.model.kv_block import BLOCK_SIZE
 from deepinfer_server.model.tokenizer import embedded_tokenizer_json
 from tests.checkpoint import TEXT_CONFIG, write_checkpoint
 

@@ -14,8 +14,8 @@ from deepinfer_server.disaggregation.transfer.agent import LIBRARY_TRANSFER_TIME
 from deepinfer_server.disaggregation.transfer.lanes import PULL_THREADS_PER_PEER
 from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver
 from deepinfer_server.engines.simulated.engine import LLMEngine
-from deepinfer_server.engines.simulated.kv_blocks import blocks_for
 from deepinfer_server.ipc.messages import Finish, RequestDelta
+from deepinfer_server.model.kv_block import blocks_for
 from tests.lanes import require_disaggregation
 from tests.unit.engines.test_simulated_disaggregation import (
     PROMPT,

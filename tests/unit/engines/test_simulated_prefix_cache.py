@@ -13,9 +13,9 @@ import pytest
 from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver
 from deepinfer_server.engines.simulated.abilities import SimulatedAbilities
 from deepinfer_server.engines.simulated.engine import LLMEngine
-from deepinfer_server.engines.simulated.kv_blocks import blocks_for
 from deepinfer_server.engines.simulated.outputs import RequestOutput
 from deepinfer_server.engines.simulated.state_slots import StateSlots
+from deepinfer_server.model.kv_block import blocks_for
 from tests.unit.engines.test_simulated_engine import _tokenizer, make_engine, run_to_end
 
 SYSTEM = " ".join(f"Rule {n}: answer briefly and run the tests." for n in range(120))

@@ -10,10 +10,10 @@ import numpy as np
 from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver
 from deepinfer_server.engines.simulated.abilities import SimulatedAbilities
 from deepinfer_server.engines.simulated.engine import LLMEngine
-from deepinfer_server.engines.simulated.kv_blocks import blocks_for
 from deepinfer_server.engines.simulated.outputs import RequestOutput
 from deepinfer_server.ipc.codec import pack_token_ids
 from deepinfer_server.ipc.messages import AddRequest, SamplingOptions
+from deepinfer_server.model.kv_block import blocks_for
 from deepinfer_server.prefix_cache.host_tier import HostTier
 from deepinfer_server.prefix_cache.retention import Retention
 from tests.unit.engines.test_simulated_engine import make_engine, run_to_end

@@ -9,7 +9,8 @@ import numpy.typing as npt
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deepinfer_server.prefix_cache.index import BLOCK_SIZE, PrefixIndex
+from deepinfer_server.model.kv_block import BLOCK_SIZE
+from deepinfer_server.prefix_cache.index import PrefixIndex
 
 
 def tokens(*parts: Iterable[int]) -> npt.NDArray[np.int32]:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from deepinfer_server.prefix_cache.index import BLOCK_SIZE, CacheEntry, PrefixIndex
+from deepinfer_server.model.kv_block import BLOCK_SIZE, blocks_for
+from deepinfer_server.prefix_cache.index import CacheEntry, PrefixIndex
 from deepinfer_server.prefix_cache.retention import Retention
 
 
@@ -65,7 +66,7 @@ def test_a_rewrite_of_the_same_prompt_renews_its_pin() -> None:
     # The same prompt kept again (a later request's write): one pin, its ttl from now.
     second = index.add(1, prompt, b"a")
     assert retention.pin(second, 60)
-    assert retention.pinned_blocks(b"a") == -(-300 // BLOCK_SIZE)
+    assert retention.pinned_blocks(b"a") == blocks_for(300)
     clock.now += 30  # past the first write's ttl, within the rewrite's
     assert retention.pinned(first) and retention.pinned(second)
     clock.now += 31

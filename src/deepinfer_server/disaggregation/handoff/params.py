@@ -11,8 +11,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-#: Positions per KV block in the handoff (both engines' block size).
-KV_BLOCK_SIZE = 128
+from deepinfer_server.model.kv_block import BLOCK_SIZE
 
 _Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
 _NonNegative = Annotated[int, msgspec.Meta(ge=0)]
@@ -42,7 +41,7 @@ class KVTransferParams(msgspec.Struct, forbid_unknown_fields=False, kw_only=True
     remote_state_slot: Annotated[int, msgspec.Meta(ge=1)]
     first_token_id: _NonNegative
     prompt_length: Annotated[int, msgspec.Meta(ge=1)]
-    block_size: Annotated[int, msgspec.Meta(ge=1)] = KV_BLOCK_SIZE
+    block_size: Annotated[int, msgspec.Meta(ge=1)] = BLOCK_SIZE
     #: A digest of the held rows (sampled windows of each block row and the state row) the
     #: decode side compares after its pull (None: the prefill engine computes none).
     kv_digest: Annotated[str, msgspec.Meta(max_length=64)] | None = None
@@ -79,8 +78,8 @@ def parse_kv_transfer_params(value: object, prompt_length: int | None = None) ->
     except msgspec.ValidationError as exc:
         raise ValueError(f"kv_transfer_params: {exc}") from None
     params.release_proof = None
-    if params.block_size != KV_BLOCK_SIZE:
-        raise ValueError(f"kv_transfer_params.block_size must be {KV_BLOCK_SIZE}")
+    if params.block_size != BLOCK_SIZE:
+        raise ValueError(f"kv_transfer_params.block_size must be {BLOCK_SIZE}")
     blocks = -(-params.prompt_length // params.block_size)
     if len(params.remote_block_ids) != blocks:
         raise ValueError(

@@ -16,10 +16,11 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
-from deepinfer_server.disaggregation.handoff.params import KV_BLOCK_SIZE, KVTransferParams
+from deepinfer_server.disaggregation.handoff.params import KVTransferParams
 from deepinfer_server.disaggregation.layout import KVLayout
 from deepinfer_server.disaggregation.transfer.agent import TransferAgent
 from deepinfer_server.engines.role_settings import RoleSettings
+from deepinfer_server.model.kv_block import BLOCK_SIZE
 
 #: Bytes of each sampled window of a row (its start, middle and end) the rows' digest covers.
 DIGEST_WINDOW = 64
@@ -62,7 +63,7 @@ def rows_layout(
         engine="deepinfer",
         deepinfer_version=None if version is None else str(version),
         checkpoint=checkpoint,
-        block_size=KV_BLOCK_SIZE,
+        block_size=BLOCK_SIZE,
         block_bytes=_row_bytes(blocks),
         state_bytes=_row_bytes(states),
         dtype=str(blocks.dtype),

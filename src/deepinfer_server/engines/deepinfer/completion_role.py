@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from deepinfer_server.disaggregation.handoff.params import KV_BLOCK_SIZE, KVTransferParams
+from deepinfer_server.disaggregation.handoff.params import KVTransferParams
 from deepinfer_server.disaggregation.transfer.agent import TransferError
 from deepinfer_server.disaggregation.transfer.connector import DecodeConnector, transfer_failed
 from deepinfer_server.engines.deepinfer.cache_memory import CacheMemory, allocate, transfer_agent
@@ -39,6 +39,7 @@ from deepinfer_server.engines.deepinfer.role_grammar import (
     without_grammar,
 )
 from deepinfer_server.engines.role_settings import RoleSettings
+from deepinfer_server.model.kv_block import blocks_for
 
 #: The branch name of pulled sequences.
 BRANCH = "pd_completion"
@@ -230,7 +231,7 @@ class CompletionRole(DecodeConnector):
                 self._fail(pending, "peer_unhealthy")
                 self._end(pending)
                 continue
-            needed = -(-pending.params.prompt_length // KV_BLOCK_SIZE)
+            needed = blocks_for(pending.params.prompt_length)
             if needed + 1 > usable:
                 self._fail(pending, "no_kv_room")
                 self._end(pending)

@@ -45,7 +45,8 @@ from deepinfer_server.engines.deepinfer.prefix_host import HostPath, HostPathSet
 from deepinfer_server.engines.deepinfer.prefix_snapshots import Snapshots
 from deepinfer_server.engines.deepinfer.prefix_store import StoreOptions
 from deepinfer_server.ipc.messages import HostTierStats
-from deepinfer_server.prefix_cache.index import BLOCK_SIZE, CacheEntry, Match, PrefixIndex
+from deepinfer_server.model.kv_block import BLOCK_SIZE, blocks_for
+from deepinfer_server.prefix_cache.index import CacheEntry, Match, PrefixIndex
 from deepinfer_server.prefix_cache.retention import KEY_BUDGET_SHARE, Retention
 
 logger = logging.getLogger(__name__)
@@ -270,7 +271,7 @@ class PrefixCache:
         want_blocks = want_slots = 0
         # With every running slot taken no prompt starts this step: waiting ones want nothing.
         if waiting and running < self._max_num_seqs:
-            needed = -(-waiting_tokens // BLOCK_SIZE) + waiting - self.forks.reused_blocks()
+            needed = blocks_for(waiting_tokens) + waiting - self.forks.reused_blocks()
             want_blocks = min(needed, self._max_batched_blocks + waiting)
             want_slots = min(waiting, max(0, self._max_num_seqs - running))
 
@@ -389,7 +390,7 @@ class PrefixCache:
         tokens = np.array(seq.data.get_token_ids()[:prompt_len], dtype=np.int32)
         # Its table covers its tokens and at most one block more (MTP drafts, in flight); read
         # now, since a fork sets the entry's data to the fork's prompt.
-        self._table_blocks[seq_id] = -(-int(seq.get_len()) // BLOCK_SIZE) + 1
+        self._table_blocks[seq_id] = blocks_for(int(seq.get_len())) + 1
         entry = self.index.add(seq, tokens, ask.salt if ask is not None else None)
         if self.host is not None:
             self.host.kept(entry)

@@ -12,7 +12,8 @@ from typing import Any
 
 from deepinfer_server.engines.deepinfer.fork_seq import fork_seq
 from deepinfer_server.engines.deepinfer.placement import GPU_CACHE_PREFILL_WATERMARK
-from deepinfer_server.prefix_cache.index import BLOCK_SIZE, CacheEntry, Match, blocks_for
+from deepinfer_server.model.kv_block import BLOCK_SIZE, blocks_for
+from deepinfer_server.prefix_cache.index import CacheEntry, Match
 
 #: The branch name forks get; DeepInfer's prefill takes the forked path for a leading "_".
 FORK_BRANCH = "_prefix_cache"

@@ -45,14 +45,9 @@ from deepinfer_server.engines.deepinfer.placement import GPU_CACHE_PREFILL_WATER
 from deepinfer_server.engines.deepinfer.prefix_forks import Forks
 from deepinfer_server.engines.deepinfer.prefix_store import StoreOptions, StorePath, store_path
 from deepinfer_server.ipc.messages import HostTierStats
+from deepinfer_server.model.kv_block import BLOCK_SIZE, blocks_for
 from deepinfer_server.prefix_cache.host_tier import HostCopy, HostTier, HostTierSettings
-from deepinfer_server.prefix_cache.index import (
-    BLOCK_SIZE,
-    CacheEntry,
-    Match,
-    PrefixIndex,
-    blocks_for,
-)
+from deepinfer_server.prefix_cache.index import CacheEntry, Match, PrefixIndex
 
 logger = logging.getLogger(__name__)
 

@@ -28,8 +28,9 @@ import numpy.typing as npt
 
 from deepinfer_server.engines.deepinfer.cache_memory import rows_layout
 from deepinfer_server.engines.deepinfer.host_rows import HostRows, RowCopier, row_bytes
+from deepinfer_server.model.kv_block import BLOCK_SIZE, blocks_for
 from deepinfer_server.prefix_cache.host_tier import HostTier
-from deepinfer_server.prefix_cache.index import BLOCK_SIZE, Match, PrefixIndex, blocks_for
+from deepinfer_server.prefix_cache.index import Match, PrefixIndex
 from deepinfer_server.prefix_cache.store_pages import boundary
 from deepinfer_server.prefix_cache.store_tier import (
     BUFFER_BYTES,

@@ -15,9 +15,8 @@ from pathlib import Path
 
 from deepinfer_server.disaggregation.role import DisaggregationRole
 from deepinfer_server.errors import ConfigError
+from deepinfer_server.model.kv_block import BLOCK_SIZE
 
-#: `TORCH_CHECK_GE(max_num_batched_tokens, block_size)` (csrc/engine/scheduler.hpp:116).
-BLOCK_SIZE = 128
 #: deepinfer/environ.py: DEFAULT_PREFILL_MAX_SUM_SEQLEN_K, the cap when the variable is unset.
 DEFAULT_PREFILL_MAX_SUM_SEQLEN_K = 2**30
 INDEX_FILE = "model.safetensors.index.json"
@@ -59,6 +58,7 @@ def check_batch_limits(
                 f"{decoding}: raise --max-num-batched-tokens, lower --max-num-seqs or "
                 "--speculative-tokens"
             )
+        # `TORCH_CHECK_GE(max_num_batched_tokens, block_size)` (csrc/engine/scheduler.hpp:116).
         if batched < BLOCK_SIZE:
             raise ConfigError(
                 f"--max-num-batched-tokens must be at least {BLOCK_SIZE} (one KV block), "

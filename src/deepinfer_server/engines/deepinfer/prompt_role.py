@@ -29,11 +29,12 @@ from typing import Any
 
 import numpy as np
 
-from deepinfer_server.disaggregation.handoff.params import KV_BLOCK_SIZE, KVTransferParams
+from deepinfer_server.disaggregation.handoff.params import KVTransferParams
 from deepinfer_server.disaggregation.transfer.connector import PrefillConnector
 from deepinfer_server.engines.deepinfer.cache_memory import CacheMemory, allocate, transfer_agent
 from deepinfer_server.engines.deepinfer.role_grammar import build_grammar, without_grammar
 from deepinfer_server.engines.role_settings import RoleSettings
+from deepinfer_server.model.kv_block import BLOCK_SIZE, blocks_for
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +97,7 @@ class PromptRole(PrefillConnector):
         if seq is None:
             return None
         usable = int(self._engine.cache_config.num_gpu_blocks) - 1
-        if prompt.size > self._prompt_limit() or -(-prompt.size // KV_BLOCK_SIZE) > usable:
+        if prompt.size > self._prompt_limit() or blocks_for(prompt.size) > usable:
             # Never placeable: DeepInfer's own path ends it ("prompt_length_exceeded").
             self._engine.scheduler.add_sequence(seq)
         elif so_args is not None:
@@ -139,7 +140,7 @@ class PromptRole(PrefillConnector):
         while self._queue and len(batch) < int(config.max_num_seqs):
             seq = self._queue[0]
             length = int(seq.get_prompt_len())
-            needed = -(-length // KV_BLOCK_SIZE)
+            needed = blocks_for(length)
             if batch and length > budget:
                 break
             if needed > blocks_free or slots_free < 1:
@@ -153,7 +154,7 @@ class PromptRole(PrefillConnector):
 
     def _place(self, seq: Any) -> None:
         engine = self._engine
-        needed = -(-int(seq.get_prompt_len()) // KV_BLOCK_SIZE)
+        needed = blocks_for(int(seq.get_prompt_len()))
         blocks = allocate(engine.block_manager, needed)
         (slot,) = allocate(engine.state_manager, 1)
         seq.num_cached_tokens = 1
@@ -201,7 +202,7 @@ class PromptRole(PrefillConnector):
     def _hold(self, placed: _Placed, length: int) -> None:
         seq = placed.seq
         transfer_id = secrets.token_hex(16)
-        blocks = placed.blocks[: -(-length // KV_BLOCK_SIZE)]
+        blocks = placed.blocks[: blocks_for(length)]
         self.keep(transfer_id, functools.partial(self._engine.scheduler.free_seq, seq))
         self.handoffs[seq.request_id] = KVTransferParams(
             remote_host=self.agent.host,
@@ -216,7 +217,7 @@ class PromptRole(PrefillConnector):
             remote_state_slot=placed.slot,
             first_token_id=int(seq.data.get_token_ids()[length]),
             prompt_length=length,
-            block_size=KV_BLOCK_SIZE,
+            block_size=BLOCK_SIZE,
             kv_digest=self.memory.digest(blocks, placed.slot),
         )
 

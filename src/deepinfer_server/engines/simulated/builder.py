@@ -14,9 +14,9 @@ from deepinfer_server.engines.simulated.abilities import SimulatedAbilities
 from deepinfer_server.engines.simulated.backend import SimulatedOptions
 from deepinfer_server.engines.simulated.collectives import LockstepGroup
 from deepinfer_server.engines.simulated.engine import LLMEngine, SimEngineArgs
-from deepinfer_server.engines.simulated.kv_blocks import BLOCK_SIZE
 from deepinfer_server.engines.simulated.kv_size import KVSize, kv_size_option
 from deepinfer_server.engines.simulated.outputs import RequestOutput
+from deepinfer_server.model.kv_block import BLOCK_SIZE
 from deepinfer_server.model.tokenizer import load_tokenizer_json
 from deepinfer_server.prefix_cache.host_tier import HostTierSettings
 from deepinfer_server.prefix_cache.store_tier import (

@@ -25,7 +25,7 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from deepinfer_server.disaggregation.handoff.params import KV_BLOCK_SIZE, KVTransferParams
+from deepinfer_server.disaggregation.handoff.params import KVTransferParams
 from deepinfer_server.disaggregation.transfer.agent import TransferAgent
 from deepinfer_server.disaggregation.transfer.connector import (
     DecodeConnector,
@@ -33,7 +33,7 @@ from deepinfer_server.disaggregation.transfer.connector import (
     transfer_failed,
 )
 from deepinfer_server.engines.role_settings import RoleSettings
-from deepinfer_server.engines.simulated.kv_blocks import AllocStatus, KVBlocks, blocks_for
+from deepinfer_server.engines.simulated.kv_blocks import AllocStatus, KVBlocks
 from deepinfer_server.engines.simulated.kv_memory import KVMemory, writer_id
 from deepinfer_server.engines.simulated.kv_size import KVSize
 from deepinfer_server.engines.simulated.outputs import OutputRecord
@@ -41,6 +41,7 @@ from deepinfer_server.engines.simulated.request_table import RequestTable
 from deepinfer_server.engines.simulated.sequence import FINISH_LENGTH, FINISH_STOP, Sequence
 from deepinfer_server.engines.simulated.state_slots import StateSlots
 from deepinfer_server.engines.simulated.token_generator import TokenGenerator
+from deepinfer_server.model.kv_block import BLOCK_SIZE, blocks_for
 
 
 class PrefillRole(PrefillConnector):
@@ -99,7 +100,7 @@ class PrefillRole(PrefillConnector):
             remote_state_slot=slot,
             first_token_id=first_token,
             prompt_length=len(sequence.prompt),
-            block_size=KV_BLOCK_SIZE,
+            block_size=BLOCK_SIZE,
         )
 
     def close(self) -> None:

@@ -20,7 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-BLOCK_SIZE = 128
+from deepinfer_server.model.kv_block import BLOCK_SIZE, blocks_for
+
 #: A rank admits a prefill only while at most this share of its blocks is in use.
 PREFILL_WATERMARK = 0.9
 
@@ -43,11 +44,6 @@ class CacheConfig:
     block_size: int = BLOCK_SIZE
 
 
-def blocks_for(num_tokens: int, block_size: int = BLOCK_SIZE) -> int:
-    """Blocks a sequence of `num_tokens` tokens holds (`sequence.hpp` get_num_blocks)."""
-    return -(-num_tokens // block_size)
-
-
 class KVBlocks:
     """The block pool of one rank and each owner's block table (a sequence, or a cached one)."""
 
@@ -67,7 +63,7 @@ class KVBlocks:
     def can_prefill(self, num_tokens: int, kept: int = 0) -> AllocStatus:
         """Whether a waiting sequence of `num_tokens` tokens can be prefilled now; a fork keeps
         `kept` blocks of its parent's and needs only the rest."""
-        blocks = blocks_for(num_tokens, self.cache_config.block_size)
+        blocks = blocks_for(num_tokens)
         if blocks >= self.cache_config.num_gpu_blocks:
             return AllocStatus.NEVER
         needed = blocks - kept
@@ -157,10 +153,10 @@ class KVBlocks:
         return scheduled, preempted
 
     def _missing(self, owner: str, num_tokens: int) -> int:
-        needed = blocks_for(num_tokens, self.cache_config.block_size)
+        needed = blocks_for(num_tokens)
         return max(0, needed - len(self._tables.get(owner, ())))
 
 
-def default_pool(max_num_seqs: int, max_model_len: int, block_size: int = BLOCK_SIZE) -> int:
+def default_pool(max_num_seqs: int, max_model_len: int) -> int:
     """A pool that holds `max_num_seqs` sequences of `max_model_len` tokens (never preempts)."""
-    return max_num_seqs * blocks_for(max_model_len + 1, block_size) + 1
+    return max_num_seqs * blocks_for(max_model_len + 1) + 1

@@ -21,8 +21,8 @@ import numpy.typing as npt
 from deepinfer_server.disaggregation.handoff.params import KVTransferParams
 from deepinfer_server.disaggregation.layout import KVLayout
 from deepinfer_server.disaggregation.transfer.agent import TransferAgent, TransferError
-from deepinfer_server.engines.simulated.kv_blocks import BLOCK_SIZE
 from deepinfer_server.engines.simulated.kv_size import KVSize
+from deepinfer_server.model.kv_block import BLOCK_SIZE
 
 _STATE_FIELDS = 4
 _INT32 = 4

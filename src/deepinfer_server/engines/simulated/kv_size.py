@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict, cast
 
-#: DeepInfer's KV block (`ModelMetadata.resolved_tokens_per_block`).
-BLOCK_TOKENS = 128
+from deepinfer_server.model.kv_block import BLOCK_SIZE, blocks_for
+
 #: An MXFP8 record of 512 values (SWA, main KV without FP4): data and a UE8M0 scale per 32.
 _MXFP8_RECORD = 512 + 512 // 32
 #: An FP4 record of 512 values (main KV): data and an E4M3 scale per 16.
@@ -86,11 +86,11 @@ class KVSize:
     @property
     def bytes_per_token(self) -> float:
         """The block's bytes over its tokens (the state slot is per sequence, not per token)."""
-        return self.block_bytes / BLOCK_TOKENS
+        return self.block_bytes / BLOCK_SIZE
 
     def transfer_bytes(self, prompt_tokens: int) -> int:
         """What a PE-to-CE transfer of a `prompt_tokens` prompt moves: its blocks and slot."""
-        return -(-prompt_tokens // BLOCK_TOKENS) * self.block_bytes + self.state_bytes
+        return blocks_for(prompt_tokens) * self.block_bytes + self.state_bytes
 
     @classmethod
     def of_config(cls, text: TextConfig, backtracking_tokens: int = 1) -> KVSize:
@@ -109,7 +109,7 @@ class KVSize:
         for layer, ratio in enumerate(ratios):
             if ratio == 0:
                 continue  # a sliding-window layer keeps its window in the state slot
-            tokens = BLOCK_TOKENS // ratio
+            tokens = BLOCK_SIZE // ratio
             if sparse and layer in index_owners:
                 block += _pad(tokens * index_record, 32)
             if layer in kv_owners:
@@ -159,4 +159,4 @@ def kv_size_option(
         return None
     if option == "auto":
         return KVSize.of_checkpoint(checkpoint, speculative_tokens + 1)
-    return KVSize(block_bytes=int(option) * BLOCK_TOKENS, state_bytes=0)
+    return KVSize(block_bytes=int(option) * BLOCK_SIZE, state_bytes=0)

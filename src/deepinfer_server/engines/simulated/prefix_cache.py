@@ -46,10 +46,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from deepinfer_server.engines.simulated.kv_blocks import BLOCK_SIZE, PREFILL_WATERMARK, KVBlocks
+from deepinfer_server.engines.simulated.kv_blocks import PREFILL_WATERMARK, KVBlocks
 from deepinfer_server.engines.simulated.sequence import Sequence
 from deepinfer_server.engines.simulated.state_slots import StateSlots
 from deepinfer_server.ipc.messages import HostTierStats
+from deepinfer_server.model.kv_block import BLOCK_SIZE, blocks_for
 from deepinfer_server.prefix_cache.host_tier import HostCopy, HostTier
 from deepinfer_server.prefix_cache.index import CacheEntry, Match, PrefixIndex
 from deepinfer_server.prefix_cache.retention import KEY_BUDGET_SHARE, Retention
@@ -219,7 +220,7 @@ class PrefixCache:
         # Only the blocks up to the fork point: those it keeps and the partial one it copies
         # (DeepInfer's fork_seq with explicit `blocks`). Pinning the parent's whole table would
         # hold its output's blocks too, which no eviction could free while the fork waits.
-        pinned = -(-fork_point // BLOCK_SIZE)
+        pinned = blocks_for(fork_point)
         self.kv.share(sequence.request_id, self.kv.table(entry.value.owner)[:pinned])
         self.slots.pin(entry.value.slot)
         entry.live_forks += 1
@@ -335,7 +336,7 @@ class PrefixCache:
         if waiting and running < self._max_num_seqs:
             tokens = sum(sequence.length for sequence in waiting)
             reused = sum(self.kept_blocks(sequence) for sequence in waiting)
-            needed = -(-tokens // BLOCK_SIZE) + len(waiting) - reused
+            needed = blocks_for(tokens) + len(waiting) - reused
             want_blocks = min(needed, self._batched_blocks + len(waiting))
             want_slots = min(len(waiting), max(0, self._max_num_seqs - running))
         total = self.kv.cache_config.num_gpu_blocks
