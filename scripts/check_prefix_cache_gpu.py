@@ -65,8 +65,8 @@ class Harness:
         from deepinfer.engine.llm_engine import LLMEngine
         from tokenizers import Tokenizer
 
-        from deepinfer_server.engines.deepinfer.prefix_cache import PrefixCacheSettings
         from deepinfer_server.engines.deepinfer.prefix_engine import prefix_caching_engine
+        from deepinfer_server.engines.deepinfer.prefix_settings import PrefixCacheSettings
         from deepinfer_server.engines.llm_engine_driver import LLMEngineDriver
 
         engine_class = prefix_caching_engine(LLMEngine, PrefixCacheSettings(min_tokens=64))

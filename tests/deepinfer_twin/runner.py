@@ -49,7 +49,7 @@ OPTIONS = json.loads(sys.argv[2])
 TOKENIZER = Tokenizer.from_file(os.path.join(CHECKPOINT, "tokenizer.json"))
 ENGINE_CLASS = LLMEngine
 if OPTIONS.get("prefix_cache") is not None:
-    from deepinfer_server.engines.deepinfer.prefix_cache import PrefixCacheSettings
+    from deepinfer_server.engines.deepinfer.prefix_settings import PrefixCacheSettings
     from deepinfer_server.engines.deepinfer.prefix_engine import prefix_caching_engine
     ENGINE_CLASS = prefix_caching_engine(LLMEngine, PrefixCacheSettings(**OPTIONS["prefix_cache"]))
 CP = OPTIONS.get("context_parallel_size", 1)

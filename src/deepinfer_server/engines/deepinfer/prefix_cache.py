@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -41,34 +40,15 @@ from deepinfer_server.engines.deepinfer.engine_checks import copy_clone_unpins, 
 from deepinfer_server.engines.deepinfer.placement import GPU_CACHE_PREFILL_WATERMARK
 from deepinfer_server.engines.deepinfer.prefix_asks import Ask, Asks, keepable_at_admission
 from deepinfer_server.engines.deepinfer.prefix_forks import Forks, fork_fits
-from deepinfer_server.engines.deepinfer.prefix_host import HostPath, HostPathSettings, host_path
+from deepinfer_server.engines.deepinfer.prefix_host import HostPath, host_path
+from deepinfer_server.engines.deepinfer.prefix_settings import PrefixCacheSettings
 from deepinfer_server.engines.deepinfer.prefix_snapshots import Snapshots
-from deepinfer_server.engines.deepinfer.prefix_store import StoreOptions
 from deepinfer_server.ipc.messages import HostTierStats
 from deepinfer_server.model.kv_block import BLOCK_SIZE, blocks_for
 from deepinfer_server.prefix_cache.index import CacheEntry, Match, PrefixIndex
-from deepinfer_server.prefix_cache.retention import KEY_BUDGET_SHARE, Retention
+from deepinfer_server.prefix_cache.retention import Retention
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class PrefixCacheSettings:
-    """What the cache reuses."""
-
-    #: Prompts shorter than this are neither cached nor looked up.
-    min_tokens: int = 256
-    #: How far before its snapshot an entry may be forked (bounded by DeepInfer's rollback room,
-    #: DEEPINFER_MAX_BACKTRACKING_TOKENS); 1 serves a thinking-mode user turn.
-    max_rollback: int = 1
-    #: The share of the pool's blocks one partition's retained prompts may pin.
-    retention_share: float = KEY_BUDGET_SHARE
-    #: The host tier's bytes (`--kv-offload-host-gb`; 0: none, `prefix_host`), the bytes per
-    #: second of its copies and the prompt tokens per second a restore must beat.
-    host_tier_bytes: int = 0
-    host_bandwidth: float = 50e9
-    prefill_tokens_per_s: float = 20_000.0
-    store: StoreOptions | None = None  # the shared store behind the host tier (`prefix_store`)
 
 
 class PrefixCache:
@@ -105,8 +85,7 @@ class PrefixCache:
             copy_clone_unpins(engine.deferred_release)
         self.host: HostPath | None = None
         if self.disabled is None and settings.host_tier_bytes > 0:
-            rates = (settings.host_bandwidth, settings.prefill_tokens_per_s, settings.store)
-            self.host = host_path(engine, self, HostPathSettings(settings.host_tier_bytes, *rates))
+            self.host = host_path(engine, self, settings)
         #: The prompts requests asked to keep for a time, pinned within a per-partition share of
         #: the slowest tier (the host tier's blocks, else the pool's), whose eviction they follow.
         tier_blocks = (

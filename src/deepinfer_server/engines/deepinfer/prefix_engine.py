@@ -9,7 +9,8 @@ from deepinfer_server.disaggregation.layout import checkpoint_identity
 from deepinfer_server.engines.backend import EngineSpec
 from deepinfer_server.engines.deepinfer.add_request import add_request_args
 from deepinfer_server.engines.deepinfer.backend import DeepInferOptions
-from deepinfer_server.engines.deepinfer.prefix_cache import PrefixCache, PrefixCacheSettings
+from deepinfer_server.engines.deepinfer.prefix_cache import PrefixCache
+from deepinfer_server.engines.deepinfer.prefix_settings import PrefixCacheSettings
 from deepinfer_server.engines.deepinfer.prefix_store import StoreOptions
 from deepinfer_server.ipc.messages import HostTierStats
 

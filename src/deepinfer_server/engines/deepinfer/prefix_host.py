@@ -43,7 +43,8 @@ import numpy.typing as npt
 from deepinfer_server.engines.deepinfer.host_rows import HostRows, RowCopier
 from deepinfer_server.engines.deepinfer.placement import GPU_CACHE_PREFILL_WATERMARK, Placement
 from deepinfer_server.engines.deepinfer.prefix_forks import Forks
-from deepinfer_server.engines.deepinfer.prefix_store import StoreOptions, StorePath, store_path
+from deepinfer_server.engines.deepinfer.prefix_settings import PrefixCacheSettings
+from deepinfer_server.engines.deepinfer.prefix_store import StorePath, store_path
 from deepinfer_server.ipc.messages import HostTierStats
 from deepinfer_server.model.kv_block import BLOCK_SIZE, blocks_for
 from deepinfer_server.prefix_cache.host_tier import HostCopy, HostTier, HostTierSettings
@@ -52,20 +53,7 @@ from deepinfer_server.prefix_cache.index import CacheEntry, Match, PrefixIndex
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class HostPathSettings:
-    """The tier's budget and the restore-vs-recompute rule's rates."""
-
-    budget_bytes: int
-    #: Bytes per second between host memory and the GPU, each way.
-    bandwidth: float
-    #: Prompt tokens a prompt step computes per second.
-    prefill_tokens_per_s: float
-    #: The shared store behind the tier (`--kv-offload-store`; None: none, `prefix_store`).
-    store: StoreOptions | None = None
-
-
-def host_path(engine: Any, cache: _Cache, settings: HostPathSettings) -> HostPath | None:
+def host_path(engine: Any, cache: _Cache, settings: PrefixCacheSettings) -> HostPath | None:
     """The host tier of `cache`, or None with more than one CP worker (each holds its own rows,
     and the copies read the driver worker's: the server refuses the option then)."""
     if int(engine.parallel_config.context_parallel_size) > 1:
@@ -105,7 +93,7 @@ class _Pending:
 class HostPath:
     """One rank's host tier, its placed tables and its copies."""
 
-    def __init__(self, engine: Any, cache: _Cache, settings: HostPathSettings) -> None:
+    def __init__(self, engine: Any, cache: _Cache, settings: PrefixCacheSettings) -> None:
         from deepinfer._C.engine import SequenceStatus
 
         self._engine = engine
@@ -116,8 +104,8 @@ class HostPath:
         self.copier = RowCopier(engine.driver_worker.cache_engine, self._measured)
         self.tier = HostTier(
             HostTierSettings(
-                budget_bytes=settings.budget_bytes,
-                bandwidth=settings.bandwidth,
+                budget_bytes=settings.host_tier_bytes,
+                bandwidth=settings.host_bandwidth,
                 block_bytes=self.copier.block_bytes,
                 state_bytes=self.copier.state_bytes,
                 prefill_tokens_per_s=settings.prefill_tokens_per_s,
