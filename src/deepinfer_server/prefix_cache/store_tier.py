@@ -40,15 +40,7 @@ import numpy as np
 import numpy.typing as npt
 
 from deepinfer_server.model.kv_block import BLOCK_SIZE
-from deepinfer_server.prefix_cache.store_pages import (
-    boundary,
-    chain,
-    page_key,
-    page_value,
-    snapshot_keys,
-    snapshot_tokens,
-    tail_value,
-)
+from deepinfer_server.prefix_cache import store_pages
 
 logger = logging.getLogger(__name__)
 
@@ -207,13 +199,13 @@ class StoreTier:
         client = self._client_or_none()
         if client is None:
             return
-        digests = chain(self.settings.identity, salt, tokens)
-        keys = [page_key(digest) for digest in digests[1:]]
-        slots = snapshot_keys(digests[boundary(len(tokens))])
+        digests = store_pages.chain(self.settings.identity, salt, tokens)
+        keys = [store_pages.page_key(digest) for digest in digests[1:]]
+        slots = store_pages.snapshot_keys(digests[store_pages.boundary(len(tokens))])
         present = _checked(client.batch_is_exist(keys + slots))
         for page, (key, found) in enumerate(zip(keys, present[: len(keys)], strict=True)):
             if not found:
-                value = page_value(tokens, page)
+                value = store_pages.page_value(tokens, page)
                 _put(client, key, value if rows is None else value + rows.block(page))
                 self.pages_written += 1
         taken = list(zip(slots, present[len(keys) :], strict=True))
@@ -231,7 +223,7 @@ class StoreTier:
         take the same slot at once: the store keeps the first one's value and the other's
         snapshot is lost (a later lookup misses it, nothing worse); with every slot taken it
         goes unstored too."""
-        tail, extra = tail_value(tokens), self.settings.snapshot_rows
+        tail, extra = store_pages.tail_value(tokens), self.settings.snapshot_rows
         taken = [key for key, found in slots if found]
         if tail in [_ids(value, extra) for value in (client.get_batch(taken) if taken else [])]:
             return
@@ -257,9 +249,13 @@ class StoreTier:
         client = self._client_or_none()
         if client is None:
             return []
-        digests = chain(self.settings.identity, salt, prompt)
-        keys = [page_key(digest) for digest in digests[1:]]
-        slots = [(at, key) for at, digest in enumerate(digests) for key in snapshot_keys(digest)]
+        digests = store_pages.chain(self.settings.identity, salt, prompt)
+        keys = [store_pages.page_key(digest) for digest in digests[1:]]
+        slots = [
+            (at, key)
+            for at, digest in enumerate(digests)
+            for key in store_pages.snapshot_keys(digest)
+        ]
         present = _checked(client.batch_is_exist(keys + [key for _, key in slots]))
         pages = next((page for page in range(len(keys)) if not present[page]), len(keys))
         found = present[len(keys) :]
@@ -274,12 +270,14 @@ class StoreTier:
             raise StoreError(f"get_batch answered {len(values)} values for {len(read)} keys")
         block_rows, extra = self.settings.block_rows, self.settings.snapshot_rows
         for page, value in enumerate(values[:fetched]):
-            if _ids(value, block_rows) != page_value(prompt, page):
+            if _ids(value, block_rows) != store_pages.page_value(prompt, page):
                 pages = page  # evicted meanwhile (or a foreign value): stop here
                 break
         blocks = [value[BLOCK_SIZE * 4 :] for value in values[:pages]]
         return [
-            Found(snapshot_tokens(prompt, at, tail), at, blocks[:at], value[len(tail) :])
+            Found(
+                store_pages.snapshot_tokens(prompt, at, tail), at, blocks[:at], value[len(tail) :]
+            )
             for (at, _), value in zip(wanted, values[fetched:], strict=True)
             # An empty value: evicted since the existence check.
             if at <= pages and (tail := _ids(value, extra))
