@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import threading
 import uuid
@@ -222,22 +223,26 @@ class Run:
 
 
 def run_client(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 60) -> Run:
-    try:
-        done = subprocess.run(
-            args,
-            env=env,
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else ""
-        err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else ""
-        return Run(-1, out, f"TIMED OUT after {timeout} s\n{err}")
-    return Run(done.returncode, done.stdout, done.stderr)
+    """Run a client's command in a session of its own; past `timeout` its whole process group is
+    killed (GuideLLM's fork-server workers, an agent CLI's children), not only its first process."""
+    with subprocess.Popen(
+        args,
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as process:
+        try:
+            out, err = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            # Not reaped yet, so the group id is still this session's.
+            os.killpg(process.pid, signal.SIGKILL)
+            out, err = process.communicate()
+            return Run(-1, out, f"TIMED OUT after {timeout} s\n{err}")
+    return Run(process.returncode, out, err)
 
 
 def sse_events(text: str) -> list[dict[str, object]]:

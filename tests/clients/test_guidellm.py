@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from deepinfer_server.model.tokenizer import write_embedded_tokenizer
-from tests.clients.conftest import NPM_PREFIX, live_server
+from tests.clients.conftest import NPM_PREFIX, live_server, run_client
 from tests.lanes import missing_lane
 from tests.metrics_scrape import scrape, value
 
@@ -72,10 +71,10 @@ def run_sweep(target: str, work: Path) -> dict[str, Any]:
         "GUIDELLM__MAX_WORKER_PROCESSES": "1",
         "GUIDELLM__MP_CONTEXT_TYPE": "forkserver",
     }
-    done = subprocess.run(
-        command, env=env, cwd=work, capture_output=True, text=True, timeout=360, check=False
+    done = run_client(command, env, work, timeout=360)
+    assert done.returncode == 0, (
+        f"guidellm exited {done.returncode}\n{done.stdout[-4000:]}\n{done.stderr[-2000:]}"
     )
-    assert done.returncode == 0, f"guidellm exited {done.returncode}\n{done.stdout[-4000:]}"
     loaded: dict[str, Any] = json.loads(report.read_text())
     return loaded
 
