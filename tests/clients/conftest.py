@@ -223,8 +223,9 @@ class Run:
 
 
 def run_client(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 60) -> Run:
-    """Run a client's command in a session of its own; past `timeout` its whole process group is
-    killed (GuideLLM's fork-server workers, an agent CLI's children), not only its first process."""
+    """Run a client's command in a session of its own. Its whole process group is killed when
+    the command is done, times out or is interrupted (GuideLLM's fork-server workers, an agent
+    CLI's children), not only its first process."""
     with subprocess.Popen(
         args,
         env=env,
@@ -232,17 +233,36 @@ def run_client(args: list[str], env: dict[str, str], cwd: Path, timeout: float =
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        text=True,
+        encoding="utf-8",
+        errors="replace",
         start_new_session=True,
     ) as process:
         try:
             out, err = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             # Not reaped yet, so the group id is still this session's.
-            os.killpg(process.pid, signal.SIGKILL)
-            out, err = process.communicate()
-            return Run(-1, out, f"TIMED OUT after {timeout} s\n{err}")
+            _kill_group(process.pid)
+            out, err = _rest_of_output(process)
+            return Run(-1, out, f"{err}\nTIMED OUT after {timeout} s")
+        except BaseException:
+            _kill_group(process.pid)
+            raise
+        _kill_group(process.pid)
     return Run(process.returncode, out, err)
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _rest_of_output(process: subprocess.Popen[str]) -> tuple[str, str]:
+    """What a killed client wrote; nothing more if a process that left its group holds the
+    pipes open."""
+    try:
+        return process.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        return "", ""
 
 
 def sse_events(text: str) -> list[dict[str, object]]:

@@ -18,7 +18,8 @@ class PrefixCacheSettings:
     #: How far before its snapshot an entry may be forked (bounded by DeepInfer's rollback room,
     #: DEEPINFER_MAX_BACKTRACKING_TOKENS); 1 serves a thinking-mode user turn.
     max_rollback: int = 1
-    #: The share of the pool's blocks one partition's retained prompts may pin.
+    #: The share of the slowest tier's blocks (the host tier's, else the pool's) one partition's
+    #: retained prompts may pin.
     retention_share: float = KEY_BUDGET_SHARE
     #: The host tier's bytes (`--kv-offload-host-gb`; 0: none, `prefix_host`), the bytes per
     #: second of its copies and the prompt tokens per second a restore must beat.

@@ -47,10 +47,10 @@ class CacheConfig:
 class KVBlocks:
     """The block pool of one rank and each owner's block table (a sequence, or a cached one)."""
 
-    def __init__(self, num_gpu_blocks: int, block_size: int = BLOCK_SIZE) -> None:
+    def __init__(self, num_gpu_blocks: int) -> None:
         if num_gpu_blocks < 2:
             raise ValueError("the KV pool needs at least 2 blocks (block 0 is never used)")
-        self.cache_config = CacheConfig(num_gpu_blocks, block_size)
+        self.cache_config = CacheConfig(num_gpu_blocks)
         #: Free block IDs; the next allocation takes the last one.
         self._free: list[int] = list(range(num_gpu_blocks - 1, 0, -1))
         self._refs = [0] * num_gpu_blocks
