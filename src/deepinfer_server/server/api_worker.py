@@ -82,7 +82,7 @@ class ControlPeers:
         self.all_serving = False
         self.all_warm = False
         self._others = count - 1
-        self._control = channel
+        self._channel = channel
         self._coordinator = coordinator
         self._metrics = metrics
         self._tokens = itertools.count()
@@ -95,7 +95,7 @@ class ControlPeers:
         replies: list[Snapshot] = []
         complete = asyncio.get_running_loop().create_future()
         self._pending[token] = (replies, complete)
-        self._control.send(control.SnapshotRequest(self.index, token, metrics))
+        self._channel.send(control.SnapshotRequest(self.index, token, metrics))
         try:
             async with asyncio.timeout(SNAPSHOT_TIMEOUT):
                 await complete
@@ -113,18 +113,18 @@ class ControlPeers:
     def started(self, warmup: GrammarWarmup) -> None:
         """This process accepts requests: tell the supervisor now, and again once its warm-up
         is over (the supervisor answers AllWarm when every process's is)."""
-        self._control.send(control.Serving())
+        self._channel.send(control.Serving())
         self._warm_told = asyncio.ensure_future(self._tell_warm(warmup))
 
     async def _tell_warm(self, warmup: GrammarWarmup) -> None:
         await warmup.over()
-        self._control.send(control.Warm())
+        self._channel.send(control.Warm())
 
     async def listen(self) -> None:
         """Handle the supervisor's messages until it says exit (or is gone)."""
-        while (message := await self._control.receive()) is not None:
+        while (message := await self._channel.receive()) is not None:
             if isinstance(message, control.Ping):
-                self._control.send(control.Pong())
+                self._channel.send(control.Pong())
             elif isinstance(message, control.AllServing):
                 self.all_serving = True
             elif isinstance(message, control.AllWarm):
@@ -138,7 +138,7 @@ class ControlPeers:
                     if message.metrics
                     else Snapshot(rank_loads=loads)
                 )
-                self._control.send(
+                self._channel.send(
                     control.SnapshotReply(message.requester, message.token, snapshot)
                 )
             elif isinstance(message, control.SnapshotReply):

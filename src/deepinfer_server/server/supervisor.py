@@ -59,7 +59,7 @@ class _Worker:
     def __init__(self, index: int, process: BaseProcess, channel: ControlChannel) -> None:
         self.index = index
         self.process = process
-        self.control = channel
+        self.channel = channel
         self.serving = False
         self.warm = False
         self.drained = False
@@ -130,7 +130,7 @@ class Supervisor:
         logger.info("[shutdown] stopping DP ranks")
         await self._ranks.stop(RANK_STOP_TIMEOUT)
         for worker in self._workers:
-            worker.control.send(control.Exit())
+            worker.channel.send(control.Exit())
         if not await self._until(lambda w: w.exited.is_set(), _WORKER_EXIT_TIMEOUT):
             for worker in self._workers:
                 if not worker.exited.is_set():
@@ -141,7 +141,7 @@ class Supervisor:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for worker in self._workers:
-            worker.control.close()
+            worker.channel.close()
         logger.info("[shutdown] done")
         return code
 
@@ -156,7 +156,7 @@ class Supervisor:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for worker in self._workers:
             await asyncio.to_thread(worker.process.join, _WORKER_EXIT_TIMEOUT)
-            worker.control.close()
+            worker.channel.close()
 
     def on_signal(self, sig: signal.Signals = signal.SIGTERM) -> None:
         """SIGTERM/SIGINT: every API server process drains; then SIGINT (a second Ctrl-C)
@@ -212,16 +212,16 @@ class Supervisor:
         return True
 
     async def _listen(self, worker: _Worker) -> None:
-        while (message := await worker.control.receive()) is not None:
+        while (message := await worker.channel.receive()) is not None:
             self._on_message(worker, message)
 
     def _on_message(self, worker: _Worker, message: ControlMessage) -> None:
         if isinstance(message, control.SnapshotRequest):
             for other in self._workers:
                 if other is not worker and not other.exited.is_set():
-                    other.control.send(message)
+                    other.channel.send(message)
         elif isinstance(message, control.SnapshotReply):
-            self._workers[message.requester].control.send(message)
+            self._workers[message.requester].channel.send(message)
         elif isinstance(message, control.Failed):
             self._fail(message.reason)
         elif isinstance(message, control.RankReport):
@@ -235,12 +235,12 @@ class Supervisor:
             if self._all(lambda w: w.serving):
                 log_serving(self._config, self._master_port)
                 for other in self._workers:
-                    other.control.send(control.AllServing())
+                    other.channel.send(control.AllServing())
         elif isinstance(message, control.Warm):
             worker.warm = True
             if self._all(lambda w: w.warm):
                 for other in self._workers:
-                    other.control.send(control.AllWarm())
+                    other.channel.send(control.AllWarm())
         elif isinstance(message, control.Drained):
             worker.drained = True
             self._changed.set()
@@ -259,7 +259,7 @@ class Supervisor:
                 if now - worker.answered_at > API_SERVER_TIMEOUT:
                     self._on_stuck(worker)
                 else:
-                    worker.control.send(control.Ping())
+                    worker.channel.send(control.Ping())
 
     def _on_stuck(self, worker: _Worker) -> None:
         """Kill a stuck API server process (its clients' connections close) and fail the
@@ -294,7 +294,7 @@ class Supervisor:
             return
         self._failure = reason
         for worker in self._workers:
-            worker.control.send(control.Failed(reason))
+            worker.channel.send(control.Failed(reason))
         if break_collectives:
             self._ranks.break_collectives()
 
